@@ -1,0 +1,84 @@
+"""The ``gpupack`` command: one argparse tree, one module per command group.
+
+Each command group lives in its own ``gpupack/cli_<group>.py`` module exposing
+``register(subparsers)``; the handler it installs returns the process exit code.
+Exit codes across the tool: 0 = yes/success, 1 = no, 2 = bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from gpupack import __version__
+
+# Command-group modules, in the order they appear in ``gpupack --help``.
+COMMAND_MODULES: tuple[str, ...] = (
+    "gpupack.cli_mig",
+    "gpupack.cli_simulate",
+    "gpupack.cli_dev",
+    "gpupack.cli_webhook",
+    "gpupack.cli_agent",
+    "gpupack.cli_controller",
+    "gpupack.cli_demo",
+)
+
+EXIT_OK = 0
+EXIT_NO = 1
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as ``gpupack: error: ...`` with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="gpupack",
+        description=(
+            "Fractional NVIDIA GPUs for Kubernetes. Pods ask for part of a GPU "
+            "(gpupack.io/gpu-milli, gpupack.io/gpu-memory); gpupack turns that into "
+            "MIG slices, MPS shares or time-sliced GPUs and packs them densely."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"gpupack {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for module_name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue  # command group not built yet
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return EXIT_BAD_INPUT if args.command is None and argv else EXIT_OK
+    try:
+        code: int = handler(args)
+    except UsageError as exc:
+        print(f"gpupack: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("gpupack: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Node agent: NVML backends (real and simulated), inventory publisher, MIG reconciler."""

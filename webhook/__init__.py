@@ -1,0 +1,1 @@
+"""Mutating/validating admission webhook (FastAPI wiring around ``sharing`` decisions)."""
