@@ -1,0 +1,33 @@
+"""Errors of the MIG domain. Each names the problem and the valid choices."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mig.model import GpuModel
+
+
+class MigError(ValueError):
+    """Base class: bad input to the MIG domain (a user or config error, not a bug)."""
+
+
+class UnknownModelError(MigError):
+    def __init__(self, name: str, valid: list[str]) -> None:
+        self.name = name
+        self.valid = valid
+        super().__init__(f"unknown GPU model {name!r}; valid models: {', '.join(valid)}")
+
+
+class UnknownProfileError(MigError):
+    def __init__(self, name: str, model: GpuModel) -> None:
+        self.name = name
+        self.model = model.product
+        super().__init__(
+            f"unknown MIG profile {name!r} for {model.product}; "
+            f"valid profiles: {', '.join(model.profile_names)}"
+        )
+
+
+class RequestError(MigError):
+    """A compute/memory request that is out of range or that no profile covers."""
