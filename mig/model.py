@@ -57,6 +57,8 @@ class Profile:
     max_count: int
     placements: tuple[Placement, ...]
     media_extensions: bool = False
+    """True for ``+me`` profiles: the instance owns the GPU's one set of media
+    extensions (JPEG decoder, OFA), so at most one such instance fits per GPU."""
 
     @property
     def memory_bytes(self) -> int:
@@ -90,6 +92,12 @@ class GpuModel:
     def __post_init__(self) -> None:
         for profile in self.profiles:
             self._by_name[profile.name] = profile
+        # Geometry functions cache on the model; hashing every nested field on
+        # every call would cost more than the cached search itself.
+        object.__setattr__(self, "_hash", hash((self.product, self.compute_slices, self.memory_slices, self.profiles)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[no-any-return]
 
     def profile(self, name: str) -> Profile:
         """The profile called ``name``; raises ``UnknownProfileError`` naming the valid ones."""
