@@ -1,0 +1,1 @@
+"""NVML backends behind one small interface: the real one (nvidia-ml-py) and a simulation."""

@@ -1,0 +1,131 @@
+"""The NVML backend interface: small Protocols and the plain values they return.
+
+Two narrow roles, as mig-parted splits its managers: ``GpuInventory`` reads (devices,
+profiles, instances, processes, utilisation) and ``MigPartitioner`` creates and
+destroys GPU instances at explicit placements. ``NvmlBackend`` is both. The real
+backend (``node.nvml.real``) and the simulation (``node.nvml.simulated``) implement
+it; everything above this layer sees only these types, never pynvml's ctypes.
+
+Every method may raise ``node.nvml.errors.NvmlError`` carrying NVML's return code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from mig.model import PlacedInstance, Placement
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """A physical GPU as NVML describes it."""
+
+    index: int
+    uuid: str
+    name: str
+    """``nvmlDeviceGetName``, e.g. ``NVIDIA H200``."""
+    pci_device_id: str
+    """mig-parted ``device-filter`` form: ``0x<device><vendor>``, e.g. ``0x233510DE``."""
+    pci_bus_id: str
+    memory_total_mib: int
+    mig_capable: bool
+    mig_enabled: bool
+    """Current MIG mode."""
+    mig_pending: bool
+    """Pending MIG mode (differs from current until the GPU is reset)."""
+
+
+@dataclass(frozen=True)
+class InstanceProfile:
+    """A GPU-instance profile read from NVML (``nvmlDeviceGetGpuInstanceProfileInfo``)."""
+
+    name: str
+    """Without NVML's ``MIG `` prefix, e.g. ``1g.18gb``; the device plugin's name."""
+    profile_id: int
+    nvml_index: int
+    slice_count: int
+    memory_mib: int
+    max_count: int
+    placements: tuple[Placement, ...]
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """An existing GPU instance and the MIG device (its compute instance) on it."""
+
+    gi_id: int
+    profile_id: int
+    profile: str
+    placement: Placement
+    uuid: str
+    """``MIG-...`` UUID of the MIG device, what the device plugin hands to containers."""
+    compute_instances: int = 1
+
+    @property
+    def placed(self) -> PlacedInstance:
+        return PlacedInstance(self.profile, self.placement)
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process on a GPU; ``gi_id`` set when it runs inside a MIG instance."""
+
+    pid: int
+    used_memory_mib: int
+    gi_id: int | None = None
+    ci_id: int | None = None
+
+
+UtilSource = Literal["nvml", "memory-and-processes", "dcgm"]
+
+
+@dataclass(frozen=True)
+class Utilization:
+    """How busy a GPU is.
+
+    ``gpu_percent`` is None where NVML cannot say: ``nvmlDeviceGetUtilizationRates``
+    returns NOT_SUPPORTED on MIG-enabled GPUs, so there the agent reports memory use
+    and process presence instead (``source="memory-and-processes"``), or DCGM's
+    per-instance activity when DCGM is present.
+    """
+
+    gpu_percent: float | None
+    memory_used_mib: int
+    memory_total_mib: int
+    processes: int
+    source: UtilSource
+
+
+@runtime_checkable
+class GpuInventory(Protocol):
+    def device_count(self) -> int: ...
+
+    def device_info(self, index: int) -> DeviceInfo: ...
+
+    def instance_profiles(self, index: int) -> tuple[InstanceProfile, ...]: ...
+
+    def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]: ...
+
+    def processes(self, index: int) -> tuple[GpuProcess, ...]: ...
+
+    def utilization(self, index: int) -> Utilization: ...
+
+
+@runtime_checkable
+class MigPartitioner(Protocol):
+    def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> GpuInstance:
+        """Create a GPU instance at ``placement`` and its one full-size compute instance."""
+        ...
+
+    def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
+        """Destroy the GPU instance ``gi_id`` and its compute instances."""
+        ...
+
+
+@runtime_checkable
+class NvmlBackend(GpuInventory, MigPartitioner, Protocol):
+    kind: str
+    """``nvml`` or ``simulated``: published in status so nobody mistakes one for the other."""
+
+    def close(self) -> None: ...

@@ -1,0 +1,97 @@
+"""Whether to start reshaping a GPU now: idle tracking and the start decision (pure).
+
+An instance may be touched only after it has been idle (no process, no pod
+assigned) for the policy's idle time. ``IdleTracker`` remembers since when each
+instance has been idle, using the injected clock. It is deliberately *not*
+persisted: after an agent restart every instance counts as idle only from the
+restart on, so the agent waits one more idle period instead of trusting a stale
+record. That costs at most one idle period of delay and never safety.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from mig.geometry import fits
+from mig.model import GpuModel, PlacedInstance
+from mig.reach import ReconfigurationPlan, plan_reconfiguration
+from node.journal import format_instance
+
+StartKind = Literal["unchanged", "start", "wait", "refuse"]
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    kind: StartKind
+    reason: str = ""
+    plan: ReconfigurationPlan | None = None
+
+
+class IdleTracker:
+    """Since when each (GPU, instance) has been idle."""
+
+    def __init__(self) -> None:
+        self._since: dict[tuple[str, PlacedInstance], float] = {}
+
+    def observe(self, gpu_uuid: str, instances: Iterable[PlacedInstance], busy: Iterable[PlacedInstance], now: float) -> None:
+        busy_set = set(busy)
+        present = set(instances)
+        for key in [k for k in self._since if k[0] == gpu_uuid and k[1] not in present]:
+            del self._since[key]
+        for instance in present:
+            key = (gpu_uuid, instance)
+            if instance in busy_set:
+                self._since.pop(key, None)
+            else:
+                self._since.setdefault(key, now)
+
+    def not_idle_long_enough(
+        self, gpu_uuid: str, instances: Iterable[PlacedInstance], now: float, idle_seconds: float
+    ) -> frozenset[PlacedInstance]:
+        """Instances that are busy or have been idle for less than ``idle_seconds``."""
+        return frozenset(
+            i for i in instances
+            if (since := self._since.get((gpu_uuid, i))) is None or now - since < idle_seconds
+        )
+
+
+def decide_start(
+    model: GpuModel,
+    current: Sequence[PlacedInstance],
+    busy: frozenset[PlacedInstance],
+    recently_busy: frozenset[PlacedInstance],
+    desired: Sequence[str],
+    idle_seconds: float,
+) -> StartDecision:
+    """Start, wait or refuse a reshape of one GPU from ``current`` to the profile multiset ``desired``.
+
+    ``busy``: instances with a process or pod now. ``recently_busy``: busy or idle for
+    less than the idle time (a superset of ``busy``). Both are pinned in the plan.
+    """
+    if Counter(i.profile for i in current) == Counter(desired):
+        return StartDecision("unchanged")
+    unknown = sorted({name for name in desired if not model.has_profile(name)})
+    if unknown:
+        return StartDecision(
+            "refuse", f"unknown MIG profile(s) {', '.join(unknown)} for {model.product}; "
+            f"valid: {', '.join(model.profile_names)}",
+        )
+    if fits(model, desired) is None:
+        return StartDecision("refuse", f"layout [{', '.join(desired)}] does not fit on one {model.product}")
+    plan = plan_reconfiguration(model, current, recently_busy, desired)
+    if plan is not None:
+        return StartDecision("start", "", plan)
+    if plan_reconfiguration(model, current, busy, desired) is not None:
+        waiting = sorted(format_instance(i) for i in recently_busy - busy)
+        return StartDecision(
+            "wait", f"waiting until {', '.join(waiting)} have been idle for {idle_seconds:g}s",
+        )
+    if busy:
+        return StartDecision(
+            "wait", "layout needs instance(s) in use to change: "
+            + ", ".join(sorted(format_instance(i) for i in busy)) + "; waiting until they are idle",
+        )
+    return StartDecision("refuse", f"no plan reaches [{', '.join(desired)}] on {model.product}")
