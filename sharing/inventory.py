@@ -1,0 +1,328 @@
+"""A pure, precomputed view of the cluster's GPUs and sharing policies.
+
+Built from the raw ``GPUNode`` and ``SharingPolicy`` objects (dicts, as the
+API server or a YAML file gives them) once per change, never per request: the
+webhook swaps in a new :class:`Inventory` when a watch event arrives and reads
+the current one on the request path without any API call or lock.
+
+What a GPUNode reports (group ``gpupack.io/v1alpha1``): ``status.gpus[]`` with
+product, memory, whether MIG is on and the MIG instances (profile, start,
+``inUse``), and ``status.sharing`` (or, until the agent reports, ``spec.sharing``)
+saying whether the node's device plugin shares full GPUs by MPS or
+time-slicing, and into how many replicas. Unknown or malformed entries are
+skipped, not fatal: one bad object must not take the front door down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Literal
+
+from mig.catalog import find_model
+from mig.model import GpuModel
+from sharing.request import MODES, Mode, parse_quantity
+
+SharingMode = Literal["none", "mps", "time-slicing"]
+
+
+@dataclass(frozen=True)
+class InstanceView:
+    profile: str
+    start: int
+    in_use: bool
+
+
+@dataclass(frozen=True)
+class GpuView:
+    index: int
+    memory_mib: int
+    mig_enabled: bool
+    instances: tuple[InstanceView, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One GPU node: its product, MIG-capable model (if any), sharing and GPUs."""
+
+    name: str
+    product: str
+    model: GpuModel | None
+    sharing: SharingMode
+    replicas: int
+    gpus: tuple[GpuView, ...]
+    shared_in_use: int = 0
+    """Shared replicas already handed out, when the agent reports it (0 if unknown)."""
+
+    @cached_property
+    def gpu_memory_mib(self) -> int:
+        return max((g.memory_mib for g in self.gpus), default=self.model.memory_mib if self.model else 0)
+
+    def free_instances(self, profile: str) -> int:
+        """Unused MIG instances of ``profile`` on MIG-enabled GPUs of this node."""
+        return sum(
+            1 for g in self.gpus if g.mig_enabled for i in g.instances if i.profile == profile and not i.in_use
+        )
+
+    @property
+    def shared_free(self) -> int:
+        """Shared replicas not yet handed out (all of them when usage is not reported)."""
+        full_gpus = sum(1 for g in self.gpus if not g.mig_enabled)
+        return max(0, full_gpus * self.replicas - self.shared_in_use)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the webhook enforces for one namespace (merged from every SharingPolicy)."""
+
+    name: str
+    """The SharingPolicy (or policies, comma-joined) this comes from; ``(none)`` if none."""
+    allowed_modes: tuple[Mode, ...] = MODES
+    allowed_profiles: tuple[str, ...] = ()
+    """MIG profiles pods may get; empty = any."""
+    default_memory_bytes: int | None = None
+
+    def allows_profile(self, name: str) -> bool:
+        return not self.allowed_profiles or name in self.allowed_profiles
+
+
+DEFAULT_POLICY = Policy(name="(none)")
+
+
+@dataclass(frozen=True)
+class NamespaceRule:
+    names: tuple[str, ...] | None
+    match_labels: tuple[tuple[str, str], ...] | None
+    allowed_modes: tuple[Mode, ...]
+
+    def matches(self, namespace: str, labels: Mapping[str, str] | None) -> bool:
+        if self.names is not None:
+            return namespace in self.names
+        if self.match_labels is None:
+            return False
+        if not self.match_labels:
+            return True  # an empty selector selects every namespace
+        return labels is not None and all(labels.get(k) == v for k, v in self.match_labels)
+
+
+@dataclass(frozen=True)
+class PolicyObject:
+    """The part of one ``SharingPolicy`` the webhook reads."""
+
+    name: str
+    rules: tuple[NamespaceRule, ...] = ()
+    """Empty: every namespace may use any mode (the CRD's documented default)."""
+    allowed_profiles: tuple[str, ...] | None = None
+    default_memory_bytes: int | None = None
+
+    def modes_for(self, namespace: str, labels: Mapping[str, str] | None) -> tuple[Mode, ...]:
+        if not self.rules:
+            return MODES
+        allowed = {m for r in self.rules if r.matches(namespace, labels) for m in r.allowed_modes}
+        return tuple(m for m in MODES if m in allowed)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Immutable snapshot; ``version`` changes whenever the content does."""
+
+    nodes: tuple[NodeView, ...] = ()
+    policies: tuple[PolicyObject, ...] = ()
+    namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    synced: bool = True
+    version: int = 0
+    _policy_cache: dict[str, Policy] = field(default_factory=dict, init=False, repr=False, compare=False)
+    cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    """Per-snapshot memo for callers (the webhook caches decisions here); dies with the snapshot."""
+
+    def policy_for(self, namespace: str) -> Policy:
+        """The merged policy for ``namespace``.
+
+        Several SharingPolicies may exist (each for its own nodes); a namespace
+        may use a mode if any of them allows it there, and a MIG profile if any
+        allows it. The webhook does not know which policy's nodes a pod will
+        land on, so it enforces the union and leaves the node choice to the
+        affinity and the controller.
+        """
+        cached = self._policy_cache.get(namespace)
+        if cached is not None:
+            return cached
+        if not self.policies:
+            policy = DEFAULT_POLICY
+        else:
+            labels = self.namespace_labels.get(namespace)
+            modes = {m for p in self.policies for m in p.modes_for(namespace, labels)}
+            profiles: tuple[str, ...] = ()
+            if all(p.allowed_profiles is not None for p in self.policies):
+                profiles = tuple(sorted({x for p in self.policies for x in p.allowed_profiles or ()}))
+            memory = next((p.default_memory_bytes for p in self.policies if p.default_memory_bytes), None)
+            policy = Policy(
+                name=",".join(p.name for p in self.policies),
+                allowed_modes=tuple(m for m in MODES if m in modes),
+                allowed_profiles=profiles,
+                default_memory_bytes=memory,
+            )
+        if len(self._policy_cache) < 10_000:
+            self._policy_cache[namespace] = policy
+        return policy
+
+    @cached_property
+    def max_gpu_memory_mib(self) -> int:
+        return max((n.gpu_memory_mib for n in self.nodes), default=0)
+
+    @cached_property
+    def mig_models(self) -> tuple[GpuModel, ...]:
+        """MIG-capable models present in the cluster, in a stable order."""
+        seen: dict[str, GpuModel] = {}
+        for node in self.nodes:
+            if node.model is not None:
+                seen.setdefault(node.model.product, node.model)
+        return tuple(seen[k] for k in sorted(seen))
+
+    def shared_nodes(self, mode: Literal["mps", "time-slicing"]) -> tuple[NodeView, ...]:
+        return self._shared[mode]
+
+    @cached_property
+    def _shared(self) -> dict[str, tuple[NodeView, ...]]:
+        return {m: tuple(n for n in self.nodes if n.sharing == m and n.replicas >= 1) for m in ("mps", "time-slicing")}
+
+
+# --- building from raw objects ------------------------------------------------
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return default
+
+
+def _sharing(raw: Any) -> tuple[SharingMode, int]:
+    if not isinstance(raw, Mapping):
+        return "none", 0
+    mode = raw.get("mode", "none")
+    if mode not in ("mps", "time-slicing"):
+        return "none", 0
+    return mode, max(0, _int(raw.get("replicas"), 1))
+
+
+def node_from_object(obj: Mapping[str, Any]) -> NodeView | None:
+    """A :class:`NodeView` from a ``GPUNode`` dict; ``None`` if it is not usable."""
+    metadata = obj.get("metadata") or {}
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    if not isinstance(name, str) or not name:
+        return None
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
+    product = status.get("product") or ""
+    gpus: list[GpuView] = []
+    for raw in status.get("gpus") or []:
+        if not isinstance(raw, Mapping):
+            continue
+        product = product or raw.get("product") or ""
+        instances = tuple(
+            InstanceView(profile=str(i.get("profile")), start=_int(i.get("start")), in_use=bool(i.get("inUse")))
+            for i in raw.get("instances") or []
+            if isinstance(i, Mapping) and i.get("profile")
+        )
+        gpus.append(
+            GpuView(
+                index=_int(raw.get("index"), len(gpus)),
+                memory_mib=_int(raw.get("memoryMiB")),
+                mig_enabled=bool(raw.get("migEnabled")),
+                instances=instances,
+            )
+        )
+    model = find_model(str(product)) if product else None
+    if model is not None:
+        # A GPU that did not report its memory gets the catalog's figure.
+        gpus = [g if g.memory_mib else GpuView(g.index, model.memory_mib, g.mig_enabled, g.instances) for g in gpus]
+    status_sharing = status.get("sharing")
+    mode, replicas = _sharing(status_sharing if isinstance(status_sharing, Mapping) else spec.get("sharing"))
+    in_use = _int(status_sharing.get("inUse")) if isinstance(status_sharing, Mapping) else 0
+    return NodeView(
+        name=name,
+        product=str(product),
+        model=model,
+        sharing=mode,
+        replicas=replicas,
+        gpus=tuple(gpus),
+        shared_in_use=in_use,
+    )
+
+
+def _modes(raw: Any) -> tuple[Mode, ...]:
+    return tuple(m for m in MODES if isinstance(raw, list) and m in raw)
+
+
+def policy_from_object(obj: Mapping[str, Any]) -> PolicyObject | None:
+    """A :class:`PolicyObject` from a ``SharingPolicy`` dict; ``None`` if it is not usable."""
+    metadata = obj.get("metadata") or {}
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    spec = obj.get("spec") or {}
+    if not isinstance(name, str) or not isinstance(spec, Mapping):
+        return None
+    rules: list[NamespaceRule] = []
+    for raw in spec.get("namespaces") or []:
+        if not isinstance(raw, Mapping):
+            continue
+        names = raw.get("names")
+        selector = raw.get("selector")
+        labels = selector.get("matchLabels") if isinstance(selector, Mapping) else None
+        rules.append(
+            NamespaceRule(
+                names=tuple(str(n) for n in names) if isinstance(names, list) else None,
+                match_labels=(
+                    tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
+                    if isinstance(selector, Mapping)
+                    else None
+                ),
+                allowed_modes=_modes(raw.get("allowedModes")),
+            )
+        )
+    raw_profiles = spec.get("allowedProfiles")
+    profiles = tuple(str(p) for p in raw_profiles) if isinstance(raw_profiles, list) else None
+    memory: int | None = None
+    if spec.get("defaultGpuMemory") is not None:
+        try:
+            memory = int(parse_quantity(spec["defaultGpuMemory"], what="defaultGpuMemory"))
+        except ValueError:
+            memory = None
+    return PolicyObject(name=name, rules=tuple(rules), allowed_profiles=profiles, default_memory_bytes=memory)
+
+
+def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True, version: int = 0) -> Inventory:
+    """An :class:`Inventory` from a mix of ``GPUNode``, ``SharingPolicy`` and ``Namespace`` dicts.
+
+    An object without ``kind`` is taken as a GPUNode (the ``--inventory`` file
+    is documented as a list of GPUNodes).
+    """
+    nodes: list[NodeView] = []
+    policies: list[PolicyObject] = []
+    namespaces: dict[str, Mapping[str, str]] = {}
+    for obj in objects:
+        if not isinstance(obj, Mapping):
+            continue
+        kind = obj.get("kind", "GPUNode")
+        if kind == "GPUNode":
+            node = node_from_object(obj)
+            if node is not None:
+                nodes.append(node)
+        elif kind == "SharingPolicy":
+            policy = policy_from_object(obj)
+            if policy is not None:
+                policies.append(policy)
+        elif kind == "Namespace":
+            metadata = obj.get("metadata") or {}
+            if isinstance(metadata, Mapping) and isinstance(metadata.get("name"), str):
+                labels = metadata.get("labels") or {}
+                namespaces[metadata["name"]] = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+    nodes.sort(key=lambda n: n.name)
+    policies.sort(key=lambda p: p.name)
+    return Inventory(
+        nodes=tuple(nodes), policies=tuple(policies), namespace_labels=namespaces, synced=synced, version=version
+    )

@@ -1,0 +1,181 @@
+"""RFC 6902 JSON Patch for a decided pod.
+
+:func:`build_patch` turns a :class:`~sharing.decision.PodDecision` into the
+operations the API server applies to the pod: rewrite each deciding
+container's ``limits``/``requests`` (drop ``gpupack.io/*``, add the device
+plugin's resource), add MPS env vars, AND the decision's node affinity into
+every existing required term, add the ``gpupack.io/capacity`` scheduling gate,
+and record the decision in the ``gpupack.io/allocation`` annotation.
+
+Each operation targets the smallest path that exists, so nothing else in the
+pod is touched, and works whether annotations/env/affinity are absent or
+present. Keys with ``/`` or ``~`` are escaped (``~1``, ``~0``) as RFC 6901 says.
+
+:func:`apply_patch` is a small applier for the operations built here (add,
+replace, remove), used by the CLI's dry run and by the tests to check that a
+patched pod keeps every field it had.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from sharing.decision import ALLOCATION_ANNOTATION, GATE, PodDecision, Term
+
+Operation = dict[str, Any]
+
+
+def escape(token: str) -> str:
+    """One RFC 6901 reference token: ``~`` -> ``~0`` then ``/`` -> ``~1``."""
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+def unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def _map(value: Any) -> dict[str, Any] | None:
+    return value if isinstance(value, dict) else None
+
+
+def _resources_ops(container: dict[str, Any], base: str, resource: str) -> list[Operation]:
+    ops: list[Operation] = []
+    resources = _map(container.get("resources")) or {}
+    for field in ("limits", "requests"):
+        current = _map(resources.get(field))
+        if current is None:
+            continue  # absent requests default to limits for extended resources
+        updated = {k: v for k, v in current.items() if not k.startswith("gpupack.io/")}
+        updated[resource] = "1"
+        ops.append({"op": "replace", "path": f"{base}/resources/{field}", "value": updated})
+    return ops
+
+
+def _env_ops(container: dict[str, Any], base: str, env: tuple[tuple[str, str], ...]) -> list[Operation]:
+    if not env:
+        return []
+    current = container.get("env")
+    if not isinstance(current, list):
+        return [{"op": "add", "path": f"{base}/env", "value": [{"name": k, "value": v} for k, v in env]}]
+    ops: list[Operation] = []
+    positions = {e.get("name"): i for i, e in enumerate(current) if isinstance(e, dict)}
+    for name, value in env:
+        at = positions.get(name)
+        if at is None:
+            ops.append({"op": "add", "path": f"{base}/env/-", "value": {"name": name, "value": value}})
+        elif current[at] != {"name": name, "value": value}:
+            ops.append({"op": "replace", "path": f"{base}/env/{at}", "value": {"name": name, "value": value}})
+    return ops
+
+
+def merge_terms(existing: list[Any], ours: tuple[Term, ...]) -> list[dict[str, Any]]:
+    """AND our terms into the pod's required terms: (u1 or u2) and (o1 or o2)
+    becomes u1&o1, u1&o2, u2&o1, u2&o2, the only form nodeSelectorTerms can say."""
+    user_terms = [t for t in existing if isinstance(t, dict)] or [{}]
+    merged: list[dict[str, Any]] = []
+    for user in user_terms:
+        for term in ours:
+            out = copy.deepcopy(user)
+            expressions = list(out.get("matchExpressions") or [])
+            for expr in term:
+                as_dict = expr.to_dict()
+                if as_dict not in expressions:
+                    expressions.append(as_dict)
+            out["matchExpressions"] = expressions
+            merged.append(out)
+    return merged
+
+
+def _affinity_ops(spec: dict[str, Any], terms: tuple[Term, ...]) -> list[Operation]:
+    if not terms:
+        return []
+    affinity = copy.deepcopy(_map(spec.get("affinity")) or {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    if not isinstance(node_affinity, dict):
+        node_affinity = affinity["nodeAffinity"] = {}
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    existing = required.get("nodeSelectorTerms") if isinstance(required, dict) else None
+    merged = merge_terms(existing if isinstance(existing, list) else [], terms)
+    if isinstance(existing, list) and merged == existing:
+        return []
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": merged}
+    op = "replace" if "affinity" in spec else "add"
+    return [{"op": op, "path": "/spec/affinity", "value": affinity}]
+
+
+def _gate_ops(spec: dict[str, Any]) -> list[Operation]:
+    gates = spec.get("schedulingGates")
+    if not isinstance(gates, list):
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
+    if any(isinstance(g, dict) and g.get("name") == GATE for g in gates):
+        return []
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GATE}}]
+
+
+def annotation_value(decision: PodDecision) -> str:
+    return json.dumps(decision.annotation(), separators=(",", ":"), sort_keys=True)
+
+
+def _annotation_ops(pod: dict[str, Any], value: str) -> list[Operation]:
+    metadata = _map(pod.get("metadata"))
+    if metadata is None:
+        return [{"op": "add", "path": "/metadata", "value": {"annotations": {ALLOCATION_ANNOTATION: value}}}]
+    if not isinstance(metadata.get("annotations"), dict):
+        return [{"op": "add", "path": "/metadata/annotations", "value": {ALLOCATION_ANNOTATION: value}}]
+    return [{"op": "add", "path": f"/metadata/annotations/{escape(ALLOCATION_ANNOTATION)}", "value": value}]
+
+
+def build_patch(pod: dict[str, Any], decision: PodDecision) -> list[Operation]:
+    """The JSON Patch turning ``pod`` into what ``decision`` says."""
+    spec = pod["spec"]
+    ops: list[Operation] = []
+    for c in decision.containers:
+        container = spec[c.kind][c.index]
+        base = f"/spec/{c.kind}/{c.index}"
+        ops += _resources_ops(container, base, c.resource)
+        ops += _env_ops(container, base, c.env)
+    ops += _affinity_ops(spec, decision.terms)
+    if decision.gated:
+        ops += _gate_ops(spec)
+    ops += _annotation_ops(pod, annotation_value(decision))
+    return ops
+
+
+# --- applying (CLI dry run, tests) ---------------------------------------------
+
+
+def _walk(doc: Any, tokens: list[str]) -> Any:
+    for token in tokens:
+        doc = doc[int(token)] if isinstance(doc, list) else doc[token]
+    return doc
+
+
+def apply_patch(document: Any, ops: list[Operation]) -> Any:
+    """Apply add/replace/remove operations to a deep copy of ``document``."""
+    doc = copy.deepcopy(document)
+    for op in ops:
+        tokens = [unescape(t) for t in op["path"].split("/")[1:]]
+        parent = _walk(doc, tokens[:-1])
+        last = tokens[-1]
+        kind = op["op"]
+        if isinstance(parent, list):
+            if kind == "add":
+                parent.insert(len(parent) if last == "-" else int(last), copy.deepcopy(op["value"]))
+            elif kind == "replace":
+                parent[int(last)] = copy.deepcopy(op["value"])
+            elif kind == "remove":
+                del parent[int(last)]
+            else:
+                raise ValueError(f"unsupported op {kind!r}")
+        else:
+            if kind in ("replace", "remove") and last not in parent:
+                raise KeyError(f"{op['path']}: no such member for {kind}")
+            if kind in ("add", "replace"):
+                parent[last] = copy.deepcopy(op["value"])
+            elif kind == "remove":
+                del parent[last]
+            else:
+                raise ValueError(f"unsupported op {kind!r}")
+    return doc

@@ -1,0 +1,333 @@
+"""Request model: what a pod asks of gpupack, parsed and validated.
+
+A container asks for part of a GPU with two extended resources in
+``resources.limits`` (see the architecture brief):
+
+* ``gpupack.io/gpu-milli``: compute share, 1..1000 (1000 = one whole GPU);
+* ``gpupack.io/gpu-memory``: GPU memory as a Kubernetes quantity (optional).
+
+The pod annotation ``gpupack.io/sharing`` picks the mode (default ``auto``).
+
+This module works on the raw pod dict as the API server sends it (no pydantic:
+it runs on every pod create, see ``webhook``), and every refusal is an
+:class:`AdmissionRefusal` carrying a machine-readable :class:`Reason` code, so
+the webhook can count denials by reason and users get a message naming the
+container, the value and the valid choices.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+GROUP: Final = "gpupack.io"
+MILLI: Final = "gpupack.io/gpu-milli"
+MEMORY: Final = "gpupack.io/gpu-memory"
+RESOURCES: Final = (MILLI, MEMORY)
+SHARING_ANNOTATION: Final = "gpupack.io/sharing"
+SKIP_LABEL: Final = "gpupack.io/skip"
+MAX_MILLI: Final = 1000
+
+Mode = Literal["mig", "mps", "time-slicing"]
+MODES: Final[tuple[Mode, ...]] = ("mig", "mps", "time-slicing")
+REQUESTED_MODES: Final = ("auto",) + MODES
+
+ContainerKind = Literal["containers", "initContainers"]
+
+
+class Reason(StrEnum):
+    """Why a request was refused (label value of the denial metric)."""
+
+    MALFORMED_POD = "MalformedPod"
+    INVALID_QUANTITY = "InvalidQuantity"
+    MILLI_OUT_OF_RANGE = "MilliOutOfRange"
+    MISSING_MILLI = "MissingMilli"
+    UNKNOWN_RESOURCE = "UnknownResource"
+    MIXED_RESOURCES = "MixedResources"
+    REQUESTS_LIMITS_MISMATCH = "RequestsLimitsMismatch"
+    EPHEMERAL_CONTAINER = "EphemeralContainer"
+    UNKNOWN_MODE = "UnknownMode"
+    MODE_FORBIDDEN = "ModeForbidden"
+    MEMORY_TOO_LARGE = "MemoryTooLarge"
+    NO_MIG_MODEL = "NoMigModel"
+    NO_COMPATIBLE_NODES = "NoCompatibleNodes"
+
+
+class AdmissionRefusal(ValueError):
+    """A pod gpupack must not admit; ``str()`` is the message shown to the user."""
+
+    def __init__(self, reason: Reason, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+# --- quantities -------------------------------------------------------------
+
+_QUANTITY_RE: Final = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE]?)$")
+_SUFFIX: Final[dict[str, Decimal]] = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(value: object, *, what: str) -> Decimal:
+    """A Kubernetes quantity (``250m``, ``1e3``, ``20Gi``, ``7``) as an exact Decimal.
+
+    Raises ``AdmissionRefusal(INVALID_QUANTITY)`` naming ``what`` and the value.
+    """
+    if isinstance(value, bool):  # bool is an int subclass; never a quantity
+        raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {value!r} is not a quantity")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {value!r} is not a finite quantity")
+        return Decimal(repr(value))
+    if not isinstance(value, str) or len(value) > 64:
+        raise AdmissionRefusal(
+            Reason.INVALID_QUANTITY, f"{what}: {str(value)[:64]!r} is not a Kubernetes quantity such as '20Gi' or '250'"
+        )
+    match = _QUANTITY_RE.match(value.strip())
+    if match is None:
+        raise AdmissionRefusal(
+            Reason.INVALID_QUANTITY, f"{what}: {value!r} is not a Kubernetes quantity such as '20Gi' or '250'"
+        )
+    number, suffix = match.groups()
+    try:
+        base = Decimal(number)
+        if suffix[:1] in ("e", "E"):
+            exponent = int(suffix[1:])
+            if abs(exponent) > 30:
+                raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {value!r} is out of range")
+            return base.scaleb(exponent)
+        return base * _SUFFIX[suffix]
+    except InvalidOperation:
+        raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {value!r} is not a valid quantity") from None
+
+
+def parse_milli(value: object, *, container: str) -> int:
+    """``gpupack.io/gpu-milli`` as an integer in 1..1000."""
+    what = f"container {container!r}: {MILLI}"
+    quantity = parse_quantity(value, what=what)
+    if quantity != quantity.to_integral_value():
+        raise AdmissionRefusal(
+            Reason.MILLI_OUT_OF_RANGE,
+            f"{what}={value!r} is not a whole number; it counts thousandths of a GPU, "
+            f"so ask for an integer in 1..{MAX_MILLI} (e.g. 250 for a quarter GPU)",
+        )
+    milli = int(quantity)
+    if not 1 <= milli <= MAX_MILLI:
+        raise AdmissionRefusal(
+            Reason.MILLI_OUT_OF_RANGE,
+            f"{what}={value!r} is outside 1..{MAX_MILLI} (1000 = one whole GPU; "
+            f"for more than one GPU ask for nvidia.com/gpu instead)",
+        )
+    return milli
+
+
+def parse_memory(value: object, *, container: str) -> int:
+    """``gpupack.io/gpu-memory`` in bytes (positive, whole bytes)."""
+    what = f"container {container!r}: {MEMORY}"
+    quantity = parse_quantity(value, what=what)
+    if quantity <= 0 or quantity != quantity.to_integral_value():
+        raise AdmissionRefusal(
+            Reason.INVALID_QUANTITY, f"{what}={value!r} must be a positive whole number of bytes such as '20Gi'"
+        )
+    return int(quantity)
+
+
+# --- the request model -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """One container's ask: where it sits in the pod spec and how much it wants."""
+
+    kind: ContainerKind
+    index: int
+    name: str
+    milli: int
+    memory_bytes: int | None
+    """``None`` when the container did not ask; the policy's default or the mode fills it."""
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """Every gpupack request of one pod, plus the mode it asked for."""
+
+    namespace: str
+    name: str
+    mode: Literal["auto", "mig", "mps", "time-slicing"]
+    containers: tuple[ContainerRequest, ...]
+
+
+def _is_gpupack(key: str) -> bool:
+    return key.startswith("gpupack.io/")
+
+
+def _is_nvidia(key: str) -> bool:
+    return key.startswith("nvidia.com/")
+
+
+def _resource_map(resources: Any, field: str, container: str) -> dict[str, Any]:
+    value = resources.get(field) if isinstance(resources, dict) else None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise AdmissionRefusal(Reason.MALFORMED_POD, f"container {container!r}: resources.{field} must be a map")
+    return value
+
+
+def container_wants_gpupack(container: Any) -> bool:
+    """Cheap pre-check: does this container mention any ``gpupack.io/*`` resource?"""
+    if not isinstance(container, dict):
+        return False
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        return False
+    for field in ("limits", "requests"):
+        value = resources.get(field)
+        if isinstance(value, dict) and any(isinstance(k, str) and _is_gpupack(k) for k in value):
+            return True
+    return False
+
+
+def pod_wants_gpupack(pod: Any) -> bool:
+    """True when any container, init or ephemeral container asks for ``gpupack.io/*``."""
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if not isinstance(spec, dict):
+        return False
+    for kind in ("containers", "initContainers", "ephemeralContainers"):
+        items = spec.get(kind)
+        if isinstance(items, list) and any(container_wants_gpupack(c) for c in items):
+            return True
+    return False
+
+
+def parse_container(container: dict[str, Any], kind: ContainerKind, index: int) -> ContainerRequest | None:
+    """The container's request, ``None`` if it asks nothing of gpupack."""
+    name = container.get("name")
+    name = name if isinstance(name, str) else f"{kind}[{index}]"
+    resources = container.get("resources")
+    if resources is not None and not isinstance(resources, dict):
+        raise AdmissionRefusal(Reason.MALFORMED_POD, f"container {name!r}: resources must be a map")
+    limits = _resource_map(resources, "limits", name)
+    requests = _resource_map(resources, "requests", name)
+    ours = {k for k in (*limits, *requests) if _is_gpupack(k)}
+    if not ours:
+        return None
+    unknown = sorted(ours - set(RESOURCES))
+    if unknown:
+        raise AdmissionRefusal(
+            Reason.UNKNOWN_RESOURCE,
+            f"container {name!r}: unknown resource {unknown[0]!r}; valid gpupack resources: {', '.join(RESOURCES)}",
+        )
+    nvidia = sorted(k for k in (*limits, *requests) if _is_nvidia(k))
+    if nvidia:
+        raise AdmissionRefusal(
+            Reason.MIXED_RESOURCES,
+            f"container {name!r} asks for both gpupack.io/* and {nvidia[0]}; a container gets either "
+            f"part of a GPU (gpupack.io/gpu-milli, gpupack.io/gpu-memory) or whole/MIG GPUs (nvidia.com/*), not both",
+        )
+    for key in sorted(ours):
+        if key not in limits:
+            raise AdmissionRefusal(
+                Reason.REQUESTS_LIMITS_MISMATCH,
+                f"container {name!r}: {key} is in resources.requests but not in resources.limits; "
+                f"GPU resources must be set in limits (requests, if given, must equal limits)",
+            )
+        if key in requests and requests[key] != limits[key]:
+            if parse_quantity(requests[key], what=f"container {name!r}: requests {key}") != parse_quantity(
+                limits[key], what=f"container {name!r}: limits {key}"
+            ):
+                raise AdmissionRefusal(
+                    Reason.REQUESTS_LIMITS_MISMATCH,
+                    f"container {name!r}: {key} requests ({requests[key]}) differ from limits ({limits[key]}); "
+                    f"GPU resources cannot be overcommitted, so requests must equal limits",
+                )
+    if MILLI not in limits:
+        raise AdmissionRefusal(
+            Reason.MISSING_MILLI,
+            f"container {name!r} sets {MEMORY} without {MILLI}; say how much compute it needs (1..{MAX_MILLI})",
+        )
+    milli = parse_milli(limits[MILLI], container=name)
+    memory = parse_memory(limits[MEMORY], container=name) if MEMORY in limits else None
+    return ContainerRequest(kind=kind, index=index, name=name, milli=milli, memory_bytes=memory)
+
+
+def parse_mode(pod: dict[str, Any]) -> Literal["auto", "mig", "mps", "time-slicing"]:
+    """The ``gpupack.io/sharing`` annotation, validated; ``auto`` when absent."""
+    metadata = pod.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    value = annotations.get(SHARING_ANNOTATION) if isinstance(annotations, dict) else None
+    if value is None:
+        return "auto"
+    if value == "auto" or value == "mig" or value == "mps" or value == "time-slicing":
+        return value  # spelled out so mypy narrows the Literal
+    raise AdmissionRefusal(
+        Reason.UNKNOWN_MODE,
+        f"annotation {SHARING_ANNOTATION}={str(value)[:64]!r} is not a sharing mode; "
+        f"valid modes: {', '.join(REQUESTED_MODES)}",
+    )
+
+
+def parse_pod(pod: Any, namespace: str = "") -> PodRequest | None:
+    """Every gpupack request of ``pod``; ``None`` if it asks nothing of gpupack.
+
+    Ephemeral containers cannot hold resources in Kubernetes, so a
+    ``gpupack.io/*`` request there is refused rather than silently dropped.
+    """
+    if not isinstance(pod, dict):
+        raise AdmissionRefusal(Reason.MALFORMED_POD, "the object is not a Pod")
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise AdmissionRefusal(Reason.MALFORMED_POD, "the pod has no spec")
+    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    found: list[ContainerRequest] = []
+    for kind in ("initContainers", "containers"):
+        items = spec.get(kind)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise AdmissionRefusal(Reason.MALFORMED_POD, f"spec.{kind} must be a list")
+        for index, container in enumerate(items):
+            if not isinstance(container, dict):
+                raise AdmissionRefusal(Reason.MALFORMED_POD, f"spec.{kind}[{index}] must be a map")
+            parsed = parse_container(container, kind, index)  # type: ignore[arg-type]
+            if parsed is not None:
+                found.append(parsed)
+    ephemeral = spec.get("ephemeralContainers")
+    if isinstance(ephemeral, list):
+        for index, container in enumerate(ephemeral):
+            if container_wants_gpupack(container):
+                name = container.get("name", f"ephemeralContainers[{index}]")
+                raise AdmissionRefusal(
+                    Reason.EPHEMERAL_CONTAINER,
+                    f"ephemeral container {name!r} asks for gpupack.io/* resources; "
+                    f"ephemeral containers cannot hold resources (they use the pod's)",
+                )
+    if not found:
+        return None
+    name = metadata.get("name") or metadata.get("generateName") or ""
+    ns = metadata.get("namespace") or namespace
+    return PodRequest(
+        namespace=str(ns), name=str(name), mode=parse_mode(pod), containers=tuple(found)
+    )
