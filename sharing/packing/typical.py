@@ -1,0 +1,81 @@
+"""FGD's "typical pods": the workload's request distribution as a small table.
+
+Fragmentation Gradient Descent (Weng et al., USENIX ATC 2023) measures a node's
+fragmentation *against the requests the workload is expected to make*. The table
+is built from the whole (unshuffled) trace: count pods per request key
+``(cpu, gpu milli, gpu count, gpu spec)``, sort by count then key (both
+descending), keep the shortest prefix covering 95 % of the pods and normalise the
+counts of that prefix to probabilities. Memory is not part of the key.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from sharing.packing.model import PodSpec
+
+COVERAGE_PERCENT = 95
+"""Share of pods the kept prefix must cover (the published simulator's threshold)."""
+
+
+def parse_gpu_spec(spec: str) -> tuple[str, ...]:
+    """GPU models a ``|``-separated constraint accepts (empty parts dropped; empty = any)."""
+    return tuple(part for part in spec.split("|") if part)
+
+
+@dataclass(frozen=True)
+class TypicalPods:
+    """Request keys and their probabilities, most frequent first."""
+
+    cpu_milli: tuple[int, ...]
+    gpu_milli: tuple[int, ...]
+    gpu_count: tuple[int, ...]
+    gpu_spec: tuple[str, ...]
+    probability: tuple[float, ...]
+    covered_pods: int
+    """Pods of the source trace whose key is kept."""
+    total_pods: int
+
+    def __len__(self) -> int:
+        return len(self.probability)
+
+    @classmethod
+    def from_pods(cls, pods: Iterable[PodSpec], coverage_percent: int = COVERAGE_PERCENT) -> TypicalPods:
+        counts = Counter(p.fgd_key for p in pods)
+        total = sum(counts.values())
+        if total == 0:
+            raise ValueError("typical pods need at least one pod")
+        ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+        kept: list[tuple[tuple[int, int, int, str], int]] = []
+        cumulative = 0
+        for key, count in ordered:
+            kept.append((key, count))
+            cumulative += count
+            # Integer comparison, as the published code does: cum*100 >= 95*rows.
+            if cumulative * 100 >= coverage_percent * total:
+                break
+        return cls(
+            cpu_milli=tuple(k[0] for k, _ in kept),
+            gpu_milli=tuple(k[1] for k, _ in kept),
+            gpu_count=tuple(k[2] for k, _ in kept),
+            gpu_spec=tuple(k[3] for k, _ in kept),
+            probability=tuple(c / cumulative for _, c in kept),
+            covered_pods=cumulative,
+            total_pods=total,
+        )
+
+    def accessible(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:
+        """(len(models), K): typical pod k can use a GPU of model m (CPU-only pods never)."""
+        out = np.zeros((len(models), len(self)), dtype=bool)
+        for k, spec in enumerate(self.gpu_spec):
+            if self.gpu_milli[k] == 0:
+                continue
+            allowed = parse_gpu_spec(spec)
+            for m, model in enumerate(models):
+                out[m, k] = not allowed or model in allowed
+        return out
