@@ -53,6 +53,7 @@ def parse_memory(text: str | int | float) -> int:
 
 
 def format_mib(mib: int) -> str:
-    """``81920`` -> ``80Gi``; ``4864`` -> ``4.75Gi``."""
-    gib = Decimal(mib) / 1024
-    return f"{gib.normalize():f}Gi" if mib % 1024 else f"{mib // 1024}Gi"
+    """``81920`` -> ``80Gi``; ``20090`` -> ``19.62Gi`` (two decimals, as nvidia-smi prints GiB)."""
+    if mib % 1024 == 0:
+        return f"{mib // 1024}Gi"
+    return f"{mib / 1024:.2f}Gi"
