@@ -187,14 +187,29 @@ def is_maximal(model: GpuModel, profile_names: Iterable[str]) -> bool:
     return all(fits(model, [*names, p.name]) is None for p in model.profiles)
 
 
+def _geometry_key(model: GpuModel) -> tuple[object, ...]:
+    """Models with the same slices and profile table (SXM/PCIe twins) share results."""
+    return (model.compute_slices, model.memory_slices, model.profiles)
+
+
+_REPRESENTATIVE: dict[tuple[object, ...], GpuModel] = {}
+
+
 @lru_cache(maxsize=64)
+def _maximal_for_geometry(key: tuple[object, ...]) -> tuple[tuple[str, ...], ...]:
+    model = _REPRESENTATIVE[key]
+    maximal = [names for names in _all_valid_multisets(model) if names and is_maximal(model, names)]
+    return tuple(sorted(maximal, key=lambda names: (-len(names), names)))
+
+
 def maximal_layouts(model: GpuModel) -> tuple[tuple[str, ...], ...]:
     """Every maximal layout of ``model`` as a sorted multiset of profile names.
 
     Ordered by decreasing number of instances, then by name, so the output is stable.
     """
-    maximal = [names for names in _all_valid_multisets(model) if names and is_maximal(model, names)]
-    return tuple(sorted(maximal, key=lambda names: (-len(names), names)))
+    key = _geometry_key(model)
+    _REPRESENTATIVE.setdefault(key, model)
+    return _maximal_for_geometry(key)
 
 
 def all_layouts(model: GpuModel) -> frozenset[tuple[str, ...]]:
