@@ -1,0 +1,133 @@
+"""``gpupack webhook``: run the admission webhook, or ask it about one pod offline.
+
+* ``gpupack webhook serve --tls-cert FILE --tls-key FILE [--host H] [--port N]
+  [--inventory FILE]`` serves ``/mutate``, ``/validate``, ``/healthz``,
+  ``/readyz`` and ``/metrics`` over HTTPS.
+* ``gpupack webhook decide --inventory FILE POD.yaml [--namespace NS]`` prints
+  what the webhook would do to a pod (the patched pod, or the denial), with no
+  server: exit 0 if admitted, 1 if denied, 2 on bad input.
+* ``gpupack webhook certs --service NAME --namespace NS --out DIR`` writes a
+  self-signed CA and serving certificate for clusters without cert-manager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("webhook", help="admission webhook: serve, decide, certs")
+    sub = parser.add_subparsers(dest="webhook_command", metavar="SUBCOMMAND", parser_class=type(parser))
+
+    serve = sub.add_parser("serve", help="serve the admission webhook over HTTPS")
+    serve.add_argument("--tls-cert", help="PEM certificate (chain) file; env GPUPACK_WEBHOOK_TLS_CERT")
+    serve.add_argument("--tls-key", help="PEM private key file; env GPUPACK_WEBHOOK_TLS_KEY")
+    serve.add_argument("--host", help="listen address (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, help="listen port (default 8443)")
+    serve.add_argument("--inventory", help="YAML/JSON list of GPUNode objects to serve instead of watching the API")
+    serve.add_argument("--kubeconfig", help="kubeconfig when not running in a cluster")
+    serve.add_argument("--max-body-bytes", type=int, help="largest AdmissionReview accepted (default 3 MiB)")
+    serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(handler=_serve)
+
+    decide = sub.add_parser("decide", help="show what the webhook would do to a pod (offline)")
+    decide.add_argument("pod", help="pod manifest (YAML or JSON); '-' reads standard input")
+    decide.add_argument("--inventory", required=True, help="YAML/JSON list of GPUNode (and SharingPolicy) objects")
+    decide.add_argument("--namespace", default="default", help="namespace the pod is created in")
+    decide.set_defaults(handler=_decide)
+
+    certs = sub.add_parser("certs", help="write a self-signed CA and serving certificate (no cert-manager)")
+    certs.add_argument("--service", default="gpupack-webhook", help="Service name (default gpupack-webhook)")
+    certs.add_argument("--namespace", default="gpupack-system", help="Service namespace")
+    certs.add_argument("--host", action="append", default=[], help="extra DNS name or IP (repeatable)")
+    certs.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    certs.add_argument("--out", required=True, help="directory for ca.crt, tls.crt, tls.key")
+    certs.set_defaults(handler=_certs)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from webhook.inventory_source import InventoryError
+    from webhook.server import serve
+    from webhook.settings import WebhookSettings
+    from webhook.tls import TLSConfigError
+
+    try:
+        settings = WebhookSettings.from_env(
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            host=args.host,
+            port=args.port,
+            inventory_file=args.inventory,
+            max_body_bytes=args.max_body_bytes,
+            log_level=args.log_level,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not settings.tls_cert or not settings.tls_key:
+        raise UsageError("--tls-cert and --tls-key are required (the API server only calls webhooks over HTTPS)")
+    if not 0 < settings.port < 65536:
+        raise UsageError(f"--port {settings.port} is not a TCP port (1..65535)")
+    try:
+        return serve(settings, kubeconfig=args.kubeconfig)
+    except (TLSConfigError, InventoryError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _decide(args: argparse.Namespace) -> int:
+    from sharing.patch import apply_patch
+    from webhook.admission import review_pod
+    from webhook.inventory_source import InventoryError, InventoryHolder, load_file
+    from webhook.settings import WebhookSettings
+
+    holder = InventoryHolder()
+    try:
+        inventory = load_file(holder, args.inventory)
+        text = sys.stdin.read() if args.pod == "-" else Path(args.pod).read_text(encoding="utf-8")
+        pod = yaml.safe_load(text)
+    except (InventoryError, OSError, yaml.YAMLError) as exc:
+        raise UsageError(str(exc)) from None
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+        raise UsageError(f"{args.pod}: expected a Pod manifest")
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "gpupack-cli",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": args.namespace,
+            "operation": "CREATE",
+            "object": pod,
+        },
+    }
+    response = review_pod(review, inventory, WebhookSettings()).review["response"]
+    if not response["allowed"]:
+        print(f"denied: {response['status']['message']}", file=sys.stderr)
+        return EXIT_NO
+    print(f"# {response.get('status', {}).get('message', 'allowed')}")
+    for warning in response.get("warnings", []):
+        print(f"# warning: {warning}")
+    if "patch" in response:
+        pod = apply_patch(pod, json.loads(base64.b64decode(response["patch"])))
+    print(yaml.safe_dump(pod, sort_keys=False), end="")
+    return EXIT_OK
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from webhook.certs import write_self_signed
+
+    if args.days < 1:
+        raise UsageError(f"--days {args.days} must be at least 1")
+    paths = write_self_signed(Path(args.out), args.service, args.namespace, args.host, args.days)
+    for path in paths:
+        print(path)
+    return EXIT_OK

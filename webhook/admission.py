@@ -1,0 +1,216 @@
+"""Admission as functions: an AdmissionReview dict in, an AdmissionReview dict out.
+
+``mutate(review, inventory, settings)`` answers ``POST /mutate`` for pods and
+``validate(review, settings)`` answers ``POST /validate`` for SharingPolicy
+objects; the HTTP layer (``webhook.app``) only decodes bytes and encodes the
+answer. Both never raise: every input, however malformed, gets a well-formed
+``admission.k8s.io/v1`` AdmissionReview carrying the request's uid where one
+could be read, and either ``allowed: true`` (with a reason in
+``status.message``) or ``allowed: false`` with a specific message. An
+unexpected exception becomes a denial that says so (fail closed, like the
+``failurePolicy: Fail`` the webhook is registered with), never an HTTP 500.
+
+No API call and no side effect happens here: the decision depends only on the
+request and the inventory snapshot, so ``dryRun`` requests are answered exactly
+like real ones and a reinvoked webhook sees its own work and changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from sharing.decision import GATE, PodDecision, decide
+from sharing.inventory import Inventory
+from sharing.patch import build_patch
+from sharing.request import SKIP_LABEL, AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
+from webhook.jsonio import dumps
+from webhook.policy_validation import policy_problems
+from webhook.settings import WebhookSettings
+
+log = logging.getLogger("gpupack.webhook")
+
+API_VERSION: Final = "admission.k8s.io/v1"
+KIND: Final = "AdmissionReview"
+_UID_RE: Final = re.compile(rb'"uid"\s*:\s*"([^"\\]{1,128})"')
+
+Outcome = Literal["allowed", "denied", "error"]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An answered review plus what the metrics need to know about it."""
+
+    review: dict[str, Any]
+    outcome: Outcome
+    reason: str | None = None
+    decision: PodDecision | None = None
+
+
+class BadReview(Exception):
+    """The envelope itself is unusable; answered with a denial."""
+
+    def __init__(self, message: str, uid: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.uid = uid
+
+
+def uid_hint(body: bytes) -> str:
+    """The uid of a review we refuse to parse (too large or not JSON), if visible."""
+    match = _UID_RE.search(body[:8192])
+    return match.group(1).decode("utf-8", "replace") if match else ""
+
+
+def envelope(review: Any) -> tuple[str, dict[str, Any]]:
+    """``(uid, request)`` of an ``admission.k8s.io/v1`` review; raises :class:`BadReview`."""
+    if not isinstance(review, dict):
+        raise BadReview("the body is not a JSON object; expected an admission.k8s.io/v1 AdmissionReview")
+    request = review.get("request")
+    uid = request.get("uid") if isinstance(request, dict) else None
+    uid = uid if isinstance(uid, str) else ""
+    if review.get("apiVersion") != API_VERSION:
+        raise BadReview(
+            f"apiVersion {str(review.get('apiVersion'))[:64]!r} is not supported; send {API_VERSION} "
+            f"(admissionReviewVersions: [v1])",
+            uid,
+        )
+    if review.get("kind") != KIND:
+        raise BadReview(f"kind {str(review.get('kind'))[:64]!r} is not {KIND}", uid)
+    if not isinstance(request, dict):
+        raise BadReview("the AdmissionReview has no request", uid)
+    if not uid:
+        raise BadReview("request.uid is missing or not a string", uid)
+    if not isinstance(request.get("kind"), dict):
+        raise BadReview("request.kind (group, version, kind of the object) is missing", uid)
+    return uid, request
+
+
+def review_response(
+    uid: str,
+    allowed: bool,
+    *,
+    message: str = "",
+    reason: str = "",
+    code: int = 403,
+    patch: list[dict[str, Any]] | None = None,
+    warnings: list[str] | None = None,
+) -> dict[str, Any]:
+    response: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(dumps(patch)).decode("ascii")
+    if not allowed:
+        response["status"] = {"code": code, "reason": "BadRequest" if code == 400 else "Forbidden", "message": message}
+        if reason:
+            response["status"]["details"] = {"causes": [{"reason": reason, "message": message}]}
+    elif message:
+        response["status"] = {"code": 200, "message": message}
+    if warnings:
+        response["warnings"] = warnings
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": response}
+
+
+def _resource_is(request: dict[str, Any], group: str, kind: str) -> bool:
+    raw = request.get("kind")
+    return isinstance(raw, dict) and raw.get("group", "") == group and raw.get("kind") == kind
+
+
+def _allow(uid: str, why: str) -> Answer:
+    return Answer(review_response(uid, True, message=why), "allowed")
+
+
+def _deny(uid: str, reason: str, message: str, code: int = 403) -> Answer:
+    return Answer(review_response(uid, False, message=message, reason=reason, code=code), "denied", reason)
+
+
+def review_pod(review: Any, inventory: Inventory, settings: WebhookSettings) -> Answer:
+    """Answer a pod review; the full :class:`Answer` (``mutate`` returns its review)."""
+    try:
+        uid, request = envelope(review)
+    except BadReview as bad:
+        return _deny(bad.uid, "MalformedReview", bad.message, code=400)
+    try:
+        return _review_pod(uid, request, inventory)
+    except AdmissionRefusal as refusal:
+        return _deny(uid, refusal.reason, refusal.message)
+    except Exception:  # never a 500: fail closed with a message that says so
+        log.exception("unexpected error while deciding pod (uid %s)", uid)
+        answer = review_response(
+            uid, False, message="gpupack webhook internal error; see the webhook's log", reason="InternalError"
+        )
+        return Answer(answer, "error", "InternalError")
+
+
+def _review_pod(uid: str, request: dict[str, Any], inventory: Inventory) -> Answer:
+    if not _resource_is(request, "", "Pod") or request.get("subResource"):
+        return _allow(uid, "gpupack: not a pod create; nothing to do")
+    if request.get("operation") != "CREATE":
+        # Container resources are immutable after create, so there is nothing to decide.
+        return _allow(uid, f"gpupack: {str(request.get('operation'))[:16]} of a pod; nothing to do")
+    pod = request.get("object")
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+        raise AdmissionRefusal(Reason.MALFORMED_POD, "request.object is not a Pod object")
+    metadata = pod.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    if isinstance(labels, dict) and labels.get(SKIP_LABEL) == "true":
+        return _allow(uid, f"gpupack: pod has label {SKIP_LABEL}=true; left untouched")
+    if not pod_wants_gpupack(pod):
+        return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
+    namespace = request.get("namespace")
+    parsed = parse_pod(pod, namespace if isinstance(namespace, str) else "")
+    if parsed is None:
+        return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
+    if not inventory.synced:
+        raise AdmissionRefusal(
+            Reason.NO_COMPATIBLE_NODES, "gpupack webhook has not synced the GPU inventory yet; retry shortly"
+        )
+    decision = decide(parsed, inventory.policy_for(parsed.namespace), inventory)
+    patch = build_patch(pod, decision)
+    warnings = None
+    if decision.gated:
+        warnings = [
+            f"gpupack: no free {decision.mode} capacity fits this pod yet; it waits at scheduling gate "
+            f"{GATE} until gpupack creates it"
+        ]
+    answer = review_response(uid, True, message=f"gpupack: {decision.reason}", patch=patch, warnings=warnings)
+    return Answer(answer, "allowed", decision=decision)
+
+
+def mutate(review: Any, inventory: Inventory, settings: WebhookSettings) -> dict[str, Any]:
+    """``POST /mutate``: the AdmissionReview answering a pod review."""
+    return review_pod(review, inventory, settings).review
+
+
+def review_policy(review: Any, settings: WebhookSettings) -> Answer:
+    """Answer a SharingPolicy review (create/update); the full :class:`Answer`."""
+    try:
+        uid, request = envelope(review)
+    except BadReview as bad:
+        return _deny(bad.uid, "MalformedReview", bad.message, code=400)
+    try:
+        if not _resource_is(request, "gpupack.io", "SharingPolicy"):
+            return _allow(uid, "gpupack: not a SharingPolicy; nothing to validate")
+        if request.get("operation") not in ("CREATE", "UPDATE"):
+            return _allow(uid, "gpupack: nothing to validate")
+        problems, warnings = policy_problems(request.get("object"))
+        if problems:
+            message = "invalid SharingPolicy: " + "; ".join(problems)
+            return _deny(uid, "InvalidPolicy", message)
+        return Answer(
+            review_response(uid, True, message="gpupack: policy is valid", warnings=warnings or None), "allowed"
+        )
+    except Exception:
+        log.exception("unexpected error while validating a policy (uid %s)", uid)
+        answer = review_response(
+            uid, False, message="gpupack webhook internal error; see the webhook's log", reason="InternalError"
+        )
+        return Answer(answer, "error", "InternalError")
+
+
+def validate(review: Any, settings: WebhookSettings) -> dict[str, Any]:
+    """``POST /validate``: the AdmissionReview answering a SharingPolicy review."""
+    return review_policy(review, settings).review

@@ -1,0 +1,180 @@
+"""Where the webhook's inventory view comes from: a file, or a watch on the API server.
+
+Both feed an :class:`InventoryHolder`, whose ``current`` snapshot the request
+path reads without a lock (a Python attribute read is atomic, and a snapshot is
+never mutated, only replaced). The watch runs in background threads with the
+official Kubernetes client; this is the webhook's only module that talks to the
+API server, and it only lists and watches ``GPUNode``, ``SharingPolicy`` and
+``Namespace`` objects (namespace labels serve SharingPolicy namespace selectors).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sharing.inventory import Inventory, build_inventory
+
+log = logging.getLogger("gpupack.webhook.inventory")
+
+
+class InventoryError(ValueError):
+    """An inventory file that cannot be read; names the file and the problem."""
+
+
+class InventoryHolder:
+    """The current snapshot plus a counter of versions, swapped atomically."""
+
+    def __init__(self, initial: Inventory | None = None) -> None:
+        self.current: Inventory = initial if initial is not None else Inventory(synced=False)
+        self._version = self.current.version
+        self._lock = threading.Lock()
+        self.listeners: list[Callable[[Inventory], None]] = []
+
+    def replace(self, objects: Iterable[Mapping[str, Any]], *, synced: bool) -> Inventory:
+        with self._lock:
+            self._version += 1
+            snapshot = build_inventory(objects, synced=synced, version=self._version)
+            self.current = snapshot
+        for listener in self.listeners:
+            listener(snapshot)
+        return snapshot
+
+
+def load_objects(path: str | Path) -> list[Mapping[str, Any]]:
+    """Objects of an inventory file: a YAML/JSON list, a ``List`` with ``items``,
+    or a multi-document YAML stream of objects."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InventoryError(f"cannot read inventory file {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        if file.suffix == ".json":
+            docs: list[Any] = [json.loads(text)]
+        else:
+            docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except (ValueError, yaml.YAMLError) as exc:
+        raise InventoryError(f"inventory file {str(path)!r} is not valid YAML/JSON: {exc}") from None
+    objects: list[Any] = []
+    for doc in docs:
+        if isinstance(doc, list):
+            objects.extend(doc)
+        elif isinstance(doc, dict) and isinstance(doc.get("items"), list):
+            objects.extend(doc["items"])
+        elif isinstance(doc, dict):
+            objects.append(doc)
+        else:
+            raise InventoryError(f"inventory file {str(path)!r}: expected a list of GPUNode objects")
+    bad = [i for i, o in enumerate(objects) if not isinstance(o, dict)]
+    if bad:
+        raise InventoryError(f"inventory file {str(path)!r}: item {bad[0]} is not an object")
+    known = {"GPUNode", "SharingPolicy", "Namespace"}
+    for i, obj in enumerate(objects):
+        kind = obj.get("kind", "GPUNode")
+        if kind not in known:
+            raise InventoryError(
+                f"inventory file {str(path)!r}: item {i} has kind {kind!r}; valid kinds: {', '.join(sorted(known))}"
+            )
+    return objects
+
+
+def load_file(holder: InventoryHolder, path: str | Path) -> Inventory:
+    """Fill ``holder`` from an inventory file (synced at once: the file is the truth)."""
+    return holder.replace(load_objects(path), synced=True)
+
+
+class KubernetesWatch:
+    """List-then-watch of GPUNodes, SharingPolicies and Namespaces into a holder.
+
+    Synced once each of the three lists has completed; a watch that fails or
+    expires re-lists (after a short back-off), so the view converges to what the
+    API server holds. Threads are daemons: they end with the process.
+    """
+
+    KINDS = ("GPUNode", "SharingPolicy", "Namespace")
+
+    def __init__(self, holder: InventoryHolder, *, resync_seconds: float = 300.0, kubeconfig: str | None = None):
+        self.holder = holder
+        self.resync_seconds = resync_seconds
+        self.kubeconfig = kubeconfig
+        self._objects: dict[str, dict[str, Mapping[str, Any]]] = {k: {} for k in self.KINDS}
+        self._listed: set[str] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config(config_file=self.kubeconfig)
+        api = client.ApiClient()
+        custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        listers: dict[str, Callable[..., Any]] = {
+            "GPUNode": lambda **kw: custom.list_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", **kw),
+            "SharingPolicy": lambda **kw: custom.list_cluster_custom_object(
+                "gpupack.io", "v1alpha1", "sharingpolicies", **kw
+            ),
+            # Typed client: raw (streaming) response while watching, plain dicts when listing.
+            "Namespace": lambda **kw: (
+                core.list_namespace(**kw) if kw.get("watch") else api.sanitize_for_serialization(core.list_namespace(**kw))
+            ),
+        }
+        for kind, lister in listers.items():
+            thread = threading.Thread(target=self._run, args=(kind, lister), name=f"watch-{kind}", daemon=True)
+            thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _publish(self) -> None:
+        with self._lock:
+            objects = [o for kind in self.KINDS for o in self._objects[kind].values()]
+            synced = len(self._listed) == len(self.KINDS)
+        self.holder.replace(objects, synced=synced)
+
+    def _run(self, kind: str, lister: Callable[..., Any]) -> None:
+        from kubernetes import watch
+
+        backoff = 1.0
+        while not self._stop.is_set():
+            try:
+                listed = lister()
+                items = {o["metadata"]["name"]: {**o, "kind": kind} for o in listed.get("items") or []}
+                with self._lock:
+                    self._objects[kind] = items
+                    self._listed.add(kind)
+                self._publish()
+                version = listed.get("metadata", {}).get("resourceVersion")
+                stream = watch.Watch().stream(
+                    lister, resource_version=version, timeout_seconds=int(self.resync_seconds)
+                )
+                for event in stream:
+                    obj = event["object"]
+                    if not isinstance(obj, dict):
+                        continue
+                    name = obj.get("metadata", {}).get("name")
+                    if event["type"] == "ERROR" or not name:
+                        break
+                    with self._lock:
+                        if event["type"] == "DELETED":
+                            self._objects[kind].pop(name, None)
+                        else:
+                            self._objects[kind][name] = {**obj, "kind": kind}
+                    self._publish()
+                backoff = 1.0
+            except Exception as exc:  # keep watching whatever the API server does
+                log.warning("watch of %s failed (%s); re-listing in %.0fs", kind, exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+            else:
+                time.sleep(0)  # expired watch: re-list at once

@@ -1,0 +1,64 @@
+"""Prometheus metrics of the webhook, in a registry of its own (so tests and
+several apps in one process do not collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Sub-millisecond buckets: the webhook's budget is a few ms; the API server's
+# own timeout (timeoutSeconds) is the last bucket that matters.
+LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gpupack_webhook_requests",
+            "Admission requests answered, by endpoint and outcome (allowed, denied, error).",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.decisions = Counter(
+            "gpupack_webhook_decisions",
+            "Pods mutated, by chosen sharing mode and whether they were gated.",
+            ["mode", "gated"],
+            registry=self.registry,
+        )
+        self.denials = Counter(
+            "gpupack_webhook_denials",
+            "Admission requests denied, by reason code.",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "gpupack_webhook_request_duration_seconds",
+            "Time to answer an admission request inside the app (parse, decide, encode).",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.inventory_nodes = Gauge(
+            "gpupack_webhook_inventory_nodes", "GPU nodes in the current inventory view.", registry=self.registry
+        )
+        self.inventory_synced = Gauge(
+            "gpupack_webhook_inventory_synced", "1 once the inventory view is synced.", registry=self.registry
+        )
+        self.tls_reloads = Counter(
+            "gpupack_webhook_tls_reloads", "Serving certificate reloads after rotation.", registry=self.registry
+        )
+        # Pre-create the hot-path children: labels() costs a dict lookup and a lock.
+        self._outcome = {
+            (e, o): self.requests.labels(e, o) for e in ("mutate", "validate") for o in ("allowed", "denied", "error")
+        }
+        self._latency = {e: self.latency.labels(e) for e in ("mutate", "validate")}
+
+    def observe(self, endpoint: str, outcome: str, seconds: float) -> None:
+        self._outcome[(endpoint, outcome)].inc()
+        self._latency[endpoint].observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

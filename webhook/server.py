@@ -1,0 +1,65 @@
+"""Run the webhook: TLS, inventory source, app and uvicorn put together.
+
+The only place that wires concrete I/O: everything it starts is built by the
+functions of the other ``webhook`` modules, which the tests drive directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import uvicorn
+from fastapi import FastAPI
+
+from webhook.app import build_app
+from webhook.inventory_source import InventoryHolder, KubernetesWatch, load_file
+from webhook.metrics import Metrics
+from webhook.settings import WebhookSettings
+from webhook.tls import ReloadingTLS
+
+# Longer than the API server's idle-connection timeout for webhook clients (Go's
+# default 90 s), so the server never closes a kept-alive connection the API
+# server is about to reuse (that race costs a failed admission call).
+KEEP_ALIVE_SECONDS = 120
+
+
+def fastest(module: str, fallback: str) -> str:
+    """uvloop/httptools when installed (optional extras), asyncio/h11 otherwise."""
+    return module if importlib.util.find_spec(module) is not None else fallback
+
+
+def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvicorn.Server, FastAPI]:
+    """The uvicorn server and app for ``settings`` (nothing started yet)."""
+    metrics = Metrics()
+    tls = ReloadingTLS(settings.tls_cert, settings.tls_key, on_reload=metrics.tls_reloads.inc)
+    holder = InventoryHolder()
+    on_startup = None
+    if settings.inventory_file:
+        load_file(holder, settings.inventory_file)
+    else:
+        watch = KubernetesWatch(holder, resync_seconds=settings.resync_seconds, kubeconfig=kubeconfig)
+        on_startup = watch.start
+    app = build_app(holder, settings, metrics, tls, on_startup)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ssl_context_factory=lambda _config, _default: tls.context,
+        log_level=settings.log_level,
+        access_log=settings.access_log,
+        loop=fastest("uvloop", "asyncio"),
+        http=fastest("httptools", "h11"),
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        lifespan="on",
+        server_header=False,
+        date_header=False,
+    )
+    return uvicorn.Server(config), app
+
+
+def serve(settings: WebhookSettings, kubeconfig: str | None = None) -> int:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server, _ = build(settings, kubeconfig)
+    server.run()
+    return 0

@@ -1,0 +1,75 @@
+"""Settings of the admission webhook: one documented group, passed in explicitly.
+
+Every field can also be set from an environment variable ``GPUPACK_WEBHOOK_<FIELD>``
+(upper case), which is how the Deployment in ``manifests/webhook`` configures
+it; command-line flags win over the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+ENV_PREFIX = "GPUPACK_WEBHOOK_"
+
+
+@dataclass(frozen=True)
+class WebhookSettings:
+    host: str = "0.0.0.0"
+    """Address to listen on. All interfaces: the API server reaches the pod through its Service."""
+    port: int = 8443
+    """TCP port for HTTPS. 8443: unprivileged, and the port the Service targets."""
+    tls_cert: str = ""
+    """PEM certificate chain file (``tls.crt`` of the cert-manager Secret)."""
+    tls_key: str = ""
+    """PEM private key file (``tls.key``)."""
+    tls_reload_seconds: float = 10.0
+    """How often (s) to check the certificate files for rotation. cert-manager renews
+    a certificate well before expiry (default: at 2/3 of its lifetime) and the kubelet
+    updates the mounted Secret within about a minute, so 10 s adds little delay at
+    negligible cost (two ``stat`` calls)."""
+    inventory_file: str = ""
+    """Serve the inventory from this YAML/JSON file instead of watching GPUNode objects."""
+    max_body_bytes: int = 3 * 1024 * 1024
+    """Largest AdmissionReview accepted (bytes). The API server stores objects of up to
+    1.5 MiB (etcd's default request limit); a review of a pod that large, JSON-encoded
+    with its envelope, stays under 3 MiB. Larger bodies are answered with a denial
+    (fail closed) without being parsed."""
+    log_level: str = "info"
+    """uvicorn/gpupack log level: critical, error, warning, info, debug."""
+    access_log: bool = False
+    """Log every request line. Off by default: the webhook sees every pod create, and
+    the metrics carry the same information at a fraction of the cost."""
+    resync_seconds: float = 300.0
+    """Restart the GPUNode/SharingPolicy watch with a fresh list this often (s), so a
+    missed event cannot leave the inventory view stale for long."""
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> WebhookSettings:
+        """Defaults, then ``GPUPACK_WEBHOOK_*`` variables, then non-None ``overrides``."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None:
+                continue
+            default = getattr(cls, f.name)
+            try:
+                if isinstance(default, bool):
+                    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                        raise ValueError(raw)
+                    values[f.name] = raw.lower() in ("1", "true", "yes")
+                elif isinstance(default, int):
+                    values[f.name] = int(raw)
+                elif isinstance(default, float):
+                    values[f.name] = float(raw)
+                else:
+                    values[f.name] = raw
+            except ValueError:
+                raise ValueError(
+                    f"environment variable {ENV_PREFIX}{f.name.upper()}={raw!r} is not a valid "
+                    f"{type(default).__name__}"
+                ) from None
+        settings = replace(cls(), **values)
+        return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
