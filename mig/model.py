@@ -97,7 +97,8 @@ class GpuModel:
         object.__setattr__(self, "_hash", hash((self.product, self.compute_slices, self.memory_slices, self.profiles)))
 
     def __hash__(self) -> int:
-        return self._hash  # type: ignore[no-any-return]
+        cached: int = self.__dict__["_hash"]
+        return cached
 
     def profile(self, name: str) -> Profile:
         """The profile called ``name``; raises ``UnknownProfileError`` naming the valid ones."""

@@ -1,0 +1,60 @@
+"""Architecture contracts (ARCHITECTURE.md, STYLE.md #2), checked on the source tree.
+
+* ``mig`` imports nothing of gpupack's other packages, and no Kubernetes, NVML or HTTP.
+* ``sharing`` imports only ``mig`` of ours, and no Kubernetes, NVML or HTTP.
+* ``webhook`` and ``node`` do not import each other.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OURS = {"mig", "sharing", "webhook", "node", "gpupack", "controller"}
+IO_LIBRARIES = {"kubernetes", "kopf", "pynvml", "fastapi", "uvicorn", "starlette", "httpx", "aiohttp", "prometheus_client"}
+
+RULES: dict[str, tuple[set[str], set[str]]] = {
+    # package: (our packages it may import, third-party packages it must not import)
+    "mig": ({"mig"}, IO_LIBRARIES),
+    "sharing": ({"mig", "sharing"}, IO_LIBRARIES),
+    "webhook": ({"mig", "sharing", "webhook"}, {"pynvml"}),
+    "node": ({"mig", "sharing", "node"}, {"fastapi", "starlette", "kopf"}),
+}
+
+
+def imported_top_levels(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def cases() -> list[tuple[str, Path]]:
+    found = []
+    for package in RULES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found.append((package, path))
+    return found
+
+
+@pytest.mark.parametrize(("package", "path"), cases(), ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else v)
+def test_module_respects_its_layer(package: str, path: Path) -> None:
+    allowed_ours, forbidden = RULES[package]
+    imported = imported_top_levels(path)
+    wrong_ours = (imported & OURS) - allowed_ours
+    wrong_io = imported & forbidden
+    assert not wrong_ours, f"{path.relative_to(ROOT)} imports {sorted(wrong_ours)}; {package} may import only {sorted(allowed_ours)}"
+    assert not wrong_io, f"{path.relative_to(ROOT)} imports {sorted(wrong_io)}, which {package} must not use"
+
+
+def test_the_checker_sees_violations(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import kubernetes\nfrom sharing.x import y\nfrom . import z\n")
+    assert imported_top_levels(bad) == {"kubernetes", "sharing"}
