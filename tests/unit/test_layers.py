@@ -2,7 +2,7 @@
 
 * ``mig`` imports nothing of gpupack's other packages, and no Kubernetes, NVML or HTTP.
 * ``sharing`` imports only ``mig`` of ours, and no Kubernetes, NVML or HTTP.
-* ``webhook`` and ``node`` do not import each other.
+* ``webhook``, ``node`` and ``controller`` do not import each other.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "sharing": ({"mig", "sharing"}, IO_LIBRARIES),
     "webhook": ({"mig", "sharing", "webhook"}, {"pynvml"}),
     "node": ({"mig", "sharing", "node"}, {"fastapi", "starlette", "kopf"}),
+    "controller": ({"mig", "sharing", "controller"}, {"pynvml", "fastapi", "starlette"}),
 }
 
 

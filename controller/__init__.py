@@ -1,0 +1,1 @@
+"""Cluster controller (kopf): layout planning for pending demand, gate lifting, utilisation feedback."""
