@@ -1,0 +1,425 @@
+"""gpupack's Kubernetes API (group ``gpupack.io``, version ``v1alpha1``) as pydantic models.
+
+These models are the single source of truth for the custom resources: the CRD
+OpenAPI schemas in ``manifests/crds/`` are generated from them
+(``python -m gpupack.devcluster.crdgen --write``) and a unit test fails when the
+committed YAML drifts from what the models generate.
+
+Conventions, chosen so that a model and its CRD accept exactly the same objects:
+
+* Python attributes are snake_case, the wire format is camelCase (aliases);
+  parse with ``Model.model_validate(obj)``, serialize with :func:`to_wire`.
+* Every model forbids unknown fields (``extra="forbid"``), except
+  :class:`ReconfigurationStatus`, the node agent's journal, which it may extend.
+* ``None`` means "absent": the CRD fields are optional, not nullable, and
+  :func:`to_wire` drops ``None`` values (the API server prunes nulls anyway).
+* Cross-field rules live twice, as a ``model_validator`` here and as a CEL rule
+  (``x-kubernetes-validations``) in the schema, so the API server enforces them
+  too; the unit tests check both reject the same objects.
+
+Pure data: no Kubernetes client import.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "gpupack.io"
+VERSION = "v1alpha1"
+API_VERSION: Literal["gpupack.io/v1alpha1"] = "gpupack.io/v1alpha1"
+
+# Device-plugin sharing strategies a GPUNode can run (node-wide, like the
+# NVIDIA device plugin's config) and the modes a namespace may be allowed.
+NodeSharingMode = Literal["none", "mps", "time-slicing"]
+RequestMode = Literal["mig", "mps", "time-slicing"]
+Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+
+# A MIG GPU-instance profile as the device plugin names it (mixed strategy):
+# "1g.10gb", "3g.40gb", "1g.10gb+me", "1g.24gb+gfx", ...
+MIG_PROFILE_PATTERN = r"^[1-8]g\.[0-9]+gb(\+[a-z]+(\.[a-z]+)?)?$"
+# A mig-parted config name (a key of its config file, e.g. "all-balanced").
+MIG_CONFIG_PATTERN = r"^[a-z0-9]([-a-z0-9_.]{0,61}[a-z0-9])?$"
+# A Kubernetes binary-SI quantity of memory, e.g. "10Gi" or "512Mi".
+MEMORY_QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+HHMM_PATTERN = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"
+# metav1.Condition's own validation patterns (k8s.io/apimachinery types.go).
+CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+POD_REF_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+MAX_GPUS_PER_NODE = 16  # HGX-2 class machines carry 16 GPUs
+MAX_MIG_INSTANCES = 7  # at most 7 GPU instances per GPU on every MIG-capable model
+MAX_SHARING_REPLICAS = 64
+
+
+def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    """CEL rules for the CRD schema (``x-kubernetes-validations``)."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+def _list_map(*keys: str) -> dict[str, Any]:
+    """A list the API server treats as a map keyed by ``keys`` (unique, mergeable)."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+
+
+class ApiModel(BaseModel):
+    """Base of every API model: camelCase on the wire, unknown fields rejected.
+
+    Strict, because the API server does not coerce either: ``replicas: "4"`` is
+    an error there, so it must be one here (timestamps opt out: on the wire
+    they are RFC 3339 strings).
+    """
+
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, frozen=True, strict=True
+    )
+
+
+def _unique(items: list[Any], key: str, where: str) -> None:
+    """Reject duplicate keys of a list the CRD declares as a list-map."""
+    seen: set[Any] = set()
+    for item in items:
+        value = getattr(item, key)
+        if value in seen:
+            raise ValueError(f"{where}: duplicate {key} {value!r}")
+        seen.add(value)
+
+
+def to_wire(model: BaseModel) -> dict[str, Any]:
+    """The JSON-ready dict the API server expects: camelCase, ``None`` dropped."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ---------------------------------------------------------------- GPUNode spec
+
+
+class SharingConfig(ApiModel):
+    """Node-wide device-plugin sharing: one strategy for all full GPUs of the node."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("self.mode != 'none' || self.replicas == 1", "replicas must be 1 when mode is none"),
+        )
+    )
+    mode: NodeSharingMode = Field("none", description="Sharing strategy of full GPUs.")
+    replicas: int = Field(
+        1, ge=1, le=MAX_SHARING_REPLICAS, description="Shares advertised per GPU (1..64)."
+    )
+
+    @model_validator(mode="after")
+    def _replicas_need_a_mode(self) -> SharingConfig:
+        if self.mode == "none" and self.replicas != 1:
+            raise ValueError("replicas must be 1 when mode is none")
+        return self
+
+
+class MigInstanceSpec(ApiModel):
+    """One desired GPU instance: a profile, optionally pinned to a placement start."""
+
+    profile: str = Field(pattern=MIG_PROFILE_PATTERN, max_length=32, description="e.g. 1g.10gb")
+    start: int | None = Field(
+        None, ge=0, le=7, description="First memory slice; absent lets the agent choose."
+    )
+
+
+class GPUSpec(ApiModel):
+    """Desired state of one GPU: MIG on/off and either a layout or a mig-parted config."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!(has(self.layout) && has(self.migConfig))", "set layout or migConfig, not both"),
+            (
+                "self.migEnabled || (!has(self.layout) && !has(self.migConfig))",
+                "layout and migConfig need migEnabled: true",
+            ),
+        )
+    )
+    index: int = Field(ge=0, lt=MAX_GPUS_PER_NODE, description="NVML device index.")
+    mig_enabled: bool = Field(False, description="Whether MIG mode should be on.")
+    layout: list[MigInstanceSpec] | None = Field(
+        None, max_length=MAX_MIG_INSTANCES, description="Explicit MIG geometry."
+    )
+    mig_config: str | None = Field(
+        None, pattern=MIG_CONFIG_PATTERN, description="Named mig-parted config, e.g. all-balanced."
+    )
+
+    @model_validator(mode="after")
+    def _one_geometry_source(self) -> GPUSpec:
+        if self.layout is not None and self.mig_config is not None:
+            raise ValueError("set layout or migConfig, not both")
+        if not self.mig_enabled and (self.layout is not None or self.mig_config is not None):
+            raise ValueError("layout and migConfig need migEnabled: true")
+        return self
+
+
+class GPUNodeSpec(ApiModel):
+    """Desired state of a node's GPUs, written by the controller, applied by the agent."""
+
+    sharing: SharingConfig = Field(default_factory=SharingConfig)
+    gpus: Annotated[
+        list[GPUSpec], Field(json_schema_extra=_list_map("index"))
+    ] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+
+    @model_validator(mode="after")
+    def _unique_gpus(self) -> GPUNodeSpec:
+        _unique(self.gpus, "index", "gpus")
+        return self
+
+
+# -------------------------------------------------------------- GPUNode status
+
+
+class MigInstanceStatus(ApiModel):
+    """An existing GPU instance as NVML reports it, and who uses it."""
+
+    profile: str = Field(pattern=MIG_PROFILE_PATTERN, max_length=32)
+    start: int = Field(ge=0, le=7)
+    size: int = Field(ge=1, le=8, description="Memory slices occupied.")
+    uuid: str | None = Field(None, max_length=64, description="MIG-<uuid> of the device.")
+    in_use: bool = False
+    pods: list[Annotated[str, Field(pattern=POD_REF_PATTERN, max_length=317)]] = Field(
+        default_factory=list, max_length=MAX_SHARING_REPLICAS, description="namespace/name"
+    )
+
+
+class GPUUtilization(ApiModel):
+    """Latest utilization sample; ``gpu_percent`` is absent when NVML cannot say."""
+
+    gpu_percent: int | None = Field(None, ge=0, le=100)
+    memory_used_mib: int = Field(0, ge=0, alias="memoryUsedMiB")
+
+
+class GPUStatus(ApiModel):
+    """Observed state of one GPU."""
+
+    index: int = Field(ge=0, lt=MAX_GPUS_PER_NODE)
+    uuid: str = Field(max_length=64, description="GPU-<uuid>")
+    product: str = Field(max_length=128, description="GPU feature discovery product name.")
+    memory_mib: int = Field(ge=0, alias="memoryMiB")
+    mig_enabled: bool = False
+    instances: list[MigInstanceStatus] = Field(default_factory=list, max_length=MAX_MIG_INSTANCES)
+    utilization: GPUUtilization | None = None
+
+
+class Condition(ApiModel):
+    """The standard ``metav1.Condition`` shape."""
+
+    type: str = Field(pattern=CONDITION_TYPE_PATTERN, max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    observed_generation: int | None = Field(None, ge=0)
+    last_transition_time: datetime = Field(strict=False)
+    reason: str = Field(pattern=CONDITION_REASON_PATTERN, min_length=1, max_length=1024)
+    message: str = Field(max_length=32768)
+
+
+class ReconfigurationStatus(BaseModel):
+    """The node agent's journal of a reconfiguration in progress.
+
+    Typed where the controller reads it; the agent may add its own fields
+    (the only place in the API that keeps unknown fields), so that a restarted
+    agent can finish or roll back a half-applied plan (invariant 2).
+    """
+
+    model_config = ConfigDict(
+        extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True, strict=True
+    )
+    phase: str = Field(pattern=r"^[A-Z][A-Za-z]*$", max_length=64, description="e.g. Applying")
+    step: int = Field(0, ge=0, description="Index of the next plan step to run.")
+    plan: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
+    target_generation: int | None = Field(None, ge=0)
+    started_at: datetime | None = Field(None, strict=False)
+    message: str | None = Field(None, max_length=4096)
+
+
+class NodeSummary(ApiModel):
+    """Counts for ``kubectl get gpunodes``."""
+
+    gpus: int = Field(0, ge=0)
+    mig_instances: int = Field(0, ge=0)
+    instances_in_use: int = Field(0, ge=0)
+
+
+class GPUNodeStatus(ApiModel):
+    """Observed state, written by the node agent."""
+
+    observed_generation: int | None = Field(None, ge=0)
+    product: str | None = Field(None, max_length=128)
+    gpus: Annotated[
+        list[GPUStatus], Field(json_schema_extra=_list_map("index"))
+    ] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
+    sharing: SharingConfig | None = None
+    summary: NodeSummary | None = None
+    conditions: Annotated[
+        list[Condition], Field(json_schema_extra=_list_map("type"))
+    ] = Field(default_factory=list, max_length=16)
+    reconfiguration: ReconfigurationStatus | None = None
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> GPUNodeStatus:
+        _unique(self.gpus, "index", "gpus")
+        _unique(self.conditions, "type", "conditions")
+        return self
+
+
+# ------------------------------------------------------------- SharingPolicy
+
+
+class LabelSelector(ApiModel):
+    """Equality-based label selector; empty selects everything."""
+
+    match_labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+
+class NamespaceRule(ApiModel):
+    """Which sharing modes pods of some namespaces may use."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("has(self.names) != has(self.selector)", "set exactly one of names or selector"),
+        )
+    )
+    names: list[Annotated[str, Field(max_length=63)]] | None = Field(None, max_length=256)
+    selector: LabelSelector | None = None
+    allowed_modes: list[RequestMode] = Field(min_length=1, max_length=3)
+
+    @model_validator(mode="after")
+    def _one_namespace_source(self) -> NamespaceRule:
+        if (self.names is None) == (self.selector is None):
+            raise ValueError("set exactly one of names or selector")
+        return self
+
+
+class LayoutPolicy(ApiModel):
+    """Pin MIG geometry (static) or let gpupack reshape within allowed profiles (dynamic)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            (
+                "self.mode == 'dynamic' ? (!has(self.migConfig) && !has(self.instances))"
+                " : (has(self.migConfig) != has(self.instances))",
+                "static needs exactly one of migConfig or instances; dynamic takes neither",
+            ),
+        )
+    )
+    mode: Literal["static", "dynamic"] = "dynamic"
+    mig_config: str | None = Field(None, pattern=MIG_CONFIG_PATTERN)
+    instances: list[MigInstanceSpec] | None = Field(None, max_length=MAX_MIG_INSTANCES)
+
+    @model_validator(mode="after")
+    def _static_needs_one_geometry(self) -> LayoutPolicy:
+        has_config, has_instances = self.mig_config is not None, self.instances is not None
+        ok = (has_config != has_instances) if self.mode == "static" else not (has_config or has_instances)
+        if not ok:
+            raise ValueError(
+                "static needs exactly one of migConfig or instances; dynamic takes neither"
+            )
+        return self
+
+
+class ReshapingWindow(ApiModel):
+    """A UTC time window in which reshaping may start; end < start crosses midnight."""
+
+    start: str = Field(pattern=HHMM_PATTERN, description="HH:MM, UTC")
+    end: str = Field(pattern=HHMM_PATTERN, description="HH:MM, UTC")
+    days: list[Weekday] = Field(
+        default_factory=lambda: list(WEEKDAYS),
+        min_length=1,
+        max_length=7,
+    )
+
+
+class ReshapingPolicy(ApiModel):
+    """When and how much gpupack may repartition GPUs of the selected nodes."""
+
+    windows: list[ReshapingWindow] = Field(
+        default_factory=list, max_length=16, description="Empty: reshaping allowed at any time."
+    )
+    max_concurrent: int = Field(1, ge=0, description="GPUs reshaped at once; 0 freezes layouts.")
+    idle_seconds: int = Field(300, ge=0, description="Idle time of a GPU before it is reshaped.")
+
+
+class ReplicaPolicy(ApiModel):
+    """Bounds for the MPS/time-slicing replica count the feedback loop may choose."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(("self.min <= self.max", "min must not exceed max"))
+    )
+    min: int = Field(1, ge=1, le=MAX_SHARING_REPLICAS)
+    max: int = Field(8, ge=1, le=MAX_SHARING_REPLICAS)
+    target_utilization: int = Field(80, ge=1, le=100, description="Percent of GPU busy time.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ReplicaPolicy:
+        if self.min > self.max:
+            raise ValueError("min must not exceed max")
+        return self
+
+
+class SharingPolicySpec(ApiModel):
+    """An admin's policy for the nodes it selects."""
+
+    node_selector: LabelSelector = Field(default_factory=LabelSelector)
+    namespaces: list[NamespaceRule] = Field(
+        default_factory=list, max_length=64, description="Empty: every namespace may use any mode."
+    )
+    allowed_profiles: list[Annotated[str, Field(pattern=MIG_PROFILE_PATTERN, max_length=32)]] | None = (
+        Field(None, max_length=32, description="MIG profiles gpupack may create; absent: all.")
+    )
+    default_gpu_memory: str | None = Field(
+        None, pattern=MEMORY_QUANTITY_PATTERN, description="For requests without gpu-memory."
+    )
+    layout: LayoutPolicy = Field(default_factory=LayoutPolicy)
+    reshaping: ReshapingPolicy = Field(default_factory=ReshapingPolicy)
+    replicas: ReplicaPolicy = Field(default_factory=ReplicaPolicy)
+
+
+class SharingPolicyStatus(ApiModel):
+    """What the controller made of the policy."""
+
+    observed_generation: int | None = Field(None, ge=0)
+    matched_nodes: int = Field(0, ge=0)
+    conditions: Annotated[
+        list[Condition], Field(json_schema_extra=_list_map("type"))
+    ] = Field(default_factory=list, max_length=16)
+
+    @model_validator(mode="after")
+    def _unique_conditions(self) -> SharingPolicyStatus:
+        _unique(self.conditions, "type", "conditions")
+        return self
+
+
+# ------------------------------------------------------------ whole resources
+
+
+class ObjectMeta(BaseModel):
+    """The part of ``metadata`` gpupack reads; the API server owns the rest."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, frozen=True)
+    name: str = Field(max_length=253)
+
+
+class GPUNode(ApiModel):
+    """Cluster-scoped, one per Node, same name as the Node."""
+
+    api_version: Literal["gpupack.io/v1alpha1"] = API_VERSION
+    kind: Literal["GPUNode"] = "GPUNode"
+    metadata: ObjectMeta
+    spec: GPUNodeSpec = Field(default_factory=GPUNodeSpec)
+    status: GPUNodeStatus | None = None
+
+
+class SharingPolicy(ApiModel):
+    """Cluster-scoped admin policy."""
+
+    api_version: Literal["gpupack.io/v1alpha1"] = API_VERSION
+    kind: Literal["SharingPolicy"] = "SharingPolicy"
+    metadata: ObjectMeta
+    spec: SharingPolicySpec = Field(default_factory=SharingPolicySpec)
+    status: SharingPolicyStatus | None = None
