@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools records the commands this wrapper module builds, so that
+// `go mod tidy` keeps their whole dependency graph in go.mod and go.sum.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+)
