@@ -14,6 +14,9 @@ Sources (facts, not code):
 * GFD product names are NVML's ``nvmlDeviceGetName`` with spaces replaced by
   ``-`` (how GPU feature discovery fills ``nvidia.com/gpu.product``).
 
+GPU feature discovery's ``nvidia.com/gpu.memory`` label on an A100 80GB PCIe in
+MIG mode (1g.10gb) reads 9728 MiB, which matches the table below.
+
 Memory sizes: ``memory_mib`` is the usable memory of an instance as
 ``nvidia-smi mig -lgip`` reports it, where the guide shows that output (A100
 40GB, A100 80GB, H100 80GB). For the other models it is *inferred*: the
@@ -113,6 +116,10 @@ def _build_catalog() -> tuple[GpuModel, ...]:
         "1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb",
         _gib(16.5), _gib(32.5), _gib(65.5), _gib(131.0),
     )
+    gb200_189 = _seven_slice_profiles(
+        "1g.24gb", "1g.24gb+me", "1g.47gb", "2g.47gb", "3g.95gb", "4g.95gb", "7g.189gb",
+        _gib(22.0), _gib(44.0), _gib(88.0), _gib(176.0),
+    )
     b200_180 = _seven_slice_profiles(
         "1g.23gb", "1g.23gb+me", "1g.45gb", "2g.45gb", "3g.90gb", "4g.90gb", "7g.180gb",
         _gib(21.0), _gib(42.0), _gib(84.0), _gib(168.0),
@@ -122,7 +129,7 @@ def _build_catalog() -> tuple[GpuModel, ...]:
                  aliases=("A30", "A30-24GB"), source=_GUIDE + " (A30)." + _INFERRED),
         GpuModel("NVIDIA-A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", ("0x20B010DE",), 40960, 7, 8, a100_40,
                  aliases=("A100-40GB", "A100-SXM4-40GB", "A100-40"), source=_GUIDE + " (A100 40GB); lgip sizes shown there."),
-        GpuModel("NVIDIA-A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB", ("0x20F110DE",), 40960, 7, 8, a100_40,
+        GpuModel("NVIDIA-A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB", ("0x20B110DE", "0x20F110DE"), 40960, 7, 8, a100_40,
                  aliases=("A100-PCIE-40GB", "A100-40GB-PCIE"), source=_GUIDE + " (A100 40GB)."),
         GpuModel("NVIDIA-A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", ("0x20B210DE",), 81920, 7, 8, a100_80,
                  aliases=("A100-80GB", "A100-SXM4-80GB", "A100-80"), source=_GUIDE + " (A100 80GB)."),
@@ -142,6 +149,10 @@ def _build_catalog() -> tuple[GpuModel, ...]:
                  aliases=("GH200", "GH200-96GB"), source=_GUIDE + " (GH200 96GB)." + _INFERRED),
         GpuModel("NVIDIA-B200", "NVIDIA B200", ("0x290110DE",), 183359, 7, 8, b200_180,
                  aliases=("B200", "B200-180GB"), source=_GUIDE + " (B200)." + _INFERRED),
+        GpuModel("NVIDIA-GB200", "NVIDIA GB200", ("0x294110DE",), 189471, 7, 8, gb200_189,
+                 aliases=("GB200", "GB200-HGX"),
+                 source="Profile names from NVIDIA mig-parted's Hopper/Blackwell example config (GB200 HGX); "
+                        "geometry as the other 7-slice GPUs." + _INFERRED),
     )
 
 

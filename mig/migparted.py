@@ -171,7 +171,10 @@ def _balanced(model: GpuModel) -> dict[str, int]:
     by_shape = {(p.compute_slices, p.memory_slices, p.media_extensions): p.name for p in model.profiles}
     if model.compute_slices == 4:  # A30
         return {by_shape[(1, 1, False)]: 2, by_shape[(2, 2, False)]: 1}
-    return {by_shape[(1, 1, False)]: 2, by_shape[(2, 2, False)]: 1, by_shape[(3, 4, False)]: 1}
+    # NVIDIA's config gives H100 NVL one 1g instance instead of two (mig-parted's
+    # Hopper/Blackwell example config); every other 7-slice GPU gets two.
+    ones = 1 if model.product == "NVIDIA-H100-NVL" else 2
+    return {by_shape[(1, 1, False)]: ones, by_shape[(2, 2, False)]: 1, by_shape[(3, 4, False)]: 1}
 
 
 def builtin_configs() -> MigPartedConfig:
