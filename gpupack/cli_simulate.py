@@ -1,0 +1,114 @@
+"""``gpupack simulate``: replay an openb trace with one policy under the FGD paper's protocol.
+
+Prints the allocation ratio at each arrived-demand level (0..130 %), the number
+of failed pods and the median decision time per pod; ``--json`` prints the same
+as one JSON object. ``--seeds N`` runs the published seeds 42.. (N of them) and
+reports means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpupack.cli import EXIT_OK, UsageError
+from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
+from sharing.simulator.replay import SweepResult, sweep
+from sharing.simulator.traces import TraceError, load_nodes, load_pods
+from sharing.simulator.workload import published_seeds
+
+TEXT_LEVELS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 125, 130)
+"""Levels shown in the text table (the reference table's columns); JSON has every level."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="replay an openb trace with a packing policy (FGD paper protocol)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--nodes", required=True, type=Path, help="node list CSV (openb_node_list_gpu_node.csv)")
+    p.add_argument("--pods", required=True, type=Path, help="pod list CSV (openb_pod_list_<workload>.csv)")
+    p.add_argument("--policy", required=True, help=f"one of {', '.join(POLICY_NAMES)} (case-insensitive)")
+    seeds = p.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, help="one run with this seed (default 42)")
+    seeds.add_argument("--seeds", type=int, metavar="N", help="N runs with the published seeds 42, 43, ... and report means")
+    p.add_argument("--inflate", type=float, default=1.3, help="arrived demand as a multiple of GPU capacity (default 1.3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--mig",
+        metavar="MODEL",
+        help="replay onto MIG-capable GPUs of this model instead (see docs/simulator.md)",
+    )
+    p.set_defaults(handler=run)
+
+
+def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.seeds is not None:
+        if args.seeds < 1 or args.seeds > 1000:
+            raise UsageError(f"--seeds must be between 1 and 1000, got {args.seeds}")
+        return published_seeds(args.seeds)
+    return (42 if args.seed is None else args.seed,)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        policy = canonical_policy_name(args.policy)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if not 0.01 <= args.inflate <= 10:
+        raise UsageError(f"--inflate must be between 0.01 and 10, got {args.inflate}")
+    seeds = _seeds(args)
+    try:
+        nodes = load_nodes(args.nodes)
+        trace = load_pods(args.pods)
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None
+    if sum(n.gpu_count for n in nodes) == 0:
+        raise UsageError(f"{args.nodes}: the node list has no GPUs")
+    if args.mig:
+        from gpupack.cli_simulate_mig import run_mig
+
+        return run_mig(args, nodes, trace, seeds)
+    result = sweep(nodes, trace.pods, trace.workload, policy, seeds, args.inflate)
+    if args.json:
+        print(json.dumps(as_json(result), indent=2))
+    else:
+        print(as_text(result))
+    return EXIT_OK
+
+
+def as_json(result: SweepResult) -> dict[str, Any]:
+    """The documented JSON shape: policy, workload, seeds, alloc_at, failed_pods, decision_us_median."""
+    return {
+        "policy": result.policy,
+        "workload": result.workload,
+        "seeds": list(result.seeds),
+        "alloc_at": {str(k): v for k, v in result.alloc_at.items()},
+        "failed_pods": result.failed_pods,
+        "decision_us_median": round(result.decision_us_median, 1),
+    }
+
+
+def as_text(result: SweepResult) -> str:
+    seeds = ", ".join(str(s) for s in result.seeds)
+    lines = [
+        f"workload {result.workload}, policy {result.policy}, seeds {seeds} (mean over {len(result.seeds)})",
+        "arrived %  allocated %",
+    ]
+    for level in TEXT_LEVELS:
+        value = result.alloc_at.get(level)
+        lines.append(f"{level:9d}  {'-' if value is None else f'{value:.2f}':>11}")
+    lines.append(f"failed pods: {result.failed_pods:g} (mean per run, of {result.runs[0].pods} arrived)")
+    lines.append(f"decision time: {result.decision_us_median:.0f} us median per pod")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    from gpupack.cli import main
+
+    sys.exit(main(["simulate", *sys.argv[1:]]))
