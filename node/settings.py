@@ -1,0 +1,104 @@
+"""Node-agent settings: one documented group, every field settable from the environment.
+
+Each field says its unit and why its default is what it is. ``AgentSettings.from_env``
+reads ``GPUPACK_AGENT_<FIELD>`` (upper case); the CLI overrides on top.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+Mode = Literal["direct", "operator"]
+MODES: tuple[Mode, ...] = ("direct", "operator")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    node_name: str = ""
+    """Kubernetes Node (and GPUNode) name this agent serves; from the downward API."""
+    mode: Mode = "direct"
+    """``direct``: the agent calls NVML to reshape. ``operator``: it writes a mig-parted
+    config and lets the GPU Operator's mig-manager apply it."""
+    simulate: str = ""
+    """``MODEL:COUNT`` to use the SIMULATED NVML backend (machines without GPUs)."""
+    state_file: str = ""
+    """Simulated backend only: JSON state, so a restarted agent sees the same GPUs."""
+    poll_seconds: float = 5.0
+    """Seconds between inventory reads; NVML reads are cheap, the API patches are rate-limited."""
+    min_patch_seconds: float = 2.0
+    """Minimum seconds between two status patches of the GPUNode (API server load)."""
+    heartbeat_seconds: float = 60.0
+    """Status is re-patched at least this often even if nothing changed (staleness signal)."""
+    idle_seconds: float = 300.0
+    """Default idle time before an instance may be destroyed, when no SharingPolicy says."""
+    retry_seconds: float = 60.0
+    """Wait before retrying a reconfiguration that was rolled back."""
+    max_nvml_errors: int = 5
+    """NVML errors a rollback tolerates before the journal ends Failed (and a human looks)."""
+    advertise_timeout_seconds: float = 300.0
+    """How long to wait for the Node's allocatable to show a new layout."""
+    device_plugin_namespace: str = "gpu-operator"
+    device_plugin_selector: str = "app=nvidia-device-plugin-daemonset"
+    """Label selector of the NVIDIA device-plugin pods (the GPU Operator's default)."""
+    pause_device_plugin: bool = True
+    """Set ``nvidia.com/gpu.deploy.device-plugin=false`` while reshaping, as mig-manager does,
+    so no pod is handed an instance that is about to be destroyed."""
+    emulate_device_plugin: bool = False
+    """SIMULATION: advertise resources on the Node as the device plugin and GFD would."""
+    mig_parted_configmap: str = "default-mig-parted-config"
+    """Operator mode: ConfigMap (in ``device_plugin_namespace``) mig-manager reads."""
+    device_plugin_configmap: str = "gpupack-device-plugin-config"
+    """ConfigMap named in ClusterPolicy ``devicePlugin.config.name``; one key per node."""
+    mig_config_timeout_seconds: float = 900.0
+    """Operator mode: give up waiting for ``nvidia.com/mig.config.state`` after this long."""
+    metrics_port: int = 9402
+    """Prometheus port; 0 disables. (9400 is dcgm-exporter's, 9401 the webhook's.)"""
+    dcgm_exporter_url: str = ""
+    """Optional dcgm-exporter metrics URL for per-MIG-instance activity; empty: not used."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AgentSettings:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"GPUPACK_AGENT_{f.name.upper()}")
+            if raw is None:
+                continue
+            values[f.name] = _convert(f.name, str(f.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        for name in ("poll_seconds", "min_patch_seconds", "heartbeat_seconds", "advertise_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.idle_seconds < 0 or self.retry_seconds < 0:
+            raise ValueError("idle_seconds and retry_seconds must not be negative")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port {self.metrics_port} out of range 0..65535")
+
+    def with_(self, **changes: Any) -> AgentSettings:
+        return replace(self, **changes)
+
+
+def _convert(name: str, type_name: str, raw: str) -> Any:
+    try:
+        if type_name == "bool":
+            lowered = raw.strip().lower()
+            if lowered not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError("expected true or false")
+            return lowered in ("1", "true", "yes")
+        if type_name == "int":
+            return int(raw)
+        if type_name == "float":
+            return float(raw)
+        return raw
+    except ValueError as exc:
+        raise ValueError(f"GPUPACK_AGENT_{name.upper()}={raw!r}: {exc}") from None
