@@ -1,0 +1,163 @@
+"""Fuzzing the HTTP app in process: whatever the body, the answer is HTTP 200 and a
+well-formed AdmissionReview with the request's uid, never a 500 or a lost field."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.testclient import TestClient
+
+from sharing.patch import apply_patch
+from webhook.app import build_app
+from webhook.inventory_source import InventoryHolder, load_file
+from webhook.metrics import Metrics
+from webhook.settings import WebhookSettings
+from webhook.testing import gpu_container, make_pod, make_review
+
+ROOT = Path(__file__).resolve().parents[2]
+LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    holder = InventoryHolder()
+    load_file(holder, ROOT / "examples" / "inventory.yaml")
+    app = build_app(holder, WebhookSettings(max_body_bytes=LIMIT), Metrics())
+    return TestClient(app)
+
+
+def well_formed(http: Any, uid: str | None) -> dict[str, Any]:
+    assert http.status_code == 200, http.text
+    review = http.json()
+    assert review["apiVersion"] == "admission.k8s.io/v1" and review["kind"] == "AdmissionReview"
+    response = review["response"]
+    assert isinstance(response["allowed"], bool)
+    if uid is not None:
+        assert response["uid"] == uid
+    if not response["allowed"]:
+        assert response["status"]["message"]
+    return response
+
+
+def check_pod_answer(response: dict[str, Any], pod: Any) -> None:
+    if response["allowed"] and "patch" in response:
+        out = apply_patch(pod, json.loads(base64.b64decode(response["patch"])))
+        for key in pod:
+            assert key in out
+        for key, value in pod.get("spec", {}).items():
+            if key not in ("containers", "initContainers", "affinity", "schedulingGates"):
+                assert out["spec"][key] == value
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=20,
+)
+quantities = st.one_of(
+    st.sampled_from(["0.5", "1e3", "250m", "250", "1k", "-1", "1001", "", "Gi", "20Gi", "1e309", "NaN", "∞", "２５０"]),
+    st.integers(min_value=-(10**20), max_value=10**20),
+    st.floats(),
+    st.text(max_size=12),
+    json_values,
+)
+names = st.text(min_size=0, max_size=40)  # unicode included
+
+
+@given(body=st.binary(max_size=2048))
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_bytes(client: TestClient, body: bytes) -> None:
+    well_formed(client.post("/mutate", content=body), None)
+    well_formed(client.post("/validate", content=body), None)
+
+
+@given(value=json_values)
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_random_json(client: TestClient, value: Any) -> None:
+    well_formed(client.post("/mutate", content=json.dumps(value)), None)
+
+
+@given(
+    milli=quantities,
+    memory=st.one_of(st.none(), quantities),
+    name=names,
+    container=names,
+    mode=st.one_of(st.none(), st.sampled_from(["auto", "mig", "mps", "time-slicing", "MIG", ""]), st.text(max_size=8)),
+    uid=st.text(min_size=1, max_size=40).filter(lambda s: '"' not in s and "\\" not in s),
+)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_odd_quantities_and_unicode(
+    client: TestClient, milli: Any, memory: Any, name: str, container: str, mode: str | None, uid: str
+) -> None:
+    pod = make_pod(gpu_container(container, milli, memory), name=name, mode=mode)
+    response = well_formed(client.post("/mutate", json=make_review(pod, uid=uid)), uid)
+    check_pod_answer(response, pod)
+
+
+@given(
+    drop=st.sets(st.sampled_from(["uid", "kind", "object", "operation", "namespace", "resource"])),
+    api_version=st.sampled_from(["admission.k8s.io/v1", "admission.k8s.io/v1beta1", "v1", None]),
+    kind=st.sampled_from(["AdmissionReview", "Pod", None]),
+    obj=st.one_of(st.none(), json_values),
+)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_damaged_envelopes(client: TestClient, drop: set[str], api_version: Any, kind: Any, obj: Any) -> None:
+    review = make_review(make_pod(gpu_container()), uid="fixed-uid")
+    review["apiVersion"], review["kind"] = api_version, kind
+    if obj is not None:
+        review["request"]["object"] = obj
+    for field in drop:
+        review["request"].pop(field, None)
+    expected_uid = "" if "uid" in drop else "fixed-uid"
+    response = well_formed(client.post("/mutate", json=review), expected_uid)
+    if api_version != "admission.k8s.io/v1" or kind != "AdmissionReview" or "uid" in drop:
+        assert not response["allowed"]
+
+
+def test_body_over_the_limit_refused_unread_with_uid(client: TestClient) -> None:
+    pod = make_pod(gpu_container(), annotations={"big": "x" * (LIMIT + 1)})
+    body = json.dumps(make_review(pod, uid="big-one")).encode()
+    response = well_formed(client.post("/mutate", content=body), "big-one")
+    assert not response["allowed"] and str(LIMIT) in response["status"]["message"]
+
+
+def test_body_over_the_limit_without_content_length(client: TestClient) -> None:
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"apiVersion":"admission.k8s.io/v1","request":{"uid":"streamed","x":"'
+        for _ in range(LIMIT // 1024 + 2):
+            yield b"y" * 1024
+        yield b'"}}'
+
+    response = well_formed(client.post("/mutate", content=chunks()), "streamed")
+    assert not response["allowed"]
+
+
+def test_health_ready_metrics(client: TestClient) -> None:
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").text == "ready"
+    client.post("/mutate", json=make_review(make_pod(gpu_container("c", "0"))))
+    client.post("/mutate", json=make_review(make_pod(gpu_container("c", "100"))))
+    text = client.get("/metrics").text
+    assert 'gpupack_webhook_denials_total{reason="MilliOutOfRange"}' in text
+    assert 'gpupack_webhook_decisions_total{gated="false",mode="mig"}' in text
+    assert "gpupack_webhook_request_duration_seconds_bucket" in text
+    assert "gpupack_webhook_inventory_nodes 3.0" in text
+
+
+def test_not_ready_until_synced() -> None:
+    holder = InventoryHolder()
+    app = build_app(holder, WebhookSettings(), Metrics())
+    with TestClient(app) as c:
+        assert c.get("/readyz").status_code == 503
+        holder.replace([], synced=True)
+        assert c.get("/readyz").status_code == 200
+
+
+def test_wrong_method_is_not_a_500(client: TestClient) -> None:
+    assert client.get("/mutate").status_code == 405
