@@ -1,0 +1,158 @@
+"""The real server: ``gpupack webhook serve`` in its own process, HTTPS on loopback.
+
+Checks what only the assembled server can show: TLS from the given files, a
+certificate rotation picked up without a restart, admission answers over a
+kept-alive connection, the body cap, health/readiness/metrics.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from webhook.certs import make_self_signed
+from webhook.testing import gpu_container, make_pod, make_review
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def write_pair(directory: Path) -> tuple[Path, bytes]:
+    ca, cert, key = make_self_signed(["localhost", "127.0.0.1"])
+    ca_path = directory / f"ca-{time.monotonic_ns()}.crt"
+    ca_path.write_bytes(ca)
+    # Replace atomically, as the kubelet does for a mounted Secret.
+    for name, data in (("tls.key.new", key), ("tls.crt.new", cert)):
+        (directory / name).write_bytes(data)
+    os.replace(directory / "tls.key.new", directory / "tls.key")
+    os.replace(directory / "tls.crt.new", directory / "tls.crt")
+    return ca_path, x509.load_pem_x509_certificate(cert).public_bytes(Encoding.DER)
+
+
+class Server:
+    def __init__(self, tmp: Path) -> None:
+        self.dir = tmp
+        self.ca, self.der = write_pair(tmp)
+        self.port = free_port()
+        env = dict(os.environ, PYTHONPATH=str(ROOT), GPUPACK_WEBHOOK_TLS_RELOAD_SECONDS="0.2",
+                   GPUPACK_WEBHOOK_MAX_BODY_BYTES=str(256 * 1024))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpupack", "webhook", "serve", "--tls-cert", str(tmp / "tls.crt"),
+             "--tls-key", str(tmp / "tls.key"), "--host", "127.0.0.1", "--port", str(self.port),
+             "--inventory", str(ROOT / "examples" / "inventory.yaml"), "--log-level", "warning"],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        self.url = f"https://localhost:{self.port}"
+        self.wait_ready()
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, verify=ssl.create_default_context(cafile=str(self.ca)), timeout=10)
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(self.proc.stdout.read().decode() if self.proc.stdout else "server exited")
+            try:
+                with self.client() as c:
+                    if c.get("/readyz").status_code == 200:
+                        return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise RuntimeError("webhook did not become ready")
+
+    def presented_certificate(self, ca: Path) -> bytes:
+        ctx = ssl.create_default_context(cafile=str(ca))
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                der = tls.getpeercert(binary_form=True)
+        assert der is not None
+        return der
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("webhook-tls"))
+    yield s
+    s.stop()
+
+
+def test_mutate_over_tls_with_keep_alive(server: Server) -> None:
+    with server.client() as client:
+        for i, (milli, resource) in enumerate([("100", "nvidia.com/mig-1g.10gb"), ("150", "nvidia.com/mig-2g.20gb")]):
+            review = make_review(make_pod(gpu_container("c", milli), mode="mig"), uid=f"u{i}")
+            answer = client.post("/mutate", json=review)
+            assert answer.status_code == 200
+            response = answer.json()["response"]
+            assert response["uid"] == f"u{i}" and response["allowed"]
+            patch = json.loads(base64.b64decode(response["patch"]))
+            limits = [op["value"] for op in patch if op["path"] == "/spec/containers/0/resources/limits"]
+            assert limits == [{resource: "1"}]
+
+
+def test_validate_over_tls(server: Server) -> None:
+    obj = {"apiVersion": "gpupack.io/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": "p"},
+           "spec": {"allowedProfiles": ["5g.50gb"]}}
+    review = make_review(obj, kind="SharingPolicy", group="gpupack.io", version="v1alpha1", uid="pol")
+    with server.client() as client:
+        response = client.post("/validate", json=review).json()["response"]
+    assert response["uid"] == "pol" and not response["allowed"] and "5g.50gb" in response["status"]["message"]
+
+
+def test_oversized_body_refused(server: Server) -> None:
+    review = make_review(make_pod(gpu_container(), annotations={"blob": "z" * 300_000}), uid="huge")
+    with server.client() as client:
+        answer = client.post("/mutate", content=json.dumps(review).encode())
+    assert answer.status_code == 200
+    response = answer.json()["response"]
+    assert response["uid"] == "huge" and not response["allowed"] and "262144" in response["status"]["message"]
+
+
+def test_metrics_and_health(server: Server) -> None:
+    with server.client() as client:
+        assert client.get("/healthz").status_code == 200
+        text = client.get("/metrics").text
+    assert 'gpupack_webhook_requests_total{endpoint="mutate",outcome="allowed"}' in text
+
+
+def test_certificate_rotation_without_restart(server: Server) -> None:
+    assert server.presented_certificate(server.ca) == server.der
+    new_ca, new_der = write_pair(server.dir)
+    deadline = time.monotonic() + 30
+    seen = b""
+    while time.monotonic() < deadline:
+        try:
+            seen = server.presented_certificate(new_ca)
+        except ssl.SSLError:  # still the old certificate, which the new CA does not sign
+            time.sleep(0.2)
+            continue
+        break
+    assert seen == new_der
+    assert server.proc.poll() is None  # same process
+    with httpx.Client(base_url=server.url, verify=ssl.create_default_context(cafile=str(new_ca))) as client:
+        assert client.get("/metrics").text.count("gpupack_webhook_tls_reloads_total 1.0") == 1

@@ -1,0 +1,102 @@
+"""Settings from the environment, self-signed certificates and TLS rotation (no network)."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from gpupack.cli import main
+from webhook.certs import make_self_signed, service_names, write_self_signed
+from webhook.inventory_source import InventoryError, load_objects
+from webhook.settings import WebhookSettings
+from webhook.tls import ReloadingTLS, TLSConfigError
+
+
+def test_settings_env_then_overrides() -> None:
+    env = {"GPUPACK_WEBHOOK_PORT": "9443", "GPUPACK_WEBHOOK_ACCESS_LOG": "true", "GPUPACK_WEBHOOK_TLS_CERT": "/c"}
+    settings = WebhookSettings.from_env(env, port=None, tls_cert="/override")
+    assert settings.port == 9443 and settings.access_log is True and settings.tls_cert == "/override"
+
+
+def test_settings_bad_env_value_names_the_variable() -> None:
+    with pytest.raises(ValueError, match="GPUPACK_WEBHOOK_PORT='eighty'"):
+        WebhookSettings.from_env({"GPUPACK_WEBHOOK_PORT": "eighty"})
+
+
+def test_self_signed_covers_service_names(tmp_path: Path) -> None:
+    paths = write_self_signed(tmp_path, "gpupack-webhook", "gpupack-system", ["127.0.0.1"])
+    cert = x509.load_pem_x509_certificate(paths[1].read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert set(service_names("gpupack-webhook", "gpupack-system")) <= set(san.get_values_for_type(x509.DNSName))
+    assert oct(os.stat(paths[2]).st_mode & 0o777) == "0o600"
+    # the CA verifies the serving certificate
+    ctx = ssl.create_default_context(cafile=str(paths[0]))
+    assert ctx.cert_store_stats()["x509_ca"] == 1
+
+
+def _write(dir_: Path, hosts: list[str]) -> bytes:
+    ca, cert, key = make_self_signed(hosts)
+    (dir_ / "tls.crt").write_bytes(cert)
+    (dir_ / "tls.key").write_bytes(key)
+    return cert
+
+
+def test_rotation_reloads_and_broken_pair_keeps_old(tmp_path: Path) -> None:
+    _write(tmp_path, ["a.example"])
+    reloads: list[int] = []
+    tls = ReloadingTLS(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"), on_reload=lambda: reloads.append(1))
+    live = tls.context
+    assert tls.check() is False  # unchanged files
+    # Half-rotated: new certificate, old key -> ignored, old pair stays.
+    ca, cert, key = make_self_signed(["b.example"])
+    (tmp_path / "tls.crt").write_bytes(cert)
+    assert tls.check() is False and reloads == []
+    (tmp_path / "tls.key").write_bytes(key)
+    assert tls.check() is True and reloads == [1]
+    assert tls.context is live  # same context object: the server keeps using it
+
+
+def test_missing_certificate_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TLSConfigError, match="cannot load TLS certificate"):
+        ReloadingTLS(str(tmp_path / "nope.crt"), str(tmp_path / "nope.key"))
+
+
+def test_inventory_file_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "inv.yaml"
+    bad.write_text("- kind: Pod\n  metadata: {name: x}\n")
+    with pytest.raises(InventoryError, match="valid kinds: GPUNode, Namespace, SharingPolicy"):
+        load_objects(bad)
+    bad.write_text("[unclosed")
+    with pytest.raises(InventoryError, match="not valid YAML"):
+        load_objects(bad)
+    with pytest.raises(InventoryError, match="cannot read"):
+        load_objects(tmp_path / "missing.yaml")
+
+
+def test_inventory_file_accepts_list_kinds(tmp_path: Path) -> None:
+    f = tmp_path / "inv.json"
+    f.write_text('{"kind": "List", "items": [{"kind": "GPUNode", "metadata": {"name": "n"}}]}')
+    assert [o["metadata"]["name"] for o in load_objects(f)] == ["n"]
+
+
+def test_cli_serve_rejects_missing_tls(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["webhook", "serve", "--inventory", "x.yaml"]) == 2
+    assert "--tls-cert and --tls-key are required" in capsys.readouterr().err
+
+
+def test_cli_decide(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = Path(__file__).resolve().parents[2]
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(
+        "kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    image: x\n"
+        "    resources: {limits: {gpupack.io/gpu-milli: '100'}}\n"
+    )
+    assert main(["webhook", "decide", "--inventory", str(root / "examples" / "inventory.yaml"), str(pod)]) == 0
+    assert "nvidia.com/mig-1g.10gb" in capsys.readouterr().out
+    pod.write_text(pod.read_text().replace("'100'", "'0'"))
+    assert main(["webhook", "decide", "--inventory", str(root / "examples" / "inventory.yaml"), str(pod)]) == 1
+    assert "1..1000" in capsys.readouterr().err
