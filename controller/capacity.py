@@ -1,0 +1,85 @@
+"""What is free where: MIG instances and shared replicas not claimed by any pod.
+
+Claims come from pods, not from the agent's ``inUse`` flags alone: a pod the
+controller has just released (pinned to a node, gate lifted) holds its
+instance before the agent ever sees a process on it. Per node and profile the
+busy count is the larger of the pods claiming it and the instances the agent
+reports in use, so neither a slow agent nor a slow scheduler makes the
+controller hand one instance to two pods.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from controller.model import Gpu, Node, Pod, Snapshot
+
+
+def mig_claims(pods: tuple[Pod, ...]) -> dict[str, Counter[str]]:
+    """Node -> profile -> pods bound or pinned there that use such an instance."""
+    out: dict[str, Counter[str]] = {}
+    for pod in pods:
+        if pod.mode == "mig" and pod.node is not None and not pod.gated:
+            out.setdefault(pod.node, Counter()).update(pod.profiles)
+    return out
+
+
+def shared_claims(pods: tuple[Pod, ...]) -> Counter[str]:
+    """Node -> shared replicas taken by pods bound or pinned there."""
+    out: Counter[str] = Counter()
+    for pod in pods:
+        if pod.mode != "mig" and pod.node is not None and not pod.gated:
+            out[pod.node] += pod.shares
+    return out
+
+
+def settled_gpus(node: Node) -> tuple[Gpu, ...]:
+    """MIG-enabled GPUs whose reported instances are final (no reshape in flight)."""
+    return tuple(g for g in node.gpus if g.mig_enabled and not g.reshaping)
+
+
+def unreported_claims(node: Node, claims: Counter[str]) -> Counter[str]:
+    """Per profile, pods on the node the agent has not (yet) reported as users."""
+    reported = Counter(i.profile for g in node.gpus for i in g.in_use)
+    return Counter({p: n - reported[p] for p, n in claims.items() if n > reported[p]})
+
+
+@dataclass
+class FreeCapacity:
+    """Mutable ledger for one planning cycle: free instances/replicas, reduced as pods are released."""
+
+    mig: dict[str, Counter[str]] = field(default_factory=dict)
+    shared: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> FreeCapacity:
+        claims = mig_claims(snapshot.pods)
+        taken = shared_claims(snapshot.pods)
+        ledger = cls()
+        for node in snapshot.nodes:
+            existing: Counter[str] = Counter()
+            for gpu in settled_gpus(node):
+                existing.update(gpu.profiles)
+            reported = Counter(i.profile for g in node.gpus for i in g.in_use)
+            busy = claims.get(node.name, Counter())
+            free = Counter({p: n - max(busy[p], reported[p]) for p, n in existing.items()})
+            ledger.mig[node.name] = +free  # unary plus drops zero and negative counts
+            if node.sharing != "none" and node.sharing == node.spec_sharing and node.replicas == node.spec_replicas:
+                ledger.shared[node.name] = max(0, len(node.full_gpus) * node.replicas - taken[node.name])
+        return ledger
+
+    def mig_free(self, node: str) -> Counter[str]:
+        return self.mig.get(node, Counter())
+
+    def take_mig(self, node: str, profiles: tuple[str, ...]) -> None:
+        free = self.mig.setdefault(node, Counter())
+        need = Counter(profiles)
+        if any(free[p] < n for p, n in need.items()):
+            raise ValueError(f"node {node} lacks free instances for {sorted(need.elements())}")
+        free.subtract(need)
+
+    def take_shared(self, node: str, shares: int) -> None:
+        if self.shared[node] < shares:
+            raise ValueError(f"node {node} has {self.shared[node]} free shared replicas, {shares} needed")
+        self.shared[node] -= shares

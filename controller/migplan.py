@@ -1,0 +1,151 @@
+"""Choosing a GPU and a new MIG layout for profiles nobody can serve yet.
+
+For one group of profiles (a pod's MIG containers) the candidates are every
+GPU the policy lets gpupack touch, and three kinds of change, cheapest first:
+
+1. **extend**: create the instances in free memory slices; nothing is destroyed,
+   so no pod can notice (allowed without idle time);
+2. **reshape**: destroy some *unused* instances of an idle GPU and create the
+   new ones; :func:`mig.reach`-style minimal plans keep every instance that can
+   stay, and in-use instances are never part of the destroy set;
+3. **enable**: turn MIG on for an idle full GPU.
+
+Within a kind the choice is best fit (the GPU with the fewest free memory slices
+that still fits, so empty GPUs stay empty for large profiles), then the least
+fragmented result: the layout after which the most valuable profiles can still
+be created (the same measure :func:`mig.geometry.best_placement` uses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Literal
+
+from mig.geometry import best_placement, fits_with
+from mig.model import GpuModel, PlacedInstance
+
+ChangeKind = Literal["extend", "reshape", "enable"]
+_KIND_RANK: dict[str, int] = {"extend": 0, "reshape": 1, "enable": 2}
+
+
+@dataclass(frozen=True)
+class LayoutChange:
+    """A new geometry for one GPU, with the steps the agent will take."""
+
+    node: str
+    index: int
+    kind: ChangeKind
+    layout: tuple[PlacedInstance, ...]
+    destroy: tuple[PlacedInstance, ...]
+    create: tuple[PlacedInstance, ...]
+    reason: str = ""
+
+
+def usable_value(model: GpuModel, layout: Sequence[PlacedInstance]) -> int:
+    """How much can still be created: sum of compute x memory slices of every profile that fits once."""
+    return sum(
+        p.memory_slices * p.compute_slices for p in model.profiles if fits_with(model, layout, [p.name]) is not None
+    )
+
+
+def free_slices(model: GpuModel, layout: Sequence[PlacedInstance]) -> int:
+    used = 0
+    for instance in layout:
+        used |= instance.placement.mask
+    return model.memory_slices - bin(used).count("1")
+
+
+def place_new(model: GpuModel, keep: Sequence[PlacedInstance], needed: Sequence[str]) -> tuple[PlacedInstance, ...] | None:
+    """Placements for ``needed`` next to ``keep``: greedy least-fragmenting first, exact search as fallback."""
+    layout = list(keep)
+    ordered = sorted(needed, key=lambda n: (-model.profile(n).memory_slices, -model.profile(n).compute_slices, n))
+    for name in ordered:
+        chosen = best_placement(model, layout, name)
+        if chosen is None:
+            break
+        layout.append(chosen)
+    else:
+        return tuple(sorted(layout))
+    exact = fits_with(model, keep, needed)
+    return None if exact is None else tuple(sorted(exact))
+
+
+def minimal_change(
+    model: GpuModel,
+    current: Sequence[PlacedInstance],
+    in_use: Sequence[PlacedInstance],
+    needed: Sequence[str],
+    *,
+    may_destroy: bool,
+) -> tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...]] | None:
+    """``(target layout, destroyed)`` adding ``needed`` with the fewest destroys, or None.
+
+    In-use instances are never destroyed; without ``may_destroy`` nothing is.
+    Among plans with equally few destroys the least fragmented target wins.
+    """
+    pinned = set(in_use)
+    removable = sorted(i for i in current if i not in pinned) if may_destroy else []
+    for count in range(len(removable) + 1):
+        best: tuple[int, tuple[PlacedInstance, ...], tuple[PlacedInstance, ...]] | None = None
+        for dropped in combinations(removable, count):
+            keep = [i for i in current if i not in dropped]
+            target = place_new(model, keep, needed)
+            if target is None:
+                continue
+            value = usable_value(model, target)
+            if best is None or value > best[0]:
+                best = (value, target, tuple(dropped))
+        if best is not None:
+            return best[1], best[2]
+    return None
+
+
+@dataclass(frozen=True)
+class GpuCandidate:
+    """A GPU the planner may change this cycle, and what it may do to it."""
+
+    node: str
+    index: int
+    model: GpuModel
+    mig_enabled: bool
+    current: tuple[PlacedInstance, ...]
+    in_use: tuple[PlacedInstance, ...]
+    may_destroy: bool
+    """Idle long enough (and no unreported users) for unused instances to go."""
+
+
+def best_change(candidates: Sequence[GpuCandidate], needed: Sequence[str]) -> LayoutChange | None:
+    """The cheapest, best-fitting, least fragmenting change that creates ``needed`` on one GPU."""
+    scored: list[tuple[tuple[int, int, int, int, str, int], LayoutChange]] = []
+    for c in candidates:
+        if not all(c.model.has_profile(n) for n in needed):
+            continue
+        if c.mig_enabled:
+            found = minimal_change(c.model, c.current, c.in_use, needed, may_destroy=c.may_destroy)
+            if found is None:
+                continue
+            target, destroyed = found
+            kind: ChangeKind = "reshape" if destroyed else "extend"
+        else:
+            if not c.may_destroy:
+                continue  # turning MIG on needs an idle GPU
+            placed = place_new(c.model, (), needed)
+            if placed is None:
+                continue
+            target, destroyed, kind = placed, (), "enable"
+        created = tuple(i for i in target if i not in c.current)
+        key = (
+            _KIND_RANK[kind],
+            len(destroyed),
+            free_slices(c.model, c.current) if c.mig_enabled else c.model.memory_slices,
+            -usable_value(c.model, target),
+            c.node,
+            c.index,
+        )
+        why = f"{kind} GPU {c.index} of {c.node} for {', '.join(sorted(needed))}"
+        scored.append((key, LayoutChange(c.node, c.index, kind, target, destroyed, created, why)))
+    if not scored:
+        return None
+    return min(scored, key=lambda kv: kv[0])[1]

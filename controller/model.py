@@ -1,0 +1,173 @@
+"""The controller's snapshot of the cluster: frozen value types, built once per cycle.
+
+The planner and the feedback loop are functions of a :class:`Snapshot` and a
+time; nothing here talks to Kubernetes. :mod:`controller.snapshot` builds these
+types from raw API objects (dicts), :mod:`controller.kube` fetches the objects.
+
+Counting rule used everywhere: a MIG instance or a shared replica is *claimed*
+by every non-finished gpupack pod bound to its node (``spec.nodeName``) or pinned
+there by the controller (required affinity on ``kubernetes.io/hostname``), so a
+pod that was released but not yet reported as a user by the node agent still
+holds its capacity and is never given away twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from mig.model import GpuModel, PlacedInstance
+
+PodMode = Literal["mig", "mps", "time-slicing"]
+NodeSharing = Literal["none", "mps", "time-slicing"]
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as the node agent reports it, plus the controller's idle record."""
+
+    index: int
+    memory_mib: int
+    mig_enabled: bool
+    instances: tuple[PlacedInstance, ...] = ()
+    in_use: tuple[PlacedInstance, ...] = ()
+    """Instances the agent reports in use (a subset of ``instances``)."""
+    idle_since: datetime | None = None
+    """Since when no instance (or the whole GPU) has been in use; None = busy or unknown."""
+    utilization_percent: int | None = None
+    reshaping: bool = False
+    """The spec asks for a different geometry than the status shows: a reshape in flight."""
+
+    @property
+    def profiles(self) -> Counter[str]:
+        return Counter(i.profile for i in self.instances)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A GPU node: its GPUNode (spec and status) and the Node labels policies select on."""
+
+    name: str
+    product: str
+    model: GpuModel | None
+    labels: tuple[tuple[str, str], ...]
+    sharing: NodeSharing
+    replicas: int
+    gpus: tuple[Gpu, ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    spec_sharing: NodeSharing = "none"
+    spec_replicas: int = 1
+    """What the controller last asked for (the status may lag behind)."""
+    generation: int = 0
+    observed_generation: int = 0
+
+    @property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+    @property
+    def full_gpus(self) -> tuple[Gpu, ...]:
+        return tuple(g for g in self.gpus if not g.mig_enabled)
+
+    @property
+    def converged(self) -> bool:
+        return self.observed_generation >= self.generation and not any(g.reshaping for g in self.gpus)
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A gpupack pod, as its ``gpupack.io/allocation`` annotation and spec describe it."""
+
+    namespace: str
+    name: str
+    mode: PodMode
+    created: datetime
+    profiles: tuple[str, ...] = ()
+    """MIG: one profile per GPU container."""
+    milli: tuple[int, ...] = ()
+    memory_bytes: tuple[int | None, ...] = ()
+    products: tuple[str, ...] = ()
+    """GPU products the webhook's affinity allows (empty: any)."""
+    replicas: int | None = None
+    """Shared modes: the replica count the webhook's affinity requires (None: any that fits)."""
+    gated: bool = False
+    node: str | None = None
+    """Bound (``spec.nodeName``) or pinned (hostname affinity) node."""
+    bound: bool = False
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    uid: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def shares(self) -> int:
+        """Shared replicas the pod takes (one per GPU container)."""
+        return len(self.milli) if self.mode != "mig" else 0
+
+    def fits_replicas(self, replicas: int, gpu_memory_mib: int) -> bool:
+        """The webhook's rule: ``r * milli <= 1000`` and ``memory * r <= GPU memory``."""
+        return all(
+            replicas * m <= 1000 and (mem is None or mem * replicas <= gpu_memory_mib * 1024 * 1024)
+            for m, mem in zip(self.milli, self.memory_bytes)
+        )
+
+
+@dataclass(frozen=True)
+class Window:
+    """A UTC window ``[start, end)`` in minutes of the day, on ``days`` (0 = Monday)."""
+
+    start_minute: int
+    end_minute: int
+    days: frozenset[int] = frozenset(range(7))
+
+    def contains(self, now: datetime) -> bool:
+        minute = now.hour * 60 + now.minute
+        if self.start_minute <= self.end_minute:
+            return now.weekday() in self.days and self.start_minute <= minute < self.end_minute
+        # Crosses midnight: the part after midnight belongs to the previous day's window.
+        if minute >= self.start_minute:
+            return now.weekday() in self.days
+        return minute < self.end_minute and (now.weekday() - 1) % 7 in self.days
+
+
+@dataclass(frozen=True)
+class NodePolicy:
+    """The merged SharingPolicy bounds for one node (see :mod:`controller.policies`)."""
+
+    names: tuple[str, ...]
+    allowed_profiles: frozenset[str] | None = None
+    """None: every profile of the model."""
+    allowed_modes: frozenset[PodMode] = frozenset(("mig", "mps", "time-slicing"))
+    static_layout: tuple[str, ...] | None = None
+    """A pinned geometry (profile names, per GPU); None: dynamic."""
+    windows: tuple[Window, ...] = ()
+    max_concurrent: int = 1
+    idle_seconds: int = 300
+    min_replicas: int = 1
+    max_replicas: int = 8
+    target_utilization: int = 80
+
+    def window_open(self, now: datetime) -> bool:
+        return not self.windows or any(w.contains(now) for w in self.windows)
+
+    def allows_profile(self, name: str) -> bool:
+        return self.allowed_profiles is None or name in self.allowed_profiles
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one planning cycle reads."""
+
+    nodes: tuple[Node, ...]
+    pods: tuple[Pod, ...]
+    policies: dict[str, NodePolicy] = field(default_factory=dict)
+    """Node name -> merged policy; nodes absent here are never reshaped (opt-in)."""
+
+    def node(self, name: str) -> Node | None:
+        return next((n for n in self.nodes if n.name == name), None)

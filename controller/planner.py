@@ -1,0 +1,252 @@
+"""One planning cycle: which gated pods to release where, and what capacity to create.
+
+Input: a :class:`~controller.model.Snapshot` and the time (injected). Output: a
+:class:`Plan` that :mod:`controller.operator` applies. Pure and deterministic:
+pods are taken oldest first (then by name), so a pod never starves behind
+newer ones, and the same snapshot always yields the same plan.
+
+For each gated pod, in order:
+
+1. if capacity for it exists now (free MIG instances, or free replicas on a node
+   sharing GPUs the way it asked), choose the node and **release** it (pin to
+   the node, lift the gate). MIG: best fit, the node with the fewest free
+   instances of the profiles it needs; shared: the ``sharing.packing`` engine
+   (:mod:`controller.sharedplan`);
+2. otherwise, if the capacity can be *created* within the policy's bounds
+   (selected by a SharingPolicy, window open, ``maxConcurrent`` not reached, GPU
+   idle for ``idleSeconds`` before anything on it is destroyed), plan the
+   change (:mod:`controller.migplan`, or a node sharing change) and let the pod
+   **wait** for it: its gate is lifted in a later cycle, once the node agent
+   reports the new capacity;
+3. otherwise the pod **waits**, with the reason.
+
+Capacity planned in this cycle is reused by the next pods of the same cycle
+(batching), so a burst of demand reshapes as few GPUs as possible. Nodes with
+a static layout policy are brought to it (idle GPUs only) before any demand.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from controller.capacity import FreeCapacity, mig_claims, shared_claims, unreported_claims
+from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change
+from controller.model import Node, NodePolicy, NodeSharing, Pod, Snapshot
+from controller.sharedplan import SharedPlacer
+from mig.reach import plan_reconfiguration
+
+
+@dataclass(frozen=True)
+class SharingChange:
+    node: str
+    mode: NodeSharing
+    replicas: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Release:
+    pod: str
+    node: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Wait:
+    pod: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    layouts: tuple[LayoutChange, ...] = ()
+    sharing: tuple[SharingChange, ...] = ()
+    releases: tuple[Release, ...] = ()
+    waiting: tuple[Wait, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.layouts or self.sharing or self.releases)
+
+
+@dataclass
+class _Cycle:
+    snapshot: Snapshot
+    now: datetime
+    free: FreeCapacity
+    budget: dict[tuple[str, ...], int]
+    layouts: dict[tuple[str, int], LayoutChange] = field(default_factory=dict)
+    sharing: dict[str, SharingChange] = field(default_factory=dict)
+    planned_shares: Counter[str] = field(default_factory=Counter)
+
+
+def _idle_enough(idle_since: datetime | None, now: datetime, seconds: int) -> bool:
+    return idle_since is not None and (now - idle_since).total_seconds() >= seconds
+
+
+def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
+    """GPUs (and node sharing changes) still being applied, per policy group."""
+    out: Counter[tuple[str, ...]] = Counter()
+    for node in snapshot.nodes:
+        policy = snapshot.policies.get(node.name)
+        if policy is None:
+            continue
+        out[policy.names] += sum(1 for g in node.gpus if g.reshaping)
+        if node.sharing != node.spec_sharing or node.replicas != node.spec_replicas:
+            out[policy.names] += 1
+    return out
+
+
+def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:
+    return policy is not None and policy.window_open(cycle.now) and cycle.budget.get(policy.names, 0) > 0
+
+
+def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> list[GpuCandidate]:
+    out: list[GpuCandidate] = []
+    for node in cycle.snapshot.nodes:
+        policy = cycle.snapshot.policies.get(node.name)
+        if node.model is None or policy is None or policy.static_layout is not None:
+            continue
+        if pod.products and node.product not in pod.products:
+            continue
+        if not all(policy.allows_profile(p) for p in pod.profiles):
+            continue
+        quiet = not unreported_claims(node, claims.get(node.name, Counter()))
+        for gpu in node.gpus:
+            planned = cycle.layouts.get((node.name, gpu.index))
+            if planned is not None:
+                # Already changed this cycle: only add to it, never undo it.
+                out.append(GpuCandidate(node.name, gpu.index, node.model, True, planned.layout, planned.layout, False))
+                continue
+            if gpu.reshaping or not _open(policy, cycle):
+                continue
+            if not gpu.mig_enabled and (node.sharing != "none" or node.spec_sharing != "none"):
+                continue  # full GPUs of a shared node belong to its MPS/time-slicing pool
+            idle = quiet and not gpu.in_use and _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds)
+            out.append(GpuCandidate(node.name, gpu.index, node.model, gpu.mig_enabled, gpu.instances, gpu.in_use, idle))
+    return out
+
+
+def _merge(old: LayoutChange | None, new: LayoutChange) -> LayoutChange:
+    if old is None:
+        return new
+    created = tuple(sorted(set(old.create) | set(new.create)))
+    return LayoutChange(old.node, old.index, old.kind, new.layout, old.destroy, created, old.reason + "; " + new.reason)
+
+
+def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Release | Wait:
+    need = Counter(pod.profiles)
+    fitting = [
+        n.name for n in cycle.snapshot.nodes
+        if (not pod.products or n.product in pod.products)
+        and all(cycle.free.mig_free(n.name)[p] >= k for p, k in need.items())
+    ]
+    if fitting:
+        node = min(fitting, key=lambda name: (sum(cycle.free.mig_free(name).values()), name))
+        cycle.free.take_mig(node, pod.profiles)
+        return Release(pod.key, node, f"free {', '.join(sorted(pod.profiles))} on {node}")
+    change = best_change(_mig_candidates(cycle, pod, claims), pod.profiles)
+    if change is None:
+        return Wait(pod.key, f"no free {', '.join(sorted(pod.profiles))} and no GPU may be reshaped for it now "
+                             "(policy selector, allowed profiles, window, maxConcurrent, idle time)")
+    key = (change.node, change.index)
+    if key not in cycle.layouts:
+        policy = cycle.snapshot.policies[change.node]
+        cycle.budget[policy.names] -= 1
+    cycle.layouts[key] = _merge(cycle.layouts.get(key), change)
+    return Wait(pod.key, f"capacity being created: {change.reason}")
+
+
+def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
+    node = placer.place(pod, dict(cycle.free.shared))
+    if node is not None:
+        cycle.free.take_shared(node, pod.shares)
+        return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine)")
+    for name, change in sorted(cycle.sharing.items()):
+        target = cycle.snapshot.node(name)
+        assert target is not None
+        if change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas):
+            cycle.planned_shares[name] -= pod.shares
+            return Wait(pod.key, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
+    best: tuple[tuple[int, str], Node, int] | None = None
+    for node_ in cycle.snapshot.nodes:
+        policy = cycle.snapshot.policies.get(node_.name)
+        if node_.name in cycle.sharing or not _open(policy, cycle) or policy is None:
+            continue
+        if not node_.converged or not node_.gpus or any(g.mig_enabled for g in node_.gpus) or taken[node_.name]:
+            continue
+        if pod.products and node_.product not in pod.products:
+            continue
+        if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node_.gpus):
+            continue
+        fitting = [r for r in range(policy.max_replicas, policy.min_replicas - 1, -1) if _shared_ok(pod, node_, r)]
+        if not fitting or (node_.sharing == pod.mode and node_.replicas == fitting[0]):
+            continue
+        key = (len(node_.gpus), node_.name)
+        if best is None or key < best[0]:
+            best = (key, node_, fitting[0])
+    if best is None:
+        return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
+                             "may be switched to it now (policy selector, window, maxConcurrent, idle time)")
+    _, chosen, replicas = best
+    assert pod.mode != "mig"
+    policy = cycle.snapshot.policies[chosen.name]
+    cycle.budget[policy.names] -= 1
+    cycle.sharing[chosen.name] = SharingChange(chosen.name, pod.mode, replicas, f"{pod.key} needs {pod.mode}")
+    cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
+    return Wait(pod.key, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
+
+
+def _shared_ok(pod: Pod, node: Node, replicas: int) -> bool:
+    return pod.fits_replicas(replicas, max((g.memory_mib for g in node.gpus), default=0))
+
+
+def _static_layouts(cycle: _Cycle) -> None:
+    for node in cycle.snapshot.nodes:
+        policy = cycle.snapshot.policies.get(node.name)
+        if node.model is None or policy is None or policy.static_layout is None:
+            continue
+        for gpu in node.gpus:
+            if not _open(policy, cycle) or gpu.reshaping or gpu.in_use:
+                continue
+            if gpu.mig_enabled and sorted(gpu.profiles.elements()) == list(policy.static_layout):
+                continue
+            if not _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds):
+                continue
+            plan = plan_reconfiguration(node.model, gpu.instances if gpu.mig_enabled else (), (), policy.static_layout)
+            if plan is None:
+                continue
+            kind: ChangeKind = "reshape" if gpu.mig_enabled else "enable"
+            why = f"static layout of {','.join(policy.names)} on GPU {gpu.index} of {node.name}"
+            cycle.layouts[(node.name, gpu.index)] = LayoutChange(node.name, gpu.index, kind, plan.target, plan.destroy, plan.create, why)
+            cycle.budget[policy.names] -= 1
+
+
+def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack") -> Plan:
+    """The plan for one cycle (see the module docstring)."""
+    budget_in_flight = in_flight(snapshot)
+    budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
+    cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot), budget)
+    _static_layouts(cycle)
+    claims = mig_claims(snapshot.pods)
+    taken = shared_claims(snapshot.pods)
+    placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name)
+    releases: list[Release] = []
+    waiting: list[Wait] = []
+    for pod in sorted((p for p in snapshot.pods if p.gated), key=lambda p: (p.created, p.key)):
+        outcome = _plan_mig(cycle, pod, claims) if pod.mode == "mig" else _plan_shared(cycle, pod, placer, taken)
+        if isinstance(outcome, Release):
+            releases.append(outcome)
+        else:
+            waiting.append(outcome)
+    return Plan(
+        layouts=tuple(cycle.layouts[k] for k in sorted(cycle.layouts)),
+        sharing=tuple(cycle.sharing[k] for k in sorted(cycle.sharing)),
+        releases=tuple(releases),
+        waiting=tuple(waiting),
+    )
+
+
+__all__ = ["LayoutChange", "Plan", "Release", "SharingChange", "Wait", "in_flight", "plan"]

@@ -1,0 +1,106 @@
+"""Which SharingPolicy bounds apply to a node, merged to the strictest.
+
+A node selected by no policy is never reshaped: gpupack changes GPUs only where
+an admin opted in. A node selected by several policies gets the strictest of
+each bound (intersection of allowed profiles, every window must be open, the
+smallest ``maxConcurrent``, the longest idle time, the narrowest replica
+range), so adding a policy can only restrict what gpupack does, never widen it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from controller.model import NodePolicy, PodMode, Window
+from mig.migparted import builtin_config, layout_for
+from mig.model import GpuModel
+from sharing.api import WEEKDAYS, SharingPolicySpec
+
+
+def _minutes(hhmm: str) -> int:
+    hours, minutes = hhmm.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def selects(spec: SharingPolicySpec, labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in spec.node_selector.match_labels.items())
+
+
+def static_layout(spec: SharingPolicySpec, model: GpuModel | None) -> tuple[str, ...] | None:
+    """The pinned geometry of a static policy for ``model``; None when dynamic (or unknown for the model)."""
+    layout = spec.layout
+    if layout.mode != "static":
+        return None
+    if layout.instances is not None:
+        return tuple(sorted(i.profile for i in layout.instances))
+    if model is None or layout.mig_config is None:
+        return None
+    try:
+        names = layout_for(builtin_config(layout.mig_config), model)
+    except ValueError:
+        return None
+    return tuple(sorted(names)) if names is not None else None
+
+
+def merge(named: Iterable[tuple[str, SharingPolicySpec]], model: GpuModel | None) -> NodePolicy | None:
+    """The strictest combination of the policies selecting one node; None when there are none."""
+    items = sorted(named, key=lambda kv: kv[0])
+    if not items:
+        return None
+    profiles: frozenset[str] | None = None
+    modes: frozenset[PodMode] = frozenset(("mig", "mps", "time-slicing"))
+    windows: list[Window] = []
+    static: tuple[str, ...] | None = None
+    for _, spec in items:
+        if spec.allowed_profiles is not None:
+            allowed = frozenset(spec.allowed_profiles)
+            profiles = allowed if profiles is None else profiles & allowed
+        pinned = static_layout(spec, model)
+        if pinned is not None and static is None:
+            static = pinned
+        for w in spec.reshaping.windows:
+            days = frozenset(WEEKDAYS.index(d) for d in w.days)
+            windows.append(Window(_minutes(w.start), _minutes(w.end), days))
+    # Every policy's windows must allow it: represent "all of them" by keeping
+    # the windows per policy and checking each policy separately.
+    return NodePolicy(
+        names=tuple(name for name, _ in items),
+        allowed_profiles=profiles,
+        allowed_modes=modes,
+        static_layout=static,
+        windows=tuple(windows) if len(items) == 1 else _strictest_windows(items),
+        max_concurrent=min(s.reshaping.max_concurrent for _, s in items),
+        idle_seconds=max(s.reshaping.idle_seconds for _, s in items),
+        min_replicas=max(s.replicas.min for _, s in items),
+        max_replicas=min(s.replicas.max for _, s in items),
+        target_utilization=min(s.replicas.target_utilization for _, s in items),
+    )
+
+
+def _strictest_windows(items: list[tuple[str, SharingPolicySpec]]) -> tuple[Window, ...]:
+    """With several policies, only the first policy that restricts time is kept as the window set,
+    and ``max_concurrent`` drops to 0 when two policies restrict time differently (documented:
+    overlapping time-restricted policies freeze reshaping rather than guess an intersection)."""
+    restricting = [spec for _, spec in items if spec.reshaping.windows]
+    if not restricting:
+        return ()
+    first = restricting[0]
+    if any(spec.reshaping.windows != first.reshaping.windows for spec in restricting[1:]):
+        return (Window(0, 0, frozenset()),)  # never open
+    return tuple(
+        Window(_minutes(w.start), _minutes(w.end), frozenset(WEEKDAYS.index(d) for d in w.days))
+        for w in first.reshaping.windows
+    )
+
+
+def policies_for_nodes(
+    policies: Iterable[tuple[str, SharingPolicySpec]], nodes: Iterable[tuple[str, Mapping[str, str], GpuModel | None]]
+) -> dict[str, NodePolicy]:
+    """Node name -> merged policy, for every node some policy selects."""
+    pol = list(policies)
+    out: dict[str, NodePolicy] = {}
+    for name, labels, model in nodes:
+        merged = merge(((n, s) for n, s in pol if selects(s, labels)), model)
+        if merged is not None:
+            out[name] = merged
+    return out

@@ -1,0 +1,115 @@
+"""Placing shared (MPS / time-slicing) pods with the packing engine of ``sharing.packing``.
+
+The live controller must place pods with the engine the simulator measures, so
+shared nodes become ``sharing.packing`` nodes: a GPU split into ``r`` replicas
+is a GPU of 1000 milli whose free milli is its free replicas times ``1000 // r``;
+a pod asks its own compute milli (what it will really use, so the
+fragmentation gradient sees the true shape of the demand). The node's GPU
+"model" key is ``mode/replicas/product``, and a pod accepts exactly the keys of
+its mode, the replica counts its request fits and the products its affinity
+allows: the engine's model filter then does the compatibility check.
+
+The device plugin, not gpupack, picks the GPU inside the node, so the
+engine's GPU choice is only used to keep the cluster state consistent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from controller.model import Node, Pod
+from sharing.packing.cluster import ClusterState
+from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
+from sharing.packing.policy import Policy, decide
+from sharing.packing.registry import make_policy
+from sharing.packing.typical import TypicalPods
+
+_BIG_CPU = 10**9  # nodes whose allocatable is unknown: CPU never limits the GPU choice
+
+
+def node_key(node: Node) -> str:
+    return f"{node.sharing}/{node.replicas}/{node.product}"
+
+
+def engine_pod(pod: Pod, accepted: tuple[str, ...]) -> PodSpec:
+    milli = max(1, min(GPU_MILLI - 1, max(pod.milli, default=1)))
+    return PodSpec(
+        name=pod.key,
+        cpu_milli=pod.cpu_milli,
+        memory_mib=pod.memory_mib,
+        gpu_count=1,
+        gpu_milli=milli,
+        gpu_models=accepted,
+        gpu_spec="|".join(accepted),
+    )
+
+
+class SharedPlacer:
+    """One planning cycle's engine state over the shared nodes."""
+
+    def __init__(self, nodes: Sequence[Node], free: dict[str, int], workload: Sequence[Pod], policy_name: str = "gpupack") -> None:
+        self.nodes = tuple(n for n in nodes if n.sharing != "none" and n.full_gpus and n.name in free)
+        self.keys = tuple(sorted({node_key(n) for n in self.nodes}))
+        self.cluster: ClusterState | None = None
+        self.policy: Policy | None = None
+        if not self.nodes:
+            return
+        specs = [
+            NodeSpec(n.name, n.cpu_milli or _BIG_CPU, n.memory_mib or _BIG_CPU, len(n.full_gpus), node_key(n))
+            for n in self.nodes
+        ]
+        self.cluster = ClusterState(specs)
+        for i, n in enumerate(self.nodes):
+            share = GPU_MILLI // n.replicas
+            taken = len(n.full_gpus) * n.replicas - free[n.name]
+            # Which GPU a replica is on is the device plugin's business; fill in order.
+            for g in range(len(n.full_gpus)):
+                on_gpu = min(taken, n.replicas)
+                taken -= on_gpu
+                if on_gpu:
+                    milli = GPU_MILLI if on_gpu == n.replicas else on_gpu * share
+                    self.cluster.place(PodSpec(f"claimed/{n.name}/{g}", 0, 0, 1, milli), i, (g,))
+        shapes = [engine_pod(p, self.keys) for p in workload if p.mode != "mig"] or [
+            PodSpec("any", 0, 0, 1, GPU_MILLI // 2, self.keys, "|".join(self.keys))
+        ]
+        typical = TypicalPods.from_pods(shapes)
+        self.policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical)
+
+    def accepted(self, pod: Pod) -> tuple[str, ...]:
+        out = []
+        for n in self.nodes:
+            if n.sharing != pod.mode or (pod.products and n.product not in pod.products):
+                continue
+            if not pod.fits_replicas(n.replicas, max((g.memory_mib for g in n.full_gpus), default=0)):
+                continue
+            out.append(node_key(n))
+        return tuple(sorted(set(out)))
+
+    def place(self, pod: Pod, free: dict[str, int]) -> str | None:
+        """The node the engine picks for ``pod`` among nodes with free replicas; commits it."""
+        if self.cluster is None or self.policy is None:
+            return None
+        accepted = self.accepted(pod)
+        if not accepted:
+            return None
+        spec = engine_pod(pod, accepted)
+        # Nodes without enough free replicas are removed from the choice by a CPU mask.
+        saved = self.cluster.cpu_free.copy()
+        for i, n in enumerate(self.nodes):
+            if free.get(n.name, 0) < pod.shares:
+                self.cluster.cpu_free[i] = -1
+        try:
+            outcome = decide(self.cluster, spec, self.policy)
+        finally:
+            self.cluster.cpu_free[:] = saved
+        if not isinstance(outcome, Placement):
+            return None
+        node = self.nodes[outcome.node]
+        share = GPU_MILLI // node.replicas
+        gpu = outcome.gpus[0]
+        # Commit what the device plugin takes (whole replicas), not the pod's own milli.
+        taken = min(int(self.cluster.gpu_free[outcome.node, gpu]), share * pod.shares)
+        self.cluster.place(PodSpec(spec.name, spec.cpu_milli, spec.memory_mib, 1, max(1, taken)), outcome.node, (gpu,))
+        return node.name

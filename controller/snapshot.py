@@ -1,0 +1,303 @@
+"""Building a :class:`~controller.model.Snapshot` from raw API objects (dicts), purely.
+
+Lenient by design, like the webhook's inventory: one malformed GPUNode or pod
+is skipped (and counted), never fatal to the cycle. The only state the
+controller keeps between cycles lives on the GPUNode itself, in the
+``gpupack.io/idle-since`` annotation (GPU index -> RFC 3339 time), so that a
+restarted or newly elected controller honours ``idleSeconds`` exactly as the
+previous one would have.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from controller.capacity import mig_claims, shared_claims
+from controller.model import Gpu, Node, NodeSharing, Pod, PodMode, Snapshot
+from controller.policies import policies_for_nodes
+from mig.catalog import find_model
+from mig.model import PlacedInstance, Placement
+from mig.units import parse_quantity
+from sharing.api import SharingPolicySpec
+
+GATE = "gpupack.io/capacity"
+ALLOCATION = "gpupack.io/allocation"
+IDLE_ANNOTATION = "gpupack.io/idle-since"
+HOSTNAME = "kubernetes.io/hostname"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+_MODES: tuple[PodMode, ...] = ("mig", "mps", "time-slicing")
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def format_time(value: datetime) -> str:
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def idle_record(gpunode: Mapping[str, Any]) -> dict[int, datetime]:
+    raw = _map(_map(gpunode.get("metadata")).get("annotations")).get(IDLE_ANNOTATION)
+    try:
+        data = json.loads(raw) if isinstance(raw, str) else {}
+    except json.JSONDecodeError:
+        return {}
+    out: dict[int, datetime] = {}
+    for key, value in _map(data).items():
+        when = parse_time(value)
+        if str(key).isdigit() and when is not None:
+            out[int(key)] = when
+    return out
+
+
+def update_idle(previous: Mapping[int, datetime], busy: Mapping[int, bool], now: datetime) -> dict[int, datetime]:
+    """Idle GPUs keep their first idle time (or start now); busy ones leave the record."""
+    return {i: previous.get(i, now) for i, b in sorted(busy.items()) if not b}
+
+
+def encode_idle(record: Mapping[int, datetime]) -> str:
+    return json.dumps({str(i): format_time(t) for i, t in sorted(record.items())}, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------------- pods
+
+
+def _pinned_node(spec: Mapping[str, Any]) -> str | None:
+    terms = _list(
+        _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
+            "nodeSelectorTerms"
+        )
+    )
+    pinned: set[str] = set()
+    for term in terms:
+        hosts = [
+            tuple(_list(e.get("values")))
+            for e in _list(_map(term).get("matchExpressions"))
+            if isinstance(e, Mapping) and e.get("key") == HOSTNAME and e.get("operator") == "In"
+        ]
+        if len(hosts) != 1 or len(hosts[0]) != 1:
+            return None
+        pinned.add(str(hosts[0][0]))
+    return pinned.pop() if len(pinned) == 1 else None
+
+
+def _products(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    terms = _list(
+        _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
+            "nodeSelectorTerms"
+        )
+    )
+    found: set[str] = set()
+    for term in terms:
+        for e in _list(_map(term).get("matchExpressions")):
+            if isinstance(e, Mapping) and e.get("key") == PRODUCT_LABEL and e.get("operator") == "In":
+                found.update(str(v) for v in _list(e.get("values")))
+    return tuple(sorted(found))
+
+
+def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
+    cpu = mem = 0
+    for c in _list(spec.get("containers")):
+        req = _map(_map(_map(c).get("resources")).get("requests"))
+        try:
+            if "cpu" in req:
+                cpu += int(parse_quantity(req["cpu"]) * 1000)
+            if "memory" in req:
+                mem += int(parse_quantity(req["memory"]) / (1024 * 1024))
+        except ValueError:
+            continue
+    return cpu, mem
+
+
+def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
+    """A gpupack pod (one with an allocation annotation), or None for others and finished pods."""
+    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
+    if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    raw = _map(meta.get("annotations")).get(ALLOCATION)
+    try:
+        allocation = _map(json.loads(raw)) if isinstance(raw, str) else {}
+    except json.JSONDecodeError:
+        return None
+    mode = allocation.get("mode")
+    created = parse_time(meta.get("creationTimestamp"))
+    if mode not in _MODES or created is None or not isinstance(meta.get("name"), str):
+        return None
+    containers = [_map(c) for c in _list(allocation.get("containers"))]
+    if not containers:
+        return None
+    node_name = spec.get("nodeName")
+    cpu, mem = _requests(spec)
+    replicas = allocation.get("replicas")
+    return Pod(
+        namespace=str(meta.get("namespace") or "default"),
+        name=meta["name"],
+        mode=mode,
+        created=created,
+        profiles=tuple(str(c.get("profile")) for c in containers if c.get("profile")) if mode == "mig" else (),
+        milli=tuple(_int(c.get("milli"), 1000) for c in containers),
+        memory_bytes=tuple(c.get("memoryBytes") if isinstance(c.get("memoryBytes"), int) else None for c in containers),
+        products=_products(spec),
+        replicas=replicas if isinstance(replicas, int) else None,
+        gated=any(_map(g).get("name") == GATE for g in _list(spec.get("schedulingGates"))),
+        node=node_name if isinstance(node_name, str) and node_name else _pinned_node(spec),
+        bound=isinstance(node_name, str) and bool(node_name),
+        cpu_milli=cpu,
+        memory_mib=mem,
+        uid=str(meta.get("uid") or ""),
+    )
+
+
+# --------------------------------------------------------------------- nodes
+
+
+def _instances(raw: Any) -> tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...]]:
+    instances, in_use = [], []
+    for i in _list(raw):
+        i = _map(i)
+        if not isinstance(i.get("profile"), str):
+            continue
+        placed = PlacedInstance(i["profile"], Placement(_int(i.get("start")), max(1, _int(i.get("size"), 1))))
+        instances.append(placed)
+        if i.get("inUse") or _list(i.get("pods")):
+            in_use.append(placed)
+    return tuple(sorted(instances)), tuple(sorted(in_use))
+
+
+def _reshaping(want: Mapping[str, Any], mig_enabled: bool, instances: tuple[PlacedInstance, ...]) -> bool:
+    if not want:
+        return False
+    if bool(want.get("migEnabled")) != mig_enabled:
+        return True
+    layout = want.get("layout")
+    if not isinstance(layout, list):
+        return False
+    wanted = sorted((str(_map(i).get("profile")), _map(i).get("start")) for i in layout)
+    have = sorted((i.profile, i.placement.start) for i in instances)
+    if [p for p, _ in wanted] != [p for p, _ in have]:
+        return True
+    starts = Counter((p, s) for p, s in wanted if isinstance(s, int))
+    return bool(starts - Counter(have))
+
+
+def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None) -> Node | None:
+    """A :class:`Node` from its GPUNode and (optionally) its Node object; None if unusable."""
+    meta, spec, status = _map(gpunode.get("metadata")), _map(gpunode.get("spec")), _map(gpunode.get("status"))
+    name = meta.get("name")
+    if not isinstance(name, str):
+        return None
+    spec_gpus = {_int(_map(g).get("index"), -1): _map(g) for g in _list(spec.get("gpus"))}
+    idle = idle_record(gpunode)
+    product = str(status.get("product") or "")
+    gpus: list[Gpu] = []
+    for raw in _list(status.get("gpus")):
+        raw = _map(raw)
+        product = product or str(raw.get("product") or "")
+        index = _int(raw.get("index"), len(gpus))
+        instances, in_use = _instances(raw.get("instances"))
+        util = _map(raw.get("utilization"))
+        percent = util.get("gpuPercent")
+        gpus.append(
+            Gpu(
+                index=index,
+                memory_mib=_int(raw.get("memoryMiB")),
+                mig_enabled=bool(raw.get("migEnabled")),
+                instances=instances,
+                in_use=in_use,
+                idle_since=idle.get(index),
+                utilization_percent=percent if isinstance(percent, int) else None,
+                reshaping=_reshaping(spec_gpus.get(index, {}), bool(raw.get("migEnabled")), instances),
+            )
+        )
+    model = find_model(product) if product else None
+    if model is not None:
+        gpus = [g if g.memory_mib else Gpu(**{**g.__dict__, "memory_mib": model.memory_mib}) for g in gpus]
+    node_meta = _map(_map(node).get("metadata"))
+    labels = {str(k): str(v) for k, v in _map(node_meta.get("labels")).items()}
+    alloc = _map(_map(_map(node).get("status")).get("allocatable"))
+    try:
+        cpu = int(parse_quantity(alloc["cpu"]) * 1000) if "cpu" in alloc else 0
+        memory = int(parse_quantity(alloc["memory"]) / (1024 * 1024)) if "memory" in alloc else 0
+    except ValueError:
+        cpu = memory = 0
+    st_sharing, sp_sharing = _map(status.get("sharing")), _map(spec.get("sharing"))
+    spec_mode = _sharing_mode(sp_sharing.get("mode"))
+    mode = _sharing_mode(st_sharing.get("mode")) if st_sharing else spec_mode
+    return Node(
+        name=name,
+        product=product,
+        model=model,
+        labels=tuple(sorted(labels.items())),
+        sharing=mode,
+        replicas=max(1, _int(st_sharing.get("replicas") if st_sharing else sp_sharing.get("replicas"), 1)),
+        gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+        cpu_milli=cpu,
+        memory_mib=memory,
+        spec_sharing=spec_mode,
+        spec_replicas=max(1, _int(sp_sharing.get("replicas"), 1)),
+        generation=_int(meta.get("generation")),
+        observed_generation=_int(status.get("observedGeneration"), _int(meta.get("generation"))),
+    )
+
+
+def _sharing_mode(value: Any) -> NodeSharing:
+    return value if value in ("mps", "time-slicing") else "none"
+
+
+def busy_gpus(node: Node, pods: Iterable[Pod]) -> dict[int, bool]:
+    """Which GPUs of ``node`` count as busy for the idle record."""
+    pod_list = tuple(pods)
+    claims = mig_claims(pod_list).get(node.name, Counter())
+    shared = shared_claims(pod_list)[node.name]
+    reported = Counter(i.profile for g in node.gpus for i in g.in_use)
+    unreported = {p for p, n in claims.items() if n > reported[p]}
+    out: dict[int, bool] = {}
+    for g in node.gpus:
+        if g.mig_enabled:
+            out[g.index] = bool(g.in_use) or any(i.profile in unreported for i in g.instances)
+        else:
+            out[g.index] = shared > 0 or (g.utilization_percent or 0) > 0
+    return out
+
+
+def build_snapshot(
+    gpunodes: Iterable[Mapping[str, Any]],
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]],
+    policies: Iterable[Mapping[str, Any]],
+) -> Snapshot:
+    """The cycle's snapshot; policies that fail validation are ignored (the webhook rejects them at the door)."""
+    node_objs = {str(_map(n.get("metadata")).get("name")): n for n in nodes}
+    built = [node_from_objects(g, node_objs.get(str(_map(g.get("metadata")).get("name")))) for g in gpunodes]
+    node_list = tuple(sorted((n for n in built if n is not None), key=lambda n: n.name))
+    pod_list = tuple(p for p in (pod_from_object(o) for o in pods) if p is not None)
+    specs: list[tuple[str, SharingPolicySpec]] = []
+    for obj in policies:
+        try:
+            specs.append((str(_map(obj.get("metadata")).get("name")), SharingPolicySpec.model_validate(obj.get("spec") or {})))
+        except ValueError:
+            continue
+    merged = policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in node_list))
+    return Snapshot(nodes=node_list, pods=pod_list, policies=merged)
