@@ -216,8 +216,9 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeView | None:
     name = metadata.get("name") if isinstance(metadata, Mapping) else None
     if not isinstance(name, str) or not name:
         return None
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
-    status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
+    raw_spec, raw_status = obj.get("spec"), obj.get("status")
+    spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, Mapping) else {}
+    status: Mapping[str, Any] = raw_status if isinstance(raw_status, Mapping) else {}
     product = status.get("product") or ""
     gpus: list[GpuView] = []
     for raw in status.get("gpus") or []:

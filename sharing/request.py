@@ -280,8 +280,14 @@ def parse_mode(pod: dict[str, Any]) -> Literal["auto", "mig", "mps", "time-slici
     value = annotations.get(SHARING_ANNOTATION) if isinstance(annotations, dict) else None
     if value is None:
         return "auto"
-    if value == "auto" or value == "mig" or value == "mps" or value == "time-slicing":
-        return value  # spelled out so mypy narrows the Literal
+    if value == "auto":
+        return "auto"
+    if value == "mig":
+        return "mig"
+    if value == "mps":
+        return "mps"
+    if value == "time-slicing":
+        return "time-slicing"
     raise AdmissionRefusal(
         Reason.UNKNOWN_MODE,
         f"annotation {SHARING_ANNOTATION}={str(value)[:64]!r} is not a sharing mode; "
@@ -300,9 +306,11 @@ def parse_pod(pod: Any, namespace: str = "") -> PodRequest | None:
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         raise AdmissionRefusal(Reason.MALFORMED_POD, "the pod has no spec")
-    metadata = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    raw_metadata = pod.get("metadata")
+    metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
     found: list[ContainerRequest] = []
-    for kind in ("initContainers", "containers"):
+    kinds: tuple[ContainerKind, ...] = ("initContainers", "containers")
+    for kind in kinds:
         items = spec.get(kind)
         if items is None:
             continue
@@ -311,7 +319,7 @@ def parse_pod(pod: Any, namespace: str = "") -> PodRequest | None:
         for index, container in enumerate(items):
             if not isinstance(container, dict):
                 raise AdmissionRefusal(Reason.MALFORMED_POD, f"spec.{kind}[{index}] must be a map")
-            parsed = parse_container(container, kind, index)  # type: ignore[arg-type]
+            parsed = parse_container(container, kind, index)
             if parsed is not None:
                 found.append(parsed)
     ephemeral = spec.get("ephemeralContainers")

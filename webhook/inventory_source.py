@@ -114,9 +114,9 @@ class KubernetesWatch:
         from kubernetes import client, config
 
         try:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config(config_file=self.kubeconfig)
+            config.load_kube_config(config_file=self.kubeconfig)  # type: ignore[no-untyped-call]
         api = client.ApiClient()
         custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
         listers: dict[str, Callable[..., Any]] = {
@@ -126,7 +126,9 @@ class KubernetesWatch:
             ),
             # Typed client: raw (streaming) response while watching, plain dicts when listing.
             "Namespace": lambda **kw: (
-                core.list_namespace(**kw) if kw.get("watch") else api.sanitize_for_serialization(core.list_namespace(**kw))
+                core.list_namespace(**kw)
+                if kw.get("watch")
+                else api.sanitize_for_serialization(core.list_namespace(**kw))  # type: ignore[no-untyped-call]
             ),
         }
         for kind, lister in listers.items():
@@ -149,13 +151,15 @@ class KubernetesWatch:
         while not self._stop.is_set():
             try:
                 listed = lister()
-                items = {o["metadata"]["name"]: {**o, "kind": kind} for o in listed.get("items") or []}
+                items: dict[str, Mapping[str, Any]] = {
+                    o["metadata"]["name"]: {**o, "kind": kind} for o in listed.get("items") or []
+                }
                 with self._lock:
                     self._objects[kind] = items
                     self._listed.add(kind)
                 self._publish()
                 version = listed.get("metadata", {}).get("resourceVersion")
-                stream = watch.Watch().stream(
+                stream = watch.Watch().stream(  # type: ignore[no-untyped-call]
                     lister, resource_version=version, timeout_seconds=int(self.resync_seconds)
                 )
                 for event in stream:

@@ -34,13 +34,13 @@ def policy_problems(obj: Any) -> tuple[list[str], list[str]]:
     try:
         policy = SharingPolicy.model_validate(obj)
     except ValidationError as exc:
-        problems = []
+        errors = []
         for error in exc.errors()[:_MAX_ERRORS]:
             where = ".".join(str(part) for part in error["loc"]) or "(root)"
-            problems.append(f"{where}: {error['msg']}")
+            errors.append(f"{where}: {error['msg']}")
         if exc.error_count() > _MAX_ERRORS:
-            problems.append(f"... and {exc.error_count() - _MAX_ERRORS} more")
-        return problems, []
+            errors.append(f"... and {exc.error_count() - _MAX_ERRORS} more")
+        return errors, []
     problems: list[str] = []
     warnings: list[str] = []
     known = _known_profiles()
