@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
@@ -59,18 +59,18 @@ class Kube:
         """In-cluster config inside a pod, else ``kubeconfig`` (or ``$KUBECONFIG``)."""
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             cfg = client.Configuration()
-            config.load_incluster_config(client_configuration=cfg)
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
             return cls(client.ApiClient(cfg))
-        return cls(config.new_client_from_config(config_file=kubeconfig))
+        return cls(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
 
     def _dict(self, obj: Any) -> dict[str, Any]:
-        data = self.api.sanitize_for_serialization(obj)
+        data = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
         return data if isinstance(data, dict) else {}
 
     # ------------------------------------------------------------------ GPUNode
     def get_gpunode(self, name: str) -> dict[str, Any] | None:
         try:
-            return dict(self._custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name))  # type: ignore[arg-type]
+            return cast(dict[str, Any], self._custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, name))
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -83,22 +83,22 @@ class Kube:
             meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": meta, "spec": {}}
         try:
-            return dict(self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body))  # type: ignore[arg-type]
+            return cast(dict[str, Any], self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body))
         except ApiException as exc:
             raise _raise(exc) from None
 
     def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         try:
-            return dict(self._custom.patch_cluster_custom_object_status(  # type: ignore[arg-type]
+            return cast(dict[str, Any], self._custom.patch_cluster_custom_object_status(
                 GROUP, VERSION, PLURAL, name, {"status": dict(status)}, _content_type=MERGE_PATCH))
         except ApiException as exc:
             raise _raise(exc) from None
 
     def wait_gpunode_change(self, name: str, resource_version: str, timeout_s: float) -> None:
         """Block until the GPUNode changes after ``resource_version`` or ``timeout_s`` passes."""
-        stream = watch.Watch()
+        stream = watch.Watch()  # type: ignore[no-untyped-call]
         try:
-            for _ in stream.stream(
+            for _ in stream.stream(  # type: ignore[no-untyped-call]
                 self._custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
                 field_selector=f"metadata.name={name}", resource_version=resource_version,
                 timeout_seconds=max(1, int(timeout_s)), _request_timeout=timeout_s + 5,
@@ -110,7 +110,7 @@ class Kube:
         except Exception:  # noqa: BLE001 - a dropped watch just ends the wait early
             pass
         finally:
-            stream.stop()
+            stream.stop()  # type: ignore[no-untyped-call]
 
     # --------------------------------------------------------------------- Node
     def get_node(self, name: str) -> dict[str, Any]:
@@ -145,7 +145,8 @@ class Kube:
             pods = self._core.list_namespaced_pod(
                 namespace, label_selector=label_selector, field_selector=f"spec.nodeName={node_name}")
             for pod in pods.items:
-                self._core.delete_namespaced_pod(pod.metadata.name, namespace)
+                if pod.metadata is not None and pod.metadata.name:
+                    self._core.delete_namespaced_pod(pod.metadata.name, namespace)
         except ApiException as exc:
             raise _raise(exc) from None
         return len(pods.items)
@@ -167,9 +168,9 @@ class Kube:
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
         try:
             if resource_version is None:
-                self._core.create_namespaced_config_map(namespace, body)
+                self._core.create_namespaced_config_map(namespace, cast(Any, body))
             else:
-                self._core.replace_namespaced_config_map(name, namespace, body)
+                self._core.replace_namespaced_config_map(name, namespace, cast(Any, body))
         except ApiException as exc:
             raise _raise(exc) from None
 
@@ -185,6 +186,6 @@ class Kube:
             "count": 1,
         }
         try:
-            self._core.create_namespaced_event(EVENT_NAMESPACE, body)
+            self._core.create_namespaced_event(EVENT_NAMESPACE, cast(Any, body))
         except ApiException as exc:
             raise _raise(exc) from None

@@ -7,7 +7,7 @@ a real one look the same to the reconciler and in logs.
 
 from __future__ import annotations
 
-import pynvml
+import pynvml  # type: ignore[import-untyped]
 
 SUCCESS: int = pynvml.NVML_SUCCESS
 UNINITIALIZED: int = pynvml.NVML_ERROR_UNINITIALIZED

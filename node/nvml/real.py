@@ -31,7 +31,7 @@ MAX_INSTANCES = 8
 
 @contextmanager
 def _translated() -> Iterator[None]:
-    import pynvml
+    import pynvml  # type: ignore[import-untyped]
 
     try:
         yield

@@ -28,7 +28,7 @@ import uuid as uuidlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from mig.geometry import can_add
 from mig.model import GpuModel, PlacedInstance, Placement
@@ -41,6 +41,7 @@ OPERATIONS = (
     "device_info", "instance_profiles", "gpu_instances", "processes", "utilization", "create", "destroy",
 )
 
+T = TypeVar("T")
 CallHook = Callable[[str, int, str], None]
 """``hook(operation, gpu_index, "before" | "after")``; may raise to simulate a kill."""
 
@@ -273,7 +274,7 @@ class SimulatedNvml:
             raise NvmlError(fault.code, f"injected fault on {operation} (GPU {index})")
         return gpu
 
-    def _leave(self, operation: str, index: int, value: Any) -> Any:
+    def _leave(self, operation: str, index: int, value: T) -> T:
         fault = self._take_fault(operation, index, after_effect=True)
         if self.hook is not None:
             self.hook(operation, index, "after")

@@ -1,0 +1,163 @@
+"""``gpupack agent ...``: the node agent (DaemonSet entry point) and an NVML inventory dump.
+
+``gpupack agent run --node NAME`` runs the agent against the cluster in
+``--kubeconfig`` (or in-cluster config). ``--simulate MODEL:COUNT`` uses the
+SIMULATED NVML backend instead of the GPU driver, with ``--state-file`` so a
+restarted agent sees the same GPUs; add ``--emulate-device-plugin`` to advertise
+resources on the Node as the NVIDIA device plugin would (simulation only).
+Every option also has an environment variable ``GPUPACK_AGENT_<OPTION>``.
+
+``gpupack agent inventory`` prints what the NVML backend (real or simulated)
+reports, as JSON, without talking to Kubernetes.
+
+Exit codes: 0 = ok, 1 = NVML unavailable (inventory), 2 = bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from gpupack.cli import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError
+from mig.catalog import get_model
+from mig.errors import MigError
+from node.nvml.errors import NvmlError
+from node.nvml.protocol import NvmlBackend
+from node.settings import MODES, AgentSettings
+
+
+def _simulated(spec: str, state_file: str, seed: str) -> NvmlBackend:
+    from node.nvml.simulated import SimulatedNvml
+
+    model_name, sep, count_text = spec.rpartition(":")
+    if not sep or not model_name:
+        raise UsageError(f"--simulate wants MODEL:COUNT (e.g. H200:2), got {spec!r}")
+    try:
+        count = int(count_text)
+    except ValueError:
+        raise UsageError(f"--simulate {spec!r}: GPU count {count_text!r} is not an integer") from None
+    if not 1 <= count <= 16:
+        raise UsageError(f"--simulate {spec!r}: GPU count must be 1..16")
+    try:
+        model = get_model(model_name)
+    except MigError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        return SimulatedNvml(model, count, state_file or None, seed=seed)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def open_backend(settings: AgentSettings) -> tuple[NvmlBackend | None, str]:
+    """The backend, or (None, why) when NVML cannot be opened (reported, not fatal)."""
+    if settings.simulate:
+        return _simulated(settings.simulate, settings.state_file, settings.node_name or "gpupack-sim"), ""
+    from node.nvml.real import RealNvml
+
+    try:
+        return RealNvml.open(), ""
+    except NvmlError as exc:
+        return None, f"NVML could not be opened: {exc}"
+
+
+def _settings(args: argparse.Namespace) -> AgentSettings:
+    overrides: dict[str, Any] = {
+        "node_name": args.node, "mode": args.mode, "simulate": args.simulate, "state_file": args.state_file,
+        "poll_seconds": args.poll_seconds, "idle_seconds": args.idle_seconds, "metrics_port": args.metrics_port,
+        "emulate_device_plugin": True if args.emulate_device_plugin else None,
+    }
+    try:
+        settings = AgentSettings.from_env(**overrides)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from None
+    if settings.emulate_device_plugin and not settings.simulate:
+        raise UsageError("--emulate-device-plugin is for simulated nodes only (use it with --simulate)")
+    return settings
+
+
+def _run(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if not settings.node_name:
+        raise UsageError("--node (or GPUPACK_AGENT_NODE_NAME) is required")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from node.agent import Agent
+    from node.kube import Kube
+    from node.metrics import AgentMetrics
+
+    backend, error = open_backend(settings)
+    metrics = AgentMetrics()
+    metrics.serve(settings.metrics_port)
+    agent = Agent(settings, backend, Kube.connect(args.kubeconfig), backend_error=error, metrics=metrics)
+    stopping = {"flag": False}
+
+    def stop(_signum: int, _frame: object) -> None:
+        stopping["flag"] = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if args.once:
+        agent.tick()
+        return EXIT_OK
+    agent.run_forever(lambda: stopping["flag"])
+    if backend is not None:
+        backend.close()
+    return EXIT_OK
+
+
+def _inventory(args: argparse.Namespace) -> int:
+    from node.inventory import read_snapshot
+
+    settings = _settings(args)
+    backend, error = open_backend(settings)
+    if backend is None:
+        print(f"gpupack: {error}", file=sys.stderr)
+        return EXIT_NO
+    snapshot = read_snapshot(backend, backend.kind)
+    out: dict[str, Any] = {"backend": snapshot.backend, "error": snapshot.error, "warnings": list(snapshot.warnings),
+                           "gpus": []}
+    for gpu in snapshot.gpus:
+        out["gpus"].append({
+            "device": asdict(gpu.info), "model": gpu.model.product if gpu.model else None,
+            "instances": [{"gi_id": i.gi_id, "profile": i.profile, "placement": str(i.placement), "uuid": i.uuid}
+                          for i in gpu.instances],
+            "processes": [asdict(p) for p in gpu.processes],
+            "utilization": asdict(gpu.utilization) if gpu.utilization else None, "error": gpu.error,
+        })
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    backend.close()
+    return EXIT_OK if snapshot.error is None else EXIT_NO
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--node", default=None, help="Node (and GPUNode) name this agent serves")
+    p.add_argument("--simulate", default=None, metavar="MODEL:COUNT",
+                   help="use the SIMULATED NVML backend with COUNT GPUs of MODEL (e.g. H200:2)")
+    p.add_argument("--state-file", default=None, help="simulated backend: JSON state file (survives restarts)")
+    p.add_argument("--mode", default=None, choices=MODES, help="direct (NVML) or operator (mig-manager); default direct")
+    p.add_argument("--poll-seconds", type=float, default=None, help="seconds between inventory reads (default 5)")
+    p.add_argument("--idle-seconds", type=float, default=None,
+                   help="idle time before an instance may be destroyed (default 300)")
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port, 0 = off (default 9402)")
+    p.add_argument("--emulate-device-plugin", action="store_true",
+                   help="SIMULATION: advertise Node resources/labels as the NVIDIA device plugin and GFD would")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser("agent", help="node agent: NVML inventory, MIG reconciler, device-plugin handshake",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="agent_command", metavar="SUBCOMMAND", parser_class=type(parser))
+    run = sub.add_parser("run", help="run the agent loop")
+    _common(run)
+    run.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    run.add_argument("--once", action="store_true", help="one pass, then exit (for debugging)")
+    run.set_defaults(handler=_run)
+    inv = sub.add_parser("inventory", help="print the NVML backend's inventory as JSON (no Kubernetes)")
+    _common(inv)
+    inv.set_defaults(handler=_inventory)
+    parser.set_defaults(handler=lambda _args: (parser.print_help(), EXIT_BAD_INPUT)[1])
