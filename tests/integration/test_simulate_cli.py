@@ -1,0 +1,96 @@
+"""``gpupack simulate`` as a user runs it: a real subprocess, exit codes, text and JSON output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACES = ROOT.parent / "shared" / "traces" / "openb"
+
+NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},32000,65536,2,T4\n" for i in range(4))
+PODS = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + "".join(
+    f"p{i:02d},2000,4096,1,{m},\n" for i, m in enumerate([1000, 500, 250, 810, 470, 1000, 320, 650] * 2)
+)
+
+
+def gpupack(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gpupack", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    nodes, pods = tmp_path / "nodes.csv", tmp_path / "openb_pod_list_tiny.csv"
+    nodes.write_text(NODES)
+    pods.write_text(PODS)
+    return nodes, pods
+
+
+def test_json_has_the_documented_keys(files: tuple[Path, Path]) -> None:
+    nodes, pods = files
+    result = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "fgd", "--seeds", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == {"policy", "workload", "seeds", "alloc_at", "failed_pods", "decision_us_median"}
+    assert data["policy"] == "FGD" and data["workload"] == "openb_pod_list_tiny" and data["seeds"] == [42, 43, 44]
+    assert set(data["alloc_at"]) == {str(level) for level in range(131)}
+    assert all(v is None or 0 <= v <= 100 for v in data["alloc_at"].values())
+    assert data["failed_pods"] >= 0 and data["decision_us_median"] > 0
+
+
+def test_same_seed_same_answer_and_text_table(files: tuple[Path, Path]) -> None:
+    nodes, pods = files
+    a = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "gpupack", "--seed", "7", "--json")
+    b = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "gpupack", "--seed", "7", "--json")
+    assert json.loads(a.stdout)["alloc_at"] == json.loads(b.stdout)["alloc_at"]
+    text = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "BestFit")
+    assert text.returncode == 0
+    assert "arrived %  allocated %" in text.stdout and "failed pods:" in text.stdout and "decision time:" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--policy", "tetris"), "unknown policy 'tetris'; choose one of Random, DotProd"),
+        (("--policy", "fgd", "--seeds", "0"), "--seeds must be between 1 and 1000"),
+        (("--policy", "fgd", "--inflate", "-1"), "--inflate must be between"),
+    ],
+    ids=["unknown-policy", "zero-seeds", "negative-inflate"],
+)
+def test_bad_options_exit_2_with_a_clear_message(files: tuple[Path, Path], args: tuple[str, ...], message: str) -> None:
+    nodes, pods = files
+    result = gpupack("simulate", "--nodes", nodes, "--pods", pods, *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_malformed_and_missing_files_name_file_and_line(files: tuple[Path, Path], tmp_path: Path) -> None:
+    nodes, pods = files
+    bad = tmp_path / "bad.csv"
+    bad.write_text(PODS + "p99,2000,4096,1,lots,\n")
+    result = gpupack("simulate", "--nodes", nodes, "--pods", bad, "--policy", "fgd")
+    assert result.returncode == 2
+    assert f"{bad}:18: column 'gpu_milli' must be a number, got 'lots'" in result.stderr
+    missing = gpupack("simulate", "--nodes", tmp_path / "none.csv", "--pods", pods, "--policy", "fgd")
+    assert missing.returncode == 2 and "none.csv: no such file" in missing.stderr
+    assert "Traceback" not in result.stderr + missing.stderr
+
+
+@pytest.mark.traces
+@pytest.mark.skipif(not TRACES.is_dir(), reason="openb traces not found at ../shared/traces/openb")
+def test_real_trace_one_seed_runs(tmp_path: Path) -> None:
+    # A few hundred pods of the real trace on the real node list keep this fast.
+    pods = tmp_path / "openb_pod_list_head.csv"
+    lines = (TRACES / "openb_pod_list_default.csv").read_text().splitlines()[:401]
+    pods.write_text("\n".join(lines) + "\n")
+    result = gpupack("simulate", "--nodes", TRACES / "openb_node_list_gpu_node.csv", "--pods", pods, "--policy", "FGD", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["workload"] == "openb_pod_list_head"
+    assert max(v for v in data["alloc_at"].values() if v is not None) > 0
