@@ -1,0 +1,292 @@
+"""The webhook against a real kube-apiserver: registered with its caBundle, called
+by the API server over TLS, pods created through the API, stored objects checked.
+
+The webhook runs as a separate process with the ``gpupack-webhook``
+ServiceAccount's kubeconfig (so its RBAC is exercised too) and builds its
+inventory by watching GPUNode and SharingPolicy objects created here from
+``examples/inventory.yaml``. Its webhook configurations are the shipped
+manifests with ``clientConfig`` pointed at the loopback URL and the namespace
+selector narrowed to namespaces this module labels, so other tests sharing the
+control plane are never sent to it; everything is removed at the end.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from webhook.certs import make_self_signed
+from webhook.testing import gpu_container, make_pod
+
+ROOT = Path(__file__).resolve().parents[2]
+SELECT_LABEL = "gpupack-e2e-webhook"
+PREFIX = "e2e-wh-"
+GROUP, VERSION = "gpupack.io", "v1alpha1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Webhook:
+    def __init__(self, tmp: Path, kubeconfig: Path) -> None:
+        ca, cert, key = make_self_signed(["localhost", "127.0.0.1"])
+        for name, data in (("ca.crt", ca), ("tls.crt", cert), ("tls.key", key)):
+            (tmp / name).write_bytes(data)
+        self.ca_bundle = base64.b64encode(ca).decode()
+        self.ca_file = tmp / "ca.crt"
+        self.port = _free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.log = (tmp / "webhook.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpupack", "webhook", "serve", "--tls-cert", str(tmp / "tls.crt"),
+             "--tls-key", str(tmp / "tls.key"), "--host", "127.0.0.1", "--port", str(self.port),
+             "--kubeconfig", str(kubeconfig), "--log-level", "info"],
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        self.log_path = tmp / "webhook.log"
+
+    def get(self, path: str) -> tuple[int, str]:
+        import urllib.error
+        import urllib.request
+
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        try:
+            with urllib.request.urlopen(self.url + path, context=ctx, timeout=2) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+        except OSError:
+            return 0, ""
+
+    def metric(self, name: str) -> float:
+        _, text = self.get("/metrics")
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def _gpunodes() -> list[dict[str, Any]]:
+    nodes = yaml.safe_load((ROOT / "examples" / "inventory.yaml").read_text())
+    for node in nodes:
+        node["metadata"]["name"] = PREFIX + node["metadata"]["name"]
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def webhook(
+    admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[str], Path],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Webhook]:
+    custom = client.CustomObjectsApi(admin_client)
+    registration = client.AdmissionregistrationV1Api(admin_client)
+    created: list[str] = []
+    hook = Webhook(tmp_path_factory.mktemp("webhook-e2e"), sa_kubeconfig("gpupack-webhook"))
+    suffix = uuid.uuid4().hex[:6]
+    mutating = yaml.safe_load((ROOT / "manifests" / "webhook" / "mutating.yaml").read_text())
+    validating = yaml.safe_load((ROOT / "manifests" / "webhook" / "validating.yaml").read_text())
+    for config, path in ((mutating, "/mutate"), (validating, "/validate")):
+        config["metadata"]["name"] = f"gpupack-e2e-{suffix}"
+        config["metadata"].pop("annotations", None)  # no cert-manager here: caBundle set directly
+        for wh in config["webhooks"]:
+            wh["clientConfig"] = {"url": hook.url + path, "caBundle": hook.ca_bundle}
+    # Only namespaces this module labels; the shipped exclusions stay in force too.
+    mutating["webhooks"][0]["namespaceSelector"]["matchExpressions"].append(
+        {"key": SELECT_LABEL, "operator": "In", "values": ["on"]}
+    )
+    try:
+        for node in _gpunodes():
+            status = node.pop("status")
+            custom.create_cluster_custom_object(GROUP, VERSION, "gpunodes", node)
+            created.append(node["metadata"]["name"])
+            custom.patch_cluster_custom_object_status(GROUP, VERSION, "gpunodes", node["metadata"]["name"], {"status": status})
+        _wait("webhook ready (inventory synced)", lambda: hook.get("/readyz")[0] == 200)
+        _wait("all example GPUNodes in the webhook's view",
+              lambda: hook.metric("gpupack_webhook_inventory_nodes") >= len(created))
+        registration.create_mutating_webhook_configuration(mutating)
+        registration.create_validating_webhook_configuration(validating)
+        yield hook
+    finally:
+        for delete, name in (
+            (registration.delete_mutating_webhook_configuration, mutating["metadata"]["name"]),
+            (registration.delete_validating_webhook_configuration, validating["metadata"]["name"]),
+        ):
+            try:
+                delete(name)
+            except ApiException:
+                pass
+        for name in created:
+            custom.delete_cluster_custom_object(GROUP, VERSION, "gpunodes", name)
+        hook.stop()
+        print(hook.log_path.read_text()[-3000:])
+
+
+@pytest.fixture
+def gpu_namespace(webhook: Webhook, admin_client: Any, namespace: str) -> str:
+    core = client.CoreV1Api(admin_client)
+    core.patch_namespace(namespace, {"metadata": {"labels": {SELECT_LABEL: "on"}}})
+    # The API server's webhook registry and namespace labels reach the
+    # admission chain asynchronously: wait until a dry-run create is mutated.
+    probe = make_pod(gpu_container("c", "100"), name="probe", namespace=namespace)
+
+    def mutated() -> bool:
+        pod = core.create_namespaced_pod(namespace, probe, dry_run="All")
+        return "nvidia.com/mig-1g.10gb" in (pod.spec.containers[0].resources.limits or {})
+
+    _wait("the mutating webhook to be called", mutated)
+    return namespace
+
+
+def create(admin_client: Any, namespace: str, pod: dict[str, Any]) -> dict[str, Any]:
+    core = client.CoreV1Api(admin_client)
+    core.create_namespaced_pod(namespace, pod)
+    stored = core.read_namespaced_pod(pod["metadata"]["name"], namespace)
+    return dict(admin_client.sanitize_for_serialization(stored))
+
+
+def allocation(pod: dict[str, Any]) -> dict[str, Any]:
+    return dict(json.loads(pod["metadata"]["annotations"]["gpupack.io/allocation"]))
+
+
+def test_mig_request_stored_with_mig_resource(admin_client: Any, gpu_namespace: str) -> None:
+    pod = make_pod(gpu_container("main", "100"), name="mig-pod", namespace=gpu_namespace, mode="mig",
+                   annotations={"team": "vision"})
+    stored = create(admin_client, gpu_namespace, pod)
+    resources = stored["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert resources["requests"] == {"nvidia.com/mig-1g.10gb": "1"}  # defaulted from limits by the API server
+    record = allocation(stored)
+    assert record["mode"] == "mig" and record["containers"][0]["profile"] == "1g.10gb" and not record["gated"]
+    assert stored["metadata"]["annotations"]["team"] == "vision"
+    terms = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.product"
+    assert not stored["spec"].get("schedulingGates")
+
+
+def test_mps_request_stored_with_shared_resource_and_limits(admin_client: Any, gpu_namespace: str) -> None:
+    pod = make_pod(gpu_container("main", "250", "16Gi", env=[{"name": "KEEP", "value": "me"}]),
+                   name="mps-pod", namespace=gpu_namespace, mode="mps")
+    stored = create(admin_client, gpu_namespace, pod)
+    container = stored["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+    assert container["env"] == [
+        {"name": "KEEP", "value": "me"},
+        {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "25"},
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=16384M"},
+    ]
+    assert allocation(stored)["mode"] == "mps" and allocation(stored)["replicas"] == 4
+
+
+def test_time_slicing_request_stored(admin_client: Any, gpu_namespace: str) -> None:
+    pod = make_pod(gpu_container("main", "200"), name="ts-pod", namespace=gpu_namespace, mode="time-slicing")
+    stored = create(admin_client, gpu_namespace, pod)
+    assert stored["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+    expressions = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"][0]["matchExpressions"]
+    assert {"key": "nvidia.com/gpu.sharing-strategy", "operator": "In", "values": ["time-slicing"]} in expressions
+
+
+def test_gate_added_when_no_capacity_exists(admin_client: Any, gpu_namespace: str) -> None:
+    # A whole-GPU MIG instance (7g.80gb) exists nowhere in the all-balanced layout.
+    pod = make_pod(gpu_container("main", "1000"), name="gated-pod", namespace=gpu_namespace, mode="mig")
+    stored = create(admin_client, gpu_namespace, pod)
+    assert stored["spec"]["schedulingGates"] == [{"name": "gpupack.io/capacity"}]
+    assert stored["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-7g.80gb": "1"}
+    assert allocation(stored)["gated"] is True
+
+
+def test_invalid_request_rejected_with_message(admin_client: Any, gpu_namespace: str) -> None:
+    pod = make_pod(gpu_container("main", "1500"), name="too-much", namespace=gpu_namespace)
+    with pytest.raises(ApiException) as info:
+        client.CoreV1Api(admin_client).create_namespaced_pod(gpu_namespace, pod)
+    assert info.value.status in (400, 403)
+    assert "outside 1..1000" in info.value.body
+
+
+def test_pods_without_gpu_requests_never_reach_the_webhook(webhook: Webhook, admin_client: Any, gpu_namespace: str) -> None:
+    before = webhook.metric('gpupack_webhook_requests_total{endpoint="mutate"')
+    plain = make_pod({"name": "web", "image": "nginx"}, name="plain", namespace=gpu_namespace)
+    stored = create(admin_client, gpu_namespace, plain)
+    assert "gpupack.io/allocation" not in (stored["metadata"].get("annotations") or {})
+    assert webhook.metric('gpupack_webhook_requests_total{endpoint="mutate"') == before  # matchConditions
+
+
+def test_forbidden_mode_rejected_with_policy_message(admin_client: Any, gpu_namespace: str) -> None:
+    custom = client.CustomObjectsApi(admin_client)
+    name = f"{PREFIX}{gpu_namespace}"
+    policy = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": name},
+        # Selects no real node, so no controller acts on it; the webhook only reads namespaces.
+        "spec": {"nodeSelector": {"matchLabels": {SELECT_LABEL: "none"}},
+                 "namespaces": [{"names": [gpu_namespace], "allowedModes": ["mig"]}]},
+    }
+    custom.create_cluster_custom_object(GROUP, VERSION, "sharingpolicies", policy)
+    core = client.CoreV1Api(admin_client)
+    try:
+        pod = make_pod(gpu_container("main", "250"), name="mps-forbidden", namespace=gpu_namespace, mode="mps")
+
+        def rejected() -> bool:
+            try:
+                core.create_namespaced_pod(gpu_namespace, copy.deepcopy(pod), dry_run="All")
+            except ApiException as exc:
+                return "forbidden" in exc.body
+            return False
+
+        _wait("the webhook to see the new SharingPolicy", rejected)
+        with pytest.raises(ApiException) as info:
+            core.create_namespaced_pod(gpu_namespace, pod)
+        message = json.loads(info.value.body)["message"]
+        assert f"sharing mode 'mps' (gpupack.io/sharing) is forbidden in namespace '{gpu_namespace}'" in message
+        assert "allowed modes: mig" in message
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, "sharingpolicies", name)
+
+
+def test_invalid_policy_rejected_by_validating_webhook(webhook: Webhook, admin_client: Any) -> None:
+    custom = client.CustomObjectsApi(admin_client)
+    policy = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": f"{PREFIX}bad"},
+        "spec": {"nodeSelector": {"matchLabels": {SELECT_LABEL: "none"}}, "allowedProfiles": ["5g.50gb"]},
+    }
+
+    def rejected() -> bool:
+        try:
+            custom.create_cluster_custom_object(GROUP, VERSION, "sharingpolicies", policy, dry_run="All")
+        except ApiException as exc:
+            return "5g.50gb" in exc.body
+        return False
+
+    _wait("the validating webhook to reject an unknown MIG profile", rejected)
