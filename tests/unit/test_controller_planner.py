@@ -1,0 +1,199 @@
+"""Table tests of the controller's planning core: releases, reshapes, policy bounds, batching."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from controller.migplan import minimal_change
+from controller.model import Gpu, Node, NodePolicy, Pod, Snapshot, Window
+from controller.planner import Plan, plan
+from mig.catalog import get_model
+from mig.geometry import validate_layout
+from mig.model import PlacedInstance, Placement
+
+H100 = get_model("H100-80GB")
+A100 = get_model("A100-80GB")
+NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)  # a Monday
+LONG_AGO = NOW - timedelta(hours=2)
+POLICY = NodePolicy(names=("p",), max_concurrent=2, idle_seconds=600)
+
+
+def inst(profile: str, start: int, size: int) -> PlacedInstance:
+    return PlacedInstance(profile, Placement(start, size))
+
+
+FULL_7G = (inst("7g.80gb", 0, 8),)
+
+
+def gpu(index: int, instances: tuple[PlacedInstance, ...] = (), in_use: tuple[PlacedInstance, ...] = (),
+        idle: datetime | None = LONG_AGO, mig: bool = True, reshaping: bool = False) -> Gpu:
+    return Gpu(index, H100.memory_mib, mig, instances, in_use, idle if not in_use else None, reshaping=reshaping)
+
+
+def node(name: str, *gpus: Gpu, model=H100, sharing="none", replicas=1) -> Node:  # type: ignore[no-untyped-def]
+    return Node(name, model.product, model, (("pool", "a"),), sharing, replicas, gpus, spec_sharing=sharing, spec_replicas=replicas)
+
+
+def mig_pod(name: str, profile: str = "1g.10gb", *, minutes: int = 0, gated: bool = True, on: str | None = None,
+            products: tuple[str, ...] = ()) -> Pod:
+    return Pod("team", name, "mig", NOW - timedelta(minutes=60 - minutes), profiles=(profile,), milli=(100,),
+               memory_bytes=(None,), gated=gated, node=on, bound=on is not None, products=products)
+
+
+def shared_pod(name: str, mode: str = "mps", milli: int = 200, *, gated: bool = True, on: str | None = None) -> Pod:
+    return Pod("team", name, mode, NOW - timedelta(minutes=30), milli=(milli,), memory_bytes=(None,),  # type: ignore[arg-type]
+               gated=gated, node=on, bound=on is not None)
+
+
+def run(nodes: list[Node], pods: list[Pod], policy: NodePolicy | None = POLICY, now: datetime = NOW) -> Plan:
+    policies = {n.name: policy for n in nodes} if policy is not None else {}
+    return plan(Snapshot(tuple(nodes), tuple(pods), policies), now)
+
+
+def test_free_instance_releases_the_pod_to_its_node() -> None:
+    one_g = inst("1g.10gb", 6, 1)
+    result = run([node("a", gpu(0, FULL_7G)), node("b", gpu(0, (one_g,)))], [mig_pod("p")])
+    assert [(r.pod, r.node) for r in result.releases] == [("team/p", "b")]
+    assert result.layouts == ()
+
+
+def test_claimed_instance_is_not_given_twice() -> None:
+    one_g = inst("1g.10gb", 6, 1)
+    # The first pod was released earlier (pinned, not yet reported in use by the agent).
+    pods = [mig_pod("old", gated=False, on="b"), mig_pod("new")]
+    result = run([node("b", gpu(0, (one_g,)))], pods)
+    assert result.releases == ()
+    assert [w.pod for w in result.waiting] == ["team/new"]
+
+
+def test_missing_profile_extends_a_partly_used_gpu_without_destroying() -> None:
+    busy = inst("3g.40gb", 4, 4)
+    result = run([node("a", gpu(0, (busy,), in_use=(busy,)))], [mig_pod("p", "2g.20gb")])
+    (change,) = result.layouts
+    assert change.kind == "extend" and change.destroy == ()
+    assert busy in change.layout and Counter(i.profile for i in change.create) == {"2g.20gb": 1}
+    assert validate_layout(H100, change.layout) is None
+    assert result.releases == ()  # the gate is lifted only once the agent reports the instance
+
+
+def test_idle_gpu_is_reshaped_and_busy_instances_survive() -> None:
+    busy = inst("7g.80gb", 0, 8)
+    idle_full = gpu(1, FULL_7G)
+    result = run([node("a", gpu(0, (busy,), in_use=(busy,)), idle_full)], [mig_pod("p", "3g.40gb")])
+    (change,) = result.layouts
+    assert (change.index, change.kind) == (1, "reshape")
+    assert change.destroy == FULL_7G
+
+
+def test_busy_gpu_is_never_touched_even_when_it_is_the_only_one() -> None:
+    busy = inst("7g.80gb", 0, 8)
+    result = run([node("a", gpu(0, (busy,), in_use=(busy,)))], [mig_pod("p", "1g.10gb")])
+    assert result.layouts == ()
+    assert "no GPU may be reshaped" in result.waiting[0].reason
+
+
+def test_gpu_idle_for_less_than_idle_seconds_keeps_its_instances() -> None:
+    recently = gpu(0, FULL_7G, idle=NOW - timedelta(seconds=30))
+    result = run([node("a", recently)], [mig_pod("p")])
+    assert result.layouts == ()
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected_changes"),
+    [
+        pytest.param(None, 0, id="no-policy-selects-the-node"),
+        pytest.param(NodePolicy(names=("p",), max_concurrent=0, idle_seconds=0), 0, id="maxConcurrent-0-freezes"),
+        pytest.param(NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0), 1, id="maxConcurrent-1"),
+        pytest.param(NodePolicy(names=("p",), max_concurrent=3, idle_seconds=0), 2, id="maxConcurrent-3-two-needed"),
+        pytest.param(NodePolicy(names=("p",), max_concurrent=5, idle_seconds=0, windows=(Window(22 * 60, 4 * 60),)), 2,
+                     id="inside-a-window-crossing-midnight"),
+        pytest.param(NodePolicy(names=("p",), max_concurrent=5, idle_seconds=0, windows=(Window(8 * 60, 18 * 60),)), 0,
+                     id="outside-the-window"),
+        pytest.param(NodePolicy(names=("p",), max_concurrent=5, idle_seconds=0, allowed_profiles=frozenset({"1g.10gb"})), 0,
+                     id="profile-not-allowed"),
+    ],
+)
+def test_policy_bounds(policy: NodePolicy | None, expected_changes: int) -> None:
+    # Two 7g pods need two whole GPUs reshaped from 3g+3g.
+    halves = (inst("3g.40gb", 0, 4), inst("3g.40gb", 4, 4))
+    nodes = [node("a", gpu(0, halves), gpu(1, halves))]
+    result = run(nodes, [mig_pod("x", "7g.80gb"), mig_pod("y", "7g.80gb", minutes=1)], policy)
+    assert len(result.layouts) == expected_changes
+
+
+def test_reshapes_in_flight_count_against_max_concurrent() -> None:
+    halves = (inst("3g.40gb", 0, 4), inst("3g.40gb", 4, 4))
+    nodes = [node("a", gpu(0, halves, reshaping=True), gpu(1, halves), gpu(2, halves))]
+    result = run(nodes, [mig_pod("x", "7g.80gb"), mig_pod("y", "7g.80gb", minutes=1)])
+    assert len(result.layouts) == 1  # maxConcurrent 2, one already in flight
+
+
+def test_a_burst_of_small_pods_is_batched_onto_one_gpu() -> None:
+    nodes = [node("a", gpu(0, FULL_7G), gpu(1, FULL_7G), gpu(2, FULL_7G))]
+    pods = [mig_pod(f"p{i}", "1g.10gb", minutes=i) for i in range(7)]
+    result = run(nodes, pods)
+    (change,) = result.layouts
+    assert Counter(i.profile for i in change.layout) == {"1g.10gb": 7}
+    assert len(result.waiting) == 7
+
+
+def test_extension_is_preferred_over_destroying_and_over_enabling_mig() -> None:
+    partly = inst("4g.40gb", 0, 4)
+    nodes = [
+        node("a", gpu(0, FULL_7G)),
+        node("b", gpu(0, (partly,), in_use=(partly,))),
+        node("c", gpu(0, (), mig=False)),
+    ]
+    (change,) = run(nodes, [mig_pod("p", "2g.20gb")]).layouts
+    assert (change.node, change.kind) == ("b", "extend")
+
+
+def test_product_affinity_is_respected() -> None:
+    nodes = [node("h", gpu(0, FULL_7G)), node("a", gpu(0, (inst("7g.80gb", 0, 8),)), model=A100)]
+    (change,) = run(nodes, [mig_pod("p", "3g.40gb", products=(A100.product,))]).layouts
+    assert change.node == "a"
+
+
+def test_oldest_pod_is_served_first() -> None:
+    one_g = inst("1g.10gb", 6, 1)
+    pods = [mig_pod("young", minutes=10), mig_pod("old", minutes=0)]
+    result = run([node("b", gpu(0, (one_g,)))], pods, policy=None)
+    assert [r.pod for r in result.releases] == ["team/old"]
+
+
+def test_minimal_change_never_destroys_in_use_instances() -> None:
+    a, b, c = inst("1g.10gb", 0, 1), inst("2g.20gb", 2, 2), inst("3g.40gb", 4, 4)
+    assert minimal_change(H100, (a, b, c), (c,), ["7g.80gb"], may_destroy=True) is None
+    found = minimal_change(H100, (a, b, c), (c,), ["4g.40gb"], may_destroy=True)
+    assert found is not None and set(found[1]) == {a, b} and c in found[0]  # slices 0-3 freed, c kept
+    assert minimal_change(H100, (a, b, c), (c,), ["4g.40gb"], may_destroy=False) is None
+    found = minimal_change(H100, (a, b, c), (a,), ["3g.40gb"], may_destroy=True)
+    assert found is not None
+    target, destroyed = found
+    assert a in target and a not in destroyed and validate_layout(H100, target) is None
+
+
+def test_shared_pod_goes_to_a_node_with_a_free_replica() -> None:
+    full = node("m", gpu(0, mig=False), gpu(1, mig=False), sharing="mps", replicas=4)
+    taken = [shared_pod(f"r{i}", gated=False, on="m") for i in range(8)]  # every replica taken
+    roomy = node("n", gpu(0, mig=False), sharing="mps", replicas=4)
+    result = run([full, roomy], [*taken, shared_pod("p")])
+    assert [(r.pod, r.node) for r in result.releases] == [("team/p", "n")]
+
+
+def test_shared_pod_switches_an_idle_node_when_no_replica_fits() -> None:
+    plain = node("plain", gpu(0, mig=False), gpu(1, mig=False))
+    result = run([plain], [shared_pod("p", "time-slicing", milli=300), shared_pod("q", "time-slicing", milli=300)],
+                 NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0, max_replicas=8))
+    (change,) = result.sharing
+    assert (change.node, change.mode, change.replicas) == ("plain", "time-slicing", 3)
+    assert len(result.waiting) == 2 and result.releases == ()
+
+
+def test_no_policy_no_sharing_change() -> None:
+    plain = node("plain", gpu(0, mig=False))
+    result = run([plain], [shared_pod("p")], policy=None)
+    assert result.sharing == () and result.waiting

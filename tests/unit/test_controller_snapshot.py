@@ -1,0 +1,115 @@
+"""Building the controller's snapshot from raw API objects, and the idle record."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from controller.snapshot import (
+    IDLE_ANNOTATION,
+    build_snapshot,
+    busy_gpus,
+    encode_idle,
+    idle_record,
+    pod_from_object,
+    update_idle,
+)
+
+NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
+PRODUCT = "NVIDIA-H100-80GB-HBM3"
+
+
+def pod(name: str, *, gated: bool = True, node: str | None = None, pinned: str | None = None,
+        phase: str = "Pending", annotation: Any = None) -> dict[str, Any]:
+    allocation = annotation if annotation is not None else json.dumps({
+        "version": "v1", "mode": "mig", "gated": gated, "policy": "p", "reason": "r", "gpuModel": PRODUCT,
+        "containers": [{"name": "c", "kind": "container", "milli": 100, "resource": "nvidia.com/mig-1g.10gb", "profile": "1g.10gb"}],
+    })
+    terms = [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [PRODUCT]}]}]
+    if pinned:
+        terms[0]["matchExpressions"].append({"key": "kubernetes.io/hostname", "operator": "In", "values": [pinned]})
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
+    }
+    if gated:
+        spec["schedulingGates"] = [{"name": "gpupack.io/capacity"}]
+    if node:
+        spec["nodeName"] = node
+    return {
+        "metadata": {"name": name, "namespace": "team", "creationTimestamp": "2026-11-30T01:00:00Z",
+                     "annotations": {"gpupack.io/allocation": allocation}},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def gpunode(name: str, idle: dict[int, datetime] | None = None, spec_layout: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "generation": 3}
+    if idle is not None:
+        meta["annotations"] = {IDLE_ANNOTATION: encode_idle(idle)}
+    spec: dict[str, Any] = {"sharing": {"mode": "none", "replicas": 1}}
+    if spec_layout is not None:
+        spec["gpus"] = [{"index": 0, "migEnabled": True, "layout": spec_layout}]
+    return {
+        "kind": "GPUNode",
+        "metadata": meta,
+        "spec": spec,
+        "status": {
+            "observedGeneration": 3,
+            "product": PRODUCT,
+            "gpus": [
+                {"index": 0, "uuid": "GPU-0", "product": PRODUCT, "memoryMiB": 81559, "migEnabled": True,
+                 "instances": [{"profile": "1g.10gb", "start": 0, "size": 1, "inUse": True},
+                               {"profile": "3g.40gb", "start": 4, "size": 4}]},
+                {"index": 1, "uuid": "GPU-1", "product": PRODUCT, "memoryMiB": 81559, "migEnabled": False},
+            ],
+        },
+    }
+
+
+def test_pod_fields() -> None:
+    p = pod_from_object(pod("a", gated=False, pinned="n1"))
+    assert p is not None
+    assert (p.mode, p.profiles, p.node, p.bound, p.gated) == ("mig", ("1g.10gb",), "n1", False, False)
+    assert p.products == (PRODUCT,) and p.cpu_milli == 500 and p.memory_mib == 1024
+
+
+def test_finished_unannotated_and_malformed_pods_are_skipped() -> None:
+    assert pod_from_object(pod("done", phase="Succeeded")) is None
+    assert pod_from_object(pod("junk", annotation="{not json")) is None
+    assert pod_from_object(pod("mode", annotation=json.dumps({"mode": "magic", "containers": [{}]}))) is None
+    assert pod_from_object({"metadata": {"name": "plain"}, "spec": {}}) is None
+
+
+def test_snapshot_reads_instances_reshaping_and_policies() -> None:
+    policy = {"kind": "SharingPolicy", "metadata": {"name": "pol"},
+              "spec": {"nodeSelector": {"matchLabels": {"pool": "a"}}, "reshaping": {"maxConcurrent": 2}}}
+    bad_policy = {"kind": "SharingPolicy", "metadata": {"name": "bad"}, "spec": {"reshaping": {"maxConcurrent": "two"}}}
+    nodes = [{"metadata": {"name": "n1", "labels": {"pool": "a"}}, "status": {"allocatable": {"cpu": "16", "memory": "64Gi"}}},
+             {"metadata": {"name": "n2", "labels": {"pool": "b"}}}]
+    layout = [{"profile": "1g.10gb", "start": 0}, {"profile": "3g.40gb", "start": 4}, {"profile": "2g.20gb"}]
+    snap = build_snapshot([gpunode("n1", spec_layout=layout), gpunode("n2")], nodes, [pod("a")], [policy, bad_policy])
+    n1 = snap.node("n1")
+    assert n1 is not None and n1.model is not None and n1.cpu_milli == 16000
+    assert [g.reshaping for g in n1.gpus] == [True, False]
+    assert [len(g.in_use) for g in n1.gpus] == [1, 0]
+    assert set(snap.policies) == {"n1"} and snap.policies["n1"].max_concurrent == 2
+    assert len(snap.pods) == 1
+
+
+def test_idle_record_round_trip_and_update() -> None:
+    record = {0: NOW - timedelta(minutes=5)}
+    assert idle_record({"metadata": {"annotations": {IDLE_ANNOTATION: encode_idle(record)}}}) == record
+    assert idle_record({"metadata": {"annotations": {IDLE_ANNOTATION: "garbage"}}}) == {}
+    updated = update_idle(record, {0: False, 1: False, 2: True}, NOW)
+    assert updated == {0: record[0], 1: NOW}  # 0 keeps its start, 1 starts now, busy 2 drops out
+
+
+def test_unreported_claims_make_a_gpu_busy() -> None:
+    snap = build_snapshot([gpunode("n1")], [], [pod("a", gated=False, node="n1"), pod("b", gated=False, node="n1")], [])
+    n1 = snap.node("n1")
+    assert n1 is not None
+    # Two pods on 1g.10gb, only one reported in use: GPU 0 (which has 1g instances) counts as busy.
+    assert busy_gpus(n1, snap.pods) == {0: True, 1: False}
