@@ -10,9 +10,7 @@ import importlib.util
 import logging
 
 import uvicorn
-from fastapi import FastAPI
-
-from webhook.app import build_app
+from webhook.app import AdmissionApp, build_app
 from webhook.inventory_source import InventoryHolder, KubernetesWatch, load_file
 from webhook.metrics import Metrics
 from webhook.settings import WebhookSettings
@@ -29,7 +27,7 @@ def fastest(module: str, fallback: str) -> str:
     return module if importlib.util.find_spec(module) is not None else fallback
 
 
-def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvicorn.Server, FastAPI]:
+def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvicorn.Server, AdmissionApp]:
     """The uvicorn server and app for ``settings`` (nothing started yet)."""
     metrics = Metrics()
     tls = ReloadingTLS(settings.tls_cert, settings.tls_key, on_reload=metrics.tls_reloads.inc)
