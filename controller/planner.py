@@ -99,6 +99,12 @@ def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
     return out
 
 
+def _allowed(pod: Pod, node: Node) -> bool:
+    """The pod's affinity admits the node: product, and the node it is already pinned to, if any
+    (a controller that crashed between pinning and lifting the gate must finish on that node)."""
+    return (not pod.products or node.product in pod.products) and (pod.node is None or pod.node == node.name)
+
+
 def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:
     return policy is not None and policy.window_open(cycle.now) and cycle.budget.get(policy.names, 0) > 0
 
@@ -109,7 +115,7 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) ->
         policy = cycle.snapshot.policies.get(node.name)
         if node.model is None or policy is None or policy.static_layout is not None:
             continue
-        if pod.products and node.product not in pod.products:
+        if not _allowed(pod, node):
             continue
         if not all(policy.allows_profile(p) for p in pod.profiles):
             continue
@@ -140,7 +146,7 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     need = Counter(pod.profiles)
     fitting = [
         n.name for n in cycle.snapshot.nodes
-        if (not pod.products or n.product in pod.products)
+        if _allowed(pod, n)
         and all(cycle.free.mig_free(n.name)[p] >= k for p, k in need.items())
     ]
     if fitting:
@@ -177,7 +183,7 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
             continue
         if not node_.converged or not node_.gpus or any(g.mig_enabled for g in node_.gpus) or taken[node_.name]:
             continue
-        if pod.products and node_.product not in pod.products:
+        if not _allowed(pod, node_):
             continue
         if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node_.gpus):
             continue

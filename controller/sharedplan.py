@@ -95,10 +95,11 @@ class SharedPlacer:
         if not accepted:
             return None
         spec = engine_pod(pod, accepted)
-        # Nodes without enough free replicas are removed from the choice by a CPU mask.
+        # Nodes without enough free replicas (or other than the one a half-released pod
+        # is pinned to) are removed from the choice by a CPU mask.
         saved = self.cluster.cpu_free.copy()
         for i, n in enumerate(self.nodes):
-            if free.get(n.name, 0) < pod.shares:
+            if free.get(n.name, 0) < pod.shares or (pod.node is not None and pod.node != n.name):
                 self.cluster.cpu_free[i] = -1
         try:
             outcome = decide(self.cluster, spec, self.policy)

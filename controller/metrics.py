@@ -1,0 +1,79 @@
+"""Prometheus metrics of the controller, and the cluster figures they report (pure helpers).
+
+Allocation ratio: allocated GPU capacity over all GPUs — a MIG instance a pod
+holds counts its compute slices over the GPU's, a taken shared replica counts
+``1/r`` of its GPU. Fragmentation: the share of *free* capacity that sits on
+partly allocated GPUs (free, but not usable by a whole-GPU or large request).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram
+
+from controller.capacity import mig_claims, shared_claims
+from controller.model import Snapshot
+
+
+def cluster_figures(snapshot: Snapshot) -> tuple[float, float, int]:
+    """(allocation ratio, fragmentation, GPUs) of the snapshot."""
+    claims = mig_claims(snapshot.pods)
+    shared = shared_claims(snapshot.pods)
+    used_total = free_total = free_on_partial = 0.0
+    gpus = 0
+    for node in snapshot.nodes:
+        busy: Counter[str] = Counter(claims.get(node.name, Counter()))
+        for p, n in Counter(i.profile for g in node.gpus for i in g.in_use).items():
+            busy[p] = max(busy[p], n)
+        shared_left = shared[node.name]
+        for g in node.gpus:
+            gpus += 1
+            if g.mig_enabled and node.model is not None:
+                used = 0.0
+                for inst in g.instances:
+                    if busy[inst.profile] > 0:
+                        busy[inst.profile] -= 1
+                        used += node.model.profile(inst.profile).compute_slices / node.model.compute_slices
+            elif node.sharing != "none":
+                on_gpu = min(shared_left, node.replicas)
+                shared_left -= on_gpu
+                used = on_gpu / node.replicas
+            else:
+                used = 1.0 if (g.utilization_percent or 0) > 0 else 0.0
+            used = min(1.0, used)
+            used_total += used
+            free_total += 1.0 - used
+            if 0.0 < used < 1.0:
+                free_on_partial += 1.0 - used
+    ratio = used_total / gpus if gpus else 0.0
+    frag = free_on_partial / free_total if free_total else 0.0
+    return ratio, frag, gpus
+
+
+class ControllerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.allocation_ratio = Gauge("gpupack_cluster_allocation_ratio", "Allocated share of all GPUs (0..1).", registry=r)
+        self.fragmentation = Gauge("gpupack_cluster_fragmentation", "Share of free GPU capacity on partly used GPUs.", registry=r)
+        self.gpus = Gauge("gpupack_cluster_gpus", "GPUs known from GPUNodes.", registry=r)
+        self.pending = Gauge("gpupack_pending_fractional_pods", "Pods waiting at the gpupack.io/capacity gate.", registry=r)
+        self.oldest_wait = Gauge("gpupack_pending_oldest_wait_seconds", "Age of the oldest gated pod.", registry=r)
+        self.wait = Histogram(
+            "gpupack_pod_gate_wait_seconds", "Pod creation to gate lifted.",
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800), registry=r,
+        )
+        self.releases = PromCounter("gpupack_gate_releases", "Gates lifted (pods pinned and released).", registry=r)
+        self.reshapes = PromCounter("gpupack_gpu_reshapes", "GPU layout changes written.", ["kind"], registry=r)
+        self.sharing_changes = PromCounter("gpupack_node_sharing_changes", "Node sharing changes written.", ["reason"], registry=r)
+        self.reconcile_errors = PromCounter("gpupack_controller_reconcile_errors", "Failed API writes or cycles.", ["stage"], registry=r)
+        self.cycles = Histogram(
+            "gpupack_controller_cycle_seconds", "Duration of one planning cycle.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=r,
+        )
+        self.leader = Gauge("gpupack_controller_leader", "1 while this replica holds the lease.", registry=r)
+        self.recommendations = Gauge("gpupack_rightsize_recommendations", "Pods with a right-size recommendation.", registry=r)
+        self.recommended_savings = Gauge(
+            "gpupack_rightsize_savings_milli", "Sum over pods of requested minus recommended gpu-milli.", registry=r,
+        )

@@ -1,0 +1,83 @@
+"""The writes the controller makes, as pure functions from objects to patches.
+
+Pinning a gated pod: Kubernetes lets a *gated* pod's required node affinity be
+tightened (KEP-3838: expressions may be added to existing terms; a pod without
+required affinity may get one), never loosened. So the hostname expression is
+ANDed into every existing term, guarded by ``test`` ops on the gate, and the
+gate is removed in a second patch, also guarded: if anyone changed the gates
+meanwhile, the patch fails instead of releasing a pod it should not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from controller.migplan import LayoutChange
+from controller.planner import SharingChange
+from controller.snapshot import GATE, HOSTNAME
+
+Op = dict[str, Any]
+_TERMS = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def pin_ops(pod: Mapping[str, Any], node: str) -> list[Op]:
+    """JSON patch adding ``kubernetes.io/hostname In [node]`` to every required term (gate still on)."""
+    spec = _map(pod.get("spec"))
+    gates = spec.get("schedulingGates")
+    if not isinstance(gates, list) or not any(_map(g).get("name") == GATE for g in gates):
+        raise ValueError("pod is not gated by gpupack.io/capacity: its affinity can no longer be changed")
+    expression = {"key": HOSTNAME, "operator": "In", "values": [node]}
+    ops: list[Op] = [{"op": "test", "path": "/spec/schedulingGates", "value": gates}]
+    affinity = _map(spec.get("affinity"))
+    node_affinity = _map(affinity.get("nodeAffinity"))
+    required = _map(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
+    terms = required.get("nodeSelectorTerms")
+    if not isinstance(terms, list) or not terms:
+        value = {"nodeSelectorTerms": [{"matchExpressions": [expression]}]}
+        if not affinity:
+            ops.append({"op": "add", "path": "/spec/affinity", "value": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": value}}})
+        elif not node_affinity:
+            ops.append({"op": "add", "path": "/spec/affinity/nodeAffinity", "value": {"requiredDuringSchedulingIgnoredDuringExecution": value}})
+        else:
+            ops.append({"op": "add", "path": "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution", "value": value})
+        return ops
+    for i, term in enumerate(terms):
+        if isinstance(_map(term).get("matchExpressions"), list):
+            ops.append({"op": "add", "path": f"{_TERMS}/{i}/matchExpressions/-", "value": expression})
+        else:
+            ops.append({"op": "add", "path": f"{_TERMS}/{i}/matchExpressions", "value": [expression]})
+    return ops
+
+
+def ungate_ops(pod: Mapping[str, Any]) -> list[Op]:
+    """JSON patch removing only gpupack's gate (other controllers' gates stay)."""
+    gates = _map(pod.get("spec")).get("schedulingGates")
+    if not isinstance(gates, list):
+        return []
+    rest = [g for g in gates if _map(g).get("name") != GATE]
+    if len(rest) == len(gates):
+        return []
+    ops: list[Op] = [{"op": "test", "path": "/spec/schedulingGates", "value": gates}]
+    ops.append({"op": "replace", "path": "/spec/schedulingGates", "value": rest} if rest else {"op": "remove", "path": "/spec/schedulingGates"})
+    return ops
+
+
+def gpus_spec(gpunode: Mapping[str, Any], changes: list[LayoutChange]) -> list[dict[str, Any]]:
+    """``spec.gpus`` with the changed GPUs replaced (others kept as they are)."""
+    current = {int(_map(g).get("index", -1)): dict(_map(g)) for g in _map(gpunode.get("spec")).get("gpus") or []}
+    for change in changes:
+        current[change.index] = {
+            "index": change.index,
+            "migEnabled": True,
+            "layout": [{"profile": i.profile, "start": i.placement.start} for i in change.layout],
+        }
+    return [current[i] for i in sorted(current) if i >= 0]
+
+
+def sharing_spec(change: SharingChange) -> dict[str, Any]:
+    return {"mode": change.mode, "replicas": change.replicas if change.mode != "none" else 1}

@@ -1,0 +1,266 @@
+"""One controller cycle against the API: read, plan, write, measure.
+
+``Controller.cycle`` lists GPUNodes, Nodes, pods and SharingPolicies (through
+:class:`controller.kube.Kube`, the only API door), builds the snapshot, runs
+the planner and the feedback loop, and applies the result:
+
+1. the per-GPU idle record (an annotation on each GPUNode);
+2. new layouts and sharing configs (``GPUNode.spec``);
+3. released pods: pin (affinity), then lift the gate — two guarded patches;
+4. replica changes from the feedback loop, right-size recommendations.
+
+Every write is independent: one failure is counted and logged, the rest of
+the cycle goes on, and the next cycle starts again from what the API server
+holds (nothing the controller remembers is needed to converge).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas, right_size
+from controller.kube import Kube, KubeError
+from controller.migplan import LayoutChange
+from controller.metrics import ControllerMetrics, cluster_figures
+from controller.model import Node, Snapshot
+from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
+from controller.planner import Plan, plan
+from controller.settings import ControllerSettings
+from controller.snapshot import (
+    IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, parse_time, pod_from_object, update_idle,
+)
+
+log = logging.getLogger("gpupack.controller")
+REPLICAS_CHANGED = "gpupack.io/replicas-changed-at"
+RECOMMENDED = "gpupack.io/recommended-gpu-milli"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@dataclass
+class CycleReport:
+    plan: Plan = field(default_factory=Plan)
+    released: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    replica_changes: list[tuple[str, int, int]] = field(default_factory=list)
+    recommendations: int = 0
+    allocation_ratio: float = 0.0
+    fragmentation: float = 0.0
+    seconds: float = 0.0
+
+
+class Controller:
+    def __init__(
+        self, kube: Kube, settings: ControllerSettings, metrics: ControllerMetrics | None = None,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self.kube = kube
+        self.settings = settings
+        self.metrics = metrics or ControllerMetrics()
+        self.clock = clock
+
+    def cycle(self) -> CycleReport:
+        began = time.perf_counter()
+        report = CycleReport()
+        now = self.clock()
+        try:
+            gpunodes = self.kube.list_gpunodes()
+            pods = self.kube.list_pods()
+            nodes, policies = self.kube.list_nodes(), self.kube.list_policies()
+        except KubeError as exc:
+            self._fail(report, "read", str(exc))
+            return report
+        by_name = {str((g.get("metadata") or {}).get("name")): g for g in gpunodes}
+        pod_objs = {f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}": p for p in pods}
+        snapshot = build_snapshot(gpunodes, nodes, pods, policies)
+        if self._idle(snapshot, by_name, now, report):
+            # The idle record is input to the planner: plan on what was just written.
+            snapshot = build_snapshot(gpunodes, nodes, pods, policies)
+        result = plan(snapshot, now, policy_name=self.settings.policy)
+        report.plan = result
+        self._apply_layouts(result, by_name, report)
+        self._release(result, pod_objs, now, report)
+        if self.settings.feedback:
+            self._feedback(snapshot, result, by_name, now, report)
+        if self.settings.right_size:
+            self._right_size(snapshot, pod_objs, report)
+        ratio, frag, gpus = cluster_figures(snapshot)
+        report.allocation_ratio, report.fragmentation = ratio, frag
+        m = self.metrics
+        m.allocation_ratio.set(ratio)
+        m.fragmentation.set(frag)
+        m.gpus.set(gpus)
+        gated = [p for p in snapshot.pods if p.gated and p.key not in report.released]
+        m.pending.set(len(gated))
+        m.oldest_wait.set(max(((now - p.created).total_seconds() for p in gated), default=0.0))
+        report.seconds = time.perf_counter() - began
+        m.cycles.observe(report.seconds)
+        return report
+
+    # ------------------------------------------------------------------ steps
+    def _idle(self, snapshot: Snapshot, by_name: dict[str, dict[str, Any]], now: datetime, report: CycleReport) -> bool:
+        changed = False
+        for node in snapshot.nodes:
+            obj = by_name.get(node.name)
+            if obj is None:
+                continue
+            before = idle_record(obj)
+            after = update_idle(before, busy_gpus(node, snapshot.pods), now)
+            if after == before:
+                continue
+            value = encode_idle(after)
+            try:
+                self.kube.patch_gpunode(node.name, {"metadata": {"annotations": {IDLE_ANNOTATION: value}}})
+            except KubeError as exc:
+                self._fail(report, "idle-record", f"{node.name}: {exc}")
+                continue
+            obj.setdefault("metadata", {}).setdefault("annotations", {})[IDLE_ANNOTATION] = value
+            changed = True
+        return changed
+
+    def _apply_layouts(self, result: Plan, by_name: Mapping[str, dict[str, Any]], report: CycleReport) -> None:
+        per_node: dict[str, list[LayoutChange]] = {}
+        for change in result.layouts:
+            per_node.setdefault(change.node, []).append(change)
+        for name, changes in sorted(per_node.items()):
+            obj = by_name.get(name, {})
+            try:
+                self.kube.patch_gpunode(name, {"spec": {"gpus": gpus_spec(obj, changes)}})
+            except KubeError as exc:
+                self._fail(report, "layout", f"{name}: {exc}")
+                continue
+            for change in changes:
+                self.metrics.reshapes.labels(change.kind).inc()
+                log.info("layout: %s", change.reason)
+        for sharing in result.sharing:
+            try:
+                self.kube.patch_gpunode(sharing.node, {"spec": {"sharing": sharing_spec(sharing)}})
+            except KubeError as exc:
+                self._fail(report, "sharing", f"{sharing.node}: {exc}")
+                continue
+            self.metrics.sharing_changes.labels("demand").inc()
+            log.info("sharing: %s -> %s x%d (%s)", sharing.node, sharing.mode, sharing.replicas, sharing.reason)
+
+    def _release(self, result: Plan, pods: Mapping[str, dict[str, Any]], now: datetime, report: CycleReport) -> None:
+        for release in result.releases:
+            obj = pods.get(release.pod)
+            if obj is None:
+                continue
+            namespace, name = release.pod.split("/", 1)
+            try:
+                parsed = pod_from_object(obj)
+                if parsed is None or parsed.node != release.node:
+                    self.kube.json_patch_pod(namespace, name, pin_ops(obj, release.node))
+                ops = ungate_ops(obj)
+                if ops:
+                    self.kube.json_patch_pod(namespace, name, ops)
+            except (KubeError, ValueError) as exc:
+                self._fail(report, "release", f"{release.pod}: {exc}")
+                continue
+            report.released.append(release.pod)
+            self.metrics.releases.inc()
+            created = parse_time((obj.get("metadata") or {}).get("creationTimestamp"))
+            if created is not None:
+                self.metrics.wait.observe(max(0.0, (now - created).total_seconds()))
+            log.info("released %s to %s (%s)", release.pod, release.node, release.reason)
+
+    def _feedback(self, snapshot: Snapshot, result: Plan, by_name: Mapping[str, dict[str, Any]], now: datetime,
+                  report: CycleReport) -> None:
+        changing = {c.node for c in result.sharing}
+        pods_on: Counter[str] = Counter()
+        for p in snapshot.pods:
+            if p.mode != "mig" and p.node is not None and not p.gated:
+                pods_on[p.node] += p.shares
+        settings = FeedbackSettings(cooldown_seconds=self.settings.feedback_cooldown_seconds)
+        for node in snapshot.nodes:
+            policy = snapshot.policies.get(node.name)
+            if policy is None or node.sharing == "none" or node.name in changing or not node.converged:
+                continue
+            loads = _loads(node, pods_on[node.name])
+            annotations = ((by_name.get(node.name) or {}).get("metadata") or {}).get("annotations") or {}
+            decision = decide_replicas(
+                node.replicas, loads, minimum=policy.min_replicas, maximum=policy.max_replicas,
+                target=policy.target_utilization, settings=settings,
+                last_change=parse_time(annotations.get(REPLICAS_CHANGED)), now=now,
+            )
+            if not decision.changed:
+                continue
+            try:
+                self.kube.patch_gpunode(node.name, {
+                    "metadata": {"annotations": {REPLICAS_CHANGED: now.strftime("%Y-%m-%dT%H:%M:%SZ")}},
+                    "spec": {"sharing": {"mode": node.sharing, "replicas": decision.proposed}},
+                })
+            except KubeError as exc:
+                self._fail(report, "feedback", f"{node.name}: {exc}")
+                continue
+            report.replica_changes.append((node.name, decision.current, decision.proposed))
+            self.metrics.sharing_changes.labels("utilisation").inc()
+            log.info("replicas %s: %d -> %d (%s)", node.name, decision.current, decision.proposed, decision.reason)
+
+    def _right_size(self, snapshot: Snapshot, pods: Mapping[str, dict[str, Any]], report: CycleReport) -> None:
+        """Shared pods only: per-pod use is estimated as the node's busy time split evenly over its pods."""
+        per_node: dict[str, list[str]] = {}
+        for p in snapshot.pods:
+            if p.mode != "mig" and p.bound and p.node is not None:
+                per_node.setdefault(p.node, []).append(p.key)
+        count = savings = 0
+        for node in snapshot.nodes:
+            keys = per_node.get(node.name, [])
+            measured = [g.utilization_percent for g in node.full_gpus if g.utilization_percent is not None]
+            if not keys or not measured:
+                continue
+            per_pod_milli = 10.0 * sum(measured) / len(keys)
+            for key in keys:
+                pod = next(p for p in snapshot.pods if p.key == key)
+                rec = right_size(max(pod.milli), [per_pod_milli])
+                if rec is None:
+                    continue
+                count += 1
+                savings += rec.requested_milli - rec.recommended_milli
+                obj = pods.get(key) or {}
+                current = ((obj.get("metadata") or {}).get("annotations") or {}).get(RECOMMENDED)
+                if current == str(rec.recommended_milli):
+                    continue
+                namespace, name = key.split("/", 1)
+                try:
+                    self.kube.merge_patch_pod(namespace, name, {"metadata": {"annotations": {RECOMMENDED: str(rec.recommended_milli)}}})
+                    self.kube.event({"kind": "Pod", "name": name, "namespace": namespace, "uid": pod.uid, "api_version": "v1"},
+                                    "RightSize", f"gpupack.io/gpu-milli {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
+                except KubeError as exc:
+                    self._fail(report, "right-size", f"{key}: {exc}")
+        report.recommendations = count
+        self.metrics.recommendations.set(count)
+        self.metrics.recommended_savings.set(savings)
+
+    def _fail(self, report: CycleReport, stage: str, message: str) -> None:
+        report.errors.append(f"{stage}: {message}")
+        self.metrics.reconcile_errors.labels(stage).inc()
+        log.warning("%s failed: %s", stage, message)
+
+
+def _loads(node: Node, pods: int) -> list[GpuLoad]:
+    """Per GPU busy percent and pods; the device plugin spreads replicas, so pods are split evenly."""
+    gpus = node.full_gpus
+    if not gpus:
+        return []
+    base, extra = divmod(pods, len(gpus))
+    return [
+        GpuLoad(float(g.utilization_percent or 0), base + (1 if i < extra else 0))
+        for i, g in enumerate(gpus)
+    ]
+
+
+def summary_json(report: CycleReport) -> str:
+    return json.dumps({
+        "released": report.released, "layouts": len(report.plan.layouts), "sharing": len(report.plan.sharing),
+        "waiting": len(report.plan.waiting), "errors": report.errors, "seconds": round(report.seconds, 4),
+    })

@@ -1,0 +1,88 @@
+"""The controller's settings: one documented group, every field also an environment variable.
+
+``GPUPACK_CONTROLLER_<FIELD>`` (upper case) overrides a default; a command-line
+option overrides both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+ENV_PREFIX = "GPUPACK_CONTROLLER_"
+
+
+def _default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    batch_seconds: float = 0.5
+    """After the first change is seen, wait this long for more before planning, so a
+    burst of pods is planned (and reshapes GPUs) once. Short: the published dynamic
+    MIG partitioner batches 10-60 s, which is most of its pod-to-running time."""
+    resync_seconds: float = 10.0
+    """Plan even without events this often: idle timers and windows expire silently."""
+    policy: str = "gpupack"
+    """Packing policy of ``sharing.packing`` used to place shared pods."""
+    metrics_port: int = 8080
+    """Prometheus ``/metrics`` port (0: do not serve)."""
+    identity: str = field(default_factory=_default_identity)
+    """Leader-election identity: unique per replica (pod name in a Deployment)."""
+    lease_namespace: str = "gpupack-system"
+    lease_name: str = "gpupack-controller"
+    lease_seconds: float = 15.0
+    """Lease duration; a standby takes over this long after the leader went silent."""
+    feedback: bool = True
+    """Run the utilisation feedback loop on shared nodes."""
+    feedback_cooldown_seconds: int = 300
+    """Minimum time between two replica changes of one node."""
+    right_size: bool = True
+    """Annotate pods that use far less than they asked with a recommendation."""
+    log_level: str = "info"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ControllerSettings:
+        source = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            raw = source.get(ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _convert(f.name, str(f.type), raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.batch_seconds < 0 or self.resync_seconds <= 0:
+            raise ValueError("batch_seconds must be >= 0 and resync_seconds > 0")
+        if self.lease_seconds < 3:
+            raise ValueError(f"lease_seconds must be at least 3, got {self.lease_seconds}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be 0..65535, got {self.metrics_port}")
+        from sharing.packing.registry import canonical_policy_name
+
+        canonical_policy_name(self.policy)
+
+
+def _convert(name: str, type_name: str, raw: str) -> Any:
+    try:
+        if "bool" in type_name:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if "float" in type_name:
+            return float(raw)
+        if "int" in type_name:
+            return int(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {type_name}") from None
+    return raw
