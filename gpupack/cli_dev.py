@@ -1,0 +1,124 @@
+"""``gpupack dev``: developer tooling; ``gpupack dev cluster up|down|status`` runs a local control plane.
+
+``up`` builds the binaries the first time (progress on stderr), starts etcd,
+kube-apiserver and kube-scheduler in the background, applies gpupack's
+namespace, CRDs and RBAC (unless ``--bare``), and prints ``KUBECONFIG=<path>``
+as its last line, so ``eval "$(gpupack dev cluster up | tail -1)"`` works.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+from gpupack.devcluster import state as cluster_state
+from gpupack.devcluster.errors import DevClusterError
+
+
+def register(subparsers: Any) -> None:
+    dev = subparsers.add_parser("dev", help="developer tooling: a local Kubernetes control plane")
+    dev_sub = dev.add_subparsers(dest="dev_command", metavar="SUBCOMMAND")
+    cluster = dev_sub.add_parser(
+        "cluster", help="run etcd + kube-apiserver + kube-scheduler on loopback"
+    )
+    cluster_sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
+
+    up = cluster_sub.add_parser("up", help="start in the background; print KUBECONFIG=<path> last")
+    up.add_argument("--port", type=int, default=None,
+                    help="kube-apiserver port on 127.0.0.1 (default: a free one)")
+    up.add_argument("--bare", action="store_true",
+                    help="do not apply gpupack's namespace, CRDs and RBAC")
+    up.set_defaults(handler=cmd_up)
+
+    down = cluster_sub.add_parser("down", help="stop it and delete its data")
+    down.set_defaults(handler=cmd_down)
+
+    status = cluster_sub.add_parser("status", help="say what runs (exit 0 running, 1 not)")
+    status.set_defaults(handler=cmd_status)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from gpupack.devcluster.apply import apply_objects, gpupack_manifests
+    from gpupack.devcluster.binaries import ensure_binaries
+    from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
+
+    if args.port is not None and not 1 <= args.port <= 65535:
+        raise UsageError(f"--port {args.port}: a TCP port is 1..65535")
+    directory = cluster_state.state_dir()
+    existing = cluster_state.ClusterState.load(directory)
+    if existing is not None:
+        if all(cluster_state.alive(c) for c in existing.components):
+            print(f"already running: {existing.server} (stop it with `gpupack dev cluster down`)")
+            print(f"KUBECONFIG={existing.kubeconfig}")
+            return EXIT_OK
+        print("found a partly stopped cluster; cleaning it up", file=sys.stderr)
+        cluster_state.stop_components(existing)
+        cluster_state.remove(existing, directory)
+
+    began = time.monotonic()
+    try:
+        binaries = ensure_binaries(progress=sys.stderr)
+        print("starting etcd, kube-apiserver and kube-scheduler ...", file=sys.stderr)
+        plane = ControlPlane(binaries, ControlPlaneConfig(
+            workdir=directory / "cluster", keep_workdir=True, apiserver_port=args.port,
+            tie_to_parent=False,
+        ))
+        plane.start()
+    except DevClusterError as exc:
+        print(f"gpupack: error: {exc}", file=sys.stderr)
+        return EXIT_NO
+    record = plane.detach()
+    record.save(directory)
+    if not args.bare:
+        try:
+            with plane.admin_client() as admin:
+                applied = apply_objects(admin, gpupack_manifests())
+        except Exception as exc:  # the cluster runs; say what failed and keep it
+            print(f"gpupack: error: applying gpupack's manifests failed: {exc}", file=sys.stderr)
+            print(f"KUBECONFIG={record.kubeconfig}")
+            return EXIT_NO
+        print(f"applied {len(applied)} objects (namespace, CRDs, RBAC)", file=sys.stderr)
+    print(f"control plane ready in {time.monotonic() - began:.1f}s at {record.server}; "
+          f"logs in {plane.log_dir}", file=sys.stderr)
+    print(f"KUBECONFIG={record.kubeconfig}")
+    return EXIT_OK
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    directory = cluster_state.state_dir()
+    try:
+        existing = cluster_state.ClusterState.load(directory)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if existing is None:
+        print("no local control plane is running")
+        return EXIT_OK
+    stopped = cluster_state.stop_components(existing)
+    cluster_state.remove(existing, directory)
+    print(f"stopped {', '.join(stopped) or 'nothing (already dead)'}; removed {existing.workdir}")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from gpupack.devcluster.controlplane import apiserver_ready
+
+    directory = cluster_state.state_dir()
+    try:
+        existing = cluster_state.ClusterState.load(directory)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    if existing is None:
+        print("not running (start it with `gpupack dev cluster up`)")
+        return EXIT_NO
+    running = 0
+    for comp in existing.components:
+        up = cluster_state.alive(comp)
+        running += up
+        print(f"{comp.name:15} {'running' if up else 'STOPPED':8} pid {comp.pid:<7} log {comp.log}")
+    ready = apiserver_ready(existing.server, existing.workdir)
+    print(f"{'api server':15} {'ready' if ready else 'NOT READY':8} {existing.server}")
+    print(f"KUBECONFIG={existing.kubeconfig}")
+    return EXIT_OK if running == len(existing.components) and ready else EXIT_NO

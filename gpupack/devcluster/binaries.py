@@ -1,0 +1,117 @@
+"""Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd.
+
+The build itself is ``tools/k8s/build.sh`` (Go, pinned versions, cached by
+version under ``$GPUPACK_CACHE_DIR`` or ``~/.cache/gpupack``); this module only
+asks it where the binaries live and runs it, streaming its progress, when they
+are missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from gpupack.devcluster.errors import BuildFailed, ToolchainMissing
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build.sh"
+NAMES = ("etcd", "kube-apiserver", "kube-scheduler")
+# build.sh exit status when Go is missing or too old.
+_EXIT_NO_TOOLCHAIN = 3
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of the three control-plane binaries."""
+
+    bin_dir: Path
+
+    @property
+    def etcd(self) -> Path:
+        return self.bin_dir / "etcd"
+
+    @property
+    def kube_apiserver(self) -> Path:
+        return self.bin_dir / "kube-apiserver"
+
+    @property
+    def kube_scheduler(self) -> Path:
+        return self.bin_dir / "kube-scheduler"
+
+    def missing(self) -> list[str]:
+        return [n for n in NAMES if not os.access(self.bin_dir / n, os.X_OK)]
+
+
+def cached_bin_dir() -> Path:
+    """Where build.sh puts (or has put) the binaries of the pinned versions.
+
+    ``GPUPACK_K8S_BIN_DIR`` overrides it, for prebuilt binaries.
+    """
+    override = os.environ.get("GPUPACK_K8S_BIN_DIR")
+    if override:
+        return Path(override)
+    out = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--print-bin-dir"],
+        check=True, capture_output=True, text=True, timeout=30,
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def ensure_binaries(progress: TextIO | None = None, build: bool = True) -> Binaries:
+    """The binaries, built first if they are not cached yet.
+
+    Build progress streams to ``progress`` (default stderr). Raises
+    :class:`ToolchainMissing` or :class:`BuildFailed` with the fix.
+    """
+    binaries = Binaries(cached_bin_dir())
+    if not binaries.missing():
+        return binaries
+    if os.environ.get("GPUPACK_K8S_BIN_DIR"):
+        raise BuildFailed(
+            f"GPUPACK_K8S_BIN_DIR={binaries.bin_dir} lacks {', '.join(binaries.missing())}",
+            "point GPUPACK_K8S_BIN_DIR at a directory holding etcd, kube-apiserver and "
+            "kube-scheduler, or unset it to build them with tools/k8s/build.sh",
+        )
+    if not build:
+        raise BuildFailed(
+            f"control-plane binaries are not built yet ({binaries.bin_dir})",
+            "run tools/k8s/build.sh (needs Go >= 1.26; 25-40 minutes the first time)",
+        )
+    if shutil.which("go") is None:
+        raise ToolchainMissing(
+            "the Go toolchain ('go') is not on PATH, so kube-apiserver, kube-scheduler and "
+            "etcd cannot be built",
+            "install Go >= 1.26 and re-run; or set GPUPACK_K8S_BIN_DIR to prebuilt binaries; "
+            "or, to skip the e2e tests deliberately, set GPUPACK_SKIP_E2E=1",
+        )
+    out = progress or sys.stderr
+    out.write(f"gpupack: building the control plane into {binaries.bin_dir} (first time only)\n")
+    out.flush()
+    proc = subprocess.Popen(
+        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stdout:  # stream: the first build takes many minutes
+        out.write(line)
+        out.flush()
+        tail = (tail + [line.rstrip()])[-30:]
+    status = proc.wait()
+    if status == _EXIT_NO_TOOLCHAIN:
+        raise ToolchainMissing(
+            "tools/k8s/build.sh found no usable Go toolchain",
+            "install Go >= 1.26 (see the build output above)",
+            "\n".join(tail),
+        )
+    if status != 0 or binaries.missing():
+        raise BuildFailed(
+            f"tools/k8s/build.sh failed with exit status {status}",
+            "read the build output above; re-run tools/k8s/build.sh by hand to retry",
+            "\n".join(tail),
+        )
+    return binaries

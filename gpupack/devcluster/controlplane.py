@@ -1,0 +1,318 @@
+"""The local control plane: etcd, kube-apiserver and kube-scheduler on loopback.
+
+    with ControlPlane(ensure_binaries()) as cp:
+        api = cp.admin_client()
+        ...
+
+``start()`` picks free loopback ports, generates a CA, serving and client
+certificates and a ServiceAccount signing key, starts etcd (temporary data
+dir), then kube-apiserver (client-certificate and ServiceAccount-token
+authentication, RBAC authorization, admission webhooks enabled), then
+kube-scheduler, waits for each to be ready, and writes an admin kubeconfig.
+``stop()`` stops them in reverse order and removes the work dir; it is
+idempotent and also runs at interpreter exit.
+
+No kube-controller-manager runs: nothing creates ``default`` ServiceAccounts,
+so the ServiceAccount admission plugin is disabled (pods are admitted without
+token injection); no node-lifecycle controller would remove the
+``node.kubernetes.io/not-ready`` taint, so TaintNodesByCondition is disabled
+too (a Node created through the API is schedulable at once, as a Node whose
+kubelet reported Ready); and namespaces are never finalized after deletion, so
+tests use fresh namespaces instead of deleting them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import ssl
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpupack.devcluster import clients, kubeconfig, pki
+from gpupack.devcluster.binaries import Binaries
+from gpupack.devcluster.errors import DevClusterError
+from gpupack.devcluster.state import ClusterState, Component
+from gpupack.devcluster.process import ManagedProcess, check_port_free, free_port, wait_until
+
+ADMIN_USER = "gpupack-admin"
+HOST = "127.0.0.1"
+SERVICE_CIDR = "10.96.0.0/24"
+
+
+def _default_timeout() -> float:
+    return float(os.environ.get("GPUPACK_START_TIMEOUT", "90"))
+
+
+@dataclass(frozen=True)
+class ControlPlaneConfig:
+    """How to run the control plane. Ports of ``None`` are picked free on loopback."""
+
+    workdir: Path | None = None  # None: a fresh temp dir, removed by stop()
+    keep_workdir: bool = False  # keep a given workdir's data after stop()
+    apiserver_port: int | None = None
+    etcd_port: int | None = None
+    scheduler: bool = True
+    start_timeout_s: float = 90.0
+    # Kill the components when the starting process dies (tests); False for
+    # `gpupack dev cluster up`, whose components outlive the command.
+    tie_to_parent: bool = True
+
+
+class ControlPlane:
+    """A running (or runnable) local control plane."""
+
+    def __init__(self, binaries: Binaries, config: ControlPlaneConfig | None = None) -> None:
+        self.binaries = binaries
+        self.config = config or ControlPlaneConfig(start_timeout_s=_default_timeout())
+        self.workdir = self.config.workdir or Path(tempfile.mkdtemp(prefix="gpupack-cp-"))
+        self._owns_workdir = self.config.workdir is None
+        self.ca = pki.CertificateAuthority()
+        self.processes: list[ManagedProcess] = []
+        self.ports: dict[str, int] = {}
+        self.startup_seconds: float | None = None
+        self._admin_pair: pki.KeyPair | None = None
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def server(self) -> str:
+        return f"https://{HOST}:{self.ports['apiserver']}"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin's kubeconfig (group system:masters)."""
+        return self.workdir / "admin.kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "pki" / "ca.crt"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.workdir / "logs"
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> ControlPlane:
+        began = time.monotonic()
+        atexit.register(self.stop)
+        try:
+            self._pick_ports()
+            self._write_pki()
+            self._start_etcd()
+            self._start_apiserver()
+            if self.config.scheduler:
+                self._start_scheduler()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - began
+        return self
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        self.processes.clear()
+        if self._owns_workdir or not self.config.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        atexit.unregister(self.stop)
+
+    def running(self) -> bool:
+        return bool(self.processes) and all(p.running() for p in self.processes)
+
+    def detach(self) -> ClusterState:
+        """Leave the components running past this process; returns their record.
+
+        For ``gpupack dev cluster up`` (started with ``tie_to_parent=False``):
+        after this, ``stop()`` and interpreter exit no longer touch them.
+        """
+        record = ClusterState(
+            workdir=str(self.workdir),
+            kubeconfig=str(self.kubeconfig),
+            server=self.server,
+            ports=dict(self.ports),
+            components=tuple(
+                Component(p.name, p.pid or 0, str(p.argv[0]), str(p.log_path))
+                for p in self.processes
+            ),
+            started_at=time.time(),
+            startup_seconds=self.startup_seconds or 0.0,
+        )
+        self.processes.clear()
+        atexit.unregister(self.stop)
+        return record
+
+    # ------------------------------------------------------------ clients
+
+    def admin_client(self) -> Any:
+        """A ``kubernetes.client.ApiClient`` acting as the cluster admin."""
+        return clients.api_client(self.kubeconfig)
+
+    def serviceaccount_kubeconfig(
+        self, name: str, namespace: str = "gpupack-system", seconds: int = clients.TOKEN_SECONDS
+    ) -> Path:
+        """A kubeconfig acting as ServiceAccount ``namespace/name`` (which must exist)."""
+        with self.admin_client() as admin:
+            token = clients.request_token(admin, namespace, name, seconds)
+        config = kubeconfig.kubeconfig_dict(
+            self.server, self.ca.cert_pem, f"system:serviceaccount:{namespace}:{name}",
+            token=token, namespace=namespace,
+        )
+        return kubeconfig.write_kubeconfig(
+            self.workdir / "serviceaccounts" / f"{namespace}.{name}.kubeconfig", config
+        )
+
+    def serviceaccount_client(self, name: str, namespace: str = "gpupack-system") -> Any:
+        """A ``kubernetes.client.ApiClient`` acting as ServiceAccount ``namespace/name``."""
+        return clients.api_client(self.serviceaccount_kubeconfig(name, namespace))
+
+    # ------------------------------------------------------------ steps
+
+    def _pick_ports(self) -> None:
+        cfg = self.config
+        for what, port in (("kube-apiserver", cfg.apiserver_port), ("etcd", cfg.etcd_port)):
+            if port is not None:
+                check_port_free(port, what)
+        self.ports = {
+            "apiserver": cfg.apiserver_port or free_port(),
+            "etcd": cfg.etcd_port or free_port(),
+            "etcd-peer": free_port(),
+            "scheduler": free_port(),
+        }
+
+    def _write_pki(self) -> None:
+        d = self.workdir / "pki"
+        self.ca.pair.write(d, "ca")
+        self.ca.issue(
+            "kube-apiserver", hosts=[HOST, "localhost", "kubernetes", "kubernetes.default",
+                                     "kubernetes.default.svc", "10.96.0.1"], server=True,
+        ).write(d, "apiserver")
+        self._admin_pair = self.ca.issue(ADMIN_USER, organizations=["system:masters"], client=True)
+        self._admin_pair.write(d, "admin")
+        sched = self.ca.issue("system:kube-scheduler", client=True)
+        sa_key, sa_pub = pki.service_account_signing_key()
+        (d / "sa.key").touch(mode=0o600)
+        (d / "sa.key").write_bytes(sa_key)
+        (d / "sa.pub").write_bytes(sa_pub)
+        # Written before the API server is up: the URL is all they need.
+        kubeconfig.write_kubeconfig(self.kubeconfig, kubeconfig.kubeconfig_dict(
+            self.server, self.ca.cert_pem, ADMIN_USER,
+            client_cert_pem=self._admin_pair.cert_pem, client_key_pem=self._admin_pair.key_pem,
+        ))
+        kubeconfig.write_kubeconfig(self.workdir / "scheduler.kubeconfig", kubeconfig.kubeconfig_dict(
+            self.server, self.ca.cert_pem, "system:kube-scheduler",
+            client_cert_pem=sched.cert_pem, client_key_pem=sched.key_pem,
+        ))
+
+    def _launch(self, name: str, argv: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, self.log_dir / f"{name}.log",
+                              tie_to_parent=self.config.tie_to_parent)
+        proc.start()
+        self.processes.append(proc)
+        return proc
+
+    def _start_etcd(self) -> None:
+        client_url = f"http://{HOST}:{self.ports['etcd']}"
+        peer_url = f"http://{HOST}:{self.ports['etcd-peer']}"
+        proc = self._launch("etcd", [
+            str(self.binaries.etcd),
+            "--name=gpupack-dev",
+            f"--data-dir={self.workdir / 'etcd-data'}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=gpupack-dev={peer_url}",
+            # Throw-away data: skip fsync, which dominates etcd latency on slow disks.
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ])
+        wait_until(lambda: _http_ok(f"{client_url}/health", '"health":"true"'),
+                   f"etcd health at {client_url}/health", self.config.start_timeout_s, proc)
+
+    def _start_apiserver(self) -> None:
+        d = self.workdir / "pki"
+        proc = self._launch("kube-apiserver", [
+            str(self.binaries.kube_apiserver),
+            f"--etcd-servers=http://{HOST}:{self.ports['etcd']}",
+            f"--bind-address={HOST}",
+            f"--advertise-address={HOST}",
+            # Loopback cannot back the `kubernetes` Service endpoints; nothing here needs them.
+            "--endpoint-reconciler-type=none",
+            f"--secure-port={self.ports['apiserver']}",
+            f"--tls-cert-file={d / 'apiserver.crt'}",
+            f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            "--authorization-mode=RBAC",
+            "--anonymous-auth=false",
+            f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # No controller-manager: nothing creates `default` ServiceAccounts, and
+            # nothing would lift the not-ready taint TaintNodesByCondition puts on
+            # new Nodes; see module doc.
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--allow-privileged=true",
+            "--profiling=false",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            "--v=1",
+        ])
+        ssl_ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ssl_ctx.load_cert_chain(d / "admin.crt", d / "admin.key")
+        wait_until(lambda: _http_ok(f"{self.server}/readyz", "ok", ssl_ctx),
+                   f"kube-apiserver {self.server}/readyz", self.config.start_timeout_s, proc)
+
+    def _start_scheduler(self) -> None:
+        port = self.ports["scheduler"]
+        proc = self._launch("kube-scheduler", [
+            str(self.binaries.kube_scheduler),
+            f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
+            f"--bind-address={HOST}",
+            f"--secure-port={port}",
+            f"--cert-dir={self.workdir / 'scheduler-certs'}",
+            "--leader-elect=false",  # one scheduler: skip the lease wait
+            "--v=1",
+        ])
+        # Its serving cert is self-signed in --cert-dir; /readyz is open to all.
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        wait_until(lambda: _http_ok(f"https://{HOST}:{port}/readyz", "ok", insecure),
+                   f"kube-scheduler https://{HOST}:{port}/readyz", self.config.start_timeout_s,
+                   proc)
+
+
+def apiserver_ready(server: str, workdir: str | Path) -> bool:
+    """Whether the API server at ``server`` answers /readyz to the admin of ``workdir``."""
+    d = Path(workdir) / "pki"
+    try:
+        ctx = ssl.create_default_context(cafile=str(d / "ca.crt"))
+        ctx.load_cert_chain(d / "admin.crt", d / "admin.key")
+    except (OSError, ssl.SSLError):
+        return False
+    return _http_ok(f"{server}/readyz", "ok", ctx)
+
+
+def _http_ok(url: str, expect: str, verify: ssl.SSLContext | bool = True) -> bool:
+    try:
+        response = httpx.get(url, verify=verify, timeout=2.0)
+    except (httpx.HTTPError, OSError):
+        return False
+    return response.status_code == 200 and expect in response.text
+
+
+__all__ = ["ControlPlane", "ControlPlaneConfig", "DevClusterError"]

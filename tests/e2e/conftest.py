@@ -1,0 +1,160 @@
+"""Fixtures for end-to-end tests: one real control plane (etcd, kube-apiserver,
+kube-scheduler) per test session, gpupack's manifests applied, and clients that
+act as the admin or as gpupack's own ServiceAccounts.
+
+Every test under tests/e2e gets the ``e2e`` marker. The binaries are built on
+demand (tools/k8s/build.sh, progress streamed) right after collection, outside
+any test's timeout. If they cannot be built, the e2e tests FAIL with the cause
+and the fix; only ``GPUPACK_SKIP_E2E=1`` skips them, deliberately.
+
+Fixture API (see docs/controlplane.md):
+
+* ``control_plane`` -> :class:`gpupack.devcluster.controlplane.ControlPlane`
+  (``.kubeconfig``, ``.server``, ``.ca`` to issue webhook serving certs,
+  ``.admin_client()``, ``.serviceaccount_kubeconfig(name)``, ...)
+* ``admin_client`` -> ``kubernetes.client.ApiClient`` as the cluster admin
+* ``gpupack_installed`` -> objects applied from manifests/{namespace.yaml,crds,rbac}
+* ``apply_manifests(*paths_or_dicts, field_manager=...)`` -> server-side apply
+* ``sa_client(name)`` / ``sa_kubeconfig(name)`` -> ServiceAccount ``gpupack-system/<name>``
+* ``namespace`` -> a fresh namespace for one test
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
+from gpupack.devcluster.binaries import Binaries, ensure_binaries
+from gpupack.devcluster.controlplane import ControlPlane
+from gpupack.devcluster.errors import DevClusterError
+from gpupack.devcluster.state import Component, alive
+
+SKIP_ENV = "GPUPACK_SKIP_E2E"
+E2E_DIR = Path(__file__).resolve().parent
+_binaries: Binaries | None = None
+_build_error: str | None = None
+
+
+def _skip_requested() -> bool:
+    return os.environ.get(SKIP_ENV, "") not in ("", "0")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark e2e tests; build the binaries once if any e2e test will run."""
+    global _binaries, _build_error
+    e2e = [item for item in items if E2E_DIR in Path(str(item.path)).parents]
+    for item in e2e:
+        item.add_marker(pytest.mark.e2e)
+    if not e2e or _skip_requested() or _binaries is not None or _build_error is not None:
+        return
+    capture = config.pluginmanager.getplugin("capturemanager")
+    try:
+        # Stream the (first-time, many-minute) build to the terminal.
+        with capture.global_and_fixture_disabled():
+            _binaries = ensure_binaries(progress=sys.stderr)
+    except DevClusterError as exc:
+        _build_error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - report any build breakage as the tests' failure
+        _build_error = f"building the control plane failed unexpectedly: {exc!r}"
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    if _skip_requested():
+        pytest.skip(f"{SKIP_ENV}=1 is set: e2e tests against a real control plane skipped")
+    if _build_error is not None or _binaries is None:
+        pytest.fail(
+            "cannot run e2e tests: the control-plane binaries are unavailable.\n"
+            f"{_build_error or 'they were not built (collection hook did not run)'}\n"
+            f"(set {SKIP_ENV}=1 only to skip these tests on purpose)",
+            pytrace=False,
+        )
+    try:
+        plane = ControlPlane(_binaries).start()
+    except DevClusterError as exc:
+        pytest.fail(f"the local control plane did not start:\n{exc}", pytrace=False)
+    components = [Component(p.name, p.pid or 0, str(p.argv[0]), str(p.log_path))
+                  for p in plane.processes]
+    yield plane
+    plane.stop()
+    stray = [c.name for c in components if alive(c)]
+    assert not stray, f"still running after stop(): {stray}"
+
+
+@pytest.fixture(scope="session")
+def admin_client(control_plane: ControlPlane) -> Iterator[Any]:
+    with control_plane.admin_client() as api:
+        yield api
+
+
+@pytest.fixture(scope="session")
+def gpupack_installed(admin_client: Any) -> list[dict[str, Any]]:
+    """gpupack's namespace, CRDs (Established) and RBAC, server-side applied once."""
+    return apply_objects(admin_client, gpupack_manifests(), field_manager="gpupack-e2e")
+
+
+@pytest.fixture(scope="session")
+def apply_manifests(admin_client: Any) -> Callable[..., list[dict[str, Any]]]:
+    """``apply_manifests(path_or_dict, ..., field_manager="gpupack-e2e")`` as the admin."""
+
+    def apply(*items: Path | str | dict[str, Any],
+              field_manager: str = "gpupack-e2e") -> list[dict[str, Any]]:
+        objects: list[dict[str, Any]] = []
+        for item in items:
+            objects += [item] if isinstance(item, dict) else load_manifests(item)
+        return apply_objects(admin_client, objects, field_manager=field_manager)
+
+    return apply
+
+
+@pytest.fixture(scope="session")
+def sa_kubeconfig(
+    control_plane: ControlPlane, gpupack_installed: list[dict[str, Any]]
+) -> Callable[[str], Path]:
+    """``sa_kubeconfig("gpupack-webhook")`` -> kubeconfig of that ServiceAccount."""
+    cache: dict[str, Path] = {}
+
+    def get(name: str, namespace: str = "gpupack-system") -> Path:
+        key = f"{namespace}/{name}"
+        if key not in cache:
+            cache[key] = control_plane.serviceaccount_kubeconfig(name, namespace)
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def sa_client(
+    control_plane: ControlPlane, sa_kubeconfig: Callable[[str], Path]
+) -> Iterator[Callable[[str], Any]]:
+    """``sa_client("gpupack-controller")`` -> ApiClient acting as that ServiceAccount."""
+    from gpupack.devcluster.clients import api_client
+
+    clients: dict[str, Any] = {}
+
+    def get(name: str) -> Any:
+        if name not in clients:
+            clients[name] = api_client(sa_kubeconfig(name))
+        return clients[name]
+
+    yield get
+    for api in clients.values():
+        api.close()
+
+
+@pytest.fixture
+def namespace(admin_client: Any) -> str:
+    """A fresh namespace. Not deleted: no controller-manager finalizes namespaces here."""
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(admin_client).create_namespace(
+        client.V1Namespace(metadata=client.V1ObjectMeta(name=name))
+    )
+    return name

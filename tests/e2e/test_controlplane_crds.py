@@ -1,0 +1,135 @@
+"""gpupack's CRDs on a real kube-apiserver: strict schemas, status subresource, printer columns."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from sharing import api
+from tests.unit.test_api_cases import CASES, SPEC_MODELS, Case
+
+PLURALS = {"GPUNode": "gpunodes", "SharingPolicy": "sharingpolicies"}
+TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _create(admin: Any, body: dict[str, Any]) -> dict[str, Any]:
+    # Strict: unknown fields are rejected, as `kubectl apply` does by default.
+    created: dict[str, Any] = client.CustomObjectsApi(admin).create_cluster_custom_object(
+        api.GROUP, api.VERSION, PLURALS[body["kind"]], body, field_validation="Strict"
+    )
+    return created
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_api_server_agrees_with_models(
+    admin_client: Any, gpupack_installed: list[dict[str, Any]], case: Case
+) -> None:
+    body = case.body(_name(case.id[:40]))
+    if case.valid:
+        stored = _create(admin_client, body)
+        # What the server stored (with its defaults) is a valid model again.
+        model = SPEC_MODELS[case.kind].model_validate(stored["spec"])
+        assert model == SPEC_MODELS[case.kind].model_validate(case.spec)
+    else:
+        with pytest.raises(ApiException) as info:
+            _create(admin_client, body)
+        # 422 Invalid for schema/CEL violations, 400 for strict decoding (unknown fields).
+        assert info.value.status in (400, 422), info.value.body
+        message = json.loads(info.value.body)["message"]
+        assert case.server_says in message, message
+
+
+def _condition(type_: str, status: str) -> api.Condition:
+    return api.Condition(type=type_, status=status, reason="Observed", message="from the test",
+                         last_transition_time=datetime.now(timezone.utc).replace(microsecond=0))
+
+
+def _status(product: str, mig_instances: int, in_use: int) -> api.GPUNodeStatus:
+    instances = [api.MigInstanceStatus(profile="1g.10gb", start=i, size=1, in_use=i < in_use,
+                                       pods=[f"team-a/pod-{i}"] if i < in_use else [])
+                 for i in range(mig_instances)]
+    return api.GPUNodeStatus(
+        observed_generation=1,
+        product=product,
+        gpus=[api.GPUStatus(index=0, uuid="GPU-1234", product=product, memory_mib=81920,
+                            mig_enabled=True, instances=instances,
+                            utilization=api.GPUUtilization(gpu_percent=37, memory_used_mib=1024))],
+        sharing=api.SharingConfig(),
+        summary=api.NodeSummary(gpus=1, mig_instances=mig_instances, instances_in_use=in_use),
+        conditions=[_condition("Ready", "True")],
+        reconfiguration=api.ReconfigurationStatus.model_validate(
+            {"phase": "Applying", "step": 2, "plan": [{"action": "create", "profile": "1g.10gb"}],
+             "agentNote": "extension field kept by the API server"}),
+    )
+
+
+def test_status_is_a_subresource_and_round_trips(
+    admin_client: Any, gpupack_installed: list[dict[str, Any]]
+) -> None:
+    objects = client.CustomObjectsApi(admin_client)
+    name = _name("status")
+    status = _status("NVIDIA-A100-SXM4-80GB", mig_instances=3, in_use=1)
+    body = api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name), status=status))
+    created = _create(admin_client, body)
+    assert "status" not in created, "status must be ignored on create (status subresource)"
+
+    objects.patch_cluster_custom_object_status(
+        api.GROUP, api.VERSION, "gpunodes", name, {"status": api.to_wire(status)})
+    stored = objects.get_cluster_custom_object(api.GROUP, api.VERSION, "gpunodes", name)
+    assert api.GPUNodeStatus.model_validate(stored["status"]) == status
+    assert stored["status"]["reconfiguration"]["agentNote"].startswith("extension")
+    assert stored["metadata"]["generation"] == created["metadata"]["generation"]
+
+    objects.patch_cluster_custom_object(
+        api.GROUP, api.VERSION, "gpunodes", name,
+        {"spec": {"sharing": {"mode": "time-slicing", "replicas": 4}}})
+    after = objects.get_cluster_custom_object(api.GROUP, api.VERSION, "gpunodes", name)
+    assert after["metadata"]["generation"] == created["metadata"]["generation"] + 1
+    assert after["status"] == stored["status"]
+
+
+def test_invalid_status_is_rejected(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> None:
+    name = _name("badstatus")
+    _create(admin_client, api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name))))
+    bad = {"status": {"gpus": [{"index": 0, "uuid": "GPU-1", "product": "x", "memoryMiB": -5}]}}
+    with pytest.raises(ApiException) as info:
+        client.CustomObjectsApi(admin_client).patch_cluster_custom_object_status(
+            api.GROUP, api.VERSION, "gpunodes", name, bad)
+    assert info.value.status == 422
+    assert "status.gpus[0].memoryMiB" in json.loads(info.value.body)["message"]
+
+
+def test_printer_columns_show_status(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> None:
+    objects = client.CustomObjectsApi(admin_client)
+    name = _name("table")
+    status = _status("NVIDIA-H100-80GB-HBM3", mig_instances=4, in_use=2)
+    spec = api.GPUNodeSpec(sharing=api.SharingConfig(mode="mps", replicas=8))
+    _create(admin_client, api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name), spec=spec)))
+    objects.patch_cluster_custom_object_status(
+        api.GROUP, api.VERSION, "gpunodes", name, {"status": api.to_wire(status)})
+
+    # What `kubectl get gpunodes` asks for: the server renders the printer columns.
+    method, url, headers, _, _ = admin_client.param_serialize(
+        "GET", f"/apis/{api.GROUP}/{api.VERSION}/gpunodes/{name}",
+        header_params={"Accept": TABLE})
+    response = admin_client.call_api(method, url, header_params=headers)
+    response.read()
+    table = json.loads(response.data)
+    columns = [c["name"] for c in table["columnDefinitions"]]
+    row = dict(zip(columns, table["rows"][0]["cells"]))
+    assert row["Name"] == name
+    assert row["Product"] == status.product
+    assert (row["GPUs"], row["MIG"], row["In-Use"]) == (1, 4, 2)
+    assert (row["Sharing"], row["Replicas"]) == ("mps", 8)
+    assert row["Ready"] == "True"
+    assert row["Reconfig"] == "Applying"

@@ -1,0 +1,155 @@
+"""Each gpupack component's ServiceAccount can do exactly what its RBAC grants (invariant 4).
+
+``EXPECTED`` is the specification, written independently of manifests/rbac/:
+the API server's authorizer is asked (SubjectAccessReview) about every verb on
+every resource in ``MATRIX`` and must answer exactly as the table says. A few
+real requests made *as* each ServiceAccount then check 200 vs 403 end to end.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from sharing import api
+
+NS = "gpupack-system"
+VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+READ = {"get", "list", "watch"}
+WRITE = {"create", "update", "patch"}
+
+# (api group, resource, subresource, namespace or None for cluster scope / all namespaces)
+MATRIX: tuple[tuple[str, str, str, str | None], ...] = (
+    ("gpupack.io", "gpunodes", "", None),
+    ("gpupack.io", "gpunodes", "status", None),
+    ("gpupack.io", "sharingpolicies", "", None),
+    ("gpupack.io", "sharingpolicies", "status", None),
+    ("", "pods", "", "default"),
+    ("", "pods", "eviction", "default"),
+    ("", "nodes", "", None),
+    ("", "nodes", "status", None),
+    ("", "namespaces", "", None),
+    ("", "events", "", "default"),
+    ("events.k8s.io", "events", "", "default"),
+    ("", "configmaps", "", NS),
+    ("", "configmaps", "", "default"),
+    ("coordination.k8s.io", "leases", "", NS),
+    ("coordination.k8s.io", "leases", "", "kube-system"),
+    ("", "secrets", "", NS),
+    ("", "serviceaccounts", "token", NS),
+    ("apiextensions.k8s.io", "customresourcedefinitions", "", None),
+    ("apps", "deployments", "", NS),
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", None),
+    ("rbac.authorization.k8s.io", "clusterroles", "", None),
+)
+
+Key = tuple[str, str, str, str | None]
+EVENTS = {("", "events", "", "default"): {"create", "patch"},
+          ("events.k8s.io", "events", "", "default"): {"create", "patch"}}
+
+EXPECTED: dict[str, dict[Key, set[str]]] = {
+    "gpupack-webhook": {
+        ("gpupack.io", "gpunodes", "", None): READ,
+        ("gpupack.io", "sharingpolicies", "", None): READ,
+        ("", "nodes", "", None): READ,
+        ("", "namespaces", "", None): READ,
+        **EVENTS,
+    },
+    "gpupack-controller": {
+        ("gpupack.io", "gpunodes", "", None): READ | WRITE,
+        ("gpupack.io", "sharingpolicies", "", None): READ | {"patch"},
+        ("gpupack.io", "sharingpolicies", "status", None): {"get", "update", "patch"},
+        ("", "pods", "", "default"): READ | {"update", "patch"},
+        ("", "nodes", "", None): READ | {"patch"},
+        ("", "namespaces", "", None): READ,
+        ("", "configmaps", "", NS): READ | WRITE,
+        ("coordination.k8s.io", "leases", "", NS): READ | WRITE,
+        ("apiextensions.k8s.io", "customresourcedefinitions", "", None): READ,
+        **EVENTS,
+    },
+    "gpupack-node-agent": {
+        ("gpupack.io", "gpunodes", "", None): READ | {"create"},
+        ("gpupack.io", "gpunodes", "status", None): {"get", "update", "patch"},
+        ("", "nodes", "", None): READ | {"patch"},
+        ("", "nodes", "status", None): {"get", "patch"},
+        ("", "pods", "", "default"): READ,
+        **EVENTS,
+    },
+}
+
+
+def _allowed(admin: Any, sa: str, key: Key, verb: str) -> bool:
+    group, resource, sub, namespace = key
+    review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
+        user=f"system:serviceaccount:{NS}:{sa}",
+        groups=["system:serviceaccounts", f"system:serviceaccounts:{NS}", "system:authenticated"],
+        resource_attributes=client.V1ResourceAttributes(
+            group=group, resource=resource, subresource=sub or None, verb=verb,
+            namespace=namespace),
+    ))
+    result = client.AuthorizationV1Api(admin).create_subject_access_review(review)
+    return bool(result.status.allowed)
+
+
+@pytest.mark.parametrize("sa", sorted(EXPECTED))
+def test_authorizer_grants_exactly_the_table(
+    admin_client: Any, gpupack_installed: list[dict[str, Any]], sa: str
+) -> None:
+    wrong = []
+    for key in MATRIX:
+        granted = EXPECTED[sa].get(key, set())
+        for verb in VERBS:
+            if _allowed(admin_client, sa, key, verb) != (verb in granted):
+                wrong.append(f"{verb} {'/'.join(filter(None, key[:3]))} ns={key[3]}: "
+                             f"{'allowed' if verb not in granted else 'denied'}")
+    assert not wrong, f"{sa} RBAC differs from the spec:\n" + "\n".join(wrong)
+
+
+def _status_of(call: Any) -> int:
+    try:
+        call()
+    except ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+def test_real_requests_as_each_service_account(
+    admin_client: Any, sa_client: Any, gpupack_installed: list[dict[str, Any]]
+) -> None:
+    name = f"rbac-{uuid.uuid4().hex[:8]}"
+    gpunode = api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name)))
+    objs = {sa: client.CustomObjectsApi(sa_client(sa)) for sa in EXPECTED}
+    core = {sa: client.CoreV1Api(sa_client(sa)) for sa in EXPECTED}
+    args = (api.GROUP, api.VERSION, "gpunodes")
+    status_patch = {"status": {"product": "NVIDIA-A100-SXM4-80GB"}}
+    spec_patch = {"spec": {"sharing": {"mode": "mps", "replicas": 2}}}
+
+    # The node agent creates its GPUNode and reports status, but cannot set the spec.
+    assert _status_of(lambda: objs["gpupack-node-agent"].create_cluster_custom_object(
+        *args, gpunode)) == 200
+    assert _status_of(lambda: objs["gpupack-node-agent"].patch_cluster_custom_object_status(
+        *args, name, status_patch)) == 200
+    assert _status_of(lambda: objs["gpupack-node-agent"].patch_cluster_custom_object(
+        *args, name, spec_patch)) == 403
+    # The controller sets the spec but cannot write status or delete.
+    assert _status_of(lambda: objs["gpupack-controller"].patch_cluster_custom_object(
+        *args, name, spec_patch)) == 200
+    assert _status_of(lambda: objs["gpupack-controller"].patch_cluster_custom_object_status(
+        *args, name, status_patch)) == 403
+    assert _status_of(lambda: objs["gpupack-controller"].delete_cluster_custom_object(
+        *args, name)) == 403
+    # The webhook only reads.
+    assert _status_of(lambda: objs["gpupack-webhook"].get_cluster_custom_object(
+        *args, name)) == 200
+    assert _status_of(lambda: objs["gpupack-webhook"].patch_cluster_custom_object(
+        *args, name, spec_patch)) == 403
+    # Nobody reads Secrets.
+    for sa in EXPECTED:
+        assert _status_of(lambda: core[sa].list_namespaced_secret(NS)) == 403, sa
+    stored = client.CustomObjectsApi(admin_client).get_cluster_custom_object(*args, name)
+    assert stored["spec"]["sharing"] == spec_patch["spec"]["sharing"]
+    assert stored["status"]["product"] == status_patch["status"]["product"]
