@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     bodies = make_bodies(64)
     results: list[dict[str, Any]] = []
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         certs = Path(tmp)
         ca, cert, key = make_self_signed(["localhost", HOST])
@@ -212,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         "http": fastest("httptools", "h11"),
         "cpus": os.cpu_count(),
         "body_bytes": sum(map(len, bodies)) // len(bodies),
+        # Other work on the machine shows in the tails: say how busy it was.
+        "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     print(json.dumps({"environment": env}))
     if len(results) == 2:
