@@ -1,0 +1,219 @@
+"""Node agents for SIMULATED GPU nodes against the real control plane.
+
+Each agent runs in a thread as the ``gpupack-node-agent`` ServiceAccount (so its
+RBAC is exercised), with the simulated NVML backend and the device-plugin
+emulator. The story: the agent publishes ``GPUNode`` status; a spec change
+reshapes an idle GPU, the emulated device plugin re-advertises and kube-scheduler
+binds a pending pod that needs the new profile; a GPU whose instance a running pod
+holds is left alone until the pod goes away, then reshaped too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from node.agent import Agent
+from node.kube import Kube
+from node.metrics import AgentMetrics
+from node.settings import AgentSettings
+from gpupack.cli_agent import open_backend
+
+WAIT_S = 60.0
+
+
+def _wait(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+class RunningAgent:
+    def __init__(self, kubeconfig: Path, settings: AgentSettings) -> None:
+        backend, error = open_backend(settings)
+        self.agent = Agent(settings, backend, Kube.connect(str(kubeconfig)), backend_error=error,
+                           metrics=AgentMetrics())
+        self._stop = False
+        self.thread = threading.Thread(target=self.agent.run_forever, args=(lambda: self._stop,), daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop = True
+        self.thread.join(timeout=15)
+        assert not self.thread.is_alive(), "agent did not stop"
+
+
+@pytest.fixture
+def node_name(admin_client: Any) -> str:
+    name = f"gpu-{uuid.uuid4().hex[:6]}"
+    core = client.CoreV1Api(admin_client)
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(
+        name=name, labels={"e2e-run": name, "kubernetes.io/hostname": name,
+                           "nvidia.com/gpu.deploy.device-plugin": "true"})))
+    resources = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    core.patch_node_status(name, {"status": {
+        "capacity": resources, "allocatable": resources,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "E2E", "message": "no kubelet"}]}})
+    # The API server's TaintNodesByCondition admission taints new Nodes not-ready; without a
+    # node-lifecycle controller nobody lifts it, so the test does (its Node is Ready).
+    core.patch_node(name, {"spec": {"taints": None}})
+    return name
+
+
+@pytest.fixture
+def agent_factory(
+    sa_kubeconfig: Callable[[str], Path], tmp_path: Path
+) -> Iterator[Callable[[str, str], RunningAgent]]:
+    agents: list[RunningAgent] = []
+
+    def start(node: str, simulate: str) -> RunningAgent:
+        settings = AgentSettings(node_name=node, simulate=simulate, state_file=str(tmp_path / f"{node}.json"),
+                                 emulate_device_plugin=True, poll_seconds=0.5, min_patch_seconds=0.2,
+                                 idle_seconds=1.0, retry_seconds=1.0, metrics_port=0)
+        agent = RunningAgent(sa_kubeconfig("gpupack-node-agent"), settings)
+        agents.append(agent)
+        return agent
+
+    yield start
+    for agent in agents:
+        if agent.thread.is_alive():
+            agent.stop()
+
+
+def _gpunode(admin: Any, name: str) -> dict[str, Any]:
+    try:
+        return dict(client.CustomObjectsApi(admin).get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", name))
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return {}  # the agent has not created it yet
+        raise
+
+
+def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c["type"] == type_), {})
+
+
+def _allocatable(admin: Any, node: str) -> dict[str, str]:
+    return dict(client.CoreV1Api(admin).read_node(node).status.allocatable or {})
+
+
+def _set_spec(admin: Any, node: str, layouts: dict[int, list[str]]) -> None:
+    gpus = [{"index": i, "migEnabled": True, "layout": [{"profile": p} for p in profiles]}
+            for i, profiles in sorted(layouts.items())]
+    client.CustomObjectsApi(admin).patch_cluster_custom_object(
+        "gpupack.io", "v1alpha1", "gpunodes", node, {"spec": {"gpus": gpus}})
+
+
+def _pod(admin: Any, namespace: str, node: str, resource: str) -> str:
+    name = f"p-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(admin).create_namespaced_pod(namespace, client.V1Pod(
+        metadata=client.V1ObjectMeta(name=name),
+        spec=client.V1PodSpec(node_selector={"e2e-run": node}, containers=[client.V1Container(
+            name="main", image="registry.k8s.io/pause:3.10",
+            resources=client.V1ResourceRequirements(limits={resource: "1"}))])))
+    return name
+
+
+def _bound(admin: Any, namespace: str, pod: str) -> str | None:
+    return client.CoreV1Api(admin).read_namespaced_pod(pod, namespace).spec.node_name  # type: ignore[no-any-return]
+
+
+def test_agent_publishes_reshapes_idle_gpus_and_spares_busy_ones(
+    admin_client: Any, namespace: str, node_name: str, agent_factory: Callable[[str, str], RunningAgent]
+) -> None:
+    node = node_name
+    agent = agent_factory(node, "H200:2")
+
+    # 1. Inventory published: two simulated H200s, NVML ready (and labelled simulated).
+    obj = _wait("GPUNode status with 2 GPUs",
+                lambda: (o := _gpunode(admin_client, node)) and len((o.get("status") or {}).get("gpus", [])) == 2 and o)
+    assert _condition(obj, "NvmlReady")["status"] == "True"
+    assert _condition(obj, "NvmlReady")["reason"] == "Simulated"
+    uuids = [g["uuid"] for g in obj["status"]["gpus"]]
+    labels = client.CoreV1Api(admin_client).read_node(node).metadata.labels
+    assert labels["gpupack.io/simulated"] == "true" and labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
+
+    # 2. A layout: GPU0 one 7g, GPU1 two 3g. The emulated device plugin advertises them.
+    began = time.monotonic()
+    _set_spec(admin_client, node, {0: ["7g.141gb"], 1: ["3g.71gb", "3g.71gb"]})
+    _wait("allocatable for the first layout", lambda: (a := _allocatable(admin_client, node)).get(
+        "nvidia.com/mig-7g.141gb") == "1" and a.get("nvidia.com/mig-3g.71gb") == "2")
+    first_latency = time.monotonic() - began
+    obj = _wait("LayoutApplied=True", lambda: (o := _gpunode(admin_client, node))
+                and _condition(o, "LayoutApplied").get("status") == "True" and o)
+    assert obj["status"]["observedGeneration"] == obj["metadata"]["generation"]
+    assert obj["status"]["reconfiguration"]["phase"] == "Succeeded"
+
+    # 3. A pod takes the 7g instance on GPU0 (bound by kube-scheduler; the emulator gives it the device).
+    holder = _pod(admin_client, namespace, node, "nvidia.com/mig-7g.141gb")
+    _wait("holder pod bound", lambda: _bound(admin_client, namespace, holder) == node)
+    _wait("7g instance in use by the holder pod", lambda: any(
+        i.get("inUse") and f"{namespace}/{holder}" in i.get("pods", [])
+        for i in _gpunode(admin_client, node)["status"]["gpus"][0]["instances"]))
+
+    # 4. A pod needs a 1g.18gb, which nobody advertises yet: it stays Pending.
+    waiting = _pod(admin_client, namespace, node, "nvidia.com/mig-1g.18gb")
+    time.sleep(1.0)
+    assert _bound(admin_client, namespace, waiting) is None
+
+    # 5. New spec: GPU0 (busy) to seven 1g, GPU1 (idle) to 3g + four 1g. Only GPU1 changes now.
+    _set_spec(admin_client, node, {0: ["1g.18gb"] * 7, 1: ["3g.71gb"] + ["1g.18gb"] * 4})
+    _wait("GPU1 reshaped and advertised", lambda: _allocatable(admin_client, node).get("nvidia.com/mig-1g.18gb") == "4")
+    assert _wait("pending pod scheduled onto the new 1g", lambda: _bound(admin_client, namespace, waiting)) == node
+    obj = _wait("GPU0 reported as waiting", lambda: (o := _gpunode(admin_client, node))
+                and _condition(o, "LayoutApplied").get("reason") == "WaitingForIdle" and o)
+    assert "GPU 0" in _condition(obj, "LayoutApplied")["message"]
+    gpu0 = obj["status"]["gpus"][0]["instances"]
+    assert [(i["profile"], i["inUse"]) for i in gpu0] == [("7g.141gb", True)]
+    assert _allocatable(admin_client, node).get("nvidia.com/mig-7g.141gb") == "1"
+
+    # 6. The holder goes away: after the idle time GPU0 is reshaped as well.
+    client.CoreV1Api(admin_client).delete_namespaced_pod(holder, namespace, grace_period_seconds=0)
+    _wait("GPU0 reshaped", lambda: _allocatable(admin_client, node).get("nvidia.com/mig-1g.18gb") == "11")
+    assert _allocatable(admin_client, node).get("nvidia.com/mig-7g.141gb") == "0"
+    obj = _wait("LayoutApplied=True again", lambda: (o := _gpunode(admin_client, node))
+                and _condition(o, "LayoutApplied").get("status") == "True" and o)
+    assert sorted(i["profile"] for i in obj["status"]["gpus"][0]["instances"]) == ["1g.18gb"] * 7
+    # The pod on GPU1's new 1g instance kept its device through GPU0's reshape.
+    gpu1 = obj["status"]["gpus"][1]["instances"]
+    assert any(f"{namespace}/{waiting}" in i["pods"] for i in gpu1)
+
+    events = client.CoreV1Api(admin_client).list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node}").items
+    reasons = {e.reason for e in events}
+    assert {"MigReconfigurationStarted", "MigReconfigurationSucceeded"} <= reasons
+
+    # 7. Restart: a new agent on the same state file sees the same GPUs and instances.
+    agent.stop()
+    agent_factory(node, "H200:2")
+    time.sleep(1.5)
+    obj = _gpunode(admin_client, node)
+    assert [g["uuid"] for g in obj["status"]["gpus"]] == uuids
+    assert sorted(i["profile"] for i in obj["status"]["gpus"][0]["instances"]) == ["1g.18gb"] * 7
+    print(f"\nreconcile latency (spec change -> Node allocatable), first layout: {first_latency:.2f}s")
+
+
+def test_layout_that_does_not_fit_is_refused_and_nothing_changes(
+    admin_client: Any, node_name: str, agent_factory: Callable[[str, str], RunningAgent]
+) -> None:
+    node = node_name
+    agent_factory(node, "A30:1")
+    _wait("status", lambda: (_gpunode(admin_client, node).get("status") or {}).get("gpus"))
+    _set_spec(admin_client, node, {0: ["4g.24gb", "1g.6gb"]})
+    obj = _wait("LayoutRefused", lambda: (o := _gpunode(admin_client, node))
+                and _condition(o, "LayoutApplied").get("reason") == "LayoutRefused" and o)
+    assert "does not fit" in _condition(obj, "LayoutApplied")["message"]
+    assert obj["status"]["gpus"][0]["instances"] == []
+    assert not any(k.startswith("nvidia.com/mig-") and v != "0" for k, v in _allocatable(admin_client, node).items())
