@@ -447,6 +447,12 @@ class Agent:
             return C.Cond(C.LAYOUT_APPLIED, "True" if phase == "Succeeded" else "False",
                           "AsRequested" if phase == "Succeeded" else "ReconfigurationFailed", message), False
         plan = plan_node_config(name, generation, snapshot, desired, frozenset(idle))
+        done = reconf if reconf and reconf.get("mode") == "operator" and reconf.get("targetGeneration") == generation else None
+        if plan.changed and done is not None:
+            # mig-manager already answered for this spec; asking again would loop. A new spec retries.
+            return C.Cond(C.LAYOUT_APPLIED, "False", "ReconfigurationFailed" if done.get("phase") == "Failed"
+                          else "LayoutMismatch", f"mig-manager {str(done.get('phase')).lower()} for generation "
+                          f"{generation} ({done.get('message')}) but GPUs {list(plan.changed)} still differ"), False
         if not plan.changed:
             if plan.held or problems:
                 held = {**{i: r for i, r in plan.held.items()}, **problems}

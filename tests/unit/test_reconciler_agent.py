@@ -1,0 +1,244 @@
+"""The agent loop against an in-memory stand-in for ``node.kube.Kube`` (our own wrapper).
+
+Covers what the e2e test cannot force: NVML missing, an agent killed in the middle
+of a reshape and restarted, and settings from the environment.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mig.catalog import get_model
+from node.agent import Agent
+from node.kube import KubeError
+from node.nvml.simulated import SimulatedNvml
+from node.settings import AgentSettings
+
+H200 = get_model("H200")
+
+
+class FakeKube:
+    """Just enough API server: merge patches, generations, labels; no watch."""
+
+    def __init__(self, node: str) -> None:
+        self.node: dict[str, Any] = {"metadata": {"name": node, "uid": "n-uid", "labels": {
+            "nvidia.com/gpu.deploy.device-plugin": "true"}}, "status": {"capacity": {}, "allocatable": {}}}
+        self.gpunode: dict[str, Any] | None = None
+        self.pods: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.rv = 0
+        self.fail_status_patches = False
+        self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def _bump(self) -> str:
+        self.rv += 1
+        return str(self.rv)
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.node)
+
+    def get_gpunode(self, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.gpunode)
+
+    def create_gpunode(self, name: str, node_uid: str | None) -> dict[str, Any]:
+        self.gpunode = {"metadata": {"name": name, "uid": "g-uid", "generation": 1, "resourceVersion": self._bump()},
+                        "spec": {}}
+        return copy.deepcopy(self.gpunode)
+
+    def set_spec(self, spec: dict[str, Any]) -> None:
+        assert self.gpunode is not None
+        self.gpunode["spec"] = spec
+        self.gpunode["metadata"]["generation"] += 1
+
+    def patch_gpunode_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        if self.fail_status_patches:
+            raise KubeError(503, "unavailable")
+        assert self.gpunode is not None
+        self.gpunode.setdefault("status", {}).update(copy.deepcopy(status))
+        self.gpunode["metadata"]["resourceVersion"] = self._bump()
+        return copy.deepcopy(self.gpunode)
+
+    def wait_gpunode_change(self, name: str, rv: str, timeout_s: float) -> None:
+        return None
+
+    def patch_node(self, name: str, patch: dict[str, Any]) -> None:
+        labels = self.node["metadata"]["labels"]
+        for key, value in patch["metadata"]["labels"].items():
+            if value is None:
+                labels.pop(key, None)
+            else:
+                labels[key] = value
+
+    def patch_node_status(self, name: str, patch: dict[str, Any]) -> None:
+        for key in ("capacity", "allocatable"):
+            self.node["status"][key].update(patch["status"][key])
+
+    def list_node_pods(self, node_name: str) -> list[dict[str, Any]]:
+        return copy.deepcopy(self.pods)
+
+    def delete_node_pods(self, namespace: str, selector: str, node_name: str) -> int:
+        return 0
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.configmaps.get((namespace, name)))
+
+    def write_configmap(self, namespace: str, name: str, data: dict[str, str], rv: str | None) -> None:
+        current = self.configmaps.get((namespace, name))
+        if (current is None) != (rv is None) or (current and current["metadata"]["resourceVersion"] != rv):
+            raise KubeError(409, "conflict")
+        self.configmaps[(namespace, name)] = {"metadata": {"resourceVersion": self._bump()}, "data": dict(data)}
+
+    def event(self, involved: Any, type_: str, reason: str, message: str, component: str) -> None:
+        self.events.append((type_, reason, message))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        self.t += 0.5
+        return self.t
+
+
+def _settings(**changes: Any) -> AgentSettings:
+    return AgentSettings(node_name="n1", simulate="H200:1", emulate_device_plugin=True, idle_seconds=1.0,
+                         min_patch_seconds=0.1, metrics_port=0).with_(**changes)
+
+
+def _layout(kube: FakeKube) -> list[str]:
+    assert kube.gpunode is not None
+    return sorted(i["profile"] for i in kube.gpunode["status"]["gpus"][0]["instances"])
+
+
+def _cond(kube: FakeKube, type_: str) -> dict[str, Any]:
+    assert kube.gpunode is not None
+    return next(c for c in kube.gpunode["status"]["conditions"] if c["type"] == type_)
+
+
+def test_nvml_missing_gives_a_condition_not_a_crash() -> None:
+    kube = FakeKube("n1")
+    agent = Agent(_settings(simulate="", emulate_device_plugin=False), None, kube,  # type: ignore[arg-type]
+                  backend_error="NVML could not be opened: NVML_ERROR_LIBRARY_NOT_FOUND", clock=Clock())
+    agent.tick()
+    agent.tick()
+    cond = _cond(kube, "NvmlReady")
+    assert cond["status"] == "False" and cond["reason"] == "NvmlUnavailable"
+    assert "LIBRARY_NOT_FOUND" in cond["message"]
+    # The device plugin's sharing config is still written and selected for the node.
+    cm = kube.configmaps[("gpu-operator", "gpupack-device-plugin-config")]
+    assert "migStrategy: mixed" in cm["data"]["gpupack-n1"]
+    assert kube.node["metadata"]["labels"]["nvidia.com/device-plugin.config"] == "gpupack-n1"
+
+
+def test_journal_write_failure_stops_before_nvml(tmp_path: Path) -> None:
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 1, tmp_path / "s.json", seed="n1")
+    sim.create_gpu_instance(0, H200.profile("7g.141gb").profile_id, H200.profile("7g.141gb").placements[0])
+    clock = Clock()
+    agent = Agent(_settings(), sim, kube, clock=clock)  # type: ignore[arg-type]
+    agent.tick()
+    agent.tick()
+    kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "3g.71gb"}] * 2}]})
+    kube.fail_status_patches = True
+    with pytest.raises(KubeError):
+        agent.tick()
+    assert [str(i.placed) for i in sim.gpu_instances(0)] == ["7g.141gb@0:8"]
+
+
+@pytest.mark.parametrize("kill_after", [1, 2, 3, 4])
+def test_agent_killed_mid_reshape_is_resumed_by_the_next_agent(tmp_path: Path, kill_after: int) -> None:
+    """Kill the agent after ``kill_after`` NVML changes; a new agent (same state file) finishes."""
+    kube = FakeKube("n1")
+    state = tmp_path / "s.json"
+    sim = SimulatedNvml(H200, 1, state, seed="n1")
+    for start in (0, 4):
+        sim.create_gpu_instance(0, H200.profile("3g.71gb").profile_id, H200.profile("3g.71gb").placements[start // 4])
+    clock = Clock()
+    agent = Agent(_settings(), sim, kube, clock=clock)  # type: ignore[arg-type]
+    for _ in range(3):
+        agent.tick()
+    kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "1g.18gb"}] * 7}]})
+    changes = {"n": 0}
+
+    class Killed(BaseException):
+        pass
+
+    def hook(op: str, _index: int, when: str) -> None:
+        if op in ("create", "destroy") and when == "after":
+            changes["n"] += 1
+            if changes["n"] == kill_after:
+                raise Killed
+
+    sim.hook = hook
+    with pytest.raises(Killed):
+        for _ in range(20):
+            agent.tick()
+    assert kube.gpunode is not None
+    assert kube.gpunode["status"]["reconfiguration"]["phase"] == "Applying"
+    assert kube.node["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] == "paused-for-mig-change"
+
+    fresh = SimulatedNvml(H200, 1, state, seed="n1")
+    second = Agent(_settings(), fresh, kube, clock=clock)  # type: ignore[arg-type]
+    for _ in range(10):
+        second.tick()
+    assert kube.gpunode["status"]["reconfiguration"]["phase"] == "Succeeded"
+    assert _layout(kube) == ["1g.18gb"] * 7
+    assert kube.node["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"] == "true"
+    assert kube.node["status"]["allocatable"]["nvidia.com/mig-1g.18gb"] == "7"
+    assert kube.node["status"]["allocatable"]["nvidia.com/mig-3g.71gb"] == "0"
+    assert _cond(kube, "LayoutApplied")["status"] == "True"
+    assert any(reason == "MigReconfigurationSucceeded" for _t, reason, _m in kube.events)
+
+
+def test_settings_from_environment_and_bad_values() -> None:
+    settings = AgentSettings.from_env({"GPUPACK_AGENT_IDLE_SECONDS": "30", "GPUPACK_AGENT_MODE": "operator",
+                                       "GPUPACK_AGENT_PAUSE_DEVICE_PLUGIN": "false"})
+    assert settings.idle_seconds == 30.0 and settings.mode == "operator" and settings.pause_device_plugin is False
+    with pytest.raises(ValueError, match="GPUPACK_AGENT_POLL_SECONDS"):
+        AgentSettings.from_env({"GPUPACK_AGENT_POLL_SECONDS": "soon"})
+    with pytest.raises(ValueError, match="not one of direct, operator"):
+        AgentSettings.from_env({"GPUPACK_AGENT_MODE": "yolo"})
+    with pytest.raises(ValueError, match="expected true or false"):
+        AgentSettings.from_env({"GPUPACK_AGENT_EMULATE_DEVICE_PLUGIN": "maybe"})
+
+
+def test_operator_mode_hands_idle_gpus_to_mig_manager_and_follows_its_state(tmp_path: Path) -> None:
+    from mig.migparted import parse_config
+
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 2, seed="n1")
+    for index in (0, 1):
+        sim.create_gpu_instance(index, H200.profile("7g.141gb").profile_id, H200.profile("7g.141gb").placements[0])
+    busy_gi = sim.gpu_instances(1)[0].gi_id
+    sim.start_process(1, 99, 1000, busy_gi)
+    clock = Clock()
+    agent = Agent(_settings(mode="operator", emulate_device_plugin=False, simulate="H200:2"), sim, kube,  # type: ignore[arg-type]
+                  clock=clock)
+    for _ in range(4):  # instances idle for > idle_seconds
+        agent.tick()
+    kube.set_spec({"gpus": [{"index": i, "migEnabled": True, "layout": [{"profile": "3g.71gb"}] * 2} for i in (0, 1)]})
+    agent.tick()
+    assert kube.gpunode is not None
+    reconf = kube.gpunode["status"]["reconfiguration"]
+    assert reconf["phase"] == "Applying" and reconf["mode"] == "operator"
+    name = kube.node["metadata"]["labels"]["nvidia.com/mig.config"]
+    assert name == reconf["migConfig"]
+    config = parse_config(kube.configmaps[("gpu-operator", "default-mig-parted-config")]["data"]["config.yaml"])
+    entries = config.mig_configs[name]
+    assert entries[0].mig_devices == {"3g.71gb": 2}
+    assert entries[1].mig_devices == {"7g.141gb": 1}  # busy GPU: unchanged entry, mig-manager leaves it alone
+    assert sim.gpu_instances(0)[0].profile == "7g.141gb"  # the agent itself did not touch NVML
+    agent.tick()
+    assert _cond(kube, "LayoutApplied")["reason"] == "Reconfiguring"
+    kube.node["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"
+    agent.tick()
+    assert kube.gpunode["status"]["reconfiguration"]["phase"] == "Succeeded"
+    # mig-manager said success but the GPU did not change (here: no real mig-manager): no loop.
+    agent.tick()
+    assert kube.gpunode["status"]["reconfiguration"]["phase"] == "Succeeded"
+    assert _cond(kube, "LayoutApplied")["reason"] == "LayoutMismatch"
