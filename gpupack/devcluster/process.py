@@ -63,7 +63,9 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    # SIGKILL, not SIGTERM: kube-apiserver can hang in graceful shutdown once etcd
+    # is gone, and the data is throw-away anyway.
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 @dataclass
