@@ -44,7 +44,7 @@ from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance, NvmlBackend
 from node.nvml.simulated import SimulatedNvml
 from node.operator_mode import (
-    DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, MIG_PARTED_KEY, device_plugin_config, device_plugin_config_name,
+    DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, MIG_PARTED_KEY, device_plugin_config, device_plugin_config_name,
     handshake_state, merge_mig_parted, plan_node_config,
 )
 from node.planning import IdleTracker, StartDecision
@@ -317,6 +317,11 @@ class Agent:
                 journal = drive_gpu(reconciler, self.backend, gpu.model, gpu.info.index, gpu.info.uuid, journal,
                                     desired.get(gpu.info.index), generation, self._busy, self.idle, now,
                                     self.s.idle_seconds, self._pause(store), self.s.retry_seconds).journal
+        manager_state = labels.get(MIG_CONFIG_STATE_LABEL, "")
+        if (journal is None or not journal.active) and manager_state in ("pending", "rebooting"):
+            # mig-manager is reconfiguring this node: two writers on NVML would fight.
+            return C.Cond(C.LAYOUT_APPLIED, "False", "MigManagerBusy",
+                          f"{MIG_CONFIG_STATE_LABEL}={manager_state}; waiting for mig-manager to finish"), False
         if journal is None or not journal.active:
             for gpu in snapshot.gpus:
                 index = gpu.info.index

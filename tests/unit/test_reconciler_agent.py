@@ -242,3 +242,20 @@ def test_operator_mode_hands_idle_gpus_to_mig_manager_and_follows_its_state(tmp_
     agent.tick()
     assert kube.gpunode["status"]["reconfiguration"]["phase"] == "Succeeded"
     assert _cond(kube, "LayoutApplied")["reason"] == "LayoutMismatch"
+
+
+def test_direct_mode_waits_while_mig_manager_is_busy() -> None:
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 1, seed="n1")
+    agent = Agent(_settings(), sim, kube, clock=Clock())  # type: ignore[arg-type]
+    agent.tick()
+    kube.node["metadata"]["labels"]["nvidia.com/mig.config.state"] = "pending"
+    kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "7g.141gb"}]}]})
+    for _ in range(3):
+        agent.tick()
+    assert sim.gpu_instances(0) == ()
+    assert _cond(kube, "LayoutApplied")["reason"] == "MigManagerBusy"
+    kube.node["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"
+    for _ in range(3):
+        agent.tick()
+    assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
