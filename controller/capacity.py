@@ -51,6 +51,10 @@ class FreeCapacity:
 
     mig: dict[str, Counter[str]] = field(default_factory=dict)
     shared: Counter[str] = field(default_factory=Counter)
+    incoming_mig: dict[str, Counter[str]] = field(default_factory=dict)
+    """Instances a reshape in flight will create (spec written, agent not done), not yet promised."""
+    incoming_shared: Counter[str] = field(default_factory=Counter)
+    """Replicas a sharing change in flight will add, not yet promised."""
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> FreeCapacity:
@@ -65,8 +69,16 @@ class FreeCapacity:
             busy = claims.get(node.name, Counter())
             free = Counter({p: n - max(busy[p], reported[p]) for p, n in existing.items()})
             ledger.mig[node.name] = +free  # unary plus drops zero and negative counts
+            future = Counter(existing)
+            for gpu in node.gpus:
+                if gpu.reshaping and gpu.desired is not None:
+                    future.update(gpu.desired)
+            future_free = Counter({p: n - max(busy[p], reported[p]) for p, n in future.items()})
+            ledger.incoming_mig[node.name] = +(future_free - ledger.mig[node.name])
             if node.sharing != "none" and node.sharing == node.spec_sharing and node.replicas == node.spec_replicas:
                 ledger.shared[node.name] = max(0, len(node.full_gpus) * node.replicas - taken[node.name])
+            elif node.spec_sharing != "none":
+                ledger.incoming_shared[node.name] = max(0, len(node.full_gpus) * node.spec_replicas - taken[node.name])
         return ledger
 
     def mig_free(self, node: str) -> Counter[str]:

@@ -104,31 +104,22 @@ class Kube:
     # ---------------------------------------------------------------- writing
     def patch_gpunode(self, name: str, body: Mapping[str, Any]) -> None:
         try:
-            self._custom.api_client.call_api(
-                f"/apis/{GROUP}/{VERSION}/gpunodes/{name}", "PATCH", body=dict(body),
-                header_params={"Content-Type": MERGE_PATCH, "Accept": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False,
-            )
+            self._custom.patch_cluster_custom_object(
+                GROUP, VERSION, "gpunodes", name, dict(body), _content_type=MERGE_PATCH, _preload_content=False)
         except ApiException as exc:
             raise _error(exc) from None
 
     def json_patch_pod(self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]) -> None:
         try:
-            self._core.api_client.call_api(
-                f"/api/v1/namespaces/{namespace}/pods/{name}", "PATCH", body=[dict(o) for o in ops],
-                header_params={"Content-Type": JSON_PATCH, "Accept": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False,
-            )
+            self._core.patch_namespaced_pod(
+                name, namespace, [dict(o) for o in ops], _content_type=JSON_PATCH, _preload_content=False)
         except ApiException as exc:
             raise _error(exc) from None
 
     def merge_patch_pod(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         try:
-            self._core.api_client.call_api(
-                f"/api/v1/namespaces/{namespace}/pods/{name}", "PATCH", body=dict(body),
-                header_params={"Content-Type": MERGE_PATCH, "Accept": "application/json"},
-                auth_settings=["BearerToken"], _preload_content=False,
-            )
+            self._core.patch_namespaced_pod(
+                name, namespace, dict(body), _content_type=MERGE_PATCH, _preload_content=False)
         except ApiException as exc:
             raise _error(exc) from None
 

@@ -39,6 +39,8 @@ class Gpu:
     utilization_percent: int | None = None
     reshaping: bool = False
     """The spec asks for a different geometry than the status shows: a reshape in flight."""
+    desired: tuple[str, ...] | None = None
+    """Profiles ``GPUNode.spec`` asks for (sorted), when it names a layout."""
 
     @property
     def profiles(self) -> Counter[str]:

@@ -74,7 +74,8 @@ def gpus_spec(gpunode: Mapping[str, Any], changes: list[LayoutChange]) -> list[d
         current[change.index] = {
             "index": change.index,
             "migEnabled": True,
-            "layout": [{"profile": i.profile, "start": i.placement.start} for i in change.layout],
+            # Profiles only: the agent places them (mig.reach keeps in-use instances in place).
+            "layout": [{"profile": i.profile} for i in change.layout],
         }
     return [current[i] for i in sorted(current) if i >= 0]
 

@@ -153,6 +153,11 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
         node = min(fitting, key=lambda name: (sum(cycle.free.mig_free(name).values()), name))
         cycle.free.take_mig(node, pod.profiles)
         return Release(pod.key, node, f"free {', '.join(sorted(pod.profiles))} on {node}")
+    for n in cycle.snapshot.nodes:
+        incoming = cycle.free.incoming_mig.get(n.name)
+        if incoming and _allowed(pod, n) and all(incoming[p] >= k for p, k in need.items()):
+            incoming.subtract(need)
+            return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
     change = best_change(_mig_candidates(cycle, pod, claims), pod.profiles)
     if change is None:
         return Wait(pod.key, f"no free {', '.join(sorted(pod.profiles))} and no GPU may be reshaped for it now "
@@ -170,6 +175,11 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
     if node is not None:
         cycle.free.take_shared(node, pod.shares)
         return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine)")
+    for n in cycle.snapshot.nodes:
+        if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares and _allowed(pod, n)
+                and _shared_ok(pod, n, n.spec_replicas)):
+            cycle.free.incoming_shared[n.name] -= pod.shares
+            return Wait(pod.key, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
     for name, change in sorted(cycle.sharing.items()):
         target = cycle.snapshot.node(name)
         assert target is not None

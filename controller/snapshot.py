@@ -194,12 +194,13 @@ def _reshaping(want: Mapping[str, Any], mig_enabled: bool, instances: tuple[Plac
     layout = want.get("layout")
     if not isinstance(layout, list):
         return False
-    wanted = sorted((str(_map(i).get("profile")), _map(i).get("start")) for i in layout)
-    have = sorted((i.profile, i.placement.start) for i in instances)
-    if [p for p, _ in wanted] != [p for p, _ in have]:
-        return True
-    starts = Counter((p, s) for p, s in wanted if isinstance(s, int))
-    return bool(starts - Counter(have))
+    # Profiles only: the agent chooses placements (it keeps in-use instances where they are).
+    return sorted(str(_map(i).get("profile")) for i in layout) != sorted(i.profile for i in instances)
+
+
+def _desired(want: Mapping[str, Any]) -> tuple[str, ...] | None:
+    layout = want.get("layout") if want.get("migEnabled") else None
+    return tuple(sorted(str(_map(i).get("profile")) for i in layout)) if isinstance(layout, list) else None
 
 
 def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None) -> Node | None:
@@ -229,6 +230,7 @@ def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None
                 idle_since=idle.get(index),
                 utilization_percent=percent if isinstance(percent, int) else None,
                 reshaping=_reshaping(spec_gpus.get(index, {}), bool(raw.get("migEnabled")), instances),
+                desired=_desired(spec_gpus.get(index, {})),
             )
         )
     model = find_model(product) if product else None

@@ -1,0 +1,91 @@
+"""``gpupack controller ...``: the cluster controller (Deployment entry point) and a dry run.
+
+``gpupack controller run`` watches the cluster in ``--kubeconfig`` (or the
+in-cluster config) and plans while it holds the leader Lease.
+``gpupack controller plan`` runs one planning cycle against the cluster and
+prints the plan as JSON without writing anything.
+Every option of ``run`` is also an environment variable ``GPUPACK_CONTROLLER_<OPTION>``.
+Exit codes: 0 = ok, 1 = the cluster could not be read, 2 = bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from controller.settings import ControllerSettings
+
+    overrides = {
+        "batch_seconds": args.batch_seconds, "resync_seconds": args.resync_seconds, "policy": args.policy,
+        "metrics_port": args.metrics_port, "identity": args.identity, "lease_seconds": args.lease_seconds,
+        "lease_namespace": args.lease_namespace, "log_level": args.log_level,
+        "feedback": False if args.no_feedback else None,
+    }
+    try:
+        return ControllerSettings.from_env(**overrides)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from controller.operator import run
+
+    settings = _settings(args)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    return run(settings, args.kubeconfig)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from controller.kube import Kube, KubeError
+    from controller.planner import plan
+    from controller.snapshot import build_snapshot
+
+    settings = _settings(args)
+    try:
+        kube = Kube.connect(args.kubeconfig)
+        snapshot = build_snapshot(kube.list_gpunodes(), kube.list_nodes(), kube.list_pods(), kube.list_policies())
+    except (KubeError, OSError, Exception) as exc:  # noqa: BLE001 - any connection problem is "cannot read"
+        print(f"gpupack: cannot read the cluster: {exc}")
+        return EXIT_NO
+    result = plan(snapshot, datetime.now(timezone.utc), policy_name=settings.policy)
+    print(json.dumps({
+        "layouts": [{"node": c.node, "gpu": c.index, "kind": c.kind, "layout": [str(i) for i in c.layout],
+                     "destroy": [str(i) for i in c.destroy], "create": [str(i) for i in c.create], "reason": c.reason}
+                    for c in result.layouts],
+        "sharing": [{"node": c.node, "mode": c.mode, "replicas": c.replicas, "reason": c.reason} for c in result.sharing],
+        "releases": [{"pod": r.pod, "node": r.node, "reason": r.reason} for r in result.releases],
+        "waiting": [{"pod": w.pod, "reason": w.reason} for w in result.waiting],
+    }, indent=2))
+    return EXIT_OK
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
+    p.add_argument("--policy", help="packing policy for shared pods (default gpupack)")
+    p.add_argument("--batch-seconds", type=float, help="wait this long after a change for more (default 0.5)")
+    p.add_argument("--resync-seconds", type=float, help="plan at least this often (default 10)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (default 8080)")
+    p.add_argument("--identity", help="leader-election identity (default host-pid)")
+    p.add_argument("--lease-seconds", type=float, help="leader lease duration (default 15)")
+    p.add_argument("--lease-namespace", help="namespace of the leader Lease (default gpupack-system)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    p.add_argument("--no-feedback", action="store_true", help="do not run the replica feedback loop")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser("controller", help="cluster controller: layouts, gates, utilisation feedback")
+    sub = parser.add_subparsers(dest="controller_command", metavar="SUBCOMMAND")
+    run = sub.add_parser("run", help="run the controller (leader-elected)")
+    _common(run)
+    run.set_defaults(handler=_run)
+    dry = sub.add_parser("plan", help="print one planning cycle's plan as JSON; writes nothing")
+    _common(dry)
+    dry.set_defaults(handler=_plan)
