@@ -16,7 +16,7 @@ Bodies are realistic AdmissionReviews of ~4 KB (``webhook_pods.py``). Every
 answer is checked: HTTP 200 and the request's uid in the response. Results go
 to stdout (and ``--json FILE``). Typical run (see benchmarks/webhook.md)::
 
-    python benchmarks/webhook_bench.py --duration 10 --rate 500
+    python benchmarks/webhook_bench.py --rounds 3 --duration 5 --rate 500
 """
 
 from __future__ import annotations
@@ -172,23 +172,51 @@ def summary(latencies: list[float], elapsed: float) -> dict[str, float]:
     }
 
 
-def run_target(target: str, args: argparse.Namespace, certs: Path, bodies: list[bytes]) -> dict[str, Any]:
-    port = args.port + (0 if target == "gpupack" else 1)
-    proc = start_server(target, port, certs)
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def run_rounds(args: argparse.Namespace, certs: Path, bodies: list[bytes]) -> dict[str, Any]:
+    """Both servers up at once; phases interleaved (gpupack, echo, gpupack, ...) so
+    that a burst of other work on the machine hits both, and medians over rounds."""
+    targets = args.targets.split(",")
+    procs = {t: start_server(t, args.port + i, certs) for i, t in enumerate(targets)}
+    clients = {t: Client(args.port + i, certs / "ca.crt", bodies) for i, t in enumerate(targets)}
+    rounds: dict[str, list[dict[str, Any]]] = {t: [] for t in targets}
     try:
-        client = Client(port, certs / "ca.crt", bodies)
-        run(client.closed_loop(args.connections, 2.0))  # warm up
-        thr = summary(*run(client.closed_loop(args.connections, args.duration)))
-        lat = summary(*run(client.open_loop(args.connections, args.rate, args.duration)))
-        return {"target": target, "closed_loop": thr, "open_loop": {"rate": args.rate, **lat}, "errors": client.errors}
+        for t in targets:
+            run(clients[t].closed_loop(args.connections, 2.0))  # warm up
+        for r in range(args.rounds):
+            for t in targets:
+                thr = summary(*run(clients[t].closed_loop(args.connections, args.duration)))
+                lat = summary(*run(clients[t].open_loop(args.connections, args.rate, args.duration)))
+                rounds[t].append({"closed_loop": thr, "open_loop": lat})
+                print(json.dumps({"round": r, "target": t, "closed_loop": thr, "open_loop": lat}), flush=True)
     finally:
-        proc.terminate()
-        proc.wait(10)
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(10)
+    out: dict[str, Any] = {}
+    for t in targets:
+        out[t] = {
+            "throughput_per_s": median([x["closed_loop"]["throughput_per_s"] for x in rounds[t]]),
+            "closed_p50_ms": median([x["closed_loop"]["p50_ms"] for x in rounds[t]]),
+            "closed_p99_ms": median([x["closed_loop"]["p99_ms"] for x in rounds[t]]),
+            "open_rate": args.rate,
+            "open_p50_ms": median([x["open_loop"]["p50_ms"] for x in rounds[t]]),
+            "open_p99_ms": median([x["open_loop"]["p99_ms"] for x in rounds[t]]),
+            "open_p999_ms": median([x["open_loop"]["p999_ms"] for x in rounds[t]]),
+            "errors": clients[t].errors,
+            "rounds": rounds[t],
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per phase (default 10)")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase (default 5)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
     parser.add_argument("--rate", type=float, default=500.0, help="open-loop rate, requests/s (default 500)")
     parser.add_argument("--connections", type=int, default=8, help="keep-alive connections (default 8)")
     parser.add_argument("--targets", default="gpupack,echo", help="comma list of gpupack, echo")
@@ -196,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     bodies = make_bodies(64)
-    results: list[dict[str, Any]] = []
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         certs = Path(tmp)
@@ -204,10 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         (certs / "ca.crt").write_bytes(ca)
         (certs / "tls.crt").write_bytes(cert)
         (certs / "tls.key").write_bytes(key)
-        for target in args.targets.split(","):
-            result = run_target(target, args, certs, bodies)
-            results.append(result)
-            print(json.dumps(result), flush=True)
+        results = run_rounds(args, certs, bodies)
     env = {
         "loop": fastest("uvloop", "asyncio"),
         "http": fastest("httptools", "h11"),
@@ -216,16 +240,23 @@ def main(argv: list[str] | None = None) -> int:
         # Other work on the machine shows in the tails: say how busy it was.
         "loadavg_1min_before_after": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    print(json.dumps({"environment": env}))
-    if len(results) == 2:
-        g, e = results
+    print("median over rounds:")
+    for target, r in results.items():
         print(
-            f"throughput gpupack/echo = {g['closed_loop']['throughput_per_s'] / e['closed_loop']['throughput_per_s']:.2f}; "
-            f"p99@{args.rate:g}/s gpupack/echo = {g['open_loop']['p99_ms'] / e['open_loop']['p99_ms']:.2f}"
+            f"  {target:8s} throughput {r['throughput_per_s']:7.0f}/s (p50 {r['closed_p50_ms']} ms, p99 {r['closed_p99_ms']} ms)"
+            f" | at {args.rate:g}/s: p50 {r['open_p50_ms']} ms  p99 {r['open_p99_ms']} ms  p999 {r['open_p999_ms']} ms"
+            f" | errors {r['errors']}"
+        )
+    print(json.dumps({"environment": env}))
+    if "gpupack" in results and "echo" in results:
+        g, e = results["gpupack"], results["echo"]
+        print(
+            f"ratio gpupack/echo: throughput {g['throughput_per_s'] / e['throughput_per_s']:.2f}, "
+            f"p99 at {args.rate:g}/s {g['open_p99_ms'] / e['open_p99_ms']:.2f}"
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "environment": env}, indent=2))
-    return 1 if any(r["errors"] for r in results) else 0
+    return 1 if any(r["errors"] for r in results.values()) else 0
 
 
 if __name__ == "__main__":
