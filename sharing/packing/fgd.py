@@ -64,11 +64,13 @@ class FgdPolicy:
 
     def _evaluate(self, cache: StateCache, sids: IntArray, key: RequestKey) -> FloatArray:
         delta = fragmentation_delta(self.model, cache.cpu[sids], cache.free[sids], cache.model[sids], cache.base[sids], key)
-        return fgd_score(delta).max(axis=1).astype(np.float64)
+        best: FloatArray = fgd_score(delta).max(axis=1).astype(np.float64)
+        return best
 
     def scores(self, cluster: ClusterState, pod: PodSpec, nodes: IntArray) -> FloatArray:
         cache = self.cache(cluster)
-        return cache.values(nodes, (pod.cpu_milli, pod.gpu_milli, pod.gpu_count), self._evaluate)
+        values: FloatArray = cache.values(nodes, (pod.cpu_milli, pod.gpu_milli, pod.gpu_count), self._evaluate)
+        return values
 
     def device_deltas(self, cluster: ClusterState, pod: PodSpec, node: int) -> FloatArray:
         """F - F' of placing fractional ``pod`` on each device of ``node`` (-inf where it does not fit)."""

@@ -46,6 +46,6 @@ def mean_levels(runs: Sequence[dict[int, float | None]]) -> dict[int, float | No
     """Per-level mean over runs, ignoring runs that leave a level empty."""
     out: dict[int, float | None] = {}
     for level in runs[0]:
-        vals = [r[level] for r in runs if r.get(level) is not None]
+        vals = [v for r in runs if (v := r.get(level)) is not None]
         out[level] = round(float(np.mean(vals)), 2) if vals else None
     return out
