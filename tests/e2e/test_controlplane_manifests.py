@@ -15,6 +15,9 @@ from gpupack.devcluster.apply import MANIFESTS, apply_objects, gpupack_manifests
 # installed in the test control plane, so their objects are only parsed.
 THIRD_PARTY_GROUPS = {"cert-manager.io"}
 NOT_CLUSTER_OBJECTS = {"kustomize.config.k8s.io"}
+# Namespaces owned by operators gpupack integrates with (the GPU Operator's);
+# created here as they exist in a cluster that runs that operator.
+THIRD_PARTY_NAMESPACES = {"gpu-operator"}
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str, str]:
@@ -53,6 +56,13 @@ def test_every_manifest_applies_server_side_dry_run(
     a dry-run still runs defaulting, schema validation and admission."""
     files = [p for p in sorted(Path(MANIFESTS).rglob("*.yaml")) if p.name != "kustomization.yaml"]
     objects = [o for f in files for o in load_manifests(f)]
+    namespaces = {o["metadata"]["namespace"] for o in objects if o["metadata"].get("namespace")}
+    foreign = namespaces - {"gpupack-system"}
+    assert foreign <= THIRD_PARTY_NAMESPACES, f"manifests use unknown namespaces: {foreign}"
+    core = client.CoreV1Api(admin_client)
+    existing = {n.metadata.name for n in core.list_namespace().items}
+    for name in foreign - existing:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
     dyn = DynamicClient(admin_client)
     applied, unserved = [], set()
     for obj in objects:
