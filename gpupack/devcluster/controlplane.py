@@ -29,7 +29,7 @@ import shutil
 import ssl
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +59,7 @@ class ControlPlaneConfig:
     apiserver_port: int | None = None
     etcd_port: int | None = None
     scheduler: bool = True
-    start_timeout_s: float = 90.0
+    start_timeout_s: float = field(default_factory=_default_timeout)  # GPUPACK_START_TIMEOUT
     # Kill the components when the starting process dies (tests); False for
     # `gpupack dev cluster up`, whose components outlive the command.
     tie_to_parent: bool = True
@@ -70,7 +70,7 @@ class ControlPlane:
 
     def __init__(self, binaries: Binaries, config: ControlPlaneConfig | None = None) -> None:
         self.binaries = binaries
-        self.config = config or ControlPlaneConfig(start_timeout_s=_default_timeout())
+        self.config = config or ControlPlaneConfig()
         self.workdir = self.config.workdir or Path(tempfile.mkdtemp(prefix="gpupack-cp-"))
         self._owns_workdir = self.config.workdir is None
         self.ca = pki.CertificateAuthority()
