@@ -291,14 +291,46 @@ def decide(request: PodRequest, policy: Policy, inventory: Inventory) -> PodDeci
                 f"container {c.name!r} asks for {_fmt_bytes(mem)} of GPU memory; the largest GPU in the "
                 f"cluster has {_fmt_bytes(largest)}",
             )
-    modes = (request.mode,) if request.mode != "auto" else tuple(m for m in MODES if m in allowed)
+    best = _choose(request.mode, tuple(asks), policy, inventory)
+    return _materialise(best, request, asks, policy)
+
+
+_CACHE_LIMIT: Final = 4096
+
+
+def _choose(
+    requested: str, asks: tuple[tuple[int, int | None], ...], policy: Policy, inventory: Inventory
+) -> _Option:
+    """The best option, memoised per inventory snapshot: most pods of a cluster ask
+    for the same few shapes, and a snapshot never changes once built."""
+    key = ("decision", requested, asks, policy)
+    cached = inventory.cache.get(key)
+    if cached is None:
+        try:
+            cached = _choose_uncached(requested, list(asks), policy, inventory)
+        except AdmissionRefusal as refusal:
+            cached = refusal
+        if len(inventory.cache) >= _CACHE_LIMIT:
+            inventory.cache.clear()
+        inventory.cache[key] = cached
+    if isinstance(cached, AdmissionRefusal):
+        raise AdmissionRefusal(cached.reason, cached.message)
+    assert isinstance(cached, _Option)
+    return cached
+
+
+def _choose_uncached(
+    requested: str, asks: list[tuple[int, int | None]], policy: Policy, inventory: Inventory
+) -> _Option:
+    allowed = policy.allowed_modes
+    modes: tuple[Mode, ...] = tuple(m for m in MODES if m == requested or (requested == "auto" and m in allowed))
     options: list[_Option] = []
     failures: list[str] = []
     for mode in modes:
         if mode == "mig":
             mig = _mig_option(asks, policy, inventory)
             if isinstance(mig, str):
-                if request.mode == "mig":
+                if requested == "mig":
                     raise AdmissionRefusal(
                         Reason.NO_MIG_MODEL, f"no known GPU model can satisfy the mig request: {mig}"
                     )
@@ -307,7 +339,7 @@ def decide(request: PodRequest, policy: Policy, inventory: Inventory) -> PodDeci
                 options.append(mig)
         else:
             options.append(_shared_option(mode, asks, inventory))
-    if request.mode == "auto":
+    if requested == "auto":
         # Shared modes with no compatible node are only a fallback when asked
         # for explicitly: auto never gates on a kind of node that does not exist.
         options = [o for o in options if o.mode == "mig" or o.waste != math.inf]
@@ -317,8 +349,7 @@ def decide(request: PodRequest, policy: Policy, inventory: Inventory) -> PodDeci
                 Reason.NO_COMPATIBLE_NODES,
                 "no GPU in the cluster can host this request in an allowed mode (" + "; ".join(failures) + ")",
             )
-    best = min(options, key=lambda o: (not o.has_capacity, o.waste, _RANK[o.mode]))
-    return _materialise(best, request, asks, policy)
+    return min(options, key=lambda o: (not o.has_capacity, o.waste, _RANK[o.mode]))
 
 
 def _materialise(
