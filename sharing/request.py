@@ -335,7 +335,9 @@ def parse_pod(pod: Any, namespace: str = "") -> PodRequest | None:
     if not found:
         return None
     name = metadata.get("name") or metadata.get("generateName") or ""
-    ns = metadata.get("namespace") or namespace
+    # The review's namespace is authoritative (a pod's own metadata.namespace may
+    # be empty on create); policies are looked up by it.
+    ns = namespace or metadata.get("namespace") or ""
     return PodRequest(
         namespace=str(ns), name=str(name), mode=parse_mode(pod), containers=tuple(found)
     )

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mig.catalog import get_model
+from mig.fit import smallest_covering_profile
 from sharing.decision import GATE, MPS_MEMORY_ENV, MPS_THREADS_ENV, SHARED_RESOURCE, decide
 from sharing.inventory import Inventory, build_inventory
 from sharing.request import AdmissionRefusal, Reason, parse_pod
@@ -271,3 +272,23 @@ def test_chosen_mig_profile_always_covers_the_ask(milli: int, memory_gib: int | 
                 memory_gib is None or other.memory_mib * 2**20 >= memory_gib * 2**30
             )
             assert not covers, (other.name, profile.name)
+
+
+@given(
+    product=st.sampled_from([H100, A100, "NVIDIA-A30", "NVIDIA-H200", "NVIDIA-B200"]),
+    milli=st.integers(min_value=1, max_value=1000),
+    memory_mib=st.one_of(st.none(), st.integers(min_value=1, max_value=180_000)),
+)
+@settings(max_examples=200, deadline=None)
+def test_profile_choice_agrees_with_mig_fit(product: str, milli: int, memory_mib: int | None) -> None:
+    """Without a policy filter, the least-waste profile is the mig package's smallest covering one."""
+    from sharing.decision import covering_profile
+    from sharing.inventory import DEFAULT_POLICY
+
+    model = get_model(product)
+    memory = None if memory_mib is None else memory_mib * 2**20
+    ours = covering_profile(model, milli, memory, DEFAULT_POLICY)
+    theirs = smallest_covering_profile(model, milli, memory or 0)
+    if theirs is not None and theirs.media_extensions:
+        theirs = None  # gpupack never hands out +me instances (see covering_profile)
+    assert (ours.name if ours else None) == (theirs.name if theirs else None)
