@@ -70,6 +70,8 @@ def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
         if args.seeds < 1 or args.seeds > 1000:
             raise UsageError(f"--seeds must be between 1 and 1000, got {args.seeds}")
         return published_seeds(args.seeds)
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise UsageError(f"--seed must be a non-negative integer, got {args.seed}")
     return (42 if args.seed is None else args.seed,)
 
 

@@ -60,8 +60,13 @@ def test_same_seed_same_answer_and_text_table(files: tuple[Path, Path]) -> None:
         (("--policy", "tetris"), "unknown policy 'tetris'; choose one of Random, DotProd"),
         (("--policy", "fgd", "--seeds", "0"), "--seeds must be between 1 and 1000"),
         (("--policy", "fgd", "--inflate", "-1"), "--inflate must be between"),
+        (("--policy", "fgd", "--seed", "-3"), "--seed must be a non-negative integer"),
+        (("--policy", "fgd", "--seed", "1", "--seeds", "2"), "not allowed with argument"),
+        (("--mig", "A100-80GB", "--policy", "nos"), "unknown MIG strategy 'nos'"),
+        (("--mig", "B300", "--policy", "all"), "unknown GPU model 'B300' for --mig"),
+        (("--mig", "A100-80GB", "--policy", "all", "--mig-gpus", "0"), "--mig-gpus must be between"),
     ],
-    ids=["unknown-policy", "zero-seeds", "negative-inflate"],
+    ids=["unknown-policy", "zero-seeds", "negative-inflate", "negative-seed", "seed-and-seeds", "unknown-strategy", "unknown-model", "no-gpus"],
 )
 def test_bad_options_exit_2_with_a_clear_message(files: tuple[Path, Path], args: tuple[str, ...], message: str) -> None:
     nodes, pods = files
@@ -80,6 +85,31 @@ def test_malformed_and_missing_files_name_file_and_line(files: tuple[Path, Path]
     missing = gpupack("simulate", "--nodes", tmp_path / "none.csv", "--pods", pods, "--policy", "fgd")
     assert missing.returncode == 2 and "none.csv: no such file" in missing.stderr
     assert "Traceback" not in result.stderr + missing.stderr
+
+
+def test_mig_variant_reports_every_strategy(tmp_path: Path) -> None:
+    nodes, pods = tmp_path / "n.csv", tmp_path / "openb_pod_list_timed.csv"
+    nodes.write_text(NODES)
+    rows = "".join(f"p{i:02d},2000,4096,1,{m},,LS,Running,{10 * i},{10 * i + 500},{10 * i}\n" for i, m in enumerate([470, 320, 1000, 110, 810, 230] * 3))
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n" + rows)
+    result = gpupack("simulate", "--mig", "A100-80GB", "--nodes", nodes, "--pods", pods, "--policy", "all", "--mig-gpus", "4", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [r["strategy"] for r in data["results"]] == ["static-balanced", "static-1g", "static-whole", "greedy", "gpupack"]
+    for r in data["results"]:
+        assert r["placed"] + r["never_placed"] == 18
+        assert r["mean_wait_s"] >= 0 and r["reshapes"] >= 0
+    by = {r["strategy"]: r for r in data["results"]}
+    assert by["static-1g"]["never_placed"] > 0  # 1g instances cannot hold 2g..7g requests
+    assert by["static-whole"]["reshapes"] == 0
+    untimed = gpupack("simulate", "--mig", "A100-80GB", "--nodes", nodes, "--pods", files_untimed(tmp_path), "--policy", "all")
+    assert untimed.returncode == 2 and "needs creation_time and deletion_time" in untimed.stderr
+
+
+def files_untimed(tmp_path: Path) -> Path:
+    path = tmp_path / "untimed.csv"
+    path.write_text(PODS)
+    return path
 
 
 @pytest.mark.traces
