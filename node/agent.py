@@ -104,6 +104,8 @@ class Agent:
         self.clock, self.sleep = clock, sleep
         self.idle = IdleTracker()
         self._rv = ""
+        self._latest_generation = 0
+        self._processed_generation = 0
         self._uid = ""
         self._last_status: dict[str, Any] | None = None
         self._last_patch = -1e18
@@ -118,7 +120,11 @@ class Agent:
 
     # ------------------------------------------------------------------ plumbing
     def _remember(self, obj: Mapping[str, Any]) -> None:
-        self._rv = str((obj.get("metadata") or {}).get("resourceVersion") or self._rv)
+        meta = obj.get("metadata") or {}
+        self._rv = str(meta.get("resourceVersion") or self._rv)
+        # Every write returns the whole object: a spec change that landed during this tick
+        # shows up here, and the loop must not then wait for a watch event that already passed.
+        self._latest_generation = int(meta.get("generation") or self._latest_generation)
 
     def _event(self, type_: str, reason: str, message: str) -> None:
         key, now = (reason, message), self.clock()
@@ -155,6 +161,7 @@ class Agent:
         self._remember(obj)
         self._uid = str(obj["metadata"].get("uid", ""))
         generation = int(obj["metadata"].get("generation") or 0)
+        self._processed_generation = generation
         status = obj.get("status") or {}
         labels: dict[str, str] = dict((node.get("metadata") or {}).get("labels") or {})
         conds: list[C.Cond] = []
@@ -218,6 +225,8 @@ class Agent:
                 wait = self.s.poll_seconds
             if stop():
                 break
+            if self._latest_generation != self._processed_generation:
+                continue  # the spec changed while we worked: go again now
             if wait < self.s.poll_seconds or not self._rv:
                 self.sleep(wait)
             else:
