@@ -277,7 +277,8 @@ def decide(request: PodRequest, policy: Policy, inventory: Inventory) -> PodDeci
     if not allowed:
         raise AdmissionRefusal(
             Reason.MODE_FORBIDDEN,
-            f"SharingPolicy {policy.name!r} allows no sharing mode in namespace {request.namespace!r}",
+            f"every sharing mode is forbidden in namespace {request.namespace!r}: SharingPolicy "
+            f"{policy.name!r} has no namespace rule that selects it (allowed modes: none)",
         )
     asks = [
         (c.milli, c.memory_bytes if c.memory_bytes is not None else policy.default_memory_bytes)

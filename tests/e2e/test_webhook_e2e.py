@@ -290,3 +290,31 @@ def test_invalid_policy_rejected_by_validating_webhook(webhook: Webhook, admin_c
         return False
 
     _wait("the validating webhook to reject an unknown MIG profile", rejected)
+
+
+def test_policy_namespace_selector_follows_namespace_labels(admin_client: Any, gpu_namespace: str) -> None:
+    """Selector rules need the namespace's labels: the webhook watches Namespaces too."""
+    custom = client.CustomObjectsApi(admin_client)
+    core = client.CoreV1Api(admin_client)
+    name = f"{PREFIX}sel-{gpu_namespace}"
+    policy = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": name},
+        "spec": {"nodeSelector": {"matchLabels": {SELECT_LABEL: "none"}},
+                 "namespaces": [{"selector": {"matchLabels": {"gpu-tier": "shared"}}, "allowedModes": ["time-slicing"]}]},
+    }
+    pod = make_pod(gpu_container("main", "200"), name="by-label", namespace=gpu_namespace)
+
+    def mode() -> str:
+        try:
+            created = core.create_namespaced_pod(gpu_namespace, copy.deepcopy(pod), dry_run="All")
+        except ApiException as exc:
+            return "denied" if "allowed mode" in exc.body or "forbidden" in exc.body else f"error {exc.status}"
+        return str(json.loads(created.metadata.annotations["gpupack.io/allocation"])["mode"])
+
+    custom.create_cluster_custom_object(GROUP, VERSION, "sharingpolicies", policy)
+    try:
+        _wait("the unlabelled namespace to lose every mode", lambda: mode() == "denied")
+        core.patch_namespace(gpu_namespace, {"metadata": {"labels": {"gpu-tier": "shared"}}})
+        _wait("the label to allow time-slicing", lambda: mode() == "time-slicing")
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, "sharingpolicies", name)

@@ -201,7 +201,9 @@ def test_policy_limits_auto_choice(example: Inventory) -> None:
 
 def test_namespace_outside_every_rule_gets_no_mode() -> None:
     inventory = build_inventory([mig_node("n", H100, BALANCED), policy("p", [{"names": ["team-a"], "allowedModes": ["mig"]}])])
-    assert refused(make_pod(gpu_container()), inventory).reason == Reason.MODE_FORBIDDEN
+    error = refused(make_pod(gpu_container()), inventory)
+    assert error.reason == Reason.MODE_FORBIDDEN
+    assert "every sharing mode is forbidden in namespace 'default'" in error.message
 
 
 def test_namespace_selector_rules_use_namespace_labels() -> None:
