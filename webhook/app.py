@@ -67,7 +67,11 @@ class AdmissionApp:
             await self.api(scope, receive, send)
             return
         body = await self._read(scope, receive)
-        payload = handler(body)
+        try:
+            payload = handler(body)
+        except Exception:  # last line of defence: never a 500 (admission.py already catches)
+            log.exception("unexpected error answering %s", scope.get("path"))
+            payload = _INTERNAL_ERROR
         await send(
             {
                 "type": "http.response.start",
@@ -95,6 +99,12 @@ class AdmissionApp:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+_INTERNAL_ERROR = (
+    b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false,'
+    b'"status":{"code":403,"reason":"Forbidden","message":"gpupack webhook internal error; see its log"}}}'
+)
 
 
 class _TooLarge(bytes):

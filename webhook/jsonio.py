@@ -31,4 +31,5 @@ def loads(data: bytes) -> Any:
 def dumps(value: Any) -> bytes:
     if _orjson is not None:
         return _orjson.dumps(value)
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    # ASCII escapes: a lone surrogate the stdlib parser let through stays valid JSON.
+    return json.dumps(value, separators=(",", ":")).encode("ascii")

@@ -165,3 +165,25 @@ def test_not_ready_until_synced() -> None:
 
 def test_wrong_method_is_not_a_500(client: TestClient) -> None:
     assert client.get("/mutate").status_code == 405
+
+
+def test_handler_failure_is_still_an_admission_review(monkeypatch: pytest.MonkeyPatch) -> None:
+    import webhook.app as app_module
+
+    def broken(_: Any) -> bytes:
+        raise RuntimeError("encoder bug")
+
+    holder = InventoryHolder()
+    holder.replace([], synced=True)
+    monkeypatch.setattr(app_module, "dumps", broken)
+    with TestClient(build_app(holder, WebhookSettings(), Metrics())) as c:
+        response = well_formed(c.post("/mutate", json=make_review(make_pod())), "")
+    assert not response["allowed"] and "internal error" in response["status"]["message"]
+
+
+def test_stdlib_json_fallback_survives_lone_surrogates(monkeypatch: pytest.MonkeyPatch) -> None:
+    import webhook.jsonio as jsonio
+
+    monkeypatch.setattr(jsonio, "_orjson", None)
+    review = jsonio.loads(b'{"a": "\\ud800"}')
+    assert json.loads(jsonio.dumps(review)) == review
