@@ -91,6 +91,51 @@ def load_file(holder: InventoryHolder, path: str | Path) -> Inventory:
     return holder.replace(load_objects(path), synced=True)
 
 
+class FileWatch:
+    """Reload an inventory file when it changes (polling its inode, size and mtime).
+
+    A file that turns unreadable or invalid is logged and ignored: the last good
+    view keeps serving, as a watch keeps its last state when the API is away.
+    """
+
+    def __init__(self, holder: InventoryHolder, path: str | Path, every: float = 2.0) -> None:
+        self.holder, self.path, self.every = holder, Path(path), every
+        self._stamp = self._stat()
+        self._stop = threading.Event()
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except OSError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def check(self) -> bool:
+        """Reload if the file changed; True when a new view was published."""
+        stamp = self._stat()
+        if stamp is None or stamp == self._stamp:
+            return False
+        try:
+            objects = load_objects(self.path)
+        except InventoryError as exc:
+            log.warning("%s; keeping the previous inventory", exc)
+            return False
+        self._stamp = stamp
+        self.holder.replace(objects, synced=True)
+        log.info("reloaded inventory from %s", self.path)
+        return True
+
+    def start(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.every):
+                self.check()
+
+        threading.Thread(target=loop, name="inventory-file", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 class KubernetesWatch:
     """List-then-watch of GPUNodes, SharingPolicies and Namespaces into a holder.
 

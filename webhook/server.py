@@ -11,7 +11,7 @@ import logging
 
 import uvicorn
 from webhook.app import AdmissionApp, build_app
-from webhook.inventory_source import InventoryHolder, KubernetesWatch, load_file
+from webhook.inventory_source import FileWatch, InventoryHolder, KubernetesWatch, load_file
 from webhook.metrics import Metrics
 from webhook.settings import WebhookSettings
 from webhook.tls import ReloadingTLS
@@ -35,6 +35,7 @@ def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvi
     on_startup = None
     if settings.inventory_file:
         load_file(holder, settings.inventory_file)
+        on_startup = FileWatch(holder, settings.inventory_file, every=2.0).start
     else:
         watch = KubernetesWatch(holder, resync_seconds=settings.resync_seconds, kubeconfig=kubeconfig)
         on_startup = watch.start

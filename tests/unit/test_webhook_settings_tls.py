@@ -100,3 +100,20 @@ def test_cli_decide(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pod.write_text(pod.read_text().replace("'100'", "'0'"))
     assert main(["webhook", "decide", "--inventory", str(root / "examples" / "inventory.yaml"), str(pod)]) == 1
     assert "1..1000" in capsys.readouterr().err
+
+
+def test_inventory_file_reloads_and_survives_bad_edits(tmp_path: Path) -> None:
+    from webhook.inventory_source import FileWatch, InventoryHolder, load_file
+
+    f = tmp_path / "inv.yaml"
+    f.write_text("- kind: GPUNode\n  metadata: {name: a}\n")
+    holder = InventoryHolder()
+    load_file(holder, f)
+    watch = FileWatch(holder, f)
+    assert watch.check() is False
+    f.write_text("- kind: GPUNode\n  metadata: {name: a}\n- kind: GPUNode\n  metadata: {name: b}\n")
+    assert watch.check() is True
+    assert [n.name for n in holder.current.nodes] == ["a", "b"]
+    f.write_text("[not yaml")
+    assert watch.check() is False
+    assert [n.name for n in holder.current.nodes] == ["a", "b"]
