@@ -32,7 +32,7 @@ from pydantic import ValidationError
 
 from mig.errors import MigError
 from mig.migparted import builtin_config, layout_for
-from mig.model import PlacedInstance
+from mig.model import PlacedInstance, Placement
 from node import conditions as C
 from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise, node_patches
 from node.inventory import NodeSnapshot, read_snapshot, status_from_snapshot
@@ -281,6 +281,20 @@ class Agent:
                 sim.stop_process(index, pid)
 
     # ------------------------------------------------------------- direct mode
+    def _pinned(self, spec: GPUNodeSpec, snapshot: NodeSnapshot) -> dict[int, tuple[PlacedInstance, ...]]:
+        """GPUs whose spec pins the start of every instance: their exact target layout."""
+        pinned: dict[int, tuple[PlacedInstance, ...]] = {}
+        for g in spec.gpus:
+            gpu = snapshot.gpu(g.index)
+            if gpu is None or gpu.model is None or not g.layout or any(i.start is None for i in g.layout):
+                continue
+            if not all(gpu.model.has_profile(i.profile) for i in g.layout):
+                continue  # decide_start refuses with the list of valid profiles
+            pinned[g.index] = tuple(sorted(
+                PlacedInstance(i.profile, Placement(int(i.start or 0), gpu.model.profile(i.profile).memory_slices))
+                for i in g.layout))
+        return pinned
+
     def _desired(self, spec: GPUNodeSpec, snapshot: NodeSnapshot) -> tuple[dict[int, list[str] | None], dict[int, str]]:
         desired: dict[int, list[str] | None] = {}
         problems: dict[int, str] = {}
@@ -314,6 +328,7 @@ class Agent:
         reconciler = MigReconciler(self.backend, store, self._busy, self.clock,
                                    max_errors=self.s.max_nvml_errors, event=self._event)
         desired, problems = self._desired(spec, snapshot)
+        pinned = self._pinned(spec, snapshot)
         now = self.clock()
         decisions: dict[int, StartDecision] = {}
         if journal is not None and journal.phase in NVML_PHASES:
@@ -345,7 +360,7 @@ class Agent:
                 own = journal if journal is not None and journal.gpu_index == index else None
                 result = drive_gpu(reconciler, self.backend, gpu.model, index, gpu.info.uuid, own, want, generation,
                                    self._busy, self.idle, now, self.s.idle_seconds, self._pause(store),
-                                   self.s.retry_seconds)
+                                   self.s.retry_seconds, pinned.get(index))
                 if result.decision is not None:
                     decisions[index] = result.decision
                 if result.journal is not None and result.journal is not own:

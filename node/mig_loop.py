@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mig.model import GpuModel, PlacedInstance
 from node.journal import NVML_PHASES, Journal
-from node.planning import IdleTracker, StartDecision, decide_start
+from node.planning import IdleTracker, StartDecision, decide_start, decide_start_pinned
 from node.reconciler import BusyFn, MigReconciler
 from node.nvml.protocol import GpuInventory
 
@@ -43,7 +43,9 @@ def drive_gpu(
     idle_seconds: float,
     before_nvml: Callable[[Journal], Journal] | None = None,
     retry_seconds: float = 60.0,
+    pinned: Sequence[PlacedInstance] | None = None,
 ) -> GpuPass:
+    """``desired``: profile multiset; ``pinned``: the exact target when the spec pins every placement."""
     if journal is not None and journal.phase in NVML_PHASES:
         if before_nvml is not None:
             journal = before_nvml(journal)
@@ -63,7 +65,10 @@ def drive_gpu(
         if journal.outcome == "RolledBack" and now - journal.updated_at < retry_seconds:
             return GpuPass(journal, StartDecision("wait", f"rolled back ({journal.reason}); retrying after {retry_seconds:g}s"))
     recently: frozenset[PlacedInstance] = idle.not_idle_long_enough(gpu_uuid, current, now, idle_seconds) | busy_now
-    decision = decide_start(model, current, busy_now, recently, desired, idle_seconds)
+    if pinned is not None:
+        decision = decide_start_pinned(model, current, busy_now, recently, pinned, idle_seconds)
+    else:
+        decision = decide_start(model, current, busy_now, recently, desired, idle_seconds)
     if decision.kind != "start" or decision.plan is None:
         return GpuPass(journal, decision)
     new = reconciler.begin(index, gpu_uuid, generation, current, decision.plan.destroy, decision.plan.create)

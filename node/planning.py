@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from mig.geometry import fits
+from mig.geometry import fits, validate_layout
 from mig.model import GpuModel, PlacedInstance
 from mig.reach import ReconfigurationPlan, plan_reconfiguration
 from node.journal import format_instance
@@ -95,3 +95,37 @@ def decide_start(
             + ", ".join(sorted(format_instance(i) for i in busy)) + "; waiting until they are idle",
         )
     return StartDecision("refuse", f"no plan reaches [{', '.join(desired)}] on {model.product}")
+
+
+def decide_start_pinned(
+    model: GpuModel,
+    current: Sequence[PlacedInstance],
+    busy: frozenset[PlacedInstance],
+    recently_busy: frozenset[PlacedInstance],
+    target: Sequence[PlacedInstance],
+    idle_seconds: float,
+) -> StartDecision:
+    """Like ``decide_start`` for a spec that pins every instance's placement."""
+    if frozenset(current) == frozenset(target):
+        return StartDecision("unchanged")
+    unknown = sorted({i.profile for i in target if not model.has_profile(i.profile)})
+    if unknown:
+        return StartDecision(
+            "refuse", f"unknown MIG profile(s) {', '.join(unknown)} for {model.product}; "
+            f"valid: {', '.join(model.profile_names)}",
+        )
+    problem = validate_layout(model, target)
+    if problem is not None:
+        return StartDecision("refuse", f"pinned layout is not valid on {model.product}: {problem}")
+    destroy = tuple(sorted(set(current) - set(target)))
+    create = tuple(sorted(set(target) - set(current), key=lambda i: (-i.placement.size, i.placement.start)))
+    blocked = set(destroy) & busy
+    if blocked:
+        return StartDecision("wait", "pinned layout needs instance(s) in use to change: "
+                             + ", ".join(sorted(map(format_instance, blocked))) + "; waiting until they are idle")
+    recent = set(destroy) & recently_busy
+    if recent:
+        return StartDecision("wait", f"waiting until {', '.join(sorted(map(format_instance, recent)))} "
+                             f"have been idle for {idle_seconds:g}s")
+    keep = tuple(sorted(set(current) & set(target)))
+    return StartDecision("start", "", ReconfigurationPlan(keep, destroy, create))

@@ -259,3 +259,16 @@ def test_direct_mode_waits_while_mig_manager_is_busy() -> None:
     for _ in range(3):
         agent.tick()
     assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
+
+
+def test_pinned_placements_are_honoured() -> None:
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 1, seed="n1")
+    agent = Agent(_settings(), sim, kube, clock=Clock())  # type: ignore[arg-type]
+    agent.tick()
+    kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [
+        {"profile": "3g.71gb", "start": 4}, {"profile": "2g.35gb", "start": 0}]}]})
+    for _ in range(4):
+        agent.tick()
+    assert sorted(str(i.placed) for i in sim.gpu_instances(0)) == ["2g.35gb@0:2", "3g.71gb@4:4"]
+    assert _cond(kube, "LayoutApplied")["status"] == "True"

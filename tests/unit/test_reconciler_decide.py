@@ -110,3 +110,23 @@ def test_placement_matters_a_busy_instance_in_the_way_means_wait() -> None:
     decision = decide_start(H200, (pi("3g.71gb@0:4"), pi("3g.71gb@4:4")), busy, busy,
                             ["3g.71gb", "2g.35gb", "2g.35gb"], 300.0)
     assert decision.kind == "wait" and "3g.71gb@0:4" in decision.reason
+
+
+@pytest.mark.parametrize(
+    ("current", "busy", "target", "kind", "reason_has"),
+    [
+        pytest.param(["3g.71gb@0:4", "3g.71gb@4:4"], [], ["3g.71gb@0:4", "3g.71gb@4:4"], "unchanged", "", id="same"),
+        pytest.param(["3g.71gb@0:4"], [], ["3g.71gb@4:4"], "start", "", id="move-idle-instance"),
+        pytest.param(["3g.71gb@0:4"], ["3g.71gb@0:4"], ["3g.71gb@4:4"], "wait", "in use", id="move-busy-instance"),
+        pytest.param([], [], ["3g.71gb@2:4"], "refuse", "not valid", id="placement-not-offered"),
+        pytest.param([], [], ["4g.71gb@0:4", "4g.71gb@4:4"], "refuse", "not valid", id="too-many"),
+    ],
+)
+def test_decide_start_pinned(current: list[str], busy: list[str], target: list[str], kind: str, reason_has: str) -> None:
+    from node.planning import decide_start_pinned
+
+    busy_set = frozenset(map(pi, busy))
+    decision = decide_start_pinned(H200, tuple(map(pi, current)), busy_set, busy_set, tuple(map(pi, target)), 60.0)
+    assert decision.kind == kind and reason_has in decision.reason
+    if kind == "start":
+        assert decision.plan is not None and frozenset(decision.plan.target) == frozenset(map(pi, target))
