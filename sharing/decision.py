@@ -25,6 +25,8 @@ neither, but gpupack applies the same rule so that ``r`` co-located pods fit.
 from __future__ import annotations
 
 import math
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -172,7 +174,32 @@ def covering_profile(model: GpuModel, milli: int, memory: int | None, policy: Po
     return best
 
 
-def _mig_option(asks: list[tuple[int, int | None]], policy: Policy, inventory: Inventory) -> _Option | str:
+Role = Literal["app", "sidecar", "init"]
+
+
+def role(c: ContainerRequest) -> Role:
+    if c.kind == "containers":
+        return "app"
+    return "sidecar" if c.sidecar else "init"
+
+
+def peak_devices(names: Sequence[str], roles: Sequence[Role]) -> dict[str, int]:
+    """Devices of each resource a pod holds at its peak, counted as the scheduler
+    counts them: app containers and sidecars add up; a plain init container runs
+    alone beside the sidecars (counted as if all had started), and the kubelet
+    hands its device on afterwards."""
+    together = Counter(n for n, r in zip(names, roles) if r != "init")
+    sidecars = Counter(n for n, r in zip(names, roles) if r == "sidecar")
+    peak = dict(together)
+    for name, r in zip(names, roles):
+        if r == "init":
+            peak[name] = max(peak.get(name, 0), 1 + sidecars.get(name, 0))
+    return peak
+
+
+def _mig_option(
+    asks: list[tuple[int, int | None]], roles: tuple[Role, ...], policy: Policy, inventory: Inventory
+) -> _Option | str:
     options: list[_Option] = []
     failures: list[str] = []
     models = inventory.mig_models
@@ -188,9 +215,7 @@ def _mig_option(asks: list[tuple[int, int | None]], policy: Policy, inventory: I
                 break
             profiles.append(profile)
         else:
-            need: dict[str, int] = {}
-            for p in profiles:
-                need[p.name] = need.get(p.name, 0) + 1
+            need = peak_devices([p.name for p in profiles], roles)
             capacity = any(
                 node.model is model and all(node.free_instances(name) >= n for name, n in need.items())
                 for node in inventory.nodes
@@ -214,7 +239,10 @@ def _mig_option(asks: list[tuple[int, int | None]], policy: Policy, inventory: I
 
 
 def _shared_option(
-    mode: Literal["mps", "time-slicing"], asks: list[tuple[int, int | None]], inventory: Inventory
+    mode: Literal["mps", "time-slicing"],
+    asks: list[tuple[int, int | None]],
+    roles: tuple[Role, ...],
+    inventory: Inventory,
 ) -> _Option:
     compatible: list[tuple[float, NodeView]] = []
     for node in inventory.shared_nodes(mode):
@@ -237,7 +265,8 @@ def _shared_option(
             ((Expression(STRATEGY_LABEL, "In", (mode,)),),),
             why=f"no node shares GPUs by {mode} into replicas that fit",
         )
-    with_room = [(w, n) for w, n in compatible if n.shared_free >= len(asks)]
+    replicas_needed = peak_devices([SHARED_RESOURCE] * len(asks), roles)[SHARED_RESOURCE]
+    with_room = [(w, n) for w, n in compatible if n.shared_free >= replicas_needed]
     pool = with_room or compatible
     waste, best = min(pool, key=lambda wn: (wn[0], wn[1].name))
     pairs = sorted({(n.product, n.replicas) for _, n in pool})
@@ -292,7 +321,8 @@ def decide(request: PodRequest, policy: Policy, inventory: Inventory) -> PodDeci
                 f"container {c.name!r} asks for {_fmt_bytes(mem)} of GPU memory; the largest GPU in the "
                 f"cluster has {_fmt_bytes(largest)}",
             )
-    best = _choose(request.mode, tuple(asks), policy, inventory)
+    roles = tuple(role(c) for c in request.containers)
+    best = _choose(request.mode, tuple(asks), roles, policy, inventory)
     return _materialise(best, request, asks, policy)
 
 
@@ -300,15 +330,19 @@ _CACHE_LIMIT: Final = 4096
 
 
 def _choose(
-    requested: str, asks: tuple[tuple[int, int | None], ...], policy: Policy, inventory: Inventory
+    requested: str,
+    asks: tuple[tuple[int, int | None], ...],
+    roles: tuple[Role, ...],
+    policy: Policy,
+    inventory: Inventory,
 ) -> _Option:
     """The best option, memoised per inventory snapshot: most pods of a cluster ask
     for the same few shapes, and a snapshot never changes once built."""
-    key = ("decision", requested, asks, policy)
+    key = ("decision", requested, asks, roles, policy)
     cached = inventory.cache.get(key)
     if cached is None:
         try:
-            cached = _choose_uncached(requested, list(asks), policy, inventory)
+            cached = _choose_uncached(requested, list(asks), roles, policy, inventory)
         except AdmissionRefusal as refusal:
             cached = refusal
         if len(inventory.cache) >= _CACHE_LIMIT:
@@ -321,7 +355,11 @@ def _choose(
 
 
 def _choose_uncached(
-    requested: str, asks: list[tuple[int, int | None]], policy: Policy, inventory: Inventory
+    requested: str,
+    asks: list[tuple[int, int | None]],
+    roles: tuple[Role, ...],
+    policy: Policy,
+    inventory: Inventory,
 ) -> _Option:
     allowed = policy.allowed_modes
     modes: tuple[Mode, ...] = tuple(m for m in MODES if m == requested or (requested == "auto" and m in allowed))
@@ -329,7 +367,7 @@ def _choose_uncached(
     failures: list[str] = []
     for mode in modes:
         if mode == "mig":
-            mig = _mig_option(asks, policy, inventory)
+            mig = _mig_option(asks, roles, policy, inventory)
             if isinstance(mig, str):
                 if requested == "mig":
                     raise AdmissionRefusal(
@@ -339,7 +377,7 @@ def _choose_uncached(
             else:
                 options.append(mig)
         else:
-            options.append(_shared_option(mode, asks, inventory))
+            options.append(_shared_option(mode, asks, roles, inventory))
     if requested == "auto":
         # Shared modes with no compatible node are only a fallback when asked
         # for explicitly: auto never gates on a kind of node that does not exist.

@@ -167,6 +167,13 @@ class ContainerRequest:
     milli: int
     memory_bytes: int | None
     """``None`` when the container did not ask; the policy's default or the mode fills it."""
+    sidecar: bool = False
+    """An init container with ``restartPolicy: Always``: it keeps running beside the app containers."""
+
+    @property
+    def concurrent(self) -> bool:
+        """Holds its device while the app containers run (app containers and sidecars)."""
+        return self.kind == "containers" or self.sidecar
 
 
 @dataclass(frozen=True)
@@ -270,7 +277,8 @@ def parse_container(container: dict[str, Any], kind: ContainerKind, index: int) 
         )
     milli = parse_milli(limits[MILLI], container=name)
     memory = parse_memory(limits[MEMORY], container=name) if MEMORY in limits else None
-    return ContainerRequest(kind=kind, index=index, name=name, milli=milli, memory_bytes=memory)
+    sidecar = kind == "initContainers" and container.get("restartPolicy") == "Always"
+    return ContainerRequest(kind=kind, index=index, name=name, milli=milli, memory_bytes=memory, sidecar=sidecar)
 
 
 def parse_mode(pod: dict[str, Any]) -> Literal["auto", "mig", "mps", "time-slicing"]:

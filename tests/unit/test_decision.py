@@ -294,3 +294,29 @@ def test_profile_choice_agrees_with_mig_fit(product: str, milli: int, memory_mib
     if theirs is not None and theirs.media_extensions:
         theirs = None  # gpupack never hands out +me instances (see covering_profile)
     assert (ours.name if ours else None) == (theirs.name if theirs else None)
+
+
+@pytest.mark.parametrize(
+    ("roles", "peak"),
+    [
+        (("app", "app"), 2),
+        (("init", "app"), 1),  # the init container's device is handed on
+        (("init", "init", "app"), 1),
+        (("sidecar", "app"), 2),  # a sidecar keeps its device
+        (("sidecar", "init"), 2),  # the init container runs beside the sidecar
+        (("init",), 1),
+    ],
+)
+def test_peak_devices(roles: tuple[str, ...], peak: int) -> None:
+    from sharing.decision import peak_devices
+
+    assert peak_devices(["r"] * len(roles), roles) == {"r": peak}  # type: ignore[arg-type]
+
+
+def test_init_container_reuses_the_app_containers_instance() -> None:
+    one_free = [("1g.10gb", 0, False)]
+    inventory = build_inventory([mig_node("n", H100, one_free)])
+    plain = make_pod(gpu_container("app", "100"), init=[gpu_container("warm", "100")], mode="mig")
+    assert not run(plain, inventory).gated
+    sidecar = make_pod(gpu_container("app", "100"), init=[gpu_container("side", "100", restartPolicy="Always")], mode="mig")
+    assert run(sidecar, inventory).gated  # two instances at once, one free
