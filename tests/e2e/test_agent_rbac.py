@@ -1,0 +1,92 @@
+"""The node agent's own-node admission policy (manifests/agent/node-restriction-policy.yaml).
+
+RBAC cannot limit a DaemonSet to its own Node; the policy does, using the node
+name that pod-bound ServiceAccount tokens carry. The shipped policy is applied
+with its ServiceAccount name swapped for a test-only one (same ClusterRole), so
+the other e2e tests' agent identity is untouched.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupack.devcluster.apply import load_manifests
+from gpupack.devcluster.controlplane import ControlPlane
+from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
+from node.kube import Kube, KubeError
+
+POLICY = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "node-restriction-policy.yaml"
+
+
+def _new_node(core: client.CoreV1Api) -> str:
+    name = f"vap-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
+    return name
+
+
+def test_agent_may_change_only_its_own_node(
+    control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
+    apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
+) -> None:
+    core = client.CoreV1Api(admin_client)
+    sa = f"agent-vap-{uuid.uuid4().hex[:6]}"
+    core.create_namespaced_service_account("gpupack-system", client.V1ServiceAccount(
+        metadata=client.V1ObjectMeta(name=sa)))
+    client.RbacAuthorizationV1Api(admin_client).create_cluster_role_binding(client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name=sa),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="gpupack-node-agent"),
+        subjects=[client.RbacV1Subject(kind="ServiceAccount", name=sa, namespace="gpupack-system")]))
+    docs = load_manifests(POLICY)
+    suffix = f"-{sa}"
+    for doc in docs:
+        doc["metadata"]["name"] += suffix
+        if doc["kind"] == "ValidatingAdmissionPolicy":
+            doc["spec"]["matchConditions"][0]["expression"] = (
+                f"request.userInfo.username == 'system:serviceaccount:gpupack-system:{sa}'")
+        else:
+            doc["spec"]["policyName"] += suffix
+    apply_manifests(*docs)
+
+    own, other = _new_node(core), _new_node(core)
+    pod = core.create_namespaced_pod("gpupack-system", client.V1Pod(
+        metadata=client.V1ObjectMeta(name=f"agent-{own}"),
+        spec=client.V1PodSpec(node_name=own, service_account_name=sa,
+                              containers=[client.V1Container(name="agent", image="registry.k8s.io/pause:3.10")])))
+    token = core.create_namespaced_service_account_token(sa, "gpupack-system", client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600, bound_object_ref=client.V1BoundObjectReference(
+            api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid)))).status.token
+    path = write_kubeconfig(tmp_path / "agent.kubeconfig", kubeconfig_dict(
+        control_plane.server, control_plane.ca.cert_pem, f"system:serviceaccount:gpupack-system:{sa}", token=token))
+    kube = Kube.connect(str(path))
+    label = {"metadata": {"labels": {"gpupack.io/probe": "1"}}}
+
+    # The policy becomes active once the API server's policy cache syncs: wait for the first denial.
+    deadline = time.monotonic() + 30
+    denied: KubeError | None = None
+    while time.monotonic() < deadline and denied is None:
+        try:
+            kube.patch_node(other, label)
+            time.sleep(0.5)
+        except KubeError as exc:
+            denied = exc
+    assert denied is not None, "the agent could label another node"
+    assert denied.status in (403, 422) and "only change its own Node" in str(denied)
+
+    kube.patch_node(own, label)  # its own node: allowed
+    kube.create_gpunode(own, None)
+    with pytest.raises(KubeError, match="only change its own"):
+        kube.create_gpunode(other, None)
+    # A token not bound to a pod (no node name) may change nothing.
+    unbound = core.create_namespaced_service_account_token(sa, "gpupack-system", client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
+    path2 = write_kubeconfig(tmp_path / "unbound.kubeconfig", kubeconfig_dict(
+        control_plane.server, control_plane.ca.cert_pem, "unbound", token=unbound))
+    with pytest.raises(KubeError, match="only change its own"):
+        Kube.connect(str(path2)).patch_node(own, label)
