@@ -18,6 +18,7 @@ like real ones and a reinvoked webhook sees its own work and changes nothing.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import re
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ log = logging.getLogger("gpupack.webhook")
 
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
-_UID_RE: Final = re.compile(rb'"uid"\s*:\s*"([^"\\]{1,128})"')
+_UID_RE: Final = re.compile(rb'"uid"\s*:\s*("(?:[^"\\]|\\.){1,256}")')
 
 Outcome = Literal["allowed", "denied", "error"]
 
@@ -62,7 +63,13 @@ class BadReview(Exception):
 def uid_hint(body: bytes) -> str:
     """The uid of a review we refuse to parse (too large or not JSON), if visible."""
     match = _UID_RE.search(body[:8192])
-    return match.group(1).decode("utf-8", "replace") if match else ""
+    if match is None:
+        return ""
+    try:
+        uid = json.loads(match.group(1))  # a JSON string literal: undo its escapes
+    except ValueError:
+        return ""
+    return uid if isinstance(uid, str) else ""
 
 
 def envelope(review: Any) -> tuple[str, dict[str, Any]]:
