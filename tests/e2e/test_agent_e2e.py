@@ -94,7 +94,9 @@ def agent_factory(
 
 def _gpunode(admin: Any, name: str) -> dict[str, Any]:
     try:
-        return dict(client.CustomObjectsApi(admin).get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", name))
+        obj: dict[str, Any] = client.CustomObjectsApi(admin).get_cluster_custom_object(  # type: ignore[assignment]
+            "gpupack.io", "v1alpha1", "gpunodes", name)
+        return obj
     except client.ApiException as exc:
         if exc.status == 404:
             return {}  # the agent has not created it yet
@@ -106,7 +108,8 @@ def _condition(obj: dict[str, Any], type_: str) -> dict[str, Any]:
 
 
 def _allocatable(admin: Any, node: str) -> dict[str, str]:
-    return dict(client.CoreV1Api(admin).read_node(node).status.allocatable or {})
+    status: Any = client.CoreV1Api(admin).read_node(node).status
+    return dict(status.allocatable or {})
 
 
 def _set_spec(admin: Any, node: str, layouts: dict[int, list[str]]) -> None:
@@ -127,7 +130,8 @@ def _pod(admin: Any, namespace: str, node: str, resource: str) -> str:
 
 
 def _bound(admin: Any, namespace: str, pod: str) -> str | None:
-    return client.CoreV1Api(admin).read_namespaced_pod(pod, namespace).spec.node_name  # type: ignore[no-any-return]
+    spec: Any = client.CoreV1Api(admin).read_namespaced_pod(pod, namespace).spec
+    return spec.node_name  # type: ignore[no-any-return]
 
 
 def test_agent_publishes_reshapes_idle_gpus_and_spares_busy_ones(
@@ -142,7 +146,8 @@ def test_agent_publishes_reshapes_idle_gpus_and_spares_busy_ones(
     assert _condition(obj, "NvmlReady")["status"] == "True"
     assert _condition(obj, "NvmlReady")["reason"] == "Simulated"
     uuids = [g["uuid"] for g in obj["status"]["gpus"]]
-    labels = client.CoreV1Api(admin_client).read_node(node).metadata.labels
+    meta: Any = client.CoreV1Api(admin_client).read_node(node).metadata
+    labels = meta.labels
     assert labels["gpupack.io/simulated"] == "true" and labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
 
     # 2. A layout: GPU0 one 7g, GPU1 two 3g. The emulated device plugin advertises them.

@@ -31,6 +31,12 @@ def _new_node(core: client.CoreV1Api) -> str:
     return name
 
 
+def _token(core: client.CoreV1Api, sa: str, bound: client.V1BoundObjectReference | None) -> str:
+    response: Any = core.create_namespaced_service_account_token(sa, "gpupack-system", client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600, bound_object_ref=bound)))
+    return str(response.status.token)
+
+
 def test_agent_may_change_only_its_own_node(
     control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
     apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
@@ -55,13 +61,12 @@ def test_agent_may_change_only_its_own_node(
     apply_manifests(*docs)
 
     own, other = _new_node(core), _new_node(core)
-    pod = core.create_namespaced_pod("gpupack-system", client.V1Pod(
+    pod: Any = core.create_namespaced_pod("gpupack-system", client.V1Pod(
         metadata=client.V1ObjectMeta(name=f"agent-{own}"),
         spec=client.V1PodSpec(node_name=own, service_account_name=sa,
                               containers=[client.V1Container(name="agent", image="registry.k8s.io/pause:3.10")])))
-    token = core.create_namespaced_service_account_token(sa, "gpupack-system", client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600, bound_object_ref=client.V1BoundObjectReference(
-            api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid)))).status.token
+    token = _token(core, sa, client.V1BoundObjectReference(
+        api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid))
     path = write_kubeconfig(tmp_path / "agent.kubeconfig", kubeconfig_dict(
         control_plane.server, control_plane.ca.cert_pem, f"system:serviceaccount:gpupack-system:{sa}", token=token))
     kube = Kube.connect(str(path))
@@ -84,8 +89,7 @@ def test_agent_may_change_only_its_own_node(
     with pytest.raises(KubeError, match="only change its own"):
         kube.create_gpunode(other, None)
     # A token not bound to a pod (no node name) may change nothing.
-    unbound = core.create_namespaced_service_account_token(sa, "gpupack-system", client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600))).status.token
+    unbound = _token(core, sa, None)
     path2 = write_kubeconfig(tmp_path / "unbound.kubeconfig", kubeconfig_dict(
         control_plane.server, control_plane.ca.cert_pem, "unbound", token=unbound))
     with pytest.raises(KubeError, match="only change its own"):
