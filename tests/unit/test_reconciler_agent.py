@@ -32,6 +32,7 @@ class FakeKube:
         self.events: list[tuple[str, str, str]] = []
         self.rv = 0
         self.fail_status_patches = False
+        self.status_patches = 0
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
 
     def _bump(self) -> str:
@@ -57,6 +58,7 @@ class FakeKube:
     def patch_gpunode_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         if self.fail_status_patches:
             raise KubeError(503, "unavailable")
+        self.status_patches += 1
         assert self.gpunode is not None
         self.gpunode.setdefault("status", {}).update(copy.deepcopy(status))
         self.gpunode["metadata"]["resourceVersion"] = self._bump()
@@ -272,3 +274,27 @@ def test_pinned_placements_are_honoured() -> None:
         agent.tick()
     assert sorted(str(i.placed) for i in sim.gpu_instances(0)) == ["2g.35gb@0:2", "3g.71gb@4:4"]
     assert _cond(kube, "LayoutApplied")["status"] == "True"
+
+
+def test_status_patches_are_rate_limited_with_a_heartbeat() -> None:
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 1, seed="n1")
+    clock = Clock()
+    agent = Agent(_settings(min_patch_seconds=2.0, heartbeat_seconds=60.0), sim, kube, clock=clock)  # type: ignore[arg-type]
+    for _ in range(3):
+        agent.tick()
+        clock.t += 3
+    settled = kube.status_patches
+    for _ in range(20):  # nothing changes: no patches until the heartbeat is due
+        agent.tick()
+    assert kube.status_patches == settled
+    clock.t += 61
+    agent.tick()
+    assert kube.status_patches == settled + 1
+    sim.create_gpu_instance(0, H200.profile("7g.141gb").profile_id, H200.profile("7g.141gb").placements[0])
+    agent.tick()  # a change within min_patch_seconds waits ...
+    assert kube.status_patches == settled + 1
+    clock.t += 3
+    agent.tick()  # ... and goes out once the interval has passed
+    assert kube.status_patches == settled + 2
+    assert _layout(kube) == ["7g.141gb"]
