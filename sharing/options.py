@@ -1,0 +1,211 @@
+"""The options a request has: which MIG profiles, which shared nodes, at what waste.
+
+For one pod's asks (``(milli, memory)`` per container, and each container's
+role), :func:`mig_option` finds the best GPU model and per-container profiles,
+and :func:`shared_option` the best MPS or time-sliced nodes; each
+:class:`Option` says what it wastes, whether capacity exists now, and the node
+affinity terms that keep the pod on compatible nodes. ``sharing.decision``
+chooses among them.
+
+Waste is the part of a GPU a container is given but did not ask for, in GPU
+fractions: compute (granted share minus ``milli/1000``) plus memory (granted
+memory minus asked, over the GPU's memory; 0 when the container gave no memory
+figure).
+
+Shared (MPS/time-sliced) GPUs: a node sharing each GPU into ``r`` replicas gives
+a container ``1/r`` of a GPU's compute and memory, so it is compatible when
+``r * milli <= 1000`` and ``memory <= gpu_memory / r``. Time-slicing isolates
+neither, but gpupack applies the same rule so that ``r`` co-located pods fit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from mig.model import GpuModel, Profile
+from sharing.inventory import Inventory, NodeView, Policy
+from sharing.request import MAX_MILLI, ContainerRequest, Mode
+
+SHARED_RESOURCE: Final = "nvidia.com/gpu.shared"
+# GPU feature discovery labels (nvidia.com/*) the affinity selects on.
+PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
+REPLICAS_LABEL: Final = "nvidia.com/gpu.replicas"
+_GIB: Final = 1024**3
+_MIB: Final = 1024**2
+
+
+@dataclass(frozen=True)
+class Expression:
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "operator": self.operator}
+        if self.values:
+            out["values"] = list(self.values)
+        return out
+
+
+Term = tuple[Expression, ...]
+"""Expressions ANDed; a pod's terms are ORed (Kubernetes nodeSelectorTerms)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    mode: Mode
+    waste: float
+    has_capacity: bool
+    terms: tuple[Term, ...]
+    profiles: tuple[Profile, ...] = ()
+    model: GpuModel | None = None
+    replicas: int | None = None
+    why: str = ""
+
+
+def fmt_bytes(n: int) -> str:
+    return f"{n / _GIB:.4g}Gi" if n >= _GIB else f"{n / _MIB:.4g}Mi"
+
+
+# --- MIG ----------------------------------------------------------------------
+
+
+def profile_waste(model: GpuModel, profile: Profile, milli: int, memory: int | None) -> float:
+    compute = profile.compute_slices / model.compute_slices - milli / MAX_MILLI
+    mem = 0.0 if memory is None else (profile.memory_bytes - memory) / (model.memory_mib * _MIB)
+    return compute + mem
+
+
+def covering_profile(model: GpuModel, milli: int, memory: int | None, policy: Policy) -> Profile | None:
+    """The least-waste profile of ``model`` covering the ask that ``policy`` allows.
+
+    Media-extension (``+me``) profiles are never chosen: they exist once per GPU
+    and only matter to pods that ask for the media engines, which this request
+    API cannot express.
+    """
+    best: Profile | None = None
+    best_key: tuple[float, int] = (math.inf, 0)
+    for profile in model.profiles:
+        if profile.media_extensions or not policy.allows_profile(profile.name):
+            continue
+        # Integer test: compute_slices / compute_total >= milli / 1000.
+        if profile.compute_slices * MAX_MILLI < milli * model.compute_slices:
+            continue
+        if memory is not None and profile.memory_bytes < memory:
+            continue
+        key = (profile_waste(model, profile, milli, memory), profile.memory_slices)
+        if key < best_key:
+            best, best_key = profile, key
+    return best
+
+
+Role = Literal["app", "sidecar", "init"]
+
+
+def role(c: ContainerRequest) -> Role:
+    if c.kind == "containers":
+        return "app"
+    return "sidecar" if c.sidecar else "init"
+
+
+def peak_devices(names: Sequence[str], roles: Sequence[Role]) -> dict[str, int]:
+    """Devices of each resource a pod holds at its peak, counted as the scheduler
+    counts them: app containers and sidecars add up; a plain init container runs
+    alone beside the sidecars (counted as if all had started), and the kubelet
+    hands its device on afterwards."""
+    together = Counter(n for n, r in zip(names, roles) if r != "init")
+    sidecars = Counter(n for n, r in zip(names, roles) if r == "sidecar")
+    peak = dict(together)
+    for name, r in zip(names, roles):
+        if r == "init":
+            peak[name] = max(peak.get(name, 0), 1 + sidecars.get(name, 0))
+    return peak
+
+
+def mig_option(
+    asks: list[tuple[int, int | None]], roles: tuple[Role, ...], policy: Policy, inventory: Inventory
+) -> Option | str:
+    options: list[Option] = []
+    failures: list[str] = []
+    models = inventory.mig_models
+    for model in models:
+        profiles: list[Profile] = []
+        for milli, memory in asks:
+            profile = covering_profile(model, milli, memory, policy)
+            if profile is None:
+                failures.append(
+                    f"{model.product}: no profile{' allowed by the policy' if policy.allowed_profiles else ''} "
+                    f"covers milli={milli}" + (f", memory={fmt_bytes(memory)}" if memory is not None else "")
+                )
+                break
+            profiles.append(profile)
+        else:
+            need = peak_devices([p.name for p in profiles], roles)
+            capacity = any(
+                node.model is model and all(node.free_instances(name) >= n for name, n in need.items())
+                for node in inventory.nodes
+            )
+            waste = sum(profile_waste(model, p, m, mem) for p, (m, mem) in zip(profiles, asks))
+            # Any product with the same profile names can host the pod: the name
+            # fixes compute and memory slices, and the resource name is the same.
+            products = sorted(
+                m.product for m in models if all(m.has_profile(p.name) for p in profiles)
+            )
+            terms = ((Expression(PRODUCT_LABEL, "In", tuple(products)),),)
+            options.append(Option("mig", waste, capacity, terms, tuple(profiles), model))
+    if not options:
+        if not models:
+            return "the cluster has no MIG-capable GPUs"
+        return "; ".join(failures)
+    return min(options, key=lambda o: (not o.has_capacity, o.waste, o.model.product if o.model else ""))
+
+
+# --- MPS and time-slicing ------------------------------------------------------
+
+
+def shared_option(
+    mode: Literal["mps", "time-slicing"],
+    asks: list[tuple[int, int | None]],
+    roles: tuple[Role, ...],
+    inventory: Inventory,
+) -> Option:
+    compatible: list[tuple[float, NodeView]] = []
+    for node in inventory.shared_nodes(mode):
+        r, gpu_bytes = node.replicas, node.gpu_memory_mib * _MIB
+        if gpu_bytes == 0:
+            continue
+        if all(r * milli <= MAX_MILLI and (mem is None or mem * r <= gpu_bytes) for milli, mem in asks):
+            waste = sum(
+                (1 / r - milli / MAX_MILLI) + (0.0 if mem is None else 1 / r - mem / gpu_bytes) for milli, mem in asks
+            )
+            compatible.append((waste, node))
+    if not compatible:
+        # No node shares GPUs this way (or none finely enough) yet: the pod
+        # waits at the gate; the controller narrows the affinity once it has
+        # shared a node to fit.
+        return Option(
+            mode,
+            math.inf,
+            False,
+            ((Expression(STRATEGY_LABEL, "In", (mode,)),),),
+            why=f"no node shares GPUs by {mode} into replicas that fit",
+        )
+    replicas_needed = peak_devices([SHARED_RESOURCE] * len(asks), roles)[SHARED_RESOURCE]
+    with_room = [(w, n) for w, n in compatible if n.shared_free >= replicas_needed]
+    pool = with_room or compatible
+    waste, best = min(pool, key=lambda wn: (wn[0], wn[1].name))
+    pairs = sorted({(n.product, n.replicas) for _, n in pool})
+    terms = tuple(
+        (
+            Expression(STRATEGY_LABEL, "In", (mode,)),
+            Expression(REPLICAS_LABEL, "In", (str(r),)),
+            *((Expression(PRODUCT_LABEL, "In", (p,)),) if p else ()),
+        )
+        for p, r in pairs
+    )
+    return Option(mode, waste, bool(with_room), terms, replicas=best.replicas)
