@@ -226,6 +226,14 @@ def test_gate_added_when_no_capacity_exists(admin_client: Any, gpu_namespace: st
     assert stored["spec"]["schedulingGates"] == [{"name": "gpupack.io/capacity"}]
     assert stored["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-7g.80gb": "1"}
     assert allocation(stored)["gated"] is True
+    # The real kube-scheduler sees the gate and leaves the pod alone (no back-off).
+    core = client.CoreV1Api(admin_client)
+
+    def gated_condition() -> bool:
+        conditions = core.read_namespaced_pod("gated-pod", gpu_namespace).status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "SchedulingGated" for c in conditions)
+
+    _wait("kube-scheduler to report the pod as SchedulingGated", gated_condition)
 
 
 def test_invalid_request_rejected_with_message(admin_client: Any, gpu_namespace: str) -> None:
