@@ -326,3 +326,12 @@ def test_policy_namespace_selector_follows_namespace_labels(admin_client: Any, g
         _wait("the label to allow time-slicing", lambda: mode() == "time-slicing")
     finally:
         custom.delete_cluster_custom_object(GROUP, VERSION, "sharingpolicies", name)
+
+
+def test_init_container_request_reaches_the_webhook(admin_client: Any, gpu_namespace: str) -> None:
+    """The matchConditions CEL rule also sends pods whose only GPU ask is in an init container."""
+    pod = make_pod({"name": "app", "image": "x"}, name="init-only", namespace=gpu_namespace,
+                   init=[gpu_container("warmup", "100")], mode="mig")
+    stored = create(admin_client, gpu_namespace, pod)
+    assert stored["spec"]["initContainers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+    assert allocation(stored)["containers"][0]["kind"] == "initContainers"
