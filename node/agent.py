@@ -25,6 +25,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from dataclasses import replace
 from typing import Any
 
@@ -48,6 +49,7 @@ from node.operator_mode import (
     handshake_state, merge_mig_parted, plan_node_config,
 )
 from node.planning import IdleTracker, StartDecision
+from node.podresources import PodResourcesError, device_owners, list_pod_devices
 from node.pods import PodUse, assign_pods, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device, sim_pid
 from node.reconciler import MigReconciler, finish
 from node.settings import AgentSettings
@@ -239,14 +241,25 @@ class Agent:
     def _pod_map(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> tuple[dict[str, list[str]], list[PodUse]]:
         if self.simulated:
             uid_of_pid = {sim_pid(u.uid, o): u.uid for u in uses for o in range(u.count)}
-        else:
-            uid_of_pid = {}
-            for gpu in snapshot.gpus:
-                for proc in gpu.processes:
-                    uid = pod_uid_of_pid(proc.pid)
-                    if uid:
-                        uid_of_pid[proc.pid] = uid
-        return pods_by_device(snapshot, uses, uid_of_pid)
+            return pods_by_device(snapshot, uses, uid_of_pid)
+        uid_of_pid = {}
+        for gpu in snapshot.gpus:
+            for proc in gpu.processes:
+                uid = pod_uid_of_pid(proc.pid)
+                if uid:
+                    uid_of_pid[proc.pid] = uid
+        by_device, unresolved = pods_by_device(snapshot, uses, uid_of_pid)
+        try:
+            owners = device_owners(list_pod_devices(Path(self.s.pod_resources_socket)))
+        except PodResourcesError as exc:
+            log.debug("PodResources API not used: %s", exc)
+            return by_device, unresolved
+        # The kubelet knows which device each admitted pod got, process or not.
+        for device, keys in owners.items():
+            holders = by_device.setdefault(device, [])
+            holders.extend(k for k in keys if k not in holders)
+        known = {k for keys in owners.values() for k in keys}
+        return by_device, [u for u in unresolved if u.key not in known]
 
     def _emulate_allocation(self, snapshot: NodeSnapshot, uses: list[PodUse], labels: Mapping[str, str],
                             replicas: int) -> None:

@@ -56,6 +56,8 @@ class AgentSettings:
     """Operator mode: give up waiting for ``nvidia.com/mig.config.state`` after this long."""
     metrics_port: int = 9402
     """Prometheus port; 0 disables. (9400 is dcgm-exporter's, 9401 the webhook's.)"""
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    """Kubelet PodResources API (which pod holds which device); unreachable: /proc cgroups are used."""
     dcgm_exporter_url: str = ""
     """Optional dcgm-exporter metrics URL for per-MIG-instance activity; empty: not used."""
 
