@@ -2,15 +2,16 @@
 
 Sources, best first:
 
-1. NVML processes mapped to pods through ``/proc/<pid>/cgroup`` (the pod UID is
+1. The kubelet PodResources API (``node.podresources``): the devices the device
+   plugin gave each admitted pod (merged in by the agent).
+2. NVML processes mapped to pods through ``/proc/<pid>/cgroup`` (the pod UID is
    in the cgroup path under both cgroup v1 and v2 with the systemd or cgroupfs
-   driver); needs ``hostPID`` in the DaemonSet. The kubelet PodResources API would
-   give the same answer without hostPID but needs gRPC, which gpupack does not
-   depend on; see docs/node-agent.md.
-2. Pods bound to this node that request ``nvidia.com/*`` resources but have no
-   process yet: the device plugin has handed them *some* device of that resource
-   and we cannot tell which, so every idle instance of that profile counts as
-   busy (conservative: it may delay a reshape, it never destroys a pod's device).
+   driver); needs ``hostPID`` in the DaemonSet.
+3. Pods bound to this node that request ``nvidia.com/*`` resources but that
+   neither source resolves: the device plugin has handed them *some* device of
+   that resource (or will), and we cannot tell which, so every instance of that
+   profile counts as busy (conservative: it may delay a reshape, it never
+   destroys a pod's device).
 
 In simulation the device-plugin emulator assigns pods to devices itself
 (``assign_pods``) and starts a simulated process in the device, so source 1
