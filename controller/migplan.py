@@ -8,7 +8,8 @@ GPU the policy lets gpupack touch, and three kinds of change, cheapest first:
 2. **reshape**: destroy some *unused* instances of an idle GPU and create the
    new ones; :func:`mig.reach`-style minimal plans keep every instance that can
    stay, and in-use instances are never part of the destroy set;
-3. **enable**: turn MIG on for an idle full GPU.
+3. **enable**: turn MIG on for an idle full GPU (the planner offers such GPUs
+   only when MIG mode changes are allowed: they need a GPU reset).
 
 Within a kind the choice is best fit (the GPU with the fewest free memory slices
 that still fits, so empty GPUs stay empty for large profiles), then the least

@@ -96,6 +96,9 @@ class Pod:
     replicas: int | None = None
     """Shared modes: the replica count the webhook's affinity requires (None: any that fits)."""
     gated: bool = False
+    unschedulable: bool = False
+    """Not gated, not bound, and kube-scheduler reported it Unschedulable: capacity it was
+    admitted for is gone (another pod took it), so it is demand for new capacity too."""
     node: str | None = None
     """Bound (``spec.nodeName``) or pinned (hostname affinity) node."""
     bound: bool = False

@@ -5,11 +5,12 @@ Input: a :class:`~controller.model.Snapshot` and the time (injected). Output: a
 pods are taken oldest first (then by name), so a pod never starves behind
 newer ones, and the same snapshot always yields the same plan.
 
-For each gated pod, in order:
+For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
+(the capacity it was admitted for went to another pod), in order:
 
 1. if capacity for it exists now (free MIG instances, or free replicas on a node
    sharing GPUs the way it asked), choose the node and **release** it (pin to
-   the node, lift the gate). MIG: best fit, the node with the fewest free
+   the node, lift the gate; an ungated pod is left to kube-scheduler). MIG: best fit, the node with the fewest free
    instances of the profiles it needs; shared: the ``sharing.packing`` engine
    (:mod:`controller.sharedplan`);
 2. otherwise, if the capacity can be *created* within the policy's bounds
@@ -77,6 +78,7 @@ class _Cycle:
     now: datetime
     free: FreeCapacity
     budget: dict[tuple[str, ...], int]
+    mig_mode_changes: bool = False
     layouts: dict[tuple[str, int], LayoutChange] = field(default_factory=dict)
     sharing: dict[str, SharingChange] = field(default_factory=dict)
     planned_shares: Counter[str] = field(default_factory=Counter)
@@ -128,8 +130,10 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) ->
                 continue
             if gpu.reshaping or not _open(policy, cycle):
                 continue
-            if not gpu.mig_enabled and (node.sharing != "none" or node.spec_sharing != "none"):
-                continue  # full GPUs of a shared node belong to its MPS/time-slicing pool
+            if not gpu.mig_enabled and (not cycle.mig_mode_changes or node.sharing != "none" or node.spec_sharing != "none"):
+                # Turning MIG on needs a GPU reset (operator mode only), and full GPUs
+                # of a shared node belong to its MPS/time-slicing pool.
+                continue
             idle = quiet and not gpu.in_use and _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds)
             out.append(GpuCandidate(node.name, gpu.index, node.model, gpu.mig_enabled, gpu.instances, gpu.in_use, idle))
     return out
@@ -227,6 +231,8 @@ def _static_layouts(cycle: _Cycle) -> None:
         for gpu in node.gpus:
             if not _open(policy, cycle) or gpu.reshaping or gpu.in_use:
                 continue
+            if not gpu.mig_enabled and not cycle.mig_mode_changes:
+                continue
             if gpu.mig_enabled and sorted(gpu.profiles.elements()) == list(policy.static_layout):
                 continue
             if not _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds):
@@ -240,19 +246,27 @@ def _static_layouts(cycle: _Cycle) -> None:
             cycle.budget[policy.names] -= 1
 
 
-def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack") -> Plan:
-    """The plan for one cycle (see the module docstring)."""
+def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig_mode_changes: bool = False) -> Plan:
+    """The plan for one cycle (see the module docstring).
+
+    ``mig_mode_changes``: also turn MIG on for idle full GPUs. Off by default: a MIG
+    mode change needs a GPU reset, which only the GPU Operator's mig-manager
+    (the agent's operator mode) performs; a direct-mode agent refuses it.
+    """
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
-    cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot), budget)
+    cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot), budget, mig_mode_changes)
     _static_layouts(cycle)
     claims = mig_claims(snapshot.pods)
     taken = shared_claims(snapshot.pods)
     placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name)
     releases: list[Release] = []
     waiting: list[Wait] = []
-    for pod in sorted((p for p in snapshot.pods if p.gated), key=lambda p: (p.created, p.key)):
+    for pod in sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=lambda p: (p.created, p.key)):
         outcome = _plan_mig(cycle, pod, claims) if pod.mode == "mig" else _plan_shared(cycle, pod, placer, taken)
+        if isinstance(outcome, Release) and not pod.gated:
+            # Ungated: kube-scheduler places it; the capacity is only held for it this cycle.
+            outcome = Wait(pod.key, f"capacity exists on {outcome.node}; kube-scheduler retries the pod")
         if isinstance(outcome, Release):
             releases.append(outcome)
         else:

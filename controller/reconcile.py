@@ -85,7 +85,7 @@ class Controller:
         if self._idle(snapshot, by_name, now, report):
             # The idle record is input to the planner: plan on what was just written.
             snapshot = build_snapshot(gpunodes, nodes, pods, policies)
-        result = plan(snapshot, now, policy_name=self.settings.policy)
+        result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
         self._apply_layouts(result, by_name, report)
         self._release(result, pod_objs, now, report)
@@ -185,6 +185,8 @@ class Controller:
             policy = snapshot.policies.get(node.name)
             if policy is None or node.sharing == "none" or node.name in changing or not node.converged:
                 continue
+            if any(g.utilization_percent is None for g in node.full_gpus):
+                continue  # not measured (NVML cannot say, or the agent has not reported): no signal
             loads = _loads(node, pods_on[node.name])
             annotations = ((by_name.get(node.name) or {}).get("metadata") or {}).get("annotations") or {}
             decision = decide_replicas(

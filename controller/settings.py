@@ -42,6 +42,10 @@ class ControllerSettings:
     """Run the utilisation feedback loop on shared nodes."""
     feedback_cooldown_seconds: int = 300
     """Minimum time between two replica changes of one node."""
+    mig_mode_changes: bool = False
+    """Let the planner turn MIG on for idle full GPUs. Needs a GPU reset, which only the
+    agent's operator mode (mig-manager) performs; off so a direct-mode agent is never
+    asked for a change it must refuse (a refused change would hold a reshaping slot)."""
     right_size: bool = True
     """Annotate pods that use far less than they asked with a recommendation."""
     log_level: str = "info"

@@ -151,6 +151,11 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
     node_name = spec.get("nodeName")
     cpu, mem = _requests(spec)
     replicas = allocation.get("replicas")
+    gated = any(_map(g).get("name") == GATE for g in _list(spec.get("schedulingGates")))
+    unschedulable = not gated and not node_name and any(
+        _map(c).get("type") == "PodScheduled" and _map(c).get("reason") == "Unschedulable"
+        for c in _list(status.get("conditions"))
+    )
     return Pod(
         namespace=str(meta.get("namespace") or "default"),
         name=meta["name"],
@@ -161,7 +166,8 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
         memory_bytes=tuple(c.get("memoryBytes") if isinstance(c.get("memoryBytes"), int) else None for c in containers),
         products=_products(spec),
         replicas=replicas if isinstance(replicas, int) else None,
-        gated=any(_map(g).get("name") == GATE for g in _list(spec.get("schedulingGates"))),
+        gated=gated,
+        unschedulable=unschedulable,
         node=node_name if isinstance(node_name, str) and node_name else _pinned_node(spec),
         bound=isinstance(node_name, str) and bool(node_name),
         cpu_milli=cpu,

@@ -48,9 +48,10 @@ def shared_pod(name: str, mode: str = "mps", milli: int = 200, *, gated: bool = 
                gated=gated, node=on, bound=on is not None)
 
 
-def run(nodes: list[Node], pods: list[Pod], policy: NodePolicy | None = POLICY, now: datetime = NOW) -> Plan:
+def run(nodes: list[Node], pods: list[Pod], policy: NodePolicy | None = POLICY, now: datetime = NOW,
+        mig_mode_changes: bool = False) -> Plan:
     policies = {n.name: policy for n in nodes} if policy is not None else {}
-    return plan(Snapshot(tuple(nodes), tuple(pods), policies), now)
+    return plan(Snapshot(tuple(nodes), tuple(pods), policies), now, mig_mode_changes=mig_mode_changes)
 
 
 def test_free_instance_releases_the_pod_to_its_node() -> None:
@@ -147,8 +148,14 @@ def test_extension_is_preferred_over_destroying_and_over_enabling_mig() -> None:
         node("b", gpu(0, (partly,), in_use=(partly,))),
         node("c", gpu(0, (), mig=False)),
     ]
-    (change,) = run(nodes, [mig_pod("p", "2g.20gb")]).layouts
+    (change,) = run(nodes, [mig_pod("p", "2g.20gb")], mig_mode_changes=True).layouts
     assert (change.node, change.kind) == ("b", "extend")
+
+
+@pytest.mark.parametrize("allowed", [True, False])
+def test_mig_is_turned_on_only_when_mode_changes_are_allowed(allowed: bool) -> None:
+    result = run([node("c", gpu(0, (), mig=False))], [mig_pod("p", "2g.20gb")], mig_mode_changes=allowed)
+    assert [c.kind for c in result.layouts] == (["enable"] if allowed else [])
 
 
 def test_product_affinity_is_respected() -> None:
@@ -197,3 +204,12 @@ def test_no_policy_no_sharing_change() -> None:
     plain = node("plain", gpu(0, mig=False))
     result = run([plain], [shared_pod("p")], policy=None)
     assert result.sharing == () and result.waiting
+
+
+def test_unschedulable_ungated_pod_gets_capacity_but_is_not_released() -> None:
+    pod = Pod("team", "late", "mig", NOW, profiles=("3g.40gb",), milli=(300,), memory_bytes=(None,), unschedulable=True)
+    result = run([node("a", gpu(0, FULL_7G))], [pod])
+    (change,) = result.layouts
+    assert change.kind == "reshape" and result.releases == ()
+    one_free = run([node("a", gpu(0, (inst("3g.40gb", 0, 4),)))], [pod])
+    assert one_free.releases == () and one_free.layouts == () and "kube-scheduler" in one_free.waiting[0].reason

@@ -1,0 +1,197 @@
+"""``gpupack demo [--keep] [--json]``: watch gpupack work end to end on a local control plane.
+
+Starts a real kube-apiserver, etcd and kube-scheduler (built once, cached),
+three simulated GPU nodes (2 x 8 H100 80GB, 1 x 4 A100 80GB sharing by MPS)
+with their node agents, the admission webhook and the controller; submits a
+mixed stream of fractional pods, lets some finish, shows live progress and
+ends with a summary. ``--keep`` leaves everything running (stop it with
+``gpupack dev cluster down``); ``--json`` prints the summary as JSON.
+
+Exit codes: 0 = every admitted pod was scheduled, 1 = some were not (or the
+stack did not start), 2 = bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+
+
+def _say(quiet: bool) -> Any:
+    def say(text: str) -> None:
+        print(text, file=sys.stderr if quiet else sys.stdout, flush=True)
+    return say
+
+
+def _lists(admin: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    from kubernetes import client
+
+    from gpupack.demo.stack import DEMO_NAMESPACE, GROUP, VERSION
+
+    custom, core = client.CustomObjectsApi(admin), client.CoreV1Api(admin)
+    listed: Any = custom.list_cluster_custom_object(GROUP, VERSION, "gpunodes")
+    gpunodes = listed.get("items", [])
+    nodes = [admin.sanitize_for_serialization(n) for n in core.list_node().items]
+    pods = [admin.sanitize_for_serialization(p) for p in core.list_namespaced_pod(DEMO_NAMESPACE).items]
+    return gpunodes, nodes, pods
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from kubernetes import client
+
+    from gpupack.demo import progress
+    from gpupack.demo.stack import DEMO_NAMESPACE, Stack
+    from gpupack.demo.workload import stream
+
+    say = _say(args.json)
+    began = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="gpupack-demo-"))
+    stack = Stack(workdir, keep=args.keep)
+    if args.keep:
+        from gpupack.devcluster import state as cluster_state
+
+        existing = cluster_state.ClusterState.load(cluster_state.state_dir())
+        if existing is not None and all(cluster_state.alive(c) for c in existing.components):
+            raise UsageError("--keep needs the dev-cluster slot, but `gpupack dev cluster up` is running; "
+                             "stop it with `gpupack dev cluster down` or run the demo without --keep")
+    try:
+        stack.start(say)
+    except Exception as exc:  # noqa: BLE001 - report any start failure with its cause, then clean up
+        print(f"gpupack demo: the stack did not start: {exc}", file=sys.stderr)
+        print(f"gpupack demo: logs in {workdir / 'logs'}", file=sys.stderr)
+        stack.stop()
+        return EXIT_NO
+    core = client.CoreV1Api(stack.admin)
+    pods = stream(args.pods, args.submit_seconds, seed=args.seed)
+    tracker = progress.Tracker()
+    submitted = rejected = finished = 0
+    rejections: list[str] = []
+    finish_at: dict[str, float] = {}
+    t0 = time.monotonic()
+    deadline = t0 + args.submit_seconds + args.timeout
+    next_print = 0.0
+    queue = list(pods)
+    say(f"submitting {len(pods)} pods over {args.submit_seconds:.0f}s (seed {args.seed})")
+    while True:
+        now_m = time.monotonic() - t0
+        while queue and queue[0].start_after <= now_m:
+            pod = queue.pop(0)
+            submitted += 1
+            try:
+                manifest: Any = pod.manifest(DEMO_NAMESPACE)
+                core.create_namespaced_pod(DEMO_NAMESPACE, manifest)
+            except client.ApiException as exc:
+                rejected += 1
+                message = json.loads(exc.body or "{}").get("message", exc.reason) if exc.body else exc.reason
+                rejections.append(f"{pod.name}: {str(message)[:160]}")
+                continue
+            if pod.lifetime is not None:
+                finish_at[pod.name] = pod.lifetime
+        gpunodes, nodes, live = _lists(stack.admin)
+        tracker.observe(gpunodes, live, datetime.now(timezone.utc))
+        for name, life in list(finish_at.items()):
+            at = tracker.scheduled_at.get(name)
+            if at is not None and (datetime.now(timezone.utc) - at).total_seconds() >= life:
+                core.delete_namespaced_pod(name, DEMO_NAMESPACE, grace_period_seconds=0)
+                del finish_at[name]
+                finished += 1
+        c = progress.counts(live)
+        ratio, _ = progress.allocation(gpunodes, nodes, live)
+        if now_m >= next_print:
+            say(f"[{now_m:5.1f}s] submitted {submitted}  rejected {rejected}  admitted {c['admitted'] + finished}  "
+                f"gated {c['gated']}  pending {c['pending']}  scheduled {len(tracker.scheduled_at)}  "
+                f"finished {finished}  allocation {100 * ratio:.0f}%")
+            if args.layouts:
+                for line in progress.gpu_lines(gpunodes):
+                    say(line)
+            next_print = now_m + args.interval
+        waiting = c["gated"] + c["pending"]
+        if not queue and waiting == 0 and not finish_at:
+            break
+        if not queue and waiting == 0 and now_m > args.submit_seconds + 12:
+            break  # remaining lifetimes run on; the stream itself is done
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    gpunodes, nodes, live = _lists(stack.admin)
+    tracker.observe(gpunodes, live, datetime.now(timezone.utc))
+    c = progress.counts(live)
+    ratio, frag = progress.allocation(gpunodes, nodes, live)
+    reshape = tracker.latencies(gated=True)
+    direct = tracker.latencies(gated=False)
+    summary: dict[str, Any] = {
+        "pods_submitted": submitted,
+        "pods_admitted": submitted - rejected,
+        "pods_scheduled": len(tracker.scheduled_at),
+        "pods_rejected": rejected,
+        "pods_finished": finished,
+        "pods_unscheduled": c["gated"] + c["pending"],
+        "gpus_reshaped": tracker.gpus_reshaped,
+        "allocation_ratio": round(ratio, 4),
+        "fragmentation": round(frag, 4),
+        "schedule_seconds_median_with_reshape": _round(progress.percentile(reshape, 50)),
+        "schedule_seconds_p95_with_reshape": _round(progress.percentile(reshape, 95)),
+        "schedule_seconds_median_capacity_existed": _round(progress.percentile(direct, 50)),
+        "seconds": round(time.monotonic() - began, 1),
+    }
+    ok = summary["pods_unscheduled"] == 0
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        say("")
+        say("GPU layouts at the end:")
+        for line in progress.gpu_lines(gpunodes):
+            say(line)
+        say("")
+        width = max(len(k) for k in summary)
+        for key, value in summary.items():
+            shown = f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))
+            say(f"  {key:<{width}}  {shown}")
+        for line in rejections[:5]:
+            say(f"  rejected: {line}")
+    if args.keep:
+        from gpupack.devcluster import state as cluster_state
+
+        record = stack.detach()
+        record.save(cluster_state.state_dir())
+        say(f"kept running; explore with: export KUBECONFIG={record.kubeconfig}; kubectl get gpunodes; "
+            f"kubectl -n gpupack-demo get pods -o wide")
+        say("stop everything with: gpupack dev cluster down")
+    else:
+        stack.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return EXIT_OK if ok else EXIT_NO
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def _handler(args: argparse.Namespace) -> int:
+    if args.pods < 1 or args.pods > 500:
+        raise UsageError(f"--pods must be 1..500, got {args.pods}")
+    if args.submit_seconds < 0 or args.timeout <= 0 or args.interval <= 0:
+        raise UsageError("--submit-seconds must be >= 0; --timeout and --interval must be > 0")
+    return run_demo(args)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("demo", help="run gpupack end to end on a local control plane with simulated GPUs")
+    p.add_argument("--keep", action="store_true", help="leave the cluster and components running afterwards")
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON (progress goes to stderr)")
+    p.add_argument("--pods", type=int, default=40, help="pods to submit (default 40)")
+    p.add_argument("--submit-seconds", type=float, default=20.0, help="spread submissions over this long (default 20)")
+    p.add_argument("--timeout", type=float, default=90.0, help="give up this long after the last submission (default 90)")
+    p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between progress lines (default 2)")
+    p.add_argument("--layouts", action="store_true", help="print every GPU's layout with each progress line")
+    p.set_defaults(handler=_handler)

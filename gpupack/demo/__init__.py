@@ -1,0 +1,1 @@
+"""``gpupack demo``: the whole system on a local control plane with simulated GPU nodes."""

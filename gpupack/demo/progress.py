@@ -1,0 +1,116 @@
+"""What the demo shows: counts, per-GPU layouts and the allocation ratio, from the API server.
+
+Everything here reads the cluster through plain list calls and pure helpers
+(``controller.snapshot``/``controller.metrics``), so what it reports is what
+``kubectl`` would show, not what the demo believes it did.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from controller.metrics import cluster_figures
+from controller.snapshot import ALLOCATION, GATE, build_snapshot, parse_time
+
+
+@dataclass
+class Tracker:
+    """Accumulates what was seen over the run."""
+
+    layouts_seen: dict[tuple[str, int], set[tuple[str, ...]]] = field(default_factory=dict)
+    scheduled_at: dict[str, datetime] = field(default_factory=dict)
+    created_at: dict[str, datetime] = field(default_factory=dict)
+    reshaped_pods: set[str] = field(default_factory=set)
+
+    def observe(self, gpunodes: list[dict[str, Any]], pods: list[dict[str, Any]], now: datetime) -> None:
+        for g in gpunodes:
+            for gpu in (g.get("status") or {}).get("gpus") or []:
+                key = (g["metadata"]["name"], int(gpu.get("index", 0)))
+                layout = tuple(sorted(i.get("profile", "?") for i in gpu.get("instances") or [])) if gpu.get("migEnabled") else ("full",)
+                self.layouts_seen.setdefault(key, set()).add(layout)
+        for p in pods:
+            meta = p.get("metadata") or {}
+            name = meta.get("name", "")
+            created = parse_time(meta.get("creationTimestamp"))
+            if created is not None:
+                self.created_at.setdefault(name, created)
+            allocation = _allocation(p)
+            if allocation.get("gated"):
+                self.reshaped_pods.add(name)
+            if (p.get("spec") or {}).get("nodeName") and name not in self.scheduled_at:
+                self.scheduled_at[name] = now
+
+    @property
+    def gpus_reshaped(self) -> int:
+        """GPUs whose layout changed at least once while the demo watched."""
+        return sum(1 for seen in self.layouts_seen.values() if len(seen) > 1)
+
+    def latencies(self, gated: bool) -> list[float]:
+        out = []
+        for name, at in self.scheduled_at.items():
+            if (name in self.reshaped_pods) == gated and name in self.created_at:
+                out.append(max(0.0, (at - self.created_at[name]).total_seconds()))
+        return sorted(out)
+
+
+def _allocation(pod: dict[str, Any]) -> dict[str, Any]:
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION)
+    try:
+        value = json.loads(raw) if isinstance(raw, str) else {}
+    except json.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def counts(pods: list[dict[str, Any]]) -> Counter[str]:
+    c: Counter[str] = Counter()
+    for p in pods:
+        if not _allocation(p):
+            continue
+        c["admitted"] += 1
+        spec = p.get("spec") or {}
+        if any(g.get("name") == GATE for g in spec.get("schedulingGates") or []):
+            c["gated"] += 1
+        elif spec.get("nodeName"):
+            c["scheduled"] += 1
+        else:
+            c["pending"] += 1
+    return c
+
+
+def allocation(gpunodes: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> tuple[float, float]:
+    ratio, frag, _ = cluster_figures(build_snapshot(gpunodes, nodes, pods, []))
+    return ratio, frag
+
+
+def gpu_lines(gpunodes: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for g in sorted(gpunodes, key=lambda o: o["metadata"]["name"]):
+        status = g.get("status") or {}
+        sharing = status.get("sharing") or (g.get("spec") or {}).get("sharing") or {}
+        cells = []
+        for gpu in status.get("gpus") or []:
+            if gpu.get("migEnabled"):
+                inst = gpu.get("instances") or []
+                used = sum(1 for i in inst if i.get("inUse"))
+                names = Counter(i.get("profile", "?") for i in inst)
+                body = "+".join(f"{n}x{p}" if n > 1 else p for p, n in sorted(names.items())) or "empty"
+                cells.append(f"[{body} {used}/{len(inst)}]")
+            else:
+                mode = sharing.get("mode", "none")
+                cells.append(f"[{mode} x{sharing.get('replicas', 1)}]" if mode != "none" else "[full]")
+        lines.append(f"  {g['metadata']['name']:8} " + " ".join(cells))
+    return lines
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]

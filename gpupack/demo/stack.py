@@ -1,0 +1,275 @@
+"""Starting (and stopping) everything the demo runs: control plane, agents, webhook, controller.
+
+The control plane is the real one of :mod:`gpupack.devcluster` (built once,
+cached). gpupack's own components run as the commands an operator would run
+(``gpupack agent run``, ``gpupack webhook serve``, ``gpupack controller run``),
+each as a subprocess acting as its own ServiceAccount, so the demo exercises the
+RBAC the manifests grant. GPU nodes are Node objects without a kubelet; their
+agents use the SIMULATED NVML backend and emulate the NVIDIA device plugin.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import os
+import socket
+import ssl
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests
+from gpupack.devcluster.binaries import ensure_binaries
+from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
+from gpupack.devcluster.process import ManagedProcess
+from gpupack.devcluster.state import ClusterState, Component
+
+REPO = Path(__file__).resolve().parents[2]
+GROUP, VERSION = "gpupack.io", "v1alpha1"
+DEMO_NAMESPACE = "gpupack-demo"
+DEMO_LABEL = "gpupack.io/demo"
+
+
+@dataclass(frozen=True)
+class DemoNode:
+    name: str
+    model: str
+    gpus: int
+    sharing: str = "none"
+    replicas: int = 1
+
+    @property
+    def simulate(self) -> str:
+        return f"{self.model}:{self.gpus}"
+
+
+DEFAULT_NODES = (
+    DemoNode("h100-a", "H100-80GB", 8),
+    DemoNode("h100-b", "H100-80GB", 8),
+    DemoNode("a100-a", "A100-80GB", 4, sharing="mps", replicas=4),
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, check: Any, timeout_s: float, proc: ManagedProcess | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if proc is not None and not proc.running():
+            raise RuntimeError(f"{proc.name} exited while waiting for {what}; log: {proc.log_path}")
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    keep: bool = False
+    nodes: tuple[DemoNode, ...] = DEFAULT_NODES
+    plane: ControlPlane | None = None
+    processes: list[ManagedProcess] = field(default_factory=list)
+    admin: Any = None
+    webhook_configs: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self, say: Any) -> None:
+        say("control plane: finding or building kube-apiserver, kube-scheduler, etcd (first run: minutes)")
+        binaries = ensure_binaries(progress=sys.stderr)
+        self.plane = ControlPlane(binaries, ControlPlaneConfig(
+            workdir=self.workdir / "cluster", keep_workdir=self.keep, tie_to_parent=not self.keep))
+        self.plane.start()
+        say(f"control plane: up in {self.plane.startup_seconds or 0:.1f}s at {self.plane.server}")
+        self.admin = self.plane.admin_client()
+        apply_objects(self.admin, gpupack_manifests(), field_manager="gpupack-demo")
+        self._namespace()
+        self._policy()
+        self._nodes()
+        described = [f"{n.name} ({n.gpus} x {n.model}" + (f", {n.sharing} x{n.replicas})" if n.sharing != "none" else ")")
+                     for n in self.nodes]
+        say("nodes: " + ", ".join(described))
+        for node in self.nodes:
+            self._agent(node)
+        self._webhook()
+        say("webhook: serving over TLS, registered with the API server")
+        self.start_controller("controller")
+        say("controller: running (leader-elected)")
+        _wait("every GPUNode reported by its agent", self._all_reported, 60)
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop(grace_s=5)
+        self.processes.clear()
+        if self.admin is not None:
+            self.admin.close()
+        if self.plane is not None:
+            self.plane.stop()
+
+    def detach(self) -> ClusterState:
+        """--keep: leave everything running; ``gpupack dev cluster down`` stops it all."""
+        assert self.plane is not None
+        record = self.plane.detach()
+        extra = tuple(Component(p.name, p.pid or 0, str(p.argv[0]), str(p.log_path)) for p in self.processes)
+        self.processes.clear()
+        return ClusterState(record.workdir, record.kubeconfig, record.server, record.ports,
+                            record.components + extra, record.started_at, record.startup_seconds)
+
+    # ------------------------------------------------------------ pieces
+    def _sa_kubeconfig(self, name: str) -> str:
+        assert self.plane is not None
+        return str(self.plane.serviceaccount_kubeconfig(name))
+
+    def _process(self, name: str, argv: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, [sys.executable, "-m", "gpupack", *argv], self.workdir / "logs" / f"{name}.log",
+                              tie_to_parent=not self.keep)
+        proc.start()
+        self.processes.append(proc)
+        return proc
+
+    def _namespace(self) -> None:
+        core = client.CoreV1Api(self.admin)
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
+            name=DEMO_NAMESPACE, labels={DEMO_LABEL: "on"})))
+        core.create_namespaced_service_account(DEMO_NAMESPACE, client.V1ServiceAccount(
+            metadata=client.V1ObjectMeta(name="default")))
+
+    def _policy(self) -> None:
+        client.CustomObjectsApi(self.admin).create_cluster_custom_object(GROUP, VERSION, "sharingpolicies", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": "demo"},
+            "spec": {
+                "nodeSelector": {"matchLabels": {DEMO_LABEL: "on"}},
+                # A demo runs minutes, not hours: reshape GPUs idle for 2 s, four at a time.
+                "reshaping": {"maxConcurrent": 4, "idleSeconds": 2},
+                # The simulated GPUs report 0 % busy; a wider range would let the feedback
+                # loop pack the MPS node beyond what the webhook's r * milli <= 1000 rule admits.
+                "replicas": {"min": 2, "max": 4, "targetUtilization": 80},
+            },
+        })
+
+    def _nodes(self) -> None:
+        core = client.CoreV1Api(self.admin)
+        custom = client.CustomObjectsApi(self.admin)
+        for node in self.nodes:
+            core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node.name, labels={
+                "kubernetes.io/hostname": node.name, DEMO_LABEL: "on", "nvidia.com/gpu.deploy.device-plugin": "true"})))
+            res = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+            core.patch_node_status(node.name, {"status": {"capacity": res, "allocatable": res, "conditions": [
+                {"type": "Ready", "status": "True", "reason": "GpupackDemo", "message": "simulated node, no kubelet"}]}})
+            spec: dict[str, Any] = {"sharing": {"mode": node.sharing, "replicas": node.replicas}}
+            if node.sharing != "none":
+                spec["gpus"] = [{"index": i, "migEnabled": False} for i in range(node.gpus)]
+            custom.create_cluster_custom_object(GROUP, VERSION, "gpunodes", {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": {"name": node.name}, "spec": spec})
+
+    def _agent(self, node: DemoNode) -> ManagedProcess:
+        state = self.workdir / f"{node.name}.nvml.json"
+        if node.sharing != "none" and not state.exists():
+            # A shared node's GPUs run with MIG off; changing MIG mode needs a GPU reset,
+            # so the simulated GPUs start that way, as a real node would be set up.
+            from mig.catalog import get_model
+            from node.nvml.simulated import SimulatedNvml
+
+            SimulatedNvml(get_model(node.model), node.gpus, state, seed=node.name, mig_enabled=False)
+        return self._process(f"agent-{node.name}", [
+            "agent", "run", "--node", node.name, "--simulate", node.simulate,
+            "--state-file", str(state), "--emulate-device-plugin",
+            "--poll-seconds", "0.5", "--idle-seconds", "1", "--metrics-port", "0",
+            "--kubeconfig", self._sa_kubeconfig("gpupack-node-agent"),
+        ])
+
+    def restart_agent(self, name: str) -> None:
+        for proc in list(self.processes):
+            if proc.name == f"agent-{name}":
+                proc.stop(grace_s=5)
+                self.processes.remove(proc)
+        self._agent(next(n for n in self.nodes if n.name == name))
+
+    def start_controller(self, name: str, *extra: str) -> ManagedProcess:
+        return self._process(name, [
+            "controller", "run", "--kubeconfig", self._sa_kubeconfig("gpupack-controller"), "--metrics-port", "0",
+            "--resync-seconds", "2", "--batch-seconds", "0.2", "--identity", name, "--lease-seconds", "6", *extra,
+        ])
+
+    def stop_process(self, name: str, kill: bool = False) -> None:
+        for proc in list(self.processes):
+            if proc.name == name:
+                proc.stop(grace_s=0.0 if kill else 5.0)
+                self.processes.remove(proc)
+
+    def _webhook(self) -> None:
+        from webhook.certs import make_self_signed
+
+        tls = self.workdir / "webhook-tls"
+        tls.mkdir(parents=True, exist_ok=True)
+        ca, cert, key = make_self_signed(["localhost", "127.0.0.1"])
+        for fname, data in (("ca.crt", ca), ("tls.crt", cert), ("tls.key", key)):
+            (tls / fname).write_bytes(data)
+        port = _free_port()
+        url = f"https://127.0.0.1:{port}"
+        proc = self._process("webhook", [
+            "webhook", "serve", "--tls-cert", str(tls / "tls.crt"), "--tls-key", str(tls / "tls.key"),
+            "--host", "127.0.0.1", "--port", str(port), "--kubeconfig", self._sa_kubeconfig("gpupack-webhook"),
+            "--log-level", "warning",
+        ])
+        context = ssl.create_default_context(cafile=str(tls / "ca.crt"))
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(url + "/readyz", context=context, timeout=2) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        _wait("the webhook to be ready", ready, 60, proc)
+        bundle = base64.b64encode(ca).decode()
+        registration = client.AdmissionregistrationV1Api(self.admin)
+        for fname, path in (("mutating.yaml", "/mutate"), ("validating.yaml", "/validate")):
+            config = copy.deepcopy(yaml.safe_load((REPO / "manifests" / "webhook" / fname).read_text()))
+            config["metadata"].pop("annotations", None)  # no cert-manager: the caBundle is set here
+            for hook in config["webhooks"]:
+                hook["clientConfig"] = {"url": url + path, "caBundle": bundle}
+            if fname == "mutating.yaml":
+                registration.create_mutating_webhook_configuration(config)
+            else:
+                registration.create_validating_webhook_configuration(config)
+            self.webhook_configs.append(config["metadata"]["name"])
+        self._wait_mutating()
+
+    def _wait_mutating(self) -> None:
+        """The API server picks up webhook registrations asynchronously: dry-run until one is mutated."""
+        core = client.CoreV1Api(self.admin)
+        probe: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}, "spec": {"containers": [
+            {"name": "c", "image": "example.com/app:1", "resources": {"limits": {"gpupack.io/gpu-milli": "100"}}}]}}
+
+        def mutated() -> bool:
+            try:
+                pod: Any = core.create_namespaced_pod(DEMO_NAMESPACE, probe, dry_run="All")
+            except client.ApiException:
+                return False
+            return not any(k.startswith("gpupack.io/") for k in (pod.spec.containers[0].resources.limits or {}))
+
+        _wait("the mutating webhook to be called by the API server", mutated, 60)
+
+    def _all_reported(self) -> bool:
+        custom = client.CustomObjectsApi(self.admin)
+        listed: Any = custom.list_cluster_custom_object(GROUP, VERSION, "gpunodes")
+        items = listed.get("items", [])
+        done = {i["metadata"]["name"] for i in items if len((i.get("status") or {}).get("gpus") or []) > 0}
+        return all(n.name in done for n in self.nodes)
+
+
+def kubeconfig_env(stack: Stack) -> dict[str, str]:
+    assert stack.plane is not None
+    return dict(os.environ, KUBECONFIG=str(stack.plane.kubeconfig))
