@@ -29,12 +29,14 @@ from pathlib import Path
 from dataclasses import replace
 from typing import Any
 
+import httpx
 from pydantic import ValidationError
 
 from mig.errors import MigError
 from mig.migparted import builtin_config, layout_for
 from mig.model import PlacedInstance, Placement
 from node import conditions as C
+from node.dcgm import Activity, parse_activity
 from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise, node_patches
 from node.inventory import NodeSnapshot, read_snapshot, status_from_snapshot
 from node.journal import NVML_PHASES, Journal, format_instance
@@ -114,6 +116,8 @@ class Agent:
         self._events: dict[tuple[str, str], float] = {}
         self._busy_ctx: tuple[dict[str, list[str]], list[PodUse]] = ({}, [])
         self._dp_config_written = ""
+        self._dcgm_at = -1e18
+        self._dcgm_cache: Activity | None = None
         self.ticks = 0
 
     @property
@@ -142,7 +146,25 @@ class Agent:
     def _snapshot(self) -> NodeSnapshot:
         if self.backend is None:
             return NodeSnapshot("nvml", error=self.backend_error or "NVML backend not available")
-        return read_snapshot(self.backend, self.backend.kind)
+        return read_snapshot(self.backend, self.backend.kind, self._dcgm_activity())
+
+    def _dcgm_activity(self) -> Activity | None:
+        """dcgm-exporter's per-instance activity, if configured and reachable (else None, logged)."""
+        if not self.s.dcgm_exporter_url:
+            return None
+        now = self.clock()
+        if now - self._dcgm_at < 1.0:  # several snapshots per tick share one scrape
+            return self._dcgm_cache
+        self._dcgm_at = now
+        self._dcgm_cache = None
+        try:
+            response = httpx.get(self.s.dcgm_exporter_url, timeout=2.0)
+            response.raise_for_status()
+            self._dcgm_cache = parse_activity(response.text)
+            return self._dcgm_cache
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("dcgm-exporter at %s not used: %s", self.s.dcgm_exporter_url, exc)
+            return None
 
     def _busy(self, index: int, instances: tuple[GpuInstance, ...]) -> frozenset[PlacedInstance]:
         """Re-read right before every NVML step: processes now, plus the tick's pod map."""

@@ -13,11 +13,12 @@ is built from NVML's own profile list (``model_from_nvml``), with a warning.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mig.catalog import find_model, model_for_pci_device_id
 from mig.model import GpuModel, Profile
+from node.dcgm import Activity, gpu_percent
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, GpuInstance, GpuInventory, GpuProcess, InstanceProfile, Utilization
 from sharing.api import GPUNodeStatus
@@ -86,7 +87,8 @@ def _model_for(backend: GpuInventory, info: DeviceInfo) -> tuple[GpuModel | None
                    f"using the {len(built.profiles)} profiles NVML reports",)
 
 
-def read_snapshot(backend: GpuInventory, kind: str) -> NodeSnapshot:
+def read_snapshot(backend: GpuInventory, kind: str, dcgm: Activity | None = None) -> NodeSnapshot:
+    """Everything NVML says about the node's GPUs; ``dcgm`` fills in MIG GPUs' activity."""
     try:
         count = backend.device_count()
     except NvmlError as exc:
@@ -102,8 +104,12 @@ def read_snapshot(backend: GpuInventory, kind: str) -> NodeSnapshot:
         try:
             model, notes = _model_for(backend, info)
             instances = backend.gpu_instances(index) if info.mig_enabled and info.mig_pending else ()
-            gpus.append(GpuSnapshot(info, model, instances, backend.processes(index), backend.utilization(index),
-                                    warnings=notes))
+            util = backend.utilization(index)
+            if util.gpu_percent is None and dcgm:
+                percent = gpu_percent(dcgm, info.uuid, instances, model)
+                if percent is not None:
+                    util = replace(util, gpu_percent=percent, source="dcgm")
+            gpus.append(GpuSnapshot(info, model, instances, backend.processes(index), util, warnings=notes))
             warnings.extend(notes)
         except NvmlError as exc:
             gpus.append(GpuSnapshot(info, None, error=str(exc)))
