@@ -105,6 +105,15 @@ class Pod:
     cpu_milli: int = 0
     memory_mib: int = 0
     uid: str = ""
+    node_selector: tuple[tuple[str, str], ...] = ()
+    terms: tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...] = ()
+    """Required node affinity: terms ORed, each a tuple of (key, operator, values) ANDed."""
+
+    def admits(self, labels: dict[str, str]) -> bool:
+        """Whether the pod's nodeSelector and required node affinity allow a node with ``labels``."""
+        if any(labels.get(k) != v for k, v in self.node_selector):
+            return False
+        return not self.terms or any(all(_matches(e, labels) for e in term) for term in self.terms)
 
     @property
     def key(self) -> str:
@@ -121,6 +130,22 @@ class Pod:
             replicas * m <= 1000 and (mem is None or mem * replicas <= gpu_memory_mib * 1024 * 1024)
             for m, mem in zip(self.milli, self.memory_bytes)
         )
+
+
+def _matches(expression: tuple[str, str, tuple[str, ...]], labels: dict[str, str]) -> bool:
+    key, op, values = expression
+    value = labels.get(key)
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt") and value is not None and value.lstrip("-").isdigit() and values and values[0].lstrip("-").isdigit():
+        return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+    return False
 
 
 @dataclass(frozen=True)

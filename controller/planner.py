@@ -102,9 +102,15 @@ def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
 
 
 def _allowed(pod: Pod, node: Node) -> bool:
-    """The pod's affinity admits the node: product, and the node it is already pinned to, if any
-    (a controller that crashed between pinning and lifting the gate must finish on that node)."""
-    return (not pod.products or node.product in pod.products) and (pod.node is None or pod.node == node.name)
+    """The pod admits the node: its product, its nodeSelector and required affinity (pinning a pod
+    to a node its own terms exclude would leave it unschedulable), and the node it is already
+    pinned to, if any (a controller that crashed between pinning and lifting the gate must
+    finish on that node)."""
+    return (
+        (not pod.products or node.product in pod.products)
+        and (pod.node is None or pod.node == node.name)
+        and pod.admits(node.label_map)
+    )
 
 
 def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:

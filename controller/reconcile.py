@@ -34,7 +34,7 @@ from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
 from controller.planner import Plan, plan
 from controller.settings import ControllerSettings
 from controller.snapshot import (
-    IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, parse_time, pod_from_object, update_idle,
+    IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, parse_time, pod_from_object, scoped, update_idle,
 )
 
 log = logging.getLogger("gpupack.controller")
@@ -85,6 +85,7 @@ class Controller:
         if self._idle(snapshot, by_name, now, report):
             # The idle record is input to the planner: plan on what was just written.
             snapshot = build_snapshot(gpunodes, nodes, pods, policies)
+        snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
         self._apply_layouts(result, by_name, report)

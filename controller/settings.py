@@ -48,6 +48,9 @@ class ControllerSettings:
     asked for a change it must refuse (a refused change would hold a reshaping slot)."""
     right_size: bool = True
     """Annotate pods that use far less than they asked with a recommendation."""
+    namespaces: str = ""
+    """Comma-separated namespaces whose pods this controller places; empty: all. For a
+    scoped install (and tests sharing a cluster); capacity held by other pods still counts."""
     log_level: str = "info"
 
     @classmethod
@@ -62,6 +65,10 @@ class ControllerSettings:
         settings = cls(**values)
         settings.validate()
         return settings
+
+    @property
+    def namespace_list(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in self.namespaces.split(",") if n.strip())
 
     def validate(self) -> None:
         if self.batch_seconds < 0 or self.resync_seconds <= 0:

@@ -99,7 +99,7 @@ class SharedPlacer:
         # is pinned to) are removed from the choice by a CPU mask.
         saved = self.cluster.cpu_free.copy()
         for i, n in enumerate(self.nodes):
-            if free.get(n.name, 0) < pod.shares or (pod.node is not None and pod.node != n.name):
+            if free.get(n.name, 0) < pod.shares or (pod.node is not None and pod.node != n.name) or not pod.admits(n.label_map):
                 self.cluster.cpu_free[i] = -1
         try:
             outcome = decide(self.cluster, spec, self.policy)

@@ -117,6 +117,23 @@ def _products(spec: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def _terms(spec: Mapping[str, Any]) -> tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...]:
+    terms = _list(
+        _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
+            "nodeSelectorTerms"
+        )
+    )
+    out = []
+    for term in terms:
+        exprs = tuple(
+            (str(e.get("key")), str(e.get("operator")), tuple(str(v) for v in _list(e.get("values"))))
+            for e in _list(_map(term).get("matchExpressions"))
+            if isinstance(e, Mapping)
+        )
+        out.append(exprs)
+    return tuple(out)
+
+
 def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
     cpu = mem = 0
     for c in _list(spec.get("containers")):
@@ -173,6 +190,8 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
         cpu_milli=cpu,
         memory_mib=mem,
         uid=str(meta.get("uid") or ""),
+        node_selector=tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())),
+        terms=_terms(spec),
     )
 
 
@@ -288,6 +307,16 @@ def busy_gpus(node: Node, pods: Iterable[Pod]) -> dict[int, bool]:
         else:
             out[g.index] = shared > 0 or (g.utilization_percent or 0) > 0
     return out
+
+
+def scoped(snapshot: Snapshot, namespaces: Iterable[str]) -> Snapshot:
+    """Only pods of ``namespaces`` are managed (empty: all). Others still hold what they
+    are bound or pinned to; their gated or unschedulable pods are simply not ours to place."""
+    allowed = set(namespaces)
+    if not allowed:
+        return snapshot
+    pods = tuple(p for p in snapshot.pods if p.namespace in allowed or not (p.gated or p.unschedulable))
+    return Snapshot(snapshot.nodes, pods, snapshot.policies)
 
 
 def build_snapshot(

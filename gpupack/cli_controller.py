@@ -25,8 +25,9 @@ def _settings(args: argparse.Namespace) -> Any:
     overrides = {
         "batch_seconds": args.batch_seconds, "resync_seconds": args.resync_seconds, "policy": args.policy,
         "metrics_port": args.metrics_port, "identity": args.identity, "lease_seconds": args.lease_seconds,
-        "lease_namespace": args.lease_namespace, "log_level": args.log_level,
+        "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "log_level": args.log_level,
         "feedback": False if args.no_feedback else None,
+        "namespaces": args.namespaces,
     }
     try:
         return ControllerSettings.from_env(**overrides)
@@ -76,7 +77,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--identity", help="leader-election identity (default host-pid)")
     p.add_argument("--lease-seconds", type=float, help="leader lease duration (default 15)")
     p.add_argument("--lease-namespace", help="namespace of the leader Lease (default gpupack-system)")
+    p.add_argument("--lease-name", help="name of the leader Lease (default gpupack-controller)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
+    p.add_argument("--namespaces", help="comma-separated namespaces whose pods to place (default: all)")
     p.add_argument("--no-feedback", action="store_true", help="do not run the replica feedback loop")
 
 

@@ -213,3 +213,15 @@ def test_unschedulable_ungated_pod_gets_capacity_but_is_not_released() -> None:
     assert change.kind == "reshape" and result.releases == ()
     one_free = run([node("a", gpu(0, (inst("3g.40gb", 0, 4),)))], [pod])
     assert one_free.releases == () and one_free.layouts == () and "kube-scheduler" in one_free.waiting[0].reason
+
+
+def test_pod_node_affinity_and_selector_are_respected() -> None:
+    one_g = inst("1g.10gb", 6, 1)
+    a = Node("a", H100.product, H100, (("zone", "x"),), "none", 1, (gpu(0, (one_g,)),))
+    b = Node("b", H100.product, H100, (("zone", "y"),), "none", 1, (gpu(0, (one_g,)),))
+    wants_y = Pod("team", "p", "mig", NOW, profiles=("1g.10gb",), milli=(100,), memory_bytes=(None,), gated=True,
+                  terms=((("zone", "In", ("y",)),),))
+    assert [r.node for r in run([a, b], [wants_y]).releases] == ["b"]
+    selector = Pod("team", "q", "mig", NOW, profiles=("1g.10gb",), milli=(100,), memory_bytes=(None,), gated=True,
+                   node_selector=(("zone", "z"),))
+    assert run([a, b], [selector]).releases == ()
