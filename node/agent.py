@@ -227,7 +227,9 @@ class Agent:
             node = self.kube.get_node(name)
             labels = dict((node.get("metadata") or {}).get("labels") or {})
         sharing = {"mode": spec.sharing.mode, "replicas": spec.sharing.replicas} if spec else None
-        if spec is not None and not self.simulated:
+        if spec is not None and not self.s.emulate_device_plugin:
+            # The real device plugin reads its sharing config from the ConfigMap; the emulator
+            # (simulation) takes it straight from the spec instead.
             self._write_sharing_config(spec, labels)
         if self.s.emulate_device_plugin and snapshot.error is None:
             conds.append(self._emulate_advertisement(snapshot, node, spec))

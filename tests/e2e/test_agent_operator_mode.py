@@ -1,0 +1,102 @@
+"""GPU Operator mode against the real control plane, with the test playing mig-manager.
+
+The agent (``gpupack-node-agent`` ServiceAccount, plus the Role from
+manifests/agent/rbac-gpu-operator.yaml) must write its mig-parted config into the
+existing ConfigMap without disturbing other entries, point ``nvidia.com/mig.config``
+at it, wait for ``nvidia.com/mig.config.state``, and write the device plugin's
+sharing config under its node's key.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from gpupack.cli_agent import open_backend
+from mig.migparted import layout_for, parse_config
+from node.agent import Agent
+from node.kube import Kube
+from node.metrics import AgentMetrics
+from node.nvml.simulated import SimulatedNvml
+from node.settings import AgentSettings
+from tests.e2e.test_agent_e2e import RunningAgent, _condition, _gpunode, _wait
+
+RBAC = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "rbac-gpu-operator.yaml"
+OTHER = "version: v1\nmig-configs:\n  all-disabled:\n  - devices: all\n    mig-enabled: false\n"
+
+
+@pytest.fixture
+def operator_namespace(admin_client: Any, apply_manifests: Callable[..., list[dict[str, Any]]]) -> str:
+    core = client.CoreV1Api(admin_client)
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpu-operator")))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    apply_manifests(RBAC)
+    try:
+        core.create_namespaced_config_map("gpu-operator", client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name="default-mig-parted-config"), data={"config.yaml": OTHER}))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    return "gpu-operator"
+
+
+def test_operator_mode_handshake(
+    admin_client: Any, operator_namespace: str, sa_kubeconfig: Callable[[str], Path], tmp_path: Path,
+) -> None:
+    core = client.CoreV1Api(admin_client)
+    node = f"op-{uuid.uuid4().hex[:6]}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
+    settings = AgentSettings(node_name=node, mode="operator", simulate="A100-80GB:2", poll_seconds=0.5,
+                             min_patch_seconds=0.2, idle_seconds=0.5, metrics_port=0)
+    running = RunningAgent(sa_kubeconfig("gpupack-node-agent"), settings)
+    try:
+        _wait("status", lambda: (_gpunode(admin_client, node).get("status") or {}).get("gpus"))
+        client.CustomObjectsApi(admin_client).patch_cluster_custom_object(
+            "gpupack.io", "v1alpha1", "gpunodes", node, {"spec": {
+                "sharing": {"mode": "time-slicing", "replicas": 4},
+                "gpus": [{"index": 1, "migEnabled": True, "migConfig": "all-balanced"}]}})
+        meta: Any = _wait("nvidia.com/mig.config set", lambda: (m := core.read_node(node).metadata)
+                          and (m.labels or {}).get("nvidia.com/mig.config") and m)
+        name = meta.labels["nvidia.com/mig.config"]
+        cm: Any = core.read_namespaced_config_map("default-mig-parted-config", "gpu-operator")
+        config = parse_config(cm.data["config.yaml"])
+        assert "all-disabled" in config.mig_configs  # other entries survive the read-modify-write
+        entries = config.mig_configs[name]
+        assert [e.devices for e in entries] == [(0,), (1,)]
+        assert entries[0].mig_devices == {}  # GPU 0 not in the spec: its current (empty) layout
+        _wait("LayoutApplied=Reconfiguring", lambda: _condition(
+            _gpunode(admin_client, node), "LayoutApplied").get("reason") == "Reconfiguring")
+
+        # Play mig-manager: apply the entry for GPU 1 on the (simulated) hardware, report success.
+        sim = running.agent.backend
+        assert isinstance(sim, SimulatedNvml)
+        from mig.geometry import fits
+
+        placed = fits(sim.model, layout_for(entries, sim.model, 1) or [])
+        assert placed is not None
+        for inst in placed:
+            sim.create_gpu_instance(1, sim.model.profile(inst.profile).profile_id, inst.placement)
+        core.patch_node(node, {"metadata": {"labels": {"nvidia.com/mig.config.state": "success"}}})
+        obj = _wait("LayoutApplied=True", lambda: (o := _gpunode(admin_client, node))
+                    and _condition(o, "LayoutApplied").get("status") == "True" and o)
+        assert obj["status"]["reconfiguration"]["phase"] == "Succeeded"
+        assert sorted(i["profile"] for i in obj["status"]["gpus"][1]["instances"]) == sorted(
+            ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"])
+
+        # The device plugin's sharing config for this node, selected by label.
+        dp: Any = core.read_namespaced_config_map("gpupack-device-plugin-config", "gpu-operator")
+        key = core.read_node(node).metadata.labels["nvidia.com/device-plugin.config"]  # type: ignore[union-attr]
+        doc = yaml.safe_load(dp.data[key])
+        assert doc["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
+    finally:
+        running.stop()
