@@ -95,7 +95,8 @@ def test_operator_mode_handshake(
 
         # The device plugin's sharing config for this node, selected by label.
         dp: Any = core.read_namespaced_config_map("gpupack-device-plugin-config", "gpu-operator")
-        key = core.read_node(node).metadata.labels["nvidia.com/device-plugin.config"]  # type: ignore[union-attr]
+        node_meta: Any = core.read_node(node).metadata
+        key = node_meta.labels["nvidia.com/device-plugin.config"]
         doc = yaml.safe_load(dp.data[key])
         assert doc["sharing"]["timeSlicing"]["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
     finally:
