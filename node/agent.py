@@ -246,6 +246,10 @@ class Agent:
                 self.metrics.api_errors.labels(str(exc.status)).inc()
                 log.warning("Kubernetes API error, retrying: %s", exc)
                 wait = self.s.poll_seconds
+            except NvmlError as exc:
+                self.metrics.nvml_errors.labels(exc.name).inc()
+                log.warning("NVML error outside a reconfiguration step, retrying: %s", exc)
+                wait = self.s.poll_seconds
             except Exception:  # noqa: BLE001 - log and retry; never crash-loop the DaemonSet
                 log.exception("agent tick failed; retrying")
                 wait = self.s.poll_seconds

@@ -9,9 +9,8 @@ sharing config under its node's key.
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +18,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpupack.cli_agent import open_backend
 from mig.migparted import layout_for, parse_config
-from node.agent import Agent
-from node.kube import Kube
-from node.metrics import AgentMetrics
 from node.nvml.simulated import SimulatedNvml
 from node.settings import AgentSettings
 from tests.e2e.test_agent_e2e import RunningAgent, _condition, _gpunode, _wait
