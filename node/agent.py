@@ -52,7 +52,7 @@ from node.operator_mode import (
 )
 from node.planning import IdleTracker, StartDecision
 from node.podresources import PodResourcesError, device_owners, list_pod_devices
-from node.pods import PodUse, assign_pods, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device, sim_pid
+from node.pods import SIM_PID_BASE, PodUse, assign_pods, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device, sim_pid
 from node.reconciler import MigReconciler, finish
 from node.settings import AgentSettings
 from sharing.api import GPUNodeSpec
@@ -136,6 +136,8 @@ class Agent:
         key, now = (reason, message), self.clock()
         if now - self._events.get(key, -1e18) < EVENT_REPEAT_SECONDS:
             return
+        if len(self._events) > 256:  # messages carry durations etc.: forget the old ones
+            self._events = {k: t for k, t in self._events.items() if now - t < EVENT_REPEAT_SECONDS}
         self._events[key] = now
         involved = {"apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "name": self.s.node_name, "uid": self._uid}
         try:
@@ -203,6 +205,11 @@ class Agent:
             self._emulate_allocation(snapshot, uses, labels, replicas)
             snapshot = self._snapshot()
         self._busy_ctx = self._pod_map(snapshot, uses)
+        now = self.clock()
+        for gpu in snapshot.gpus:
+            # Idle clocks run for every GPU from the agent's start, not only once a spec asks for a change.
+            self.idle.observe(gpu.info.uuid, [i.placed for i in gpu.instances],
+                              busy_instances(gpu, *self._busy_ctx), now)
         if snapshot.error:
             conds.append(C.Cond(C.NVML_READY, "False", "NvmlUnavailable", snapshot.error))
             self.metrics.nvml_errors.labels("unavailable").inc()
@@ -318,7 +325,7 @@ class Agent:
                 index, gi_id = where[device]
                 sim.start_process(index, pid, 1024, gi_id)
         for pid, (index, _gi, _dev) in device_at.items():
-            if pid >= 4_000_000 and pid not in keep:
+            if pid >= SIM_PID_BASE and pid not in keep:
                 sim.stop_process(index, pid)
 
     # ------------------------------------------------------------- direct mode
@@ -493,9 +500,9 @@ class Agent:
         by_device, unresolved = self._busy_ctx
         idle: set[int] = set()
         for gpu in snapshot.gpus:
-            busy = busy_instances(gpu, by_device, unresolved)
             current = [i.placed for i in gpu.instances]
-            self.idle.observe(gpu.info.uuid, current, busy, now)
+            if busy_instances(gpu, by_device, unresolved):
+                continue
             if not gpu.processes and not self.idle.not_idle_long_enough(gpu.info.uuid, current, now, self.s.idle_seconds):
                 idle.add(gpu.info.index)
         active = dict(reconf) if reconf and reconf.get("mode") == "operator" and reconf.get("phase") == "Applying" else None
