@@ -422,8 +422,11 @@ class Agent:
         def pause(journal: Journal) -> Journal:
             if not self.s.pause_device_plugin or journal.device_plugin_paused:
                 return journal
-            journal = replace(journal, device_plugin_paused=True)
-            store.save(journal)  # write-ahead: a restart knows to un-pause
+            labels = (self.kube.get_node(self.s.node_name).get("metadata") or {}).get("labels") or {}
+            before = labels.get(DEPLOY_DEVICE_PLUGIN)
+            journal = replace(journal, device_plugin_paused=True,
+                              device_plugin_label="true" if before == PAUSED_VALUE else before)
+            store.save(journal)  # write-ahead: a restart knows to un-pause, and to what
             self.kube.patch_node(self.s.node_name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: PAUSED_VALUE}}})
             if not self.simulated:
                 self._wait_device_plugin_gone()
@@ -444,7 +447,7 @@ class Agent:
     def _advertise(self, journal: Journal, store: KubeJournalStore, snapshot: NodeSnapshot) -> Journal:
         name = self.s.node_name
         if journal.device_plugin_paused:
-            self.kube.patch_node(name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: "true"}}})
+            self.kube.patch_node(name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: journal.device_plugin_label}}})
             journal = journal.logged("device plugin resumed", self.clock(), device_plugin_paused=False)
             store.save(journal)
         elif not self.simulated and "device plugin restarted" not in journal.steps:

@@ -68,6 +68,8 @@ class Journal:
     errors: int = 0
     """NVML errors met so far (rollback gives up after the configured number)."""
     device_plugin_paused: bool = False
+    device_plugin_label: str | None = "true"
+    """Value of ``nvidia.com/gpu.deploy.device-plugin`` before the pause (None: absent), restored after."""
     steps: tuple[str, ...] = ()
 
     @property
@@ -98,6 +100,7 @@ class Journal:
             "reason": self.reason,
             "errors": self.errors,
             "devicePluginPaused": self.device_plugin_paused,
+            "devicePluginLabel": self.device_plugin_label,
             "startedAt": self.started_at,
             "updatedAt": self.updated_at,
             "steps": list(self.steps),
@@ -125,6 +128,8 @@ class Journal:
                 reason=str(raw.get("reason", "")),
                 errors=int(raw.get("errors", 0)),
                 device_plugin_paused=bool(raw.get("devicePluginPaused", False)),
+                device_plugin_label=None if raw.get("devicePluginLabel", "true") is None
+                else str(raw.get("devicePluginLabel", "true")),
                 started_at=float(raw["startedAt"]),
                 updated_at=float(raw["updatedAt"]),
                 steps=tuple(str(s) for s in raw.get("steps", ())),

@@ -298,3 +298,25 @@ def test_status_patches_are_rate_limited_with_a_heartbeat() -> None:
     agent.tick()  # ... and goes out once the interval has passed
     assert kube.status_patches == settled + 2
     assert _layout(kube) == ["7g.141gb"]
+
+
+def test_device_plugin_label_is_restored_to_what_it_was() -> None:
+    kube = FakeKube("n1")
+    del kube.node["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"]  # not a GPU Operator node
+    sim = SimulatedNvml(H200, 1, seed="n1")
+    agent = Agent(_settings(), sim, kube, clock=Clock())  # type: ignore[arg-type]
+    agent.tick()
+    kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "7g.141gb"}]}]})
+    paused_seen: list[str | None] = []
+    original = kube.patch_node
+
+    def spy(name: str, patch: dict[str, Any]) -> None:
+        paused_seen.append(patch["metadata"]["labels"].get("nvidia.com/gpu.deploy.device-plugin", "-"))
+        original(name, patch)
+
+    kube.patch_node = spy  # type: ignore[method-assign]
+    for _ in range(3):
+        agent.tick()
+    assert "paused-for-mig-change" in paused_seen
+    assert "nvidia.com/gpu.deploy.device-plugin" not in kube.node["metadata"]["labels"]
+    assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
