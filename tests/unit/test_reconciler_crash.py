@@ -169,7 +169,7 @@ def _iter_lives(world: World, desired: tuple[str, ...]) -> Iterator[int]:
             yield life
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_kill_at_any_step_never_destroys_busy_and_never_ends_in_between(data: st.DataObject) -> None:
     model = data.draw(st.sampled_from(MODELS), label="model")
@@ -195,7 +195,7 @@ def test_kill_at_any_step_never_destroys_busy_and_never_ends_in_between(data: st
             gi_of[instance] = setup.create_gpu_instance(
                 0, model.profile(instance.profile).profile_id, instance.placement).gi_id
         world = World(model, path, kill_at, pod_at_save, process_at_call, faults)
-        busy_flags = data.draw(st.lists(st.sampled_from(["idle", "pod", "process"]),
+        busy_flags = data.draw(st.lists(st.sampled_from(["idle", "idle", "pod", "process"]),
                                         min_size=len(placed), max_size=len(placed)), label="busy")
         for instance, flag in zip(placed, busy_flags, strict=True):
             if flag == "pod":
@@ -219,6 +219,9 @@ def test_kill_at_any_step_never_destroys_busy_and_never_ends_in_between(data: st
         assert not journal.active, f"journal left in {journal.phase}"
         permanent_fault = any(f.code in PERMANENT_CODES for f in faults)
         event(f"outcome={journal.phase} lives={min(len(lives), 3)}")
+        if not faults and pod_at_save is None and process_at_call is None:
+            # Kills alone never make a reshape of idle instances fail: it must finish.
+            assert journal.phase == "Succeeded", f"{journal.phase}: {journal.reason}"
         if journal.phase == "Succeeded":
             assert observed == frozenset(journal.target)
             assert Counter(i.profile for i in observed) == Counter(desired)
