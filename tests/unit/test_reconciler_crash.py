@@ -123,7 +123,7 @@ class CheckedSim(SimulatedNvml):
             self.world.violations.append(f"destroyed busy instance {placed}")
 
 
-def agent_life(world: World, desired: tuple[str, ...]) -> None:
+def agent_life(world: World, desired: tuple[str, ...], generation: int = 1) -> None:
     sim = CheckedSim(world.model, 1, world.path)
     sim.world = world
     for fault in world.faults:
@@ -140,7 +140,7 @@ def agent_life(world: World, desired: tuple[str, ...]) -> None:
     idle = IdleTracker()
     uuid = sim.device_info(0).uuid
     for _ in range(10):
-        result = drive_gpu(reconciler, sim, world.model, 0, uuid, world.journal, desired, 1, busy, idle,
+        result = drive_gpu(reconciler, sim, world.model, 0, uuid, world.journal, desired, generation, busy, idle,
                            world.now, idle_seconds=0.0, retry_seconds=1e9)
         journal = result.journal
         if journal is not None and journal.phase == "Advertising":
@@ -160,10 +160,10 @@ def _grow_layout(data: st.DataObject, model: GpuModel, label: str) -> list[str]:
     return names
 
 
-def _iter_lives(world: World, desired: tuple[str, ...]) -> Iterator[int]:
+def _iter_lives(world: World, desired: tuple[str, ...], generation: int = 1) -> Iterator[int]:
     for life in range(12):
         try:
-            agent_life(world, desired)
+            agent_life(world, desired, generation)
             return
         except Killed:
             yield life
@@ -260,3 +260,51 @@ def test_a_kill_between_destroy_and_journal_write_is_resumed() -> None:
         assert any(step.startswith("created 3g.71gb") for step in world.journal.steps)
         final = SimulatedNvml(model, 1, path)
         assert sorted(str(i.placed) for i in final.gpu_instances(0)) == ["3g.71gb@0:4", "3g.71gb@4:4"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_sequences_of_layouts_workloads_faults_and_kills(data: st.DataObject) -> None:
+    """Several spec generations in a row on one GPU; workloads come and go between them."""
+    model = data.draw(st.sampled_from(MODELS), label="model")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "gpus.json"
+        SimulatedNvml(model, 1, path)
+        world = World(model, path, frozenset(), None, None, [])
+        for generation in range(1, data.draw(st.integers(2, 4), label="generations") + 1):
+            desired = tuple(_grow_layout(data, model, f"desired-{generation}"))
+            step_faults = data.draw(st.lists(st.builds(
+                Fault, operation=st.sampled_from(["create", "destroy"]), code=st.sampled_from(TRANSIENT_CODES),
+                times=st.just(1), after_effect=st.booleans()), max_size=1), label="faults")
+            world.faults.extend(step_faults)
+            world.kill_at = frozenset(world.ticks + k for k in data.draw(
+                st.lists(st.integers(1, 40), max_size=3), label="kills"))
+            world.pod_at_save = data.draw(st.none() | st.integers(1, 8), label="pod_at_save")
+            world.process_at_call = data.draw(st.none() | st.integers(1, 16), label="process_at_call")
+            world.active_saves = world.active_calls = 0
+            before = frozenset(i.placed for i in SimulatedNvml(model, 1, path).gpu_instances(0))
+            lives = list(_iter_lives(world, desired, generation))
+            assert len(lives) < 12, "agent never finished"
+            observed = frozenset(i.placed for i in SimulatedNvml(model, 1, path).gpu_instances(0))
+            assert world.violations == []
+            assert world.ever_busy <= observed, "a busy instance disappeared"
+            journal = world.journal
+            if journal is None or journal.generation != generation:
+                assert observed == before, "GPU changed without a journal for this generation"
+            else:
+                assert not journal.active
+                if journal.phase == "Succeeded":
+                    assert observed == frozenset(journal.target)
+                    assert Counter(i.profile for i in observed) == Counter(desired)
+                elif journal.phase == "RolledBack":
+                    assert observed == before == frozenset(journal.previous)
+                else:
+                    assert journal.phase == "Failed" and journal.reason
+                    assert observed in (before, frozenset(journal.target)) or journal.reason.startswith(
+                        "cannot roll back") or journal.errors >= 4, journal.reason
+            if data.draw(st.booleans(), label="workloads-end"):
+                sim = SimulatedNvml(model, 1, path)
+                for proc in sim.processes(0):
+                    sim.stop_process(0, proc.pid)
+                world.pods.clear()
+                world.ever_busy.clear()
