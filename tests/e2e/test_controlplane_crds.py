@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,27 +23,39 @@ def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-def _create(admin: Any, body: dict[str, Any]) -> dict[str, Any]:
-    # Strict: unknown fields are rejected, as `kubectl apply` does by default.
-    created: dict[str, Any] = client.CustomObjectsApi(admin).create_cluster_custom_object(
-        api.GROUP, api.VERSION, PLURALS[body["kind"]], body, field_validation="Strict"
-    )
-    return created
+Create = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@pytest.fixture
+def create(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> Iterator[Create]:
+    """Create custom objects; delete them after the test, so the shared control
+    plane's inventory (which other components' tests read) is left as found."""
+    objects = client.CustomObjectsApi(admin_client)
+    made: list[tuple[str, str]] = []
+
+    def make(body: dict[str, Any]) -> dict[str, Any]:
+        # Strict: unknown fields are rejected, as `kubectl apply` does by default.
+        created: dict[str, Any] = objects.create_cluster_custom_object(
+            api.GROUP, api.VERSION, PLURALS[body["kind"]], body, field_validation="Strict")
+        made.append((PLURALS[body["kind"]], body["metadata"]["name"]))
+        return created
+
+    yield make
+    for plural, name in made:
+        objects.delete_cluster_custom_object(api.GROUP, api.VERSION, plural, name)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_api_server_agrees_with_models(
-    admin_client: Any, gpupack_installed: list[dict[str, Any]], case: Case
-) -> None:
+def test_api_server_agrees_with_models(create: Create, case: Case) -> None:
     body = case.body(_name(case.id[:40]))
     if case.valid:
-        stored = _create(admin_client, body)
+        stored = create(body)
         # What the server stored (with its defaults) is a valid model again.
         model = SPEC_MODELS[case.kind].model_validate(stored["spec"])
         assert model == SPEC_MODELS[case.kind].model_validate(case.spec)
     else:
         with pytest.raises(ApiException) as info:
-            _create(admin_client, body)
+            create(body)
         # 422 Invalid for schema/CEL violations, 400 for strict decoding (unknown fields).
         assert info.value.status in (400, 422), info.value.body
         message = json.loads(info.value.body)["message"]
@@ -73,14 +86,12 @@ def _status(product: str, mig_instances: int, in_use: int) -> api.GPUNodeStatus:
     )
 
 
-def test_status_is_a_subresource_and_round_trips(
-    admin_client: Any, gpupack_installed: list[dict[str, Any]]
-) -> None:
+def test_status_is_a_subresource_and_round_trips(admin_client: Any, create: Create) -> None:
     objects = client.CustomObjectsApi(admin_client)
     name = _name("status")
     status = _status("NVIDIA-A100-SXM4-80GB", mig_instances=3, in_use=1)
     body = api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name), status=status))
-    created = _create(admin_client, body)
+    created = create(body)
     assert "status" not in created, "status must be ignored on create (status subresource)"
 
     objects.patch_cluster_custom_object_status(
@@ -98,9 +109,9 @@ def test_status_is_a_subresource_and_round_trips(
     assert after["status"] == stored["status"]
 
 
-def test_invalid_status_is_rejected(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> None:
+def test_invalid_status_is_rejected(admin_client: Any, create: Create) -> None:
     name = _name("badstatus")
-    _create(admin_client, api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name))))
+    create(api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name))))
     bad = {"status": {"gpus": [{"index": 0, "uuid": "GPU-1", "product": "x", "memoryMiB": -5}]}}
     with pytest.raises(ApiException) as info:
         client.CustomObjectsApi(admin_client).patch_cluster_custom_object_status(
@@ -109,12 +120,12 @@ def test_invalid_status_is_rejected(admin_client: Any, gpupack_installed: list[d
     assert "status.gpus[0].memoryMiB" in json.loads(info.value.body)["message"]
 
 
-def test_printer_columns_show_status(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> None:
+def test_printer_columns_show_status(admin_client: Any, create: Create) -> None:
     objects = client.CustomObjectsApi(admin_client)
     name = _name("table")
     status = _status("NVIDIA-H100-80GB-HBM3", mig_instances=4, in_use=2)
     spec = api.GPUNodeSpec(sharing=api.SharingConfig(mode="mps", replicas=8))
-    _create(admin_client, api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name), spec=spec)))
+    create(api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name), spec=spec)))
     objects.patch_cluster_custom_object_status(
         api.GROUP, api.VERSION, "gpunodes", name, {"status": api.to_wire(status)})
 

@@ -124,9 +124,25 @@ def test_real_requests_as_each_service_account(
     gpunode = api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name)))
     objs = {sa: client.CustomObjectsApi(sa_client(sa)) for sa in EXPECTED}
     core = {sa: client.CoreV1Api(sa_client(sa)) for sa in EXPECTED}
+    try:
+        _exercise(objs, core, name, gpunode)
+        stored = client.CustomObjectsApi(admin_client).get_cluster_custom_object(
+            api.GROUP, api.VERSION, "gpunodes", name)
+    finally:  # leave the shared inventory as found
+        _status_of(lambda: client.CustomObjectsApi(admin_client).delete_cluster_custom_object(
+            api.GROUP, api.VERSION, "gpunodes", name))
+    assert stored["spec"]["sharing"] == SPEC_PATCH["spec"]["sharing"]
+    assert stored["status"]["product"] == STATUS_PATCH["status"]["product"]
+
+
+STATUS_PATCH = {"status": {"product": "NVIDIA-A100-SXM4-80GB"}}
+SPEC_PATCH = {"spec": {"sharing": {"mode": "mps", "replicas": 2}}}
+
+
+def _exercise(objs: dict[str, Any], core: dict[str, Any], name: str,
+              gpunode: dict[str, Any]) -> None:
     args = (api.GROUP, api.VERSION, "gpunodes")
-    status_patch = {"status": {"product": "NVIDIA-A100-SXM4-80GB"}}
-    spec_patch = {"spec": {"sharing": {"mode": "mps", "replicas": 2}}}
+    status_patch, spec_patch = STATUS_PATCH, SPEC_PATCH
 
     # The node agent creates its GPUNode and reports status, but cannot set the spec.
     assert _status_of(lambda: objs["gpupack-node-agent"].create_cluster_custom_object(
@@ -150,6 +166,3 @@ def test_real_requests_as_each_service_account(
     # Nobody reads Secrets.
     for sa in EXPECTED:
         assert _status_of(lambda: core[sa].list_namespaced_secret(NS)) == 403, sa
-    stored = client.CustomObjectsApi(admin_client).get_cluster_custom_object(*args, name)
-    assert stored["spec"]["sharing"] == spec_patch["spec"]["sharing"]
-    assert stored["status"]["product"] == status_patch["status"]["product"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -77,8 +77,17 @@ def _unschedulable(admin: Any, namespace: str, pod: str) -> str:
 
 
 @pytest.fixture
-def run() -> str:
-    return f"e2e-{uuid.uuid4().hex[:6]}"
+def run(admin_client: Any, namespace: str) -> Iterator[str]:
+    """A run id labelling this test's Nodes; they and the test's pods go afterwards,
+    so other tests sharing the control plane never see this capacity."""
+    run_id = f"e2e-{uuid.uuid4().hex[:6]}"
+    yield run_id
+    core = client.CoreV1Api(admin_client)
+    for pod in core.list_namespaced_pod(namespace).items:
+        # Bound pods wait for a kubelet to confirm deletion; there is none.
+        core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    for node in core.list_node(label_selector=f"e2e-run={run_id}").items:
+        core.delete_node(node.metadata.name)
 
 
 def test_node_extended_resources_can_be_created_and_patched(admin_client: Any, run: str) -> None:
