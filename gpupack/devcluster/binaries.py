@@ -80,7 +80,7 @@ def ensure_binaries(progress: TextIO | None = None, build: bool = True) -> Binar
     if not build:
         raise BuildFailed(
             f"control-plane binaries are not built yet ({binaries.bin_dir})",
-            "run tools/k8s/build.sh (needs Go >= 1.26; 25-40 minutes the first time)",
+            "run tools/k8s/build.sh (needs Go >= 1.26; about 10 minutes on 2 cores the first time)",
         )
     if shutil.which("go") is None:
         raise ToolchainMissing(

@@ -5,7 +5,7 @@
 #
 # The binaries are cached by version outside the repository, in
 #   ${GPUPACK_CACHE_DIR:-~/.cache/gpupack}/k8s/<versions>/bin/
-# so the first build costs minutes (about 25-40 on 2 cores) and later runs
+# so the first build costs minutes (about 10 on a 2-core VM) and later runs
 # return at once. Prints the bin directory as its last line on success.
 #
 # Usage: tools/k8s/build.sh [--print-bin-dir]
@@ -72,7 +72,7 @@ mkdir -p "${work}/bin"
 
 start=$(date +%s)
 log "building kube ${KUBERNETES_VERSION} + etcd ${ETCD_VERSION} with ${go_version} ($(nproc) CPUs)"
-log "first build downloads ~300 MB of modules and compiles for 25-40 min on 2 cores"
+log "first build: downloads ~210 MB of modules, then compiles (about 10 min on 2 cores)"
 
 # Version stamps the way Kubernetes' own build (hack/lib/version.sh) sets them,
 # so /version and the components' logs report the real release.
