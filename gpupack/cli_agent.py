@@ -31,7 +31,7 @@ from node.nvml.protocol import NvmlBackend
 from node.settings import MODES, AgentSettings
 
 
-def _simulated(spec: str, state_file: str, seed: str) -> NvmlBackend:
+def _simulated(spec: str, state_file: str, seed: str, delay_s: float = 0.0) -> NvmlBackend:
     from node.nvml.simulated import SimulatedNvml
 
     model_name, sep, count_text = spec.rpartition(":")
@@ -48,7 +48,8 @@ def _simulated(spec: str, state_file: str, seed: str) -> NvmlBackend:
     except MigError as exc:
         raise UsageError(str(exc)) from None
     try:
-        return SimulatedNvml(model, count, state_file or None, seed=seed)
+        delays = {"create": delay_s, "destroy": delay_s} if delay_s > 0 else None
+        return SimulatedNvml(model, count, state_file or None, seed=seed, delays=delays)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -56,7 +57,8 @@ def _simulated(spec: str, state_file: str, seed: str) -> NvmlBackend:
 def open_backend(settings: AgentSettings) -> tuple[NvmlBackend | None, str]:
     """The backend, or (None, why) when NVML cannot be opened (reported, not fatal)."""
     if settings.simulate:
-        return _simulated(settings.simulate, settings.state_file, settings.node_name or "gpupack-sim"), ""
+        return _simulated(settings.simulate, settings.state_file, settings.node_name or "gpupack-sim",
+                          settings.simulate_delay_seconds), ""
     from node.nvml.real import RealNvml
 
     try:

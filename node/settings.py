@@ -26,6 +26,8 @@ class AgentSettings:
     """``MODEL:COUNT`` to use the SIMULATED NVML backend (machines without GPUs)."""
     state_file: str = ""
     """Simulated backend only: JSON state, so a restarted agent sees the same GPUs."""
+    simulate_delay_seconds: float = 0.0
+    """Simulated backend only: seconds each GPU-instance create/destroy takes (demos, kill tests)."""
     poll_seconds: float = 5.0
     """Seconds between inventory reads; NVML reads are cheap, the API patches are rate-limited."""
     min_patch_seconds: float = 2.0
