@@ -202,10 +202,10 @@ class Stack:
             "--resync-seconds", "2", "--batch-seconds", "0.2", "--identity", name, "--lease-seconds", "6", *extra,
         ])
 
-    def stop_process(self, name: str, kill: bool = False) -> None:
+    def stop_process(self, name: str) -> None:
         for proc in list(self.processes):
             if proc.name == name:
-                proc.stop(grace_s=0.0 if kill else 5.0)
+                proc.stop(grace_s=5.0)
                 self.processes.remove(proc)
 
     def _webhook(self) -> None:

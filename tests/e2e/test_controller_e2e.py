@@ -1,0 +1,314 @@
+"""The cluster controller on the real control plane, with simulated GPU nodes.
+
+Every test gets its own Nodes (label ``e2e-ctl=<run>``), a SharingPolicy that
+selects only them, node agents (``gpupack agent run --simulate``, subprocesses,
+as the agent's ServiceAccount) and one or two controllers (``gpupack controller
+run``, subprocesses, as the controller's ServiceAccount, scoped to the test's
+namespace so other tests' gated pods are never touched). Pods are created gated
+with the ``gpupack.io/allocation`` annotation the webhook would write, so these
+tests exercise the controller alone; the webhook has its own e2e tests and
+``test_demo_e2e`` runs everything together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gpupack.devcluster.process import ManagedProcess
+
+GROUP, VERSION = "gpupack.io", "v1alpha1"
+H100 = "NVIDIA-H100-80GB-HBM3"
+WAIT_S = 60.0
+
+
+def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S, tick: Callable[[], None] | None = None) -> Any:
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        if tick is not None:
+            tick()
+        last = probe()
+        if last:
+            return last
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+class Harness:
+    def __init__(self, admin: Any, sa_kubeconfig: Callable[[str], Path], tmp: Path, namespace: str) -> None:
+        self.admin = admin
+        self.core = client.CoreV1Api(admin)
+        self.custom = client.CustomObjectsApi(admin)
+        self.sa_kubeconfig = sa_kubeconfig
+        self.tmp = tmp
+        self.namespace = namespace
+        self.run = uuid.uuid4().hex[:6]
+        self.lease = f"ctl-{self.run}"
+        self.processes: dict[str, ManagedProcess] = {}
+        self.nodes: list[str] = []
+        self.policies: list[str] = []
+
+    # ------------------------------------------------------------ processes
+    def _start(self, name: str, argv: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, [sys.executable, "-m", "gpupack", *argv], self.tmp / f"{name}.log")
+        proc.start()
+        self.processes[name] = proc
+        return proc
+
+    def stop(self, name: str, kill: bool = False) -> None:
+        proc = self.processes.pop(name)
+        if kill and proc.popen is not None:
+            os.killpg(proc.popen.pid, signal.SIGKILL)  # no shutdown code runs: a crash
+            proc.popen.wait(timeout=10)
+        proc.stop(grace_s=5.0)
+
+    def log(self, name: str) -> str:
+        path = self.tmp / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def agent(self, node: str, simulate: str) -> ManagedProcess:
+        return self._start(f"agent-{node}", [
+            "agent", "run", "--node", node, "--simulate", simulate, "--state-file", str(self.tmp / f"{node}.json"),
+            "--emulate-device-plugin", "--poll-seconds", "0.3", "--idle-seconds", "0.5", "--metrics-port", "0",
+            "--kubeconfig", str(self.sa_kubeconfig("gpupack-node-agent")),
+        ])
+
+    def controller(self, identity: str) -> ManagedProcess:
+        return self._start(identity, [
+            "controller", "run", "--kubeconfig", str(self.sa_kubeconfig("gpupack-controller")), "--metrics-port", "0",
+            "--namespaces", self.namespace, "--identity", identity, "--lease-name", self.lease,
+            "--lease-seconds", "4", "--resync-seconds", "1", "--batch-seconds", "0.2", "--no-feedback",
+        ])
+
+    # ------------------------------------------------------------ objects
+    def node(self, suffix: str, gpus: int, layouts: dict[int, list[str]] | None = None) -> str:
+        name = f"ctl-{self.run}-{suffix}"
+        self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={
+            "kubernetes.io/hostname": name, "e2e-ctl": self.run, "nvidia.com/gpu.deploy.device-plugin": "true"})))
+        res = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+        self.core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "E2E", "message": "no kubelet"}]}})
+        spec: dict[str, Any] = {"sharing": {"mode": "none", "replicas": 1}}
+        if layouts:
+            spec["gpus"] = [{"index": i, "migEnabled": True, "layout": [{"profile": p} for p in ps]}
+                            for i, ps in sorted(layouts.items())]
+        self.custom.create_cluster_custom_object(GROUP, VERSION, "gpunodes", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": {"name": name}, "spec": spec})
+        self.nodes.append(name)
+        self.agent(name, f"H100-80GB:{gpus}")
+        wanted = {i: sorted(ps) for i, ps in (layouts or {}).items()}
+        wait_for(f"{name} reported with its initial layout", lambda: self.layouts(name) and all(
+            self.layouts(name).get(i) == ps for i, ps in wanted.items()))
+        return name
+
+    def policy(self, **reshaping: Any) -> str:
+        name = f"ctl-{self.run}-{len(self.policies)}"
+        self.custom.create_cluster_custom_object(GROUP, VERSION, "sharingpolicies", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"matchLabels": {"e2e-ctl": self.run}},
+                     "reshaping": {"maxConcurrent": 4, "idleSeconds": 0, **reshaping}}})
+        self.policies.append(name)
+        return name
+
+    def gpunode(self, name: str) -> dict[str, Any]:
+        return dict(self.custom.get_cluster_custom_object(GROUP, VERSION, "gpunodes", name))
+
+    def layouts(self, name: str) -> dict[int, list[str]]:
+        try:
+            status = self.gpunode(name).get("status") or {}
+        except client.ApiException:
+            return {}
+        return {g["index"]: sorted(i["profile"] for i in g.get("instances") or []) for g in status.get("gpus") or []}
+
+    def instance_uuids(self, name: str, index: int) -> list[str]:
+        status = self.gpunode(name).get("status") or {}
+        gpu = next(g for g in status.get("gpus") or [] if g["index"] == index)
+        return sorted(str(i.get("uuid")) for i in gpu.get("instances") or [])
+
+    def in_flight(self, name: str) -> int:
+        """GPUs whose spec layout differs from what the status shows (a reshape in flight)."""
+        obj = self.gpunode(name)
+        spec = {g["index"]: sorted(i["profile"] for i in g.get("layout") or []) for g in (obj.get("spec") or {}).get("gpus") or []}
+        have = {g["index"]: sorted(i["profile"] for i in g.get("instances") or []) for g in (obj.get("status") or {}).get("gpus") or []}
+        return sum(1 for i, ps in spec.items() if have.get(i) != ps)
+
+    def gated_pod(self, name: str, profile: str) -> str:
+        allocation = {"version": "v1", "mode": "mig", "gated": True, "policy": "e2e", "reason": "e2e", "gpuModel": H100,
+                      "containers": [{"name": "main", "kind": "container", "milli": 300, "resource": f"nvidia.com/mig-{profile}",
+                                      "profile": profile}]}
+        body: Any = {"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": name, "annotations": {"gpupack.io/allocation": json.dumps(allocation)}},
+                     "spec": {"schedulingGates": [{"name": "gpupack.io/capacity"}],
+                              "containers": [{"name": "main", "image": "example.com/app:1",
+                                              "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}],
+                              "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                                  "nodeSelectorTerms": [{"matchExpressions": [
+                                      {"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100]},
+                                      {"key": "e2e-ctl", "operator": "In", "values": [self.run]}]}]}}}}}
+        self.core.create_namespaced_pod(self.namespace, body)
+        return name
+
+    def bound_pod(self, name: str, node: str, profile: str) -> None:
+        """A pod already running on ``node`` (no kubelet: bound directly) that holds one instance."""
+        body: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                     "spec": {"nodeName": node, "containers": [{"name": "main", "image": "example.com/app:1",
+                              "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}]}}
+        self.core.create_namespaced_pod(self.namespace, body)
+
+    def node_of(self, pod: str) -> str | None:
+        return self.core.read_namespaced_pod(pod, self.namespace).spec.node_name  # type: ignore[no-any-return]
+
+    def cleanup(self) -> None:
+        for name in list(self.processes):
+            self.stop(name)
+        for pod in self.core.list_namespaced_pod(self.namespace).items:
+            self.core.delete_namespaced_pod(pod.metadata.name, self.namespace, grace_period_seconds=0)
+        for name in self.policies:
+            self.custom.delete_cluster_custom_object(GROUP, VERSION, "sharingpolicies", name)
+        for name in self.nodes:
+            self.custom.delete_cluster_custom_object(GROUP, VERSION, "gpunodes", name)
+            self.core.delete_node(name)
+
+
+@pytest.fixture
+def h(admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[str], Path], tmp_path: Path,
+      namespace: str) -> Iterator[Harness]:
+    harness = Harness(admin_client, sa_kubeconfig, tmp_path, namespace)
+    yield harness
+    logs = {name: harness.log(name)[-1500:] for name in harness.processes}
+    harness.cleanup()
+    for name, text in logs.items():
+        print(f"--- {name} ---\n{text}")
+
+
+def test_missing_profile_reshapes_an_idle_gpu_and_the_pod_is_scheduled(h: Harness) -> None:
+    node = h.node("a", 1, {0: ["7g.80gb"]})
+    h.policy()
+    h.controller("ctl-1")
+    h.gated_pod("needs-3g", "3g.40gb")
+    assert wait_for("the pod to be bound", lambda: h.node_of("needs-3g")) == node
+    assert "3g.40gb" in h.layouts(node)[0]
+    pod = h.core.read_namespaced_pod("needs-3g", h.namespace)
+    assert not pod.spec.scheduling_gates
+    exprs = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms[0].match_expressions
+    assert {"kubernetes.io/hostname"} <= {e.key for e in exprs}  # pinned by the controller, terms only tightened
+
+
+def test_a_busy_gpu_is_never_touched(h: Harness) -> None:
+    node = h.node("busy", 2, {0: ["7g.80gb"], 1: ["7g.80gb"]})
+    h.bound_pod("holder", node, "7g.80gb")
+
+    def busy() -> list[int]:
+        gpus = (h.gpunode(node).get("status") or {}).get("gpus") or []
+        return [g["index"] for g in gpus if any(i.get("inUse") for i in g.get("instances") or [])]
+
+    (busy_index,) = wait_for("the agent to report the holder's instance in use", busy)
+    before = h.instance_uuids(node, busy_index)
+    h.policy()
+    h.controller("ctl-1")
+    h.gated_pod("a", "3g.40gb")
+    h.gated_pod("b", "3g.40gb")
+    h.gated_pod("c", "3g.40gb")  # a third 3g fits nowhere without the busy GPU
+
+    def busy_untouched() -> None:
+        assert h.instance_uuids(node, busy_index) == before, "the busy GPU's instances changed"
+
+    wait_for("a and b bound", lambda: h.node_of("a") and h.node_of("b"), tick=busy_untouched)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        busy_untouched()
+        time.sleep(0.2)
+    assert h.node_of("c") is None
+    assert h.layouts(node)[busy_index] == ["7g.80gb"]
+
+
+@pytest.mark.parametrize("victim", ["controller", "agent"])
+def test_killing_a_component_mid_reshape_converges(h: Harness, victim: str) -> None:
+    node = h.node("crash", 2, {0: ["7g.80gb"], 1: ["7g.80gb"]})
+    h.policy()
+    h.controller("ctl-1")
+    for i in range(4):
+        h.gated_pod(f"p{i}", "2g.20gb")
+    wait_for("a reshape to start (spec written)", lambda: h.in_flight(node) > 0, timeout_s=30)
+    if victim == "controller":
+        h.stop("ctl-1", kill=True)
+        h.controller("ctl-2")
+    else:
+        h.stop(f"agent-{node}", kill=True)
+        h.agent(node, "H100-80GB:2")
+    wait_for("every pod bound", lambda: all(h.node_of(f"p{i}") for i in range(4)))
+    layouts = h.layouts(node)
+    assert sum(ps.count("2g.20gb") for ps in layouts.values()) >= 4
+    assert h.in_flight(node) == 0
+
+
+def test_two_controller_replicas_never_both_act(h: Harness) -> None:
+    node = h.node("ha", 2, {0: ["7g.80gb"], 1: ["7g.80gb"]})
+    h.policy()
+    h.controller("ctl-a")
+    h.controller("ctl-b")
+
+    def holder() -> str | None:
+        try:
+            lease = client.CoordinationV1Api(h.admin).read_namespaced_lease(h.lease, "gpupack-system")
+        except client.ApiException:
+            return None
+        return lease.spec.holder_identity or None  # type: ignore[no-any-return]
+
+    lease = wait_for("a leader", holder)
+    for i in range(3):
+        h.gated_pod(f"p{i}", "1g.10gb")
+    wait_for("pods bound", lambda: all(h.node_of(f"p{i}") for i in range(3)))
+    acted = {ident for ident in ("ctl-a", "ctl-b") if "layout:" in h.log(ident) or "released" in h.log(ident)}
+    assert acted == {lease}
+    # Fail over: the standby takes the lease and serves new demand.
+    h.stop(lease, kill=True)
+    standby = ({"ctl-a", "ctl-b"} - {lease}).pop()
+    h.gated_pod("after", "3g.40gb")
+    assert wait_for("the standby to place the new pod", lambda: h.node_of("after"), timeout_s=45) == node
+    assert "released" in h.log(standby)
+
+
+def test_max_concurrent_is_honoured(h: Harness) -> None:
+    node = h.node("mc", 3, {0: ["7g.80gb"], 1: ["7g.80gb"], 2: ["7g.80gb"]})
+    h.policy(maxConcurrent=1)
+    h.controller("ctl-1")
+    for i in range(3):
+        h.gated_pod(f"p{i}", "4g.40gb")  # each needs its own GPU reshaped
+    peak = 0
+
+    def watch() -> None:
+        nonlocal peak
+        peak = max(peak, h.in_flight(node))
+
+    wait_for("all three bound", lambda: all(h.node_of(f"p{i}") for i in range(3)), tick=watch)
+    assert peak == 1
+
+
+def test_closed_window_holds_reshaping_until_it_opens(h: Harness) -> None:
+    node = h.node("win", 1, {0: ["7g.80gb"]})
+    now = time.gmtime()
+    closed = {"start": f"{(now.tm_hour + 2) % 24:02d}:00", "end": f"{(now.tm_hour + 3) % 24:02d}:00"}
+    policy = h.policy(windows=[closed])
+    h.controller("ctl-1")
+    h.gated_pod("waits", "1g.10gb")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert h.in_flight(node) == 0 and h.layouts(node)[0] == ["7g.80gb"], "reshaped outside the window"
+        time.sleep(0.25)
+    assert h.node_of("waits") is None
+    opened = {"start": f"{(now.tm_hour + 23) % 24:02d}:00", "end": f"{(now.tm_hour + 2) % 24:02d}:00"}
+    h.custom.patch_cluster_custom_object(GROUP, VERSION, "sharingpolicies", policy,
+                                         {"spec": {"reshaping": {"windows": [opened]}}})
+    assert wait_for("the pod bound once the window opens", lambda: h.node_of("waits")) == node

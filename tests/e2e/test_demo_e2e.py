@@ -1,0 +1,38 @@
+"""``gpupack demo --json`` end to end: its own control plane, agents, webhook and controller.
+
+The demo starts a separate control plane (its own ports and temp dir), so it
+does not disturb the session's; it reuses the binaries the session built.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+KEYS = ("pods_submitted", "pods_scheduled", "pods_rejected", "gpus_reshaped", "allocation_ratio", "seconds")
+
+
+def test_demo_json_summary(control_plane: Any) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "gpupack", "demo", "--json", "--pods", "16", "--submit-seconds", "4", "--seed", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout)
+    for key in KEYS:
+        assert key in summary, f"missing {key}"
+    assert summary["pods_submitted"] == 16
+    assert summary["pods_scheduled"] + summary["pods_rejected"] == 16
+    assert summary["gpus_reshaped"] >= 1  # the GPUs start without instances: every MIG pod needs a reshape
+    assert 0.0 < summary["allocation_ratio"] <= 1.0
+    assert "submitting 16 pods" in run.stderr  # progress goes to stderr with --json
+
+
+def test_demo_rejects_bad_input() -> None:
+    run = subprocess.run([sys.executable, "-m", "gpupack", "demo", "--pods", "0"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "--pods must be 1..500" in run.stderr
