@@ -88,13 +88,17 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--node (or GPUPACK_AGENT_NODE_NAME) is required")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from node.agent import Agent
-    from node.kube import Kube
+    from node.kube import Kube, KubeConfigError
     from node.metrics import AgentMetrics
 
+    try:
+        kube = Kube.connect(args.kubeconfig)
+    except KubeConfigError as exc:
+        raise UsageError(str(exc)) from None
     backend, error = open_backend(settings)
     metrics = AgentMetrics()
     metrics.serve(settings.metrics_port)
-    agent = Agent(settings, backend, Kube.connect(args.kubeconfig), backend_error=error, metrics=metrics)
+    agent = Agent(settings, backend, kube, backend_error=error, metrics=metrics)
     stopping = {"flag": False}
 
     def stop(_signum: int, _frame: object) -> None:

@@ -25,6 +25,10 @@ MERGE_PATCH = "application/merge-patch+json"
 EVENT_NAMESPACE = "default"  # events about cluster-scoped objects live here
 
 
+class KubeConfigError(Exception):
+    """No usable kubeconfig or in-cluster credentials."""
+
+
 class KubeError(Exception):
     def __init__(self, status: int, message: str) -> None:
         self.status = status
@@ -57,11 +61,15 @@ class Kube:
     @classmethod
     def connect(cls, kubeconfig: str | None = None) -> Kube:
         """In-cluster config inside a pod, else ``kubeconfig`` (or ``$KUBECONFIG``)."""
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            cfg = client.Configuration()
-            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            return cls(client.ApiClient(cfg))
-        return cls(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
+        try:
+            if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                cfg = client.Configuration()
+                config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+                return cls(client.ApiClient(cfg))
+            return cls(config.new_client_from_config(config_file=kubeconfig))  # type: ignore[no-untyped-call]
+        except (config.ConfigException, OSError) as exc:
+            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
 
     def _dict(self, obj: Any) -> dict[str, Any]:
         data = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
