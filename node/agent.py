@@ -349,14 +349,14 @@ class Agent:
         for g in spec.gpus:
             gpu = snapshot.gpu(g.index)
             if gpu is None:
-                problems[g.index] = f"GPU {g.index} does not exist on this node ({len(snapshot.gpus)} GPU(s))"
+                problems[g.index] = f"no such GPU on this node ({len(snapshot.gpus)} GPU(s))"
             elif not g.mig_enabled:
                 desired[g.index] = None
             elif g.layout is not None:
                 desired[g.index] = [i.profile for i in g.layout]
             elif g.mig_config is not None:
                 if gpu.model is None:
-                    problems[g.index] = f"GPU {g.index} is not MIG-capable"
+                    problems[g.index] = "not MIG-capable"
                     continue
                 try:
                     desired[g.index] = layout_for(builtin_config(g.mig_config), gpu.model, g.index)
@@ -400,10 +400,17 @@ class Agent:
                 if index not in desired:
                     continue
                 want = desired[index]
-                if want is None or not gpu.info.mig_enabled or gpu.model is None:
-                    if (want is None) != (not gpu.info.mig_enabled):
-                        problems[index] = (f"GPU {index}: changing MIG mode needs a GPU reset; use operator mode "
-                                           "(mig-manager) or switch it on the node")
+                if gpu.error is not None:
+                    problems[index] = f"NVML error, not reshaped: {gpu.error}"
+                    continue
+                if gpu.info.mig_enabled != gpu.info.mig_pending:
+                    problems[index] = "a MIG-mode change is pending until the GPU is reset; not reshaped"
+                    continue
+                if (want is None) != (not gpu.info.mig_enabled):
+                    problems[index] = ("changing MIG mode needs a GPU reset; use operator mode (mig-manager) "
+                                       "or switch it on the node")
+                    continue
+                if want is None or gpu.model is None:
                     continue
                 own = journal if journal is not None and journal.gpu_index == index else None
                 result = drive_gpu(reconciler, self.backend, gpu.model, index, gpu.info.uuid, own, want, generation,

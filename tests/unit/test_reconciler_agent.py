@@ -320,3 +320,25 @@ def test_device_plugin_label_is_restored_to_what_it_was() -> None:
     assert "paused-for-mig-change" in paused_seen
     assert "nvidia.com/gpu.deploy.device-plugin" not in kube.node["metadata"]["labels"]
     assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
+
+
+def test_gpus_that_cannot_be_reshaped_say_why() -> None:
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 3, seed="n1", mig_enabled=True)
+    sim.set_mig_mode(1, False)  # pending until reset
+    sim.set_mig_mode(2, False)
+    sim.reset_gpu(2)  # MIG off
+    agent = Agent(_settings(simulate="H200:3"), sim, kube, clock=Clock())  # type: ignore[arg-type]
+    agent.tick()
+    layout = [{"profile": "7g.141gb"}]
+    kube.set_spec({"gpus": [{"index": i, "migEnabled": True, "layout": layout} for i in (1, 2)]
+                   + [{"index": 5, "migEnabled": True, "layout": layout}]})
+    agent.tick()
+    message = _cond(kube, "LayoutApplied")["message"]
+    assert _cond(kube, "LayoutApplied")["reason"] == "LayoutRefused"
+    assert "GPU 1: a MIG-mode change is pending" in message
+    assert "GPU 2: changing MIG mode needs a GPU reset" in message
+    assert "GPU 5: no such GPU on this node (3 GPU(s))" in message
+    assert sim.gpu_instances(0) == ()
+    assert sim.device_info(1).mig_enabled and sim.device_info(1).mig_pending is False  # untouched, still pending
+    assert sim.device_info(2).mig_enabled is False
