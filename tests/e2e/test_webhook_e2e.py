@@ -335,3 +335,15 @@ def test_init_container_request_reaches_the_webhook(admin_client: Any, gpu_names
     stored = create(admin_client, gpu_namespace, pod)
     assert stored["spec"]["initContainers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
     assert allocation(stored)["containers"][0]["kind"] == "initContainers"
+
+
+def test_shipped_manifests_pass_api_server_validation(admin_client: Any, gpupack_installed: Any) -> None:
+    """Server-side dry run of the webhook's Deployment, Service and PodDisruptionBudget
+    (the webhook configurations themselves are created for real by the fixture;
+    certificate.yaml needs cert-manager's CRDs, which this control plane lacks)."""
+    docs = {d["kind"]: d for name in ("deployment.yaml", "service.yaml", "pdb.yaml")
+            for d in yaml.safe_load_all((ROOT / "manifests" / "webhook" / name).read_text()) if d}
+    ns = "gpupack-system"
+    client.AppsV1Api(admin_client).create_namespaced_deployment(ns, docs["Deployment"], dry_run="All")
+    client.CoreV1Api(admin_client).create_namespaced_service(ns, docs["Service"], dry_run="All")
+    client.PolicyV1Api(admin_client).create_namespaced_pod_disruption_budget(ns, docs["PodDisruptionBudget"], dry_run="All")
