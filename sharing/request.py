@@ -54,6 +54,7 @@ class Reason(StrEnum):
     MEMORY_TOO_LARGE = "MemoryTooLarge"
     NO_MIG_MODEL = "NoMigModel"
     NO_COMPATIBLE_NODES = "NoCompatibleNodes"
+    INVENTORY_NOT_SYNCED = "InventoryNotSynced"
 
 
 class AdmissionRefusal(ValueError):

@@ -173,7 +173,7 @@ def _review_pod(uid: str, request: dict[str, Any], inventory: Inventory) -> Answ
         return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
     if not inventory.synced:
         raise AdmissionRefusal(
-            Reason.NO_COMPATIBLE_NODES, "gpupack webhook has not synced the GPU inventory yet; retry shortly"
+            Reason.INVENTORY_NOT_SYNCED, "gpupack webhook has not synced the GPU inventory yet; retry shortly"
         )
     decision = decide(parsed, inventory.policy_for(parsed.namespace), inventory)
     patch = build_patch(pod, decision)

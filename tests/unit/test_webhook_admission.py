@@ -118,6 +118,7 @@ def test_unsynced_inventory_denies_gpu_pods_only() -> None:
     unsynced = Inventory(synced=False)
     out = response(make_review(make_pod(gpu_container())), unsynced)
     assert not out["allowed"] and "not synced" in out["status"]["message"]
+    assert out["status"]["details"]["causes"][0]["reason"] == "InventoryNotSynced"
     plain = response(make_review(make_pod({"name": "c", "image": "x"})), unsynced)
     assert plain["allowed"]
 
