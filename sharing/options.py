@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from mig.fit import covering_profiles
 from mig.model import GpuModel, Profile
 from sharing.inventory import Inventory, NodeView, Policy
 from sharing.request import MAX_MILLI, ContainerRequest, Mode
@@ -82,26 +83,17 @@ def profile_waste(model: GpuModel, profile: Profile, milli: int, memory: int | N
 
 
 def covering_profile(model: GpuModel, milli: int, memory: int | None, policy: Policy) -> Profile | None:
-    """The least-waste profile of ``model`` covering the ask that ``policy`` allows.
+    """The smallest profile of ``model`` covering the ask that ``policy`` allows.
 
-    Media-extension (``+me``) profiles are never chosen: they exist once per GPU
-    and only matter to pods that ask for the media engines, which this request
-    API cannot express.
+    The order is ``mig.fit``'s (fewest memory slices, then fewest compute slices),
+    so the webhook and ``gpupack mig fit`` always agree. Media-extension (``+me``)
+    profiles are never chosen: they exist once per GPU and only matter to pods
+    that ask for the media engines, which this request API cannot express.
     """
-    best: Profile | None = None
-    best_key: tuple[float, int] = (math.inf, 0)
-    for profile in model.profiles:
-        if profile.media_extensions or not policy.allows_profile(profile.name):
-            continue
-        # Integer test: compute_slices / compute_total >= milli / 1000.
-        if profile.compute_slices * MAX_MILLI < milli * model.compute_slices:
-            continue
-        if memory is not None and profile.memory_bytes < memory:
-            continue
-        key = (profile_waste(model, profile, milli, memory), profile.memory_slices)
-        if key < best_key:
-            best, best_key = profile, key
-    return best
+    for profile in covering_profiles(model, milli, memory or 0):
+        if not profile.media_extensions and policy.allows_profile(profile.name):
+            return profile
+    return None
 
 
 Role = Literal["app", "sidecar", "init"]
