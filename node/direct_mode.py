@@ -1,0 +1,218 @@
+"""Direct mode: the agent reshapes MIG itself through NVML, journaled in ``GPUNode`` status.
+
+Per tick: resume an active journal (always first), else for each GPU whose spec
+differs, decide (start, wait, refuse) and start at most one reshape per node. The
+device plugin is paused (``nvidia.com/gpu.deploy.device-plugin``) before the first
+NVML change, as mig-manager does, and resumed afterwards; the journal closes once
+the Node's allocatable shows exactly the new MIG resources.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from node import conditions as C
+from node.desired import desired_layouts, pinned_layouts
+from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise
+from node.emulation import emulate_advertisement
+from node.inventory import NodeSnapshot
+from node.journal import NVML_PHASES, Journal, format_instance
+from node.kube import Kube
+from node.mig_loop import drive_gpu
+from node.operator_mode import MIG_CONFIG_STATE_LABEL
+from node.planning import StartDecision
+from node.reconciler import MigReconciler, finish
+from sharing.api import GPUNodeSpec
+
+if TYPE_CHECKING:
+    from node.agent import Agent
+
+log = logging.getLogger("gpupack.agent")
+PAUSED_VALUE = "paused-for-mig-change"  # the value mig-manager uses; the plugin DaemonSet selects "true"
+
+
+def _iso(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def journal_wire(journal: Journal) -> dict[str, Any]:
+    """``GPUNode.status.reconfiguration``: the typed fields the controller reads, plus the journal."""
+    done = sum(1 for s in journal.steps if s.startswith(("destroyed ", "created ")))
+    plan = [{"op": "destroy", "instance": format_instance(i)} for i in journal.destroy]
+    plan += [{"op": "create", "instance": format_instance(i)} for i in journal.create]
+    return {"phase": journal.phase, "step": done, "plan": plan, "targetGeneration": journal.generation,
+            "startedAt": _iso(journal.started_at), "message": journal.reason[:4096] or None,
+            "mode": "direct", "gpuIndex": journal.gpu_index, "journal": journal.to_dict()}
+
+
+def journal_from_status(raw: Mapping[str, Any] | None) -> Journal | None:
+    if not raw or raw.get("mode") != "direct" or "journal" not in raw:
+        return None
+    return Journal.from_dict(raw["journal"])
+
+
+class KubeJournalStore:
+    """Journals go to the API server synchronously; a failed write stops the step."""
+
+    def __init__(self, kube: Kube, node: str, on_write: Callable[[dict[str, Any]], None]) -> None:
+        self._kube, self._node, self._on_write = kube, node, on_write
+
+    def save(self, journal: Journal) -> None:
+        obj = self._kube.patch_gpunode_status(self._node, {"reconfiguration": journal_wire(journal)})
+        self._on_write(obj)
+
+
+def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,
+                     reconf: Mapping[str, Any] | None, labels: Mapping[str, str]) -> tuple[C.Cond, bool]:
+    assert agent.backend is not None
+    try:
+        journal = journal_from_status(reconf)
+    except ValueError as exc:
+        agent.event("Warning", "JournalUnreadable", str(exc))
+        journal = None
+    store = KubeJournalStore(agent.kube, agent.s.node_name, agent.remember)
+    reconciler = MigReconciler(agent.backend, store, agent.busy, agent.clock,
+                               max_errors=agent.s.max_nvml_errors, event=agent.event)
+    desired, problems = desired_layouts(spec, snapshot)
+    pinned = pinned_layouts(spec, snapshot)
+    now = agent.clock()
+    decisions: dict[int, StartDecision] = {}
+    if journal is not None and journal.phase in NVML_PHASES:
+        gpu = snapshot.gpu(journal.gpu_index)
+        if gpu is None or gpu.info.uuid != journal.gpu_uuid:
+            journal = journal.moved("Advertising", now, "journal names a GPU this node no longer has", outcome="Aborted")
+            store.save(journal)
+        else:
+            assert gpu.model is not None
+            journal = drive_gpu(reconciler, agent.backend, gpu.model, gpu.info.index, gpu.info.uuid, journal,
+                                desired.get(gpu.info.index), generation, agent.busy, agent.idle, now,
+                                agent.s.idle_seconds, pause_hook(agent, store), agent.s.retry_seconds).journal
+    manager_state = labels.get(MIG_CONFIG_STATE_LABEL, "")
+    if (journal is None or not journal.active) and manager_state in ("pending", "rebooting"):
+        # mig-manager is reconfiguring this node: two writers on NVML would fight.
+        return C.Cond(C.LAYOUT_APPLIED, "False", "MigManagerBusy",
+                      f"{MIG_CONFIG_STATE_LABEL}={manager_state}; waiting for mig-manager to finish"), False
+    if journal is None or not journal.active:
+        for gpu in snapshot.gpus:
+            index = gpu.info.index
+            if index not in desired:
+                continue
+            want = desired[index]
+            if gpu.error is not None:
+                problems[index] = f"NVML error, not reshaped: {gpu.error}"
+                continue
+            if gpu.info.mig_enabled != gpu.info.mig_pending:
+                problems[index] = "a MIG-mode change is pending until the GPU is reset; not reshaped"
+                continue
+            if (want is None) != (not gpu.info.mig_enabled):
+                problems[index] = ("changing MIG mode needs a GPU reset; use operator mode (mig-manager) "
+                                   "or switch it on the node")
+                continue
+            if want is None or gpu.model is None:
+                continue
+            own = journal if journal is not None and journal.gpu_index == index else None
+            result = drive_gpu(reconciler, agent.backend, gpu.model, index, gpu.info.uuid, own, want, generation,
+                               agent.busy, agent.idle, now, agent.s.idle_seconds, pause_hook(agent, store),
+                               agent.s.retry_seconds, pinned.get(index))
+            if result.decision is not None:
+                decisions[index] = result.decision
+            if result.journal is not None and result.journal is not own:
+                journal = result.journal
+                break  # one GPU at a time per node; the policy's max_concurrent is the controller's
+    if journal is not None and journal.phase == "Advertising":
+        journal = advertise_after_reshape(agent, journal, store, snapshot)
+    return layout_condition(journal, decisions, problems, generation), bool(journal and journal.active)
+
+
+def pause_hook(agent: Agent, store: KubeJournalStore) -> Callable[[Journal], Journal]:
+    def pause(journal: Journal) -> Journal:
+        if not agent.s.pause_device_plugin or journal.device_plugin_paused:
+            return journal
+        labels = (agent.kube.get_node(agent.s.node_name).get("metadata") or {}).get("labels") or {}
+        before = labels.get(DEPLOY_DEVICE_PLUGIN)
+        journal = replace(journal, device_plugin_paused=True,
+                          device_plugin_label="true" if before == PAUSED_VALUE else before)
+        store.save(journal)  # write-ahead: a restart knows to un-pause, and to what
+        agent.kube.patch_node(agent.s.node_name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: PAUSED_VALUE}}})
+        if not agent.simulated:
+            wait_device_plugin_gone(agent)
+        return journal
+    return pause
+
+
+def wait_device_plugin_gone(agent: Agent, timeout_s: float = 120.0) -> None:
+    deadline = agent.clock() + timeout_s
+    while agent.clock() < deadline:
+        pods = [p for p in agent.kube.list_node_pods(agent.s.node_name)
+                if p.get("metadata", {}).get("namespace") == agent.s.device_plugin_namespace
+                and _selects(agent.s.device_plugin_selector, p.get("metadata", {}).get("labels") or {})]
+        if not pods:
+            return
+        agent.sleep(1.0)
+    log.warning("device plugin still running on %s after %.0fs; relying on busy checks", agent.s.node_name, timeout_s)
+
+
+def advertise_after_reshape(agent: Agent, journal: Journal, store: KubeJournalStore, snapshot: NodeSnapshot) -> Journal:
+    name = agent.s.node_name
+    if journal.device_plugin_paused:
+        agent.kube.patch_node(name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: journal.device_plugin_label}}})
+        journal = journal.logged("device plugin resumed", agent.clock(), device_plugin_paused=False)
+        store.save(journal)
+    elif not agent.simulated and "device plugin restarted" not in journal.steps:
+        agent.kube.delete_node_pods(agent.s.device_plugin_namespace, agent.s.device_plugin_selector, name)
+        journal = journal.logged("device plugin restarted", agent.clock())
+        store.save(journal)
+    snapshot = agent.snapshot()
+    node = agent.kube.get_node(name)
+    if agent.s.emulate_device_plugin:
+        emulate_advertisement(agent, snapshot, node, None)
+        node = agent.kube.get_node(name)
+    expected = {k: v for k, v in advertise(snapshot, "none", 1).resources.items() if k.startswith("nvidia.com/mig-")}
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    shown = {k: int(v) for k, v in allocatable.items() if k.startswith("nvidia.com/mig-") and str(v) != "0"}
+    now = agent.clock()
+    if shown == expected or now - journal.updated_at > agent.s.advertise_timeout_seconds:
+        reason = journal.reason if shown == expected else (
+            f"{journal.reason}; device plugin did not re-advertise within {agent.s.advertise_timeout_seconds:g}s")
+        journal = replace(finish(journal, now), reason=reason)
+        store.save(journal)
+        outcome = journal.phase
+        agent.metrics.reconfigurations.labels(outcome).inc()
+        agent.metrics.reconfigure_seconds.observe(now - journal.started_at)
+        agent.event("Normal" if outcome == "Succeeded" else "Warning", f"MigReconfiguration{outcome}",
+                    f"GPU {journal.gpu_index}: {outcome.lower()} in {now - journal.started_at:.1f}s; "
+                    f"layout {', '.join(map(format_instance, journal.target if outcome == 'Succeeded' else journal.previous))}"
+                    + (f" ({journal.reason})" if journal.reason else ""))
+    return journal
+
+
+def layout_condition(journal: Journal | None, decisions: Mapping[int, StartDecision],
+                     problems: Mapping[int, str], generation: int) -> C.Cond:
+    if journal is not None and journal.active:
+        return C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
+                      f"GPU {journal.gpu_index}: {journal.phase}" + (f" ({journal.reason})" if journal.reason else ""))
+    refused = {i: d.reason for i, d in decisions.items() if d.kind == "refuse"} | dict(problems)
+    if refused:
+        return C.Cond(C.LAYOUT_APPLIED, "False", "LayoutRefused",
+                      "; ".join(f"GPU {i}: {r}" for i, r in sorted(refused.items())))
+    waiting = {i: d.reason for i, d in decisions.items() if d.kind == "wait"}
+    if waiting:
+        return C.Cond(C.LAYOUT_APPLIED, "False", "WaitingForIdle",
+                      "; ".join(f"GPU {i}: {r}" for i, r in sorted(waiting.items())))
+    if journal is not None and journal.generation == generation and journal.phase in ("Failed", "Aborted"):
+        return C.Cond(C.LAYOUT_APPLIED, "False", f"Reconfiguration{journal.phase}",
+                      f"GPU {journal.gpu_index}: {journal.reason}")
+    return C.Cond(C.LAYOUT_APPLIED, "True", "AsRequested", "every GPU has the requested layout")
+
+
+def _selects(selector: str, labels: Mapping[str, str]) -> bool:
+    """Equality-based label selector ``a=b,c=d``."""
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        key, _, value = term.partition("=")
+        if labels.get(key.strip()) != value.strip():
+            return False
+    return True

@@ -1,0 +1,111 @@
+"""Operator mode's I/O: the mig-manager handshake and the device plugin's sharing config.
+
+The pure parts (config names, per-device entries, merge, handshake states, plugin
+config text) are in ``node.operator_mode``; this module applies them through
+``node.kube`` on behalf of the agent.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from node import conditions as C
+from node.desired import desired_layouts
+from node.direct_mode import _iso
+from node.inventory import NodeSnapshot
+from node.kube import KubeError
+from node.operator_mode import (
+    DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, MIG_PARTED_KEY, device_plugin_config, device_plugin_config_name,
+    handshake_state, merge_mig_parted, plan_node_config,
+)
+from node.pods import busy_instances
+from sharing.api import GPUNodeSpec
+
+if TYPE_CHECKING:
+    from node.agent import Agent
+
+
+def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,
+                       reconf: Mapping[str, Any] | None, labels: Mapping[str, str]) -> tuple[C.Cond, bool]:
+    name, now = agent.s.node_name, agent.clock()
+    desired, problems = desired_layouts(spec, snapshot)
+    by_device, unresolved = agent.busy_ctx
+    idle: set[int] = set()
+    for gpu in snapshot.gpus:
+        current = [i.placed for i in gpu.instances]
+        if busy_instances(gpu, by_device, unresolved):
+            continue
+        if not gpu.processes and not agent.idle.not_idle_long_enough(gpu.info.uuid, current, now, agent.s.idle_seconds):
+            idle.add(gpu.info.index)
+    active = dict(reconf) if reconf and reconf.get("mode") == "operator" and reconf.get("phase") == "Applying" else None
+    if active is not None:
+        started = dt.datetime.strptime(str(active["startedAt"]), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
+        state = handshake_state(labels, str(active["migConfig"]), now - started.timestamp(),
+                                agent.s.mig_config_timeout_seconds)
+        if state == "pending":
+            return C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
+                          f"waiting for mig-manager to apply {active['migConfig']}"), True
+        phase = {"success": "Succeeded", "failed": "Failed", "timeout": "Failed"}[state]
+        message = {"success": "mig-manager applied the config",
+                   "failed": "mig-manager reported nvidia.com/mig.config.state=failed",
+                   "timeout": f"no result from mig-manager within {agent.s.mig_config_timeout_seconds:g}s"}[state]
+        obj = agent.kube.patch_gpunode_status(name, {"reconfiguration": {**active, "phase": phase, "message": message}})
+        agent.remember(obj)
+        agent.metrics.reconfigurations.labels(phase).inc()
+        agent.event("Normal" if phase == "Succeeded" else "Warning", f"MigReconfiguration{phase}", message)
+        return C.Cond(C.LAYOUT_APPLIED, "True" if phase == "Succeeded" else "False",
+                      "AsRequested" if phase == "Succeeded" else "ReconfigurationFailed", message), False
+    plan = plan_node_config(name, generation, snapshot, desired, frozenset(idle))
+    done = reconf if reconf and reconf.get("mode") == "operator" and reconf.get("targetGeneration") == generation else None
+    if plan.changed and done is not None:
+        # mig-manager already answered for this spec; asking again would loop. A new spec retries.
+        return C.Cond(C.LAYOUT_APPLIED, "False", "ReconfigurationFailed" if done.get("phase") == "Failed"
+                      else "LayoutMismatch", f"mig-manager {str(done.get('phase')).lower()} for generation "
+                      f"{generation} ({done.get('message')}) but GPUs {list(plan.changed)} still differ"), False
+    if not plan.changed:
+        if plan.held or problems:
+            held = {**{i: r for i, r in plan.held.items()}, **problems}
+            return C.Cond(C.LAYOUT_APPLIED, "False", "WaitingForIdle" if plan.held else "LayoutRefused",
+                          "; ".join(f"GPU {i}: {r}" for i, r in sorted(held.items()))), False
+        return C.Cond(C.LAYOUT_APPLIED, "True", "AsRequested", "every GPU has the requested layout"), False
+    for _ in range(3):  # read-modify-write of a shared ConfigMap, guarded by resourceVersion
+        cm = agent.kube.get_configmap(agent.s.device_plugin_namespace, agent.s.mig_parted_configmap)
+        data = dict((cm or {}).get("data") or {})
+        data[MIG_PARTED_KEY] = merge_mig_parted(data.get(MIG_PARTED_KEY), name, plan)
+        try:
+            agent.kube.write_configmap(agent.s.device_plugin_namespace, agent.s.mig_parted_configmap, data,
+                                      (cm or {}).get("metadata", {}).get("resourceVersion"))
+            break
+        except KubeError as exc:
+            if not exc.conflict:
+                raise
+    else:
+        raise KubeError(409, f"ConfigMap {agent.s.mig_parted_configmap} kept changing under us")
+    entry = {"phase": "Applying", "mode": "operator", "migConfig": plan.name, "targetGeneration": generation,
+             "startedAt": _iso(now), "message": f"GPUs {list(plan.changed)} via mig-manager",
+             "step": 0, "plan": [{"op": "mig-config", "gpus": list(plan.changed)}]}
+    agent.remember(agent.kube.patch_gpunode_status(name, {"reconfiguration": entry}))
+    agent.kube.patch_node(name, {"metadata": {"labels": {MIG_CONFIG_LABEL: plan.name}}})
+    agent.event("Normal", "MigReconfigurationStarted", f"set {MIG_CONFIG_LABEL}={plan.name} for GPUs {list(plan.changed)}")
+    return C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring", f"mig-manager applying {plan.name}"), True
+
+
+def write_sharing_config(agent: Agent, spec: GPUNodeSpec, labels: Mapping[str, str]) -> None:
+    key = device_plugin_config_name(agent.s.node_name)
+    text = device_plugin_config(spec.sharing.mode, spec.sharing.replicas)
+    if text == agent.dp_config_written and labels.get(DEVICE_PLUGIN_CONFIG_LABEL) == key:
+        return
+    ns, cm_name = agent.s.device_plugin_namespace, agent.s.device_plugin_configmap
+    cm = agent.kube.get_configmap(ns, cm_name)
+    data = dict((cm or {}).get("data") or {})
+    if data.get(key) != text:
+        data[key] = text
+        agent.kube.write_configmap(ns, cm_name, data, (cm or {}).get("metadata", {}).get("resourceVersion"))
+        if labels.get(DEVICE_PLUGIN_CONFIG_LABEL) == key:
+            # Same key, new content: the plugin only re-reads its config when it starts.
+            agent.kube.delete_node_pods(ns, agent.s.device_plugin_selector, agent.s.node_name)
+    if labels.get(DEVICE_PLUGIN_CONFIG_LABEL) != key:
+        agent.kube.patch_node(agent.s.node_name, {"metadata": {"labels": {DEVICE_PLUGIN_CONFIG_LABEL: key}}})
+    agent.dp_config_written = text
