@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,7 +32,7 @@ from controller.migplan import LayoutChange
 from controller.metrics import ControllerMetrics, cluster_figures
 from controller.model import Node, Snapshot
 from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
-from controller.planner import Plan, plan
+from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings
 from controller.snapshot import (
     IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, parse_time, pod_from_object, scoped, update_idle,
@@ -152,20 +153,15 @@ class Controller:
             log.info("sharing: %s -> %s x%d (%s)", sharing.node, sharing.mode, sharing.replicas, sharing.reason)
 
     def _release(self, result: Plan, pods: Mapping[str, dict[str, Any]], now: datetime, report: CycleReport) -> None:
-        for release in result.releases:
-            obj = pods.get(release.pod)
-            if obj is None:
-                continue
-            namespace, name = release.pod.split("/", 1)
-            try:
-                parsed = pod_from_object(obj)
-                if parsed is None or parsed.node != release.node:
-                    self.kube.json_patch_pod(namespace, name, pin_ops(obj, release.node))
-                ops = ungate_ops(obj)
-                if ops:
-                    self.kube.json_patch_pod(namespace, name, ops)
-            except (KubeError, ValueError) as exc:
-                self._fail(report, "release", f"{release.pod}: {exc}")
+        """Pin and ungate released pods, several at once: each pod is two independent round trips."""
+        todo = [(r, pods[r.pod]) for r in result.releases if r.pod in pods]
+        if not todo:
+            return
+        with ThreadPoolExecutor(max_workers=max(1, min(self.settings.write_workers, len(todo)))) as pool:
+            outcomes = list(pool.map(lambda item: self._release_one(*item), todo))
+        for (release, obj), error in zip(todo, outcomes):
+            if error is not None:
+                self._fail(report, "release", f"{release.pod}: {error}")
                 continue
             report.released.append(release.pod)
             self.metrics.releases.inc()
@@ -173,6 +169,19 @@ class Controller:
             if created is not None:
                 self.metrics.wait.observe(max(0.0, (now - created).total_seconds()))
             log.info("released %s to %s (%s)", release.pod, release.node, release.reason)
+
+    def _release_one(self, release: Release, obj: Mapping[str, Any]) -> str | None:
+        namespace, name = release.pod.split("/", 1)
+        try:
+            parsed = pod_from_object(obj)
+            if parsed is None or parsed.node != release.node:
+                self.kube.json_patch_pod(namespace, name, pin_ops(obj, release.node))
+            ops = ungate_ops(obj)
+            if ops:
+                self.kube.json_patch_pod(namespace, name, ops)
+        except (KubeError, ValueError) as exc:
+            return str(exc)
+        return None
 
     def _feedback(self, snapshot: Snapshot, result: Plan, by_name: Mapping[str, dict[str, Any]], now: datetime,
                   report: CycleReport) -> None:

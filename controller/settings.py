@@ -38,6 +38,9 @@ class ControllerSettings:
     lease_name: str = "gpupack-controller"
     lease_seconds: float = 15.0
     """Lease duration; a standby takes over this long after the leader went silent."""
+    write_workers: int = 8
+    """Pods pinned and ungated in parallel: each release is two round trips, and a burst
+    of hundreds of pods would otherwise wait on them one by one."""
     feedback: bool = True
     """Run the utilisation feedback loop on shared nodes."""
     feedback_cooldown_seconds: int = 300
@@ -73,6 +76,8 @@ class ControllerSettings:
     def validate(self) -> None:
         if self.batch_seconds < 0 or self.resync_seconds <= 0:
             raise ValueError("batch_seconds must be >= 0 and resync_seconds > 0")
+        if not 1 <= self.write_workers <= 64:
+            raise ValueError(f"write_workers must be 1..64, got {self.write_workers}")
         if self.lease_seconds < 3:
             raise ValueError(f"lease_seconds must be at least 3, got {self.lease_seconds}")
         if not 0 <= self.metrics_port <= 65535:
