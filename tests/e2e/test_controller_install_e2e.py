@@ -1,0 +1,88 @@
+"""Install and uninstall gpupack from ``manifests/kustomize`` on the real control plane.
+
+``kubectl`` is not needed: the kustomizations gpupack ships only list
+resources (the test fails if one grows patches or generators this renderer
+does not apply), so rendering is reading them in order. cert-manager's
+Issuer/Certificate are left out: this control plane has no cert-manager.
+Uninstall removes the admission webhook configurations first, then the
+components, and leaves GPUNodes, SharingPolicies and workload pods alone.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+
+from gpupack.devcluster.apply import apply_objects
+
+ROOT = Path(__file__).resolve().parents[2]
+CERT_MANAGER = {"Issuer", "Certificate"}
+
+
+def render(directory: Path) -> list[dict[str, Any]]:
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    unsupported = set(kustomization) - {"apiVersion", "kind", "resources"}
+    assert not unsupported, f"{directory}: renderer does not apply {sorted(unsupported)}"
+    out: list[dict[str, Any]] = []
+    for entry in kustomization["resources"]:
+        path = (directory / entry).resolve()
+        if path.is_dir():
+            out += render(path)
+        else:
+            out += [d for d in yaml.safe_load_all(path.read_text()) if d]
+    return out
+
+
+def test_render_lists_every_component_once() -> None:
+    objects = render(ROOT / "manifests" / "kustomize")
+    keys = [(o["kind"], (o.get("metadata") or {}).get("namespace"), o["metadata"]["name"]) for o in objects]
+    assert len(keys) == len(set(keys)), "an object is listed twice"
+    kinds = {(k, n) for k, _, n in keys}
+    for wanted in [("Deployment", "gpupack-controller"), ("Deployment", "gpupack-webhook"),
+                   ("DaemonSet", "gpupack-node-agent"), ("MutatingWebhookConfiguration", "gpupack"),
+                   ("CustomResourceDefinition", "gpunodes.gpupack.io")]:
+        assert wanted in kinds
+
+
+def test_install_applies_and_uninstall_keeps_gpus_and_workloads(admin_client: Any, namespace: str) -> None:
+    objects = [o for o in render(ROOT / "manifests" / "kustomize") if o["kind"] not in CERT_MANAGER]
+    # gpupack installs next to the GPU Operator: its namespace exists (the agent's Role lives there).
+    try:
+        client.CoreV1Api(admin_client).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpu-operator")))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    apply_objects(admin_client, objects, field_manager="gpupack-install-e2e")
+    apps = client.AppsV1Api(admin_client)
+    assert apps.read_namespaced_deployment("gpupack-controller", "gpupack-system").spec.replicas == 2
+    assert apps.read_namespaced_daemon_set("gpupack-node-agent", "gpupack-system")
+    # State the uninstall must keep: a GPUNode with a layout, and a workload pod.
+    custom, core = client.CustomObjectsApi(admin_client), client.CoreV1Api(admin_client)
+    name = f"install-{uuid.uuid4().hex[:6]}"
+    custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", {
+        "apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": name},
+        "spec": {"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "3g.40gb"}]}]}})
+    workload: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "workload", "labels": {"gpupack.io/skip": "true"}},
+                     "spec": {"containers": [{"name": "c", "image": "example.com/app:1"}]}}
+    core.create_namespaced_pod(namespace, workload)
+    # Uninstall, in the documented order: admission first, then the components.
+    dyn = DynamicClient(admin_client)
+    order = ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Deployment", "DaemonSet", "Service",
+             "PodDisruptionBudget", "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicy"]
+    for kind in order:
+        for obj in (o for o in objects if o["kind"] == kind):
+            api = dyn.resources.get(api_version=obj["apiVersion"], kind=kind)
+            meta = obj["metadata"]
+            api.delete(name=meta["name"], namespace=meta.get("namespace"))
+    with pytest.raises(client.ApiException):
+        apps.read_namespaced_deployment("gpupack-controller", "gpupack-system")
+    kept = custom.get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", name)
+    assert kept["spec"]["gpus"][0]["layout"] == [{"profile": "3g.40gb"}]
+    assert core.read_namespaced_pod("workload", namespace).metadata.name == "workload"
+    custom.delete_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", name)
