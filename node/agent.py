@@ -48,6 +48,7 @@ from node.nvml.protocol import GpuInstance, NvmlBackend
 from node.nvml.simulated import SimulatedNvml
 from node.operator_loop import reconcile_operator, write_sharing_config
 from node.planning import IdleTracker
+from node.policy import ReshapeRules, reshape_rules
 from node.podresources import PodResourcesError, device_owners, list_pod_devices
 from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device, sim_pid
 from node.settings import AgentSettings
@@ -81,6 +82,8 @@ class Agent:
         self.busy_ctx: tuple[dict[str, list[str]], list[PodUse]] = ({}, [])
         self.dp_config_written = ""
         self._dcgm_at = -1e18
+        self.rules = ReshapeRules(settings.idle_seconds)
+        self._policy_warning = ""
         self._dcgm_cache: Activity | None = None
         self.ticks = 0
 
@@ -155,6 +158,7 @@ class Agent:
         status = obj.get("status") or {}
         labels: dict[str, str] = dict((node.get("metadata") or {}).get("labels") or {})
         conds: list[C.Cond] = []
+        self.rules = self._reshape_rules(labels)
         try:
             spec: GPUNodeSpec | None = GPUNodeSpec.model_validate(obj.get("spec") or {})
             conds.append(C.Cond(C.SPEC_VALID, "True", "Valid", "spec accepted"))
@@ -208,6 +212,20 @@ class Agent:
         busy_gi = {g.info.index: g.busy_gi_ids() for g in snapshot.gpus}
         self.metrics.observe(snapshot, busy_gi)
         return wait
+
+    def _reshape_rules(self, labels: Mapping[str, str]) -> ReshapeRules:
+        """The SharingPolicies selecting this node; the agent's own settings if none can be read."""
+        try:
+            policies = self.kube.list_sharing_policies()
+        except KubeError as exc:
+            if str(exc) != self._policy_warning:
+                self._policy_warning = str(exc)
+                log.warning("SharingPolicies unreadable, using the agent's own idle time: %s", exc)
+            return ReshapeRules(self.s.idle_seconds, problems=(f"SharingPolicies unreadable: {exc}",))
+        rules = reshape_rules(labels, policies, self.s.idle_seconds)
+        for problem in rules.problems:
+            self.event("Warning", "SharingPolicyIgnored", problem)
+        return rules
 
     def run_forever(self, stop: Callable[[], bool] = lambda: False) -> None:
         while not stop():

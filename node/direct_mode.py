@@ -90,12 +90,13 @@ def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot:
             assert gpu.model is not None
             journal = drive_gpu(reconciler, agent.backend, gpu.model, gpu.info.index, gpu.info.uuid, journal,
                                 desired.get(gpu.info.index), generation, agent.busy, agent.idle, now,
-                                agent.s.idle_seconds, pause_hook(agent, store), agent.s.retry_seconds).journal
+                                agent.rules.idle_seconds, pause_hook(agent, store), agent.s.retry_seconds).journal
     manager_state = labels.get(MIG_CONFIG_STATE_LABEL, "")
     if (journal is None or not journal.active) and manager_state in ("pending", "rebooting"):
         # mig-manager is reconfiguring this node: two writers on NVML would fight.
         return C.Cond(C.LAYOUT_APPLIED, "False", "MigManagerBusy",
                       f"{MIG_CONFIG_STATE_LABEL}={manager_state}; waiting for mig-manager to finish"), False
+    blocked = agent.rules.may_start(now)[1]
     if journal is None or not journal.active:
         for gpu in snapshot.gpus:
             index = gpu.info.index
@@ -116,8 +117,8 @@ def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot:
                 continue
             own = journal if journal is not None and journal.gpu_index == index else None
             result = drive_gpu(reconciler, agent.backend, gpu.model, index, gpu.info.uuid, own, want, generation,
-                               agent.busy, agent.idle, now, agent.s.idle_seconds, pause_hook(agent, store),
-                               agent.s.retry_seconds, pinned.get(index))
+                               agent.busy, agent.idle, now, agent.rules.idle_seconds, pause_hook(agent, store),
+                               agent.s.retry_seconds, pinned.get(index), blocked)
             if result.decision is not None:
                 decisions[index] = result.decision
             if result.journal is not None and result.journal is not own:
@@ -199,6 +200,10 @@ def layout_condition(journal: Journal | None, decisions: Mapping[int, StartDecis
     if refused:
         return C.Cond(C.LAYOUT_APPLIED, "False", "LayoutRefused",
                       "; ".join(f"GPU {i}: {r}" for i, r in sorted(refused.items())))
+    held = {i: d.reason for i, d in decisions.items() if d.kind == "blocked"}
+    if held:
+        return C.Cond(C.LAYOUT_APPLIED, "False", "ReshapingNotAllowed",
+                      "; ".join(f"GPU {i}: {r}" for i, r in sorted(held.items())))
     waiting = {i: d.reason for i, d in decisions.items() if d.kind == "wait"}
     if waiting:
         return C.Cond(C.LAYOUT_APPLIED, "False", "WaitingForIdle",

@@ -120,6 +120,13 @@ class Kube:
         finally:
             stream.stop()  # type: ignore[no-untyped-call]
 
+    def list_sharing_policies(self) -> list[dict[str, Any]]:
+        try:
+            listing = cast(dict[str, Any], self._custom.list_cluster_custom_object(GROUP, VERSION, "sharingpolicies"))
+        except ApiException as exc:
+            raise _raise(exc) from None
+        return list(listing.get("items") or [])
+
     # --------------------------------------------------------------------- Node
     def get_node(self, name: str) -> dict[str, Any]:
         try:

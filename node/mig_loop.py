@@ -44,8 +44,10 @@ def drive_gpu(
     before_nvml: Callable[[Journal], Journal] | None = None,
     retry_seconds: float = 60.0,
     pinned: Sequence[PlacedInstance] | None = None,
+    blocked: str = "",
 ) -> GpuPass:
-    """``desired``: profile multiset; ``pinned``: the exact target when the spec pins every placement."""
+    """``desired``: profile multiset; ``pinned``: the exact target when the spec pins every placement;
+    ``blocked``: why policy forbids starting a reshape now (empty: allowed). Active journals always finish."""
     if journal is not None and journal.phase in NVML_PHASES:
         if before_nvml is not None:
             journal = before_nvml(journal)
@@ -69,6 +71,8 @@ def drive_gpu(
         decision = decide_start_pinned(model, current, busy_now, recently, pinned, idle_seconds)
     else:
         decision = decide_start(model, current, busy_now, recently, desired, idle_seconds)
+    if decision.kind in ("start", "wait") and blocked:  # policy first: idleness would not be enough anyway
+        return GpuPass(journal, StartDecision("blocked", blocked))
     if decision.kind != "start" or decision.plan is None:
         return GpuPass(journal, decision)
     new = reconciler.begin(index, gpu_uuid, generation, current, decision.plan.destroy, decision.plan.create)

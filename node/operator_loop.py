@@ -37,7 +37,7 @@ def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapsho
         current = [i.placed for i in gpu.instances]
         if busy_instances(gpu, by_device, unresolved):
             continue
-        if not gpu.processes and not agent.idle.not_idle_long_enough(gpu.info.uuid, current, now, agent.s.idle_seconds):
+        if not gpu.processes and not agent.idle.not_idle_long_enough(gpu.info.uuid, current, now, agent.rules.idle_seconds):
             idle.add(gpu.info.index)
     active = dict(reconf) if reconf and reconf.get("mode") == "operator" and reconf.get("phase") == "Applying" else None
     if active is not None:
@@ -70,6 +70,10 @@ def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapsho
             return C.Cond(C.LAYOUT_APPLIED, "False", "WaitingForIdle" if plan.held else "LayoutRefused",
                           "; ".join(f"GPU {i}: {r}" for i, r in sorted(held.items()))), False
         return C.Cond(C.LAYOUT_APPLIED, "True", "AsRequested", "every GPU has the requested layout"), False
+    allowed, blocked = agent.rules.may_start(now)
+    if not allowed:
+        return C.Cond(C.LAYOUT_APPLIED, "False", "ReshapingNotAllowed",
+                      f"GPUs {list(plan.changed)}: {blocked}"), False
     for _ in range(3):  # read-modify-write of a shared ConfigMap, guarded by resourceVersion
         cm = agent.kube.get_configmap(agent.s.device_plugin_namespace, agent.s.mig_parted_configmap)
         data = dict((cm or {}).get("data") or {})

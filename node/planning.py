@@ -20,7 +20,8 @@ from mig.model import GpuModel, PlacedInstance
 from mig.reach import ReconfigurationPlan, plan_reconfiguration
 from node.journal import format_instance
 
-StartKind = Literal["unchanged", "start", "wait", "refuse"]
+StartKind = Literal["unchanged", "start", "wait", "refuse", "blocked"]
+"""``blocked``: a reshape could start but policy forbids it now (frozen, outside its window)."""
 
 
 @dataclass(frozen=True)

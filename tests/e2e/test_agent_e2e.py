@@ -72,10 +72,14 @@ def node_name(admin_client: Any) -> str:
     return name
 
 
+POLICY_RBAC = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "rbac-policies.yaml"
+
+
 @pytest.fixture
 def agent_factory(
-    sa_kubeconfig: Callable[[str], Path], tmp_path: Path
+    sa_kubeconfig: Callable[[str], Path], tmp_path: Path, apply_manifests: Callable[..., list[dict[str, Any]]],
 ) -> Iterator[Callable[[str, str], RunningAgent]]:
+    apply_manifests(POLICY_RBAC)  # the agent reads the SharingPolicies that select its node
     agents: list[RunningAgent] = []
 
     def start(node: str, simulate: str) -> RunningAgent:
@@ -222,3 +226,23 @@ def test_layout_that_does_not_fit_is_refused_and_nothing_changes(
     assert "does not fit" in _condition(obj, "LayoutApplied")["message"]
     assert obj["status"]["gpus"][0]["instances"] == []
     assert not any(k.startswith("nvidia.com/mig-") and v != "0" for k, v in _allocatable(admin_client, node).items())
+
+
+def test_sharing_policy_freezes_the_layout_until_lifted(
+    admin_client: Any, node_name: str, agent_factory: Callable[[str, str], RunningAgent]
+) -> None:
+    node = node_name
+    custom = client.CustomObjectsApi(admin_client)
+    policy = {"apiVersion": "gpupack.io/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": f"freeze-{node}"},
+              "spec": {"nodeSelector": {"matchLabels": {"e2e-run": node}}, "reshaping": {"maxConcurrent": 0}}}
+    custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "sharingpolicies", policy)
+    agent_factory(node, "H100:1")
+    _wait("status", lambda: (_gpunode(admin_client, node).get("status") or {}).get("gpus"))
+    _set_spec(admin_client, node, {0: ["7g.80gb"]})
+    obj = _wait("ReshapingNotAllowed", lambda: (o := _gpunode(admin_client, node))
+                and _condition(o, "LayoutApplied").get("reason") == "ReshapingNotAllowed" and o)
+    assert f"frozen by SharingPolicy freeze-{node}" in _condition(obj, "LayoutApplied")["message"]
+    assert obj["status"]["gpus"][0]["instances"] == []
+    custom.delete_cluster_custom_object("gpupack.io", "v1alpha1", "sharingpolicies", f"freeze-{node}")
+    _wait("reshaped once the policy is gone",
+          lambda: _allocatable(admin_client, node).get("nvidia.com/mig-7g.80gb") == "1")

@@ -34,6 +34,7 @@ class FakeKube:
         self.fail_status_patches = False
         self.status_patches = 0
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.policies: list[dict[str, Any]] | None = []
 
     def _bump(self) -> str:
         self.rv += 1
@@ -84,6 +85,11 @@ class FakeKube:
 
     def delete_node_pods(self, namespace: str, selector: str, node_name: str) -> int:
         return 0
+
+    def list_sharing_policies(self) -> list[dict[str, Any]]:
+        if self.policies is None:
+            raise KubeError(403, "sharingpolicies is forbidden")
+        return copy.deepcopy(self.policies)
 
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.configmaps.get((namespace, name)))
@@ -342,3 +348,71 @@ def test_gpus_that_cannot_be_reshaped_say_why() -> None:
     assert sim.gpu_instances(0) == ()
     assert sim.device_info(1).mig_enabled and sim.device_info(1).mig_pending is False  # untouched, still pending
     assert sim.device_info(2).mig_enabled is False
+
+
+def _policy(name: str, reshaping: dict[str, Any], selector: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "gpupack.io/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": name},
+            "spec": {"nodeSelector": {"matchLabels": selector or {}}, "reshaping": reshaping}}
+
+
+def test_sharing_policy_freezes_layouts_and_sets_the_idle_time() -> None:
+    kube = FakeKube("n1")
+    kube.node["metadata"]["labels"]["pool"] = "a"
+    sim = SimulatedNvml(H200, 1, seed="n1")
+    seven = H200.profile("7g.141gb")
+    sim.create_gpu_instance(0, seven.profile_id, seven.placements[0])
+    clock = Clock()
+    kube.policies = [_policy("frozen", {"maxConcurrent": 0}, {"pool": "a"}),
+                     _policy("other-pool", {"idleSeconds": 5}, {"pool": "b"})]
+    agent = Agent(_settings(), sim, kube, clock=clock)  # type: ignore[arg-type]
+    agent.tick()
+    kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "3g.71gb"}] * 2}]})
+    for _ in range(3):
+        agent.tick()
+    cond = _cond(kube, "LayoutApplied")
+    assert cond["reason"] == "ReshapingNotAllowed" and "frozen by SharingPolicy frozen" in cond["message"]
+    assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
+    # Unfrozen, with a 600 s idle time: the instance must be idle that long first.
+    kube.policies = [_policy("slow", {"idleSeconds": 600}, {"pool": "a"})]
+    agent.tick()
+    assert _cond(kube, "LayoutApplied")["reason"] == "WaitingForIdle"
+    assert "600s" in _cond(kube, "LayoutApplied")["message"]
+    clock.t += 601
+    for _ in range(3):
+        agent.tick()
+    assert [i.profile for i in sim.gpu_instances(0)] == ["3g.71gb", "3g.71gb"]
+
+
+def test_reshaping_windows_gate_new_reshapes_only() -> None:
+    import datetime as dt
+
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 1, seed="n1")
+    clock = Clock()
+    clock.t = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.timezone.utc).timestamp()  # a Monday, 12:00 UTC
+    kube.policies = [_policy("nights", {"windows": [{"start": "22:00", "end": "02:00", "days": ["Mon"]}],
+                                        "idleSeconds": 0})]
+    agent = Agent(_settings(), sim, kube, clock=clock)  # type: ignore[arg-type]
+    agent.tick()
+    kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "7g.141gb"}]}]})
+    agent.tick()
+    assert sim.gpu_instances(0) == ()
+    assert "outside the reshaping windows of SharingPolicy nights (22:00-02:00 Mon UTC)" in _cond(
+        kube, "LayoutApplied")["message"]
+    clock.t = dt.datetime(2026, 12, 1, 1, 30, tzinfo=dt.timezone.utc).timestamp()  # Tue 01:30: Monday's window
+    for _ in range(3):
+        agent.tick()
+    assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
+
+
+def test_unreadable_policies_fall_back_to_the_agent_settings() -> None:
+    kube = FakeKube("n1")
+    kube.policies = None  # RBAC without sharingpolicies
+    sim = SimulatedNvml(H200, 1, seed="n1")
+    agent = Agent(_settings(), sim, kube, clock=Clock())  # type: ignore[arg-type]
+    agent.tick()
+    kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "7g.141gb"}]}]})
+    for _ in range(3):
+        agent.tick()
+    assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
+    assert agent.rules.idle_seconds == 1.0 and agent.rules.problems

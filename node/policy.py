@@ -1,0 +1,85 @@
+"""The SharingPolicy rules the agent enforces itself: idle time, frozen layouts, reshaping windows.
+
+The controller plans within the policy, but the agent is the last line before
+NVML, so it checks again (a hand-edited ``GPUNode`` spec must not reshape a GPU
+outside its window either). Policies select nodes by label; when several match,
+the strictest wins: the longest idle time, frozen if any says ``maxConcurrent: 0``,
+and a moment is inside the windows only if every matching policy allows it.
+Active reconfigurations are always finished: a window closing mid-way must not
+leave a GPU half-reshaped.
+
+Windows are UTC ``HH:MM`` ranges on the listed days; ``end < start`` crosses
+midnight and belongs to the day it starts on; ``start == end`` is the whole day.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from sharing.api import WEEKDAYS, ReshapingWindow, SharingPolicy
+
+
+@dataclass(frozen=True)
+class ReshapeRules:
+    idle_seconds: float
+    frozen_by: tuple[str, ...] = ()
+    windows: tuple[tuple[str, tuple[ReshapingWindow, ...]], ...] = ()
+    """(policy name, its windows) for each matching policy that has windows."""
+    sources: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    def may_start(self, now: float) -> tuple[bool, str]:
+        """Whether a new reshape may start at ``now`` (epoch seconds), and if not, why."""
+        if self.frozen_by:
+            return False, f"layouts frozen by SharingPolicy {', '.join(self.frozen_by)} (reshaping.maxConcurrent: 0)"
+        for name, windows in self.windows:
+            if not any(_inside(w, now) for w in windows):
+                spans = ", ".join(f"{w.start}-{w.end} {'/'.join(w.days)}" for w in windows)
+                return False, f"outside the reshaping windows of SharingPolicy {name} ({spans} UTC)"
+        return True, ""
+
+
+def _minutes(hhmm: str) -> int:
+    hours, minutes = hhmm.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def _inside(window: ReshapingWindow, now: float) -> bool:
+    moment = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+    day, yesterday = WEEKDAYS[moment.weekday()], WEEKDAYS[(moment.weekday() - 1) % 7]
+    minute = moment.hour * 60 + moment.minute
+    start, end = _minutes(window.start), _minutes(window.end)
+    if start == end:
+        return day in window.days
+    if start < end:
+        return day in window.days and start <= minute < end
+    return (day in window.days and minute >= start) or (yesterday in window.days and minute < end)
+
+
+def reshape_rules(node_labels: Mapping[str, str], policies: Iterable[Mapping[str, Any]], default_idle: float) -> ReshapeRules:
+    idle, frozen, windows, sources, problems = None, [], [], [], []
+    for raw in policies:
+        try:
+            policy = SharingPolicy.model_validate(raw)
+        except ValidationError as exc:
+            name = (raw.get("metadata") or {}).get("name", "?")
+            problems.append(f"SharingPolicy {name} ignored: {exc.error_count()} invalid field(s)")
+            continue
+        selector = policy.spec.node_selector.match_labels
+        if any(node_labels.get(k) != v for k, v in selector.items()):
+            continue
+        name = policy.metadata.name
+        sources.append(name)
+        reshaping = policy.spec.reshaping
+        idle = reshaping.idle_seconds if idle is None else max(idle, reshaping.idle_seconds)
+        if reshaping.max_concurrent == 0:
+            frozen.append(name)
+        if reshaping.windows:
+            windows.append((name, tuple(reshaping.windows)))
+    return ReshapeRules(float(default_idle if idle is None else idle), tuple(frozen), tuple(windows),
+                        tuple(sources), tuple(problems))
