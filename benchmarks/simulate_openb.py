@@ -3,6 +3,7 @@
     python benchmarks/simulate_openb.py                      # everything (about 15-25 min on 2 cores)
     python benchmarks/simulate_openb.py --workloads default --seeds 3 --jobs 1
     python benchmarks/simulate_openb.py --from-json           # re-render from benchmarks/openb_results.json
+    python benchmarks/simulate_openb.py --only-mig            # keep the openb runs, redo the MIG variant
 
 For every workload of ``fgd-reference.csv`` found in the trace folder it runs
 every policy with the published seeds (42..51), writes the raw per-level means
@@ -170,18 +171,18 @@ def render(data: dict[str, Any], ref: dict[tuple[str, str], dict[int, float]], o
     if mig:
         lines += [
             "",
-            f"## MIG variant: {mig[0]['gpus']} x {mig[0]['model']}, real arrival and departure times",
+            f"## MIG variant: {mig[0]['model']}, real arrival and departure times, reshape delay 60 s",
             "",
             "`gpupack simulate --mig MODEL` (see docs/simulator.md). Allocation is the time-averaged GPU compute asked "
             "by running pods; it is set by the trace when every pod is eventually placed, so waits and reshapes tell the "
             "strategies apart.",
             "",
-            "| workload | strategy | alloc % | placed | never placed | mean wait s | GPUs reshaped |",
-            "|---|---|---|---|---|---|---|",
+            "| workload | GPUs | strategy | alloc % | placed | never placed | mean wait s | GPUs reshaped |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for r in mig:
             lines.append(
-                f"| {r['workload'].removeprefix('openb_pod_list_')} | {r['strategy']} | {r['allocation_percent']:.2f} | "
+                f"| {r['workload'].removeprefix('openb_pod_list_')} | {r['gpus']} | {r['strategy']} | {r['allocation_percent']:.2f} | "
                 f"{r['placed']} | {r['never_placed']} | {r['mean_wait_s']:.1f} | {r['reshapes']} |"
             )
     lines.append("")
@@ -227,8 +228,14 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--mig-model", default="A100-80GB")
-    ap.add_argument("--mig-gpus", type=int, default=64)
+    ap.add_argument("--mig-gpus", default="48,64", help="MIG cluster sizes (comma-separated)")
+    ap.add_argument(
+        "--mig-workloads",
+        default="default,gpushare40,gpushare60,gpushare80",
+        help="workloads for the MIG variant (cpu*/gpuspec* share default's GPU pods and times; multigpu* have no times)",
+    )
     ap.add_argument("--no-mig", action="store_true")
+    ap.add_argument("--only-mig", action="store_true", help="keep the openb runs of openb_results.json, redo the MIG variant")
     ap.add_argument("--out", type=Path, default=HERE)
     ap.add_argument("--from-json", action="store_true", help="only re-render from openb_results.json")
     args = ap.parse_args()
@@ -240,6 +247,18 @@ def main() -> int:
     raw = args.out / "openb_results.json"
     if args.from_json:
         render(json.loads(raw.read_text()), ref, args.out)
+        return 0
+    mig_tasks = [
+        (str(args.traces), f"openb_pod_list_{w}", args.mig_model, int(g))
+        for g in args.mig_gpus.split(",")
+        for w in args.mig_workloads.split(",")
+    ]
+    if args.only_mig:
+        data = json.loads(raw.read_text())
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            data["mig"] = [row for rows in pool.map(run_mig_task, mig_tasks) for row in rows]
+        raw.write_text(json.dumps(data, indent=1))
+        render(data, ref, args.out)
         return 0
     names = sorted({w for w, _ in ref})
     if args.workloads:
@@ -256,7 +275,7 @@ def main() -> int:
             print(f"{r['workload']} {r['policy']}: {r['alloc_at']['130']} at 130 % ({r['wall_s']:.0f} s)", flush=True)
         mig: list[dict[str, Any]] = []
         if not args.no_mig:
-            for rows in pool.map(run_mig_task, [(str(args.traces), w, args.mig_model, args.mig_gpus) for w in names]):
+            for rows in pool.map(run_mig_task, mig_tasks):
                 mig.extend(rows)
     data = {
         "seeds": list(published_seeds(args.seeds)),

@@ -18,6 +18,8 @@ profiles the waiting pods need":
   equally good geometries keep the leftover instances most useful for the
   recent request mix (an exponentially decayed histogram of requested
   profiles), so the next arrivals find an instance without another reshape.
+  While the cluster has slack a pod may start at once on a larger free
+  instance; under pressure it takes its own profile (``oversize = "adaptive"``).
 """
 
 from __future__ import annotations
@@ -83,10 +85,14 @@ class Reshape:
 
 class LayoutStrategy(Protocol):
     name: str
-    oversize: bool
-    """May a pod use a free instance larger than the profile it asks for? True where the
-    layout is fixed (a webhook then picks the smallest profile the inventory offers); False
-    for dynamic strategies, whose pods ask for one profile (``nvidia.com/mig-<profile>``)."""
+    oversize: str
+    """May a pod use a free instance larger than the profile it asks for? ``any`` where the
+    layout is fixed (a webhook then picks the smallest profile the inventory offers);
+    ``never`` where pods ask for exactly one profile (``nvidia.com/mig-<profile>``);
+    ``busy`` only on GPUs already in use (an idle GPU is reshaped rather than spent on a
+    small pod); ``adaptive`` only while the cluster has slack (nobody waits and at least
+    an eighth of the GPUs are idle), so pods start at once when there is room and are
+    packed into exact profiles when there is not."""
 
     def initial(self, model: GpuModel) -> Layout:
         """Layout every GPU starts with."""
@@ -107,7 +113,7 @@ def _supply(layout: Layout, missing: Mapping[str, int]) -> int:
 class StaticStrategy:
     """A fixed layout on every GPU; never reshapes."""
 
-    oversize = True
+    oversize = "any"
 
     def __init__(self, which: str) -> None:
         self.which = which
@@ -126,7 +132,7 @@ class GreedyStrategy:
     """Idle GPUs in order, each to the geometry supplying the most missing profiles."""
 
     name = "greedy"
-    oversize = False
+    oversize = "never"
 
     def initial(self, model: GpuModel) -> Layout:
         return static_layout(model, "balanced")
@@ -153,7 +159,7 @@ class GpupackStrategy:
     """Fewest reshapes for the missing profiles; leftovers matched to the recent request mix."""
 
     name = "gpupack"
-    oversize = False
+    oversize = "adaptive"
 
     def initial(self, model: GpuModel) -> Layout:
         return static_layout(model, "balanced")

@@ -31,6 +31,9 @@ from sharing.packing.model import PodSpec
 DEPART, RESHAPED, ARRIVE = 0, 1, 2
 """Event kinds, in the order they are handled at equal times."""
 
+IDLE_RESERVE = 0.125
+"""Share of idle GPUs below which the adaptive strategy stops giving small pods big instances."""
+
 RECENT_DECAY = 0.99
 """Weight kept by the recent-request histogram per arrival (a ~100-arrival memory)."""
 
@@ -58,7 +61,7 @@ class _Need:
 class MigCluster:
     """Per-GPU layout, free instances and reconfiguration state."""
 
-    def __init__(self, model: GpuModel, gpus: int, gpus_per_node: int, layout: Layout, oversize: bool = True) -> None:
+    def __init__(self, model: GpuModel, gpus: int, gpus_per_node: int, layout: Layout, oversize: str = "any") -> None:
         self.model = model
         self.gpus_per_node = gpus_per_node
         self.layout: list[Layout] = [layout] * gpus
@@ -76,8 +79,13 @@ class MigCluster:
             )
             for p in profiles.values()
         }
-        if not oversize:
+        if oversize == "never":
             self.covers = {p: (p,) for p in self.covers}
+        self.busy_only = oversize == "busy"
+        self.adaptive = oversize == "adaptive"
+        self.allow_larger = True
+        """For ``adaptive``: set by the replay, True while the cluster has slack."""
+        self.idle = gpus
 
     def set_free(self, gpu: int, free: Counter[str]) -> None:
         self.free_total.subtract(self.free[gpu])
@@ -91,8 +99,13 @@ class MigCluster:
                 if self.free_total[prof] <= 0:
                     continue
                 best = -1
+                larger = prof != need.profile
+                if larger and self.adaptive and not self.allow_larger:
+                    break
                 for g, f in enumerate(self.free):
                     if f[prof] > 0 and (best < 0 or self.in_use[g] > self.in_use[best]):
+                        if larger and self.busy_only and self.in_use[g] == 0:
+                            continue  # an idle GPU is better reshaped than spent on a small pod
                         best = g
                 if best >= 0:
                     return [(best, prof)]
@@ -110,6 +123,7 @@ class MigCluster:
         for g, prof in instances:
             self.free[g][prof] -= 1
             self.free_total[prof] -= 1
+            self.idle -= self.in_use[g] == 0
             self.in_use[g] += 1
 
     def give_back(self, instances: list[tuple[int, str]]) -> None:
@@ -117,6 +131,7 @@ class MigCluster:
             self.free[g][prof] += 1
             self.free_total[prof] += 1
             self.in_use[g] -= 1
+            self.idle += self.in_use[g] == 0
 
 
 def replay_mig(
@@ -170,8 +185,15 @@ def replay_mig(
         busy_milli += pods[i].gpu_total_milli
         heapq.heappush(events, (t + duration[i], DEPART, i, i))
 
+    def slack() -> bool:
+        # Adaptive oversize: a small pod may take a bigger free instance only while nobody
+        # waits and at least IDLE_RESERVE of the GPUs are idle; under pressure pods take
+        # their own profile and idle GPUs are reshaped to pack them densely.
+        return not waiting and cluster.idle >= IDLE_RESERVE * gpus
+
     def drain(t: float) -> None:
         # Serve waiting classes in order of their oldest pod; within a class FIFO.
+        cluster.allow_larger = False  # someone waits: no slack
         for key in sorted(waiting, key=lambda k: waiting[k][0] if waiting[k] else 1 << 62):
             queue = waiting[key]
             while queue:
@@ -227,6 +249,7 @@ def replay_mig(
             for k in recent:
                 recent[k] *= RECENT_DECAY
             recent[prof] = recent.get(prof, 0.0) + 1.0
+            cluster.allow_larger = slack()
             inst = cluster.find(needs[i]) if not waiting.get(prof) else None
             if inst is not None:
                 start(i, t, inst)

@@ -96,3 +96,16 @@ def test_allocation_is_the_time_average_of_running_compute() -> None:
 def test_missing_times_are_rejected() -> None:
     with pytest.raises(ValueError, match="needs both"):
         replay_mig([pod("a", 500)], [None], [None], A100, make_strategy("greedy"))
+
+
+def test_gpupack_starts_small_pods_on_larger_instances_only_while_there_is_slack() -> None:
+    # 140 milli asks 1g.20gb, absent from the balanced layout; a free 2g.20gb covers it.
+    pods = [pod("a", 140)]
+    gp = replay_mig(pods, [0], [100], A100, make_strategy("gpupack"), gpus=8, gpus_per_node=8, reshape_delay_s=60)
+    assert (gp.mean_wait_s, gp.reshapes) == (0.0, 0)
+    greedy = replay_mig(pods, [0], [100], A100, make_strategy("greedy"), gpus=8, gpus_per_node=8, reshape_delay_s=60)
+    assert (greedy.mean_wait_s, greedy.reshapes) == (60.0, 1)
+    # No slack (one GPU, busy): the 1g.20gb pod waits for its own profile even though a 2g is free.
+    busy = [pod("x", 100), pod("b", 140)]
+    tight = replay_mig(busy, [0, 1], [1000, 50], A100, make_strategy("gpupack"), gpus=1, gpus_per_node=1, reshape_delay_s=60)
+    assert tight.placed == 2 and tight.mean_wait_s > 0
