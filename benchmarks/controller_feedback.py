@@ -22,7 +22,8 @@ GPU's busy percent is the sum of its pods' samples, capped at 100; a
 **saturation event** is one GPU-sample whose uncapped demand exceeds 100 %.
 Each control period holds ``SUB_SAMPLES`` instantaneous samples; all are
 checked for saturation, and the loop sees their mean (as the node agent
-reports utilisation averaged over its sampling window).
+reports utilisation averaged over its sampling window), held at its peak over
+the last ``--window`` periods (as the controller holds it).
 
     python benchmarks/controller_feedback.py --pods ../shared/traces/openb/openb_pod_list_gpushare40.csv
 """
@@ -56,6 +57,7 @@ class SimNode:
     replicas: int
     gpus: list[list[int]] = field(default_factory=lambda: [[] for _ in range(GPUS_PER_NODE)])
     last_change: float = -1e18
+    history: list[list[float]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class Result:
         return self.saturation_events / self.gpu_samples if self.gpu_samples else 0.0
 
 
-def run(path: Path, *, loop: bool, use_mean: float, seed: int, period: int, target: int) -> Result:
+def run(path: Path, *, loop: bool, use_mean: float, seed: int, period: int, target: int, window: int = 6) -> Result:
     trace = load_pods(path)
     rng = np.random.default_rng(seed)
     pods = [
@@ -135,6 +137,11 @@ def run(path: Path, *, loop: bool, use_mean: float, seed: int, period: int, targ
                 demand = float(np.minimum(demand_each, 1.0).mean())
                 loads.append(GpuLoad(min(100.0, 100 * demand), len(residents)))
             if loop:
+                # Peak-hold over the last ``window`` periods, as the controller does
+                # (ControllerSettings.feedback_window_seconds): heavy phases are remembered.
+                node.history = [*node.history, [load.busy_percent for load in loads]][-window:]
+                held = [max(h[g] for h in node.history) for g in range(GPUS_PER_NODE)]
+                loads = [GpuLoad(held[g], load.pods) for g, load in enumerate(loads)]
                 decision = decide_replicas(
                     node.replicas, loads, minimum=1, maximum=MAX_REPLICAS, target=target, settings=settings,
                 )
@@ -154,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--use-mean", type=float, nargs="+", default=[0.4])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--period", type=int, default=3600, help="control/sampling period, trace seconds")
-    parser.add_argument("--target", type=int, default=80)
+    parser.add_argument("--target", type=int, default=70)
+    parser.add_argument("--window", type=int, default=6, help="peak-hold window of the loop, in periods")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     rows = []
@@ -165,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for use in args.use_mean:
             for loop in (False, True):
                 began = time.perf_counter()
-                results = [run(path, loop=loop, use_mean=use, seed=42 + s, period=args.period, target=args.target) for s in range(args.seeds)]
+                results = [run(path, loop=loop, use_mean=use, seed=42 + s, period=args.period, target=args.target, window=args.window) for s in range(args.seeds)]
                 rows.append({
                     "workload": path.stem, "use_mean": use, "mode": results[0].mode,
                     "peak_gpus": float(np.mean([r.peak_gpus for r in results])),

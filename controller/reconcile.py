@@ -68,6 +68,9 @@ class Controller:
         self.settings = settings
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
+        # Utilisation history per node for the feedback loop's peak-hold. In memory on
+        # purpose: a new leader starts with an empty window, which only delays a change.
+        self._history: dict[str, list[tuple[datetime, list[float]]]] = {}
 
     def cycle(self) -> CycleReport:
         began = time.perf_counter()
@@ -197,7 +200,7 @@ class Controller:
                 continue
             if any(g.utilization_percent is None for g in node.full_gpus):
                 continue  # not measured (NVML cannot say, or the agent has not reported): no signal
-            loads = _loads(node, pods_on[node.name])
+            loads = self._held(node.name, _loads(node, pods_on[node.name]), now)
             annotations = ((by_name.get(node.name) or {}).get("metadata") or {}).get("annotations") or {}
             decision = decide_replicas(
                 node.replicas, loads, minimum=policy.min_replicas, maximum=policy.max_replicas,
@@ -217,6 +220,13 @@ class Controller:
             report.replica_changes.append((node.name, decision.current, decision.proposed))
             self.metrics.sharing_changes.labels("utilisation").inc()
             log.info("replicas %s: %d -> %d (%s)", node.name, decision.current, decision.proposed, decision.reason)
+
+    def _held(self, node: str, loads: list[GpuLoad], now: datetime) -> list[GpuLoad]:
+        window = self.settings.feedback_window_seconds
+        history = [(t, b) for t, b in self._history.get(node, []) if (now - t).total_seconds() <= window]
+        history.append((now, [g.busy_percent for g in loads]))
+        self._history[node] = history
+        return [GpuLoad(max(b[i] for _, b in history if i < len(b)), g.pods) for i, g in enumerate(loads)]
 
     def _right_size(self, snapshot: Snapshot, pods: Mapping[str, dict[str, Any]], report: CycleReport) -> None:
         """Shared pods only: per-pod use is estimated as the node's busy time split evenly over its pods."""

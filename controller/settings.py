@@ -49,6 +49,10 @@ class ControllerSettings:
     """Let the planner turn MIG on for idle full GPUs. Needs a GPU reset, which only the
     agent's operator mode (mig-manager) performs; off so a direct-mode agent is never
     asked for a change it must refuse (a refused change would hold a reshaping slot)."""
+    feedback_window_seconds: float = 600.0
+    """The loop judges a node by the PEAK of each GPU's utilisation over this window, not
+    the latest sample: pods vary, and a quiet minute must not pack a node that was busy
+    a few minutes ago (benchmarks/controller.md: without it the loop saturated 2-5x more)."""
     right_size: bool = True
     """Annotate pods that use far less than they asked with a recommendation."""
     namespaces: str = ""
