@@ -9,6 +9,7 @@ as its last line, so ``eval "$(gpupack dev cluster up | tail -1)"`` works.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from typing import Any
@@ -59,6 +60,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster_state.remove(existing, directory)
 
     began = time.monotonic()
+    # A failed earlier `up` may have left data behind; never start on stale etcd data.
+    shutil.rmtree(directory / "cluster", ignore_errors=True)
     try:
         binaries = ensure_binaries(progress=sys.stderr)
         print("starting etcd, kube-apiserver and kube-scheduler ...", file=sys.stderr)

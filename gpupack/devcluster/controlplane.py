@@ -35,15 +35,13 @@ from typing import Any
 
 import httpx
 
-from gpupack.devcluster import clients, kubeconfig, pki
+from gpupack.devcluster import clients, components, kubeconfig, pki
 from gpupack.devcluster.binaries import Binaries
 from gpupack.devcluster.errors import DevClusterError
 from gpupack.devcluster.state import ClusterState, Component
 from gpupack.devcluster.process import ManagedProcess, check_port_free, free_port, wait_until
 
 ADMIN_USER = "gpupack-admin"
-HOST = "127.0.0.1"
-SERVICE_CIDR = "10.96.0.0/24"
 
 
 def _default_timeout() -> float:
@@ -83,7 +81,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://{HOST}:{self.ports['apiserver']}"
+        return components.apiserver_url(self.ports)
 
     @property
     def kubeconfig(self) -> Path:
@@ -197,8 +195,7 @@ class ControlPlane:
         d = self.workdir / "pki"
         self.ca.pair.write(d, "ca")
         self.ca.issue(
-            "kube-apiserver", hosts=[HOST, "localhost", "kubernetes", "kubernetes.default",
-                                     "kubernetes.default.svc", "10.96.0.1"], server=True,
+            "kube-apiserver", hosts=list(components.APISERVER_HOSTS), server=True,
         ).write(d, "apiserver")
         self._admin_pair = self.ca.issue(ADMIN_USER, organizations=["system:masters"], client=True)
         self._admin_pair.write(d, "admin")
@@ -225,75 +222,30 @@ class ControlPlane:
         return proc
 
     def _start_etcd(self) -> None:
-        client_url = f"http://{HOST}:{self.ports['etcd']}"
-        peer_url = f"http://{HOST}:{self.ports['etcd-peer']}"
-        proc = self._launch("etcd", [
-            str(self.binaries.etcd),
-            "--name=gpupack-dev",
-            f"--data-dir={self.workdir / 'etcd-data'}",
-            f"--listen-client-urls={client_url}",
-            f"--advertise-client-urls={client_url}",
-            f"--listen-peer-urls={peer_url}",
-            f"--initial-advertise-peer-urls={peer_url}",
-            f"--initial-cluster=gpupack-dev={peer_url}",
-            # Throw-away data: skip fsync, which dominates etcd latency on slow disks.
-            "--unsafe-no-fsync=true",
-            "--log-level=warn",
-        ])
-        wait_until(lambda: _http_ok(f"{client_url}/health", '"health":"true"'),
-                   f"etcd health at {client_url}/health", self.config.start_timeout_s, proc)
+        proc = self._launch("etcd", components.etcd_argv(self.binaries, self.workdir, self.ports))
+        url = components.etcd_url(self.ports)
+        wait_until(lambda: _http_ok(f"{url}/health", '"health":"true"'),
+                   f"etcd health at {url}/health", self.config.start_timeout_s, proc)
 
     def _start_apiserver(self) -> None:
+        argv = components.apiserver_argv(self.binaries, self.workdir, self.ports)
+        proc = self._launch("kube-apiserver", argv)
         d = self.workdir / "pki"
-        proc = self._launch("kube-apiserver", [
-            str(self.binaries.kube_apiserver),
-            f"--etcd-servers=http://{HOST}:{self.ports['etcd']}",
-            f"--bind-address={HOST}",
-            f"--advertise-address={HOST}",
-            # Loopback cannot back the `kubernetes` Service endpoints; nothing here needs them.
-            "--endpoint-reconciler-type=none",
-            f"--secure-port={self.ports['apiserver']}",
-            f"--tls-cert-file={d / 'apiserver.crt'}",
-            f"--tls-private-key-file={d / 'apiserver.key'}",
-            f"--client-ca-file={d / 'ca.crt'}",
-            "--authorization-mode=RBAC",
-            "--anonymous-auth=false",
-            f"--service-account-issuer={self.server}",
-            f"--service-account-key-file={d / 'sa.pub'}",
-            f"--service-account-signing-key-file={d / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # No controller-manager: nothing creates `default` ServiceAccounts, and
-            # nothing would lift the not-ready taint TaintNodesByCondition puts on
-            # new Nodes; see module doc.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-            "--allow-privileged=true",
-            "--profiling=false",
-            f"--cert-dir={self.workdir / 'apiserver-certs'}",
-            "--v=1",
-        ])
         ssl_ctx = ssl.create_default_context(cafile=str(self.ca_file))
         ssl_ctx.load_cert_chain(d / "admin.crt", d / "admin.key")
         wait_until(lambda: _http_ok(f"{self.server}/readyz", "ok", ssl_ctx),
                    f"kube-apiserver {self.server}/readyz", self.config.start_timeout_s, proc)
 
     def _start_scheduler(self) -> None:
-        port = self.ports["scheduler"]
-        proc = self._launch("kube-scheduler", [
-            str(self.binaries.kube_scheduler),
-            f"--kubeconfig={self.workdir / 'scheduler.kubeconfig'}",
-            f"--bind-address={HOST}",
-            f"--secure-port={port}",
-            f"--cert-dir={self.workdir / 'scheduler-certs'}",
-            "--leader-elect=false",  # one scheduler: skip the lease wait
-            "--v=1",
-        ])
+        argv = components.scheduler_argv(self.binaries, self.workdir, self.ports)
+        proc = self._launch("kube-scheduler", argv)
+        url = components.scheduler_url(self.ports)
         # Its serving cert is self-signed in --cert-dir; /readyz is open to all.
         insecure = ssl.create_default_context()
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
-        wait_until(lambda: _http_ok(f"https://{HOST}:{port}/readyz", "ok", insecure),
-                   f"kube-scheduler https://{HOST}:{port}/readyz", self.config.start_timeout_s,
-                   proc)
+        wait_until(lambda: _http_ok(f"{url}/readyz", "ok", insecure),
+                   f"kube-scheduler {url}/readyz", self.config.start_timeout_s, proc)
 
 
 def apiserver_ready(server: str, workdir: str | Path) -> bool:

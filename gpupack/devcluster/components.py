@@ -1,0 +1,90 @@
+"""Command lines of the three components, and how to tell each one is ready.
+
+Pure functions of the binaries, the work dir and the ports, so the flags can be
+read in one place (and the reasons for each unusual one with them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpupack.devcluster.binaries import Binaries
+
+HOST = "127.0.0.1"
+SERVICE_CIDR = "10.96.0.0/24"
+APISERVER_HOSTS = (HOST, "localhost", "kubernetes", "kubernetes.default",
+                   "kubernetes.default.svc", "10.96.0.1")
+
+
+def etcd_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> list[str]:
+    client_url, peer_url = etcd_url(ports), f"http://{HOST}:{ports['etcd-peer']}"
+    return [
+        str(binaries.etcd),
+        "--name=gpupack-dev",
+        f"--data-dir={workdir / 'etcd-data'}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=gpupack-dev={peer_url}",
+        # Throw-away data: skip fsync, which dominates etcd latency on slow disks.
+        "--unsafe-no-fsync=true",
+        "--log-level=warn",
+    ]
+
+
+def etcd_url(ports: dict[str, int]) -> str:
+    return f"http://{HOST}:{ports['etcd']}"
+
+
+def apiserver_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> list[str]:
+    pki = workdir / "pki"
+    server = apiserver_url(ports)
+    return [
+        str(binaries.kube_apiserver),
+        f"--etcd-servers={etcd_url(ports)}",
+        f"--bind-address={HOST}",
+        f"--advertise-address={HOST}",
+        # Loopback cannot back the `kubernetes` Service endpoints; nothing here needs them.
+        "--endpoint-reconciler-type=none",
+        f"--secure-port={ports['apiserver']}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--authorization-mode=RBAC",
+        "--anonymous-auth=false",
+        f"--service-account-issuer={server}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # No controller-manager: nothing creates `default` ServiceAccounts, and
+        # nothing would lift the not-ready taint TaintNodesByCondition puts on
+        # new Nodes (see controlplane's module doc). The admission webhooks
+        # stay enabled: gpupack's webhook is called over TLS on loopback.
+        "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+        "--allow-privileged=true",
+        "--profiling=false",
+        f"--cert-dir={workdir / 'apiserver-certs'}",
+        "--v=1",
+    ]
+
+
+def apiserver_url(ports: dict[str, int]) -> str:
+    return f"https://{HOST}:{ports['apiserver']}"
+
+
+def scheduler_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> list[str]:
+    return [
+        str(binaries.kube_scheduler),
+        f"--kubeconfig={workdir / 'scheduler.kubeconfig'}",
+        f"--bind-address={HOST}",
+        f"--secure-port={ports['scheduler']}",
+        # Its serving certificate is self-signed here; /readyz is open to all.
+        f"--cert-dir={workdir / 'scheduler-certs'}",
+        "--leader-elect=false",  # one scheduler: skip the lease wait
+        "--v=1",
+    ]
+
+
+def scheduler_url(ports: dict[str, int]) -> str:
+    return f"https://{HOST}:{ports['scheduler']}"
