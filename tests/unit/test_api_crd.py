@@ -126,3 +126,12 @@ def test_generated_specs_round_trip_and_satisfy_schema(spec: api.GPUNodeSpec) ->
     body = {"apiVersion": api.API_VERSION, "kind": "GPUNode", "metadata": {"name": "n"},
             "spec": wire}
     _validator("GPUNode").validate(body)
+
+
+def test_generator_refuses_unions_it_cannot_express() -> None:
+    """A structural schema has no anyOf of types: only ``X | None`` may appear in the models."""
+    union = {"anyOf": [{"type": "integer"}, {"type": "string"}, {"type": "null"}]}
+    with pytest.raises(ValueError, match="only `X | None` unions"):
+        crdgen.structural(union, {})
+    optional = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}], "default": None}
+    assert crdgen.structural(optional, {}) == {"type": "integer", "minimum": 0}
