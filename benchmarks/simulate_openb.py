@@ -62,7 +62,7 @@ def run_task(task: tuple[str, str, str, int]) -> dict[str, Any]:
         "policy": result.policy,
         "seeds": list(result.seeds),
         "alloc_at": {str(k): v for k, v in result.alloc_at.items()},
-        "alloc_at_per_seed": [{str(k): v for k, v in r.alloc_at.items()} for r in result.runs],
+        "alloc_at_per_seed": [{str(k): r.alloc_at[k] for k in REF_LEVELS} for r in result.runs],
         "failed_pods": result.failed_pods,
         "decision_us_median": result.decision_us_median,
         "wall_s": time.perf_counter() - start,
