@@ -19,13 +19,16 @@ be created (the same measure :func:`mig.geometry.best_placement` uses).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Literal
 
 from mig.geometry import best_placement, fits_with
 from mig.model import GpuModel, PlacedInstance
+from mig.reach import plan_reconfiguration
+from sharing.packing.mig_layouts import GpupackStrategy
 
 ChangeKind = Literal["extend", "reshape", "enable"]
 _KIND_RANK: dict[str, int] = {"extend": 0, "reshape": 1, "enable": 2}
@@ -150,3 +153,47 @@ def best_change(candidates: Sequence[GpuCandidate], needed: Sequence[str]) -> La
     if not scored:
         return None
     return min(scored, key=lambda kv: kv[0])[1]
+
+
+_ENGINE = GpupackStrategy()
+
+
+def engine_reshape(
+    candidates: Sequence[GpuCandidate],
+    needed: Sequence[str],
+    demand: Counter[str],
+    recent: dict[str, float],
+    allowed: Callable[[str, str], bool],
+) -> LayoutChange | None:
+    """Reshape an idle GPU with the simulator's MIG layout engine (``sharing.packing.mig_layouts``).
+
+    ``GpupackStrategy.plan`` gets the idle MIG GPUs of one model, the instance
+    counts still missing for the cycle's waiting pods (``demand``, which
+    includes ``needed``) and the recent request mix, and returns which GPU gets
+    which maximal layout — the same decision the trace simulator measures. The
+    first reshape that supplies ``needed`` and uses only profiles the node's
+    policy allows (``allowed(node, profile)``) is taken; the agent's plan keeps
+    nothing in use because the GPU is idle.
+    """
+    by_model: dict[str, list[GpuCandidate]] = {}
+    for c in candidates:
+        if c.mig_enabled and c.may_destroy and not c.in_use and all(c.model.has_profile(n) for n in needed):
+            by_model.setdefault(c.model.product, []).append(c)
+    want = Counter(needed)
+    for product in sorted(by_model):
+        group = by_model[product]
+        model = group[0].model
+        idle = [(i, tuple(sorted(x.profile for x in c.current))) for i, c in enumerate(group)]
+        missing = {p: n for p, n in (demand | want).items() if model.has_profile(p)}
+        for reshape in _ENGINE.plan(model, idle, missing, recent):
+            c = group[reshape.gpu]
+            if any(Counter(reshape.layout)[p] < n for p, n in want.items()):
+                continue
+            if not all(allowed(c.node, p) for p in reshape.layout):
+                continue
+            plan = plan_reconfiguration(model, c.current, (), reshape.layout)
+            if plan is None:
+                continue
+            why = f"reshape GPU {c.index} of {c.node} to {'+'.join(reshape.layout)} (layout engine) for {', '.join(sorted(needed))}"
+            return LayoutChange(c.node, c.index, "reshape", plan.target, plan.destroy, plan.create, why)
+    return None

@@ -29,11 +29,11 @@ a static layout policy are brought to it (idle GPUs only) before any demand.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from controller.capacity import FreeCapacity, mig_claims, shared_claims, unreported_claims
-from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change
+from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
 from controller.model import Node, NodePolicy, NodeSharing, Pod, Snapshot
 from controller.sharedplan import SharedPlacer
 from mig.reach import plan_reconfiguration
@@ -79,6 +79,10 @@ class _Cycle:
     free: FreeCapacity
     budget: dict[tuple[str, ...], int]
     mig_mode_changes: bool = False
+    demand: Counter[str] = field(default_factory=Counter)
+    """MIG profiles the cycle's waiting pods still need (the layout engine's ``missing``)."""
+    recent: dict[str, float] = field(default_factory=dict)
+    """Recent request mix, decayed per arrival as the simulator does."""
     layouts: dict[tuple[str, int], LayoutChange] = field(default_factory=dict)
     sharing: dict[str, SharingChange] = field(default_factory=dict)
     planned_shares: Counter[str] = field(default_factory=Counter)
@@ -99,6 +103,20 @@ def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
         if node.sharing != node.spec_sharing or node.replicas != node.spec_replicas:
             out[policy.names] += 1
     return out
+
+
+RECENT_DECAY = 0.99
+"""Weight a request keeps per later arrival in the recent mix (the simulator's constant)."""
+
+
+def recent_mix(pods: tuple[Pod, ...]) -> dict[str, float]:
+    """Histogram of requested MIG profiles, each weighted ``RECENT_DECAY ** later arrivals``."""
+    ordered = sorted((p for p in pods if p.mode == "mig"), key=lambda p: (p.created, p.key))
+    mix: dict[str, float] = {}
+    for later, pod in enumerate(reversed(ordered)):
+        for profile in pod.profiles:
+            mix[profile] = mix.get(profile, 0.0) + RECENT_DECAY**later
+    return mix
 
 
 def _allowed(pod: Pod, node: Node) -> bool:
@@ -168,7 +186,18 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
         if incoming and _allowed(pod, n) and all(incoming[p] >= k for p, k in need.items()):
             incoming.subtract(need)
             return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
-    change = best_change(_mig_candidates(cycle, pod, claims), pod.profiles)
+    candidates = _mig_candidates(cycle, pod, claims)
+    # Cheapest first: create in free slices (nothing destroyed, no idle time needed);
+    # then the simulator's layout engine on idle GPUs; then the fewest-destroys change
+    # (for idle GPUs whose policy forbids every layout the engine would pick).
+    extend_only = [replace(c, may_destroy=False) for c in candidates]
+    change = best_change(extend_only, pod.profiles)
+    if change is None:
+        policies = cycle.snapshot.policies
+        change = engine_reshape(candidates, pod.profiles, cycle.demand, cycle.recent,
+                                lambda node, profile: policies[node].allows_profile(profile))
+    if change is None:
+        change = best_change(candidates, pod.profiles)
     if change is None:
         return Wait(pod.key, f"no free {', '.join(sorted(pod.profiles))} and no GPU may be reshaped for it now "
                              "(policy selector, allowed profiles, window, maxConcurrent, idle time)")
@@ -177,6 +206,13 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
         policy = cycle.snapshot.policies[change.node]
         cycle.budget[policy.names] -= 1
     cycle.layouts[key] = _merge(cycle.layouts.get(key), change)
+    # Instances about to be destroyed are no longer free; the new ones beyond this
+    # pod's are capacity in flight for the next pods of the cycle.
+    free = cycle.free.mig.setdefault(change.node, Counter())
+    free.subtract(Counter(i.profile for i in change.destroy))
+    cycle.free.mig[change.node] = +free
+    spare = Counter(i.profile for i in change.create) - Counter(pod.profiles)
+    cycle.free.incoming_mig.setdefault(change.node, Counter()).update(spare)
     return Wait(pod.key, f"capacity being created: {change.reason}")
 
 
@@ -262,14 +298,20 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
     cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot), budget, mig_mode_changes)
+    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=lambda p: (p.created, p.key))
+    cycle.demand = Counter(prof for p in waiting_pods if p.mode == "mig" for prof in p.profiles)
+    cycle.recent = recent_mix(snapshot.pods)
     _static_layouts(cycle)
     claims = mig_claims(snapshot.pods)
     taken = shared_claims(snapshot.pods)
     placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name)
     releases: list[Release] = []
     waiting: list[Wait] = []
-    for pod in sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=lambda p: (p.created, p.key)):
+    for pod in waiting_pods:
         outcome = _plan_mig(cycle, pod, claims) if pod.mode == "mig" else _plan_shared(cycle, pod, placer, taken)
+        if pod.mode == "mig":
+            cycle.demand.subtract(Counter(pod.profiles))
+            cycle.demand = +cycle.demand
         if isinstance(outcome, Release) and not pod.gated:
             # Ungated: kube-scheduler places it; the capacity is only held for it this cycle.
             outcome = Wait(pod.key, f"capacity exists on {outcome.node}; kube-scheduler retries the pod")

@@ -225,3 +225,22 @@ def test_pod_node_affinity_and_selector_are_respected() -> None:
     selector = Pod("team", "q", "mig", NOW, profiles=("1g.10gb",), milli=(100,), memory_bytes=(None,), gated=True,
                    node_selector=(("zone", "z"),))
     assert run([a, b], [selector]).releases == ()
+
+
+def test_idle_gpu_reshapes_follow_the_simulators_layout_engine() -> None:
+    from sharing.packing.mig_layouts import GpupackStrategy
+
+    pods = [mig_pod("a", "2g.20gb", minutes=1), mig_pod("b", "1g.10gb", minutes=2)]
+    (change,) = run([node("a", gpu(0, FULL_7G))], pods).layouts
+    demand = {"2g.20gb": 1, "1g.10gb": 1}
+    recent = {"2g.20gb": 0.99, "1g.10gb": 1.0}
+    (expected,) = GpupackStrategy().plan(H100, [(0, ("7g.80gb",))], demand, recent)
+    assert sorted(i.profile for i in change.layout) == sorted(expected.layout)
+    assert validate_layout(H100, change.layout) is None
+
+
+def test_an_instance_being_destroyed_is_not_given_to_a_later_pod() -> None:
+    pods = [mig_pod("first", "3g.40gb", minutes=0), mig_pod("second", "7g.80gb", minutes=1)]
+    result = run([node("a", gpu(0, FULL_7G))], pods)
+    assert result.releases == ()  # the 7g goes away for the 3g; "second" must wait
+    assert {w.pod for w in result.waiting} == {"team/first", "team/second"}
