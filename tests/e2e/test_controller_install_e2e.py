@@ -1,8 +1,10 @@
-"""Install and uninstall gpupack from ``manifests/kustomize`` on the real control plane.
+"""Install and uninstall gpupack from ``manifests/kustomization.yaml`` on the real control plane.
 
 ``kubectl`` is not needed: the kustomizations gpupack ships only list
 resources (the test fails if one grows patches or generators this renderer
-does not apply), so rendering is reading them in order. cert-manager's
+does not apply, or names a file outside its directory, which kustomize's load
+restrictor refuses), so rendering is reading them in order. Where ``kubectl``
+is installed the test also checks that ``kubectl kustomize`` renders the same objects. cert-manager's
 Issuer/Certificate are left out: this control plane has no cert-manager.
 Uninstall removes the admission webhook configurations first, then the
 components, and leaves GPUNodes, SharingPolicies and workload pods alone.
@@ -10,6 +12,8 @@ components, and leaves GPUNodes, SharingPolicies and workload pods alone.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,12 +39,13 @@ def render(directory: Path) -> list[dict[str, Any]]:
         if path.is_dir():
             out += render(path)
         else:
+            assert directory.resolve() in path.parents, f"{directory}: kustomize refuses files outside it: {entry}"
             out += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return out
 
 
 def test_render_lists_every_component_once() -> None:
-    objects = render(ROOT / "manifests" / "kustomize")
+    objects = render(ROOT / "manifests")
     keys = [(o["kind"], (o.get("metadata") or {}).get("namespace"), o["metadata"]["name"]) for o in objects]
     assert len(keys) == len(set(keys)), "an object is listed twice"
     kinds = {(k, n) for k, _, n in keys}
@@ -48,10 +53,16 @@ def test_render_lists_every_component_once() -> None:
                    ("DaemonSet", "gpupack-node-agent"), ("MutatingWebhookConfiguration", "gpupack"),
                    ("CustomResourceDefinition", "gpunodes.gpupack.io")]:
         assert wanted in kinds
+    kubectl = shutil.which("kubectl")
+    if kubectl:  # the real kustomize agrees (checked where it exists; the renderer above always runs)
+        out = subprocess.run([kubectl, "kustomize", str(ROOT / "manifests")], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        real = [d for d in yaml.safe_load_all(out.stdout) if d]
+        assert sorted((o["kind"], o["metadata"]["name"]) for o in real) == sorted((o["kind"], o["metadata"]["name"]) for o in objects)
 
 
 def test_install_applies_and_uninstall_keeps_gpus_and_workloads(admin_client: Any, namespace: str) -> None:
-    objects = [o for o in render(ROOT / "manifests" / "kustomize") if o["kind"] not in CERT_MANAGER]
+    objects = [o for o in render(ROOT / "manifests") if o["kind"] not in CERT_MANAGER]
     # gpupack installs next to the GPU Operator: its namespace exists (the agent's Role lives there).
     try:
         client.CoreV1Api(admin_client).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpu-operator")))
