@@ -1,0 +1,145 @@
+"""Generate the Helm chart's templates from the plain manifests in ``manifests/``.
+
+The kustomize install (``manifests/kustomization.yaml``) is the source of
+truth; the chart is the same objects with a few values templated (namespace,
+image, replicas, component switches, resources, controller and agent settings,
+cert-manager on/off). Generating instead of hand-copying keeps the two from
+drifting: ``tests/unit/test_controller_helm.py`` regenerates into a temporary
+directory and fails when the committed chart differs.
+
+    python manifests/helm/generate.py            # rewrite manifests/helm/gpupack/{templates,crds}
+    python manifests/helm/generate.py --out DIR  # write elsewhere (the drift test)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = Path(__file__).resolve().parent / "gpupack"
+IMAGE = "ghcr.io/gpupack/gpupack:0.1.0"
+HEADER = "# Generated from manifests/ by manifests/helm/generate.py; edit those, then regenerate.\n"
+NS = "{{ .Values.namespace }}"
+
+
+def _load(path: str) -> str:
+    return (ROOT / path).read_text(encoding="utf-8")
+
+
+def _template(text: str, component: str | None = None, extra: dict[str, str] | None = None) -> str:
+    text = text.replace("namespace: gpupack-system", f"namespace: {NS}")
+    text = text.replace("gpupack-system/gpupack-webhook", f"{NS}/gpupack-webhook")
+    text = text.replace("values: [kube-system, gpupack-system]", f"values: [kube-system, {NS}]")
+    text = text.replace("gpupack-webhook.gpupack-system.svc", f"gpupack-webhook.{NS}.svc")
+    text = text.replace("system:serviceaccount:gpupack-system:", f"system:serviceaccount:{NS}:")
+    text = text.replace(
+        f"image: {IMAGE}",
+        'image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"\n'
+        "          imagePullPolicy: {{ .Values.image.pullPolicy }}",
+    )
+    for old, new in (extra or {}).items():
+        if old not in text:
+            raise SystemExit(f"generate.py: expected text not found (manifest changed?): {old!r}")
+        text = text.replace(old, new)
+    if not text.endswith("\n"):
+        text += "\n"
+    if component:
+        text = "{{- if .Values.%s.enabled }}\n%s{{- end }}\n" % (component, text)
+    return text
+
+
+def _quoted(env: str, value: str) -> str:
+    return f"            - {{name: {env}, value: {{{{ {value} | quote }}}}}}\n"
+
+
+def _extras() -> dict[str, dict[str, str]]:
+    """Per source file: literal text -> templated text (the generator fails if the text is gone)."""
+    return {
+        "webhook/deployment.yaml": {
+            "  replicas: 2\n": "  replicas: {{ .Values.webhook.replicas }}\n",
+            "            requests: {cpu: 100m, memory: 128Mi}\n            limits: {memory: 512Mi}\n":
+                "            {{- toYaml .Values.webhook.resources | nindent 12 }}\n",
+        },
+        "webhook/mutating.yaml": {
+            "    failurePolicy: Fail\n": "    failurePolicy: {{ .Values.webhook.failurePolicy }}\n",
+        },
+        "controller/deployment.yaml": {
+            "  replicas: 2\n": "  replicas: {{ .Values.controller.replicas }}\n",
+            '            - {name: GPUPACK_CONTROLLER_BATCH_SECONDS, value: "0.5"}\n':
+                _quoted("GPUPACK_CONTROLLER_BATCH_SECONDS", ".Values.controller.batchSeconds"),
+            '            - {name: GPUPACK_CONTROLLER_RESYNC_SECONDS, value: "10"}\n':
+                _quoted("GPUPACK_CONTROLLER_RESYNC_SECONDS", ".Values.controller.resyncSeconds"),
+            '            - {name: GPUPACK_CONTROLLER_LEASE_SECONDS, value: "15"}\n':
+                _quoted("GPUPACK_CONTROLLER_LEASE_SECONDS", ".Values.controller.leaseSeconds")
+                + _quoted("GPUPACK_CONTROLLER_LEASE_NAMESPACE", ".Values.namespace")
+                + _quoted("GPUPACK_CONTROLLER_POLICY", ".Values.controller.policy")
+                + _quoted("GPUPACK_CONTROLLER_FEEDBACK", ".Values.controller.feedback")
+                + _quoted("GPUPACK_CONTROLLER_RIGHT_SIZE", ".Values.controller.rightSize"),
+            '            - {name: GPUPACK_CONTROLLER_MIG_MODE_CHANGES, value: "false"}\n':
+                _quoted("GPUPACK_CONTROLLER_MIG_MODE_CHANGES", ".Values.controller.migModeChanges"),
+            "            requests: {cpu: 100m, memory: 256Mi}\n            limits: {memory: 1Gi}\n":
+                "            {{- toYaml .Values.controller.resources | nindent 12 }}\n",
+        },
+        "agent/daemonset.yaml": {
+            "            - {name: GPUPACK_AGENT_MODE, value: direct}\n":
+                "            - {name: GPUPACK_AGENT_MODE, value: {{ .Values.agent.mode }}}\n",
+            '            - {name: GPUPACK_AGENT_IDLE_SECONDS, value: "300"}\n':
+                _quoted("GPUPACK_AGENT_IDLE_SECONDS", ".Values.agent.idleSeconds"),
+            "            - {name: GPUPACK_AGENT_DEVICE_PLUGIN_NAMESPACE, value: gpu-operator}\n":
+                "            - {name: GPUPACK_AGENT_DEVICE_PLUGIN_NAMESPACE, value: {{ .Values.gpuOperatorNamespace }}}\n",
+            "            requests: {cpu: 20m, memory: 96Mi}\n            limits: {memory: 256Mi}\n":
+                "            {{- toYaml .Values.agent.resources | nindent 12 }}\n",
+        },
+    }
+
+
+def render() -> dict[str, str]:
+    files: dict[str, str] = {}
+    files["templates/namespace.yaml"] = (
+        "{{- if .Values.createNamespace }}\n"
+        + _template(_load("namespace.yaml")).replace("name: gpupack-system", f"name: {NS}")
+        + "{{- end }}\n"
+    )
+    for name in ("serviceaccounts", "webhook", "controller", "node-agent"):
+        files[f"templates/rbac-{name}.yaml"] = _template(_load(f"rbac/{name}.yaml"))
+    extras = _extras()
+    for component, directory in (("webhook", "webhook"), ("controller", "controller"), ("agent", "agent")):
+        kustomization = yaml.safe_load(_load(f"{directory}/kustomization.yaml"))
+        for entry in kustomization["resources"]:
+            source = f"{directory}/{entry}"
+            text = _load(source)
+            if source == "agent/rbac-gpu-operator.yaml":
+                text = text.replace("namespace: gpu-operator", "namespace: {{ .Values.gpuOperatorNamespace }}")
+            target = f"templates/{component}-{Path(entry).stem}.yaml"
+            if source == "webhook/certificate.yaml":
+                files[target] = (
+                    "{{- if and .Values.webhook.enabled .Values.webhook.certManager }}\n"
+                    + _template(text) + "{{- end }}\n"
+                )
+            else:
+                files[target] = _template(text, component, extras.get(source))
+    out = {k: HEADER + v for k, v in files.items()}
+    # CRDs go to crds/: Helm installs them once and never deletes them, so an
+    # uninstall keeps every GPUNode and SharingPolicy (and the GPUs' layouts).
+    for crd in ("gpupack.io_gpunodes.yaml", "gpupack.io_sharingpolicies.yaml"):
+        out[f"crds/{crd}"] = _load(f"crds/{crd}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=CHART)
+    args = parser.parse_args(argv)
+    for name, text in render().items():
+        path = args.out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
