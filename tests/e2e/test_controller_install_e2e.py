@@ -97,3 +97,40 @@ def test_install_applies_and_uninstall_keeps_gpus_and_workloads(admin_client: An
     assert kept["spec"]["gpus"][0]["layout"] == [{"profile": "3g.40gb"}]
     assert core.read_namespaced_pod("workload", namespace).metadata.name == "workload"
     custom.delete_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", name)
+
+
+def test_helm_rendering_applies_with_values(admin_client: Any) -> None:
+    """Where helm is installed (PATH or $GPUPACK_HELM) the chart's output, with values set,
+    is applied to the real control plane; elsewhere the chart's drift test
+    (tests/unit/test_controller_helm.py) is what guards it."""
+    import os
+
+    helm = os.environ.get("GPUPACK_HELM") or shutil.which("helm")
+    if helm is None:
+        templates = ROOT / "manifests" / "helm" / "gpupack" / "templates"
+        assert (templates / "controller-deployment.yaml").is_file()
+        return
+    out = subprocess.run(
+        [helm, "template", "gpupack", str(ROOT / "manifests" / "helm" / "gpupack"), "--namespace", "gpupack-system",
+         "--kube-version", "1.37.2", "--set", "controller.replicas=3", "--set", "webhook.certManager=false",
+         "--set", "controller.batchSeconds=1.5"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    objects = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert not [o for o in objects if o["kind"] in CERT_MANAGER]  # certManager=false drops them
+    try:
+        client.CoreV1Api(admin_client).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpu-operator")))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    apply_objects(admin_client, objects, field_manager="gpupack-helm-e2e")
+    deployment = client.AppsV1Api(admin_client).read_namespaced_deployment("gpupack-controller", "gpupack-system")
+    assert deployment.spec.replicas == 3
+    env = {e.name: e.value for e in deployment.spec.template.spec.containers[0].env}
+    assert env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "1.5"
+    dyn = DynamicClient(admin_client)
+    for obj in objects:
+        if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Deployment", "DaemonSet"):
+            api = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+            api.delete(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"))
