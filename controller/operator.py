@@ -25,7 +25,7 @@ from controller.leader import LeaderElector, LeaseSettings
 from controller.metrics import ControllerMetrics
 from controller.reconcile import Controller, CycleReport
 from controller.settings import ControllerSettings
-from controller.snapshot import ALLOCATION
+from controller.podview import ALLOCATION
 from sharing.api import GROUP, VERSION
 
 log = logging.getLogger("gpupack.controller")

@@ -15,7 +15,7 @@ from typing import Any
 
 from controller.migplan import LayoutChange
 from controller.planner import SharingChange
-from controller.snapshot import GATE, HOSTNAME
+from controller.podview import GATE, HOSTNAME
 
 Op = dict[str, Any]
 _TERMS = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"

@@ -34,8 +34,9 @@ from controller.model import Node, Snapshot
 from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
 from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings
+from controller.podview import parse_time, pod_from_object
 from controller.snapshot import (
-    IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, parse_time, pod_from_object, scoped, update_idle,
+    IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle,
 )
 
 log = logging.getLogger("gpupack.controller")

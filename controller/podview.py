@@ -1,0 +1,155 @@
+"""Reading gpupack pods from raw Pod objects (dicts): the allocation annotation, gates, affinity.
+
+Pure and lenient: a pod without a readable ``gpupack.io/allocation`` annotation
+is simply not a gpupack pod. The required node affinity and nodeSelector are
+kept whole, so the planner never pins a pod to a node its own terms exclude.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+from controller.model import Pod, PodMode
+from mig.units import parse_quantity
+
+GATE = "gpupack.io/capacity"
+ALLOCATION = "gpupack.io/allocation"
+HOSTNAME = "kubernetes.io/hostname"
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+_MODES: tuple[PodMode, ...] = ("mig", "mps", "time-slicing")
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _pinned_node(spec: Mapping[str, Any]) -> str | None:
+    terms = _list(
+        _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
+            "nodeSelectorTerms"
+        )
+    )
+    pinned: set[str] = set()
+    for term in terms:
+        hosts = [
+            tuple(_list(e.get("values")))
+            for e in _list(_map(term).get("matchExpressions"))
+            if isinstance(e, Mapping) and e.get("key") == HOSTNAME and e.get("operator") == "In"
+        ]
+        if len(hosts) != 1 or len(hosts[0]) != 1:
+            return None
+        pinned.add(str(hosts[0][0]))
+    return pinned.pop() if len(pinned) == 1 else None
+
+
+def _products(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    terms = _list(
+        _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
+            "nodeSelectorTerms"
+        )
+    )
+    found: set[str] = set()
+    for term in terms:
+        for e in _list(_map(term).get("matchExpressions")):
+            if isinstance(e, Mapping) and e.get("key") == PRODUCT_LABEL and e.get("operator") == "In":
+                found.update(str(v) for v in _list(e.get("values")))
+    return tuple(sorted(found))
+
+
+def _terms(spec: Mapping[str, Any]) -> tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...]:
+    terms = _list(
+        _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
+            "nodeSelectorTerms"
+        )
+    )
+    out = []
+    for term in terms:
+        exprs = tuple(
+            (str(e.get("key")), str(e.get("operator")), tuple(str(v) for v in _list(e.get("values"))))
+            for e in _list(_map(term).get("matchExpressions"))
+            if isinstance(e, Mapping)
+        )
+        out.append(exprs)
+    return tuple(out)
+
+
+def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
+    cpu = mem = 0
+    for c in _list(spec.get("containers")):
+        req = _map(_map(_map(c).get("resources")).get("requests"))
+        try:
+            if "cpu" in req:
+                cpu += int(parse_quantity(req["cpu"]) * 1000)
+            if "memory" in req:
+                mem += int(parse_quantity(req["memory"]) / (1024 * 1024))
+        except ValueError:
+            continue
+    return cpu, mem
+
+
+def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
+    """A gpupack pod (one with an allocation annotation), or None for others and finished pods."""
+    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
+    if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        return None
+    raw = _map(meta.get("annotations")).get(ALLOCATION)
+    try:
+        allocation = _map(json.loads(raw)) if isinstance(raw, str) else {}
+    except json.JSONDecodeError:
+        return None
+    mode = allocation.get("mode")
+    created = parse_time(meta.get("creationTimestamp"))
+    if mode not in _MODES or created is None or not isinstance(meta.get("name"), str):
+        return None
+    containers = [_map(c) for c in _list(allocation.get("containers"))]
+    if not containers:
+        return None
+    node_name = spec.get("nodeName")
+    cpu, mem = _requests(spec)
+    replicas = allocation.get("replicas")
+    gated = any(_map(g).get("name") == GATE for g in _list(spec.get("schedulingGates")))
+    unschedulable = not gated and not node_name and any(
+        _map(c).get("type") == "PodScheduled" and _map(c).get("reason") == "Unschedulable"
+        for c in _list(status.get("conditions"))
+    )
+    return Pod(
+        namespace=str(meta.get("namespace") or "default"),
+        name=meta["name"],
+        mode=mode,
+        created=created,
+        profiles=tuple(str(c.get("profile")) for c in containers if c.get("profile")) if mode == "mig" else (),
+        milli=tuple(_int(c.get("milli"), 1000) for c in containers),
+        memory_bytes=tuple(c.get("memoryBytes") if isinstance(c.get("memoryBytes"), int) else None for c in containers),
+        products=_products(spec),
+        replicas=replicas if isinstance(replicas, int) else None,
+        gated=gated,
+        unschedulable=unschedulable,
+        node=node_name if isinstance(node_name, str) and node_name else _pinned_node(spec),
+        bound=isinstance(node_name, str) and bool(node_name),
+        cpu_milli=cpu,
+        memory_mib=mem,
+        uid=str(meta.get("uid") or ""),
+        node_selector=tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())),
+        terms=_terms(spec),
+    )
