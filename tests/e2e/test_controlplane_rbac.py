@@ -1,29 +1,37 @@
 """Each gpupack component's ServiceAccount can do exactly what its RBAC grants (invariant 4).
 
-``EXPECTED`` is the specification, written independently of manifests/rbac/:
-the API server's authorizer is asked (SubjectAccessReview) about every verb on
-every resource in ``MATRIX`` and must answer exactly as the table says. A few
-real requests made *as* each ServiceAccount then check 200 vs 403 end to end.
+``EXPECTED`` is the specification, written independently of the YAML. Every
+RBAC object in manifests/ (manifests/rbac/ plus what components add in their
+own folders, e.g. manifests/agent/) is applied, then the API server's
+authorizer is asked (SubjectAccessReview) about every verb on every resource
+in ``MATRIX`` and must answer exactly as the table says. A few real requests
+made *as* each ServiceAccount then check 200 vs 403 end to end.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpupack.devcluster.apply import MANIFESTS, apply_objects, load_manifests
 from sharing import api
 
 NS = "gpupack-system"
+OPERATOR_NS = "gpu-operator"  # the GPU Operator's namespace, where the agent has a Role
+RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 READ = {"get", "list", "watch"}
 WRITE = {"create", "update", "patch"}
 
-# (api group, resource, subresource, namespace or None for cluster scope / all namespaces)
-MATRIX: tuple[tuple[str, str, str, str | None], ...] = (
+# (api group, resource, subresource, namespace or None for cluster scope / all
+# namespaces, resource name or "" for any)
+MATRIX: tuple[tuple[str, str, str, str | None, str], ...] = tuple((*row, "") for row in (
     ("gpupack.io", "gpunodes", "", None),
     ("gpupack.io", "gpunodes", "status", None),
     ("gpupack.io", "sharingpolicies", "", None),
@@ -45,67 +53,102 @@ MATRIX: tuple[tuple[str, str, str, str | None], ...] = (
     ("apps", "deployments", "", NS),
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", "", None),
     ("rbac.authorization.k8s.io", "clusterroles", "", None),
+    ("", "configmaps", "", OPERATOR_NS),
+    ("", "pods", "", OPERATOR_NS),
+)) + (
+    ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"),
+    ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"),
+    ("", "configmaps", "", OPERATOR_NS, "some-other-config"),
 )
 
-Key = tuple[str, str, str, str | None]
-EVENTS = {("", "events", "", "default"): {"create", "patch"},
-          ("events.k8s.io", "events", "", "default"): {"create", "patch"}}
+Key = tuple[str, str, str, str | None, str]
+EVENTS: dict[Key, set[str]] = {("", "events", "", "default", ""): {"create", "patch"},
+                               ("events.k8s.io", "events", "", "default", ""): {"create", "patch"}}
 
 EXPECTED: dict[str, dict[Key, set[str]]] = {
     "gpupack-webhook": {
-        ("gpupack.io", "gpunodes", "", None): READ,
-        ("gpupack.io", "sharingpolicies", "", None): READ,
-        ("", "nodes", "", None): READ,
-        ("", "namespaces", "", None): READ,
+        ("gpupack.io", "gpunodes", "", None, ""): READ,
+        ("gpupack.io", "sharingpolicies", "", None, ""): READ,
+        ("", "nodes", "", None, ""): READ,
+        ("", "namespaces", "", None, ""): READ,
         **EVENTS,
     },
     "gpupack-controller": {
-        ("gpupack.io", "gpunodes", "", None): READ | WRITE,
-        ("gpupack.io", "sharingpolicies", "", None): READ | {"patch"},
-        ("gpupack.io", "sharingpolicies", "status", None): {"get", "update", "patch"},
-        ("", "pods", "", "default"): READ | {"update", "patch"},
-        ("", "nodes", "", None): READ | {"patch"},
-        ("", "namespaces", "", None): READ,
-        ("", "configmaps", "", NS): READ | WRITE,
-        ("coordination.k8s.io", "leases", "", NS): READ | WRITE,
-        ("apiextensions.k8s.io", "customresourcedefinitions", "", None): READ,
+        ("gpupack.io", "gpunodes", "", None, ""): READ | WRITE,
+        ("gpupack.io", "sharingpolicies", "", None, ""): READ | {"patch"},
+        ("gpupack.io", "sharingpolicies", "status", None, ""): {"get", "update", "patch"},
+        ("", "pods", "", "default", ""): READ | {"update", "patch"},
+        ("", "pods", "", OPERATOR_NS, ""): READ | {"update", "patch"},  # cluster-wide
+        ("", "nodes", "", None, ""): READ | {"patch"},
+        ("", "namespaces", "", None, ""): READ,
+        ("", "configmaps", "", NS, ""): READ | WRITE,
+        ("coordination.k8s.io", "leases", "", NS, ""): READ | WRITE,
+        ("apiextensions.k8s.io", "customresourcedefinitions", "", None, ""): READ,
         **EVENTS,
     },
     "gpupack-node-agent": {
-        ("gpupack.io", "gpunodes", "", None): READ | {"create"},
-        ("gpupack.io", "gpunodes", "status", None): {"get", "update", "patch"},
-        ("", "nodes", "", None): READ | {"patch"},
-        ("", "nodes", "status", None): {"get", "patch"},
-        ("", "pods", "", "default"): READ,
+        ("gpupack.io", "gpunodes", "", None, ""): READ | {"create"},
+        ("gpupack.io", "gpunodes", "status", None, ""): {"get", "update", "patch"},
+        ("", "nodes", "", None, ""): READ | {"patch"},
+        ("", "nodes", "status", None, ""): {"get", "patch"},
+        ("", "pods", "", "default", ""): READ,
         **EVENTS,
+        # manifests/agent/rbac-policies.yaml: enforces the policies selecting its node.
+        ("gpupack.io", "sharingpolicies", "", None, ""): READ,
+        # manifests/agent/rbac-gpu-operator.yaml: two named ConfigMaps, and the
+        # device-plugin pods it restarts.
+        ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"): {"get", "update", "patch"},
+        ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"): {"get", "update", "patch"},
+        ("", "pods", "", OPERATOR_NS, ""): READ | {"delete"},  # read: cluster-wide
     },
 }
 
 
 def _allowed(admin: Any, sa: str, key: Key, verb: str) -> bool:
-    group, resource, sub, namespace = key
+    group, resource, sub, namespace, name = key
     review = client.V1SubjectAccessReview(spec=client.V1SubjectAccessReviewSpec(
         user=f"system:serviceaccount:{NS}:{sa}",
         groups=["system:serviceaccounts", f"system:serviceaccounts:{NS}", "system:authenticated"],
         resource_attributes=client.V1ResourceAttributes(
             group=group, resource=resource, subresource=sub or None, verb=verb,
-            namespace=namespace),
+            namespace=namespace, name=name or None),
     ))
     result = client.AuthorizationV1Api(admin).create_subject_access_review(review)
     return bool(result.status.allowed)
 
 
-@pytest.mark.parametrize("sa", sorted(EXPECTED))
-def test_authorizer_grants_exactly_the_table(
-    admin_client: Any, gpupack_installed: list[dict[str, Any]], sa: str
-) -> None:
+@pytest.fixture(scope="module")
+def all_rbac(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every RBAC object of the project (Helm chart templates aside: they are not YAML yet)."""
+    files = [p for p in sorted(Path(MANIFESTS).rglob("*.yaml"))
+             if "helm" not in p.relative_to(MANIFESTS).parts]
+    rbac = [o for f in files for o in load_manifests(f) if o["kind"] in RBAC_KINDS]
+    core = client.CoreV1Api(admin_client)
+    if OPERATOR_NS not in {n.metadata.name for n in core.list_namespace().items}:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=OPERATOR_NS)))
+    return apply_objects(admin_client, rbac, field_manager="gpupack-e2e")
+
+
+def _differences(admin: Any, sa: str) -> list[str]:
     wrong = []
     for key in MATRIX:
         granted = EXPECTED[sa].get(key, set())
         for verb in VERBS:
-            if _allowed(admin_client, sa, key, verb) != (verb in granted):
-                wrong.append(f"{verb} {'/'.join(filter(None, key[:3]))} ns={key[3]}: "
+            if _allowed(admin, sa, key, verb) != (verb in granted):
+                where = "/".join(filter(None, key[:3])) + (f"/{key[4]}" if key[4] else "")
+                wrong.append(f"{verb} {where} ns={key[3]}: "
                              f"{'allowed' if verb not in granted else 'denied'}")
+    return wrong
+
+
+@pytest.mark.parametrize("sa", sorted(EXPECTED))
+def test_authorizer_grants_exactly_the_table(
+    admin_client: Any, all_rbac: list[dict[str, Any]], sa: str
+) -> None:
+    # The authorizer reads RBAC through informers: allow it a moment to catch up.
+    deadline = time.monotonic() + 10
+    while (wrong := _differences(admin_client, sa)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert not wrong, f"{sa} RBAC differs from the spec:\n" + "\n".join(wrong)
 
 
