@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from node.agent import Agent
 from node.kube import Kube
@@ -56,7 +57,14 @@ class RunningAgent:
 
 
 @pytest.fixture
-def node_name(admin_client: Any) -> str:
+def node_name(admin_client: Any) -> Iterator[str]:
+    """A Ready Node (no kubelet) whose Node and GPUNode are deleted afterwards.
+
+    The control plane serves the whole test session, and the webhook's e2e tests
+    read every GPUNode: a leftover simulated GPU would look like free capacity.
+    Tests request this fixture before ``agent_factory``, so the agents are
+    stopped before the objects go (a running agent would recreate its GPUNode).
+    """
     name = f"gpu-{uuid.uuid4().hex[:6]}"
     core = client.CoreV1Api(admin_client)
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(
@@ -69,7 +77,15 @@ def node_name(admin_client: Any) -> str:
     # The API server's TaintNodesByCondition admission taints new Nodes not-ready; without a
     # node-lifecycle controller nobody lifts it, so the test does (its Node is Ready).
     core.patch_node(name, {"spec": {"taints": None}})
-    return name
+    yield name
+    custom = client.CustomObjectsApi(admin_client)
+    for delete in (lambda: custom.delete_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", name),
+                   lambda: core.delete_node(name)):
+        try:
+            delete()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
 
 
 POLICY_RBAC = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "rbac-policies.yaml"
