@@ -24,23 +24,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from sharing.packing.cluster import ClusterState, IntArray
-from sharing.packing.fgd import FgdPolicy, fragmentation_delta
-from sharing.packing.fragmentation import FloatArray, fgd_score
+from sharing.packing.cluster import ClusterState
+from sharing.packing.fgd import FgdPolicy
+from sharing.packing.fragmentation import fgd_score
 from sharing.packing.model import PodSpec
 from sharing.packing.policy import first_free_gpus
-from sharing.packing.state_cache import RequestKey, StateCache
 
 
 class GpupackPolicy(FgdPolicy):
     """FGD node score with the tightest-GPU device choice (see module docstring)."""
 
     name = "gpupack"
-
-    def _evaluate(self, cache: StateCache, sids: IntArray, key: RequestKey) -> FloatArray:
-        delta = fragmentation_delta(self.model, cache.cpu[sids], cache.free[sids], cache.model[sids], cache.base[sids], key)
-        score: FloatArray = fgd_score(delta).max(axis=1).astype(np.float64)
-        return score
 
     def choose_gpus(self, cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, ...]:
         if pod.gpu_count == 0:
