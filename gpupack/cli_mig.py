@@ -270,7 +270,7 @@ def _add_commands(sub: Any) -> None:
     p = add("fit", cmd_fit, "smallest MIG profile covering a compute + memory request (exit 1 if none)")
     p.add_argument("--gpu", action="append", metavar="MODEL", help=_MODEL_HELP + "; repeat to compare models; default: every model")
     p.add_argument("--milli", type=int, required=True, help="compute share in thousandths of a GPU, 1..1000")
-    p.add_argument("--memory", default="0", metavar="QTY", help="GPU memory as a Kubernetes quantity (20Gi, 512Mi); default 0")
+    p.add_argument("--memory", default="0", metavar="QTY", help="GPU memory as a Kubernetes quantity (20Gi, 512Mi, 10G); default 0")
     p = add("plan", cmd_plan, "minimal destroy/create steps to a target layout without touching in-use instances (exit 1 if unreachable)")
     p.add_argument("--gpu", required=True, metavar="MODEL", help=_MODEL_HELP)
     p.add_argument("--current", nargs="*", default=[], metavar="PROFILE@START", help="current instances, e.g. 3g.40gb@4")

@@ -17,11 +17,13 @@ container, the value and the valid choices.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from enum import StrEnum
 from typing import Any, Final, Literal
+
+from mig import units
+from mig.errors import RequestError
 
 GROUP: Final = "gpupack.io"
 MILLI: Final = "gpupack.io/gpu-milli"
@@ -68,60 +70,16 @@ class AdmissionRefusal(ValueError):
 
 # --- quantities -------------------------------------------------------------
 
-_QUANTITY_RE: Final = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE]?)$")
-_SUFFIX: Final[dict[str, Decimal]] = {
-    "": Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
-}
-
-
 def parse_quantity(value: object, *, what: str) -> Decimal:
     """A Kubernetes quantity (``250m``, ``1e3``, ``20Gi``, ``7``) as an exact Decimal.
 
-    Raises ``AdmissionRefusal(INVALID_QUANTITY)`` naming ``what`` and the value.
+    ``mig.units.parse_quantity`` does the parsing; this names ``what`` and turns a
+    bad value into ``AdmissionRefusal(INVALID_QUANTITY)``.
     """
-    if isinstance(value, bool):  # bool is an int subclass; never a quantity
-        raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {value!r} is not a quantity")
-    if isinstance(value, int):
-        return Decimal(value)
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {value!r} is not a finite quantity")
-        return Decimal(repr(value))
-    if not isinstance(value, str) or len(value) > 64:
-        raise AdmissionRefusal(
-            Reason.INVALID_QUANTITY, f"{what}: {str(value)[:64]!r} is not a Kubernetes quantity such as '20Gi' or '250'"
-        )
-    match = _QUANTITY_RE.match(value.strip())
-    if match is None:
-        raise AdmissionRefusal(
-            Reason.INVALID_QUANTITY, f"{what}: {value!r} is not a Kubernetes quantity such as '20Gi' or '250'"
-        )
-    number, suffix = match.groups()
     try:
-        base = Decimal(number)
-        if suffix[:1] in ("e", "E"):
-            exponent = int(suffix[1:])
-            if abs(exponent) > 30:
-                raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {value!r} is out of range")
-            return base.scaleb(exponent)
-        return base * _SUFFIX[suffix]
-    except InvalidOperation:
-        raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {value!r} is not a valid quantity") from None
+        return units.parse_quantity(value)
+    except RequestError as exc:
+        raise AdmissionRefusal(Reason.INVALID_QUANTITY, f"{what}: {exc}") from None
 
 
 def parse_milli(value: object, *, container: str) -> int:

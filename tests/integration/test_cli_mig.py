@@ -37,7 +37,7 @@ def test_check_json(capsys: pytest.CaptureFixture[str]) -> None:
         (["mig", "profiles", "--gpu", "V100"], "valid models:"),
         (["mig", "check", "--gpu", "H100", "1g.5gb"], "valid profiles: 1g.10gb"),
         (["mig", "fit", "--gpu", "H100", "--milli", "1001"], "1..1000"),
-        (["mig", "fit", "--gpu", "H100", "--milli", "10", "--memory", "lots"], "invalid quantity"),
+        (["mig", "fit", "--gpu", "H100", "--milli", "10", "--memory", "lots"], "is not a Kubernetes quantity"),
         (["mig", "plan", "--gpu", "H100", "--current", "3g.40gb@2", "--target", "7g.80gb"], "cannot be placed at 2:4"),
         (["mig", "plan", "--gpu", "H100", "--current", "3g.40gb", "--target", "7g.80gb"], "PROFILE@START"),
     ],
