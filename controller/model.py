@@ -38,7 +38,8 @@ class Gpu:
     """Since when no instance (or the whole GPU) has been in use; None = busy or unknown."""
     utilization_percent: int | None = None
     reshaping: bool = False
-    """The spec asks for a different geometry than the status shows: a reshape in flight."""
+    """The spec asks for a different geometry than the status shows and the agent has
+    not refused or given up on it: a reshape in flight (it holds a ``maxConcurrent`` slot)."""
     desired: tuple[str, ...] | None = None
     """Profiles ``GPUNode.spec`` asks for (sorted), when it names a layout."""
 

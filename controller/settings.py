@@ -48,7 +48,7 @@ class ControllerSettings:
     mig_mode_changes: bool = False
     """Let the planner turn MIG on for idle full GPUs. Needs a GPU reset, which only the
     agent's operator mode (mig-manager) performs; off so a direct-mode agent is never
-    asked for a change it must refuse (a refused change would hold a reshaping slot)."""
+    asked for a change it must refuse (the agent would answer LayoutRefused on every cycle)."""
     feedback_window_seconds: float = 600.0
     """The loop judges a node by the PEAK of each GPU's utilisation over this window, not
     the latest sample: pods vary, and a quiet minute must not pack a node that was busy

@@ -11,6 +11,7 @@ previous one would have.
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
@@ -22,7 +23,7 @@ from controller.podview import ALLOCATION, GATE, _int, _list, _map, parse_time, 
 
 __all__ = [
     "ALLOCATION", "GATE", "IDLE_ANNOTATION", "build_snapshot", "busy_gpus", "encode_idle", "format_time",
-    "idle_record", "node_from_objects", "parse_time", "pod_from_object", "scoped", "update_idle",
+    "idle_record", "node_from_objects", "parse_time", "pod_from_object", "refused_gpus", "scoped", "update_idle",
 ]
 from controller.policies import policies_for_nodes
 from mig.catalog import find_model
@@ -88,6 +89,31 @@ def _reshaping(want: Mapping[str, Any], mig_enabled: bool, instances: tuple[Plac
     return sorted(str(_map(i).get("profile")) for i in layout) != sorted(i.profile for i in instances)
 
 
+# LayoutApplied reasons with which the node agent answers a spec it will not carry
+# out (node/direct_mode.py, node/operator_loop.py). Their message names each
+# affected GPU as "GPU <index>: <reason>"; that format is the contract read here.
+_GIVEN_UP_REASONS = frozenset({"LayoutRefused", "ReconfigurationFailed", "ReconfigurationAborted"})
+_GPU_IN_MESSAGE = re.compile(r"GPU (\d+):")
+
+
+def refused_gpus(gpunode: Mapping[str, Any]) -> frozenset[int]:
+    """GPUs whose requested layout the agent refused or failed to apply, for the current spec.
+
+    Such a GPU is not "reshaping": its spec still differs from its status, but no
+    reshape is in flight, so it must not hold a ``maxConcurrent`` slot, and the
+    planner may ask for another layout. Only answers to the *current* generation
+    count (``status.observedGeneration >= metadata.generation``).
+    """
+    meta, status = _map(gpunode.get("metadata")), _map(gpunode.get("status"))
+    if _int(status.get("observedGeneration"), -1) < _int(meta.get("generation"), 0):
+        return frozenset()
+    for raw in _list(status.get("conditions")):
+        cond = _map(raw)
+        if cond.get("type") == "LayoutApplied" and cond.get("reason") in _GIVEN_UP_REASONS:
+            return frozenset(int(i) for i in _GPU_IN_MESSAGE.findall(str(cond.get("message") or "")))
+    return frozenset()
+
+
 def _desired(want: Mapping[str, Any]) -> tuple[str, ...] | None:
     layout = want.get("layout") if want.get("migEnabled") else None
     return tuple(sorted(str(_map(i).get("profile")) for i in layout)) if isinstance(layout, list) else None
@@ -101,6 +127,7 @@ def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None
         return None
     spec_gpus = {_int(_map(g).get("index"), -1): _map(g) for g in _list(spec.get("gpus"))}
     idle = idle_record(gpunode)
+    refused = refused_gpus(gpunode)
     product = str(status.get("product") or "")
     gpus: list[Gpu] = []
     for raw in _list(status.get("gpus")):
@@ -119,7 +146,8 @@ def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None
                 in_use=in_use,
                 idle_since=idle.get(index),
                 utilization_percent=percent if isinstance(percent, int) else None,
-                reshaping=_reshaping(spec_gpus.get(index, {}), bool(raw.get("migEnabled")), instances),
+                reshaping=index not in refused
+                and _reshaping(spec_gpus.get(index, {}), bool(raw.get("migEnabled")), instances),
                 desired=_desired(spec_gpus.get(index, {})),
             )
         )

@@ -13,6 +13,7 @@ from controller.snapshot import (
     encode_idle,
     idle_record,
     pod_from_object,
+    refused_gpus,
     update_idle,
 )
 
@@ -97,6 +98,26 @@ def test_snapshot_reads_instances_reshaping_and_policies() -> None:
     assert [len(g.in_use) for g in n1.gpus] == [1, 0]
     assert set(snap.policies) == {"n1"} and snap.policies["n1"].max_concurrent == 2
     assert len(snap.pods) == 1
+
+
+def test_a_refused_layout_holds_no_reshaping_slot() -> None:
+    layout = [{"profile": "7g.80gb"}]
+    refused = gpunode("n1", spec_layout=layout)
+    refused["status"]["conditions"] = [{"type": "LayoutApplied", "status": "False", "reason": "LayoutRefused",
+                                        "message": "GPU 0: would destroy in-use instance 1g.10gb@0:1"}]
+    assert refused_gpus(refused) == {0}
+    n1 = build_snapshot([refused], [], [], []).node("n1")
+    assert n1 is not None and [g.reshaping for g in n1.gpus] == [False, False]
+    # An answer to an older generation says nothing about the current spec.
+    stale = json.loads(json.dumps(refused))
+    stale["metadata"]["generation"] = 4
+    assert refused_gpus(stale) == frozenset()
+    n1 = build_snapshot([stale], [], [], []).node("n1")
+    assert n1 is not None and n1.gpus[0].reshaping
+    # Waiting for idle is not a refusal: the reshape is still pending.
+    waiting = json.loads(json.dumps(refused))
+    waiting["status"]["conditions"][0].update(reason="WaitingForIdle", message="GPU 0: instance in use")
+    assert refused_gpus(waiting) == frozenset()
 
 
 def test_idle_record_round_trip_and_update() -> None:
