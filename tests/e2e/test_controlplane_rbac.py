@@ -71,7 +71,6 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("gpupack.io", "sharingpolicies", "", None, ""): READ,
         ("", "nodes", "", None, ""): READ,
         ("", "namespaces", "", None, ""): READ,
-        **EVENTS,
     },
     "gpupack-controller": {
         ("gpupack.io", "gpunodes", "", None, ""): READ | WRITE,
