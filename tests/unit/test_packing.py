@@ -207,6 +207,29 @@ def test_gpupack_breaks_fgd_device_ties_towards_the_tightest_gpu() -> None:
     assert isinstance(outcome, Placement) and outcome.gpus == (2,)
 
 
+def test_gpupack_avoids_stranding_gpus_behind_exhausted_cpu() -> None:
+    # Typical pods ask 2 cores per half GPU (4 CPU milli per GPU milli). A CPU-heavy
+    # half-GPU pod on "tight" (6 cores, 2 free GPUs) would leave 1.5 GPUs behind 2 cores,
+    # enough to feed only half a GPU: 1,000 milli stranded instead of 500. FGD's
+    # per-typical-pod test still sees the typical pod fit there and ties the nodes, so
+    # the rank decides; gpupack's stranding term sends the pod to "roomy".
+    t = typical_of(pod("x", cpu=2000, milli=500))
+    c = ClusterState([node("tight", cpu=6000), node("roomy", cpu=32000)], tie_rank=np.array([0, 1]))
+    heavy = pod(cpu=4000, milli=500)
+    fgd = decide(c, heavy, FgdPolicy(t))
+    ours = GpupackPolicy(t)
+    mine = decide(c, heavy, ours)
+    assert isinstance(fgd, Placement) and fgd.node == 0
+    assert isinstance(mine, Placement) and mine.node == 1
+    assert ours.cpu_per_gpu_milli() == pytest.approx(4.0)
+    # A pod at the workload's own ratio strands nothing more, so gpupack agrees with FGD.
+    typical_pod = pod(cpu=2000, milli=500)
+    fgd_typical = decide(c, typical_pod, FgdPolicy(t))
+    mine_typical = decide(c, typical_pod, GpupackPolicy(t))
+    assert isinstance(fgd_typical, Placement) and isinstance(mine_typical, Placement)
+    assert mine_typical.node == fgd_typical.node
+
+
 def test_typical_pods_keep_the_shortest_prefix_covering_95_percent() -> None:
     pods = [pod(f"a{i}", milli=500) for i in range(90)] + [pod(f"b{i}", milli=300) for i in range(6)]
     pods += [pod(f"c{i}", milli=200) for i in range(4)]
