@@ -89,4 +89,9 @@ class FgdPolicy:
         if not pod.is_shared:
             return first_free_gpus(cluster, pod, node)
         scores = fgd_score(self.device_deltas(cluster, pod, node))
-        return (int(np.argmax(scores)),)
+        return (self.best_device(scores, cluster.gpu_free[node]),)
+
+    def best_device(self, scores: IntArray, free: IntArray) -> int:
+        """Among a node's devices scored for a fractional pod (``-inf`` where it does
+        not fit), the one to use: FGD takes the first with the maximum score."""
+        return int(np.argmax(scores))

@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from sharing.packing.cluster import ClusterState, IntArray
+from sharing.packing.cluster import IntArray
 from sharing.packing.fgd import FgdPolicy, fragmentation_delta
 from sharing.packing.fragmentation import FloatArray, fgd_score
-from sharing.packing.model import GPU_MILLI, PodSpec
-from sharing.packing.policy import first_free_gpus
+from sharing.packing.model import GPU_MILLI
 from sharing.packing.state_cache import RequestKey, StateCache
 
 STRANDING_WEIGHT = 4.0
@@ -72,12 +71,7 @@ class GpupackPolicy(FgdPolicy):
         score: FloatArray = fgd_score(delta).max(axis=1).astype(np.float64)
         return score
 
-    def choose_gpus(self, cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, ...]:
-        if pod.gpu_count == 0:
-            return ()
-        if not pod.is_shared:
-            return first_free_gpus(cluster, pod, node)
-        scores = fgd_score(self.device_deltas(cluster, pod, node))
+    def best_device(self, scores: IntArray, free: IntArray) -> int:
+        """Among the devices with the best score, the one with the least free milli."""
         candidates = np.flatnonzero(scores == scores.max())
-        row = cluster.gpu_free[node]
-        return (int(candidates[np.argmin(row[candidates])]),)
+        return int(candidates[np.argmin(free[candidates])])
