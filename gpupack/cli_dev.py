@@ -12,6 +12,7 @@ import argparse
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
@@ -90,12 +91,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_down(args: argparse.Namespace) -> int:
+def _recorded_cluster() -> tuple[Path, cluster_state.ClusterState | None]:
+    """The state directory and the cluster recorded there; a corrupt record is bad input."""
     directory = cluster_state.state_dir()
     try:
-        existing = cluster_state.ClusterState.load(directory)
+        return directory, cluster_state.ClusterState.load(directory)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    directory, existing = _recorded_cluster()
     if existing is None:
         print("no local control plane is running")
         return EXIT_OK
@@ -108,11 +114,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from gpupack.devcluster.controlplane import apiserver_ready
 
-    directory = cluster_state.state_dir()
-    try:
-        existing = cluster_state.ClusterState.load(directory)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from exc
+    _, existing = _recorded_cluster()
     if existing is None:
         print("not running (start it with `gpupack dev cluster up`)")
         return EXIT_NO
