@@ -83,17 +83,23 @@ def _optional_int(path: Path, line: int, row: dict[str, str], column: str) -> in
     return _int(path, line, row, column, minimum=None)
 
 
+def _unique_name(path: Path, line: int, row: dict[str, str], column: str, what: str, seen: set[str]) -> str:
+    """The row's ``column`` as a name: not empty and not seen before in this file."""
+    name = row[column].strip()
+    if not name:
+        raise TraceError(f"{path}:{line}: empty {what} name (column {column!r})")
+    if name in seen:
+        raise TraceError(f"{path}:{line}: duplicate {what} name {name!r}")
+    seen.add(name)
+    return name
+
+
 def load_nodes(path: Path) -> tuple[NodeSpec, ...]:
     """GPU nodes of a node list CSV, in file order."""
     nodes = []
     seen: set[str] = set()
     for line, row in _rows(path, NODE_COLUMNS):
-        name = row["sn"].strip()
-        if not name:
-            raise TraceError(f"{path}:{line}: empty node name (column 'sn')")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: duplicate node name {name!r}")
-        seen.add(name)
+        name = _unique_name(path, line, row, "sn", "node", seen)
         gpus = _int(path, line, row, "gpu")
         model = row["model"].strip()
         if gpus and not model:
@@ -117,12 +123,7 @@ def load_pods(path: Path) -> PodTrace:
     pods, created, deleted = [], [], []
     seen: set[str] = set()
     for line, row in _rows(path, POD_COLUMNS):
-        name = row["name"].strip()
-        if not name:
-            raise TraceError(f"{path}:{line}: empty pod name (column 'name')")
-        if name in seen:
-            raise TraceError(f"{path}:{line}: duplicate pod name {name!r}")
-        seen.add(name)
+        name = _unique_name(path, line, row, "name", "pod", seen)
         count = _int(path, line, row, "num_gpu")
         milli = min(max(_int(path, line, row, "gpu_milli", minimum=None), 0), GPU_MILLI)
         if count == 0 or milli == 0:
