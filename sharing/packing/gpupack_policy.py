@@ -35,6 +35,7 @@ from sharing.packing.fgd import FgdPolicy, fragmentation_delta
 from sharing.packing.fragmentation import FloatArray, fgd_score
 from sharing.packing.model import GPU_MILLI
 from sharing.packing.state_cache import RequestKey, StateCache
+from sharing.packing.typical import TypicalPods
 
 STRANDING_WEIGHT = 4.0
 """Milli of fragmentation one milli of newly stranded GPU counts as (w above).
@@ -43,24 +44,37 @@ Chosen on the openb traces among 0.5..8 (docs/simulator.md); 4 was the best
 setting that never fell below FGD by more than 0.05 points at any demand level."""
 
 
+def _cpu_per_gpu_milli(typical: TypicalPods) -> float:
+    cpu = np.asarray(typical.cpu_milli, dtype=np.float64)
+    milli = np.asarray(typical.gpu_milli, dtype=np.float64)
+    count = np.maximum(np.asarray(typical.gpu_count, dtype=np.float64), 1.0)
+    p = np.asarray(typical.probability, dtype=np.float64)
+    gpu_pods = milli > 0
+    gpu_milli = float((p * milli * count * gpu_pods).sum())
+    cpu_milli = float((p * cpu * gpu_pods).sum())
+    return cpu_milli / gpu_milli if gpu_milli > 0 and cpu_milli > 0 else 0.0
+
+
 class GpupackPolicy(FgdPolicy):
     """FGD's score with a CPU-stranding penalty, and the tightest-GPU device choice."""
 
     name = "gpupack"
     stranding_weight = STRANDING_WEIGHT
 
+    def __init__(self, typical: TypicalPods) -> None:
+        super().__init__(typical)
+        # Fixed for the run (it depends only on the typical pods), and read on
+        # every node evaluation: computed once here.
+        self._cpu_per_gpu_milli = _cpu_per_gpu_milli(typical)
+
     def cpu_per_gpu_milli(self) -> float:
         """The typical GPU pods' CPU milli per GPU milli (about 10 on openb)."""
-        fm = self.model
-        gpu_pods = fm.mu > 0
-        gpu_milli = (fm.p * fm.mu * np.maximum(fm.q, 1) * gpu_pods).sum()
-        cpu_milli = (fm.p * fm.cpu * gpu_pods).sum()
-        return float(cpu_milli / gpu_milli) if gpu_milli > 0 and cpu_milli > 0 else 0.0
+        return self._cpu_per_gpu_milli
 
     def _evaluate(self, cache: StateCache, sids: IntArray, key: RequestKey) -> FloatArray:
         delta = fragmentation_delta(self.model, cache.cpu[sids], cache.free[sids], cache.model[sids], cache.base[sids], key)
         pod_cpu, milli, count = key
-        ratio = self.cpu_per_gpu_milli()
+        ratio = self._cpu_per_gpu_milli
         if count == 1 and 0 < milli < GPU_MILLI and ratio > 0:
             cpu = cache.cpu[sids].astype(np.float64)
             gpu = cache.free[sids].sum(axis=1).astype(np.float64)
