@@ -24,6 +24,7 @@ on A30) are the ones NVIDIA's default config documents.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
@@ -53,7 +54,7 @@ class MigConfigEntry(BaseModel):
     @field_validator("device_filter")
     @classmethod
     def _filter_format(cls, value: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
-        if isinstance(value, str) and not __import__("re").match(_PCI_ID, value):
+        if isinstance(value, str) and not re.match(_PCI_ID, value):
             raise ValueError(f"device-filter {value!r} is not a PCI id like 0x20B010DE")
         return value
 
