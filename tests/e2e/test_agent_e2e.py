@@ -26,19 +26,13 @@ from node.kube import Kube
 from node.metrics import AgentMetrics
 from node.settings import AgentSettings
 from gpupack.cli_agent import open_backend
+from tests.e2e.waiting import wait_for
 
 WAIT_S = 60.0
 
 
 def _wait(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+    return wait_for(what, probe, timeout_s, interval_s=0.1)
 
 
 class RunningAgent:

@@ -26,23 +26,10 @@ import pytest
 from kubernetes import client
 
 from gpupack.devcluster.process import ManagedProcess
+from tests.e2e.waiting import wait_for
 
 GROUP, VERSION = "gpupack.io", "v1alpha1"
 H100 = "NVIDIA-H100-80GB-HBM3"
-WAIT_S = 60.0
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S, tick: Callable[[], None] | None = None) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        if tick is not None:
-            tick()
-        last = probe()
-        if last:
-            return last
-        time.sleep(0.2)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
 
 
 class Harness:

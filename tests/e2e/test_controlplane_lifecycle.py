@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupack.devcluster import binaries as binaries_mod
-from gpupack.devcluster.binaries import Binaries, ensure_binaries
+from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.errors import BuildFailed, PortInUse, StartFailed, ToolchainMissing
 from gpupack.devcluster.process import wait_until

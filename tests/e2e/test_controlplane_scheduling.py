@@ -9,13 +9,14 @@ label, so tests sharing the control plane never see each other's capacity.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
+
+from tests.e2e.waiting import wait_for
 
 POD_TIMEOUT_S = 60.0
 
@@ -48,13 +49,7 @@ def _pod(admin: Any, namespace: str, run: str, limits: dict[str, str],
 
 
 def _wait(what: str, probe: Callable[[], Any], timeout_s: float = POD_TIMEOUT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        result = probe()
-        if result:
-            return result
-        time.sleep(0.25)
-    pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}")
+    return wait_for(what, probe, timeout_s, interval_s=0.25)
 
 
 def _scheduled_condition(admin: Any, namespace: str, pod: str) -> Any:

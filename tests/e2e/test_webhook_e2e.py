@@ -20,7 +20,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from tests.e2e.waiting import wait_for
 from webhook.certs import make_self_signed
 from webhook.testing import gpu_container, make_pod
 
@@ -47,12 +47,7 @@ def _free_port() -> int:
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
+    wait_for(what, check, timeout, interval_s=0.25)
 
 
 class Webhook:
