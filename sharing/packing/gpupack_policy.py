@@ -30,18 +30,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from sharing.packing.cluster import IntArray
+from sharing.packing.cluster import ClusterState, IntArray
+from sharing.packing.dual_prices import DualPrices
 from sharing.packing.fgd import FgdPolicy, fragmentation_delta
 from sharing.packing.fragmentation import FloatArray, fgd_score
-from sharing.packing.model import GPU_MILLI
+from sharing.packing.model import GPU_MILLI, PodSpec
 from sharing.packing.state_cache import RequestKey, StateCache
 from sharing.packing.typical import TypicalPods
 
-STRANDING_WEIGHT = 4.0
+STRANDING_WEIGHT = 8.0
 """Milli of fragmentation one milli of newly stranded GPU counts as (w above).
 
 Chosen on the openb traces among 0.5..8 (docs/simulator.md); 4 was the best
 setting that never fell below FGD by more than 0.05 points at any demand level."""
+
+
+REGRET_WEIGHT = 10.0
+"""Milli of fragmentation per milli of regretted GPU share (a regret of 1/6 GPU = 1,667 milli
+of dF at 10): large enough that a placement with no regret always wins over one with,
+and FGD's gradient (with the stranding term) chooses among the regret-free ones.
+Chosen on the openb traces among 0.1..50 (docs/simulator.md)."""
 
 
 def _cpu_per_gpu_milli(typical: TypicalPods) -> float:
@@ -60,12 +68,14 @@ class GpupackPolicy(FgdPolicy):
 
     name = "gpupack"
     stranding_weight = STRANDING_WEIGHT
+    regret_weight = REGRET_WEIGHT
 
     def __init__(self, typical: TypicalPods) -> None:
         super().__init__(typical)
         # Fixed for the run (it depends only on the typical pods), and read on
         # every node evaluation: computed once here.
         self._cpu_per_gpu_milli = _cpu_per_gpu_milli(typical)
+        self.prices = DualPrices.from_typical(typical)
 
     def cpu_per_gpu_milli(self) -> float:
         """The typical GPU pods' CPU milli per GPU milli (about 10 on openb)."""
@@ -82,8 +92,22 @@ class GpupackPolicy(FgdPolicy):
             after = np.maximum(0.0, gpu - milli - (cpu - pod_cpu) / ratio)
             growth = np.maximum(after - before, 0.0)
             delta = np.where(np.isneginf(delta), -np.inf, delta - self.stranding_weight * growth[:, None])
+        if count == 1 and 0 < milli < GPU_MILLI:
+            delta = delta - self._regret_milli(cache.free[sids], milli)
         score: FloatArray = fgd_score(delta).max(axis=1).astype(np.float64)
         return score
+
+    def device_deltas(self, cluster: ClusterState, pod: PodSpec, node: int) -> FloatArray:
+        """FGD's per-device change, less the regret of each device's gap (the stranding term
+        is the same for every device of a node, so it cannot change the device)."""
+        delta = super().device_deltas(cluster, pod, node)
+        adjusted: FloatArray = delta - self._regret_milli(cluster.gpu_free[node], pod.gpu_milli)
+        return adjusted
+
+    def _regret_milli(self, free: IntArray, milli: int) -> FloatArray:
+        # inf where the pod does not fit, where the delta is already -inf.
+        regret: FloatArray = self.regret_weight * GPU_MILLI * self.prices.regret(free, milli)
+        return regret
 
     def best_device(self, scores: IntArray, free: IntArray) -> int:
         """Among the devices with the best score, the one with the least free milli."""
