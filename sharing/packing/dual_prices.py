@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -127,27 +128,12 @@ class DualPrices:
 
     @classmethod
     def from_demand(cls, demand: Mapping[int, float]) -> DualPrices:
-        """Prices for fractional sizes (``0 < milli < 1000``) requested with the given weights."""
-        sizes = np.array(sorted(s for s, w in demand.items() if 0 < s < GPU_MILLI and w > 0), dtype=np.int64)
-        if sizes.size == 0:
-            return cls(price={}, value=np.zeros(GPU_MILLI + 1), patterns=0)
-        weights = np.array([float(demand[int(s)]) for s in sizes])
-        weights = weights / weights.sum()
-        # Start with the one-size patterns (as many copies as fit), then add the
-        # pattern the prices overvalue most until none is worth more than a GPU.
-        rows = [np.where(np.arange(sizes.size) == i, float(GPU_MILLI // s), 0.0) for i, s in enumerate(sizes)]
-        for _ in range(_MAX_ROUNDS):
-            prices = maximise(weights, np.array(rows), np.ones(len(rows)))
-            value, best = knapsack_values(sizes, prices, GPU_MILLI)
-            if value[GPU_MILLI] <= 1.0 + 1e-7:
-                break
-            pattern = np.zeros(sizes.size)
-            for index in best[GPU_MILLI]:
-                pattern[index] += 1.0
-            rows.append(pattern)
-        else:  # pragma: no cover - the pattern set is finite and small
-            raise RuntimeError("pattern generation did not converge")
-        return cls(price={int(s): float(p) for s, p in zip(sizes, prices)}, value=value, patterns=len(rows))
+        """Prices for fractional sizes (``0 < milli < 1000``) requested with the given weights.
+
+        Solved once per distinct demand (the controller re-plans with the same mix
+        again and again); the returned object is shared, and its arrays are read-only."""
+        kept = tuple(sorted((int(s), float(w)) for s, w in demand.items() if 0 < s < GPU_MILLI and w > 0))
+        return _solve(kept)
 
     @classmethod
     def from_typical(cls, typical: TypicalPods) -> DualPrices:
@@ -171,3 +157,34 @@ class DualPrices:
         lost = self.value[gap] - self.price_of(milli) - self.value[left]
         result: FloatArray = np.where(fits, np.maximum(lost, 0.0), np.inf)
         return result
+
+
+@lru_cache(maxsize=64)
+def _solve(demand: tuple[tuple[int, float], ...]) -> DualPrices:
+    if not demand:
+        return DualPrices(price={}, value=_read_only(np.zeros(GPU_MILLI + 1)), patterns=0)
+    sizes = np.array([s for s, _ in demand], dtype=np.int64)
+    weights = np.array([w for _, w in demand])
+    weights = weights / weights.sum()
+    # Start with the one-size patterns (as many copies as fit), then add the
+    # pattern the prices overvalue most until none is worth more than a GPU.
+    rows = [np.where(np.arange(sizes.size) == i, float(GPU_MILLI // s), 0.0) for i, s in enumerate(sizes)]
+    for _ in range(_MAX_ROUNDS):
+        prices = maximise(weights, np.array(rows), np.ones(len(rows)))
+        value, best = knapsack_values(sizes, prices, GPU_MILLI)
+        if value[GPU_MILLI] <= 1.0 + 1e-7:
+            break
+        pattern = np.zeros(sizes.size)
+        for index in best[GPU_MILLI]:
+            pattern[index] += 1.0
+        rows.append(pattern)
+    else:  # pragma: no cover - the pattern set is finite and small
+        raise RuntimeError("pattern generation did not converge")
+    return DualPrices(
+        price={int(s): float(p) for s, p in zip(sizes, prices)}, value=_read_only(value), patterns=len(rows)
+    )
+
+
+def _read_only(array: FloatArray) -> FloatArray:
+    array.flags.writeable = False
+    return array

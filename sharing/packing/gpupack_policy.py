@@ -1,29 +1,38 @@
-"""gpupack's own node and GPU choice: FGD's fragmentation gradient, plus CPU stranding.
+"""gpupack's own node and GPU choice: FGD's fragmentation gradient, plus what packing is worth.
 
 gpupack keeps FGD's model of the workload (the typical-pod distribution, which an
 online scheduler may know) and FGD's integer node score
-``trunc(100 * sigmoid(x / 1000))`` with ties to the node rank, and changes two
+``trunc(100 * sigmoid(x / 1000))`` with ties to the node rank, and changes three
 things (measurements and every variant tried: docs/simulator.md):
 
-1. **CPU stranding.** FGD asks whether each typical pod fits a node, but it does
+1. **Regret of the packing prices.** FGD asks, one typical pod at a time, whether
+   a gap is too small for it; it does not see that a 210-milli gap left beside a
+   470 is worth less than a 360 gap beside a 320, where a third 320 still fits.
+   The dual of the LP that packs the typical pods' fractional sizes onto GPUs
+   prices each size in GPU shares (about 1/2 for 470, 1/3 for 320, 2/3 for 650,
+   a whole GPU for 810) and values every gap by the best set of sizes that fits
+   in it (``sharing.packing.dual_prices``). Putting a pod of size ``s`` in a gap
+   ``h`` regrets ``value[h] - price(s) - value[h - s]``, the part of the gap's
+   worth the placement throws away; it is 0 for placements that follow an
+   optimal packing pattern. For a fractional pod each device's regret, times
+   ``v`` (= 10) GPU milli, is subtracted from FGD's exact change ``dF`` before the
+   sigmoid, so a placement without regret beats one with, and FGD's gradient
+   chooses among equals.
+2. **CPU stranding.** FGD asks whether each typical pod fits a node, but it does
    not see GPU capacity that will be stranded because the node's CPU runs out
    first. With ``r`` the typical pods' CPU milli per GPU milli, a node's
    stranded GPU is ``S = max(0, G - C / r)`` (free GPU milli ``G`` that the free
-   CPU ``C`` cannot feed at the workload's usual ratio). For a fractional pod the
-   score's argument is ``dF - w * max(dS, 0)``: FGD's exact fragmentation change
-   minus ``w`` times the stranding the placement adds (``w`` = 4). Only growth is
-   penalised, and only for fractional pods: applying it to whole-GPU pods, or
-   rewarding a shrinking ``S``, pushed small pods onto the empty nodes that
-   8-GPU pods need and cost up to 0.9 points at mid demand on multigpu40.
-2. **GPU choice inside the node.** FGD takes the lowest-indexed device among
-   those with the best (truncated) score, which often opens a fully free GPU
-   next to a partly used one that scores the same; gpupack takes, among the
-   best-scoring devices, the one with the least free milli, so whole GPUs stay
-   whole for whole-GPU and multi-GPU pods. (The stranding term depends on the
-   node's totals only, so it does not change which device is best.)
+   CPU ``C`` cannot feed at the workload's usual ratio); a fractional pod's
+   argument also loses ``w * max(dS, 0)`` (``w`` = 8). Only growth is penalised,
+   and only for fractional pods: applying it to whole-GPU pods, or rewarding a
+   shrinking ``S``, pushed small pods onto the empty nodes that 8-GPU pods need.
+3. **GPU choice inside the node.** Among the devices with the best score (with
+   the regret, as for the node), the one with the least free milli, so whole
+   GPUs stay whole for whole-GPU and multi-GPU pods. (FGD takes the lowest index.)
 
-It uses nothing an online scheduler would not know at decision time: the
-cluster state and the request distribution. It never refuses a pod that fits.
+Whole-GPU and CPU-only pods are scored exactly as FGD scores them. The policy
+uses nothing an online scheduler would not know at decision time (the cluster
+state and the request distribution) and never refuses a pod that fits.
 """
 
 from __future__ import annotations
@@ -41,15 +50,16 @@ from sharing.packing.typical import TypicalPods
 STRANDING_WEIGHT = 8.0
 """Milli of fragmentation one milli of newly stranded GPU counts as (w above).
 
-Chosen on the openb traces among 0.5..8 (docs/simulator.md); 4 was the best
-setting that never fell below FGD by more than 0.05 points at any demand level."""
-
+Chosen on the openb traces among 0.5..16 (docs/simulator.md): with the regret
+term, 8 and 12 do about equally well; 2 loses 0.07 points on multigpu40."""
 
 REGRET_WEIGHT = 10.0
-"""Milli of fragmentation per milli of regretted GPU share (a regret of 1/6 GPU = 1,667 milli
-of dF at 10): large enough that a placement with no regret always wins over one with,
-and FGD's gradient (with the stranding term) chooses among the regret-free ones.
-Chosen on the openb traces among 0.1..50 (docs/simulator.md)."""
+"""Milli of fragmentation one milli of regretted GPU share counts as (v above).
+
+At 10 even a small regret (1/12 of a GPU: 833 milli) outweighs nearly any
+difference in ``dF``, so the regret decides first and FGD's gradient among
+equals. Chosen on the openb traces among 0.1..50 (docs/simulator.md): 10, 20 and
+50 give the same allocation; 0.1-4 gain less."""
 
 
 def _cpu_per_gpu_milli(typical: TypicalPods) -> float:
@@ -105,9 +115,12 @@ class GpupackPolicy(FgdPolicy):
         return adjusted
 
     def _regret_milli(self, free: IntArray, milli: int) -> FloatArray:
-        # inf where the pod does not fit, where the delta is already -inf.
-        regret: FloatArray = self.regret_weight * GPU_MILLI * self.prices.regret(free, milli)
-        return regret
+        # inf where the pod does not fit (where the delta is already -inf); kept
+        # apart from the weight so that a weight of 0 never makes 0 * inf = nan.
+        regret = self.prices.regret(free, milli)
+        missing = np.isinf(regret)
+        weighted: FloatArray = np.where(missing, np.inf, self.regret_weight * GPU_MILLI * np.where(missing, 0.0, regret))
+        return weighted
 
     def best_device(self, scores: IntArray, free: IntArray) -> int:
         """Among the devices with the best score, the one with the least free milli."""

@@ -207,6 +207,30 @@ def test_gpupack_breaks_fgd_device_ties_towards_the_tightest_gpu() -> None:
     assert isinstance(outcome, Placement) and outcome.gpus == (2,)
 
 
+def test_gpupack_keeps_gaps_that_the_workload_can_still_fill() -> None:
+    # Typical pods 470, 320, 650 and 1000. GPU 0 holds a 470 (530 free), GPU 1 a 320
+    # (680 free). FGD puts the next 320 beside the 470, leaving a 210 gap that no
+    # typical pod fits; gpupack puts it beside the other 320, where a third 320 still
+    # fits: by the LP prices (470 = 1/2, 320 = 1/3) the first placement throws away a
+    # sixth of a GPU, the second nothing.
+    t = typical_of(pod("a", milli=470), pod("b", milli=320), pod("c", milli=650), pod("d", milli=1000))
+    c = ClusterState([node("a", gpus=2)])
+    c.place(pod(milli=470), 0, (0,))
+    c.place(pod(milli=320), 0, (1,))
+    ours = GpupackPolicy(t)
+    fgd = decide(c, pod(milli=320), FgdPolicy(t))
+    mine = decide(c, pod(milli=320), ours)
+    assert isinstance(fgd, Placement) and fgd.gpus == (0,)
+    assert isinstance(mine, Placement) and mine.gpus == (1,)
+    assert ours.prices.regret(c.gpu_free[0], 320).tolist() == pytest.approx([1 / 6, 0.0])
+    # Without the regret term (weight 0) the choice is FGD's again, and no score is nan.
+    plain = GpupackPolicy(t)
+    plain.regret_weight = 0.0
+    assert np.isfinite(plain.scores(c, pod(milli=320), np.array([0]))).all()
+    again = decide(c, pod(milli=320), plain)
+    assert isinstance(again, Placement) and again.gpus == fgd.gpus
+
+
 def test_gpupack_avoids_stranding_gpus_behind_exhausted_cpu() -> None:
     # Typical pods ask 2 cores per half GPU (4 CPU milli per GPU milli). A CPU-heavy
     # half-GPU pod on "tight" (6 cores, 2 free GPUs) would leave 1.5 GPUs behind 2 cores,
