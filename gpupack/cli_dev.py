@@ -49,8 +49,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     if args.port is not None and not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 1..65535")
-    directory = cluster_state.state_dir()
-    existing = cluster_state.ClusterState.load(directory)
+    directory, existing = _recorded_cluster()
     if existing is not None:
         if all(cluster_state.alive(c) for c in existing.components):
             print(f"already running: {existing.server} (stop it with `gpupack dev cluster down`)")

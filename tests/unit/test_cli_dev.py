@@ -1,0 +1,24 @@
+"""``gpupack dev cluster``: a corrupt state record is bad input for every subcommand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpupack.cli import main
+
+
+@pytest.mark.parametrize("command", ["up", "down", "status"])
+def test_a_corrupt_state_record_exits_2_and_is_kept(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    record = tmp_path / "state.json"
+    record.write_text("{not json", encoding="utf-8")
+    monkeypatch.setenv("GPUPACK_DEVCLUSTER_DIR", str(tmp_path))
+    assert main(["dev", "cluster", command]) == 2
+    err = capsys.readouterr().err
+    assert "unreadable state file" in err and str(record) in err
+    # Nothing was started, stopped or deleted on the strength of a record nobody can read.
+    assert record.read_text(encoding="utf-8") == "{not json"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
