@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from types import MappingProxyType
 
 import numpy as np
 import numpy.typing as npt
@@ -131,7 +132,7 @@ class DualPrices:
         """Prices for fractional sizes (``0 < milli < 1000``) requested with the given weights.
 
         Solved once per distinct demand (the controller re-plans with the same mix
-        again and again); the returned object is shared, and its arrays are read-only."""
+        again and again); the returned object is shared, so its mapping and array are read-only."""
         kept = tuple(sorted((int(s), float(w)) for s, w in demand.items() if 0 < s < GPU_MILLI and w > 0))
         return _solve(kept)
 
@@ -162,7 +163,7 @@ class DualPrices:
 @lru_cache(maxsize=64)
 def _solve(demand: tuple[tuple[int, float], ...]) -> DualPrices:
     if not demand:
-        return DualPrices(price={}, value=_read_only(np.zeros(GPU_MILLI + 1)), patterns=0)
+        return DualPrices(price=MappingProxyType({}), value=_read_only(np.zeros(GPU_MILLI + 1)), patterns=0)
     sizes = np.array([s for s, _ in demand], dtype=np.int64)
     weights = np.array([w for _, w in demand])
     weights = weights / weights.sum()
@@ -181,7 +182,9 @@ def _solve(demand: tuple[tuple[int, float], ...]) -> DualPrices:
     else:  # pragma: no cover - the pattern set is finite and small
         raise RuntimeError("pattern generation did not converge")
     return DualPrices(
-        price={int(s): float(p) for s, p in zip(sizes, prices)}, value=_read_only(value), patterns=len(rows)
+        price=MappingProxyType({int(s): float(p) for s, p in zip(sizes, prices)}),
+        value=_read_only(value),
+        patterns=len(rows),
     )
 
 
