@@ -107,3 +107,12 @@ def test_row_generation_matches_the_lp_over_every_pattern(demand: dict[int, int]
     for s in sizes:
         r = prices.regret(gaps, s)
         assert (r[gaps >= s] >= -1e-12).all() and np.isinf(r[gaps < s]).all()
+
+
+def test_one_solve_per_mix_and_the_shared_result_is_read_only() -> None:
+    first = DualPrices.from_demand({470: 2.0, 320: 1.0})
+    assert DualPrices.from_demand({320: 1.0, 470: 2.0}) is first
+    with pytest.raises(TypeError):
+        first.price[470] = 0.0  # type: ignore[index]
+    with pytest.raises(ValueError):
+        first.value[500] = 0.0
