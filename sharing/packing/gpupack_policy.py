@@ -94,15 +94,15 @@ class GpupackPolicy(FgdPolicy):
     def _evaluate(self, cache: StateCache, sids: IntArray, key: RequestKey) -> FloatArray:
         delta = fragmentation_delta(self.model, cache.cpu[sids], cache.free[sids], cache.model[sids], cache.base[sids], key)
         pod_cpu, milli, count = key
-        ratio = self._cpu_per_gpu_milli
-        if count == 1 and 0 < milli < GPU_MILLI and ratio > 0:
-            cpu = cache.cpu[sids].astype(np.float64)
-            gpu = cache.free[sids].sum(axis=1).astype(np.float64)
-            before = np.maximum(0.0, gpu - cpu / ratio)
-            after = np.maximum(0.0, gpu - milli - (cpu - pod_cpu) / ratio)
-            growth = np.maximum(after - before, 0.0)
-            delta = np.where(np.isneginf(delta), -np.inf, delta - self.stranding_weight * growth[:, None])
-        if count == 1 and 0 < milli < GPU_MILLI:
+        if count == 1 and 0 < milli < GPU_MILLI:  # both terms apply to fractional pods only
+            ratio = self._cpu_per_gpu_milli
+            if ratio > 0:
+                cpu = cache.cpu[sids].astype(np.float64)
+                gpu = cache.free[sids].sum(axis=1).astype(np.float64)
+                before = np.maximum(0.0, gpu - cpu / ratio)
+                after = np.maximum(0.0, gpu - milli - (cpu - pod_cpu) / ratio)
+                growth = np.maximum(after - before, 0.0)
+                delta = np.where(np.isneginf(delta), -np.inf, delta - self.stranding_weight * growth[:, None])
             delta = delta - self._regret_milli(cache.free[sids], milli)
         score: FloatArray = fgd_score(delta).max(axis=1).astype(np.float64)
         return score
