@@ -204,15 +204,21 @@ class RealNvml:
         uuid = self._mig_uuids(handle).get(int(info.id), "")
         return GpuInstance(int(info.id), profile_id, name, placement, uuid)
 
-    def _full_ci_profile(self, gi: Any) -> int:
+    def _compute_instance_profiles(self, gi: Any) -> Iterator[Any]:
+        """The shared-engine compute-instance profiles a GPU instance supports (NVML
+        answers an error for the profile indices it does not)."""
         n = self._nvml
-        best = None
         for ci_index in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
             try:
                 info = self._call(n.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, ci_index,
                                   n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
             except NvmlError:
                 continue
+            yield info
+
+    def _full_ci_profile(self, gi: Any) -> int:
+        best = None
+        for info in self._compute_instance_profiles(gi):
             if best is None or int(info.sliceCount) > best[0]:
                 best = (int(info.sliceCount), int(info.id))
         if best is None:
@@ -222,12 +228,7 @@ class RealNvml:
     def destroy_gpu_instance(self, index: int, gi_id: int) -> None:
         n = self._nvml
         gi = self._call(n.nvmlDeviceGetGpuInstanceById, self._handle(index), gi_id)
-        for ci_index in range(n.NVML_COMPUTE_INSTANCE_PROFILE_COUNT):
-            try:
-                info = self._call(n.nvmlGpuInstanceGetComputeInstanceProfileInfo, gi, ci_index,
-                                  n.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
-            except NvmlError:
-                continue
+        for info in self._compute_instance_profiles(gi):
             array = (n.c_nvmlComputeInstance_t * MAX_INSTANCES)()
             count = ctypes.c_uint(0)
             self._call(n.nvmlGpuInstanceGetComputeInstances, gi, int(info.id), array, ctypes.byref(count))
