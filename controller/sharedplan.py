@@ -96,15 +96,12 @@ class SharedPlacer:
             return None
         spec = engine_pod(pod, accepted)
         # Nodes without enough free replicas (or other than the one a half-released pod
-        # is pinned to) are removed from the choice by a CPU mask.
-        saved = self.cluster.cpu_free.copy()
-        for i, n in enumerate(self.nodes):
-            if free.get(n.name, 0) < pod.shares or (pod.node is not None and pod.node != n.name) or not pod.admits(n.label_map):
-                self.cluster.cpu_free[i] = -1
-        try:
-            outcome = decide(self.cluster, spec, self.policy)
-        finally:
-            self.cluster.cpu_free[:] = saved
+        # is pinned to) are masked out; the state itself stays true for the policy's cache.
+        allowed = np.array([
+            free.get(n.name, 0) >= pod.shares and (pod.node is None or pod.node == n.name) and pod.admits(n.label_map)
+            for n in self.nodes
+        ], dtype=bool)
+        outcome = decide(self.cluster, spec, self.policy, allowed)
         if not isinstance(outcome, Placement):
             return None
         node = self.nodes[outcome.node]

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from sharing.packing.cluster import ClusterState, IntArray
+from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.model import GPU_MILLI, Placement, PodSpec, Refusal
 
 
@@ -51,10 +51,20 @@ def best_fit_gpu(cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, .
     return (int(np.argmin(fits)),)
 
 
-def decide(cluster: ClusterState, pod: PodSpec, policy: Policy) -> Placement | Refusal:
-    """Where ``policy`` would put ``pod`` now, without committing it."""
-    nodes = np.flatnonzero(cluster.feasible(pod))
+def decide(
+    cluster: ClusterState, pod: PodSpec, policy: Policy, allowed: BoolArray | None = None
+) -> Placement | Refusal:
+    """Where ``policy`` would put ``pod`` now, without committing it.
+
+    ``allowed`` narrows the candidates to a subset of the nodes (a caller's own
+    rules: free replicas, a pinned node, node selectors). It is a mask, never a
+    change to the state: a policy's state cache must only ever see true states.
+    """
+    feasible = cluster.feasible(pod)
+    nodes = np.flatnonzero(feasible if allowed is None else feasible & allowed)
     if nodes.size == 0:
+        if allowed is not None and feasible.any():
+            return Refusal(pod=pod, reasons=(f"{int(feasible.sum())} feasible nodes, none allowed by the caller",))
         return Refusal(pod=pod, reasons=cluster.refusal_reasons(pod))
     if nodes.size == 1:
         node = int(nodes[0])  # the only candidate is taken without scoring

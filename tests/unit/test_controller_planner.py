@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -244,3 +245,26 @@ def test_an_instance_being_destroyed_is_not_given_to_a_later_pod() -> None:
     result = run([node("a", gpu(0, FULL_7G))], pods)
     assert result.releases == ()  # the 7g goes away for the 3g; "second" must wait
     assert {w.pod for w in result.waiting} == {"team/first", "team/second"}
+
+
+def test_masked_nodes_leave_the_engines_state_cache_true() -> None:
+    """A pod pinned to one node used to hide the others by writing CPU -1 into the
+    engine's state, which the policy's cache recorded; later pods of the same cycle
+    were then scored against nodes with no CPU. Every cached state must stay the
+    node's true one, and a later pod must be placed as a fresh cycle would place it."""
+    from controller.sharedplan import SharedPlacer
+
+    nodes = [node(name, gpu(0, mig=False), gpu(1, mig=False), sharing="mps", replicas=4) for name in ("a", "b", "c")]
+    nodes = [replace(n, cpu_milli=64_000, memory_mib=256_000) for n in nodes]
+    free = {"a": 8, "b": 8, "c": 8}
+    pinned = shared_pod("pinned", milli=200, on="a")
+    later = shared_pod("later", milli=200)
+    placer = SharedPlacer(nodes, free, [pinned, later])
+    assert placer.place(pinned, free) == "a"
+    assert placer.cluster is not None and placer.policy is not None
+    cache = placer.policy.cache(placer.cluster)  # type: ignore[attr-defined]
+    cached_cpu = [int(cache.cpu[cache.node_state[i]]) for i in range(len(nodes))]
+    assert cached_cpu == [int(c) for c in placer.cluster.cpu_free]
+    free_after = {"a": 7, "b": 8, "c": 8}
+    fresh = SharedPlacer(nodes, free_after, [pinned, later])
+    assert placer.place(later, free_after) == fresh.place(later, free_after)
