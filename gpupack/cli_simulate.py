@@ -1,4 +1,15 @@
-"""``gpupack simulate``: replay an openb trace with one policy under the FGD paper's protocol.
+"""``gpupack simulate``: replay an openb trace with one policy, under the FGD paper's protocol or the product's rules.
+
+``--model fgd`` (the default, so published reproductions keep working) is the
+FGD paper's protocol: any pod may take any milli of a GPU. It compares
+algorithms with the literature; it is not what the live system can do.
+``--model product`` applies the live rules of the device-plugin backend:
+node-wide replica counts, a replica of 1000/r for a pod of m <= 1000/r milli,
+whole GPUs for pods above half a GPU, shared and whole-GPU nodes kept apart,
+and the pods kube-scheduler places (whole-GPU, CPU-only) scored with the
+configuration manifests/ ships. ``--policy`` then names the packing engine's
+policy for the pods the engine places; ``--live-path scheduler`` models the
+earlier live path (fractional pods scored by kube-scheduler) for comparison.
 
 Prints the allocation ratio at each arrived-demand level (0..130 %), the number
 of failed pods and the median decision time per pod; ``--json`` prints the same
@@ -25,9 +36,13 @@ from gpupack.cli import EXIT_OK, UsageError
 from sharing.packing.mig_layouts import MIG_STRATEGIES, make_strategy
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
 from sharing.simulator.mig_replay import replay_mig
+from sharing.simulator.product import LIVE_PATHS, ProductRun, run_product
 from sharing.simulator.replay import SweepResult, sweep
+from sharing.simulator.scheduler_config import SchedulerConfigError, load_weights
 from sharing.simulator.traces import TraceError, load_nodes, load_pods
 from sharing.simulator.workload import published_seeds
+
+SHARING_MODELS = ("fgd", "product")
 
 TEXT_LEVELS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 125, 130)
 """Levels shown in the text table (the reference table's columns); JSON has every level."""
@@ -52,6 +67,15 @@ def register(subparsers: Any) -> None:
     seeds.add_argument("--seeds", type=int, metavar="N", help="N runs with the published seeds 42, 43, ... and report means")
     p.add_argument("--inflate", type=float, default=1.3, help="arrived demand as a multiple of GPU capacity (default 1.3)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--model", choices=SHARING_MODELS, default="fgd", dest="sharing_model",
+        help="fgd: the FGD paper's protocol (default); product: the live device-plugin rules (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--live-path", choices=LIVE_PATHS, default="engine",
+        help="with --model product: engine (every fractional pod placed by the packing engine; default) "
+        "or scheduler (fractional pods scored by kube-scheduler, the earlier live path)",
+    )
     p.add_argument(
         "--mig",
         metavar="MODEL",
@@ -92,12 +116,59 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if sum(n.gpu_count for n in nodes) == 0:
         raise UsageError(f"{args.nodes}: the node list has no GPUs")
-    result = sweep(nodes, trace.pods, trace.workload, policy, seeds, args.inflate)
-    if args.json:
-        print(json.dumps(as_json(result), indent=2))
+    if args.sharing_model == "product":
+        try:
+            weights = load_weights()
+        except SchedulerConfigError as exc:
+            raise UsageError(str(exc)) from None
+        runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate) for s in seeds]
+        result = product_sweep(runs, trace.workload)
+        extra = product_extra(runs)
     else:
-        print(as_text(result))
+        if args.live_path != "engine":
+            raise UsageError("--live-path applies to --model product only")
+        result = sweep(nodes, trace.pods, trace.workload, policy, seeds, args.inflate)
+        extra = {}
+    if args.json:
+        print(json.dumps({**as_json(result), "sharing_model": args.sharing_model, **extra}, indent=2))
+    else:
+        print(as_text(result, args.sharing_model, extra))
     return EXIT_OK
+
+
+def product_sweep(runs: list[ProductRun], workload: str) -> SweepResult:
+    """Product runs averaged the way ``sweep`` averages protocol runs (same keys, same means)."""
+    from sharing.simulator.metrics import mean_levels
+    from sharing.simulator.replay import RunResult
+
+    import numpy as np
+
+    protocol_like = tuple(
+        RunResult(r.policy, r.seed, r.pods, r.failed_pods, r.alloc_at, r.decision_us_median, r.final_alloc_percent)
+        for r in runs
+    )
+    return SweepResult(
+        policy=runs[0].policy,
+        workload=workload,
+        seeds=tuple(r.seed for r in runs),
+        alloc_at=mean_levels([r.alloc_at for r in runs]),
+        failed_pods=float(np.mean([r.failed_pods for r in runs])),
+        decision_us_median=float(np.median([r.decision_us_median for r in runs])),
+        runs=protocol_like,
+    )
+
+
+def product_extra(runs: list[ProductRun]) -> dict[str, Any]:
+    """What only the product model has: its live path, what the pods occupy, where capacity went."""
+    from sharing.simulator.metrics import mean_levels
+
+    splits = [dataclasses.asdict(r.split) for r in runs]
+    return {
+        "live_path": runs[0].live_path,
+        "occupied_at": {str(k): v for k, v in mean_levels([r.occupied_at for r in runs]).items()},
+        "capacity_split_percent": {k: round(sum(s[k] for s in splits) / len(splits), 2) for k in splits[0]},
+        "node_modes": [r.node_modes for r in runs],
+    }
 
 
 def run_mig(args: argparse.Namespace) -> int:
@@ -158,15 +229,25 @@ def as_json(result: SweepResult) -> dict[str, Any]:
     }
 
 
-def as_text(result: SweepResult) -> str:
+def as_text(result: SweepResult, sharing_model: str = "fgd", extra: dict[str, Any] | None = None) -> str:
     seeds = ", ".join(str(s) for s in result.seeds)
+    extra = extra or {}
+    what = "FGD paper protocol" if sharing_model == "fgd" else f"product model, {extra.get('live_path')} live path"
+    occupied: dict[str, float | None] = extra.get("occupied_at", {})
     lines = [
-        f"workload {result.workload}, policy {result.policy}, seeds {seeds} (mean over {len(result.seeds)})",
-        "arrived %  allocated %",
+        f"workload {result.workload}, policy {result.policy}, {what}, seeds {seeds} (mean over {len(result.seeds)})",
+        "arrived %  allocated %" + ("  occupied %" if occupied else ""),
     ]
     for level in TEXT_LEVELS:
         value = result.alloc_at.get(level)
-        lines.append(f"{level:9d}  {'-' if value is None else f'{value:.2f}':>11}")
+        line = f"{level:9d}  {'-' if value is None else f'{value:.2f}':>11}"
+        if occupied:
+            held = occupied.get(str(level))
+            line += f"  {'-' if held is None else f'{held:.2f}':>10}"
+        lines.append(line)
+    if "capacity_split_percent" in extra:
+        parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in extra["capacity_split_percent"].items())
+        lines.append(f"capacity at the end (% of GPU milli): {parts}")
     lines.append(f"failed pods: {result.failed_pods:g} (mean per run, of {result.runs[0].pods} arrived)")
     lines.append(f"decision time: {result.decision_us_median:.0f} us median per pod")
     return "\n".join(lines)

@@ -30,6 +30,13 @@ things (measurements and every variant tried: docs/simulator.md):
    the regret, as for the node), the one with the least free milli, so whole
    GPUs stay whole for whole-GPU and multi-GPU pods. (FGD takes the lowest index.)
 
+4. **Which idle node becomes shared** (the product model and the live
+   controller, where GPUs are split into node-wide replicas:
+   ``sharing.packing.node_sharing``): the node whose CPU can feed its
+   replicas at the typical shared pod's CPU (the typical pods carry no
+   memory figure), not merely the
+   smallest; a replica no pod can be given CPU for is capacity lost.
+
 Whole-GPU and CPU-only pods are scored exactly as FGD scores them. The policy
 uses nothing an online scheduler would not know at decision time (the cluster
 state and the request distribution) and never refuses a pod that fits.
@@ -39,11 +46,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from sharing.packing.cluster import ClusterState, IntArray
+from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.dual_prices import DualPrices
 from sharing.packing.fgd import FgdPolicy, fragmentation_delta
 from sharing.packing.fragmentation import FloatArray, fgd_score
 from sharing.packing.model import GPU_MILLI, PodSpec
+from sharing.packing.node_sharing import feedable_first
 from sharing.packing.state_cache import RequestKey, StateCache
 from sharing.packing.typical import TypicalPods
 
@@ -73,6 +81,16 @@ def _cpu_per_gpu_milli(typical: TypicalPods) -> float:
     return cpu_milli / gpu_milli if gpu_milli > 0 and cpu_milli > 0 else 0.0
 
 
+def _cpu_per_shared_pod(typical: TypicalPods) -> float:
+    """Mean CPU milli of the typical pods that share a GPU (at most half of one)."""
+    weight = cpu = 0.0
+    for p, milli, count, c in zip(typical.probability, typical.gpu_milli, typical.gpu_count, typical.cpu_milli):
+        if count == 1 and 0 < 2 * milli <= GPU_MILLI:
+            weight += p
+            cpu += p * c
+    return cpu / weight if weight > 0 else 0.0
+
+
 class GpupackPolicy(FgdPolicy):
     """FGD's score with a CPU-stranding penalty, and the tightest-GPU device choice."""
 
@@ -86,6 +104,7 @@ class GpupackPolicy(FgdPolicy):
         # every node evaluation: computed once here.
         self._cpu_per_gpu_milli = _cpu_per_gpu_milli(typical)
         self.prices = DualPrices.from_typical(typical)
+        self._shared_cpu = _cpu_per_shared_pod(typical)
 
     def cpu_per_gpu_milli(self) -> float:
         """The typical GPU pods' CPU milli per GPU milli (about 10 on openb)."""
@@ -121,6 +140,10 @@ class GpupackPolicy(FgdPolicy):
         missing = np.isinf(regret)
         weighted: FloatArray = np.where(missing, np.inf, self.regret_weight * GPU_MILLI * np.where(missing, 0.0, regret))
         return weighted
+
+    def switch_choice(self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int) -> int | None:
+        """The idle node to split into ``replicas``: the one that strands the fewest replicas."""
+        return feedable_first(cluster, candidates, replicas, self._shared_cpu)
 
     def best_device(self, scores: IntArray, free: IntArray) -> int:
         """Among the devices with the best score, the one with the least free milli."""

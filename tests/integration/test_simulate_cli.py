@@ -37,7 +37,7 @@ def test_json_has_the_documented_keys(files: tuple[Path, Path]) -> None:
     result = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "fgd", "--seeds", "3", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert set(data) == {"policy", "workload", "seeds", "alloc_at", "failed_pods", "decision_us_median"}
+    assert set(data) == {"policy", "workload", "seeds", "alloc_at", "failed_pods", "decision_us_median", "sharing_model"}
     assert data["policy"] == "FGD" and data["workload"] == "openb_pod_list_tiny" and data["seeds"] == [42, 43, 44]
     assert set(data["alloc_at"]) == {str(level) for level in range(131)}
     assert all(v is None or 0 <= v <= 100 for v in data["alloc_at"].values())
@@ -124,3 +124,29 @@ def test_real_trace_one_seed_runs(tmp_path: Path) -> None:
     data = json.loads(result.stdout)
     assert data["workload"] == "openb_pod_list_head"
     assert max(v for v in data["alloc_at"].values() if v is not None) > 0
+
+
+def test_product_model_json_keeps_the_keys_and_says_which_model_ran(files: tuple[Path, Path]) -> None:
+    nodes, pods = files
+    fgd = json.loads(gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "gpupack", "--json").stdout)
+    result = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "gpupack", "--model", "product", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(fgd) <= set(data) and fgd["sharing_model"] == "fgd" and data["sharing_model"] == "product"
+    assert data["live_path"] == "engine"
+    # Replicas reserve at least what the pods ask for, and never more than the cluster has.
+    assert all(data["occupied_at"][k] >= v for k, v in data["alloc_at"].items() if v is not None)
+    split = data["capacity_split_percent"]
+    assert sum(split.values()) == pytest.approx(100.0, abs=0.1)
+
+
+def test_product_model_text_and_live_path_errors(files: tuple[Path, Path]) -> None:
+    nodes, pods = files
+    text = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", "--model", "product",
+                   "--live-path", "scheduler")
+    assert text.returncode == 0, text.stderr
+    assert "product model, scheduler live path" in text.stdout and "occupied %" in text.stdout
+    wrong = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", "--live-path", "scheduler")
+    assert wrong.returncode == 2 and "--model product" in wrong.stderr
+    bad = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", "--model", "exact")
+    assert bad.returncode == 2 and "fgd" in bad.stderr and "product" in bad.stderr

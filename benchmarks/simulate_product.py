@@ -1,0 +1,146 @@
+"""The product model on the openb traces: what the live device-plugin backend allocates.
+
+    python benchmarks/simulate_product.py                    # 13 workloads x 10 seeds (about 25 min on 2 cores)
+    python benchmarks/simulate_product.py --workloads default --seeds 2 --jobs 1
+
+For each workload of the README's table it runs ``gpupack simulate --model
+product`` (``sharing.simulator.product``) with the published seeds at 130 %
+arrived demand: the engine live path with BestFit, FGD and gpupack as the
+engine's policy, and the scheduler live path (fractional pods scored by
+kube-scheduler: gpupack before the product model; no policy is involved). It
+writes ``benchmarks/product_results.json`` and prints the markdown tables of
+``benchmarks/RESULTS.md`` ("Product model"), with the FGD-protocol figure of
+gpupack from ``benchmarks/openb_results.json`` beside them and the capacity
+split (where the gap to that figure goes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from sharing.simulator.product import run_product  # noqa: E402
+from sharing.simulator.scheduler_config import load_weights  # noqa: E402
+from sharing.simulator.traces import load_nodes, load_pods  # noqa: E402
+from sharing.simulator.workload import published_seeds  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_TRACES = ROOT.parent / "shared" / "traces" / "openb"
+WORKLOADS = ("default", "cpu050", "cpu100", "cpu200", "gpushare40", "gpushare60", "gpushare80",
+             "gpuspec10", "gpuspec20", "gpuspec25", "multigpu20", "multigpu30", "multigpu40")
+CONFIGS = (("engine", "BestFit"), ("engine", "FGD"), ("engine", "gpupack"), ("scheduler", "FGD"))
+TUNED_ON = ("default", "gpushare40", "gpushare80", "cpu100", "cpu200", "multigpu20")
+"""Workloads looked at while the product policy was designed and its weights checked
+(docs/simulator.md); the others are out of sample."""
+
+
+def _one(job: tuple[str, str, str, int, str]) -> dict[str, Any]:
+    traces, workload, live_path, policy, seed = job[4], job[0], job[1], job[2], job[3]
+    nodes = load_nodes(Path(traces) / "openb_node_list_gpu_node.csv")
+    pods = load_pods(Path(traces) / f"openb_pod_list_{workload}.csv").pods
+    run = run_product(nodes, pods, policy, seed, load_weights(), live_path)  # type: ignore[arg-type]
+    return {
+        "workload": workload, "live_path": live_path, "policy": policy, "seed": seed,
+        "alloc_130": run.alloc_at[130], "occupied_130": run.occupied_at[130],
+        "split": dataclasses.asdict(run.split), "node_modes": run.node_modes, "failed_pods": run.failed_pods,
+        "decision_us_median": run.decision_us_median,
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def render(data: dict[str, Any]) -> str:
+    runs = data["runs"]
+    protocol = {}
+    openb = HERE / "openb_results.json"
+    if openb.exists():
+        for r in json.loads(openb.read_text())["runs"]:
+            if r["policy"] == "gpupack":
+                protocol[r["workload"].removeprefix("openb_pod_list_")] = r["alloc_at"]["130"]
+
+    def cell(w: str, path: str, policy: str, key: str = "alloc_130") -> float:
+        return _mean([r[key] for r in runs if (r["workload"], r["live_path"], r["policy"]) == (w, path, policy)])
+
+    lines = [
+        "| workload | FGD protocol, gpupack | product: scheduler path | product: BestFit | product: FGD | "
+        "**product: gpupack** | gpupack − scheduler path | gpupack − FGD | gpupack − BestFit |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    workloads = [w for w in WORKLOADS if any(r["workload"] == w for r in runs)]
+    for w in workloads:
+        sched, bf, fgd, gp = (cell(w, "scheduler", "FGD"), cell(w, "engine", "BestFit"),
+                              cell(w, "engine", "FGD"), cell(w, "engine", "gpupack"))
+        mark = "" if w in TUNED_ON else " *"
+        proto = protocol.get(w)
+        lines.append(
+            f"| {w}{mark} | {'-' if proto is None else f'{proto:.2f}'} | {sched:.2f} | {bf:.2f} | {fgd:.2f} | **{gp:.2f}** | "
+            f"{gp - sched:+.2f} | {gp - fgd:+.2f} | {gp - bf:+.2f} |"
+        )
+    lines += [
+        "",
+        "Where the capacity goes at the end of the run (product model, gpupack, % of GPU milli; "
+        "the gap to the FGD-protocol figure is the sum of the last four columns less the protocol's own free capacity):",
+        "",
+        "| workload | requested | replica rounding | free on shared nodes | free on whole-GPU nodes | free on idle nodes | occupied |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for w in workloads:
+        sel = [r for r in runs if (r["workload"], r["live_path"], r["policy"]) == (w, "engine", "gpupack")]
+        s = {k: _mean([r["split"][k] for r in sel]) for k in sel[0]["split"]}
+        lines.append(
+            f"| {w} | {s['requested']:.2f} | {s['replica_rounding']:.2f} | {s['free_on_shared']:.2f} | "
+            f"{s['free_on_whole']:.2f} | {s['free_on_fresh']:.2f} | {cell(w, 'engine', 'gpupack', 'occupied_130'):.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="folder of the openb CSVs")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--seeds", type=int, default=10, help="published seeds 42.. (default 10)")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", type=Path, default=HERE / "product_results.json")
+    ap.add_argument("--from-json", action="store_true", help="only re-render the tables from --out")
+    args = ap.parse_args()
+    if args.from_json:
+        print(render(json.loads(args.out.read_text())))
+        return
+    if not (args.traces / "openb_node_list_gpu_node.csv").exists():
+        sys.exit(f"no openb traces in {args.traces} (see README: they live beside the checkout)")
+    jobs = [(w, path, policy, seed, str(args.traces))
+            for w in args.workloads.split(",") for path, policy in CONFIGS for seed in published_seeds(args.seeds)]
+    start = time.perf_counter()
+    runs = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for i, result in enumerate(pool.map(_one, jobs), 1):
+            runs.append(result)
+            print(f"[{i}/{len(jobs)}] {result['workload']} {result['live_path']} {result['policy']} "
+                  f"seed {result['seed']}: {result['alloc_130']:.2f}", file=sys.stderr, flush=True)
+    data = {
+        "machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}",
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "wall_s": time.perf_counter() - start,
+        "jobs": args.jobs,
+        "seeds": list(published_seeds(args.seeds)),
+        "runs": runs,
+    }
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(render(data))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The product model: a trace replayed under the live rules of the device-plugin backend.
+
+``gpupack simulate --model product`` (the FGD paper's protocol is ``--model
+fgd``). What a fractional pod occupies, and who chooses its node, follow what
+the live system does (docs/simulator.md, "Product model"):
+
+- **Node-wide replicas.** A node is fresh, whole or shared with ``r`` replicas
+  per GPU (``sharing.packing.node_sharing``); a pod of ``m`` milli fits a
+  replica when ``r * m <= 1000`` (``sharing.replicas``), takes one replica and
+  occupies ``1000 / r``. Whole-GPU pods never land on a shared node, and a
+  shared node never takes a whole-GPU pod.
+- **Who places what**, by live path:
+
+  ``engine`` (gpupack today): every fractional pod is gated by the webhook and
+  placed by the packing engine (``--policy``): a pod above half a GPU gets a
+  plain whole GPU on a fresh or whole node; a smaller one takes a replica on
+  the shared node that wastes the least (largest ``r <= k``), and only when
+  none has one does the controller split the smallest idle node into ``k``.
+
+  ``scheduler`` (gpupack before the product model; kept to measure what the
+  engine path recovers): fractional pods are ungated and scored by
+  kube-scheduler; a pod above half a GPU takes a node split into one replica;
+  the controller switches the smallest idle node when no shared node fits.
+
+  Whole-GPU and CPU-only pods are scored by kube-scheduler in both (MostAllocated
+  with the weights ``manifests/`` ships: ``sharing.packing.kube_scoring``).
+- **openb's GPUs** are not MIG-capable, so every fractional pod is an MPS share;
+  openb pods state no GPU memory, so the memory half of the replica rule never
+  binds (as for a pod that gives no ``gpupack.io/gpu-memory`` under a policy
+  without a default). ``sharing.simulator.openb_models`` maps openb's types onto
+  GPU products.
+
+The protocol's other rules hold: pods arrive in the seeded order and never
+leave, a pod that fits nowhere is dropped, allocation counts the milli pods
+asked for (``occupied`` counts what their replicas reserve).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Literal
+
+import numpy as np
+
+from sharing.packing.cluster import BoolArray, ClusterState, IntArray
+from sharing.packing.kube_scoring import MostAllocatedWeights, most_allocated
+from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
+from sharing.packing.node_sharing import FRESH, WHOLE, shared_candidates, switch_choice, switch_for, waste_first
+from sharing.packing.policy import Policy, decide
+from sharing.packing.registry import canonical_policy_name, make_policy
+from sharing.packing.typical import TypicalPods
+from sharing.replicas import largest_replicas, replica_milli, takes_whole_gpu
+from sharing.simulator.metrics import alloc_by_level
+from sharing.simulator.replay import Clock, _continue_stream
+from sharing.simulator.workload import build_workload
+
+LivePath = Literal["engine", "scheduler"]
+LIVE_PATHS: Final[tuple[LivePath, ...]] = ("engine", "scheduler")
+
+
+@dataclass(frozen=True)
+class CapacitySplit:
+    """Where a run's GPU capacity went at its end, in percent of all GPU milli."""
+
+    requested: float
+    """Milli the placed pods asked for (the allocation figure)."""
+    replica_rounding: float
+    """Reserved beyond the ask: a pod of m milli in a replica of 1000/r."""
+    free_on_shared: float
+    """Replicas left free on shared nodes (no arriving pod fitted their r, CPU or memory)."""
+    free_on_whole: float
+    """GPUs left free on whole-GPU nodes."""
+    free_on_fresh: float
+    """GPUs of nodes never used by a GPU pod (CPU or memory taken by other pods, or nothing fitted)."""
+
+
+@dataclass(frozen=True)
+class ProductRun:
+    """One seed's run under the product model."""
+
+    policy: str
+    live_path: LivePath
+    seed: int
+    pods: int
+    failed_pods: int
+    alloc_at: dict[int, float | None]
+    occupied_at: dict[int, float | None]
+    decision_us_median: float
+    final_alloc_percent: float
+    split: CapacitySplit
+    node_modes: dict[str, int]
+    """Nodes per final state: ``fresh``, ``whole``, ``r2``, ``r3``, ..."""
+
+
+class ProductReplay:
+    """The cluster under the live rules, one pod at a time."""
+
+    def __init__(self, cluster: ClusterState, policy: Policy, weights: MostAllocatedWeights, live_path: LivePath) -> None:
+        if live_path not in LIVE_PATHS:
+            raise ValueError(f"unknown live path {live_path!r}; choose one of {', '.join(LIVE_PATHS)}")
+        self.cluster = cluster
+        self.policy = policy
+        self.weights = weights
+        self.live_path = live_path
+        self.modes: IntArray = np.full(len(cluster), FRESH, dtype=np.int64)
+        """FRESH, WHOLE, or the node's replica count."""
+        self.used: IntArray = np.zeros((len(cluster), cluster.width), dtype=np.int64)
+        """Replicas taken per GPU of shared nodes."""
+
+    # ------------------------------------------------------------------ queries
+    def free_replicas(self) -> IntArray:
+        per_gpu = np.where(self.cluster.gpu_present, self.modes[:, None] - self.used, 0)
+        out: IntArray = np.where(self.modes > 0, per_gpu.sum(axis=1), 0)
+        return out
+
+    # ------------------------------------------------------------------ placing
+    def place(self, pod: PodSpec) -> float | None:
+        """Place ``pod`` as the live system would; the GPU milli it occupies, or None (dropped)."""
+        if pod.gpu_count == 0:
+            return self._by_scheduler(pod, self.cluster.feasible(pod), None)
+        if not pod.is_shared:
+            return self._whole_by_scheduler(pod)
+        if self.live_path == "engine":
+            if takes_whole_gpu(pod.gpu_milli):
+                return self._whole_by_engine(as_whole(pod))
+            return self._shared_by_engine(pod)
+        return self._shared_by_scheduler(pod)
+
+    def _by_scheduler(self, pod: PodSpec, candidates: BoolArray, gpu: tuple[IntArray, IntArray, int] | None) -> float | None:
+        c = self.cluster
+        nodes = np.flatnonzero(candidates)
+        if nodes.size == 0:
+            return None
+        gpu_req, gpu_alloc, gpu_weight = gpu if gpu is not None else (None, None, 0)
+        scores = most_allocated(
+            c.cpu_total[nodes] - c.cpu_free[nodes] + pod.cpu_milli, c.cpu_total[nodes],
+            c.mem_total[nodes] - c.mem_free[nodes] + pod.memory_mib, c.mem_total[nodes],
+            None if gpu_req is None else gpu_req[nodes], None if gpu_alloc is None else gpu_alloc[nodes],
+            gpu_weight, self.weights,
+        )
+        tied = nodes[scores == scores.max()]
+        node = int(tied[np.argmin(c.tie_rank[tied])])
+        if pod.gpu_count == 0:
+            c.place(pod, node, ())
+            return 0.0
+        free = np.flatnonzero(c.gpu_free[node] == GPU_MILLI)[: pod.gpu_count]
+        c.place(pod, node, tuple(int(g) for g in free))
+        self.modes[node] = WHOLE
+        return float(pod.gpu_total_milli)
+
+    def _whole_by_scheduler(self, pod: PodSpec) -> float | None:
+        c = self.cluster
+        candidates = c.feasible(pod) & (self.modes <= FRESH)
+        used_gpus = c.gpu_count - c.full_count
+        return self._by_scheduler(pod, candidates, (used_gpus + pod.gpu_count, c.gpu_count, self.weights.gpu))
+
+    def _whole_by_engine(self, pod: PodSpec) -> float | None:
+        outcome = decide(self.cluster, pod, self.policy, self.modes <= FRESH)
+        if not isinstance(outcome, Placement):
+            return None
+        self.cluster.place(pod, outcome.node, outcome.gpus)
+        self.modes[outcome.node] = WHOLE
+        return float(pod.gpu_total_milli)
+
+    def _shared_by_engine(self, pod: PodSpec) -> float | None:
+        c = self.cluster
+        k = largest_replicas(pod.gpu_milli)
+        feasible = c.feasible(pod)
+        nearest = waste_first(feasible & shared_candidates(self.modes, self.free_replicas(), k), self.modes)
+        if nearest.any():
+            outcome = decide(c, pod, self.policy, nearest)
+            assert isinstance(outcome, Placement)
+            node, gpu = outcome.node, outcome.gpus[0]
+        else:
+            switched = switch_for(self.policy, c, pod, feasible & (self.modes == FRESH), k)
+            if switched is None:
+                return None
+            node = switched
+            self.modes[node] = k
+            gpu = self.policy.choose_gpus(c, pod, node)[0]
+        return self._take_replica(pod, node, gpu)
+
+    def _shared_by_scheduler(self, pod: PodSpec) -> float | None:
+        c = self.cluster
+        k = largest_replicas(pod.gpu_milli)
+        feasible = c.feasible(pod)
+        candidates = feasible & shared_candidates(self.modes, self.free_replicas(), k)
+        if candidates.any():
+            nodes = np.flatnonzero(candidates)
+            replicas = self.modes[nodes]
+            scores = most_allocated(
+                c.cpu_total[nodes] - c.cpu_free[nodes] + pod.cpu_milli, c.cpu_total[nodes],
+                c.mem_total[nodes] - c.mem_free[nodes] + pod.memory_mib, c.mem_total[nodes],
+                self.used[nodes].sum(axis=1) + 1, c.gpu_count[nodes] * replicas, self.weights.gpu_shared, self.weights,
+            )
+            tied = nodes[scores == scores.max()]
+            node = int(tied[np.argmin(c.tie_rank[tied])])
+        else:
+            switched = switch_choice(feasible & (self.modes == FRESH), c.gpu_count, c.tie_rank)
+            if switched is None:
+                return None
+            node = switched
+            self.modes[node] = k
+        # The device plugin hands out the first free replica.
+        gpu = int(np.flatnonzero((self.used[node] < self.modes[node]) & c.gpu_present[node])[0])
+        return self._take_replica(pod, node, gpu)
+
+    def _take_replica(self, pod: PodSpec, node: int, gpu: int) -> float:
+        c = self.cluster
+        r = int(self.modes[node])
+        self.used[node, gpu] += 1
+        # The engine sees a replica-split GPU as 1000 milli of which (free replicas) * 1000 // r are free.
+        taken = int(c.gpu_free[node, gpu] - (r - self.used[node, gpu]) * GPU_MILLI // r)
+        c.place(PodSpec(pod.name, pod.cpu_milli, pod.memory_mib, 1, taken), node, (gpu,))
+        return replica_milli(r)
+
+    # ------------------------------------------------------------------ summary
+    def split(self, requested_milli: int, occupied_milli: float) -> CapacitySplit:
+        c = self.cluster
+        total = float(c.total_gpus * GPU_MILLI)
+        free = c.gpu_free.sum(axis=1)
+        shared_free = float(sum(self.free_replicas()[self.modes > 0] * GPU_MILLI / self.modes[self.modes > 0]))
+        return CapacitySplit(
+            requested=100.0 * requested_milli / total,
+            replica_rounding=100.0 * (occupied_milli - requested_milli) / total,
+            free_on_shared=100.0 * shared_free / total,
+            free_on_whole=100.0 * float(free[self.modes == WHOLE].sum()) / total,
+            free_on_fresh=100.0 * float(free[self.modes == FRESH].sum()) / total,
+        )
+
+    def node_modes(self) -> dict[str, int]:
+        values, counts = np.unique(self.modes, return_counts=True)
+        names = {FRESH: "fresh", WHOLE: "whole"}
+        return {names.get(int(v), f"r{int(v)}"): int(n) for v, n in zip(values, counts)}
+
+
+def as_whole(pod: PodSpec) -> PodSpec:
+    """A fractional pod above half a GPU, as gpupack's webhook rewrites it: one whole GPU."""
+    return replace(pod, gpu_milli=GPU_MILLI)
+
+
+def engine_view(pods: Sequence[PodSpec], live_path: LivePath) -> list[PodSpec]:
+    """The requests as the packing engine sees them (its typical pods): rewritten on the engine path."""
+    if live_path != "engine":
+        return list(pods)
+    return [as_whole(p) if p.is_shared and takes_whole_gpu(p.gpu_milli) else p for p in pods]
+
+
+def run_product(
+    nodes: Sequence[NodeSpec],
+    trace_pods: Sequence[PodSpec],
+    policy_name: str,
+    seed: int,
+    weights: MostAllocatedWeights,
+    live_path: LivePath = "engine",
+    inflate: float = 1.3,
+    clock: Clock = time.perf_counter_ns,
+) -> ProductRun:
+    """One (workload, seed, policy) run: the protocol's arrivals under the live rules."""
+    name = canonical_policy_name(policy_name)
+    ordered = sorted(nodes, key=lambda n: n.name)
+    total_gpus = sum(n.gpu_count for n in ordered)
+    workload = build_workload(trace_pods, len(ordered), total_gpus, seed, inflate)
+    typical = TypicalPods.from_pods(engine_view(workload.originals, live_path))
+    cluster = ClusterState(ordered, tie_rank=workload.tie_rank)
+    rng = np.random.default_rng(seed)
+    policy = make_policy(name, rng=_continue_stream(rng, workload), typical=typical)
+    replay = ProductReplay(cluster, policy, weights, live_path)
+    count = len(workload.pods)
+    arrived = np.zeros(count, dtype=np.int64)
+    used = np.zeros(count, dtype=np.int64)
+    occupied = np.zeros(count, dtype=np.int64)
+    times = np.zeros(count, dtype=np.int64)
+    demand = allocated = failed = 0
+    reserved = 0.0
+    for i, pod in enumerate(workload.pods):
+        start = clock()
+        taken = replay.place(pod)
+        times[i] = clock() - start
+        demand += pod.gpu_total_milli
+        if taken is None:
+            failed += 1
+        else:
+            allocated += pod.gpu_total_milli
+            reserved += taken
+        arrived[i], used[i], occupied[i] = demand, allocated, round(reserved)
+    return ProductRun(
+        policy=name,
+        live_path=live_path,
+        seed=seed,
+        pods=count,
+        failed_pods=failed,
+        alloc_at=alloc_by_level(arrived, used, total_gpus),
+        occupied_at=alloc_by_level(arrived, occupied, total_gpus),
+        decision_us_median=float(np.median(times)) / 1000.0,
+        final_alloc_percent=100.0 * allocated / (total_gpus * GPU_MILLI),
+        split=replay.split(allocated, reserved),
+        node_modes=replay.node_modes(),
+    )

@@ -1,0 +1,130 @@
+"""The simulator's product model on hand-made clusters where each live rule's effect is known."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sharing.packing.cluster import ClusterState
+from sharing.packing.fgd import FgdPolicy
+from sharing.packing.gpupack_policy import GpupackPolicy
+from sharing.packing.kube_scoring import MostAllocatedWeights
+from sharing.packing.model import NodeSpec, PodSpec
+from sharing.packing.node_sharing import FRESH, WHOLE, feedable_first, switch_choice, switch_for, waste_first
+from sharing.packing.typical import TypicalPods
+from sharing.replicas import fits_replicas, largest_replicas, takes_whole_gpu
+from sharing.simulator.product import LivePath, ProductReplay
+from sharing.simulator.scheduler_config import SHIPPED_CONFIG, SchedulerConfigError, load_weights
+
+WEIGHTS = MostAllocatedWeights()
+
+
+def gpu_pod(name: str, milli: int, count: int = 1, cpu: int = 1000) -> PodSpec:
+    return PodSpec(name, cpu, 1024, count, milli)
+
+
+def replay(gpus: list[int], path: LivePath = "engine", cpu: int = 64_000, policy: str = "FGD") -> ProductReplay:
+    nodes = [NodeSpec(f"n{i}", cpu, 256_000, g, "T4") for i, g in enumerate(gpus)]
+    cluster = ClusterState(nodes)
+    typical = TypicalPods.from_pods([gpu_pod("t1", 300), gpu_pod("t2", 1000)])
+    chosen = FgdPolicy(typical) if policy == "FGD" else GpupackPolicy(typical)
+    return ProductReplay(cluster, chosen, WEIGHTS, path)
+
+
+def test_the_replica_rule() -> None:
+    assert fits_replicas(3, 333, None, 0) and not fits_replicas(4, 300, None, 0)
+    assert fits_replicas(2, 400, 20 * 2**30, 40 * 2**30) and not fits_replicas(2, 400, 21 * 2**30, 40 * 2**30)
+    assert [largest_replicas(m) for m in (50, 125, 126, 300, 334, 500, 501)] == [8, 8, 7, 3, 2, 2, 1]
+    assert takes_whole_gpu(501) and not takes_whole_gpu(500)
+    with pytest.raises(ValueError, match="positive"):
+        largest_replicas(0)
+
+
+def test_a_600_milli_pod_takes_a_whole_gpu_on_the_engine_path() -> None:
+    r = replay([2])
+    assert r.place(gpu_pod("big", 600)) == 1000.0
+    assert r.modes[0] == WHOLE and r.cluster.full_count[0] == 1
+    # A whole-GPU node takes no replica: the next small pod has nowhere to go.
+    assert r.place(gpu_pod("small", 300)) is None
+
+
+def test_a_600_milli_pod_splits_a_node_into_one_replica_on_the_scheduler_path() -> None:
+    r = replay([2], path="scheduler")
+    assert r.place(gpu_pod("big", 600)) == 1000.0
+    assert r.modes[0] == 1
+    assert r.place(gpu_pod("whole", 1000)) is None  # a shared node never takes a whole-GPU pod
+
+
+def test_a_300_milli_pod_never_lands_on_an_r4_node() -> None:
+    r = replay([2, 2])
+    assert r.place(gpu_pod("quarter", 250)) == 250.0  # the smallest node splits into 4
+    four = int(np.flatnonzero(r.modes == 4)[0])
+    assert r.place(gpu_pod("third", 300)) == pytest.approx(1000 / 3)
+    assert r.modes[1 - four] == 3
+    r.place(gpu_pod("third-2", 300))
+    assert r.used[four].sum() == 1  # still only the quarter on the r = 4 node
+
+
+def test_a_shared_pod_goes_where_it_wastes_the_least() -> None:
+    r = replay([1, 1, 1])
+    r.place(gpu_pod("a", 450))  # r = 2
+    r.place(gpu_pod("b", 240))  # a free replica on a shared node beats splitting an idle node
+    assert sorted(int(m) for m in r.modes) == [0, 0, 2]
+    r2 = replay([1, 1, 1])
+    r2.modes[:] = [2, 4, FRESH]
+    assert r2.place(gpu_pod("c", 200)) == 250.0  # k = 5: the r = 4 node, not the r = 2 one
+    assert r2.used[1].sum() == 1 and r2.used[0].sum() == 0
+
+
+def test_whole_gpu_pods_never_land_on_shared_nodes() -> None:
+    r = replay([4, 4])
+    r.place(gpu_pod("s", 300))
+    shared = int(np.flatnonzero(r.modes > 0)[0])
+    assert r.place(gpu_pod("w", 1000, count=2)) == 2000.0
+    assert r.modes[1 - shared] == WHOLE
+    assert r.place(gpu_pod("w2", 1000, count=4)) is None
+
+
+def test_cpu_only_pods_are_scored_by_most_allocated() -> None:
+    r = replay([1, 1])
+    r.place(PodSpec("first", 8000, 1024))
+    first = int(np.flatnonzero(r.cluster.cpu_free < r.cluster.cpu_total)[0])
+    r.place(PodSpec("second", 8000, 1024))
+    assert r.cluster.cpu_free[first] == r.cluster.cpu_total[first] - 16000  # packed, not spread
+
+
+def test_waste_first_and_switch_rules() -> None:
+    modes = np.array([2, 4, 4, FRESH], dtype=np.int64)
+    assert list(waste_first(np.array([True, True, False, False]), modes)) == [False, True, False, False]
+    assert not waste_first(np.zeros(4, dtype=bool), modes).any()
+    counts = np.array([8, 2, 2, 4], dtype=np.int64)
+    ranks = np.array([0, 3, 1, 2], dtype=np.int64)
+    assert switch_choice(np.ones(4, dtype=bool), counts, ranks) == 2
+    assert switch_choice(np.zeros(4, dtype=bool), counts, ranks) is None
+
+
+def test_gpupack_switches_the_node_whose_cpu_feeds_its_replicas() -> None:
+    nodes = [NodeSpec("small-cpu-poor", 4000, 64_000, 2, "T4"), NodeSpec("big", 64_000, 256_000, 4, "T4")]
+    cluster = ClusterState(nodes)
+    typical = TypicalPods.from_pods([gpu_pod("t", 250, cpu=4000)])
+    candidates = np.ones(2, dtype=bool)
+    assert feedable_first(cluster, candidates, 4, 4000.0) == 1
+    assert switch_for(GpupackPolicy(typical), cluster, gpu_pod("p", 250), candidates, 4) == 1
+    assert switch_for(FgdPolicy(typical), cluster, gpu_pod("p", 250), candidates, 4) == 0  # fewest GPUs
+
+
+def test_unknown_live_path_is_refused() -> None:
+    with pytest.raises(ValueError, match="engine, scheduler"):
+        replay([1], path="bogus")  # type: ignore[arg-type]
+
+
+def test_weights_come_from_the_shipped_scheduler_config(tmp_path: Path) -> None:
+    assert load_weights(SHIPPED_CONFIG) == MostAllocatedWeights(cpu=1, memory=1, gpu=10, gpu_shared=10)
+    least = tmp_path / "least.yaml"
+    least.write_text(SHIPPED_CONFIG.read_text().replace("type: MostAllocated", "type: LeastAllocated"))
+    with pytest.raises(SchedulerConfigError, match="LeastAllocated"):
+        load_weights(least)
+    with pytest.raises(SchedulerConfigError, match="cannot read"):
+        load_weights(tmp_path / "missing.yaml")
