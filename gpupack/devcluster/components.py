@@ -7,13 +7,21 @@ read in one place (and the reasons for each unusual one with them).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import yaml
+
+from gpupack.devcluster.apply import MANIFESTS
 from gpupack.devcluster.binaries import Binaries
 
 HOST = "127.0.0.1"
 SERVICE_CIDR = "10.96.0.0/24"
 APISERVER_HOSTS = (HOST, "localhost", "kubernetes", "kubernetes.default",
                    "kubernetes.default.svc", "10.96.0.1")
+# The packing configuration gpupack ships for kube-scheduler: the dev cluster runs
+# it (not kube-scheduler's defaults) so that demos and e2e tests schedule the way
+# a gpupack cluster does.
+SHIPPED_SCHEDULER_CONFIG = MANIFESTS / "scheduler" / "kube-scheduler-config.yaml"
 
 
 def etcd_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> list[str]:
@@ -73,15 +81,40 @@ def apiserver_url(ports: dict[str, int]) -> str:
     return f"https://{HOST}:{ports['apiserver']}"
 
 
+def scheduler_config(workdir: Path) -> dict[str, Any]:
+    """The shipped scheduler configuration, changed only where the dev cluster must differ.
+
+    Profiles and plugin weights are taken as shipped: the manifests file is the
+    one source of truth, so a change there changes what the dev cluster runs.
+    """
+    config: dict[str, Any] = yaml.safe_load(SHIPPED_SCHEDULER_CONFIG.read_text(encoding="utf-8"))
+    # The shipped path (/etc/kubernetes/scheduler.conf) is kubeadm's; ours is in the work dir.
+    # It must be set here: kube-scheduler ignores --kubeconfig when --config is given.
+    config.setdefault("clientConnection", {})["kubeconfig"] = str(workdir / "scheduler.kubeconfig")
+    # One scheduler: skip the lease wait. Kept in the file with the rest of its settings.
+    config["leaderElection"] = {"leaderElect": False}
+    return config
+
+
+def scheduler_config_path(workdir: Path) -> Path:
+    return workdir / "scheduler-config.yaml"
+
+
+def write_scheduler_config(workdir: Path) -> Path:
+    path = scheduler_config_path(workdir)
+    path.write_text(yaml.safe_dump(scheduler_config(workdir), sort_keys=False), encoding="utf-8")
+    return path
+
+
 def scheduler_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> list[str]:
     return [
         str(binaries.kube_scheduler),
-        f"--kubeconfig={workdir / 'scheduler.kubeconfig'}",
+        # Written by write_scheduler_config(); kubeconfig and leader election are in it.
+        f"--config={scheduler_config_path(workdir)}",
         f"--bind-address={HOST}",
         f"--secure-port={ports['scheduler']}",
         # Its serving certificate is self-signed here; /readyz is open to all.
         f"--cert-dir={workdir / 'scheduler-certs'}",
-        "--leader-elect=false",  # one scheduler: skip the lease wait
         "--v=1",
     ]
 

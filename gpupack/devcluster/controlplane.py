@@ -8,7 +8,9 @@
 certificates and a ServiceAccount signing key, starts etcd (temporary data
 dir), then kube-apiserver (client-certificate and ServiceAccount-token
 authentication, RBAC authorization, admission webhooks enabled), then
-kube-scheduler, waits for each to be ready, and writes an admin kubeconfig.
+kube-scheduler (with gpupack's shipped packing configuration,
+``manifests/scheduler/kube-scheduler-config.yaml``), waits for each to be
+ready, and writes an admin kubeconfig.
 ``stop()`` stops them in reverse order and removes the work dir; it is
 idempotent and also runs at interpreter exit.
 
@@ -237,6 +239,7 @@ class ControlPlane:
                    f"kube-apiserver {self.server}/readyz", self.config.start_timeout_s, proc)
 
     def _start_scheduler(self) -> None:
+        components.write_scheduler_config(self.workdir)
         argv = components.scheduler_argv(self.binaries, self.workdir, self.ports)
         proc = self._launch("kube-scheduler", argv)
         url = components.scheduler_url(self.ports)
