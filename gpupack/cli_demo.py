@@ -105,11 +105,12 @@ def run_demo(args: argparse.Namespace) -> int:
                 del finish_at[name]
                 finished += 1
         c = progress.counts(live)
-        ratio, _ = progress.allocation(gpunodes, nodes, live)
+        now_figures = progress.figures(gpunodes, nodes, live)
         if now_m >= next_print:
             say(f"[{now_m:5.1f}s] submitted {submitted}  rejected {rejected}  admitted {c['admitted'] + finished}  "
                 f"gated {c['gated']}  pending {c['pending']}  scheduled {len(tracker.scheduled_at)}  "
-                f"finished {finished}  allocation {100 * ratio:.0f}%")
+                f"finished {finished}  allocation {100 * now_figures.allocation_ratio:.0f}%  "
+                f"occupied {100 * now_figures.occupied_ratio:.0f}%")
             if args.layouts:
                 for line in progress.gpu_lines(gpunodes):
                     say(line)
@@ -125,7 +126,7 @@ def run_demo(args: argparse.Namespace) -> int:
     gpunodes, nodes, live = _lists(stack.admin)
     tracker.observe(gpunodes, live, datetime.now(timezone.utc))
     c = progress.counts(live)
-    ratio, frag = progress.allocation(gpunodes, nodes, live)
+    end = progress.figures(gpunodes, nodes, live)
     reshape = tracker.latencies(gated=True)
     direct = tracker.latencies(gated=False)
     summary: dict[str, Any] = {
@@ -136,8 +137,9 @@ def run_demo(args: argparse.Namespace) -> int:
         "pods_finished": finished,
         "pods_unscheduled": c["gated"] + c["pending"],
         "gpus_reshaped": tracker.gpus_reshaped,
-        "allocation_ratio": round(ratio, 4),
-        "fragmentation": round(frag, 4),
+        "allocation_ratio": round(end.allocation_ratio, 4),
+        "occupied_ratio": round(end.occupied_ratio, 4),
+        "fragmentation": round(end.fragmentation, 4),
         "schedule_seconds_median_with_reshape": _round(progress.percentile(reshape, 50)),
         "schedule_seconds_p95_with_reshape": _round(progress.percentile(reshape, 95)),
         "schedule_seconds_median_capacity_existed": _round(progress.percentile(direct, 50)),

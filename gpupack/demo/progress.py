@@ -1,4 +1,4 @@
-"""What the demo shows: counts, per-GPU layouts and the allocation ratio, from the API server.
+"""What the demo shows: counts, per-GPU layouts and the allocation figures, from the API server.
 
 Everything here reads the cluster through plain list calls and pure helpers
 (``controller.snapshot``/``controller.metrics``), so what it reports is what
@@ -16,6 +16,7 @@ from typing import Any
 
 from controller.metrics import cluster_figures
 from controller.snapshot import ALLOCATION, GATE, build_snapshot, parse_time
+from sharing.packing.model import GPU_MILLI
 
 
 @dataclass
@@ -83,9 +84,24 @@ def counts(pods: list[dict[str, Any]]) -> Counter[str]:
     return c
 
 
-def allocation(gpunodes: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> tuple[float, float]:
-    ratio, frag, _ = cluster_figures(build_snapshot(gpunodes, nodes, pods, []))
-    return ratio, frag
+@dataclass(frozen=True)
+class Figures:
+    allocation_ratio: float
+    """GPU milli the scheduled pods asked for over GPUs x 1000: the simulator's accounting."""
+    occupied_ratio: float
+    """What their replicas and MIG instances reserve over all GPUs (``controller.metrics``)."""
+    fragmentation: float
+
+
+def figures(gpunodes: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Figures:
+    snapshot = build_snapshot(gpunodes, nodes, pods, [])
+    occupied, frag, gpus = cluster_figures(snapshot)
+    # The webhook replaces gpupack.io/gpu-milli with the device plugin's resource and
+    # keeps the ask in the allocation annotation, which pod_from_object reads into
+    # Pod.milli (one entry per container; 1000 = a whole GPU). Only bound pods count,
+    # as in the simulator, where a pod allocates once it is placed.
+    asked = sum(sum(p.milli) for p in snapshot.pods if p.bound)
+    return Figures(asked / (gpus * GPU_MILLI) if gpus else 0.0, occupied, frag)
 
 
 def gpu_lines(gpunodes: list[dict[str, Any]]) -> list[str]:
