@@ -232,7 +232,7 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         if change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas):
             cycle.planned_shares[name] -= pod.shares
             return Wait(pod.key, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
-    best: tuple[tuple[int, str], Node, int] | None = None
+    idle: list[tuple[Node, int]] = []
     for node_ in cycle.snapshot.nodes:
         policy = cycle.snapshot.policies.get(node_.name)
         if node_.name in cycle.sharing or not _open(policy, cycle) or policy is None:
@@ -246,13 +246,13 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         fitting = [r for r in range(policy.max_replicas, policy.min_replicas - 1, -1) if _shared_ok(pod, node_, r)]
         if not fitting or (node_.sharing == pod.mode and node_.replicas == fitting[0]):
             continue
-        key = (len(node_.gpus), node_.name)
-        if best is None or key < best[0]:
-            best = (key, node_, fitting[0])
+        idle.append((node_, fitting[0]))
+    # The engine's policy chooses which idle node to split (sharing.packing.node_sharing).
+    best = placer.switch(pod, idle)
     if best is None:
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")
-    _, chosen, replicas = best
+    chosen, replicas = best
     assert pod.mode != "mig"
     policy = cycle.snapshot.policies[chosen.name]
     cycle.budget[policy.names] -= 1

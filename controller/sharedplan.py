@@ -9,6 +9,12 @@ fragmentation gradient sees the true shape of the demand). The node's GPU
 its mode, the replica counts its request fits and the products its affinity
 allows: the engine's model filter then does the compatibility check.
 
+The node-wide replica rules are ``sharing.packing.node_sharing``'s, the ones
+the simulator's product model replays: a pod goes to the shared nodes with the
+largest replica count it fits (waste first), the policy chooses among them, and
+the idle node to split when none has room is the policy's choice too
+(:meth:`SharedPlacer.switch`).
+
 The device plugin, not gpupack, picks the GPU inside the node, so the
 engine's GPU choice is only used to keep the cluster state consistent.
 """
@@ -22,6 +28,7 @@ import numpy as np
 from controller.model import Node, Pod
 from sharing.packing.cluster import ClusterState
 from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
+from sharing.packing.node_sharing import switch_for, waste_first
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
 from sharing.packing.typical import TypicalPods
@@ -53,13 +60,13 @@ class SharedPlacer:
         self.nodes = tuple(n for n in nodes if n.sharing != "none" and n.full_gpus and n.name in free)
         self.keys = tuple(sorted({node_key(n) for n in self.nodes}))
         self.cluster: ClusterState | None = None
-        self.policy: Policy | None = None
+        shapes = [engine_pod(p, self.keys) for p in workload if p.mode != "mig"] or [
+            PodSpec("any", 0, 0, 1, GPU_MILLI // 2, self.keys, "|".join(self.keys))
+        ]
+        self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=TypicalPods.from_pods(shapes))
         if not self.nodes:
             return
-        specs = [
-            NodeSpec(n.name, n.cpu_milli or _BIG_CPU, n.memory_mib or _BIG_CPU, len(n.full_gpus), node_key(n))
-            for n in self.nodes
-        ]
+        specs = [_spec(n, node_key(n)) for n in self.nodes]
         self.cluster = ClusterState(specs)
         for i, n in enumerate(self.nodes):
             share = GPU_MILLI // n.replicas
@@ -71,11 +78,6 @@ class SharedPlacer:
                 if on_gpu:
                     milli = GPU_MILLI if on_gpu == n.replicas else on_gpu * share
                     self.cluster.place(PodSpec(f"claimed/{n.name}/{g}", 0, 0, 1, milli), i, (g,))
-        shapes = [engine_pod(p, self.keys) for p in workload if p.mode != "mig"] or [
-            PodSpec("any", 0, 0, 1, GPU_MILLI // 2, self.keys, "|".join(self.keys))
-        ]
-        typical = TypicalPods.from_pods(shapes)
-        self.policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical)
 
     def accepted(self, pod: Pod) -> tuple[str, ...]:
         out = []
@@ -89,7 +91,7 @@ class SharedPlacer:
 
     def place(self, pod: Pod, free: dict[str, int]) -> str | None:
         """The node the engine picks for ``pod`` among nodes with free replicas; commits it."""
-        if self.cluster is None or self.policy is None:
+        if self.cluster is None:
             return None
         accepted = self.accepted(pod)
         if not accepted:
@@ -101,7 +103,9 @@ class SharedPlacer:
             free.get(n.name, 0) >= pod.shares and (pod.node is None or pod.node == n.name) and pod.admits(n.label_map)
             for n in self.nodes
         ], dtype=bool)
-        outcome = decide(self.cluster, spec, self.policy, allowed)
+        replicas = np.array([n.replicas for n in self.nodes], dtype=np.int64)
+        nearest = waste_first(allowed & self.cluster.feasible(spec), replicas)
+        outcome = decide(self.cluster, spec, self.policy, nearest)
         if not isinstance(outcome, Placement):
             return None
         node = self.nodes[outcome.node]
@@ -111,3 +115,17 @@ class SharedPlacer:
         taken = min(int(self.cluster.gpu_free[outcome.node, gpu]), share * pod.shares)
         self.cluster.place(PodSpec(spec.name, spec.cpu_milli, spec.memory_mib, 1, max(1, taken)), outcome.node, (gpu,))
         return node.name
+
+    def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]]) -> tuple[Node, int] | None:
+        """Which idle node to split for ``pod``, each candidate with the replica count it would get."""
+        if not idle:
+            return None
+        ordered = sorted(idle, key=lambda c: c[0].name)
+        cluster = ClusterState([_spec(n, n.product or "gpu") for n, _ in ordered])
+        replicas = np.array([r for _, r in ordered], dtype=np.int64)
+        chosen = switch_for(self.policy, cluster, engine_pod(pod, ()), np.ones(len(ordered), dtype=bool), replicas)
+        return None if chosen is None else ordered[chosen]
+
+
+def _spec(node: Node, key: str) -> NodeSpec:
+    return NodeSpec(node.name, node.cpu_milli or _BIG_CPU, node.memory_mib or _BIG_CPU, len(node.full_gpus or node.gpus), key)

@@ -141,7 +141,9 @@ class GpupackPolicy(FgdPolicy):
         weighted: FloatArray = np.where(missing, np.inf, self.regret_weight * GPU_MILLI * np.where(missing, 0.0, regret))
         return weighted
 
-    def switch_choice(self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int) -> int | None:
+    def switch_choice(
+        self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray
+    ) -> int | None:
         """The idle node to split into ``replicas``: the one that strands the fewest replicas."""
         return feedable_first(cluster, candidates, replicas, self._shared_cpu)
 

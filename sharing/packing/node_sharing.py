@@ -63,12 +63,16 @@ def switch_choice(candidates: BoolArray, gpu_count: IntArray, rank: IntArray) ->
 class ChoosesSwitch(Protocol):
     """A policy with its own choice of the idle node to split into replicas."""
 
-    def switch_choice(self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int) -> int | None:
-        """Index of the idle node (among ``candidates``) to split into ``replicas`` for ``pod``."""
+    def switch_choice(
+        self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray
+    ) -> int | None:
+        """Index of the idle node (among ``candidates``) to split into ``replicas`` (per node) for ``pod``."""
         ...
 
 
-def switch_for(policy: object, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int) -> int | None:
+def switch_for(
+    policy: object, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray
+) -> int | None:
     """The idle node ``policy`` switches for ``pod``: its own choice, or the fewest-GPUs rule."""
     if isinstance(policy, ChoosesSwitch):
         return policy.switch_choice(cluster, pod, candidates, replicas)
@@ -79,7 +83,9 @@ STRANDING_BUCKET: Final = 0.1
 """Stranded fractions closer than this count as equal, so the fewest-GPUs rule still decides among them."""
 
 
-def feedable_first(cluster: ClusterState, candidates: BoolArray, replicas: int, cpu_per_replica: float) -> int | None:
+def feedable_first(
+    cluster: ClusterState, candidates: BoolArray, replicas: int | IntArray, cpu_per_replica: float
+) -> int | None:
     """The idle node whose CPU can feed the most of its ``replicas`` per GPU.
 
     A node split into ``r`` replicas per GPU offers ``r * GPUs`` replicas; typical
@@ -90,7 +96,8 @@ def feedable_first(cluster: ClusterState, candidates: BoolArray, replicas: int, 
     nodes = np.flatnonzero(candidates)
     if nodes.size == 0:
         return None
-    offered = (cluster.gpu_count[nodes] * replicas).astype(np.float64)
+    per_node = np.broadcast_to(np.asarray(replicas, dtype=np.int64), cluster.gpu_count.shape)
+    offered = (cluster.gpu_count[nodes] * per_node[nodes]).astype(np.float64)
     feed = cluster.cpu_free[nodes] / cpu_per_replica if cpu_per_replica > 0 else np.full(nodes.size, np.inf)
     stranded = np.maximum(0.0, offered - feed) / np.maximum(offered, 1.0)
     bucket = np.floor(stranded / STRANDING_BUCKET + 0.5).astype(np.int64)
