@@ -2,9 +2,10 @@
 
 A second kube-scheduler runs with ``manifests/scheduler/kube-scheduler-config.yaml``,
 its profile renamed ``gpupack-packing`` so that it does not race the session's
-default scheduler. Pods naming that scheduler go to the node whose GPU resources
-are most allocated; the same pods under the default scheduler (LeastAllocated)
-spread, which shows the test can tell the two apart.
+scheduler (which runs the shipped configuration too). Pods naming that scheduler
+go to the node whose GPU resources are most allocated; the same pods under a
+scheduler with the stock scoring (the profile's plugin settings removed:
+LeastAllocated) spread, which shows the test can tell the two apart.
 """
 
 from __future__ import annotations
@@ -27,10 +28,12 @@ RESOURCE = "nvidia.com/mig-1g.10gb"
 
 
 @pytest.fixture
-def packing_scheduler(control_plane: Any, tmp_path: Path) -> Any:
+def packing_scheduler(control_plane: Any, tmp_path: Path, scheduler: str) -> Any:
     config = yaml.safe_load(CONFIG.read_text())
     config["clientConnection"]["kubeconfig"] = str(control_plane.workdir / "scheduler.kubeconfig")
-    config["profiles"][0]["schedulerName"] = "gpupack-packing"
+    config["profiles"][0]["schedulerName"] = scheduler
+    if scheduler == "stock-scoring":
+        config["profiles"][0] = {"schedulerName": scheduler}
     config["leaderElection"] = {"leaderElect": False}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -73,9 +76,9 @@ def _placed(core: Any, namespace: str, names: list[str]) -> list[str]:
     pytest.fail(f"pods not bound: {names}")
 
 
-@pytest.mark.parametrize("scheduler", ["gpupack-packing", None])
+@pytest.mark.parametrize("scheduler", ["gpupack-packing", "stock-scoring"])
 def test_gpu_pods_pack_onto_the_most_allocated_node(
-    packing_scheduler: Any, admin_client: Any, namespace: str, scheduler: str | None
+    packing_scheduler: Any, admin_client: Any, namespace: str, scheduler: str
 ) -> None:
     core = client.CoreV1Api(admin_client)
     run = uuid.uuid4().hex[:6]
