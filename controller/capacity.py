@@ -34,6 +34,16 @@ def shared_claims(pods: tuple[Pod, ...]) -> Counter[str]:
     return out
 
 
+def whole_pinned(pods: tuple[Pod, ...]) -> Counter[str]:
+    """Node -> whole GPUs of gpupack pods pinned there and not bound yet (bound pods are in
+    ``Node.whole_taken``, which counts every pod's ``nvidia.com/gpu``)."""
+    out: Counter[str] = Counter()
+    for pod in pods:
+        if pod.mode == "whole" and pod.node is not None and not pod.gated and not pod.bound:
+            out[pod.node] += pod.whole_gpus
+    return out
+
+
 def settled_gpus(node: Node) -> tuple[Gpu, ...]:
     """MIG-enabled GPUs whose reported instances are final (no reshape in flight)."""
     return tuple(g for g in node.gpus if g.mig_enabled and not g.reshaping)
@@ -55,11 +65,16 @@ class FreeCapacity:
     """Instances a reshape in flight will create (spec written, agent not done), not yet promised."""
     incoming_shared: Counter[str] = field(default_factory=Counter)
     """Replicas a sharing change in flight will add, not yet promised."""
+    whole: Counter[str] = field(default_factory=Counter)
+    """Whole GPUs (``nvidia.com/gpu``) free on nodes that do not share their GPUs."""
+    incoming_whole: Counter[str] = field(default_factory=Counter)
+    """Whole GPUs a node switching back from sharing will hand out, not yet promised."""
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> FreeCapacity:
         claims = mig_claims(snapshot.pods)
         taken = shared_claims(snapshot.pods)
+        pinned = whole_pinned(snapshot.pods)
         ledger = cls()
         for node in snapshot.nodes:
             existing: Counter[str] = Counter()
@@ -79,6 +94,11 @@ class FreeCapacity:
                 ledger.shared[node.name] = max(0, len(node.full_gpus) * node.replicas - taken[node.name])
             elif node.spec_sharing != "none":
                 ledger.incoming_shared[node.name] = max(0, len(node.full_gpus) * node.spec_replicas - taken[node.name])
+            whole = max(0, len(node.full_gpus) - node.whole_taken - pinned[node.name])
+            if node.sharing == "none" and node.spec_sharing == "none":
+                ledger.whole[node.name] = whole
+            elif node.spec_sharing == "none":
+                ledger.incoming_whole[node.name] = whole
         return ledger
 
     def mig_free(self, node: str) -> Counter[str]:
@@ -90,6 +110,11 @@ class FreeCapacity:
         if any(free[p] < n for p, n in need.items()):
             raise ValueError(f"node {node} lacks free instances for {sorted(need.elements())}")
         free.subtract(need)
+
+    def take_whole(self, node: str, gpus: int) -> None:
+        if self.whole[node] < gpus:
+            raise ValueError(f"node {node} has {self.whole[node]} free whole GPUs, {gpus} needed")
+        self.whole[node] -= gpus
 
     def take_shared(self, node: str, shares: int) -> None:
         if self.shared[node] < shares:

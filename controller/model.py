@@ -20,7 +20,9 @@ from typing import Literal
 
 from mig.model import GpuModel, PlacedInstance
 
-PodMode = Literal["mig", "mps", "time-slicing"]
+PodMode = Literal["mig", "mps", "time-slicing", "whole"]
+"""What the webhook gave the pod (``sharing.options.AllocationMode``): ``whole`` is a plain
+``nvidia.com/gpu`` per container, for a shared-mode request above half a GPU."""
 NodeSharing = Literal["none", "mps", "time-slicing"]
 
 
@@ -66,6 +68,8 @@ class Node:
     """What the controller last asked for (the status may lag behind)."""
     generation: int = 0
     observed_generation: int = 0
+    whole_taken: int = 0
+    """``nvidia.com/gpu`` requested by the pods bound to the node, gpupack's or not."""
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -123,7 +127,12 @@ class Pod:
     @property
     def shares(self) -> int:
         """Shared replicas the pod takes (one per GPU container)."""
-        return len(self.milli) if self.mode != "mig" else 0
+        return len(self.milli) if self.mode in ("mps", "time-slicing") else 0
+
+    @property
+    def whole_gpus(self) -> int:
+        """Whole GPUs the pod takes (mode ``whole``: one per GPU container)."""
+        return len(self.milli) if self.mode == "whole" else 0
 
     def fits_replicas(self, replicas: int, gpu_memory_mib: int) -> bool:
         """The webhook's rule: ``r * milli <= 1000`` and ``memory * r <= GPU memory``."""
@@ -199,6 +208,9 @@ class Snapshot:
     pods: tuple[Pod, ...]
     policies: dict[str, NodePolicy] = field(default_factory=dict)
     """Node name -> merged policy; nodes absent here are never reshaped (opt-in)."""
+    whole_waiting: int = 0
+    """``nvidia.com/gpu`` asked by pending pods that are not gpupack's and that kube-scheduler
+    found no node for: demand for idle shared nodes to return to whole-GPU use."""
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

@@ -32,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from controller.capacity import FreeCapacity, mig_claims, shared_claims, unreported_claims
+from controller.capacity import FreeCapacity, mig_claims, shared_claims, unreported_claims, whole_pinned
 from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
 from controller.model import Node, NodePolicy, NodeSharing, Pod, Snapshot
 from controller.sharedplan import SharedPlacer
@@ -86,6 +86,9 @@ class _Cycle:
     layouts: dict[tuple[str, int], LayoutChange] = field(default_factory=dict)
     sharing: dict[str, SharingChange] = field(default_factory=dict)
     planned_shares: Counter[str] = field(default_factory=Counter)
+    planned_whole: Counter[str] = field(default_factory=Counter)
+    whole_busy: Counter[str] = field(default_factory=Counter)
+    """Nodes with whole-GPU pods bound or pinned: never split into replicas under them."""
 
 
 def _idle_enough(idle_since: datetime | None, now: datetime, seconds: int) -> bool:
@@ -216,6 +219,56 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     return Wait(pod.key, f"capacity being created: {change.reason}")
 
 
+def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod | None) -> list[Node]:
+    """Shared nodes that may return to whole-GPU use now: converged, policy window open and
+    budget left, every GPU idle long enough, no replica claimed, at least ``gpus`` GPUs."""
+    out = []
+    for node in cycle.snapshot.nodes:
+        policy = cycle.snapshot.policies.get(node.name)
+        if policy is None or node.name in cycle.sharing or not _open(policy, cycle):
+            continue
+        if node.spec_sharing == "none" or not node.converged or taken[node.name] or len(node.full_gpus) < gpus:
+            continue
+        if any(g.mig_enabled for g in node.gpus) or (pod is not None and not _allowed(pod, node)):
+            continue
+        if all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
+            out.append(node)
+    return sorted(out, key=lambda n: (len(n.full_gpus), n.name))
+
+
+def _switch_back(cycle: _Cycle, node: Node, why: str) -> None:
+    policy = cycle.snapshot.policies[node.name]
+    cycle.budget[policy.names] -= 1
+    cycle.sharing[node.name] = SharingChange(node.name, "none", 1, why)
+    cycle.planned_whole[node.name] = len(node.full_gpus)
+
+
+def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
+    """A ``whole`` pod: the engine's choice among nodes with free whole GPUs; else an idle
+    shared node switched back to whole-GPU use (``sharing.packing.node_sharing``)."""
+    need = pod.whole_gpus
+    fitting = [n for n in cycle.snapshot.nodes if cycle.free.whole[n.name] >= need and _allowed(pod, n)]
+    node = placer.place_whole(pod, fitting, dict(cycle.free.whole))
+    if node is not None:
+        cycle.free.take_whole(node, need)
+        return Release(pod.key, node, f"{need} whole GPU(s) on {node} (packing engine)")
+    for n in cycle.snapshot.nodes:
+        if cycle.free.incoming_whole[n.name] >= need and _allowed(pod, n):
+            cycle.free.incoming_whole[n.name] -= need
+            return Wait(pod.key, f"capacity being created: {n.name} returning to whole GPUs (in flight)")
+    for name, change in sorted(cycle.sharing.items()):
+        if change.mode == "none" and cycle.planned_whole[name] >= need:
+            cycle.planned_whole[name] -= need
+            return Wait(pod.key, f"capacity being created: {name} returning to whole GPUs")
+    idle = _idle_shared_nodes(cycle, taken, need, pod)
+    if not idle:
+        return Wait(pod.key, f"no node has {need} free whole GPU(s), and no idle shared node may return to whole-GPU "
+                             "use now (policy selector, window, maxConcurrent, idle time)")
+    _switch_back(cycle, idle[0], f"{pod.key} needs {need} whole GPU(s)")
+    cycle.planned_whole[idle[0].name] -= need
+    return Wait(pod.key, f"capacity being created: {idle[0].name} returning to whole GPUs")
+
+
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
     node = placer.place(pod, dict(cycle.free.shared))
     if node is not None:
@@ -239,7 +292,7 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
             continue
         if not node_.converged or not node_.gpus or any(g.mig_enabled for g in node_.gpus) or taken[node_.name]:
             continue
-        if not _allowed(pod, node_):
+        if cycle.whole_busy[node_.name] or not _allowed(pod, node_):
             continue
         if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node_.gpus):
             continue
@@ -253,12 +306,25 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")
     chosen, replicas = best
-    assert pod.mode != "mig"
+    assert pod.mode in ("mps", "time-slicing")
     policy = cycle.snapshot.policies[chosen.name]
     cycle.budget[policy.names] -= 1
     cycle.sharing[chosen.name] = SharingChange(chosen.name, pod.mode, replicas, f"{pod.key} needs {pod.mode}")
     cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
     return Wait(pod.key, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
+
+
+def _whole_demand_elsewhere(cycle: _Cycle, taken: Counter[str]) -> None:
+    """Pods that are not gpupack's wait for ``nvidia.com/gpu`` kube-scheduler found nowhere:
+    idle shared nodes return to whole-GPU use until the free and incoming whole GPUs cover them."""
+    short = cycle.snapshot.whole_waiting - sum(cycle.free.whole.values()) - sum(cycle.free.incoming_whole.values())
+    short -= sum(cycle.planned_whole.values())
+    for node in _idle_shared_nodes(cycle, taken, 1, None):
+        if short <= 0:
+            return
+        if _open(cycle.snapshot.policies.get(node.name), cycle):
+            _switch_back(cycle, node, f"{cycle.snapshot.whole_waiting} whole GPU(s) asked by unschedulable pods")
+            short -= len(node.full_gpus)
 
 
 def _shared_ok(pod: Pod, node: Node, replicas: int) -> bool:
@@ -305,10 +371,16 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     claims = mig_claims(snapshot.pods)
     taken = shared_claims(snapshot.pods)
     placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name)
+    cycle.whole_busy = whole_pinned(snapshot.pods) + Counter({n.name: n.whole_taken for n in snapshot.nodes})
     releases: list[Release] = []
     waiting: list[Wait] = []
     for pod in waiting_pods:
-        outcome = _plan_mig(cycle, pod, claims) if pod.mode == "mig" else _plan_shared(cycle, pod, placer, taken)
+        if pod.mode == "mig":
+            outcome: Release | Wait = _plan_mig(cycle, pod, claims)
+        elif pod.mode == "whole":
+            outcome = _plan_whole(cycle, pod, placer, taken)
+        else:
+            outcome = _plan_shared(cycle, pod, placer, taken)
         if pod.mode == "mig":
             cycle.demand.subtract(Counter(pod.profiles))
             cycle.demand = +cycle.demand
@@ -319,6 +391,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
             releases.append(outcome)
         else:
             waiting.append(outcome)
+    _whole_demand_elsewhere(cycle, taken)
     return Plan(
         layouts=tuple(cycle.layouts[k] for k in sorted(cycle.layouts)),
         sharing=tuple(cycle.sharing[k] for k in sorted(cycle.sharing)),

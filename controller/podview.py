@@ -19,7 +19,8 @@ GATE = "gpupack.io/capacity"
 ALLOCATION = "gpupack.io/allocation"
 HOSTNAME = "kubernetes.io/hostname"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-_MODES: tuple[PodMode, ...] = ("mig", "mps", "time-slicing")
+_MODES: tuple[PodMode, ...] = ("mig", "mps", "time-slicing", "whole")
+WHOLE_RESOURCE = "nvidia.com/gpu"
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -108,6 +109,35 @@ def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
     return cpu, mem
 
 
+def whole_gpus_requested(obj: Mapping[str, Any]) -> int:
+    """``nvidia.com/gpu`` a pod holds at its peak (app containers together, or its largest
+    init container), as kube-scheduler counts it; 0 for finished pods."""
+    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
+    if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+        return 0
+
+    def count(container: Any) -> int:
+        limits = _map(_map(_map(container).get("resources")).get("limits"))
+        try:
+            return max(0, int(parse_quantity(limits.get(WHOLE_RESOURCE, 0))))
+        except (ValueError, TypeError):
+            return 0
+
+    app = sum(count(c) for c in _list(spec.get("containers")))
+    return max([app, *(count(c) for c in _list(spec.get("initContainers")))])
+
+
+def waiting_unschedulable(obj: Mapping[str, Any]) -> bool:
+    """Pending, not gated, not bound, and kube-scheduler reported it Unschedulable."""
+    spec, status = _map(obj.get("spec")), _map(obj.get("status"))
+    if spec.get("nodeName") or _list(spec.get("schedulingGates")) or status.get("phase") not in (None, "Pending"):
+        return False
+    return any(
+        _map(c).get("type") == "PodScheduled" and _map(c).get("reason") == "Unschedulable"
+        for c in _list(status.get("conditions"))
+    )
+
+
 def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
     """A gpupack pod (one with an allocation annotation), or None for others and finished pods."""
     meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
@@ -129,10 +159,7 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
     cpu, mem = _requests(spec)
     replicas = allocation.get("replicas")
     gated = any(_map(g).get("name") == GATE for g in _list(spec.get("schedulingGates")))
-    unschedulable = not gated and not node_name and any(
-        _map(c).get("type") == "PodScheduled" and _map(c).get("reason") == "Unschedulable"
-        for c in _list(status.get("conditions"))
-    )
+    unschedulable = waiting_unschedulable(obj)
     return Pod(
         namespace=str(meta.get("namespace") or "default"),
         name=meta["name"],

@@ -41,6 +41,8 @@ def node_key(node: Node) -> str:
 
 
 def engine_pod(pod: Pod, accepted: tuple[str, ...]) -> PodSpec:
+    if pod.mode == "whole":
+        return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, max(1, pod.whole_gpus), GPU_MILLI, accepted, "|".join(accepted))
     milli = max(1, min(GPU_MILLI - 1, max(pod.milli, default=1)))
     return PodSpec(
         name=pod.key,
@@ -116,6 +118,19 @@ class SharedPlacer:
         self.cluster.place(PodSpec(spec.name, spec.cpu_milli, spec.memory_mib, 1, max(1, taken)), outcome.node, (gpu,))
         return node.name
 
+    def place_whole(self, pod: Pod, nodes: Sequence[Node], free: dict[str, int]) -> str | None:
+        """The node the engine picks for a ``whole`` pod among ``nodes`` (free whole GPUs in ``free``)."""
+        candidates = [n for n in sorted(nodes, key=lambda n: n.name) if free.get(n.name, 0) >= pod.whole_gpus]
+        if not candidates:
+            return None
+        cluster = ClusterState([_spec(n, "gpu") for n in candidates])
+        for i, n in enumerate(candidates):
+            used = len(n.full_gpus) - free[n.name]
+            for g in range(min(used, len(n.full_gpus))):
+                cluster.place(PodSpec(f"taken/{n.name}/{g}", 0, 0, 1, GPU_MILLI), i, (g,))
+        outcome = decide(cluster, engine_pod(pod, ()), self.policy)
+        return candidates[outcome.node].name if isinstance(outcome, Placement) else None
+
     def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]]) -> tuple[Node, int] | None:
         """Which idle node to split for ``pod``, each candidate with the replica count it would get."""
         if not idle:
@@ -128,4 +143,4 @@ class SharedPlacer:
 
 
 def _spec(node: Node, key: str) -> NodeSpec:
-    return NodeSpec(node.name, node.cpu_milli or _BIG_CPU, node.memory_mib or _BIG_CPU, len(node.full_gpus or node.gpus), key)
+    return NodeSpec(node.name, node.cpu_milli or _BIG_CPU, node.memory_mib or _BIG_CPU, len(node.full_gpus), key)

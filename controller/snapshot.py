@@ -14,12 +14,15 @@ import json
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
 from controller.model import Gpu, Node, NodeSharing, Pod, Snapshot
-from controller.podview import ALLOCATION, GATE, _int, _list, _map, parse_time, pod_from_object
+from controller.podview import (
+    ALLOCATION, GATE, _int, _list, _map, parse_time, pod_from_object, waiting_unschedulable, whole_gpus_requested,
+)
 
 __all__ = [
     "ALLOCATION", "GATE", "IDLE_ANNOTATION", "build_snapshot", "busy_gpus", "encode_idle", "format_time",
@@ -209,7 +212,7 @@ def scoped(snapshot: Snapshot, namespaces: Iterable[str]) -> Snapshot:
     if not allowed:
         return snapshot
     pods = tuple(p for p in snapshot.pods if p.namespace in allowed or not (p.gated or p.unschedulable))
-    return Snapshot(snapshot.nodes, pods, snapshot.policies)
+    return Snapshot(snapshot.nodes, pods, snapshot.policies, snapshot.whole_waiting)
 
 
 def build_snapshot(
@@ -221,8 +224,22 @@ def build_snapshot(
     """The cycle's snapshot; policies that fail validation are ignored (the webhook rejects them at the door)."""
     node_objs = {str(_map(n.get("metadata")).get("name")): n for n in nodes}
     built = [node_from_objects(g, node_objs.get(str(_map(g.get("metadata")).get("name")))) for g in gpunodes]
-    node_list = tuple(sorted((n for n in built if n is not None), key=lambda n: n.name))
-    pod_list = tuple(p for p in (pod_from_object(o) for o in pods) if p is not None)
+    raw_pods = tuple(pods)
+    whole_taken: Counter[str] = Counter()
+    whole_waiting = 0
+    for obj in raw_pods:
+        gpus = whole_gpus_requested(obj)
+        if not gpus:
+            continue
+        bound = _map(obj.get("spec")).get("nodeName")
+        if isinstance(bound, str) and bound:
+            whole_taken[bound] += gpus
+        elif ALLOCATION not in _map(_map(obj.get("metadata")).get("annotations")) and waiting_unschedulable(obj):
+            whole_waiting += gpus
+    node_list = tuple(sorted(
+        (replace(n, whole_taken=whole_taken[n.name]) for n in built if n is not None), key=lambda n: n.name
+    ))
+    pod_list = tuple(p for p in (pod_from_object(o) for o in raw_pods) if p is not None)
     specs: list[tuple[str, SharingPolicySpec]] = []
     for obj in policies:
         try:
@@ -230,4 +247,4 @@ def build_snapshot(
         except ValueError:
             continue
     merged = policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in node_list))
-    return Snapshot(nodes=node_list, pods=pod_list, policies=merged)
+    return Snapshot(nodes=node_list, pods=pod_list, policies=merged, whole_waiting=whole_waiting)

@@ -37,6 +37,11 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--kubeconfig", help="kubeconfig when not running in a cluster")
     serve.add_argument("--max-body-bytes", type=int, help="largest AdmissionReview accepted (default 3 MiB)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument(
+        "--placement", choices=["engine", "scheduler"],
+        help="engine (default): every gpupack pod is gated and the controller's packing engine chooses its node; "
+        "scheduler: pods whose capacity exists go straight to kube-scheduler; env GPUPACK_WEBHOOK_PLACEMENT",
+    )
     serve.set_defaults(handler=_serve)
 
     decide = sub.add_parser("decide", help="show what the webhook would do to a pod (offline)")
@@ -69,6 +74,7 @@ def _serve(args: argparse.Namespace) -> int:
             inventory_file=args.inventory,
             max_body_bytes=args.max_body_bytes,
             log_level=args.log_level,
+            placement=args.placement,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -12,7 +12,14 @@ whether the pod waits at the ``gpupack.io/capacity`` gate.
 ``auto`` minimises waste (defined in ``sharing.options``, which computes the
 options). Ties go to the stronger isolation: MIG, then MPS, then time-slicing.
 An option whose capacity exists now always beats one that would have to wait
-at the gate.
+at the gate. A shared-mode request that no split into two or more replicas can
+hold gets plain whole GPUs (mode ``whole``, ``nvidia.com/gpu``) instead of a
+GPU split into one replica (``sharing.replicas``).
+
+With ``engine_places`` (the webhook's default, ``placement: engine``) every pod
+waits at the gate, so the cluster controller's packing engine chooses its node
+and kube-scheduler only binds it there; otherwise only pods whose capacity does
+not exist yet wait (``placement: scheduler``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ from sharing.options import (
     REPLICAS_LABEL,
     SHARED_RESOURCE,
     STRATEGY_LABEL,
+    WHOLE_RESOURCE,
+    AllocationMode,
     Expression,
     Option,
     Role,
@@ -38,6 +47,8 @@ from sharing.options import (
     profile_waste,
     role,
     shared_option,
+    wants_whole_gpus,
+    whole_option,
 )
 from sharing.request import (
     MODES,
@@ -51,7 +62,7 @@ from sharing.request import (
 
 __all__ = [  # the options' names are re-exported: callers need only this module
     "ALLOCATION_ANNOTATION", "GATE", "MPS_MEMORY_ENV", "MPS_THREADS_ENV", "PRODUCT_LABEL", "REPLICAS_LABEL",
-    "SHARED_RESOURCE", "STRATEGY_LABEL", "ContainerDecision", "Expression", "PodDecision", "Term",
+    "SHARED_RESOURCE", "STRATEGY_LABEL", "WHOLE_RESOURCE", "AllocationMode", "ContainerDecision", "Expression", "PodDecision", "Term",
     "covering_profile", "decide", "peak_devices", "profile_waste",
 ]
 
@@ -60,7 +71,7 @@ ALLOCATION_ANNOTATION: Final = "gpupack.io/allocation"
 ALLOCATION_VERSION: Final = "v1"
 MPS_THREADS_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-_RANK: Final[dict[str, int]] = {"mig": 0, "mps": 1, "time-slicing": 2}
+_RANK: Final[dict[str, int]] = {"mig": 0, "mps": 1, "time-slicing": 2, "whole": 3}
 _MIB: Final = 1024**2
 
 
@@ -78,7 +89,7 @@ class ContainerDecision:
 
 @dataclass(frozen=True)
 class PodDecision:
-    mode: Mode
+    mode: AllocationMode
     containers: tuple[ContainerDecision, ...]
     terms: tuple[Term, ...]
     gated: bool
@@ -86,6 +97,8 @@ class PodDecision:
     policy: str
     gpu_model: str | None = None
     replicas: int | None = None
+    capacity_exists: bool = True
+    """False: the pod waits for capacity to be created, not only for the engine's choice."""
 
     def annotation(self) -> dict[str, Any]:
         """The ``gpupack.io/allocation`` record (documented in docs/webhook.md)."""
@@ -126,8 +139,11 @@ def _mps_env(milli: int, memory: int | None) -> tuple[tuple[str, str], ...]:
     return tuple(env)
 
 
-def decide(request: PodRequest, policy: Policy, inventory: Inventory) -> PodDecision:
-    """Decide one pod; raises :class:`AdmissionRefusal` for a pod to deny."""
+def decide(request: PodRequest, policy: Policy, inventory: Inventory, *, engine_places: bool = False) -> PodDecision:
+    """Decide one pod; raises :class:`AdmissionRefusal` for a pod to deny.
+
+    ``engine_places``: gate the pod even when capacity exists, so that the controller's
+    packing engine chooses its node (module docstring)."""
     allowed = policy.allowed_modes
     if request.mode != "auto" and request.mode not in allowed:
         raise AdmissionRefusal(
@@ -156,7 +172,7 @@ def decide(request: PodRequest, policy: Policy, inventory: Inventory) -> PodDeci
             )
     roles = tuple(role(c) for c in request.containers)
     best = _choose(request.mode, tuple(asks), roles, policy, inventory)
-    return _materialise(best, request, asks, policy)
+    return _materialise(best, request, asks, policy, engine_places)
 
 
 _CACHE_LIMIT: Final = 4096
@@ -198,6 +214,7 @@ def _choose_uncached(
     modes: tuple[Mode, ...] = tuple(m for m in MODES if m == requested or (requested == "auto" and m in allowed))
     options: list[Option] = []
     failures: list[str] = []
+    whole = wants_whole_gpus(asks, inventory)
     for mode in modes:
         if mode == "mig":
             mig = mig_option(asks, roles, policy, inventory)
@@ -209,6 +226,9 @@ def _choose_uncached(
                 failures.append(f"mig: {mig}")
             else:
                 options.append(mig)
+        elif whole:
+            if not any(o.mode == "whole" for o in options):
+                options.append(whole_option(asks, inventory))
         else:
             options.append(shared_option(mode, asks, roles, inventory))
     if requested == "auto":
@@ -216,7 +236,10 @@ def _choose_uncached(
         # for explicitly: auto never gates on a kind of node that does not exist.
         options = [o for o in options if o.mode == "mig" or o.waste != math.inf]
         if not options:
-            failures += [f"{m}: no node shares GPUs by {m} into replicas that fit" for m in modes if m != "mig"]
+            if whole:
+                failures.append("more than a GPU split into two replicas holds, and no node hands out whole GPUs")
+            else:
+                failures += [f"{m}: no node shares GPUs by {m} into replicas that fit" for m in modes if m != "mig"]
             raise AdmissionRefusal(
                 Reason.NO_COMPATIBLE_NODES,
                 "no GPU in the cluster can host this request in an allowed mode (" + "; ".join(failures) + ")",
@@ -225,7 +248,7 @@ def _choose_uncached(
 
 
 def _materialise(
-    best: Option, request: PodRequest, asks: list[tuple[int, int | None]], policy: Policy
+    best: Option, request: PodRequest, asks: list[tuple[int, int | None]], policy: Policy, engine_places: bool
 ) -> PodDecision:
     containers: list[ContainerDecision] = []
     for i, (c, (milli, mem)) in enumerate(zip(request.containers, asks)):
@@ -234,23 +257,31 @@ def _materialise(
             containers.append(
                 ContainerDecision(c.kind, c.index, c.name, milli, mem, profile.resource_name, profile.name)
             )
+        elif best.mode == "whole":
+            containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem, WHOLE_RESOURCE))
         else:
             env = _mps_env(milli, mem) if best.mode == "mps" else ()
             containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem, SHARED_RESOURCE, None, env))
     if best.mode == "mig":
         assert best.model is not None
         where = f"{', '.join(sorted({p.name for p in best.profiles}))} on {best.model.product}"
+    elif best.mode == "whole":
+        where = "a whole GPU per container (more than a GPU split into two replicas holds)"
     else:
         where = f"{best.mode} replicas" + (f" (1/{best.replicas} GPU)" if best.replicas else "")
-    reason = (
-        f"{request.mode} -> {best.mode}: {where}; "
-        + ("capacity available" if best.has_capacity else f"gated on {GATE} until capacity exists")
-    )
+    if not best.has_capacity:
+        gate = f"gated on {GATE} until capacity exists"
+    elif engine_places:
+        gate = f"capacity available; gated on {GATE} until the packing engine chooses its node"
+    else:
+        gate = "capacity available"
+    reason = f"{request.mode} -> {best.mode}: {where}; {gate}"
     return PodDecision(
         mode=best.mode,
         containers=tuple(containers),
         terms=best.terms,
-        gated=not best.has_capacity,
+        gated=engine_places or not best.has_capacity,
+        capacity_exists=best.has_capacity,
         reason=reason,
         policy=policy.name,
         gpu_model=best.model.product if best.model else None,

@@ -29,9 +29,15 @@ from typing import Any, Final, Literal
 from mig.fit import covering_profiles
 from mig.model import GpuModel, Profile
 from sharing.inventory import Inventory, NodeView, Policy
+from sharing.replicas import fits_replicas, needs_whole_gpu
 from sharing.request import MAX_MILLI, ContainerRequest, Mode
 
+AllocationMode = Literal["mig", "mps", "time-slicing", "whole"]
+"""What a pod is given: a requestable mode, or ``whole`` (a plain whole GPU per container,
+for a shared-mode request that no split into two or more replicas can hold)."""
+
 SHARED_RESOURCE: Final = "nvidia.com/gpu.shared"
+WHOLE_RESOURCE: Final = "nvidia.com/gpu"
 # GPU feature discovery labels (nvidia.com/*) the affinity selects on.
 PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
 STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
@@ -59,7 +65,7 @@ Term = tuple[Expression, ...]
 
 @dataclass(frozen=True)
 class Option:
-    mode: Mode
+    mode: AllocationMode
     waste: float
     has_capacity: bool
     terms: tuple[Term, ...]
@@ -171,7 +177,7 @@ def shared_option(
         r, gpu_bytes = node.replicas, node.gpu_memory_mib * _MIB
         if gpu_bytes == 0:
             continue
-        if all(r * milli <= MAX_MILLI and (mem is None or mem * r <= gpu_bytes) for milli, mem in asks):
+        if all(fits_replicas(r, milli, mem, gpu_bytes) for milli, mem in asks):
             waste = sum(
                 (1 / r - milli / MAX_MILLI) + (0.0 if mem is None else 1 / r - mem / gpu_bytes) for milli, mem in asks
             )
@@ -201,3 +207,35 @@ def shared_option(
         for p, r in pairs
     )
     return Option(mode, waste, bool(with_room), terms, replicas=best.replicas)
+
+
+# --- whole GPUs ----------------------------------------------------------------
+
+
+def wants_whole_gpus(asks: list[tuple[int, int | None]], inventory: Inventory) -> bool:
+    """A shared-mode request some container of which no split into two or more replicas holds.
+
+    Such a pod could only get a GPU split into one replica: a whole GPU under another
+    resource name, on a node that then cannot take whole-GPU pods. It gets plain whole
+    GPUs instead (``sharing.replicas``), where whole-GPU pods go.
+    """
+    gpu_bytes = inventory.max_gpu_memory_mib * _MIB
+    return any(needs_whole_gpu(milli, mem, gpu_bytes) for milli, mem in asks)
+
+
+def whole_option(asks: list[tuple[int, int | None]], inventory: Inventory) -> Option:
+    """One ``nvidia.com/gpu`` per container, on a node that does not share its GPUs."""
+    gpu_bytes = inventory.max_gpu_memory_mib * _MIB
+    waste = sum(
+        (1 - milli / MAX_MILLI) + (0.0 if mem is None or not gpu_bytes else 1 - mem / gpu_bytes) for milli, mem in asks
+    )
+    whole_nodes = [n for n in inventory.nodes if n.sharing == "none" and any(not g.mig_enabled for g in n.gpus)]
+    # As for shared modes: with no node of the kind, the option is only a fallback for an
+    # explicit mode (the pod waits for an idle shared node to be switched back).
+    return Option(
+        "whole",
+        waste if whole_nodes else math.inf,
+        bool(whole_nodes),
+        ((Expression(STRATEGY_LABEL, "NotIn", ("mps", "time-slicing")),),),
+        why="" if whole_nodes else "no node hands out whole GPUs now",
+    )

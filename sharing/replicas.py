@@ -42,6 +42,14 @@ def takes_whole_gpu(milli: int) -> bool:
     return 2 * milli > MAX_MILLI
 
 
+def needs_whole_gpu(milli: int, memory_bytes: int | None, gpu_memory_bytes: int) -> bool:
+    """No split into two or more replicas holds the container (compute, or memory on GPUs of
+    ``gpu_memory_bytes``; 0: memory unknown, compute alone decides)."""
+    if gpu_memory_bytes <= 0:
+        return takes_whole_gpu(milli)
+    return not fits_replicas(2, milli, memory_bytes, gpu_memory_bytes)
+
+
 def replica_milli(replicas: int) -> float:
     """Compute one replica reserves, in milli (what a pod occupies, whatever it asked)."""
     return MAX_MILLI / replicas

@@ -141,7 +141,7 @@ def review_pod(review: Any, inventory: Inventory, settings: WebhookSettings) -> 
     except BadReview as bad:
         return _deny(bad.uid, "MalformedReview", bad.message, code=400)
     try:
-        return _review_pod(uid, request, inventory)
+        return _review_pod(uid, request, inventory, settings.placement == "engine")
     except AdmissionRefusal as refusal:
         return _deny(uid, refusal.reason, refusal.message)
     except Exception:  # never a 500: fail closed with a message that says so
@@ -152,7 +152,7 @@ def review_pod(review: Any, inventory: Inventory, settings: WebhookSettings) -> 
         return Answer(answer, "error", "InternalError")
 
 
-def _review_pod(uid: str, request: dict[str, Any], inventory: Inventory) -> Answer:
+def _review_pod(uid: str, request: dict[str, Any], inventory: Inventory, engine_places: bool) -> Answer:
     if not _resource_is(request, "", "Pod") or request.get("subResource"):
         return _allow(uid, "gpupack: not a pod create; nothing to do")
     if request.get("operation") != "CREATE":
@@ -175,10 +175,10 @@ def _review_pod(uid: str, request: dict[str, Any], inventory: Inventory) -> Answ
         raise AdmissionRefusal(
             Reason.INVENTORY_NOT_SYNCED, "gpupack webhook has not synced the GPU inventory yet; retry shortly"
         )
-    decision = decide(parsed, inventory.policy_for(parsed.namespace), inventory)
+    decision = decide(parsed, inventory.policy_for(parsed.namespace), inventory, engine_places=engine_places)
     patch = build_patch(pod, decision)
     warnings = None
-    if decision.gated:
+    if not decision.capacity_exists:
         warnings = [
             f"gpupack: no free {decision.mode} capacity fits this pod yet; it waits at scheduling gate "
             f"{GATE} until gpupack creates it"

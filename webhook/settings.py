@@ -14,6 +14,9 @@ from typing import Any
 ENV_PREFIX = "GPUPACK_WEBHOOK_"
 
 
+PLACEMENTS = ("engine", "scheduler")
+
+
 @dataclass(frozen=True)
 class WebhookSettings:
     host: str = "0.0.0.0"
@@ -44,6 +47,18 @@ class WebhookSettings:
     resync_seconds: float = 300.0
     """Restart the GPUNode/SharingPolicy watch with a fresh list this often (s), so a
     missed event cannot leave the inventory view stale for long."""
+    placement: str = "engine"
+    """Who chooses a gpupack pod's node. ``engine``: every gpupack pod waits at the
+    ``gpupack.io/capacity`` gate and the cluster controller's packing engine pins it to
+    the node it chooses (the density the product model measures: docs/controller.md,
+    "Every fractional pod placed by the engine"); if the controller is down, pods wait
+    at the gate and none is placed wrongly. ``scheduler``: pods whose capacity exists
+    are left ungated for kube-scheduler's own scoring (less dense; no controller
+    round trip before binding)."""
+
+    def validate(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> WebhookSettings:
@@ -72,4 +87,6 @@ class WebhookSettings:
                     f"{type(default).__name__}"
                 ) from None
         settings = replace(cls(), **values)
-        return replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        settings.validate()
+        return settings

@@ -268,3 +268,94 @@ def test_masked_nodes_leave_the_engines_state_cache_true() -> None:
     free_after = {"a": 7, "b": 8, "c": 8}
     fresh = SharedPlacer(nodes, free_after, [pinned, later])
     assert placer.place(later, free_after) == fresh.place(later, free_after)
+
+
+# --- whole GPUs for requests above half a GPU ----------------------------------
+
+
+def whole_pod(name: str, *, gated: bool = True, on: str | None = None, gpus: int = 1) -> Pod:
+    return Pod("team", name, "whole", NOW - timedelta(minutes=20), milli=(600,) * gpus, memory_bytes=(None,) * gpus,
+               gated=gated, node=on, bound=on is not None)
+
+
+def plain(name: str, gpus: int, **kw) -> Node:  # type: ignore[no-untyped-def]
+    return node(name, *(gpu(i, mig=False) for i in range(gpus)), **kw)
+
+
+def test_whole_pod_is_released_to_a_node_with_a_free_whole_gpu() -> None:
+    busy = replace(plain("busy", 2), whole_taken=2)
+    roomy = plain("roomy", 2)
+    shared = plain("shared", 2, sharing="mps", replicas=4)
+    result = run([busy, roomy, shared], [whole_pod("w")])
+    assert [(r.pod, r.node) for r in result.releases] == [("team/w", "roomy")]
+    # A pinned but not yet bound whole pod holds its GPU: the second pod of two finds none left.
+    held = replace(whole_pod("held", gated=False, on="roomy"), bound=False)
+    two = run([busy, replace(roomy, whole_taken=1)], [held, whole_pod("w")])
+    assert two.releases == () and "no node has 1 free whole GPU" in two.waiting[0].reason
+
+
+def test_idle_shared_node_returns_to_whole_gpus_when_a_whole_pod_waits() -> None:
+    busy_shared = plain("busy", 2, sharing="mps", replicas=4)
+    idle_shared = plain("idle", 4, sharing="mps", replicas=4)
+    result = run([busy_shared, idle_shared], [shared_pod("r", on="busy", gated=False), whole_pod("w", gpus=2)])
+    (change,) = result.sharing
+    assert (change.node, change.mode, change.replicas) == ("idle", "none", 1)
+    assert "returning to whole GPUs" in result.waiting[-1].reason
+
+
+def test_plain_whole_gpu_pods_waiting_bring_an_idle_shared_node_back() -> None:
+    idle_shared = plain("idle", 4, sharing="time-slicing", replicas=2)
+    snapshot = Snapshot((idle_shared,), (), {"idle": POLICY}, whole_waiting=3)
+    (change,) = plan(snapshot, NOW).sharing
+    assert (change.node, change.mode) == ("idle", "none")
+    assert plan(replace(snapshot, whole_waiting=0), NOW).sharing == ()
+    roomy = plain("roomy", 4)
+    covered = Snapshot((idle_shared, roomy), (), {"idle": POLICY, "roomy": POLICY}, whole_waiting=3)
+    assert plan(covered, NOW).sharing == ()  # free whole GPUs elsewhere cover the demand
+
+
+def test_a_node_holding_whole_gpu_pods_is_never_split_into_replicas() -> None:
+    holding = replace(plain("holding", 2), whole_taken=1)
+    result = run([holding], [shared_pod("p", milli=300)], NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0))
+    assert result.sharing == () and result.releases == ()
+
+
+def test_controller_and_product_model_choose_alike() -> None:
+    """One code path: the same state, the same policy, the same choices (waste first, then
+    the policy's idle node to split), in the live planner and the simulator's product model."""
+    import numpy as np
+
+    from sharing.packing.cluster import ClusterState
+    from sharing.packing.gpupack_policy import GpupackPolicy
+    from sharing.packing.kube_scoring import MostAllocatedWeights
+    from sharing.packing.model import NodeSpec, PodSpec
+    from sharing.packing.typical import TypicalPods
+    from sharing.simulator.product import ProductReplay
+
+    specs = [("r2", 1, 64_000, 2), ("r4", 1, 64_000, 4), ("big-idle", 8, 96_000, 0), ("small-idle", 2, 4_000, 0)]
+    live_nodes = [
+        replace(plain(name, gpus, sharing="mps" if r else "none", replicas=r or 1), cpu_milli=cpu, memory_mib=512_000)
+        for name, gpus, cpu, r in specs
+    ]
+    workload = [replace(shared_pod(f"t{i}", milli=300), cpu_milli=2000) for i in range(3)]
+    cluster = ClusterState([NodeSpec(name, cpu, 512_000, gpus, "gpu") for name, gpus, cpu, _ in specs])
+    typical = TypicalPods.from_pods([PodSpec("t", 2000, 0, 1, 300)])
+    model = ProductReplay(cluster, GpupackPolicy(typical), MostAllocatedWeights(), "engine")
+    model.modes[:] = [r for *_, r in specs]
+    policy = NodePolicy(names=("p",), max_concurrent=4, idle_seconds=0, max_replicas=8)
+    # 1. A 200-milli pod (k = 5): the r = 4 node, not the r = 2 one, in both.
+    live = run(live_nodes, [*workload, replace(shared_pod("a", milli=200), cpu_milli=2000)], policy)
+    model.place(PodSpec("a", 0, 0, 1, 200))
+    assert [r.node for r in live.releases if r.pod == "team/a"] == ["r4"]
+    assert int(np.flatnonzero(model.used.sum(axis=1))[0]) == 1
+    # 2. The shared nodes full, a 300-milli pod (k = 3) splits an idle node: the one whose CPU
+    #    feeds its replicas (gpupack's choice), not the one with the fewest GPUs, in both.
+    full = [replace(n, sharing="mps") for n in live_nodes]
+    claims = [replace(shared_pod(f"c{i}", on="r2", gated=False), cpu_milli=2000) for i in range(2)] + [
+        replace(shared_pod(f"d{i}", on="r4", gated=False), cpu_milli=2000) for i in range(4)]
+    live2 = run(full, [*workload, *claims, replace(shared_pod("b", milli=300), cpu_milli=2000)], policy)
+    model.used[0, 0], model.used[1, 0] = 2, 4
+    model.place(PodSpec("b", 0, 0, 1, 300))
+    (change,) = live2.sharing
+    assert change.node == "big-idle" and change.replicas == 3
+    assert model.modes[2] == 3 and model.modes[3] == 0

@@ -134,3 +134,20 @@ def test_unreported_claims_make_a_gpu_busy() -> None:
     assert n1 is not None
     # Two pods on 1g.10gb, only one reported in use: GPU 0 (which has 1g instances) counts as busy.
     assert busy_gpus(n1, snap.pods) == {0: True, 1: False}
+
+
+def test_whole_gpus_taken_and_waiting_count_every_pod() -> None:
+    plain_bound = {"metadata": {"name": "trainer", "namespace": "ml"},
+                   "spec": {"nodeName": "a", "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "2"}}}],
+                            "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+                   "status": {"phase": "Running"}}
+    plain_waiting = {"metadata": {"name": "big", "namespace": "ml"},
+                     "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+                     "status": {"phase": "Pending", "conditions": [
+                         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+    finished = {**plain_bound, "metadata": {"name": "done"}, "status": {"phase": "Succeeded"}}
+    garbage = {"metadata": {"name": "odd"}, "spec": {"nodeName": "a", "containers": [
+        {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "lots"}}}]}}
+    snapshot = build_snapshot([gpunode("a")], [], [plain_bound, plain_waiting, finished, garbage], [])
+    (node,) = snapshot.nodes
+    assert node.whole_taken == 2 and snapshot.whole_waiting == 4

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from mig.catalog import get_model
 from mig.fit import smallest_covering_profile
-from sharing.decision import GATE, MPS_MEMORY_ENV, MPS_THREADS_ENV, SHARED_RESOURCE, decide
+from sharing.decision import GATE, MPS_MEMORY_ENV, MPS_THREADS_ENV, SHARED_RESOURCE, STRATEGY_LABEL, decide
 from sharing.inventory import Inventory, build_inventory
 from sharing.request import AdmissionRefusal, Reason, parse_pod
 from webhook.testing import gpu_container, make_pod
@@ -320,3 +320,42 @@ def test_init_container_reuses_the_app_containers_instance() -> None:
     assert not run(plain, inventory).gated
     sidecar = make_pod(gpu_container("app", "100"), init=[gpu_container("side", "100", restartPolicy="Always")], mode="mig")
     assert run(sidecar, inventory).gated  # two instances at once, one free
+
+
+# --- whole GPUs for requests above half a GPU, and the engine's gate -------------
+
+
+def test_a_600_milli_shared_request_gets_a_plain_whole_gpu() -> None:
+    inventory = build_inventory([shared_node("m", "mps", 4), shared_node("w", "none", 1)])
+    decision = run(make_pod(gpu_container("c", "600"), mode="mps"), inventory)
+    assert decision.mode == "whole" and decision.capacity_exists
+    (container,) = decision.containers
+    assert container.resource == "nvidia.com/gpu" and container.env == ()
+    ((expression,),) = decision.terms
+    assert (expression.key, expression.operator, expression.values) == (STRATEGY_LABEL, "NotIn", ("mps", "time-slicing"))
+    annotation = decision.annotation()
+    assert annotation["mode"] == "whole" and annotation["containers"][0]["milli"] == 600
+
+
+def test_memory_beyond_half_a_gpu_also_means_a_whole_gpu() -> None:
+    inventory = build_inventory([shared_node("m", "mps", 2), shared_node("w", "none", 1)])
+    assert run(make_pod(gpu_container("c", "300", memory="50Gi"), mode="mps"), inventory).mode == "whole"
+    assert run(make_pod(gpu_container("c", "300", memory="30Gi"), mode="mps"), inventory).mode == "mps"
+
+
+def test_whole_request_without_whole_nodes_waits_when_explicit_and_is_refused_in_auto() -> None:
+    inventory = build_inventory([shared_node("m", "mps", 4, product="NVIDIA-L4")])
+    explicit = run(make_pod(gpu_container("c", "700"), mode="mps"), inventory)
+    assert explicit.mode == "whole" and explicit.gated and not explicit.capacity_exists
+    error = refused(make_pod(gpu_container("c", "700")), inventory)
+    assert "no node hands out whole GPUs" in error.message
+
+
+@pytest.mark.parametrize("engine_places", [True, False])
+def test_engine_placement_gates_pods_whose_capacity_exists(engine_places: bool) -> None:
+    inventory = build_inventory([shared_node("m", "mps", 4)])
+    request = parse_pod(make_pod(gpu_container("c", "200"), mode="mps"), "default")
+    assert request is not None
+    decision = decide(request, inventory.policy_for("default"), inventory, engine_places=engine_places)
+    assert decision.capacity_exists and decision.gated is engine_places
+    assert ("packing engine chooses its node" in decision.reason) is engine_places

@@ -149,7 +149,8 @@ def test_health_ready_metrics(client: TestClient) -> None:
     client.post("/mutate", json=make_review(make_pod(gpu_container("c", "100"))))
     text = client.get("/metrics").text
     assert 'gpupack_webhook_denials_total{reason="MilliOutOfRange"}' in text
-    assert 'gpupack_webhook_decisions_total{gated="false",mode="mig"}' in text
+    # Every pod waits at the gate for the packing engine's choice (placement: engine).
+    assert 'gpupack_webhook_decisions_total{gated="true",mode="mig"}' in text
     assert "gpupack_webhook_request_duration_seconds_bucket" in text
     assert "gpupack_webhook_inventory_nodes 3.0" in text
 

@@ -117,3 +117,12 @@ def test_inventory_file_reloads_and_survives_bad_edits(tmp_path: Path) -> None:
     f.write_text("[not yaml")
     assert watch.check() is False
     assert [n.name for n in holder.current.nodes] == ["a", "b"]
+
+
+def test_placement_setting_is_checked() -> None:
+    from webhook.settings import WebhookSettings
+
+    assert WebhookSettings.from_env({}).placement == "engine"
+    assert WebhookSettings.from_env({"GPUPACK_WEBHOOK_PLACEMENT": "scheduler"}).placement == "scheduler"
+    with pytest.raises(ValueError, match="engine, scheduler"):
+        WebhookSettings.from_env({"GPUPACK_WEBHOOK_PLACEMENT": "random"})
