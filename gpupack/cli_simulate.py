@@ -121,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
             weights = load_weights()
         except SchedulerConfigError as exc:
             raise UsageError(str(exc)) from None
-        runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate) for s in seeds]
+        try:
+            runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate) for s in seeds]
+        except ValueError as exc:
+            raise UsageError(f"{args.nodes}: {exc}") from None
         result = product_sweep(runs, trace.workload)
         extra = product_extra(runs)
     else:

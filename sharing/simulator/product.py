@@ -24,11 +24,12 @@ the live system does (docs/simulator.md, "Product model"):
 
   Whole-GPU and CPU-only pods are scored by kube-scheduler in both (MostAllocated
   with the weights ``manifests/`` ships: ``sharing.packing.kube_scoring``).
-- **openb's GPUs** are not MIG-capable, so every fractional pod is an MPS share;
-  openb pods state no GPU memory, so the memory half of the replica rule never
-  binds (as for a pod that gives no ``gpupack.io/gpu-memory`` under a policy
-  without a default). ``sharing.simulator.openb_models`` maps openb's types onto
-  GPU products.
+- **openb's GPUs** are not MIG-capable (``sharing.simulator.openb_models`` maps
+  openb's types onto GPU products, the one mapping for every openb replay), so
+  every fractional pod is an MPS share; openb pods state no GPU memory, so the
+  memory half of the replica rule never binds (as for a pod that gives no
+  ``gpupack.io/gpu-memory`` under a policy without a default). A node list with
+  a MIG-capable type is refused: MIG placement is ``--mig``'s replay.
 
 The protocol's other rules hold: pods arrive in the seeded order and never
 leave, a pod that fits nowhere is dropped, allocation counts the milli pods
@@ -53,6 +54,7 @@ from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.typical import TypicalPods
 from sharing.replicas import largest_replicas, replica_milli, takes_whole_gpu
 from sharing.simulator.metrics import alloc_by_level
+from sharing.simulator.openb_models import openb_gpu
 from sharing.simulator.replay import Clock, _continue_stream
 from sharing.simulator.workload import build_workload
 
@@ -261,6 +263,9 @@ def run_product(
     """One (workload, seed, policy) run: the protocol's arrivals under the live rules."""
     name = canonical_policy_name(policy_name)
     ordered = sorted(nodes, key=lambda n: n.name)
+    for gpu_type in sorted({n.gpu_model for n in ordered if n.gpu_count}):
+        if openb_gpu(gpu_type).mig_capable:
+            raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: the product model replays MPS sharing only")
     total_gpus = sum(n.gpu_count for n in ordered)
     workload = build_workload(trace_pods, len(ordered), total_gpus, seed, inflate)
     typical = TypicalPods.from_pods(engine_view(workload.originals, live_path))

@@ -184,11 +184,14 @@ def test_mig_request_stored_with_mig_resource(admin_client: Any, gpu_namespace: 
     assert resources["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
     assert resources["requests"] == {"nvidia.com/mig-1g.10gb": "1"}  # defaulted from limits by the API server
     record = allocation(stored)
-    assert record["mode"] == "mig" and record["containers"][0]["profile"] == "1g.10gb" and not record["gated"]
+    assert record["mode"] == "mig" and record["containers"][0]["profile"] == "1g.10gb"
     assert stored["metadata"]["annotations"]["team"] == "vision"
     terms = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert terms[0]["matchExpressions"][0]["key"] == "nvidia.com/gpu.product"
-    assert not stored["spec"].get("schedulingGates")
+    # placement: engine (the default): capacity exists, yet the pod waits for the packing
+    # engine to choose its node, so kube-scheduler's generic scoring never places it.
+    assert record["gated"] and "packing engine chooses its node" in record["reason"]
+    assert stored["spec"]["schedulingGates"] == [{"name": "gpupack.io/capacity"}]
 
 
 def test_mps_request_stored_with_shared_resource_and_limits(admin_client: Any, gpu_namespace: str) -> None:

@@ -150,3 +150,11 @@ def test_product_model_text_and_live_path_errors(files: tuple[Path, Path]) -> No
     assert wrong.returncode == 2 and "--model product" in wrong.stderr
     bad = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", "--model", "exact")
     assert bad.returncode == 2 and "fgd" in bad.stderr and "product" in bad.stderr
+
+
+def test_product_model_refuses_a_gpu_type_openb_never_had(tmp_path: Path, files: tuple[Path, Path]) -> None:
+    _, pods = files
+    nodes = tmp_path / "h100.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,8,H100\n")
+    result = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", "--model", "product")
+    assert result.returncode == 2 and "unknown openb GPU type 'H100'" in result.stderr

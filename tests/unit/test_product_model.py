@@ -128,3 +128,13 @@ def test_weights_come_from_the_shipped_scheduler_config(tmp_path: Path) -> None:
         load_weights(least)
     with pytest.raises(SchedulerConfigError, match="cannot read"):
         load_weights(tmp_path / "missing.yaml")
+
+
+def test_every_openb_gpu_type_maps_to_a_product_without_mig() -> None:
+    from sharing.simulator.openb_models import OPENB_GPUS, openb_gpu
+
+    assert set(OPENB_GPUS) == {"V100M16", "V100M32", "P100", "T4", "A10", "G2", "G3"}  # the node list's types
+    assert not any(g.mig_capable for g in OPENB_GPUS.values())
+    assert openb_gpu("T4").memory_mib == 16 * 1024
+    with pytest.raises(ValueError, match="unknown openb GPU type"):
+        openb_gpu("H100")
