@@ -28,13 +28,14 @@ from sharing.packing.cluster import IntArray
 
 @dataclass(frozen=True)
 class MostAllocatedWeights:
-    """Weights of the resources the simulator models (the shipped config's values)."""
+    """Weights of the resources the simulator models; no defaults: the values come from
+    the configuration gpupack ships (``sharing.simulator.scheduler_config``)."""
 
-    cpu: int = 1
-    memory: int = 1
-    gpu: int = 10
+    cpu: int
+    memory: int
+    gpu: int
     """``nvidia.com/gpu`` (whole GPUs)."""
-    gpu_shared: int = 10
+    gpu_shared: int
     """``nvidia.com/gpu.shared`` (MPS / time-sliced replicas)."""
 
 

@@ -340,7 +340,7 @@ def test_controller_and_product_model_choose_alike() -> None:
     workload = [replace(shared_pod(f"t{i}", milli=300), cpu_milli=2000) for i in range(3)]
     cluster = ClusterState([NodeSpec(name, cpu, 512_000, gpus, "gpu") for name, gpus, cpu, _ in specs])
     typical = TypicalPods.from_pods([PodSpec("t", 2000, 0, 1, 300)])
-    model = ProductReplay(cluster, GpupackPolicy(typical), MostAllocatedWeights(), "engine")
+    model = ProductReplay(cluster, GpupackPolicy(typical), MostAllocatedWeights(1, 1, 10, 10), "engine")
     model.modes[:] = [r for *_, r in specs]
     policy = NodePolicy(names=("p",), max_concurrent=4, idle_seconds=0, max_replicas=8)
     # 1. A 200-milli pod (k = 5): the r = 4 node, not the r = 2 one, in both.

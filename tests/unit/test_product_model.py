@@ -18,7 +18,7 @@ from sharing.replicas import fits_replicas, largest_replicas, takes_whole_gpu
 from sharing.simulator.product import LivePath, ProductReplay
 from sharing.simulator.scheduler_config import SHIPPED_CONFIG, SchedulerConfigError, load_weights
 
-WEIGHTS = MostAllocatedWeights()
+WEIGHTS = MostAllocatedWeights(cpu=1, memory=1, gpu=10, gpu_shared=10)
 
 
 def gpu_pod(name: str, milli: int, count: int = 1, cpu: int = 1000) -> PodSpec:
@@ -121,7 +121,7 @@ def test_unknown_live_path_is_refused() -> None:
 
 
 def test_weights_come_from_the_shipped_scheduler_config(tmp_path: Path) -> None:
-    assert load_weights(SHIPPED_CONFIG) == MostAllocatedWeights(cpu=1, memory=1, gpu=10, gpu_shared=10)
+    assert load_weights(SHIPPED_CONFIG) == MostAllocatedWeights(cpu=50, memory=50, gpu=1, gpu_shared=1)
     least = tmp_path / "least.yaml"
     least.write_text(SHIPPED_CONFIG.read_text().replace("type: MostAllocated", "type: LeastAllocated"))
     with pytest.raises(SchedulerConfigError, match="LeastAllocated"):
