@@ -36,6 +36,7 @@ from controller.capacity import FreeCapacity, mig_claims, shared_claims, unrepor
 from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
 from controller.model import Node, NodePolicy, NodeSharing, Pod, Snapshot
 from controller.sharedplan import SharedPlacer
+from sharing.options import REPLICAS_LABEL, STRATEGY_LABEL
 from mig.reach import plan_reconfiguration
 
 
@@ -134,6 +135,18 @@ def _allowed(pod: Pod, node: Node) -> bool:
     )
 
 
+def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharing, replicas: int) -> bool:
+    """``_allowed`` judged on the labels GPU feature discovery gives the node once it shares
+    by ``mode`` into ``replicas`` (the webhook's terms name the sharing the pod needs, which
+    an idle node about to be switched does not have yet)."""
+    labels = {**node.label_map, STRATEGY_LABEL: mode, REPLICAS_LABEL: str(replicas if mode != "none" else 1)}
+    return (
+        (not pod.products or node.product in pod.products)
+        and (pod.node is None or pod.node == node.name)
+        and pod.admits(labels)
+    )
+
+
 def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:
     return policy is not None and policy.window_open(cycle.now) and cycle.budget.get(policy.names, 0) > 0
 
@@ -229,7 +242,7 @@ def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod |
             continue
         if node.spec_sharing == "none" or not node.converged or taken[node.name] or len(node.full_gpus) < gpus:
             continue
-        if any(g.mig_enabled for g in node.gpus) or (pod is not None and not _allowed(pod, node)):
+        if any(g.mig_enabled for g in node.gpus) or (pod is not None and not _allowed_after_switch(pod, node, "none", 1)):
             continue
         if all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
             out.append(node)
@@ -270,6 +283,7 @@ def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[st
 
 
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
+    mode: NodeSharing = "time-slicing" if pod.mode == "time-slicing" else "mps"
     node = placer.place(pod, dict(cycle.free.shared))
     if node is not None:
         cycle.free.take_shared(node, pod.shares)
@@ -292,11 +306,14 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
             continue
         if not node_.converged or not node_.gpus or any(g.mig_enabled for g in node_.gpus) or taken[node_.name]:
             continue
-        if cycle.whole_busy[node_.name] or not _allowed(pod, node_):
+        if cycle.whole_busy[node_.name]:
             continue
         if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node_.gpus):
             continue
-        fitting = [r for r in range(policy.max_replicas, policy.min_replicas - 1, -1) if _shared_ok(pod, node_, r)]
+        fitting = [
+            r for r in range(policy.max_replicas, policy.min_replicas - 1, -1)
+            if _shared_ok(pod, node_, r) and _allowed_after_switch(pod, node_, mode, r)
+        ]
         if not fitting or (node_.sharing == pod.mode and node_.replicas == fitting[0]):
             continue
         idle.append((node_, fitting[0]))

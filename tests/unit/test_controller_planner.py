@@ -359,3 +359,19 @@ def test_controller_and_product_model_choose_alike() -> None:
     (change,) = live2.sharing
     assert change.node == "big-idle" and change.replicas == 3
     assert model.modes[2] == 3 and model.modes[3] == 0
+
+
+def test_switch_candidates_are_judged_on_the_labels_they_will_have() -> None:
+    """The webhook's terms name the sharing a pod needs (strategy In [mps]; strategy NotIn
+    [mps, time-slicing] for a whole GPU); an idle node about to be switched does not carry
+    those labels yet, so it is judged on the labels it will have."""
+    labels = (("nvidia.com/gpu.sharing-strategy", "none"), ("nvidia.com/gpu.replicas", "1"))
+    idle_plain = replace(plain("plain", 2), labels=labels)
+    wants_mps = replace(shared_pod("p", milli=300), terms=((("nvidia.com/gpu.sharing-strategy", "In", ("mps",)),),))
+    (change,) = run([idle_plain], [wants_mps], NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0)).sharing
+    assert (change.node, change.mode, change.replicas) == ("plain", "mps", 3)
+    shared_labels = (("nvidia.com/gpu.sharing-strategy", "mps"), ("nvidia.com/gpu.replicas", "4"))
+    idle_shared = replace(plain("shared", 2, sharing="mps", replicas=4), labels=shared_labels)
+    wants_whole = replace(whole_pod("w"), terms=((("nvidia.com/gpu.sharing-strategy", "NotIn", ("mps", "time-slicing")),),))
+    (back,) = run([idle_shared], [wants_whole]).sharing
+    assert (back.node, back.mode) == ("shared", "none")
