@@ -106,6 +106,7 @@ class PodDecision:
             "version": ALLOCATION_VERSION,
             "mode": self.mode,
             "gated": self.gated,
+            "capacityExisted": self.capacity_exists,
             "policy": self.policy,
             "reason": self.reason,
         }

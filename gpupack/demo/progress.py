@@ -41,7 +41,9 @@ class Tracker:
             if created is not None:
                 self.created_at.setdefault(name, created)
             allocation = _allocation(p)
-            if allocation.get("gated"):
+            # Every pod is gated under placement: engine; the ones whose capacity had to
+            # be created are those the webhook found none for (older records: gated).
+            if allocation.get("capacityExisted", not allocation.get("gated")) is False:
                 self.reshaped_pods.add(name)
             if (p.get("spec") or {}).get("nodeName") and name not in self.scheduled_at:
                 self.scheduled_at[name] = now

@@ -358,4 +358,5 @@ def test_engine_placement_gates_pods_whose_capacity_exists(engine_places: bool) 
     assert request is not None
     decision = decide(request, inventory.policy_for("default"), inventory, engine_places=engine_places)
     assert decision.capacity_exists and decision.gated is engine_places
+    assert decision.annotation()["capacityExisted"] is True and decision.annotation()["gated"] is engine_places
     assert ("packing engine chooses its node" in decision.reason) is engine_places
