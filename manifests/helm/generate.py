@@ -61,6 +61,8 @@ def _extras() -> dict[str, dict[str, str]]:
     return {
         "webhook/deployment.yaml": {
             "  replicas: 2\n": "  replicas: {{ .Values.webhook.replicas }}\n",
+            "            - {name: GPUPACK_WEBHOOK_PLACEMENT, value: engine}\n":
+                _quoted("GPUPACK_WEBHOOK_PLACEMENT", ".Values.webhook.placement"),
             "            requests: {cpu: 100m, memory: 128Mi}\n            limits: {memory: 512Mi}\n":
                 "            {{- toYaml .Values.webhook.resources | nindent 12 }}\n",
         },
