@@ -123,15 +123,15 @@ def recent_mix(pods: tuple[Pod, ...]) -> dict[str, float]:
     return mix
 
 
-def _allowed(pod: Pod, node: Node) -> bool:
+def _allowed(pod: Pod, node: Node, labels: dict[str, str] | None = None) -> bool:
     """The pod admits the node: its product, its nodeSelector and required affinity (pinning a pod
     to a node its own terms exclude would leave it unschedulable), and the node it is already
     pinned to, if any (a controller that crashed between pinning and lifting the gate must
-    finish on that node)."""
+    finish on that node). ``labels``: the node's labels to judge by (default: its own)."""
     return (
         (not pod.products or node.product in pod.products)
         and (pod.node is None or pod.node == node.name)
-        and pod.admits(node.label_map)
+        and pod.admits(node.label_map if labels is None else labels)
     )
 
 
@@ -140,11 +140,7 @@ def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharing, replicas: int
     by ``mode`` into ``replicas`` (the webhook's terms name the sharing the pod needs, which
     an idle node about to be switched does not have yet)."""
     labels = {**node.label_map, STRATEGY_LABEL: mode, REPLICAS_LABEL: str(replicas if mode != "none" else 1)}
-    return (
-        (not pod.products or node.product in pod.products)
-        and (pod.node is None or pod.node == node.name)
-        and pod.admits(labels)
-    )
+    return _allowed(pod, node, labels)
 
 
 def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:
@@ -323,10 +319,9 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")
     chosen, replicas = best
-    assert pod.mode in ("mps", "time-slicing")
     policy = cycle.snapshot.policies[chosen.name]
     cycle.budget[policy.names] -= 1
-    cycle.sharing[chosen.name] = SharingChange(chosen.name, pod.mode, replicas, f"{pod.key} needs {pod.mode}")
+    cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
     cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
     return Wait(pod.key, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
 

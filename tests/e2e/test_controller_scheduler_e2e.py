@@ -3,7 +3,7 @@
 A second kube-scheduler runs with ``manifests/scheduler/kube-scheduler-config.yaml``,
 its profile renamed ``gpupack-packing`` so that it does not race the session's
 scheduler (which runs the shipped configuration too). Pods naming that scheduler
-go to the node whose GPU resources are most allocated; the same pods under a
+go to the node whose resources (CPU and memory weighted 50, GPU 1) are most allocated; the same pods under a
 scheduler with the stock scoring (the profile's plugin settings removed:
 LeastAllocated) spread, which shows the test can tell the two apart.
 """
@@ -56,8 +56,10 @@ def _node(core: Any, name: str, run: str) -> None:
 
 
 def _pod(core: Any, namespace: str, name: str, run: str, scheduler: str | None, node: str | None = None) -> None:
+    # CPU and memory asked as GPU pods do: the shipped profile weighs them most.
+    limits = {RESOURCE: "1", "cpu": "2", "memory": "8Gi"}
     spec: dict[str, Any] = {"nodeSelector": {"sched-e2e": run}, "containers": [
-        {"name": "c", "image": "example.com/app:1", "resources": {"limits": {RESOURCE: "1"}}}]}
+        {"name": "c", "image": "example.com/app:1", "resources": {"limits": limits}}]}
     if scheduler:
         spec["schedulerName"] = scheduler
     if node:

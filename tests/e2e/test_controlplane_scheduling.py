@@ -141,14 +141,15 @@ def test_scheduler_runs_the_shipped_packing_config(
     admin_client: Any, namespace: str, run: str
 ) -> None:
     """The dev cluster's kube-scheduler runs ``manifests/scheduler/kube-scheduler-config.yaml``:
-    MostAllocated scoring (GPU resources weighted 10) sends a GPU pod to the node
-    whose GPUs are already partly used. kube-scheduler's default, LeastAllocated,
+    MostAllocated scoring (cpu and memory weighted 50) sends a pod to the node whose
+    CPU and memory are already partly used. kube-scheduler's default, LeastAllocated,
     would send the second pod to the empty node (its cpu/memory score is higher
     there), so this fails if the default configuration were running."""
+    limits = {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu.shared": "1"}
     nodes = {_node(admin_client, run, s, {"nvidia.com/gpu.shared": "4"}) for s in ("gpu-a", "gpu-b")}
-    first = _pod(admin_client, namespace, run, {"nvidia.com/gpu.shared": "1"})
+    first = _pod(admin_client, namespace, run, limits)
     used = _bound_node(admin_client, namespace, first)  # both empty: either node
     assert used in nodes
     for _ in range(2):  # one at a time, so that each decision sees the previous binding
-        pod = _pod(admin_client, namespace, run, {"nvidia.com/gpu.shared": "1"})
+        pod = _pod(admin_client, namespace, run, limits)
         assert _bound_node(admin_client, namespace, pod) == used
