@@ -12,7 +12,7 @@ from collections import Counter
 
 from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram
 
-from controller.capacity import mig_claims, shared_claims
+from controller.capacity import mig_claims, shared_claims, whole_pinned
 from controller.model import Snapshot
 
 
@@ -20,6 +20,7 @@ def cluster_figures(snapshot: Snapshot) -> tuple[float, float, int]:
     """(allocation ratio, fragmentation, GPUs) of the snapshot."""
     claims = mig_claims(snapshot.pods)
     shared = shared_claims(snapshot.pods)
+    pinned = whole_pinned(snapshot.pods)
     used_total = free_total = free_on_partial = 0.0
     gpus = 0
     for node in snapshot.nodes:
@@ -27,6 +28,9 @@ def cluster_figures(snapshot: Snapshot) -> tuple[float, float, int]:
         for p, n in Counter(i.profile for g in node.gpus for i in g.in_use).items():
             busy[p] = max(busy[p], n)
         shared_left = shared[node.name]
+        # Whole GPUs held by pods (any pod's nvidia.com/gpu, and gpupack's pinned ones);
+        # which device each holds is the device plugin's business: count them in order.
+        whole_left = node.whole_taken + pinned[node.name]
         for g in node.gpus:
             gpus += 1
             if g.mig_enabled and node.model is not None:
@@ -39,6 +43,9 @@ def cluster_figures(snapshot: Snapshot) -> tuple[float, float, int]:
                 on_gpu = min(shared_left, node.replicas)
                 shared_left -= on_gpu
                 used = on_gpu / node.replicas
+            elif whole_left > 0:
+                whole_left -= 1
+                used = 1.0
             else:
                 used = 1.0 if (g.utilization_percent or 0) > 0 else 0.0
             used = min(1.0, used)

@@ -375,3 +375,15 @@ def test_switch_candidates_are_judged_on_the_labels_they_will_have() -> None:
     wants_whole = replace(whole_pod("w"), terms=((("nvidia.com/gpu.sharing-strategy", "NotIn", ("mps", "time-slicing")),),))
     (back,) = run([idle_shared], [wants_whole]).sharing
     assert (back.node, back.mode) == ("shared", "none")
+
+
+def test_cluster_figures_count_whole_gpus_held_by_pods() -> None:
+    """A whole GPU held by a pod is occupied even while the GPU reports no utilisation
+    (the demo's occupied_ratio must never fall below what its pods asked for)."""
+    from controller.metrics import cluster_figures
+
+    held = replace(plain("held", 4), whole_taken=1)
+    pinned = replace(whole_pod("p", gated=False, on="held"), bound=False)
+    ratio, _, gpus = cluster_figures(Snapshot((held,), (pinned,), {}))
+    assert gpus == 4 and ratio == pytest.approx(2 / 4)
+    assert cluster_figures(Snapshot((plain("idle", 4),), (), {}))[0] == 0.0
