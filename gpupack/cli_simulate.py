@@ -74,7 +74,8 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--live-path", choices=LIVE_PATHS, default="engine",
         help="with --model product: engine (every fractional pod placed by the packing engine; default) "
-        "or scheduler (fractional pods scored by kube-scheduler, the earlier live path)",
+        "or scheduler (fractional pods scored by kube-scheduler, as gpupack's earlier live path did, here with "
+        "the weights manifests/ ships now; benchmarks/simulate_product.py models the earlier weights too)",
     )
     p.add_argument(
         "--mig",
