@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Literal
 
 from mig.model import GpuModel, PlacedInstance
+from sharing.windows import window_contains
 
 PodMode = Literal["mig", "mps", "time-slicing", "whole"]
 """What the webhook gave the pod (``sharing.options.AllocationMode``): ``whole`` is a plain
@@ -167,13 +168,8 @@ class Window:
     days: frozenset[int] = frozenset(range(7))
 
     def contains(self, now: datetime) -> bool:
-        minute = now.hour * 60 + now.minute
-        if self.start_minute <= self.end_minute:
-            return now.weekday() in self.days and self.start_minute <= minute < self.end_minute
-        # Crosses midnight: the part after midnight belongs to the previous day's window.
-        if minute >= self.start_minute:
-            return now.weekday() in self.days
-        return minute < self.end_minute and (now.weekday() - 1) % 7 in self.days
+        """The one reading of a window (``sharing.windows``), shared with the node agent."""
+        return window_contains(self.start_minute, self.end_minute, self.days, now)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,7 @@ from controller.model import NodePolicy, PodMode, Window
 from mig.migparted import builtin_config, layout_for
 from mig.model import GpuModel
 from sharing.api import WEEKDAYS, SharingPolicySpec
-
-
-def _minutes(hhmm: str) -> int:
-    hours, minutes = hhmm.split(":")
-    return int(hours) * 60 + int(minutes)
+from sharing.windows import minutes_of
 
 
 def selects(spec: SharingPolicySpec, labels: Mapping[str, str]) -> bool:
@@ -60,7 +56,7 @@ def merge(named: Iterable[tuple[str, SharingPolicySpec]], model: GpuModel | None
             static = pinned
         for w in spec.reshaping.windows:
             days = frozenset(WEEKDAYS.index(d) for d in w.days)
-            windows.append(Window(_minutes(w.start), _minutes(w.end), days))
+            windows.append(Window(minutes_of(w.start), minutes_of(w.end), days))
     # Every policy's windows must allow it: represent "all of them" by keeping
     # the windows per policy and checking each policy separately.
     return NodePolicy(
@@ -86,9 +82,9 @@ def _strictest_windows(items: list[tuple[str, SharingPolicySpec]]) -> tuple[Wind
         return ()
     first = restricting[0]
     if any(spec.reshaping.windows != first.reshaping.windows for spec in restricting[1:]):
-        return (Window(0, 0, frozenset()),)  # never open
+        return (Window(0, 0, frozenset()),)  # never open: no day listed
     return tuple(
-        Window(_minutes(w.start), _minutes(w.end), frozenset(WEEKDAYS.index(d) for d in w.days))
+        Window(minutes_of(w.start), minutes_of(w.end), frozenset(WEEKDAYS.index(d) for d in w.days))
         for w in first.reshaping.windows
     )
 

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sharing.api import WEEKDAYS, ReshapingWindow, SharingPolicy
+from sharing.windows import minutes_of, window_contains
 
 
 @dataclass(frozen=True)
@@ -44,21 +45,11 @@ class ReshapeRules:
         return True, ""
 
 
-def _minutes(hhmm: str) -> int:
-    hours, minutes = hhmm.split(":")
-    return int(hours) * 60 + int(minutes)
-
-
 def _inside(window: ReshapingWindow, now: float) -> bool:
+    """The one reading of a window (``sharing.windows``), shared with the controller."""
     moment = dt.datetime.fromtimestamp(now, dt.timezone.utc)
-    day, yesterday = WEEKDAYS[moment.weekday()], WEEKDAYS[(moment.weekday() - 1) % 7]
-    minute = moment.hour * 60 + moment.minute
-    start, end = _minutes(window.start), _minutes(window.end)
-    if start == end:
-        return day in window.days
-    if start < end:
-        return day in window.days and start <= minute < end
-    return (day in window.days and minute >= start) or (yesterday in window.days and minute < end)
+    days = {WEEKDAYS.index(d) for d in window.days}
+    return window_contains(minutes_of(window.start), minutes_of(window.end), days, moment)
 
 
 def reshape_rules(node_labels: Mapping[str, str], policies: Iterable[Mapping[str, Any]], default_idle: float) -> ReshapeRules:
