@@ -90,6 +90,8 @@ class _Cycle:
     planned_whole: Counter[str] = field(default_factory=Counter)
     whole_busy: Counter[str] = field(default_factory=Counter)
     """Nodes with whole-GPU pods bound or pinned: never split into replicas under them."""
+    unserved: list[Pod] = field(default_factory=list)
+    """Waiting pods not yet released or waiting on planned capacity, oldest first."""
 
 
 def _idle_enough(idle_since: datetime | None, now: datetime, seconds: int) -> bool:
@@ -318,12 +320,41 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
     if best is None:
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")
-    chosen, replicas = best
+    chosen, largest = best
     policy = cycle.snapshot.policies[chosen.name]
+    fitting = [r for r in range(largest, policy.min_replicas - 1, -1)
+               if _shared_ok(pod, chosen, r) and _allowed_after_switch(pod, chosen, mode, r)]
+    replicas = _replicas_for_demand(cycle, pod, chosen, mode, fitting)
     cycle.budget[policy.names] -= 1
     cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
     cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
     return Wait(pod.key, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
+
+
+DEMAND_LOOKAHEAD = 256
+"""Waiting pods a node's replica count is chosen for, at most: enough for a burst onto one
+node (8 GPUs x 8 replicas is 64 pods), bounded so a fleet's backlog costs a cycle little."""
+
+
+def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharing, fitting: list[int]) -> int:
+    """The replica count (one of ``fitting``, largest first) that serves the most of the waiting
+    demand the cycle sees: ``pod`` and the unserved pods after it of the same mode, oldest
+    first, as many as the node's replicas hold, counted in the milli they ask. Ties go to the
+    larger count (less replica waste), so a lone pod gets the most replicas it fits."""
+    same_mode = [p for p in cycle.unserved if p is not pod and p.mode == pod.mode][:DEMAND_LOOKAHEAD]
+
+    def served(replicas: int) -> int:
+        room = len(node.full_gpus) * replicas
+        total = 0
+        for other in [pod, *same_mode]:
+            if other.shares > room:
+                break
+            if _shared_ok(other, node, replicas) and _allowed_after_switch(other, node, mode, replicas):
+                room -= other.shares
+                total += sum(other.milli)
+        return total
+
+    return max(fitting, key=lambda r: (served(r), r))
 
 
 def _whole_demand_elsewhere(cycle: _Cycle, taken: Counter[str]) -> None:
@@ -386,7 +417,9 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     cycle.whole_busy = whole_pinned(snapshot.pods) + Counter({n.name: n.whole_taken for n in snapshot.nodes})
     releases: list[Release] = []
     waiting: list[Wait] = []
+    cycle.unserved = list(waiting_pods)
     for pod in waiting_pods:
+        cycle.unserved.remove(pod)
         if pod.mode == "mig":
             outcome: Release | Wait = _plan_mig(cycle, pod, claims)
         elif pod.mode == "whole":

@@ -387,3 +387,15 @@ def test_cluster_figures_count_whole_gpus_held_by_pods() -> None:
     ratio, _, gpus = cluster_figures(Snapshot((held,), (pinned,), {}))
     assert gpus == 4 and ratio == pytest.approx(2 / 4)
     assert cluster_figures(Snapshot((plain("idle", 4),), (), {}))[0] == 0.0
+
+
+def test_a_switched_node_gets_the_replica_count_that_serves_the_waiting_burst() -> None:
+    """One 100-milli pod first (it alone would get 8 replicas), then four of 300 milli (3 at
+    most): 3 replicas serve all five on the node's 2 GPUs, 8 would serve one."""
+    idle = plain("idle", 2)
+    burst = [shared_pod("a-first", milli=100)] + [
+        replace(shared_pod(f"b{i}", milli=300), created=NOW - timedelta(minutes=29)) for i in range(4)]
+    (change,) = run([idle], burst, NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0)).sharing
+    assert (change.node, change.replicas) == ("idle", 3)
+    alone = run([idle], burst[:1], NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0)).sharing
+    assert alone[0].replicas == 8  # a lone pod: the most replicas it fits (least waste)
