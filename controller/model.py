@@ -182,7 +182,9 @@ class NodePolicy:
     allowed_modes: frozenset[PodMode] = frozenset(("mig", "mps", "time-slicing"))
     static_layout: tuple[str, ...] | None = None
     """A pinned geometry (profile names, per GPU); None: dynamic."""
-    windows: tuple[Window, ...] = ()
+    windows: tuple[tuple[Window, ...], ...] = ()
+    """One set per SharingPolicy that restricts time: reshaping may start when every set has
+    an open window (the node agent's rule too: ``node.policy``). Empty: any time."""
     max_concurrent: int = 1
     idle_seconds: int = 300
     min_replicas: int = 1
@@ -190,7 +192,7 @@ class NodePolicy:
     target_utilization: int = 80
 
     def window_open(self, now: datetime) -> bool:
-        return not self.windows or any(w.contains(now) for w in self.windows)
+        return all(any(w.contains(now) for w in one_policy) for one_policy in self.windows)
 
     def allows_profile(self, name: str) -> bool:
         return self.allowed_profiles is None or name in self.allowed_profiles

@@ -45,7 +45,7 @@ def merge(named: Iterable[tuple[str, SharingPolicySpec]], model: GpuModel | None
         return None
     profiles: frozenset[str] | None = None
     modes: frozenset[PodMode] = frozenset(("mig", "mps", "time-slicing"))
-    windows: list[Window] = []
+    window_sets: list[tuple[Window, ...]] = []
     static: tuple[str, ...] | None = None
     for _, spec in items:
         if spec.allowed_profiles is not None:
@@ -54,38 +54,22 @@ def merge(named: Iterable[tuple[str, SharingPolicySpec]], model: GpuModel | None
         pinned = static_layout(spec, model)
         if pinned is not None and static is None:
             static = pinned
-        for w in spec.reshaping.windows:
-            days = frozenset(WEEKDAYS.index(d) for d in w.days)
-            windows.append(Window(minutes_of(w.start), minutes_of(w.end), days))
-    # Every policy's windows must allow it: represent "all of them" by keeping
-    # the windows per policy and checking each policy separately.
+        if spec.reshaping.windows:
+            window_sets.append(tuple(
+                Window(minutes_of(w.start), minutes_of(w.end), frozenset(WEEKDAYS.index(d) for d in w.days))
+                for w in spec.reshaping.windows
+            ))
     return NodePolicy(
         names=tuple(name for name, _ in items),
         allowed_profiles=profiles,
         allowed_modes=modes,
         static_layout=static,
-        windows=tuple(windows) if len(items) == 1 else _strictest_windows(items),
+        windows=tuple(window_sets),
         max_concurrent=min(s.reshaping.max_concurrent for _, s in items),
         idle_seconds=max(s.reshaping.idle_seconds for _, s in items),
         min_replicas=max(s.replicas.min for _, s in items),
         max_replicas=min(s.replicas.max for _, s in items),
         target_utilization=min(s.replicas.target_utilization for _, s in items),
-    )
-
-
-def _strictest_windows(items: list[tuple[str, SharingPolicySpec]]) -> tuple[Window, ...]:
-    """With several policies, only the first policy that restricts time is kept as the window set,
-    and ``max_concurrent`` drops to 0 when two policies restrict time differently (documented:
-    overlapping time-restricted policies freeze reshaping rather than guess an intersection)."""
-    restricting = [spec for _, spec in items if spec.reshaping.windows]
-    if not restricting:
-        return ()
-    first = restricting[0]
-    if any(spec.reshaping.windows != first.reshaping.windows for spec in restricting[1:]):
-        return (Window(0, 0, frozenset()),)  # never open: no day listed
-    return tuple(
-        Window(minutes_of(w.start), minutes_of(w.end), frozenset(WEEKDAYS.index(d) for d in w.days))
-        for w in first.reshaping.windows
     )
 
 
