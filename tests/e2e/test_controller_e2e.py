@@ -299,3 +299,17 @@ def test_closed_window_holds_reshaping_until_it_opens(h: Harness) -> None:
     h.custom.patch_cluster_custom_object(GROUP, VERSION, "sharingpolicies", policy,
                                          {"spec": {"reshaping": {"windows": [opened]}}})
     assert wait_for("the pod bound once the window opens", lambda: h.node_of("waits")) == node
+
+
+def test_a_whole_day_window_lets_the_controller_and_the_agent_reshape(h: Harness) -> None:
+    """A window whose start equals its end is the whole day for both readers: the controller
+    plans the reshape and the agent applies it (the controller once read it as never open)."""
+    node = h.node("allday", 1, {0: ["7g.80gb"]})
+    from sharing.api import WEEKDAYS
+
+    today = WEEKDAYS[time.gmtime().tm_wday]
+    h.policy(windows=[{"start": "03:00", "end": "03:00", "days": [today]}])
+    h.controller("ctl-1")
+    h.gated_pod("reshaped", "1g.10gb")
+    assert wait_for("the pod bound after a reshape", lambda: h.node_of("reshaped")) == node
+    assert "1g.10gb" in h.layouts(node)[0]
