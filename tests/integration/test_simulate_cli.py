@@ -41,7 +41,8 @@ def test_json_has_the_documented_keys(files: tuple[Path, Path]) -> None:
     assert data["policy"] == "FGD" and data["workload"] == "openb_pod_list_tiny" and data["seeds"] == [42, 43, 44]
     assert set(data["alloc_at"]) == {str(level) for level in range(131)}
     assert all(v is None or 0 <= v <= 100 for v in data["alloc_at"].values())
-    assert data["failed_pods"] >= 0 and data["decision_us_median"] > 0
+    # 130 % of the capacity arrives, so some pods cannot fit (a count that could be 0 proves nothing).
+    assert data["failed_pods"] > 0 and data["decision_us_median"] > 0
 
 
 def test_same_seed_same_answer_and_text_table(files: tuple[Path, Path]) -> None:
@@ -98,8 +99,10 @@ def test_mig_variant_reports_every_strategy(tmp_path: Path) -> None:
     assert [r["strategy"] for r in data["results"]] == ["static-balanced", "static-1g", "static-whole", "greedy", "gpupack"]
     for r in data["results"]:
         assert r["placed"] + r["never_placed"] == 18
-        assert r["mean_wait_s"] >= 0 and r["reshapes"] >= 0
     by = {r["strategy"]: r for r in data["results"]}
+    # The dynamic strategies reshape, and placing everything makes pods wait for GPUs to free up.
+    assert by["greedy"]["reshapes"] > 0 and by["gpupack"]["reshapes"] > 0
+    assert by["static-whole"]["mean_wait_s"] > 0 and by["static-whole"]["never_placed"] == 0
     assert by["static-1g"]["never_placed"] > 0  # 1g instances cannot hold 2g..7g requests
     assert by["static-whole"]["reshapes"] == 0
     untimed = gpupack("simulate", "--mig", "A100-80GB", "--nodes", nodes, "--pods", files_untimed(tmp_path), "--policy", "all")
