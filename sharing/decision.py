@@ -37,6 +37,7 @@ from sharing.options import (
     WHOLE_RESOURCE,
     AllocationMode,
     Expression,
+    NoMigOption,
     Option,
     Role,
     Term,
@@ -218,15 +219,14 @@ def _choose_uncached(
     whole = wants_whole_gpus(asks, inventory)
     for mode in modes:
         if mode == "mig":
-            mig = mig_option(asks, roles, policy, inventory)
-            if isinstance(mig, str):
+            try:
+                options.append(mig_option(asks, roles, policy, inventory))
+            except NoMigOption as none:
                 if requested == "mig":
                     raise AdmissionRefusal(
-                        Reason.NO_MIG_MODEL, f"no known GPU model can satisfy the mig request: {mig}"
-                    )
-                failures.append(f"mig: {mig}")
-            else:
-                options.append(mig)
+                        Reason.NO_MIG_MODEL, f"no known GPU model can satisfy the mig request: {none.reason}"
+                    ) from None
+                failures.append(f"mig: {none.reason}")
         elif whole:
             if not any(o.mode == "whole" for o in options):
                 options.append(whole_option(asks, inventory))

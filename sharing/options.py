@@ -72,7 +72,14 @@ class Option:
     profiles: tuple[Profile, ...] = ()
     model: GpuModel | None = None
     replicas: int | None = None
-    why: str = ""
+
+
+class NoMigOption(Exception):
+    """No GPU model of the cluster has profiles (allowed by the policy) covering the request."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def fmt_bytes(n: int) -> str:
@@ -127,7 +134,8 @@ def peak_devices(names: Sequence[str], roles: Sequence[Role]) -> dict[str, int]:
 
 def mig_option(
     asks: list[tuple[int, int | None]], roles: tuple[Role, ...], policy: Policy, inventory: Inventory
-) -> Option | str:
+) -> Option:
+    """The least-waste MIG option (capacity that exists first); :class:`NoMigOption` says why there is none."""
     options: list[Option] = []
     failures: list[str] = []
     models = inventory.mig_models
@@ -157,9 +165,7 @@ def mig_option(
             terms = ((Expression(PRODUCT_LABEL, "In", tuple(products)),),)
             options.append(Option("mig", waste, capacity, terms, tuple(profiles), model))
     if not options:
-        if not models:
-            return "the cluster has no MIG-capable GPUs"
-        return "; ".join(failures)
+        raise NoMigOption("the cluster has no MIG-capable GPUs" if not models else "; ".join(failures))
     return min(options, key=lambda o: (not o.has_capacity, o.waste, o.model.product if o.model else ""))
 
 
@@ -191,7 +197,6 @@ def shared_option(
             math.inf,
             False,
             ((Expression(STRATEGY_LABEL, "In", (mode,)),),),
-            why=f"no node shares GPUs by {mode} into replicas that fit",
         )
     replicas_needed = peak_devices([SHARED_RESOURCE] * len(asks), roles)[SHARED_RESOURCE]
     with_room = [(w, n) for w, n in compatible if n.shared_free >= replicas_needed]
@@ -237,5 +242,4 @@ def whole_option(asks: list[tuple[int, int | None]], inventory: Inventory) -> Op
         waste if whole_nodes else math.inf,
         bool(whole_nodes),
         ((Expression(STRATEGY_LABEL, "NotIn", ("mps", "time-slicing")),),),
-        why="" if whole_nodes else "no node hands out whole GPUs now",
     )
