@@ -60,7 +60,6 @@ class ReplicaDecision:
     current: int
     proposed: int
     reason: str
-    load_per_pod: float | None = None
 
     @property
     def changed(self) -> bool:
@@ -102,9 +101,9 @@ def decide_replicas(
         proposed = min(ideal, maximum, math.floor(current * settings.max_step))
         why = f"headroom: hottest GPU at {hottest:.0f}% < {target}-{settings.band_percent}% with every replica taken"
     else:
-        return ReplicaDecision(current, current, f"within the band ({mean:.0f}% mean, {hottest:.0f}% max)", per_pod)
+        return ReplicaDecision(current, current, f"within the band ({mean:.0f}% mean, {hottest:.0f}% max)")
     proposed = min(max(proposed, minimum), maximum)
-    return ReplicaDecision(current, proposed, f"{why}; {per_pod:.1f}% per pod -> ideal {ideal}", per_pod)
+    return ReplicaDecision(current, proposed, f"{why}; {per_pod:.1f}% per pod -> ideal {ideal}")
 
 
 def _replicas_limit(busy: Sequence[GpuLoad], current: int) -> bool:

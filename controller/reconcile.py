@@ -16,7 +16,6 @@ holds (nothing the controller remembers is needed to converge).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
@@ -282,8 +281,3 @@ def _loads(node: Node, pods: int) -> list[GpuLoad]:
     ]
 
 
-def summary_json(report: CycleReport) -> str:
-    return json.dumps({
-        "released": report.released, "layouts": len(report.plan.layouts), "sharing": len(report.plan.sharing),
-        "waiting": len(report.plan.waiting), "errors": report.errors, "seconds": round(report.seconds, 4),
-    })

@@ -210,8 +210,3 @@ def maximal_layouts(model: GpuModel) -> tuple[tuple[str, ...], ...]:
     key = _geometry_key(model)
     _REPRESENTATIVE.setdefault(key, model)
     return _maximal_for_geometry(key)
-
-
-def all_layouts(model: GpuModel) -> frozenset[tuple[str, ...]]:
-    """Every valid layout (maximal or not, including the empty one) as sorted multisets."""
-    return _all_valid_multisets(model)

@@ -116,9 +116,6 @@ class GpuModel:
     def profile_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.profiles)
 
-    @property
-    def full_mask(self) -> int:
-        return (1 << self.memory_slices) - 1
 
 
 @dataclass(frozen=True, order=True)

@@ -108,7 +108,3 @@ def node_patches(
     meta_patch = {"metadata": {"labels": label_patch}} if label_patch else None
     return status_patch, meta_patch
 
-
-def expected_allocatable(adv: Advertisement) -> dict[str, int]:
-    """What the Node must show once the device plugin re-advertised (the agent waits for it)."""
-    return dict(adv.resources)

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from mig.model import GpuModel, PlacedInstance
+from mig.model import PlacedInstance
 from node.journal import Journal, Phase, format_instance
 from node.nvml import errors as nvml_errors
 from node.nvml.errors import NvmlError
@@ -229,6 +229,3 @@ def _layout(instances: tuple[PlacedInstance, ...]) -> str:
     return "[" + ", ".join(map(format_instance, instances)) + "]" if instances else "[empty]"
 
 
-def model_profiles_ok(model: GpuModel, journal: Journal) -> bool:
-    """Every profile the journal names exists on ``model`` (guards a journal from another GPU)."""
-    return all(model.has_profile(i.profile) for i in journal.previous + journal.target)

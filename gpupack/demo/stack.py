@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import copy
-import os
 import socket
 import ssl
 import sys
@@ -189,13 +188,6 @@ class Stack:
             "--kubeconfig", self._sa_kubeconfig("gpupack-node-agent"),
         ])
 
-    def restart_agent(self, name: str) -> None:
-        for proc in list(self.processes):
-            if proc.name == f"agent-{name}":
-                proc.stop(grace_s=5)
-                self.processes.remove(proc)
-        self._agent(next(n for n in self.nodes if n.name == name))
-
     def start_controller(self, name: str, *extra: str) -> ManagedProcess:
         return self._process(name, [
             "controller", "run", "--kubeconfig", self._sa_kubeconfig("gpupack-controller"), "--metrics-port", "0",
@@ -270,6 +262,3 @@ class Stack:
         return all(n.name in done for n in self.nodes)
 
 
-def kubeconfig_env(stack: Stack) -> dict[str, str]:
-    assert stack.plane is not None
-    return dict(os.environ, KUBECONFIG=str(stack.plane.kubeconfig))

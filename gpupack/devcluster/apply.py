@@ -105,7 +105,3 @@ def apply_objects(
         wait_established(dyn, name)
     return applied
 
-
-def apply_paths(api_client: Any, *paths: Path | str, field_manager: str = FIELD_MANAGER) -> list[Manifest]:
-    """Server-side apply every manifest under ``paths``."""
-    return apply_objects(api_client, load_manifests(*paths), field_manager=field_manager)
