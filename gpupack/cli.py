@@ -52,13 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpupack {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for module_name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name == module_name:
-                continue  # command group not built yet
-            raise
-        module.register(subparsers)
+        # Every group ships with the package: a group that fails to import is a broken
+        # install, said loudly, never a command that silently vanishes from --help.
+        importlib.import_module(module_name).register(subparsers)
     return parser
 
 

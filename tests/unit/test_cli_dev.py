@@ -22,3 +22,16 @@ def test_a_corrupt_state_record_exits_2_and_is_kept(
     # Nothing was started, stopped or deleted on the strength of a record nobody can read.
     assert record.read_text(encoding="utf-8") == "{not json"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_a_command_group_that_fails_to_import_is_an_error_not_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command group that fails to import must not vanish silently from ``gpupack --help``."""
+    import argparse
+
+    import gpupack.cli as cli
+
+    groups = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"mig", "simulate", "dev", "webhook", "agent", "controller", "demo"} <= set(groups.choices)
+    monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "gpupack.cli_missing"))
+    with pytest.raises(ModuleNotFoundError, match="gpupack.cli_missing"):
+        cli.build_parser()
