@@ -16,15 +16,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
 
 from mig.model import GpuModel, PlacedInstance
+from sharing.modes import AllocationMode, NodeSharingMode
 from sharing.windows import window_contains
 
-PodMode = Literal["mig", "mps", "time-slicing", "whole"]
-"""What the webhook gave the pod (``sharing.options.AllocationMode``): ``whole`` is a plain
-``nvidia.com/gpu`` per container, for a shared-mode request above half a GPU."""
-NodeSharing = Literal["none", "mps", "time-slicing"]
 
 
 @dataclass(frozen=True)
@@ -59,12 +55,12 @@ class Node:
     product: str
     model: GpuModel | None
     labels: tuple[tuple[str, str], ...]
-    sharing: NodeSharing
+    sharing: NodeSharingMode
     replicas: int
     gpus: tuple[Gpu, ...]
     cpu_milli: int = 0
     memory_mib: int = 0
-    spec_sharing: NodeSharing = "none"
+    spec_sharing: NodeSharingMode = "none"
     spec_replicas: int = 1
     """What the controller last asked for (the status may lag behind)."""
     generation: int = 0
@@ -91,7 +87,7 @@ class Pod:
 
     namespace: str
     name: str
-    mode: PodMode
+    mode: AllocationMode
     created: datetime
     profiles: tuple[str, ...] = ()
     """MIG: one profile per GPU container."""
@@ -179,7 +175,7 @@ class NodePolicy:
     names: tuple[str, ...]
     allowed_profiles: frozenset[str] | None = None
     """None: every profile of the model."""
-    allowed_modes: frozenset[PodMode] = frozenset(("mig", "mps", "time-slicing"))
+    allowed_modes: frozenset[AllocationMode] = frozenset(("mig", "mps", "time-slicing"))
     static_layout: tuple[str, ...] | None = None
     """A pinned geometry (profile names, per GPU); None: dynamic."""
     windows: tuple[tuple[Window, ...], ...] = ()

@@ -34,16 +34,17 @@ from datetime import datetime
 
 from controller.capacity import FreeCapacity, mig_claims, shared_claims, unreported_claims, whole_pinned
 from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
-from controller.model import Node, NodePolicy, NodeSharing, Pod, Snapshot
+from controller.model import Node, NodePolicy, Pod, Snapshot
 from controller.sharedplan import SharedPlacer
-from sharing.options import REPLICAS_LABEL, STRATEGY_LABEL
 from mig.reach import plan_reconfiguration
+from sharing.modes import NodeSharingMode
+from sharing.options import REPLICAS_LABEL, STRATEGY_LABEL
 
 
 @dataclass(frozen=True)
 class SharingChange:
     node: str
-    mode: NodeSharing
+    mode: NodeSharingMode
     replicas: int
     reason: str = ""
 
@@ -137,7 +138,7 @@ def _allowed(pod: Pod, node: Node, labels: dict[str, str] | None = None) -> bool
     )
 
 
-def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharing, replicas: int) -> bool:
+def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharingMode, replicas: int) -> bool:
     """``_allowed`` judged on the labels GPU feature discovery gives the node once it shares
     by ``mode`` into ``replicas`` (the webhook's terms name the sharing the pod needs, which
     an idle node about to be switched does not have yet)."""
@@ -281,7 +282,7 @@ def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[st
 
 
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
-    mode: NodeSharing = "time-slicing" if pod.mode == "time-slicing" else "mps"
+    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
     node = placer.place(pod, dict(cycle.free.shared))
     if node is not None:
         cycle.free.take_shared(node, pod.shares)
@@ -336,7 +337,7 @@ DEMAND_LOOKAHEAD = 256
 node (8 GPUs x 8 replicas is 64 pods), bounded so a fleet's backlog costs a cycle little."""
 
 
-def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharing, fitting: list[int]) -> int:
+def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharingMode, fitting: list[int]) -> int:
     """The replica count (one of ``fitting``, largest first) that serves the most of the waiting
     demand the cycle sees: ``pod`` and the unserved pods after it of the same mode, oldest
     first, as many as the node's replicas hold, counted in the milli they ask. Ties go to the

@@ -12,14 +12,15 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from controller.model import Pod, PodMode
+from controller.model import Pod
+from sharing.modes import AllocationMode
 from mig.units import parse_quantity
 
 GATE = "gpupack.io/capacity"
 ALLOCATION = "gpupack.io/allocation"
 HOSTNAME = "kubernetes.io/hostname"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-_MODES: tuple[PodMode, ...] = ("mig", "mps", "time-slicing", "whole")
+_MODES: tuple[AllocationMode, ...] = ("mig", "mps", "time-slicing", "whole")
 WHOLE_RESOURCE = "nvidia.com/gpu"
 
 

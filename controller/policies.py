@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from controller.model import NodePolicy, PodMode, Window
+from controller.model import NodePolicy, Window
+from sharing.modes import AllocationMode
 from mig.migparted import builtin_config, layout_for
 from mig.model import GpuModel
 from sharing.api import WEEKDAYS, SharingPolicySpec
@@ -44,7 +45,7 @@ def merge(named: Iterable[tuple[str, SharingPolicySpec]], model: GpuModel | None
     if not items:
         return None
     profiles: frozenset[str] | None = None
-    modes: frozenset[PodMode] = frozenset(("mig", "mps", "time-slicing"))
+    modes: frozenset[AllocationMode] = frozenset(("mig", "mps", "time-slicing"))
     window_sets: list[tuple[Window, ...]] = []
     static: tuple[str, ...] | None = None
     for _, spec in items:

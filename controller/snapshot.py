@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
-from controller.model import Gpu, Node, NodeSharing, Pod, Snapshot
+from controller.model import Gpu, Node, Pod, Snapshot
+from sharing.modes import NodeSharingMode
 from controller.podview import (
     ALLOCATION, GATE, _int, _list, _map, parse_time, pod_from_object, waiting_unschedulable, whole_gpus_requested,
 )
@@ -185,7 +186,7 @@ def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None
     )
 
 
-def _sharing_mode(value: Any) -> NodeSharing:
+def _sharing_mode(value: Any) -> NodeSharingMode:
     return value if value in ("mps", "time-slicing") else "none"
 
 

@@ -28,14 +28,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from sharing.modes import Mode, NodeSharingMode
+
 GROUP = "gpupack.io"
 VERSION = "v1alpha1"
 API_VERSION: Literal["gpupack.io/v1alpha1"] = "gpupack.io/v1alpha1"
 
 # Device-plugin sharing strategies a GPUNode can run (node-wide, like the
 # NVIDIA device plugin's config) and the modes a namespace may be allowed.
-NodeSharingMode = Literal["none", "mps", "time-slicing"]
-RequestMode = Literal["mig", "mps", "time-slicing"]
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
@@ -287,7 +287,7 @@ class NamespaceRule(ApiModel):
     )
     names: list[Annotated[str, Field(max_length=63)]] | None = Field(None, max_length=256)
     selector: LabelSelector | None = None
-    allowed_modes: list[RequestMode] = Field(min_length=1, max_length=3)
+    allowed_modes: list[Mode] = Field(min_length=1, max_length=3)
 
     @model_validator(mode="after")
     def _one_namespace_source(self) -> NamespaceRule:

@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from sharing.inventory import Inventory, Policy
+from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
     PRODUCT_LABEL,
     REPLICAS_LABEL,
     SHARED_RESOURCE,
     STRATEGY_LABEL,
     WHOLE_RESOURCE,
-    AllocationMode,
     Expression,
     NoMigOption,
     Option,
@@ -52,11 +52,9 @@ from sharing.options import (
     whole_option,
 )
 from sharing.request import (
-    MODES,
     SHARING_ANNOTATION,
     AdmissionRefusal,
     ContainerKind,
-    Mode,
     PodRequest,
     Reason,
 )

@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from mig.catalog import find_model
 from mig.model import GpuModel
-from sharing.request import MODES, Mode, parse_quantity
+from sharing.modes import MODES, Mode, NodeSharingMode
+from sharing.request import parse_quantity
 
-SharingMode = Literal["none", "mps", "time-slicing"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class NodeView:
     name: str
     product: str
     model: GpuModel | None
-    sharing: SharingMode
+    sharing: NodeSharingMode
     replicas: int
     gpus: tuple[GpuView, ...]
     shared_in_use: int = 0
@@ -201,7 +201,7 @@ def _int(value: Any, default: int = 0) -> int:
     return default
 
 
-def _sharing(raw: Any) -> tuple[SharingMode, int]:
+def _sharing(raw: Any) -> tuple[NodeSharingMode, int]:
     if not isinstance(raw, Mapping):
         return "none", 0
     mode = raw.get("mode", "none")

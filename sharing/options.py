@@ -30,11 +30,8 @@ from mig.fit import covering_profiles
 from mig.model import GpuModel, Profile
 from sharing.inventory import Inventory, NodeView, Policy
 from sharing.replicas import fits_replicas, needs_whole_gpu
-from sharing.request import MAX_MILLI, ContainerRequest, Mode
-
-AllocationMode = Literal["mig", "mps", "time-slicing", "whole"]
-"""What a pod is given: a requestable mode, or ``whole`` (a plain whole GPU per container,
-for a shared-mode request that no split into two or more replicas can hold)."""
+from sharing.modes import AllocationMode
+from sharing.request import MAX_MILLI, ContainerRequest
 
 SHARED_RESOURCE: Final = "nvidia.com/gpu.shared"
 WHOLE_RESOURCE: Final = "nvidia.com/gpu"

@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 
 from mig import units
 from mig.errors import RequestError
+from sharing.modes import MODES
 
 GROUP: Final = "gpupack.io"
 MILLI: Final = "gpupack.io/gpu-milli"
@@ -33,8 +34,6 @@ SHARING_ANNOTATION: Final = "gpupack.io/sharing"
 SKIP_LABEL: Final = "gpupack.io/skip"
 MAX_MILLI: Final = 1000
 
-Mode = Literal["mig", "mps", "time-slicing"]
-MODES: Final[tuple[Mode, ...]] = ("mig", "mps", "time-slicing")
 REQUESTED_MODES: Final = ("auto",) + MODES
 
 ContainerKind = Literal["containers", "initContainers"]
