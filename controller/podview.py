@@ -13,14 +13,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controller.model import Pod
-from sharing.modes import AllocationMode
+from sharing.modes import ALLOCATION_MODES
 from mig.units import parse_quantity
 
 GATE = "gpupack.io/capacity"
 ALLOCATION = "gpupack.io/allocation"
 HOSTNAME = "kubernetes.io/hostname"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-_MODES: tuple[AllocationMode, ...] = ("mig", "mps", "time-slicing", "whole")
 WHOLE_RESOURCE = "nvidia.com/gpu"
 
 
@@ -151,7 +150,7 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
         return None
     mode = allocation.get("mode")
     created = parse_time(meta.get("creationTimestamp"))
-    if mode not in _MODES or created is None or not isinstance(meta.get("name"), str):
+    if mode not in ALLOCATION_MODES or created is None or not isinstance(meta.get("name"), str):
         return None
     containers = [_map(c) for c in _list(allocation.get("containers"))]
     if not containers:
