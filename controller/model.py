@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from mig.model import GpuModel, PlacedInstance
+from sharing.api import labels_match
 from sharing.modes import AllocationMode, NodeSharingMode
 from sharing.windows import window_contains
 
@@ -113,7 +114,7 @@ class Pod:
 
     def admits(self, labels: dict[str, str]) -> bool:
         """Whether the pod's nodeSelector and required node affinity allow a node with ``labels``."""
-        if any(labels.get(k) != v for k, v in self.node_selector):
+        if not labels_match(dict(self.node_selector), labels):
             return False
         return not self.terms or any(all(_matches(e, labels) for e in term) for term in self.terms)
 

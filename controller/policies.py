@@ -20,7 +20,7 @@ from sharing.windows import minutes_of
 
 
 def selects(spec: SharingPolicySpec, labels: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in spec.node_selector.match_labels.items())
+    return spec.node_selector.matches(labels)
 
 
 def static_layout(spec: SharingPolicySpec, model: GpuModel | None) -> tuple[str, ...] | None:

@@ -61,8 +61,7 @@ def reshape_rules(node_labels: Mapping[str, str], policies: Iterable[Mapping[str
             name = (raw.get("metadata") or {}).get("name", "?")
             problems.append(f"SharingPolicy {name} ignored: {exc.error_count()} invalid field(s)")
             continue
-        selector = policy.spec.node_selector.match_labels
-        if any(node_labels.get(k) != v for k, v in selector.items()):
+        if not policy.spec.node_selector.matches(node_labels):
             continue
         name = policy.metadata.name
         sources.append(name)

@@ -22,6 +22,7 @@ Pure data: no Kubernetes client import.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -271,10 +272,18 @@ class GPUNodeStatus(ApiModel):
 # ------------------------------------------------------------- SharingPolicy
 
 
+def labels_match(match_labels: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    """The one reading of an equality-based selector: every pair present (empty: everything)."""
+    return all(labels.get(k) == v for k, v in match_labels.items())
+
+
 class LabelSelector(ApiModel):
     """Equality-based label selector; empty selects everything."""
 
     match_labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return labels_match(self.match_labels, labels)
 
 
 class NamespaceRule(ApiModel):

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from mig.catalog import find_model
 from mig.model import GpuModel
+from sharing.api import labels_match
 from sharing.modes import MODES, Mode, NodeSharingMode
 from sharing.request import parse_quantity
 
@@ -103,7 +104,7 @@ class NamespaceRule:
             return False
         if not self.match_labels:
             return True  # an empty selector selects every namespace
-        return labels is not None and all(labels.get(k) == v for k, v in self.match_labels)
+        return labels is not None and labels_match(dict(self.match_labels), labels)
 
 
 @dataclass(frozen=True)
