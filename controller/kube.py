@@ -19,34 +19,12 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from kube.errors import from_api_exception
 from sharing.api import GROUP, VERSION
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 EVENT_NAMESPACE = "default"
-
-
-class KubeError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        super().__init__(f"Kubernetes API {status}: {message}")
-
-    @property
-    def conflict(self) -> bool:
-        return self.status in (409, 422)
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-
-def _error(exc: ApiException) -> KubeError:
-    body = exc.body.decode() if isinstance(exc.body, bytes) else exc.body
-    try:
-        message = json.loads(body or "{}").get("message") or exc.reason
-    except ValueError:
-        message = body or exc.reason
-    return KubeError(int(exc.status or 0), str(message))
 
 
 class Kube:
@@ -79,19 +57,19 @@ class Kube:
         try:
             return self._items(self._custom.list_cluster_custom_object(GROUP, VERSION, "gpunodes", _preload_content=False))
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
 
     def list_policies(self) -> list[dict[str, Any]]:
         try:
             return self._items(self._custom.list_cluster_custom_object(GROUP, VERSION, "sharingpolicies", _preload_content=False))
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
 
     def list_nodes(self) -> list[dict[str, Any]]:
         try:
             return self._items(self._core.list_node(_preload_content=False))
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
 
     def list_pods(self) -> list[dict[str, Any]]:
         """Pods not yet finished (the API server filters by phase)."""
@@ -99,7 +77,7 @@ class Kube:
             return self._items(self._core.list_pod_for_all_namespaces(
                 field_selector="status.phase!=Succeeded,status.phase!=Failed", _preload_content=False))
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
 
     # ---------------------------------------------------------------- writing
     def patch_gpunode(self, name: str, body: Mapping[str, Any]) -> None:
@@ -107,21 +85,21 @@ class Kube:
             self._custom.patch_cluster_custom_object(
                 GROUP, VERSION, "gpunodes", name, dict(body), _content_type=MERGE_PATCH, _preload_content=False)
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
 
     def json_patch_pod(self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]) -> None:
         try:
             self._core.patch_namespaced_pod(
                 name, namespace, [dict(o) for o in ops], _content_type=JSON_PATCH, _preload_content=False)
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
 
     def merge_patch_pod(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         try:
             self._core.patch_namespaced_pod(
                 name, namespace, dict(body), _content_type=MERGE_PATCH, _preload_content=False)
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
 
     def event(self, involved: Mapping[str, Any], reason: str, message: str, type_: str = "Normal") -> None:
         """A core/v1 Event about ``involved`` (kind, name, namespace, uid); failures are ignored by callers."""
@@ -137,7 +115,7 @@ class Kube:
         try:
             self._core.create_namespaced_event(namespace, body)
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
 
     # ------------------------------------------------------------------ lease
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -146,14 +124,14 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
         return cast(dict[str, Any], json.loads(lease.data))
 
     def create_lease(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         try:
             out: Any = self._coord.create_namespaced_lease(namespace, dict(body), _preload_content=False)  # type: ignore[arg-type]
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
         return cast(dict[str, Any], json.loads(out.data))
 
     def replace_lease(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,5 +139,5 @@ class Kube:
         try:
             out: Any = self._coord.replace_namespaced_lease(name, namespace, dict(body), _preload_content=False)  # type: ignore[arg-type]
         except ApiException as exc:
-            raise _error(exc) from None
+            raise from_api_exception(exc) from None
         return cast(dict[str, Any], json.loads(out.data))

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas, right_size
-from controller.kube import Kube, KubeError
+from controller.kube import Kube
 from controller.migplan import LayoutChange
 from controller.metrics import ControllerMetrics, cluster_figures
 from controller.model import Node, Snapshot
@@ -37,6 +37,7 @@ from controller.podview import parse_time, pod_from_object
 from controller.snapshot import (
     IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle,
 )
+from kube.errors import KubeError
 
 log = logging.getLogger("gpupack.controller")
 REPLICAS_CHANGED = "gpupack.io/replicas-changed-at"

@@ -45,7 +45,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from controller.kube import Kube, KubeError
+    from controller.kube import Kube
+    from kube.errors import KubeError
     from controller.planner import plan
     from controller.snapshot import build_snapshot
 

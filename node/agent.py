@@ -35,13 +35,14 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from kube.errors import KubeError
 from mig.model import PlacedInstance
 from node import conditions as C
 from node.dcgm import Activity, parse_activity
 from node.direct_mode import reconcile_direct
 from node.emulation import emulate_advertisement, emulate_allocation
 from node.inventory import NodeSnapshot, read_snapshot, status_from_snapshot
-from node.kube import Kube, KubeError
+from node.kube import Kube
 from node.metrics import AgentMetrics
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance, NvmlBackend

@@ -10,7 +10,6 @@ changes. ``KubeError`` carries the HTTP status; ``conflict``/``not_found`` say w
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from collections.abc import Mapping
 from typing import Any, cast
@@ -18,6 +17,7 @@ from typing import Any, cast
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
+from kube.errors import from_api_exception
 from sharing.api import GROUP, VERSION
 
 PLURAL = "gpunodes"
@@ -27,29 +27,6 @@ EVENT_NAMESPACE = "default"  # events about cluster-scoped objects live here
 
 class KubeConfigError(Exception):
     """No usable kubeconfig or in-cluster credentials."""
-
-
-class KubeError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        super().__init__(f"Kubernetes API {status}: {message}")
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
-
-
-def _raise(exc: ApiException) -> KubeError:
-    body = exc.body.decode() if isinstance(exc.body, bytes) else exc.body
-    try:
-        message = json.loads(body or "{}").get("message") or exc.reason
-    except ValueError:
-        message = body or exc.reason
-    return KubeError(int(exc.status or 0), str(message))
 
 
 class Kube:
@@ -82,7 +59,7 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
 
     def create_gpunode(self, name: str, node_uid: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpupack-node-agent"}}
@@ -93,14 +70,14 @@ class Kube:
         try:
             return cast(dict[str, Any], self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body))
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
 
     def patch_gpunode_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         try:
             return cast(dict[str, Any], self._custom.patch_cluster_custom_object_status(
                 GROUP, VERSION, PLURAL, name, {"status": dict(status)}, _content_type=MERGE_PATCH))
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
 
     def wait_gpunode_change(self, name: str, resource_version: str, timeout_s: float) -> None:
         """Block until the GPUNode changes after ``resource_version`` or ``timeout_s`` passes."""
@@ -114,7 +91,7 @@ class Kube:
                 break
         except ApiException as exc:
             if exc.status != 410:  # expired resourceVersion: the caller re-reads anyway
-                raise _raise(exc) from None
+                raise from_api_exception(exc) from None
         except Exception:  # noqa: BLE001 - a dropped watch just ends the wait early
             pass
         finally:
@@ -124,7 +101,7 @@ class Kube:
         try:
             listing = cast(dict[str, Any], self._custom.list_cluster_custom_object(GROUP, VERSION, "sharingpolicies"))
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
         return list(listing.get("items") or [])
 
     # --------------------------------------------------------------------- Node
@@ -132,26 +109,26 @@ class Kube:
         try:
             return self._dict(self._core.read_node(name))
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> None:
         try:
             self._core.patch_node(name, dict(patch), _content_type=MERGE_PATCH)
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
 
     def patch_node_status(self, name: str, patch: Mapping[str, Any]) -> None:
         try:
             self._core.patch_node_status(name, dict(patch), _content_type=MERGE_PATCH)
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
 
     # --------------------------------------------------------------------- Pods
     def list_node_pods(self, node_name: str) -> list[dict[str, Any]]:
         try:
             pods = self._core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node_name}")
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
         return [self._dict(p) for p in pods.items]
 
     def delete_node_pods(self, namespace: str, label_selector: str, node_name: str) -> int:
@@ -163,7 +140,7 @@ class Kube:
                 if pod.metadata is not None and pod.metadata.name:
                     self._core.delete_namespaced_pod(pod.metadata.name, namespace)
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
         return len(pods.items)
 
     # --------------------------------------------------------------- ConfigMaps
@@ -173,7 +150,7 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 return None
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
 
     def write_configmap(self, namespace: str, name: str, data: Mapping[str, str], resource_version: str | None) -> None:
         """Create (``resource_version`` None) or replace guarded by ``resource_version`` (409 on a race)."""
@@ -187,7 +164,7 @@ class Kube:
             else:
                 self._core.replace_namespaced_config_map(name, namespace, cast(Any, body))
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None
 
     # ------------------------------------------------------------------- Events
     def event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str, component: str) -> None:
@@ -203,4 +180,4 @@ class Kube:
         try:
             self._core.create_namespaced_event(EVENT_NAMESPACE, cast(Any, body))
         except ApiException as exc:
-            raise _raise(exc) from None
+            raise from_api_exception(exc) from None

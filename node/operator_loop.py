@@ -15,7 +15,7 @@ from node import conditions as C
 from node.desired import desired_layouts
 from node.direct_mode import _iso
 from node.inventory import NodeSnapshot
-from node.kube import KubeError
+from kube.errors import KubeError
 from node.operator_mode import (
     DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, MIG_PARTED_KEY, device_plugin_config, device_plugin_config_name,
     handshake_state, merge_mig_parted, plan_node_config,

@@ -20,7 +20,8 @@ from kubernetes import client
 from gpupack.devcluster.apply import load_manifests
 from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
-from node.kube import Kube, KubeError
+from kube.errors import KubeError
+from node.kube import Kube
 
 POLICY = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "node-restriction-policy.yaml"
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from controller.kube import KubeError
+from kube.errors import KubeError
 from controller.leader import LeaderElector, LeaseSettings
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-OURS = {"mig", "sharing", "webhook", "node", "gpupack", "controller"}
+OURS = {"mig", "sharing", "webhook", "node", "gpupack", "controller", "kube"}
 IO_LIBRARIES = {"kubernetes", "kopf", "pynvml", "fastapi", "uvicorn", "starlette", "httpx", "aiohttp", "prometheus_client"}
 
 RULES: dict[str, tuple[set[str], set[str]]] = {
@@ -21,8 +21,10 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     "mig": ({"mig"}, IO_LIBRARIES),
     "sharing": ({"mig", "sharing"}, IO_LIBRARIES),
     "webhook": ({"mig", "sharing", "webhook"}, {"pynvml"}),
-    "node": ({"mig", "sharing", "node"}, {"fastapi", "starlette", "kopf"}),
-    "controller": ({"mig", "sharing", "controller"}, {"pynvml", "fastapi", "starlette"}),
+    "node": ({"mig", "sharing", "node", "kube"}, {"fastapi", "starlette", "kopf"}),
+    "controller": ({"mig", "sharing", "controller", "kube"}, {"pynvml", "fastapi", "starlette"}),
+    # The shared Kubernetes edge: the client library and nothing of ours.
+    "kube": ({"kube"}, {"kopf", "pynvml", "fastapi", "starlette"}),
 }
 
 

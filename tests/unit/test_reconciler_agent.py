@@ -14,7 +14,7 @@ import pytest
 
 from mig.catalog import get_model
 from node.agent import Agent
-from node.kube import KubeError
+from kube.errors import KubeError
 from node.nvml.simulated import SimulatedNvml
 from node.settings import AgentSettings
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["mig", "sharing", "webhook", "node", "controller", "gpupack"]
+PACKAGES = ["mig", "sharing", "webhook", "node", "controller", "gpupack", "kube"]
 
 
 def test_packages_are_mypy_strict_clean() -> None:
