@@ -20,6 +20,7 @@ from datetime import datetime
 from mig.model import GpuModel, PlacedInstance
 from sharing.api import labels_match
 from sharing.modes import AllocationMode, NodeSharingMode
+from sharing.replicas import fits_replicas
 from sharing.windows import window_contains
 
 
@@ -133,10 +134,9 @@ class Pod:
         return len(self.milli) if self.mode == "whole" else 0
 
     def fits_replicas(self, replicas: int, gpu_memory_mib: int) -> bool:
-        """The webhook's rule: ``r * milli <= 1000`` and ``memory * r <= GPU memory``."""
+        """The webhook's rule (``sharing.replicas``) for every GPU container of the pod."""
         return all(
-            replicas * m <= 1000 and (mem is None or mem * replicas <= gpu_memory_mib * 1024 * 1024)
-            for m, mem in zip(self.milli, self.memory_bytes)
+            fits_replicas(replicas, m, mem, gpu_memory_mib * 1024 * 1024) for m, mem in zip(self.milli, self.memory_bytes)
         )
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from datetime import datetime
 
 from controller.capacity import FreeCapacity, mig_claims, shared_claims, unreported_claims, whole_pinned
@@ -91,8 +92,10 @@ class _Cycle:
     planned_whole: Counter[str] = field(default_factory=Counter)
     whole_busy: Counter[str] = field(default_factory=Counter)
     """Nodes with whole-GPU pods bound or pinned: never split into replicas under them."""
-    unserved: list[Pod] = field(default_factory=list)
-    """Waiting pods not yet released or waiting on planned capacity, oldest first."""
+    waiting: tuple[Pod, ...] = ()
+    """The cycle's waiting pods, oldest first."""
+    current: int = 0
+    """Index in ``waiting`` of the pod being planned: the ones after it are still to come."""
 
 
 def _idle_enough(idle_since: datetime | None, now: datetime, seconds: int) -> bool:
@@ -339,10 +342,11 @@ node (8 GPUs x 8 replicas is 64 pods), bounded so a fleet's backlog costs a cycl
 
 def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharingMode, fitting: list[int]) -> int:
     """The replica count (one of ``fitting``, largest first) that serves the most of the waiting
-    demand the cycle sees: ``pod`` and the unserved pods after it of the same mode, oldest
+    demand the cycle sees: ``pod`` and the waiting pods after it of the same mode, oldest
     first, as many as the node's replicas hold, counted in the milli they ask. Ties go to the
     larger count (less replica waste), so a lone pod gets the most replicas it fits."""
-    same_mode = [p for p in cycle.unserved if p is not pod and p.mode == pod.mode][:DEMAND_LOOKAHEAD]
+    later = (p for p in cycle.waiting[cycle.current + 1 :] if p.mode == pod.mode)
+    same_mode = list(islice(later, DEMAND_LOOKAHEAD))
 
     def served(replicas: int) -> int:
         room = len(node.full_gpus) * replicas
@@ -418,9 +422,9 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     cycle.whole_busy = whole_pinned(snapshot.pods) + Counter({n.name: n.whole_taken for n in snapshot.nodes})
     releases: list[Release] = []
     waiting: list[Wait] = []
-    cycle.unserved = list(waiting_pods)
-    for pod in waiting_pods:
-        cycle.unserved.remove(pod)
+    cycle.waiting = tuple(waiting_pods)
+    for index, pod in enumerate(cycle.waiting):
+        cycle.current = index
         if pod.mode == "mig":
             outcome: Release | Wait = _plan_mig(cycle, pod, claims)
         elif pod.mode == "whole":

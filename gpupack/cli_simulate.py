@@ -37,7 +37,7 @@ from sharing.packing.mig_layouts import MIG_STRATEGIES, make_strategy
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
 from sharing.simulator.mig_replay import replay_mig
 from sharing.simulator.product import LIVE_PATHS, ProductRun, run_product
-from sharing.simulator.replay import SweepResult, sweep
+from sharing.simulator.replay import RunResult, SweepResult, summarise, sweep
 from sharing.simulator.scheduler_config import SchedulerConfigError, load_weights
 from sharing.simulator.traces import TraceError, load_nodes, load_pods
 from sharing.simulator.workload import published_seeds
@@ -141,24 +141,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def product_sweep(runs: list[ProductRun], workload: str) -> SweepResult:
-    """Product runs averaged the way ``sweep`` averages protocol runs (same keys, same means)."""
-    from sharing.simulator.metrics import mean_levels
-    from sharing.simulator.replay import RunResult
-
-    import numpy as np
-
-    protocol_like = tuple(
-        RunResult(r.policy, r.seed, r.pods, r.failed_pods, r.alloc_at, r.decision_us_median, r.final_alloc_percent)
-        for r in runs
-    )
-    return SweepResult(
-        policy=runs[0].policy,
-        workload=workload,
-        seeds=tuple(r.seed for r in runs),
-        alloc_at=mean_levels([r.alloc_at for r in runs]),
-        failed_pods=float(np.mean([r.failed_pods for r in runs])),
-        decision_us_median=float(np.median([r.decision_us_median for r in runs])),
-        runs=protocol_like,
+    """Product runs averaged by the protocol's own ``summarise`` (same keys, same means)."""
+    return summarise(
+        [RunResult(r.policy, r.seed, r.pods, r.failed_pods, r.alloc_at, r.decision_us_median, r.final_alloc_percent)
+         for r in runs],
+        workload,
     )
 
 

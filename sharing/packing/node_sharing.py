@@ -14,8 +14,8 @@ simulator's product model's (``sharing.simulator.product``): one implementation.
    split into ``k`` replicas. Which idle node is the policy's choice
    (:func:`switch_for`): by default the one with the fewest GPUs (ties: the
    caller's rank), so the large nodes that multi-GPU pods need stay whole. A
-   policy may know better (gpupack's: the node whose CPU and memory can feed its
-   replicas, :func:`feedable_first`).
+   policy may know better (gpupack's: the node whose CPU can feed its replicas,
+   :func:`feedable_first`).
 """
 
 from __future__ import annotations
@@ -46,13 +46,8 @@ def waste_first(candidates: BoolArray, modes: IntArray) -> BoolArray:
     return out
 
 
-def switch_order(gpu_count: int, rank: int | str) -> tuple[int, int | str]:
-    """Sort key of idle nodes to switch: fewest GPUs first, then the caller's rank."""
-    return (gpu_count, rank)
-
-
 def switch_choice(candidates: BoolArray, gpu_count: IntArray, rank: IntArray) -> int | None:
-    """Index of the idle node to switch (the least by :func:`switch_order`), or None."""
+    """Index of the idle node to switch (fewest GPUs, then the caller's rank), or None."""
     nodes = np.flatnonzero(candidates)
     if nodes.size == 0:
         return None

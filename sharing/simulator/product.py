@@ -130,20 +130,29 @@ class ProductReplay:
             return self._shared_by_engine(pod)
         return self._shared_by_scheduler(pod)
 
+    def _scheduler_pick(
+        self, pod: PodSpec, nodes: IntArray, gpu_req: IntArray | None, gpu_alloc: IntArray | None, gpu_weight: int
+    ) -> int:
+        """kube-scheduler's choice among ``nodes`` (MostAllocated; ``gpu_*`` per node in ``nodes``)."""
+        c = self.cluster
+        scores = most_allocated(
+            c.cpu_total[nodes] - c.cpu_free[nodes] + pod.cpu_milli, c.cpu_total[nodes],
+            c.mem_total[nodes] - c.mem_free[nodes] + pod.memory_mib, c.mem_total[nodes],
+            gpu_req, gpu_alloc, gpu_weight, self.weights,
+        )
+        tied = nodes[scores == scores.max()]
+        return int(tied[np.argmin(c.tie_rank[tied])])
+
     def _by_scheduler(self, pod: PodSpec, candidates: BoolArray, gpu: tuple[IntArray, IntArray, int] | None) -> float | None:
         c = self.cluster
         nodes = np.flatnonzero(candidates)
         if nodes.size == 0:
             return None
-        gpu_req, gpu_alloc, gpu_weight = gpu if gpu is not None else (None, None, 0)
-        scores = most_allocated(
-            c.cpu_total[nodes] - c.cpu_free[nodes] + pod.cpu_milli, c.cpu_total[nodes],
-            c.mem_total[nodes] - c.mem_free[nodes] + pod.memory_mib, c.mem_total[nodes],
-            None if gpu_req is None else gpu_req[nodes], None if gpu_alloc is None else gpu_alloc[nodes],
-            gpu_weight, self.weights,
-        )
-        tied = nodes[scores == scores.max()]
-        node = int(tied[np.argmin(c.tie_rank[tied])])
+        if gpu is None:
+            node = self._scheduler_pick(pod, nodes, None, None, 0)
+        else:
+            gpu_req, gpu_alloc, gpu_weight = gpu
+            node = self._scheduler_pick(pod, nodes, gpu_req[nodes], gpu_alloc[nodes], gpu_weight)
         if pod.gpu_count == 0:
             c.place(pod, node, ())
             return 0.0
@@ -191,14 +200,9 @@ class ProductReplay:
         candidates = feasible & shared_candidates(self.modes, self.free_replicas(), k)
         if candidates.any():
             nodes = np.flatnonzero(candidates)
-            replicas = self.modes[nodes]
-            scores = most_allocated(
-                c.cpu_total[nodes] - c.cpu_free[nodes] + pod.cpu_milli, c.cpu_total[nodes],
-                c.mem_total[nodes] - c.mem_free[nodes] + pod.memory_mib, c.mem_total[nodes],
-                self.used[nodes].sum(axis=1) + 1, c.gpu_count[nodes] * replicas, self.weights.gpu_shared, self.weights,
+            node = self._scheduler_pick(
+                pod, nodes, self.used[nodes].sum(axis=1) + 1, c.gpu_count[nodes] * self.modes[nodes], self.weights.gpu_shared
             )
-            tied = nodes[scores == scores.max()]
-            node = int(tied[np.argmin(c.tie_rank[tied])])
         else:
             switched = switch_choice(feasible & (self.modes == FRESH), c.gpu_count, c.tie_rank)
             if switched is None:

@@ -111,13 +111,17 @@ def sweep(
     clock: Clock = time.perf_counter_ns,
 ) -> SweepResult:
     """Run every seed and average allocation per level, failures and decision time."""
-    runs = tuple(run_once(nodes, trace_pods, policy_name, s, inflate, clock) for s in seeds)
+    return summarise(tuple(run_once(nodes, trace_pods, policy_name, s, inflate, clock) for s in seeds), workload_name)
+
+
+def summarise(runs: Sequence[RunResult], workload_name: str) -> SweepResult:
+    """Several seeds' runs of one policy, averaged (allocation per level, failures, decision time)."""
     return SweepResult(
         policy=runs[0].policy,
         workload=workload_name,
-        seeds=tuple(seeds),
+        seeds=tuple(r.seed for r in runs),
         alloc_at=mean_levels([r.alloc_at for r in runs]),
         failed_pods=float(np.mean([r.failed_pods for r in runs])),
         decision_us_median=float(np.median([r.decision_us_median for r in runs])),
-        runs=runs,
+        runs=tuple(runs),
     )
