@@ -13,14 +13,14 @@ from datetime import datetime, timezone
 from typing import Any
 
 from controller.model import Pod
-from sharing.modes import ALLOCATION_MODES
 from mig.units import parse_quantity
+from sharing.modes import ALLOCATION_MODES
+from sharing.options import WHOLE_RESOURCE
 
 GATE = "gpupack.io/capacity"
 ALLOCATION = "gpupack.io/allocation"
 HOSTNAME = "kubernetes.io/hostname"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-WHOLE_RESOURCE = "nvidia.com/gpu"
 
 
 def _map(value: Any) -> Mapping[str, Any]:

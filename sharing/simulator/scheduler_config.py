@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from sharing.options import SHARED_RESOURCE, WHOLE_RESOURCE
 from sharing.packing.kube_scoring import MostAllocatedWeights
 
 SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
@@ -36,9 +37,9 @@ def load_weights(path: Path = SHIPPED_CONFIG) -> MostAllocatedWeights:
     if strategy.get("type") != "MostAllocated":
         raise SchedulerConfigError(f"{path}: scoring strategy {strategy.get('type')!r}; the product model models MostAllocated")
     weights = {r["name"]: int(r.get("weight", 1)) for r in strategy.get("resources", ())}
-    missing = [n for n in ("cpu", "memory", "nvidia.com/gpu", "nvidia.com/gpu.shared") if n not in weights]
+    missing = [n for n in ("cpu", "memory", WHOLE_RESOURCE, SHARED_RESOURCE) if n not in weights]
     if missing:
         raise SchedulerConfigError(f"{path}: MostAllocated weighs no {', '.join(missing)}")
     return MostAllocatedWeights(
-        cpu=weights["cpu"], memory=weights["memory"], gpu=weights["nvidia.com/gpu"], gpu_shared=weights["nvidia.com/gpu.shared"]
+        cpu=weights["cpu"], memory=weights["memory"], gpu=weights[WHOLE_RESOURCE], gpu_shared=weights[SHARED_RESOURCE]
     )
