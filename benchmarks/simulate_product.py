@@ -26,6 +26,7 @@ import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sharing.packing.kube_scoring import MostAllocatedWeights  # noqa: E402
+from sharing.packing.model import NodeSpec, PodSpec  # noqa: E402
 from sharing.simulator.product import run_product  # noqa: E402
 from sharing.simulator.scheduler_config import load_weights  # noqa: E402
 from sharing.simulator.traces import load_nodes, load_pods  # noqa: E402
@@ -43,6 +45,7 @@ DEFAULT_TRACES = ROOT.parent / "shared" / "traces" / "openb"
 WORKLOADS = ("default", "cpu050", "cpu100", "cpu200", "gpushare40", "gpushare60", "gpushare80",
              "gpuspec10", "gpuspec20", "gpuspec25", "multigpu20", "multigpu30", "multigpu40")
 CONFIGS = (("engine", "BestFit"), ("engine", "FGD"), ("engine", "gpupack"), ("scheduler", "FGD"))
+DEFAULT_OUT = HERE / "product_results.json"
 TUNED_ON = ("default", "gpushare40", "gpushare80", "cpu100", "cpu200", "multigpu20", "gpuspec20", "multigpu40")
 """Workloads looked at (1-3 seeds) while the product policy and the shipped kube-scheduler
 weights were chosen (docs/simulator.md, "Product model"); the others are out of sample."""
@@ -51,10 +54,16 @@ EARLIER_WEIGHTS = MostAllocatedWeights(cpu=1, memory=1, gpu=10, gpu_shared=10)
 resources 10): the baseline's live path ran with them, and so does its model here."""
 
 
+@lru_cache(maxsize=None)
+def _trace(traces: str, workload: str) -> tuple[tuple[NodeSpec, ...], tuple[PodSpec, ...]]:
+    """A workload's nodes and pods, read once per worker process (every seed and policy reuses them)."""
+    nodes = tuple(load_nodes(Path(traces) / "openb_node_list_gpu_node.csv"))
+    return nodes, tuple(load_pods(Path(traces) / f"openb_pod_list_{workload}.csv").pods)
+
+
 def _one(job: tuple[str, str, str, int, str]) -> dict[str, Any]:
-    traces, workload, live_path, policy, seed = job[4], job[0], job[1], job[2], job[3]
-    nodes = load_nodes(Path(traces) / "openb_node_list_gpu_node.csv")
-    pods = load_pods(Path(traces) / f"openb_pod_list_{workload}.csv").pods
+    workload, live_path, policy, seed, traces = job
+    nodes, pods = _trace(traces, workload)
     # The baseline is gpupack as it was: the scheduler live path with the weights shipped then.
     weights = EARLIER_WEIGHTS if live_path == "scheduler" else load_weights()
     run = run_product(nodes, pods, policy, seed, weights, live_path)  # type: ignore[arg-type]
@@ -145,7 +154,8 @@ def main() -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--seeds", type=int, default=10, help="published seeds 42.. (default 10)")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--out", type=Path, default=HERE / "product_results.json")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help="raw results; RESULTS.md is rewritten only when this is the default file")
     ap.add_argument("--from-json", action="store_true", help="only re-render the tables from --out")
     args = ap.parse_args()
     if args.from_json:
@@ -171,11 +181,12 @@ def main() -> None:
         "runs": runs,
     }
     args.out.write_text(json.dumps(data, indent=1) + "\n")
-    write_section(data)
+    # A trial run (--out elsewhere, fewer workloads or seeds) must not replace the published tables.
+    write_section(data, HERE / "RESULTS.md" if args.out == DEFAULT_OUT else None)
 
 
-def write_section(data: dict[str, Any]) -> None:
-    results = HERE / "RESULTS.md"
+def write_section(data: dict[str, Any], results: Path | None) -> None:
+    """Print the section; also put it into ``results`` (RESULTS.md) when given."""
     minutes = data["wall_s"] / 60
     section = "\n".join([
         BEGIN,
@@ -197,8 +208,9 @@ def write_section(data: dict[str, Any]) -> None:
         render(data),
         END,
     ])
-    text = results.read_text() if results.exists() else "# Packing results on the Alibaba openb traces\n"
-    results.write_text(with_product_section(text, section))
+    if results is not None:
+        text = results.read_text() if results.exists() else "# Packing results on the Alibaba openb traces\n"
+        results.write_text(with_product_section(text, section))
     print(section)
 
 
