@@ -225,11 +225,11 @@ def _choose_uncached(
                         Reason.NO_MIG_MODEL, f"no known GPU model can satisfy the mig request: {none.reason}"
                     ) from None
                 failures.append(f"mig: {none.reason}")
-        elif whole:
-            if not any(o.mode == "whole" for o in options):
-                options.append(whole_option(asks, inventory))
-        else:
+        elif not whole:
             options.append(shared_option(mode, asks, roles, inventory))
+    if whole and any(m != "mig" for m in modes):
+        # MPS or time-slicing would need a GPU split into one replica: one whole-GPU option instead.
+        options.append(whole_option(asks, inventory))
     if requested == "auto":
         # Shared modes with no compatible node are only a fallback when asked
         # for explicitly: auto never gates on a kind of node that does not exist.
