@@ -11,9 +11,10 @@ allows: the engine's model filter then does the compatibility check.
 
 The node-wide replica rules are ``sharing.packing.node_sharing``'s, the ones
 the simulator's product model replays: a pod goes to the shared nodes with the
-largest replica count it fits (waste first), the policy chooses among them, and
+largest replica count it fits (waste first), the policy chooses among them,
 the idle node to split when none has room is the policy's choice too
-(:meth:`SharedPlacer.switch`).
+(:meth:`SharedPlacer.switch`), and so is where a whole-GPU pod goes among
+whole-GPU nodes in use and idle ones (:meth:`SharedPlacer.place_whole`).
 
 The device plugin, not gpupack, picks the GPU inside the node, so the
 engine's GPU choice is only used to keep the cluster state consistent.
@@ -28,7 +29,7 @@ import numpy as np
 from controller.model import Node, Pod
 from sharing.packing.cluster import ClusterState
 from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
-from sharing.packing.node_sharing import switch_for, waste_first
+from sharing.packing.node_sharing import place_whole, switch_for, waste_first
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
 from sharing.packing.typical import TypicalPods
@@ -128,7 +129,10 @@ class SharedPlacer:
             used = len(n.full_gpus) - free[n.name]
             for g in range(min(used, len(n.full_gpus))):
                 cluster.place(PodSpec(f"taken/{n.name}/{g}", 0, 0, 1, GPU_MILLI), i, (g,))
-        outcome = decide(cluster, engine_pod(pod, ()), self.policy)
+        # A node with every GPU free is idle (it could still be split into replicas),
+        # the simulator's "fresh"; one with a GPU taken is a whole-GPU node in use.
+        idle = np.array([free[n.name] >= len(n.full_gpus) for n in candidates], dtype=bool)
+        outcome = place_whole(self.policy, cluster, engine_pod(pod, ()), ~idle, idle)
         return candidates[outcome.node].name if isinstance(outcome, Placement) else None
 
     def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]]) -> tuple[Node, int] | None:

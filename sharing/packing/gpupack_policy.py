@@ -32,12 +32,19 @@ things (measurements and every variant tried: docs/simulator.md):
 
 4. **Which idle node becomes shared** (the product model and the live
    controller, where GPUs are split into node-wide replicas:
-   ``sharing.packing.node_sharing``): the node whose CPU can feed its
-   replicas at the typical shared pod's CPU (the typical pods carry no
-   memory figure), not merely the
-   smallest; a replica no pod can be given CPU for is capacity lost.
+   ``sharing.packing.node_sharing``): among the nodes whose CPU can feed
+   their replicas at the typical shared pod's CPU (the typical pods carry no
+   memory figure), then the fewest GPUs, the one the score above prefers
+   for the pod; a replica no pod can be given CPU for is capacity lost.
+5. **Where whole-GPU pods go** under node-wide replicas: to a whole-GPU node
+   already in use when one fits, and else to the idle node whose leftover
+   CPU could feed the fewest replicas (``node_sharing.least_feedable``), so
+   the idle nodes that sharing needs stay idle. Among those nodes FGD's score
+   decides, measured against the typical pods a whole-GPU node can take
+   (shared pods never go there). FGD and BestFit take the best-scored node
+   among all of them.
 
-Whole-GPU and CPU-only pods are scored exactly as FGD scores them. The policy
+Otherwise whole-GPU and CPU-only pods are scored exactly as FGD scores them. The policy
 uses nothing an online scheduler would not know at decision time (the cluster
 state and the request distribution) and never refuses a pod that fits.
 """
@@ -50,10 +57,12 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.dual_prices import DualPrices
 from sharing.packing.fgd import FgdPolicy, fragmentation_delta
 from sharing.packing.fragmentation import FloatArray, fgd_score
-from sharing.packing.model import GPU_MILLI, PodSpec
-from sharing.packing.node_sharing import feedable_first
+from sharing.packing.model import GPU_MILLI, Placement, PodSpec, Refusal
+from sharing.packing.node_sharing import least_feedable, most_feedable
+from sharing.packing.policy import decide
 from sharing.packing.state_cache import RequestKey, StateCache
 from sharing.packing.typical import TypicalPods
+from sharing.replicas import largest_replicas
 
 STRANDING_WEIGHT = 8.0
 """Milli of fragmentation one milli of newly stranded GPU counts as (w above).
@@ -81,14 +90,15 @@ def _cpu_per_gpu_milli(typical: TypicalPods) -> float:
     return cpu_milli / gpu_milli if gpu_milli > 0 and cpu_milli > 0 else 0.0
 
 
-def _cpu_per_shared_pod(typical: TypicalPods) -> float:
-    """Mean CPU milli of the typical pods that share a GPU (at most half of one)."""
-    weight = cpu = 0.0
+def _typical_shared_pod(typical: TypicalPods) -> tuple[float, float]:
+    """Mean CPU milli and mean GPU milli of the typical pods that share a GPU (at most half of one)."""
+    weight = cpu = gpu = 0.0
     for p, milli, count, c in zip(typical.probability, typical.gpu_milli, typical.gpu_count, typical.cpu_milli):
         if count == 1 and 0 < 2 * milli <= GPU_MILLI:
             weight += p
             cpu += p * c
-    return cpu / weight if weight > 0 else 0.0
+            gpu += p * milli
+    return (cpu / weight, gpu / weight) if weight > 0 else (0.0, GPU_MILLI / 2)
 
 
 class GpupackPolicy(FgdPolicy):
@@ -104,7 +114,11 @@ class GpupackPolicy(FgdPolicy):
         # every node evaluation: computed once here.
         self._cpu_per_gpu_milli = _cpu_per_gpu_milli(typical)
         self.prices = DualPrices.from_typical(typical)
-        self._shared_cpu = _cpu_per_shared_pod(typical)
+        self._shared_cpu, shared_milli = _typical_shared_pod(typical)
+        self._shared_replicas = largest_replicas(max(1, round(shared_milli)))
+        # Whole-GPU pods are scored as FGD scores them, against the typical pods
+        # a whole-GPU node can take (item 5).
+        self._whole_scorer = FgdPolicy(typical.without_shared())
 
     def cpu_per_gpu_milli(self) -> float:
         """The typical GPU pods' CPU milli per GPU milli (about 10 on openb)."""
@@ -144,8 +158,19 @@ class GpupackPolicy(FgdPolicy):
     def switch_choice(
         self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray
     ) -> int | None:
-        """The idle node to split into ``replicas``: the one that strands the fewest replicas."""
-        return feedable_first(cluster, candidates, replicas, self._shared_cpu)
+        """The idle node to split into ``replicas``: among those that strand the fewest replicas
+        (then the fewest GPUs), the one the score prefers for ``pod``."""
+        outcome = decide(cluster, pod, self, most_feedable(cluster, candidates, replicas, self._shared_cpu))
+        return outcome.node if isinstance(outcome, Placement) else None
+
+    def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> Placement | Refusal:
+        """A whole-GPU pod: on a whole-GPU node in use if one fits, else on the idle node that
+        sharing would use worst; FGD's score against the non-shared typical pods chooses among them."""
+        outcome = decide(cluster, pod, self._whole_scorer, in_use)
+        if isinstance(outcome, Placement):
+            return outcome
+        worst_fed = least_feedable(cluster, pod, idle & cluster.feasible(pod), self._shared_replicas, self._shared_cpu)
+        return decide(cluster, pod, self._whole_scorer, worst_fed)
 
     def best_device(self, scores: IntArray, free: IntArray) -> int:
         """Among the devices with the best score, the one with the least free milli."""

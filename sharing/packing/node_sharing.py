@@ -14,8 +14,13 @@ simulator's product model's (``sharing.simulator.product``): one implementation.
    split into ``k`` replicas. Which idle node is the policy's choice
    (:func:`switch_for`): by default the one with the fewest GPUs (ties: the
    caller's rank), so the large nodes that multi-GPU pods need stay whole. A
-   policy may know better (gpupack's: the node whose CPU can feed its replicas,
-   :func:`feedable_first`).
+   policy may know better (gpupack's: among the nodes whose CPU can feed their
+   replicas, :func:`most_feedable`, the one its score prefers).
+3. **Whole-GPU pods** go to whole-GPU nodes or idle ones, never to shared
+   ones; where among them is the policy's choice (:func:`place_whole`): by
+   default its score over all of them. A policy may know better (gpupack's:
+   whole-GPU nodes already in use first, and else the idle node least able to
+   feed replicas, :func:`least_feedable`, so idle nodes stay idle for sharing).
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from typing import Final, Protocol, runtime_checkable
 import numpy as np
 
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
-from sharing.packing.model import PodSpec
+from sharing.packing.model import Placement, PodSpec, Refusal
+from sharing.packing.policy import Policy, decide
 
 FRESH: Final = 0
 WHOLE: Final = -1
@@ -78,23 +84,77 @@ STRANDING_BUCKET: Final = 0.1
 """Stranded fractions closer than this count as equal, so the fewest-GPUs rule still decides among them."""
 
 
-def feedable_first(
+def _stranded_bucket(gpus: IntArray, cpu: IntArray, replicas: IntArray, cpu_per_replica: float) -> IntArray:
+    """Share of ``gpus * replicas`` replicas that ``cpu`` cannot feed, in steps of :data:`STRANDING_BUCKET`."""
+    offered = (gpus * replicas).astype(np.float64)
+    feed = cpu / cpu_per_replica if cpu_per_replica > 0 else np.full(gpus.shape, np.inf)
+    stranded = np.maximum(0.0, offered - feed) / np.maximum(offered, 1.0)
+    bucket: IntArray = np.floor(stranded / STRANDING_BUCKET + 0.5).astype(np.int64)
+    return bucket
+
+
+def most_feedable(
     cluster: ClusterState, candidates: BoolArray, replicas: int | IntArray, cpu_per_replica: float
-) -> int | None:
-    """The idle node whose CPU can feed the most of its ``replicas`` per GPU.
+) -> BoolArray:
+    """The idle candidates whose CPU can feed the most of their ``replicas`` per GPU.
 
     A node split into ``r`` replicas per GPU offers ``r * GPUs`` replicas; typical
     shared pods need ``cpu_per_replica`` CPU milli each, so ``C / cpu`` of them can
-    run there and the rest of the replicas are stranded. The least stranded fraction (in steps of
-    :data:`STRANDING_BUCKET`) wins; then the fewest GPUs, then the caller's rank.
+    run there and the rest of the replicas are stranded. The nodes with the least
+    stranded fraction (in steps of :data:`STRANDING_BUCKET`) and among them the
+    fewest GPUs are returned; the policy chooses among them.
     """
     nodes = np.flatnonzero(candidates)
     if nodes.size == 0:
-        return None
+        return candidates
     per_node = np.broadcast_to(np.asarray(replicas, dtype=np.int64), cluster.gpu_count.shape)
-    offered = (cluster.gpu_count[nodes] * per_node[nodes]).astype(np.float64)
-    feed = cluster.cpu_free[nodes] / cpu_per_replica if cpu_per_replica > 0 else np.full(nodes.size, np.inf)
-    stranded = np.maximum(0.0, offered - feed) / np.maximum(offered, 1.0)
-    bucket = np.floor(stranded / STRANDING_BUCKET + 0.5).astype(np.int64)
-    order = np.lexsort((cluster.tie_rank[nodes], cluster.gpu_count[nodes], bucket))
-    return int(nodes[order[0]])
+    bucket = _stranded_bucket(cluster.gpu_count[nodes], cluster.cpu_free[nodes], per_node[nodes], cpu_per_replica)
+    least = bucket == bucket.min()
+    fewest = least & (cluster.gpu_count[nodes] == cluster.gpu_count[nodes][least].min())
+    out: BoolArray = np.zeros_like(candidates)
+    out[nodes[fewest]] = True
+    return out
+
+
+def least_feedable(
+    cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int, cpu_per_replica: float
+) -> BoolArray:
+    """The idle candidates that sharing would use worst once ``pod`` (a whole-GPU pod) is on them.
+
+    The mirror of :func:`most_feedable`: a whole-GPU pod that must claim an idle
+    node claims one whose GPUs left over, split into ``replicas``, its CPU left
+    over could feed the fewest of (the most stranded fraction, same steps), so
+    the idle nodes that can feed replicas stay idle for shared pods. The policy
+    chooses among the returned nodes.
+    """
+    nodes = np.flatnonzero(candidates)
+    if nodes.size == 0:
+        return candidates
+    left_gpus = np.maximum(cluster.gpu_count[nodes] - pod.gpu_count, 0)
+    left_cpu = np.maximum(cluster.cpu_free[nodes] - pod.cpu_milli, 0)
+    bucket = _stranded_bucket(left_gpus, left_cpu, np.full(nodes.size, replicas, dtype=np.int64), cpu_per_replica)
+    out: BoolArray = np.zeros_like(candidates)
+    out[nodes[bucket == bucket.max()]] = True
+    return out
+
+
+@runtime_checkable
+class PlacesWholePods(Protocol):
+    """A policy with its own rule for where whole-GPU pods go under node-wide replicas."""
+
+    def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> Placement | Refusal:
+        """Where ``pod`` goes among whole-GPU nodes already ``in_use`` and ``idle`` nodes (either may become whole)."""
+        ...
+
+
+def place_whole(
+    policy: Policy, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray
+) -> Placement | Refusal:
+    """Where ``policy`` puts whole-GPU ``pod``: its own rule, or its score over every candidate.
+
+    ``in_use``: whole-GPU nodes with a GPU taken; ``idle``: nodes with nothing
+    placed, which could still be split into replicas. Not committed.
+    """
+    if isinstance(policy, PlacesWholePods):
+        return policy.place_whole(cluster, pod, in_use, idle)
+    return decide(cluster, pod, policy, in_use | idle)

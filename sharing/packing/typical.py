@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sharing.packing.model import PodSpec
+from sharing.packing.model import GPU_MILLI, PodSpec
 
 COVERAGE_PERCENT = 95
 """Share of pods the kept prefix must cover (the published simulator's threshold)."""
@@ -67,6 +67,31 @@ class TypicalPods:
             probability=tuple(c / cumulative for _, c in kept),
             covered_pods=cumulative,
             total_pods=total,
+        )
+
+    def without_shared(self) -> TypicalPods:
+        """The typical pods a whole-GPU node can take: CPU-only and whole-GPU ones.
+
+        Under node-wide replicas a shared pod never lands on a node that hands
+        out whole GPUs, so fragmentation on such a node is measured against the
+        others only (probabilities renormalised). When no such pod is typical
+        the table is returned unchanged, so a score is still defined.
+        """
+        kept = [
+            k for k in range(len(self))
+            if self.gpu_milli[k] == 0 or self.gpu_milli[k] >= GPU_MILLI or self.gpu_count[k] > 1
+        ]
+        if not kept or len(kept) == len(self):
+            return self
+        weight = sum(self.probability[k] for k in kept)
+        return TypicalPods(
+            cpu_milli=tuple(self.cpu_milli[k] for k in kept),
+            gpu_milli=tuple(self.gpu_milli[k] for k in kept),
+            gpu_count=tuple(self.gpu_count[k] for k in kept),
+            gpu_spec=tuple(self.gpu_spec[k] for k in kept),
+            probability=tuple(self.probability[k] / weight for k in kept),
+            covered_pods=self.covered_pods,
+            total_pods=self.total_pods,
         )
 
     def accessible(self, models: tuple[str, ...]) -> npt.NDArray[np.bool_]:

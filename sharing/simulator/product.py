@@ -48,7 +48,9 @@ import numpy as np
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.kube_scoring import MostAllocatedWeights, most_allocated
 from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
-from sharing.packing.node_sharing import FRESH, WHOLE, shared_candidates, switch_choice, switch_for, waste_first
+from sharing.packing.node_sharing import (
+    FRESH, WHOLE, place_whole, shared_candidates, switch_choice, switch_for, waste_first,
+)
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.typical import TypicalPods
@@ -168,7 +170,7 @@ class ProductReplay:
         return self._by_scheduler(pod, candidates, (used_gpus + pod.gpu_count, c.gpu_count, self.weights.gpu))
 
     def _whole_by_engine(self, pod: PodSpec) -> float | None:
-        outcome = decide(self.cluster, pod, self.policy, self.modes <= FRESH)
+        outcome = place_whole(self.policy, self.cluster, pod, self.modes == WHOLE, self.modes == FRESH)
         if not isinstance(outcome, Placement):
             return None
         self.cluster.place(pod, outcome.node, outcome.gpus)

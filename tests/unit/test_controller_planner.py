@@ -361,6 +361,40 @@ def test_controller_and_product_model_choose_alike() -> None:
     assert model.modes[2] == 3 and model.modes[3] == 0
 
 
+def test_controller_and_product_model_place_whole_gpu_pods_alike() -> None:
+    """gpupack's rule for whole-GPU pods, in the live placer and the product model: a whole-GPU
+    node in use first; when none fits, the idle node whose CPU could feed the fewest replicas."""
+        from controller.sharedplan import SharedPlacer
+    from sharing.packing.cluster import ClusterState
+    from sharing.packing.gpupack_policy import GpupackPolicy
+    from sharing.packing.kube_scoring import MostAllocatedWeights
+    from sharing.packing.model import NodeSpec, PodSpec
+    from sharing.packing.node_sharing import WHOLE
+    from sharing.packing.typical import TypicalPods
+    from sharing.simulator.product import ProductReplay
+
+    specs = [("in-use", 2, 64_000), ("rich-idle", 4, 96_000), ("poor-idle", 4, 6_000)]
+    live_nodes = [replace(plain(name, gpus), cpu_milli=cpu, memory_mib=512_000) for name, gpus, cpu in specs]
+    shapes = [replace(shared_pod(f"t{i}", milli=300), cpu_milli=4000) for i in range(3)] + [whole_pod("tw")]
+    placer = SharedPlacer(live_nodes, {}, shapes)
+    free = {"in-use": 1, "rich-idle": 4, "poor-idle": 4}
+    cluster = ClusterState([NodeSpec(name, cpu, 512_000, gpus, "gpu") for name, gpus, cpu in specs])
+    typical = TypicalPods.from_pods([PodSpec(f"t{i}", 4000, 0, 1, 300) for i in range(3)] + [PodSpec("tw", 0, 0, 1, 1000)])
+    model = ProductReplay(cluster, GpupackPolicy(typical), MostAllocatedWeights(1, 1, 10, 10), "engine")
+    model.cluster.place(PodSpec("held", 0, 0, 1, 1000), 0, (0,))
+    model.modes[0] = WHOLE
+    # 1. One GPU: the whole-GPU node in use, not an idle one, in both.
+    assert placer.place_whole(whole_pod("one"), live_nodes, free) == "in-use"
+    model.place(PodSpec("one", 0, 0, 1, 600))  # above half a GPU: the model's whole-GPU pod
+    assert model.cluster.gpu_free[0].sum() == 0 and model.modes.tolist() == [WHOLE, 0, 0]
+    # 2. No node in use has a GPU left: the idle node sharing would use worst (its CPU feeds
+    #    few 300-milli replicas), so the CPU-rich one stays idle for shared pods, in both.
+    free["in-use"] = 0
+    assert placer.place_whole(whole_pod("two"), live_nodes, free) == "poor-idle"
+    model.place(PodSpec("two", 0, 0, 1, 600))
+    assert model.modes.tolist() == [WHOLE, 0, WHOLE]
+
+
 def test_switch_candidates_are_judged_on_the_labels_they_will_have() -> None:
     """The webhook's terms name the sharing a pod needs (strategy In [mps]; strategy NotIn
     [mps, time-slicing] for a whole GPU); an idle node about to be switched does not carry

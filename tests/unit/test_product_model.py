@@ -12,7 +12,7 @@ from sharing.packing.fgd import FgdPolicy
 from sharing.packing.gpupack_policy import GpupackPolicy
 from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.model import NodeSpec, PodSpec
-from sharing.packing.node_sharing import FRESH, WHOLE, feedable_first, switch_choice, switch_for, waste_first
+from sharing.packing.node_sharing import FRESH, WHOLE, least_feedable, most_feedable, switch_choice, switch_for, waste_first
 from sharing.packing.typical import TypicalPods
 from sharing.replicas import fits_replicas, largest_replicas, takes_whole_gpu
 from sharing.simulator.product import LivePath, ProductReplay
@@ -110,9 +110,40 @@ def test_gpupack_switches_the_node_whose_cpu_feeds_its_replicas() -> None:
     cluster = ClusterState(nodes)
     typical = TypicalPods.from_pods([gpu_pod("t", 250, cpu=4000)])
     candidates = np.ones(2, dtype=bool)
-    assert feedable_first(cluster, candidates, 4, 4000.0) == 1
+    assert np.flatnonzero(most_feedable(cluster, candidates, 4, 4000.0)).tolist() == [1]
     assert switch_for(GpupackPolicy(typical), cluster, gpu_pod("p", 250), candidates, 4) == 1
     assert switch_for(FgdPolicy(typical), cluster, gpu_pod("p", 250), candidates, 4) == 0  # fewest GPUs
+
+
+def test_the_typical_pods_a_whole_gpu_node_can_take() -> None:
+    typical = TypicalPods.from_pods([gpu_pod("s", 300), gpu_pod("s2", 300), gpu_pod("w", 1000), PodSpec("c", 2000, 1024)])
+    whole = typical.without_shared()
+    assert sorted(zip(whole.gpu_milli, whole.probability)) == [(0, 0.5), (1000, 0.5)]
+    only_shared = TypicalPods.from_pods([gpu_pod("s", 300)])
+    assert only_shared.without_shared() is only_shared  # nothing else typical: the table stays
+
+
+def test_gpupack_gives_whole_gpu_pods_nodes_in_use_then_the_worst_fed_idle_node() -> None:
+    nodes = [NodeSpec("in-use", 64_000, 256_000, 2, "T4"), NodeSpec("rich", 96_000, 256_000, 4, "T4"),
+             NodeSpec("poor", 6_000, 256_000, 4, "T4")]
+    typical = TypicalPods.from_pods([gpu_pod("t", 300, cpu=4000)] * 3 + [gpu_pod("w", 1000)])
+    r = ProductReplay(ClusterState(nodes), GpupackPolicy(typical), WEIGHTS, "engine")
+    # Pods above half a GPU are the engine's whole-GPU pods (plain whole-GPU pods are kube-scheduler's).
+    r.place(gpu_pod("first", 600))  # every node idle: the one whose CPU feeds the fewest replicas
+    assert r.modes.tolist() == [FRESH, FRESH, WHOLE]
+    for i in range(3):  # whole-GPU nodes in use beat idle ones while they have a GPU
+        r.place(gpu_pod(f"more-{i}", 600))
+    assert r.modes.tolist() == [FRESH, FRESH, WHOLE] and int((r.cluster.gpu_free[2] == 0).sum()) == 4
+    r.place(gpu_pod("fifth", 600))  # none in use fits: the worse fed of the two idle nodes
+    assert r.modes.tolist() == [WHOLE, FRESH, WHOLE]
+    # FGD scores every candidate alike: its first whole-GPU pod takes another node.
+    fgd = ProductReplay(ClusterState(nodes), FgdPolicy(typical), WEIGHTS, "engine")
+    fgd.place(gpu_pod("first", 600))
+    assert fgd.modes[2] == FRESH
+    # The CPU-poor node's leftover feeds 1 of 9 replicas of 300 milli; the others feed all theirs.
+    every = np.ones(3, dtype=bool)
+    assert least_feedable(ClusterState(nodes), gpu_pod("x", 1000), every, 3, 4000.0).tolist() == [False, False, True]
+    assert not least_feedable(ClusterState(nodes), gpu_pod("x", 1000), ~every, 3, 4000.0).any()
 
 
 def test_unknown_live_path_is_refused() -> None:
