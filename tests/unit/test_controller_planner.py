@@ -364,7 +364,8 @@ def test_controller_and_product_model_choose_alike() -> None:
 def test_controller_and_product_model_place_whole_gpu_pods_alike() -> None:
     """gpupack's rule for whole-GPU pods, in the live placer and the product model: a whole-GPU
     node in use first; when none fits, the idle node whose CPU could feed the fewest replicas."""
-        from controller.sharedplan import SharedPlacer
+
+    from controller.sharedplan import SharedPlacer
     from sharing.packing.cluster import ClusterState
     from sharing.packing.gpupack_policy import GpupackPolicy
     from sharing.packing.kube_scoring import MostAllocatedWeights
