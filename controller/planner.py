@@ -39,7 +39,9 @@ from controller.model import Node, NodePolicy, Pod, Snapshot
 from controller.sharedplan import SharedPlacer
 from mig.reach import plan_reconfiguration
 from sharing.modes import NodeSharingMode
+from sharing.packing.node_sharing import splits_before_wasting
 from sharing.options import REPLICAS_LABEL, STRATEGY_LABEL
+from sharing.replicas import MAX_REPLICAS
 
 
 @dataclass(frozen=True)
@@ -284,9 +286,21 @@ def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[st
     return Wait(pod.key, f"capacity being created: {idle[0].name} returning to whole GPUs")
 
 
+def _own_size(cycle: _Cycle, pod: Pod, node: Node) -> int:
+    """The replica count a split of ``node`` could give ``pod`` at most (its policy's bounds;
+    the device plugin's without one), 0 when none fits."""
+    policy = cycle.snapshot.policies.get(node.name)
+    top, bottom = (policy.max_replicas, policy.min_replicas) if policy is not None else (MAX_REPLICAS, 1)
+    return next((r for r in range(top, bottom - 1, -1) if _shared_ok(pod, node, r)), 0)
+
+
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
     mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
-    node = placer.place(pod, dict(cycle.free.shared))
+    # A policy that splits before it wastes (sharing.packing.node_sharing, rule 2) first takes
+    # only replicas of the pod's own size, and a larger one only when no idle node may be split.
+    split_first = splits_before_wasting(placer.policy)
+    own = {n.name: _own_size(cycle, pod, n) for n in placer.nodes} if split_first else None
+    node = placer.place(pod, dict(cycle.free.shared), own_size=own)
     if node is not None:
         cycle.free.take_shared(node, pod.shares)
         return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine)")
@@ -321,6 +335,11 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         idle.append((node_, fitting[0]))
     # The engine's policy chooses which idle node to split (sharing.packing.node_sharing).
     best = placer.switch(pod, idle)
+    if best is None and split_first:
+        node = placer.place(pod, dict(cycle.free.shared))
+        if node is not None:
+            cycle.free.take_shared(node, pod.shares)
+            return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine; no idle node to split)")
     if best is None:
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")

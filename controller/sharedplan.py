@@ -29,12 +29,13 @@ import numpy as np
 from controller.model import Node, Pod
 from sharing.packing.cluster import ClusterState
 from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
-from sharing.packing.node_sharing import place_whole, switch_for, waste_first
+from sharing.packing.node_sharing import exact_replicas, place_whole, switch_for, waste_first
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
 from sharing.packing.typical import TypicalPods
 
 _BIG_CPU = 10**9  # nodes whose allocatable is unknown: CPU never limits the GPU choice
+_NEVER = 10**6  # a replica count no node has
 
 
 def node_key(node: Node) -> str:
@@ -92,8 +93,11 @@ class SharedPlacer:
             out.append(node_key(n))
         return tuple(sorted(set(out)))
 
-    def place(self, pod: Pod, free: dict[str, int]) -> str | None:
-        """The node the engine picks for ``pod`` among nodes with free replicas; commits it."""
+    def place(self, pod: Pod, free: dict[str, int], own_size: dict[str, int] | None = None) -> str | None:
+        """The node the engine picks for ``pod`` among nodes with free replicas; commits it.
+
+        ``own_size``: only nodes split into the replica count given per node name (the
+        pod's own size; ``node_sharing.exact_replicas``); without it, waste first."""
         if self.cluster is None:
             return None
         accepted = self.accepted(pod)
@@ -107,7 +111,13 @@ class SharedPlacer:
             for n in self.nodes
         ], dtype=bool)
         replicas = np.array([n.replicas for n in self.nodes], dtype=np.int64)
-        nearest = waste_first(allowed & self.cluster.feasible(spec), replicas)
+        candidates = allowed & self.cluster.feasible(spec)
+        if own_size is None:
+            nearest = waste_first(candidates, replicas)
+        else:
+            # A node missing from own_size (or with 0: the pod fits no split of it) is never exact.
+            sizes = np.array([own_size.get(n.name, 0) or _NEVER for n in self.nodes], dtype=np.int64)
+            nearest = exact_replicas(candidates, replicas, sizes)
         outcome = decide(self.cluster, spec, self.policy, nearest)
         if not isinstance(outcome, Placement):
             return None

@@ -43,6 +43,11 @@ things (measurements and every variant tried: docs/simulator.md):
    decides, measured against the typical pods a whole-GPU node can take
    (shared pods never go there). FGD and BestFit take the best-scored node
    among all of them.
+6. **A replica of the pod's own size before a larger one**: a pod fitting
+   ``k`` replicas takes a replica of a node split into exactly ``k``; when none
+   has room an idle node is split into ``k``, and only when none may be split
+   does it take a larger replica (the smallest). FGD and BestFit take the
+   smallest free replica first and split only when there is none.
 
 Otherwise whole-GPU and CPU-only pods are scored exactly as FGD scores them. The policy
 uses nothing an online scheduler would not know at decision time (the cluster
@@ -105,6 +110,9 @@ class GpupackPolicy(FgdPolicy):
     """FGD's score with a CPU-stranding penalty, and the tightest-GPU device choice."""
 
     name = "gpupack"
+    splits_before_wasting = True
+    """Under node-wide replicas, split an idle node into the pod's own replica size before
+    using a larger replica (``node_sharing``, rule 2; item 6 above)."""
     stranding_weight = STRANDING_WEIGHT
     regret_weight = REGRET_WEIGHT
 

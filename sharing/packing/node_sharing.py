@@ -10,8 +10,13 @@ simulator's product model's (``sharing.simulator.product``): one implementation.
    may use a node split into ``r <= k``; it occupies ``1000 / r`` of a GPU, so the
    nodes with the largest ``r`` waste the least. Among those, the packing policy
    chooses (``sharing.packing.policy.decide``).
-2. **Switch an idle node.** Only when no shared node has a replica for it; it is
-   split into ``k`` replicas. Which idle node is the policy's choice
+2. **Switch an idle node.** When no shared node has a replica for it, an idle
+   node is split into ``k`` replicas. A policy that
+   :func:`splits_before_wasting` (gpupack's) does so already when no node split
+   into exactly ``k`` has room (:func:`exact_replicas`): a replica of ``1000 / k``
+   wastes less than a larger one, and the split's other replicas serve the pods
+   of the same size that follow; only when no idle node may be split does the
+   pod take the smallest larger replica (rule 1). Which idle node is the policy's choice
    (:func:`switch_for`): by default the one with the fewest GPUs (ties: the
    caller's rank), so the large nodes that multi-GPU pods need stay whole. A
    policy may know better (gpupack's: among the nodes whose CPU can feed their
@@ -50,6 +55,19 @@ def waste_first(candidates: BoolArray, modes: IntArray) -> BoolArray:
     best = int(modes[candidates].max())
     out: BoolArray = candidates & (modes == best)
     return out
+
+
+def exact_replicas(candidates: BoolArray, modes: IntArray, k: int | IntArray) -> BoolArray:
+    """The candidates split into exactly ``k`` replicas (per node when an array): the replica is
+    as small as the pod allows, so a split of an idle node could not waste less."""
+    out: BoolArray = candidates & (modes >= k)
+    return out
+
+
+def splits_before_wasting(policy: object) -> bool:
+    """Whether ``policy`` splits an idle node into the pod's ``k`` replicas before it puts the
+    pod in a larger replica of a node already shared (rule 2's order; gpupack's does)."""
+    return bool(getattr(policy, "splits_before_wasting", False))
 
 
 def switch_choice(candidates: BoolArray, gpu_count: IntArray, rank: IntArray) -> int | None:

@@ -12,10 +12,13 @@ the live system does (docs/simulator.md, "Product model"):
 - **Who places what**, by live path:
 
   ``engine`` (gpupack today): every fractional pod is gated by the webhook and
-  placed by the packing engine (``--policy``): a pod above half a GPU gets a
-  plain whole GPU on a fresh or whole node; a smaller one takes a replica on
-  the shared node that wastes the least (largest ``r <= k``), and only when
-  none has one does the controller split the smallest idle node into ``k``.
+  placed by the packing engine (``--policy``) under the rules of
+  ``sharing.packing.node_sharing``: a pod above half a GPU gets a plain whole
+  GPU on a fresh or whole node; a smaller one takes a replica on the shared
+  node that wastes the least (largest ``r <= k``), and only when none has one
+  does the controller split an idle node into ``k`` (a policy may split first
+  and waste last; where whole-GPU pods go and which node is split are the
+  policy's choice).
 
   ``scheduler`` (gpupack before the product model; kept to measure what the
   engine path recovers): fractional pods are ungated and scored by
@@ -49,7 +52,8 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.kube_scoring import MostAllocatedWeights, most_allocated
 from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
 from sharing.packing.node_sharing import (
-    FRESH, WHOLE, place_whole, shared_candidates, switch_choice, switch_for, waste_first,
+    FRESH, WHOLE, exact_replicas, place_whole, shared_candidates, splits_before_wasting, switch_choice, switch_for,
+    waste_first,
 )
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
@@ -181,19 +185,23 @@ class ProductReplay:
         c = self.cluster
         k = largest_replicas(pod.gpu_milli)
         feasible = c.feasible(pod)
-        nearest = waste_first(feasible & shared_candidates(self.modes, self.free_replicas(), k), self.modes)
-        if nearest.any():
-            outcome = decide(c, pod, self.policy, nearest)
-            assert isinstance(outcome, Placement)
-            node, gpu = outcome.node, outcome.gpus[0]
-        else:
-            switched = switch_for(self.policy, c, pod, feasible & (self.modes == FRESH), k)
-            if switched is None:
-                return None
-            node = switched
-            self.modes[node] = k
-            gpu = self.policy.choose_gpus(c, pod, node)[0]
-        return self._take_replica(pod, node, gpu)
+        candidates = feasible & shared_candidates(self.modes, self.free_replicas(), k)
+        split_first = splits_before_wasting(self.policy)
+        first = exact_replicas(candidates, self.modes, k) if split_first else waste_first(candidates, self.modes)
+        if first.any():
+            return self._replica_by_policy(pod, first)
+        switched = switch_for(self.policy, c, pod, feasible & (self.modes == FRESH), k)
+        if switched is not None:
+            self.modes[switched] = k
+            return self._take_replica(pod, switched, self.policy.choose_gpus(c, pod, switched)[0])
+        if split_first and candidates.any():
+            return self._replica_by_policy(pod, waste_first(candidates, self.modes))
+        return None
+
+    def _replica_by_policy(self, pod: PodSpec, nodes: BoolArray) -> float:
+        outcome = decide(self.cluster, pod, self.policy, nodes)
+        assert isinstance(outcome, Placement)
+        return self._take_replica(pod, outcome.node, outcome.gpus[0])
 
     def _shared_by_scheduler(self, pod: PodSpec) -> float | None:
         c = self.cluster

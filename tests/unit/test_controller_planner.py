@@ -188,8 +188,15 @@ def test_shared_pod_goes_to_a_node_with_a_free_replica() -> None:
     full = node("m", gpu(0, mig=False), gpu(1, mig=False), sharing="mps", replicas=4)
     taken = [shared_pod(f"r{i}", gated=False, on="m") for i in range(8)]  # every replica taken
     roomy = node("n", gpu(0, mig=False), sharing="mps", replicas=4)
-    result = run([full, roomy], [*taken, shared_pod("p")])
+    result = run([full, roomy], [*taken, shared_pod("p", milli=250)])
     assert [(r.pod, r.node) for r in result.releases] == [("team/p", "n")]
+    # A 200-milli pod fits 5 replicas: gpupack re-splits the idle node into 5 rather than
+    # hand it a quarter of a GPU (node_sharing rule 2)...
+    (change,) = run([full, roomy], [*taken, shared_pod("p", milli=200)]).sharing
+    assert (change.node, change.replicas) == ("n", 5)
+    # ...and takes the quarter when the node may not be split (no policy).
+    no_split = run([full, roomy], [*taken, shared_pod("p", milli=200)], policy=None)
+    assert [(r.pod, r.node) for r in no_split.releases] == [("team/p", "n")] and no_split.sharing == ()
 
 
 def test_shared_pod_switches_an_idle_node_when_no_replica_fits() -> None:
@@ -343,11 +350,28 @@ def test_controller_and_product_model_choose_alike() -> None:
     model = ProductReplay(cluster, GpupackPolicy(typical), MostAllocatedWeights(1, 1, 10, 10), "engine")
     model.modes[:] = [r for *_, r in specs]
     policy = NodePolicy(names=("p",), max_concurrent=4, idle_seconds=0, max_replicas=8)
-    # 1. A 200-milli pod (k = 5): the r = 4 node, not the r = 2 one, in both.
-    live = run(live_nodes, [*workload, replace(shared_pod("a", milli=200), cpu_milli=2000)], policy)
+    # 1. A 200-milli pod (k = 5) with no idle node to split: the r = 4 node, not the r = 2 one,
+    #    in both (gpupack splits before it wastes, but wastes the least when it cannot split).
+    shared_only = live_nodes[:2]
+    busy = [replace(shared_pod(f"busy-{n}", on=n, gated=False), cpu_milli=2000) for n in ("r2", "r4")]
+    live = run(shared_only, [*workload, *busy, replace(shared_pod("a", milli=200), cpu_milli=2000)], policy)
+    alone = ProductReplay(ClusterState(cluster.nodes[:2]), GpupackPolicy(typical), MostAllocatedWeights(1, 1, 10, 10), "engine")
+    alone.modes[:] = [2, 4]
+    alone.used[:, 0] = 1
+    alone.place(PodSpec("a", 0, 0, 1, 200))
+    assert [r.node for r in live.releases if r.pod == "team/a"] == ["r4"] and live.sharing == ()
+    assert alone.used.sum(axis=1).tolist() == [1, 2]
+    # 1b. With idle nodes, no replica of its own size (5) anywhere: both split the idle node
+    #     whose CPU feeds its replicas instead of wasting a quarter of a GPU. (The model splits
+    #     it into 5, one pod at a time; the controller into 3, for the 300-milli pods waiting
+    #     after this one: its demand rule, tested below.)
+    live_b = run(live_nodes, [*workload, *busy, replace(shared_pod("a", milli=200), cpu_milli=2000)], policy)
+    (split,) = live_b.sharing
+    assert (split.node, split.replicas) == ("big-idle", 3)
+    assert not [r for r in live_b.releases if r.pod == "team/a"]
     model.place(PodSpec("a", 0, 0, 1, 200))
-    assert [r.node for r in live.releases if r.pod == "team/a"] == ["r4"]
-    assert int(np.flatnonzero(model.used.sum(axis=1))[0]) == 1
+    assert model.modes.tolist() == [2, 4, 5, 0]
+    model.modes[2], model.used[2] = 0, 0  # undo, for step 2
     # 2. The shared nodes full, a 300-milli pod (k = 3) splits an idle node: the one whose CPU
     #    feeds its replicas (gpupack's choice), not the one with the fewest GPUs, in both.
     full = [replace(n, sharing="mps") for n in live_nodes]

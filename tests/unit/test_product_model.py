@@ -78,6 +78,18 @@ def test_a_shared_pod_goes_where_it_wastes_the_least() -> None:
     assert r2.used[1].sum() == 1 and r2.used[0].sum() == 0
 
 
+def test_gpupack_splits_an_idle_node_before_it_wastes_a_larger_replica() -> None:
+    r = replay([1, 1, 1], policy="gpupack")
+    r.modes[:] = [2, 4, FRESH]
+    r.used[:2, 0] = 1
+    assert r.place(gpu_pod("c", 200)) == 200.0  # k = 5: the idle node split into 5, not a quarter
+    assert r.modes.tolist() == [2, 4, 5]
+    assert r.place(gpu_pod("d", 200)) == 200.0  # a replica of its own size now exists
+    assert r.used.sum(axis=1).tolist() == [1, 1, 2]
+    assert r.place(gpu_pod("e", 300)) == 500.0  # k = 3, no idle node: a larger replica (r = 4 would not hold it)
+    assert r.used.sum(axis=1).tolist() == [2, 1, 2]
+
+
 def test_whole_gpu_pods_never_land_on_shared_nodes() -> None:
     r = replay([4, 4])
     r.place(gpu_pod("s", 300))
