@@ -42,7 +42,7 @@ asked for (``occupied`` counts what their replicas reserve).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
@@ -273,8 +273,13 @@ def run_product(
     live_path: LivePath = "engine",
     inflate: float = 1.3,
     clock: Clock = time.perf_counter_ns,
+    policy_factory: Callable[[str, np.random.Generator, TypicalPods], Policy] | None = None,
 ) -> ProductRun:
-    """One (workload, seed, policy) run: the protocol's arrivals under the live rules."""
+    """One (workload, seed, policy) run: the protocol's arrivals under the live rules.
+
+    ``policy_factory`` builds the engine's policy instead of the registry (an
+    ablation, as ``benchmarks/product_ablation.py`` runs); ``policy_name`` still
+    names the registered policy the run reports."""
     name = canonical_policy_name(policy_name)
     ordered = sorted(nodes, key=lambda n: n.name)
     for gpu_type in sorted({n.gpu_model for n in ordered if n.gpu_count}):
@@ -285,7 +290,8 @@ def run_product(
     typical = TypicalPods.from_pods(engine_view(workload.originals, live_path))
     cluster = ClusterState(ordered, tie_rank=workload.tie_rank)
     rng = np.random.default_rng(seed)
-    policy = make_policy(name, rng=_continue_stream(rng, workload), typical=typical)
+    stream = _continue_stream(rng, workload)
+    policy = make_policy(name, rng=stream, typical=typical) if policy_factory is None else policy_factory(name, stream, typical)
     replay = ProductReplay(cluster, policy, weights, live_path)
     count = len(workload.pods)
     arrived = np.zeros(count, dtype=np.int64)
