@@ -11,29 +11,30 @@ previous one would have.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
+from pydantic import ValidationError
+
 from controller.capacity import mig_claims, shared_claims
 from controller.model import Gpu, Node, Pod, Snapshot
-from sharing.modes import NodeSharingMode
 from controller.podview import (
     ALLOCATION, GATE, _int, _list, _map, parse_time, pod_from_object, waiting_unschedulable, whole_gpus_requested,
 )
+from controller.policies import policies_for_nodes
+from mig.catalog import find_model
+from mig.model import PlacedInstance, Placement
+from mig.units import parse_quantity
+from sharing.api import LayoutRefusal, SharingPolicySpec
+from sharing.modes import NodeSharingMode
 
 __all__ = [
     "ALLOCATION", "GATE", "IDLE_ANNOTATION", "build_snapshot", "busy_gpus", "encode_idle", "format_time",
     "idle_record", "node_from_objects", "parse_time", "pod_from_object", "refused_gpus", "scoped", "update_idle",
 ]
-from controller.policies import policies_for_nodes
-from mig.catalog import find_model
-from mig.model import PlacedInstance, Placement
-from mig.units import parse_quantity
-from sharing.api import SharingPolicySpec
 
 IDLE_ANNOTATION = "gpupack.io/idle-since"
 
@@ -93,29 +94,32 @@ def _reshaping(want: Mapping[str, Any], mig_enabled: bool, instances: tuple[Plac
     return sorted(str(_map(i).get("profile")) for i in layout) != sorted(i.profile for i in instances)
 
 
-# LayoutApplied reasons with which the node agent answers a spec it will not carry
-# out (node/direct_mode.py, node/operator_loop.py). Their message names each
-# affected GPU as "GPU <index>: <reason>"; that format is the contract read here.
-_GIVEN_UP_REASONS = frozenset({"LayoutRefused", "ReconfigurationFailed", "ReconfigurationAborted"})
-_GPU_IN_MESSAGE = re.compile(r"GPU (\d+):")
-
-
 def refused_gpus(gpunode: Mapping[str, Any]) -> frozenset[int]:
-    """GPUs whose requested layout the agent refused or failed to apply, for the current spec.
+    """GPUs whose requested layout the agent gave up on, for the current spec.
 
     Such a GPU is not "reshaping": its spec still differs from its status, but no
     reshape is in flight, so it must not hold a ``maxConcurrent`` slot, and the
-    planner may ask for another layout. Only answers to the *current* generation
-    count (``status.observedGeneration >= metadata.generation``).
+    planner may ask for another layout. The agent says so per GPU in the typed
+    ``status.gpus[].layoutRefusal`` (``sharing.api.LayoutRefusal``); only answers
+    to the *current* spec (its ``metadata.generation``) count, and an entry that
+    does not validate is no answer.
     """
     meta, status = _map(gpunode.get("metadata")), _map(gpunode.get("status"))
-    if _int(status.get("observedGeneration"), -1) < _int(meta.get("generation"), 0):
-        return frozenset()
-    for raw in _list(status.get("conditions")):
-        cond = _map(raw)
-        if cond.get("type") == "LayoutApplied" and cond.get("reason") in _GIVEN_UP_REASONS:
-            return frozenset(int(i) for i in _GPU_IN_MESSAGE.findall(str(cond.get("message") or "")))
-    return frozenset()
+    generation = _int(meta.get("generation"), 0)
+    out = set()
+    for raw in _list(status.get("gpus")):
+        gpu = _map(raw)
+        answer = gpu.get("layoutRefusal")
+        if answer is None:
+            continue
+        try:
+            refusal = LayoutRefusal.model_validate(answer)
+        except ValidationError:
+            continue
+        index = _int(gpu.get("index"), -1)
+        if refusal.generation == generation and index >= 0:
+            out.add(index)
+    return frozenset(out)
 
 
 def _desired(want: Mapping[str, Any]) -> tuple[str, ...] | None:

@@ -53,7 +53,7 @@ from node.policy import ReshapeRules, reshape_rules
 from node.podresources import PodResourcesError, device_owners, list_pod_devices
 from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device, sim_pid
 from node.settings import AgentSettings
-from sharing.api import GPUNodeSpec
+from sharing.api import GPUNodeSpec, LayoutRefusal
 
 log = logging.getLogger("gpupack.agent")
 COMPONENT = "gpupack-node-agent"
@@ -191,13 +191,15 @@ class Agent:
 
         wait = self.s.poll_seconds
         reconf = status.get("reconfiguration")
+        refusals: Mapping[int, LayoutRefusal] = {}
         if spec is not None and snapshot.error is None:
             if self.s.mode == "direct":
-                layout, active = reconcile_direct(self, spec, generation, snapshot, reconf, labels)
+                report = reconcile_direct(self, spec, generation, snapshot, reconf, labels)
             else:
-                layout, active = reconcile_operator(self, spec, generation, snapshot, reconf, labels)
-            conds.append(layout)
-            if active:
+                report = reconcile_operator(self, spec, generation, snapshot, reconf, labels)
+            conds.append(report.condition)
+            refusals = report.refusals
+            if report.active:
                 wait = min(wait, 0.5)
             snapshot = self.snapshot()
             node = self.kube.get_node(name)
@@ -209,7 +211,8 @@ class Agent:
             write_sharing_config(self, spec, labels)
         if self.s.emulate_device_plugin and snapshot.error is None:
             conds.append(emulate_advertisement(self, snapshot, node, spec))
-        self._publish(snapshot, generation if spec else status.get("observedGeneration"), sharing, status, conds)
+        self._publish(snapshot, generation if spec else status.get("observedGeneration"), sharing, status, conds,
+                      refusals)
         busy_gi = {g.info.index: g.busy_gi_ids() for g in snapshot.gpus}
         self.metrics.observe(snapshot, busy_gi)
         return wait
@@ -294,12 +297,12 @@ class Agent:
     # --------------------------------------------------------- emulation/status
 
     def _publish(self, snapshot: NodeSnapshot, generation: int | None, sharing: Mapping[str, Any] | None,
-                 previous: Mapping[str, Any], conds: list[C.Cond]) -> None:
+                 previous: Mapping[str, Any], conds: list[C.Cond], refusals: Mapping[int, LayoutRefusal]) -> None:
         now = self.clock()
         merged = C.merge_conditions(previous.get("conditions") or [], conds, generation,
                                     dt.datetime.fromtimestamp(now, dt.timezone.utc))
         status = status_from_snapshot(snapshot, self.busy_ctx[0], observed_generation=generation, sharing=sharing,
-                                      conditions=merged, reconfiguration=None)
+                                      conditions=merged, reconfiguration=None, refusals=refusals)
         changed = status != self._last_status
         if now - self._last_patch < self.s.min_patch_seconds and not (changed and generation != (self._last_status or {}).get("observedGeneration")):
             return

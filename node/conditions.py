@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from sharing.api import LayoutRefusal
 
 Status = Literal["True", "False", "Unknown"]
 
@@ -21,6 +23,20 @@ class Cond:
     status: Status
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class LayoutReport:
+    """What one reconcile pass says about the requested layouts.
+
+    ``condition`` is the ``LayoutApplied`` condition, prose for people;
+    ``refusals`` is the typed answer per GPU the controller reads
+    (``GPUStatus.layoutRefusal``); ``active``: a reconfiguration is in flight.
+    """
+
+    condition: Cond
+    active: bool = False
+    refusals: Mapping[int, LayoutRefusal] = field(default_factory=dict)
 
 
 def merge_conditions(

@@ -26,7 +26,7 @@ from node.mig_loop import drive_gpu
 from node.operator_mode import MIG_CONFIG_STATE_LABEL
 from node.planning import StartDecision
 from node.reconciler import MigReconciler, finish
-from sharing.api import GPUNodeSpec
+from sharing.api import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
 
 if TYPE_CHECKING:
     from node.agent import Agent
@@ -67,7 +67,7 @@ class KubeJournalStore:
 
 
 def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,
-                     reconf: Mapping[str, Any] | None, labels: Mapping[str, str]) -> tuple[C.Cond, bool]:
+                     reconf: Mapping[str, Any] | None, labels: Mapping[str, str]) -> C.LayoutReport:
     assert agent.backend is not None
     try:
         journal = journal_from_status(reconf)
@@ -94,8 +94,8 @@ def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot:
     manager_state = labels.get(MIG_CONFIG_STATE_LABEL, "")
     if (journal is None or not journal.active) and manager_state in ("pending", "rebooting"):
         # mig-manager is reconfiguring this node: two writers on NVML would fight.
-        return C.Cond(C.LAYOUT_APPLIED, "False", "MigManagerBusy",
-                      f"{MIG_CONFIG_STATE_LABEL}={manager_state}; waiting for mig-manager to finish"), False
+        return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "MigManagerBusy",
+                                     f"{MIG_CONFIG_STATE_LABEL}={manager_state}; waiting for mig-manager to finish"))
     blocked = agent.rules.may_start(now)[1]
     if journal is None or not journal.active:
         for gpu in snapshot.gpus:
@@ -126,7 +126,7 @@ def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot:
                 break  # one GPU at a time per node; the policy's max_concurrent is the controller's
     if journal is not None and journal.phase == "Advertising":
         journal = advertise_after_reshape(agent, journal, store, snapshot)
-    return layout_condition(journal, decisions, problems, generation), bool(journal and journal.active)
+    return layout_report(journal, decisions, problems, generation)
 
 
 def pause_hook(agent: Agent, store: KubeJournalStore) -> Callable[[Journal], Journal]:
@@ -189,6 +189,20 @@ def advertise_after_reshape(agent: Agent, journal: Journal, store: KubeJournalSt
                     f"layout {', '.join(map(format_instance, journal.target if outcome == 'Succeeded' else journal.previous))}"
                     + (f" ({journal.reason})" if journal.reason else ""))
     return journal
+
+
+def layout_report(journal: Journal | None, decisions: Mapping[int, StartDecision],
+                  problems: Mapping[int, str], generation: int) -> C.LayoutReport:
+    """The LayoutApplied condition, and each GPU given up on for ``generation`` (typed)."""
+    refused = {i: d.reason for i, d in decisions.items() if d.kind == "refuse"} | dict(problems)
+    refusals = {i: LayoutRefusal(phase="Refused", reason=r[:1024], generation=generation) for i, r in refused.items()}
+    gave_up = journal is not None and journal.generation == generation and journal.phase in ("Failed", "Aborted")
+    if gave_up and journal is not None and journal.gpu_index not in refusals:
+        phase: LayoutRefusalPhase = "Failed" if journal.phase == "Failed" else "Aborted"
+        refusals[journal.gpu_index] = LayoutRefusal(phase=phase, reason=(journal.reason or phase)[:1024],
+                                                    generation=generation)
+    active = bool(journal and journal.active)
+    return C.LayoutReport(layout_condition(journal, decisions, problems, generation), active, refusals)
 
 
 def layout_condition(journal: Journal | None, decisions: Mapping[int, StartDecision],

@@ -21,7 +21,7 @@ from mig.model import GpuModel, Profile
 from node.dcgm import Activity, gpu_percent
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, GpuInstance, GpuInventory, GpuProcess, InstanceProfile, Utilization
-from sharing.api import GPUNodeStatus
+from sharing.api import GPUNodeStatus, LayoutRefusal
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,11 @@ def status_from_snapshot(
     sharing: Mapping[str, Any] | None,
     conditions: Sequence[Mapping[str, Any]],
     reconfiguration: Mapping[str, Any] | None,
+    refusals: Mapping[int, LayoutRefusal] | None = None,
 ) -> dict[str, Any]:
-    """Wire form of ``GPUNodeStatus``; ``pods_by_device`` maps a GPU/MIG UUID to ``ns/name`` pods."""
+    """Wire form of ``GPUNodeStatus``; ``pods_by_device`` maps a GPU/MIG UUID to ``ns/name`` pods,
+    ``refusals`` a GPU index to the agent's answer to a layout it gave up on."""
+    refusals = refusals or {}
     gpus = []
     instance_count = in_use_count = 0
     for gpu in snapshot.gpus:
@@ -148,6 +151,8 @@ def status_from_snapshot(
                 "gpuPercent": None if util.gpu_percent is None else max(0, min(100, round(util.gpu_percent))),
                 "memoryUsedMiB": util.memory_used_mib,
             },
+            "layoutRefusal": None if gpu.info.index not in refusals else
+            refusals[gpu.info.index].model_dump(mode="json", by_alias=True),
         })
     products = sorted({g.product for g in snapshot.gpus})
     raw = {

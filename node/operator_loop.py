@@ -21,14 +21,14 @@ from node.operator_mode import (
     handshake_state, merge_mig_parted, plan_node_config,
 )
 from node.pods import busy_instances
-from sharing.api import GPUNodeSpec
+from sharing.api import GPUNodeSpec, LayoutRefusal
 
 if TYPE_CHECKING:
     from node.agent import Agent
 
 
 def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,
-                       reconf: Mapping[str, Any] | None, labels: Mapping[str, str]) -> tuple[C.Cond, bool]:
+                       reconf: Mapping[str, Any] | None, labels: Mapping[str, str]) -> C.LayoutReport:
     name, now = agent.s.node_name, agent.clock()
     desired, problems = desired_layouts(spec, snapshot)
     by_device, unresolved = agent.busy_ctx
@@ -45,8 +45,8 @@ def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapsho
         state = handshake_state(labels, str(active["migConfig"]), now - started.timestamp(),
                                 agent.s.mig_config_timeout_seconds)
         if state == "pending":
-            return C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
-                          f"waiting for mig-manager to apply {active['migConfig']}"), True
+            return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
+                                         f"waiting for mig-manager to apply {active['migConfig']}"), active=True)
         phase = {"success": "Succeeded", "failed": "Failed", "timeout": "Failed"}[state]
         message = {"success": "mig-manager applied the config",
                    "failed": "mig-manager reported nvidia.com/mig.config.state=failed",
@@ -55,25 +55,29 @@ def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapsho
         agent.remember(obj)
         agent.metrics.reconfigurations.labels(phase).inc()
         agent.event("Normal" if phase == "Succeeded" else "Warning", f"MigReconfiguration{phase}", message)
-        return C.Cond(C.LAYOUT_APPLIED, "True" if phase == "Succeeded" else "False",
-                      "AsRequested" if phase == "Succeeded" else "ReconfigurationFailed", message), False
+        return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "True" if phase == "Succeeded" else "False",
+                                     "AsRequested" if phase == "Succeeded" else "ReconfigurationFailed", message))
+    refusals = {i: LayoutRefusal(phase="Refused", reason=r[:1024], generation=generation) for i, r in problems.items()}
     plan = plan_node_config(name, generation, snapshot, desired, frozenset(idle))
     done = reconf if reconf and reconf.get("mode") == "operator" and reconf.get("targetGeneration") == generation else None
     if plan.changed and done is not None:
         # mig-manager already answered for this spec; asking again would loop. A new spec retries.
-        return C.Cond(C.LAYOUT_APPLIED, "False", "ReconfigurationFailed" if done.get("phase") == "Failed"
-                      else "LayoutMismatch", f"mig-manager {str(done.get('phase')).lower()} for generation "
-                      f"{generation} ({done.get('message')}) but GPUs {list(plan.changed)} still differ"), False
+        message = (f"mig-manager {str(done.get('phase')).lower()} for generation {generation} "
+                   f"({done.get('message')}) but GPUs {list(plan.changed)} still differ")
+        for index in plan.changed:
+            refusals.setdefault(index, LayoutRefusal(phase="Failed", reason=message[:1024], generation=generation))
+        return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "ReconfigurationFailed" if done.get("phase") == "Failed"
+                                     else "LayoutMismatch", message), refusals=refusals)
     if not plan.changed:
         if plan.held or problems:
             held = {**{i: r for i, r in plan.held.items()}, **problems}
-            return C.Cond(C.LAYOUT_APPLIED, "False", "WaitingForIdle" if plan.held else "LayoutRefused",
-                          "; ".join(f"GPU {i}: {r}" for i, r in sorted(held.items()))), False
-        return C.Cond(C.LAYOUT_APPLIED, "True", "AsRequested", "every GPU has the requested layout"), False
+            return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "WaitingForIdle" if plan.held else "LayoutRefused",
+                                         "; ".join(f"GPU {i}: {r}" for i, r in sorted(held.items()))), refusals=refusals)
+        return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "True", "AsRequested", "every GPU has the requested layout"))
     allowed, blocked = agent.rules.may_start(now)
     if not allowed:
-        return C.Cond(C.LAYOUT_APPLIED, "False", "ReshapingNotAllowed",
-                      f"GPUs {list(plan.changed)}: {blocked}"), False
+        return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "ReshapingNotAllowed",
+                                     f"GPUs {list(plan.changed)}: {blocked}"), refusals=refusals)
     for _ in range(3):  # read-modify-write of a shared ConfigMap, guarded by resourceVersion
         cm = agent.kube.get_configmap(agent.s.device_plugin_namespace, agent.s.mig_parted_configmap)
         data = dict((cm or {}).get("data") or {})
@@ -93,7 +97,8 @@ def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapsho
     agent.remember(agent.kube.patch_gpunode_status(name, {"reconfiguration": entry}))
     agent.kube.patch_node(name, {"metadata": {"labels": {MIG_CONFIG_LABEL: plan.name}}})
     agent.event("Normal", "MigReconfigurationStarted", f"set {MIG_CONFIG_LABEL}={plan.name} for GPUs {list(plan.changed)}")
-    return C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring", f"mig-manager applying {plan.name}"), True
+    return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring", f"mig-manager applying {plan.name}"),
+                          active=True, refusals=refusals)
 
 
 def write_sharing_config(agent: Agent, spec: GPUNodeSpec, labels: Mapping[str, str]) -> None:

@@ -197,6 +197,25 @@ class GPUUtilization(ApiModel):
     memory_used_mib: int = Field(0, ge=0, alias="memoryUsedMiB")
 
 
+LayoutRefusalPhase = Literal["Refused", "Failed", "Aborted"]
+"""Why the agent gave up on a GPU's requested layout: ``Refused`` (not attempted: the
+policy forbids it, it needs a MIG-mode change the agent cannot make, NVML failed),
+``Failed`` or ``Aborted`` (attempted, and the GPU was rolled back)."""
+
+
+class LayoutRefusal(ApiModel):
+    """The node agent will not carry out this GPU's requested layout for spec ``generation``.
+
+    It does not try again until the spec changes, so the controller may ask for
+    another layout, and the GPU holds no ``maxConcurrent`` slot. Written by the
+    agent (``node/``), read by the controller (``controller/snapshot.py``).
+    """
+
+    phase: LayoutRefusalPhase
+    reason: str = Field(max_length=1024)
+    generation: int = Field(ge=0, description="metadata.generation of the GPUNode spec this answers.")
+
+
 class GPUStatus(ApiModel):
     """Observed state of one GPU."""
 
@@ -207,6 +226,7 @@ class GPUStatus(ApiModel):
     mig_enabled: bool = False
     instances: list[MigInstanceStatus] = Field(default_factory=list, max_length=MAX_MIG_INSTANCES)
     utilization: GPUUtilization | None = None
+    layout_refusal: LayoutRefusal | None = None
 
 
 class Condition(ApiModel):

@@ -16,6 +16,13 @@ from controller.snapshot import (
     refused_gpus,
     update_idle,
 )
+from mig.catalog import get_model
+from mig.model import Placement as MigPlacement
+from node.direct_mode import layout_report
+from node.inventory import read_snapshot, status_from_snapshot
+from node.journal import Journal
+from node.nvml.simulated import SimulatedNvml
+from node.planning import StartDecision
 
 NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -100,11 +107,21 @@ def test_snapshot_reads_instances_reshaping_and_policies() -> None:
     assert len(snap.pods) == 1
 
 
+def _agent_status(report: Any, generation: int) -> dict[str, Any]:
+    """A GPUNode status as the agent writes it (its own code), with ``report``'s answers."""
+    sim = SimulatedNvml(get_model("H100-80GB"), 2)
+    sim.create_gpu_instance(0, sim.model.profile("1g.10gb").profile_id, MigPlacement(0, 1))
+    return status_from_snapshot(read_snapshot(sim, sim.kind), {}, observed_generation=generation, sharing=None,
+                                conditions=[], reconfiguration=None, refusals=report.refusals)
+
+
 def test_a_refused_layout_holds_no_reshaping_slot() -> None:
+    """The agent's answer, built by the agent's own code, read by the controller's."""
     layout = [{"profile": "7g.80gb"}]
     refused = gpunode("n1", spec_layout=layout)
-    refused["status"]["conditions"] = [{"type": "LayoutApplied", "status": "False", "reason": "LayoutRefused",
-                                        "message": "GPU 0: would destroy in-use instance 1g.10gb@0:1"}]
+    problems = {0: "would destroy in-use instance 1g.10gb@0:1"}
+    refused["status"] = _agent_status(layout_report(None, {}, problems, generation=3), 3)
+    assert refused["status"]["gpus"][0]["layoutRefusal"] == {"phase": "Refused", "reason": problems[0], "generation": 3}
     assert refused_gpus(refused) == {0}
     n1 = build_snapshot([refused], [], [], []).node("n1")
     assert n1 is not None and [g.reshaping for g in n1.gpus] == [False, False]
@@ -116,8 +133,15 @@ def test_a_refused_layout_holds_no_reshaping_slot() -> None:
     assert n1 is not None and n1.gpus[0].reshaping
     # Waiting for idle is not a refusal: the reshape is still pending.
     waiting = json.loads(json.dumps(refused))
-    waiting["status"]["conditions"][0].update(reason="WaitingForIdle", message="GPU 0: instance in use")
-    assert refused_gpus(waiting) == frozenset()
+    waiting["status"] = _agent_status(layout_report(None, {0: StartDecision("wait", "instance in use")}, {}, 3), 3)
+    assert "layoutRefusal" not in waiting["status"]["gpus"][0] and refused_gpus(waiting) == frozenset()
+    # A reshape that failed and was rolled back is given up on too; a malformed answer is none.
+    failed = json.loads(json.dumps(refused))
+    journal = Journal("GPU-0", 0, 3, (), (), (), (), "Failed", 0.0, 1.0, reason="NVML error; rolled back")
+    failed["status"] = _agent_status(layout_report(journal, {}, {}, 3), 3)
+    assert failed["status"]["gpus"][0]["layoutRefusal"]["phase"] == "Failed" and refused_gpus(failed) == {0}
+    failed["status"]["gpus"][0]["layoutRefusal"]["phase"] = "Maybe"
+    assert refused_gpus(failed) == frozenset()
 
 
 def test_idle_record_round_trip_and_update() -> None:

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from controller.snapshot import refused_gpus
+from kube.errors import KubeError
 from mig.catalog import get_model
 from node.agent import Agent
-from kube.errors import KubeError
 from node.nvml.simulated import SimulatedNvml
 from node.settings import AgentSettings
 
@@ -246,10 +247,16 @@ def test_operator_mode_hands_idle_gpus_to_mig_manager_and_follows_its_state(tmp_
     kube.node["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"
     agent.tick()
     assert kube.gpunode["status"]["reconfiguration"]["phase"] == "Succeeded"
+    assert refused_gpus(kube.gpunode) == frozenset()  # in flight, then done: nothing given up on
     # mig-manager said success but the GPU did not change (here: no real mig-manager): no loop.
     agent.tick()
     assert kube.gpunode["status"]["reconfiguration"]["phase"] == "Succeeded"
     assert _cond(kube, "LayoutApplied")["reason"] == "LayoutMismatch"
+    # The controller reads which GPUs the agent gave up on from the typed status, not the message
+    # (whose "GPUs [0]" the earlier reading, "GPU <n>:", never matched).
+    answer = kube.gpunode["status"]["gpus"][0]["layoutRefusal"]
+    assert answer["phase"] == "Failed" and answer["generation"] == kube.gpunode["metadata"]["generation"]
+    assert refused_gpus(kube.gpunode) == {0}
 
 
 def test_direct_mode_waits_while_mig_manager_is_busy() -> None:
@@ -345,6 +352,8 @@ def test_gpus_that_cannot_be_reshaped_say_why() -> None:
     assert "GPU 1: a MIG-mode change is pending" in message
     assert "GPU 2: changing MIG mode needs a GPU reset" in message
     assert "GPU 5: no such GPU on this node (3 GPU(s))" in message
+    assert refused_gpus(kube.gpunode) == {1, 2}  # typed, per GPU the node has
+    assert kube.gpunode["status"]["gpus"][2]["layoutRefusal"]["phase"] == "Refused"
     assert sim.gpu_instances(0) == ()
     assert sim.device_info(1).mig_enabled and sim.device_info(1).mig_pending is False  # untouched, still pending
     assert sim.device_info(2).mig_enabled is False
