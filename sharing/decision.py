@@ -139,11 +139,15 @@ def _mps_env(milli: int, memory: int | None) -> tuple[tuple[str, str], ...]:
     return tuple(env)
 
 
-def decide(request: PodRequest, policy: Policy, inventory: Inventory, *, engine_places: bool = False) -> PodDecision:
+def decide(
+    request: PodRequest, policy: Policy, inventory: Inventory, *, engine_places: bool = False,
+    memo: DecisionMemo | None = None,
+) -> PodDecision:
     """Decide one pod; raises :class:`AdmissionRefusal` for a pod to deny.
 
     ``engine_places``: gate the pod even when capacity exists, so that the controller's
-    packing engine chooses its node (module docstring)."""
+    packing engine chooses its node (module docstring). ``memo``: the caller's memo for
+    ``inventory`` (:class:`DecisionMemo`), or None to work everything out afresh."""
     allowed = policy.allowed_modes
     if request.mode != "auto" and request.mode not in allowed:
         raise AdmissionRefusal(
@@ -171,11 +175,44 @@ def decide(request: PodRequest, policy: Policy, inventory: Inventory, *, engine_
                 f"cluster has {fmt_bytes(largest)}",
             )
     roles = tuple(role(c) for c in request.containers)
-    best = _choose(request.mode, tuple(asks), roles, policy, inventory)
+    best = _choose(request.mode, tuple(asks), roles, policy, inventory, memo)
     return _materialise(best, request, asks, policy, engine_places)
 
 
-_CACHE_LIMIT: Final = 4096
+class DecisionMemo:
+    """Merged policies and options already worked out against one inventory snapshot.
+
+    Owned by a caller that decides many pods against the same snapshot (the
+    webhook, ``webhook.inventory_source.InventoryHolder``, which starts a new
+    memo with every new snapshot): most pods of a cluster come from a few
+    namespaces and ask for the same few shapes. A memo answers only for its own
+    snapshot, and forgets everything when it holds :data:`LIMIT` entries.
+    """
+
+    LIMIT: Final = 4096
+
+    def __init__(self, inventory: Inventory) -> None:
+        self.inventory = inventory
+        self._policies: dict[str, Policy] = {}
+        self._options: dict[tuple[object, ...], Option | AdmissionRefusal] = {}
+
+    def policy_for(self, namespace: str) -> Policy:
+        """``inventory.policy_for(namespace)``, remembered."""
+        policy = self._policies.get(namespace)
+        if policy is None:
+            if len(self._policies) >= self.LIMIT:
+                self._policies.clear()
+            policy = self._policies[namespace] = self.inventory.policy_for(namespace)
+        return policy
+
+    def option(self, key: tuple[object, ...]) -> Option | AdmissionRefusal | None:
+        """The answer remembered for ``key``, if any."""
+        return self._options.get(key)
+
+    def remember(self, key: tuple[object, ...], answer: Option | AdmissionRefusal) -> None:
+        if len(self._options) >= self.LIMIT:
+            self._options.clear()
+        self._options[key] = answer
 
 
 def _choose(
@@ -184,22 +221,22 @@ def _choose(
     roles: tuple[Role, ...],
     policy: Policy,
     inventory: Inventory,
+    memo: DecisionMemo | None,
 ) -> Option:
-    """The best option, memoised per inventory snapshot: most pods of a cluster ask
-    for the same few shapes, and a snapshot never changes once built."""
-    key = ("decision", requested, asks, roles, policy)
-    cached = inventory.cache.get(key)
+    """The best option; remembered in ``memo`` when it belongs to ``inventory`` (a snapshot
+    never changes once built, so neither does the answer)."""
+    if memo is None or memo.inventory is not inventory:
+        return _choose_uncached(requested, list(asks), roles, policy, inventory)
+    key = (requested, asks, roles, policy)
+    cached = memo.option(key)
     if cached is None:
         try:
             cached = _choose_uncached(requested, list(asks), roles, policy, inventory)
         except AdmissionRefusal as refusal:
             cached = refusal
-        if len(inventory.cache) >= _CACHE_LIMIT:
-            inventory.cache.clear()
-        inventory.cache[key] = cached
+        memo.remember(key, cached)
     if isinstance(cached, AdmissionRefusal):
         raise AdmissionRefusal(cached.reason, cached.message)
-    assert isinstance(cached, Option)
     return cached
 
 

@@ -133,9 +133,6 @@ class Inventory:
     namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     synced: bool = True
     version: int = 0
-    _policy_cache: dict[str, Policy] = field(default_factory=dict, init=False, repr=False, compare=False)
-    cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
-    """Per-snapshot memo for callers (the webhook caches decisions here); dies with the snapshot."""
 
     def policy_for(self, namespace: str) -> Policy:
         """The merged policy for ``namespace``.
@@ -146,27 +143,20 @@ class Inventory:
         land on, so it enforces the union and leaves the node choice to the
         affinity and the controller.
         """
-        cached = self._policy_cache.get(namespace)
-        if cached is not None:
-            return cached
         if not self.policies:
-            policy = DEFAULT_POLICY
-        else:
-            labels = self.namespace_labels.get(namespace)
-            modes = {m for p in self.policies for m in p.modes_for(namespace, labels)}
-            profiles: tuple[str, ...] = ()
-            if all(p.allowed_profiles is not None for p in self.policies):
-                profiles = tuple(sorted({x for p in self.policies for x in p.allowed_profiles or ()}))
-            memory = next((p.default_memory_bytes for p in self.policies if p.default_memory_bytes), None)
-            policy = Policy(
-                name=",".join(p.name for p in self.policies),
-                allowed_modes=tuple(m for m in MODES if m in modes),
-                allowed_profiles=profiles,
-                default_memory_bytes=memory,
-            )
-        if len(self._policy_cache) < 10_000:
-            self._policy_cache[namespace] = policy
-        return policy
+            return DEFAULT_POLICY
+        labels = self.namespace_labels.get(namespace)
+        modes = {m for p in self.policies for m in p.modes_for(namespace, labels)}
+        profiles: tuple[str, ...] = ()
+        if all(p.allowed_profiles is not None for p in self.policies):
+            profiles = tuple(sorted({x for p in self.policies for x in p.allowed_profiles or ()}))
+        memory = next((p.default_memory_bytes for p in self.policies if p.default_memory_bytes), None)
+        return Policy(
+            name=",".join(p.name for p in self.policies),
+            allowed_modes=tuple(m for m in MODES if m in modes),
+            allowed_profiles=profiles,
+            default_memory_bytes=memory,
+        )
 
     @cached_property
     def max_gpu_memory_mib(self) -> int:

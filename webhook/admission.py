@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from sharing.decision import GATE, PodDecision, decide
+from sharing.decision import GATE, DecisionMemo, PodDecision, decide
 from sharing.inventory import Inventory
 from sharing.patch import build_patch
 from sharing.request import SKIP_LABEL, AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
@@ -134,14 +134,16 @@ def _deny(uid: str, reason: str, message: str, code: int = 403) -> Answer:
     return Answer(review_response(uid, False, message=message, reason=reason, code=code), "denied", reason)
 
 
-def review_pod(review: Any, inventory: Inventory, settings: WebhookSettings) -> Answer:
+def review_pod(
+    review: Any, inventory: Inventory, settings: WebhookSettings, memo: DecisionMemo | None = None
+) -> Answer:
     """Answer a pod review; the full :class:`Answer` (``mutate`` returns its review)."""
     try:
         uid, request = envelope(review)
     except BadReview as bad:
         return _deny(bad.uid, "MalformedReview", bad.message, code=400)
     try:
-        return _review_pod(uid, request, inventory, settings.placement == "engine")
+        return _review_pod(uid, request, inventory, settings.placement == "engine", memo)
     except AdmissionRefusal as refusal:
         return _deny(uid, refusal.reason, refusal.message)
     except Exception:  # never a 500: fail closed with a message that says so
@@ -152,7 +154,9 @@ def review_pod(review: Any, inventory: Inventory, settings: WebhookSettings) -> 
         return Answer(answer, "error", "InternalError")
 
 
-def _review_pod(uid: str, request: dict[str, Any], inventory: Inventory, engine_places: bool) -> Answer:
+def _review_pod(
+    uid: str, request: dict[str, Any], inventory: Inventory, engine_places: bool, memo: DecisionMemo | None
+) -> Answer:
     if not _resource_is(request, "", "Pod") or request.get("subResource"):
         return _allow(uid, "gpupack: not a pod create; nothing to do")
     if request.get("operation") != "CREATE":
@@ -175,7 +179,9 @@ def _review_pod(uid: str, request: dict[str, Any], inventory: Inventory, engine_
         raise AdmissionRefusal(
             Reason.INVENTORY_NOT_SYNCED, "gpupack webhook has not synced the GPU inventory yet; retry shortly"
         )
-    decision = decide(parsed, inventory.policy_for(parsed.namespace), inventory, engine_places=engine_places)
+    policy = memo.policy_for(parsed.namespace) if memo is not None and memo.inventory is inventory else (
+        inventory.policy_for(parsed.namespace))
+    decision = decide(parsed, policy, inventory, engine_places=engine_places, memo=memo)
     patch = build_patch(pod, decision)
     warnings = None
     if not decision.capacity_exists:

@@ -193,10 +193,15 @@ def build_app(
     api.router.add_route("/mutate", post_only, methods=["GET", "PUT", "DELETE", "PATCH"])
     api.router.add_route("/validate", post_only, methods=["GET", "PUT", "DELETE", "PATCH"])
     handlers = {
-        "/mutate": admit("mutate", lambda review: review_pod(review, holder.current, settings)),
+        "/mutate": admit("mutate", lambda review: _review_with_memo(review, holder, settings)),
         "/validate": admit("validate", lambda review: review_policy(review, settings)),
     }
     return AdmissionApp(api, handlers, settings.max_body_bytes)
+
+
+def _review_with_memo(review: Any, holder: InventoryHolder, settings: WebhookSettings) -> Answer:
+    memo = holder.memo  # read once: the memo and its snapshot always belong together
+    return review_pod(review, memo.inventory, settings, memo)
 
 
 def _inventory_gauges(metrics: Metrics, holder: InventoryHolder) -> None:

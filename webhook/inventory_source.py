@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from sharing.decision import DecisionMemo
 from sharing.inventory import Inventory, build_inventory
 
 log = logging.getLogger("gpupack.webhook.inventory")
@@ -34,6 +35,8 @@ class InventoryHolder:
 
     def __init__(self, initial: Inventory | None = None) -> None:
         self.current: Inventory = initial if initial is not None else Inventory(synced=False)
+        self.memo = DecisionMemo(self.current)
+        """Decisions made against ``current``; a new snapshot starts a new memo."""
         self._version = self.current.version
         self._lock = threading.Lock()
         self.listeners: list[Callable[[Inventory], None]] = []
@@ -43,6 +46,7 @@ class InventoryHolder:
             self._version += 1
             snapshot = build_inventory(objects, synced=synced, version=self._version)
             self.current = snapshot
+            self.memo = DecisionMemo(snapshot)
         for listener in self.listeners:
             listener(snapshot)
         return snapshot

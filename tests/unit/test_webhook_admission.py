@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
+from sharing import decision as decision_module
+from sharing.decision import DecisionMemo, decide
 from sharing.inventory import Inventory, build_inventory
 from sharing.patch import apply_patch
+from sharing.request import parse_pod
 from webhook.admission import mutate, review_pod, uid_hint, validate
 from webhook.settings import WebhookSettings
 from webhook.testing import gpu_container, make_pod, make_review
@@ -80,11 +83,31 @@ def test_forbidden_mode_message(inventory: Inventory) -> None:
 def test_dry_run_answers_identically_and_changes_nothing(inventory: Inventory) -> None:
     pod = make_pod(gpu_container("c", "250", "16Gi"), mode="mps")
     real, dry = make_review(pod, uid="u"), make_review(copy.deepcopy(pod), uid="u", dry_run=True)
-    cache_before = dict(inventory.cache)
-    assert mutate(real, inventory, SETTINGS) == mutate(dry, inventory, SETTINGS)
+    memo = DecisionMemo(inventory)
+    first = review_pod(real, inventory, SETTINGS, memo).review
+    assert first == review_pod(dry, inventory, SETTINGS, memo).review == mutate(real, inventory, SETTINGS)
     assert dry["request"]["object"] == pod
     assert inventory.nodes == build_inventory(yaml.safe_load((ROOT / "examples" / "inventory.yaml").read_text())).nodes
-    assert set(cache_before) <= set(inventory.cache)
+
+
+def test_the_webhooks_memo_answers_as_a_fresh_decision_and_only_for_its_snapshot(
+    inventory: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request = parse_pod(make_pod(gpu_container("c", "250", "16Gi"), mode="mps"), "default")
+    assert request is not None
+    fresh = decide(request, inventory.policy_for("default"), inventory)
+    worked_out = []
+    original = decision_module._choose_uncached
+    monkeypatch.setattr(decision_module, "_choose_uncached", lambda *a: worked_out.append(a) or original(*a))
+    memo = DecisionMemo(inventory)
+    assert decide(request, memo.policy_for("default"), inventory, memo=memo) == fresh
+    assert decide(request, memo.policy_for("default"), inventory, memo=memo) == fresh
+    assert len(worked_out) == 1  # the second answer came from the memo
+    # A memo of another snapshot is never consulted: the empty cluster's answer is worked out.
+    empty = build_inventory([])
+    decide(request, empty.policy_for("default"), empty, memo=memo)
+    decide(request, empty.policy_for("default"), empty, memo=memo)
+    assert len(worked_out) == 3
 
 
 def test_reinvocation_is_idempotent(inventory: Inventory) -> None:
