@@ -18,11 +18,12 @@ The Kubernetes calls go through a narrow protocol (``LeaseApi``), implemented by
 
 from __future__ import annotations
 
-import datetime as dt
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from kube.times import format_micro_time
 
 
 class LeaseApi(Protocol):
@@ -39,10 +40,6 @@ class LeaseSettings:
     """How long a silent holder keeps the lease (client-go's default)."""
     renew_deadline_seconds: float = 10.0
     """The holder stops acting when it has not renewed for this long (< duration)."""
-
-
-def _micro(now: float) -> str:
-    return dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -66,7 +63,7 @@ class LeaderElector:
         return self._renewed_at is not None and self.clock() - self._renewed_at < self.settings.renew_deadline_seconds
 
     def _body(self, current: Mapping[str, Any] | None, transitions: int) -> dict[str, Any]:
-        now = _micro(self.wall())
+        now = format_micro_time(self.wall())
         spec = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(self.settings.duration_seconds),

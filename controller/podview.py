@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime, timezone
 from typing import Any
 
 from controller.model import Pod
+from kube.times import parse_time
 from mig.units import parse_quantity
 from sharing.modes import ALLOCATION_MODES
 from sharing.options import WHOLE_RESOURCE
@@ -33,16 +33,6 @@ def _list(value: Any) -> list[Any]:
 
 def _int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-def parse_time(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:

@@ -33,11 +33,12 @@ from controller.model import Node, Snapshot
 from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
 from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings
-from controller.podview import parse_time, pod_from_object
+from controller.podview import pod_from_object
 from controller.snapshot import (
     IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle,
 )
 from kube.errors import KubeError
+from kube.times import format_time, parse_time
 
 log = logging.getLogger("gpupack.controller")
 REPLICAS_CHANGED = "gpupack.io/replicas-changed-at"
@@ -212,7 +213,7 @@ class Controller:
                 continue
             try:
                 self.kube.patch_gpunode(node.name, {
-                    "metadata": {"annotations": {REPLICAS_CHANGED: now.strftime("%Y-%m-%dT%H:%M:%SZ")}},
+                    "metadata": {"annotations": {REPLICAS_CHANGED: format_time(now)}},
                     "spec": {"sharing": {"mode": node.sharing, "replicas": decision.proposed}},
                 })
             except KubeError as exc:

@@ -14,7 +14,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,9 +22,10 @@ from pydantic import ValidationError
 from controller.capacity import mig_claims, shared_claims
 from controller.model import Gpu, Node, Pod, Snapshot
 from controller.podview import (
-    ALLOCATION, GATE, _int, _list, _map, parse_time, pod_from_object, waiting_unschedulable, whole_gpus_requested,
+    ALLOCATION, GATE, _int, _list, _map, pod_from_object, waiting_unschedulable, whole_gpus_requested,
 )
 from controller.policies import policies_for_nodes
+from kube.times import format_time, parse_time
 from mig.catalog import find_model
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
@@ -39,8 +40,6 @@ __all__ = [
 IDLE_ANNOTATION = "gpupack.io/idle-since"
 
 
-def format_time(value: datetime) -> str:
-    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def idle_record(gpunode: Mapping[str, Any]) -> dict[int, datetime]:

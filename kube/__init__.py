@@ -1,8 +1,11 @@
-"""The one Kubernetes edge the components share: what a Kubernetes API failure means.
+"""The one Kubernetes edge the components share (it imports nothing else of gpupack).
 
-The controller (``controller/kube.py``) and the node agent (``node/kube.py``) each keep
-their own small client wrapper for the calls they make, and read API failures through
-:class:`KubeError` here, so both agree on what is a conflict and what is missing.
+- ``kube.errors``: what a Kubernetes API failure means (:class:`KubeError`: conflict,
+  invalid, not found), so the controller and the node agent agree on it; each keeps
+  its own small client wrapper for the calls it makes (``controller/kube.py``,
+  ``node/kube.py``).
+- ``kube.times``: ``metav1.Time`` and ``MicroTime``, written and read one way.
+- ``kube.conditions``: ``metav1.Condition`` bookkeeping (``lastTransitionTime``).
 """
 
 from kube.errors import KubeError, from_api_exception

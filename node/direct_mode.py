@@ -9,12 +9,12 @@ the Node's allocatable shows exactly the new MIG resources.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from kube.times import format_time
 from node import conditions as C
 from node.desired import desired_layouts, pinned_layouts
 from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise
@@ -35,8 +35,6 @@ log = logging.getLogger("gpupack.agent")
 PAUSED_VALUE = "paused-for-mig-change"  # the value mig-manager uses; the plugin DaemonSet selects "true"
 
 
-def _iso(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def journal_wire(journal: Journal) -> dict[str, Any]:
@@ -45,7 +43,7 @@ def journal_wire(journal: Journal) -> dict[str, Any]:
     plan = [{"op": "destroy", "instance": format_instance(i)} for i in journal.destroy]
     plan += [{"op": "create", "instance": format_instance(i)} for i in journal.create]
     return {"phase": journal.phase, "step": done, "plan": plan, "targetGeneration": journal.generation,
-            "startedAt": _iso(journal.started_at), "message": journal.reason[:4096] or None,
+            "startedAt": format_time(journal.started_at), "message": journal.reason[:4096] or None,
             "mode": "direct", "gpuIndex": journal.gpu_index, "journal": journal.to_dict()}
 
 

@@ -7,15 +7,14 @@ config text) are in ``node.operator_mode``; this module applies them through
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from kube.errors import KubeError
+from kube.times import format_time, parse_time
 from node import conditions as C
 from node.desired import desired_layouts
-from node.direct_mode import _iso
 from node.inventory import NodeSnapshot
-from kube.errors import KubeError
 from node.operator_mode import (
     DEVICE_PLUGIN_CONFIG_LABEL, MIG_CONFIG_LABEL, MIG_PARTED_KEY, device_plugin_config, device_plugin_config_name,
     handshake_state, merge_mig_parted, plan_node_config,
@@ -41,8 +40,9 @@ def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapsho
             idle.add(gpu.info.index)
     active = dict(reconf) if reconf and reconf.get("mode") == "operator" and reconf.get("phase") == "Applying" else None
     if active is not None:
-        started = dt.datetime.strptime(str(active["startedAt"]), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)
-        state = handshake_state(labels, str(active["migConfig"]), now - started.timestamp(),
+        started = parse_time(active.get("startedAt"))
+        elapsed = now - started.timestamp() if started is not None else float("inf")  # unreadable: timed out
+        state = handshake_state(labels, str(active["migConfig"]), elapsed,
                                 agent.s.mig_config_timeout_seconds)
         if state == "pending":
             return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
@@ -92,7 +92,7 @@ def reconcile_operator(agent: Agent, spec: GPUNodeSpec, generation: int, snapsho
     else:
         raise KubeError(409, f"ConfigMap {agent.s.mig_parted_configmap} kept changing under us")
     entry = {"phase": "Applying", "mode": "operator", "migConfig": plan.name, "targetGeneration": generation,
-             "startedAt": _iso(now), "message": f"GPUs {list(plan.changed)} via mig-manager",
+             "startedAt": format_time(now), "message": f"GPUs {list(plan.changed)} via mig-manager",
              "step": 0, "plan": [{"op": "mig-config", "gpus": list(plan.changed)}]}
     agent.remember(agent.kube.patch_gpunode_status(name, {"reconfiguration": entry}))
     agent.kube.patch_node(name, {"metadata": {"labels": {MIG_CONFIG_LABEL: plan.name}}})

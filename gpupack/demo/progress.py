@@ -15,7 +15,8 @@ from datetime import datetime
 from typing import Any
 
 from controller.metrics import cluster_figures
-from controller.snapshot import ALLOCATION, GATE, build_snapshot, parse_time
+from controller.snapshot import ALLOCATION, GATE, build_snapshot
+from kube.times import parse_time
 from sharing.packing.model import GPU_MILLI
 
 

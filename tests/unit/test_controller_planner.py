@@ -330,8 +330,6 @@ def test_a_node_holding_whole_gpu_pods_is_never_split_into_replicas() -> None:
 def test_controller_and_product_model_choose_alike() -> None:
     """One code path: the same state, the same policy, the same choices (waste first, then
     the policy's idle node to split), in the live planner and the simulator's product model."""
-    import numpy as np
-
     from sharing.packing.cluster import ClusterState
     from sharing.packing.gpupack_policy import GpupackPolicy
     from sharing.packing.kube_scoring import MostAllocatedWeights
