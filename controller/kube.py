@@ -87,6 +87,15 @@ class Kube:
         except ApiException as exc:
             raise from_api_exception(exc) from None
 
+    def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch a SharingPolicy's status subresource."""
+        try:
+            self._custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, "sharingpolicies", name, {"status": dict(status)},
+                _content_type=MERGE_PATCH, _preload_content=False)
+        except ApiException as exc:
+            raise from_api_exception(exc) from None
+
     def json_patch_pod(self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]) -> None:
         try:
             self._core.patch_namespaced_pod(

@@ -34,6 +34,7 @@ from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
 from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings
 from controller.podview import pod_from_object
+from controller.policy_status import needs_write, policy_reports, status_for
 from controller.snapshot import (
     IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle,
 )
@@ -91,6 +92,7 @@ class Controller:
         if self._idle(snapshot, by_name, now, report):
             # The idle record is input to the planner: plan on what was just written.
             snapshot = build_snapshot(gpunodes, nodes, pods, policies)
+        self._policy_status(policies, snapshot, now, report)
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
@@ -156,6 +158,22 @@ class Controller:
                 continue
             self.metrics.sharing_changes.labels("demand").inc()
             log.info("sharing: %s -> %s x%d (%s)", sharing.node, sharing.mode, sharing.replicas, sharing.reason)
+
+    def _policy_status(
+        self, policies: list[dict[str, Any]], snapshot: Snapshot, now: datetime, report: CycleReport
+    ) -> None:
+        """Each SharingPolicy's status, written only when it says something new."""
+        by_name = {str((p.get("metadata") or {}).get("name")): p for p in policies}
+        for policy in policy_reports(policies, ((n.name, n.label_map) for n in snapshot.nodes)):
+            previous = by_name[policy.name].get("status") or {}
+            wanted = status_for(policy, previous, now)
+            if not needs_write(previous, wanted):
+                continue
+            try:
+                self.kube.patch_policy_status(policy.name, wanted)
+            except KubeError as exc:
+                if not exc.not_found:  # deleted meanwhile: nothing to report on
+                    self._fail(report, "policy-status", f"SharingPolicy {policy.name}: {exc}")
 
     def _release(self, result: Plan, pods: Mapping[str, dict[str, Any]], now: datetime, report: CycleReport) -> None:
         """Pin and ungate released pods, several at once: each pod is two independent round trips."""

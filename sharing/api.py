@@ -410,10 +410,19 @@ class SharingPolicySpec(ApiModel):
 
 
 class SharingPolicyStatus(ApiModel):
-    """What the controller made of the policy."""
+    """What the controller made of the policy (written by ``controller/policy_status.py``).
+
+    Conditions: ``Ready`` (``Applied``: the controller plans with this spec;
+    ``InvalidSpec``: it does not, and says why) and ``Overlapping`` (``True``
+    when another policy selects some of the same nodes: there the strictest
+    bound of each applies, docs/controller.md).
+    """
 
     observed_generation: int | None = Field(None, ge=0)
-    matched_nodes: int = Field(0, ge=0)
+    matched_nodes: int = Field(0, ge=0, description="GPU nodes (with a GPUNode) the selector matches.")
+    applied_time: datetime | None = Field(
+        None, strict=False, description="When the controller began planning with this generation."
+    )
     conditions: Annotated[
         list[Condition], Field(json_schema_extra=_list_map("type"))
     ] = Field(default_factory=list, max_length=16)

@@ -118,6 +118,8 @@ CRDS: tuple[CrdDescriptor, ...] = (
             _column("Max-Reshape", ".spec.reshaping.maxConcurrent", "integer"),
             _column("Nodes", ".status.matchedNodes", "integer"),
             _column("Ready", '.status.conditions[?(@.type=="Ready")].status'),
+            _column("Overlapping", '.status.conditions[?(@.type=="Overlapping")].status'),
+            _column("Applied", ".status.appliedTime", "date", priority=1),
             AGE,
         ),
     ),

@@ -181,11 +181,17 @@ def h(admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[str], 
 
 def test_missing_profile_reshapes_an_idle_gpu_and_the_pod_is_scheduled(h: Harness) -> None:
     node = h.node("a", 1, {0: ["7g.80gb"]})
-    h.policy()
+    policy = h.policy()
     h.controller("ctl-1")
     h.gated_pod("needs-3g", "3g.40gb")
     assert wait_for("the pod to be bound", lambda: h.node_of("needs-3g")) == node
     assert "3g.40gb" in h.layouts(node)[0]
+    # The controller reports on the policy through its status subresource (its own RBAC).
+    status = wait_for("the policy's status", lambda: h.custom.get_cluster_custom_object(
+        GROUP, VERSION, "sharingpolicies", policy).get("status"))
+    ready = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert status["matchedNodes"] == 1 and status["observedGeneration"] == 1 and status["appliedTime"]
+    assert ready == {"Ready": ("True", "Applied"), "Overlapping": ("False", "Exclusive")}
     pod = h.core.read_namespaced_pod("needs-3g", h.namespace)
     assert not pod.spec.scheduling_gates
     exprs = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms[0].match_expressions
