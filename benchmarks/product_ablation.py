@@ -20,7 +20,6 @@ It prints a Markdown table (docs/simulator.md quotes it). Nothing is written.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -33,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.simulate_product import DEFAULT_TRACES, WORKLOADS, _trace  # noqa: E402
+from benchmarks.simulate_product import _trace, replay_arguments  # noqa: E402
 from sharing.packing.cluster import BoolArray, ClusterState  # noqa: E402
 from sharing.packing.fgd import FgdPolicy  # noqa: E402
 from sharing.packing.gpupack_policy import GpupackPolicy  # noqa: E402
@@ -85,12 +84,7 @@ def _one(job: tuple[str, str, int, str]) -> tuple[str, str, int, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="folder of the openb CSVs")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--seeds", type=int, default=3, help="published seeds 42.. (default 3)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    args = ap.parse_args()
+    args = replay_arguments(__doc__, seeds=3).parse_args()
     if not (args.traces / "openb_node_list_gpu_node.csv").exists():
         sys.exit(f"no openb traces in {args.traces} (see README: they live beside the checkout)")
     workloads = args.workloads.split(",")

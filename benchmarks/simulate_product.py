@@ -76,6 +76,16 @@ def _one(job: tuple[str, str, str, int, str]) -> dict[str, Any]:
     }
 
 
+def replay_arguments(doc: str | None, seeds: int) -> argparse.ArgumentParser:
+    """The options every product-model benchmark takes: traces, workloads, seeds, workers."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="folder of the openb CSVs")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated (default: all 13)")
+    ap.add_argument("--seeds", type=int, default=seeds, help=f"published seeds 42.. (default {seeds})")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: CPUs)")
+    return ap
+
+
 BEGIN = "<!-- product-model:begin (benchmarks/simulate_product.py) -->"
 END = "<!-- product-model:end -->"
 
@@ -150,11 +160,7 @@ def render(data: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="folder of the openb CSVs")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS))
-    ap.add_argument("--seeds", type=int, default=10, help="published seeds 42.. (default 10)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    ap = replay_arguments(__doc__, seeds=10)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
                     help="raw results; RESULTS.md is rewritten only when this is the default file")
     ap.add_argument("--from-json", action="store_true",

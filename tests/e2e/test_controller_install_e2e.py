@@ -61,14 +61,18 @@ def test_render_lists_every_component_once() -> None:
         assert sorted((o["kind"], o["metadata"]["name"]) for o in real) == sorted((o["kind"], o["metadata"]["name"]) for o in objects)
 
 
-def test_install_applies_and_uninstall_keeps_gpus_and_workloads(admin_client: Any, namespace: str) -> None:
-    objects = [o for o in render(ROOT / "manifests") if o["kind"] not in CERT_MANAGER]
-    # gpupack installs next to the GPU Operator: its namespace exists (the agent's Role lives there).
+def _gpu_operator_namespace(admin_client: Any) -> None:
+    """gpupack installs next to the GPU Operator: its namespace exists (the agent's Role lives there)."""
     try:
         client.CoreV1Api(admin_client).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpu-operator")))
     except client.ApiException as exc:
         if exc.status != 409:
             raise
+
+
+def test_install_applies_and_uninstall_keeps_gpus_and_workloads(admin_client: Any, namespace: str) -> None:
+    objects = [o for o in render(ROOT / "manifests") if o["kind"] not in CERT_MANAGER]
+    _gpu_operator_namespace(admin_client)
     apply_objects(admin_client, objects, field_manager="gpupack-install-e2e")
     apps = client.AppsV1Api(admin_client)
     assert apps.read_namespaced_deployment("gpupack-controller", "gpupack-system").spec.replicas == 2
@@ -119,11 +123,7 @@ def test_helm_rendering_applies_with_values(admin_client: Any) -> None:
     assert out.returncode == 0, out.stderr
     objects = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert not [o for o in objects if o["kind"] in CERT_MANAGER]  # certManager=false drops them
-    try:
-        client.CoreV1Api(admin_client).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpu-operator")))
-    except client.ApiException as exc:
-        if exc.status != 409:
-            raise
+    _gpu_operator_namespace(admin_client)
     apply_objects(admin_client, objects, field_manager="gpupack-helm-e2e")
     deployment = client.AppsV1Api(admin_client).read_namespaced_deployment("gpupack-controller", "gpupack-system")
     assert deployment.spec.replicas == 3
