@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from mig.model import GpuModel
+from collections.abc import Sequence
 
 
 class MigError(ValueError):
@@ -20,13 +17,10 @@ class UnknownModelError(MigError):
 
 
 class UnknownProfileError(MigError):
-    def __init__(self, name: str, model: GpuModel) -> None:
+    def __init__(self, name: str, product: str, valid: Sequence[str]) -> None:
         self.name = name
-        self.model = model.product
-        super().__init__(
-            f"unknown MIG profile {name!r} for {model.product}; "
-            f"valid profiles: {', '.join(model.profile_names)}"
-        )
+        self.model = product
+        super().__init__(f"unknown MIG profile {name!r} for {product}; valid profiles: {', '.join(valid)}")
 
 
 class RequestError(MigError):

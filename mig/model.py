@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mig.errors import UnknownProfileError
+
 
 @dataclass(frozen=True, order=True)
 class Placement:
@@ -105,9 +107,7 @@ class GpuModel:
         try:
             return self._by_name[name]
         except KeyError:
-            from mig.errors import UnknownProfileError
-
-            raise UnknownProfileError(name, self) from None
+            raise UnknownProfileError(name, self.product, self.profile_names) from None
 
     def has_profile(self, name: str) -> bool:
         return name in self._by_name

@@ -15,9 +15,17 @@ its predecessor's memory:
 5. write the sharing config, emulate the device plugin's advertisement
    (simulation), and publish status (rate-limited) with conditions and metrics.
 
-Steps 3 and 4 live in ``node.direct_mode`` and ``node.operator_loop``, the
-simulation glue of steps 2 and 5 in ``node.emulation``; they act through the
-agent's public helpers (``snapshot``, ``busy``, ``event``, ``remember``).
+The agent is the loop; its parts are chosen once, when it starts, and it never
+asks which it got:
+
+- how a layout is applied (steps 3-4): ``node.layouts`` (NVML directly, or
+  mig-manager), by ``--mode``;
+- how the GPUs are advertised (steps 2, 4, 5): ``node.advertising`` (the stock
+  device plugin, or its emulator on simulated nodes);
+- which pod owns which device (step 1): ``node.process_owners`` (the kubelet's
+  PodResources API and ``/proc``, or the simulator's process ids).
+
+Parts see the agent as ``node.context.AgentContext`` and import nothing of it.
 
 Journal writes are never rate-limited: they are the write-ahead log of a reshape,
 and an NVML step only runs after its journal write succeeded.
@@ -29,7 +37,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -39,19 +46,17 @@ from kube.errors import KubeError
 from mig.model import PlacedInstance
 from node import conditions as C
 from node.dcgm import Activity, parse_activity
-from node.direct_mode import reconcile_direct
-from node.emulation import emulate_advertisement, emulate_allocation
+from node.advertising import advertiser_for
 from node.inventory import NodeSnapshot, read_snapshot, status_from_snapshot
+from node.layouts import layouts_for
 from node.kube import Kube
 from node.metrics import AgentMetrics
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance, NvmlBackend
-from node.nvml.simulated import SimulatedNvml
-from node.operator_loop import reconcile_operator, write_sharing_config
 from node.planning import IdleTracker
 from node.policy import ReshapeRules, reshape_rules
-from node.podresources import PodResourcesError, device_owners, list_pod_devices
-from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device, sim_pid
+from node.pods import PodUse, busy_instances, pod_uses
+from node.process_owners import process_owners_for
 from node.settings import AgentSettings
 from sharing.api import GPUNodeSpec, LayoutRefusal
 
@@ -81,16 +86,14 @@ class Agent:
         self._last_patch = -1e18
         self._events: dict[tuple[str, str], float] = {}
         self.busy_ctx: tuple[dict[str, list[str]], list[PodUse]] = ({}, [])
-        self.dp_config_written = ""
+        self.layouts = layouts_for(settings.mode)
+        self.advertiser = advertiser_for(settings)
+        self.owners = process_owners_for(backend, settings)
         self._dcgm_at = -1e18
         self.rules = ReshapeRules(settings.idle_seconds)
         self._policy_warning = ""
         self._dcgm_cache: Activity | None = None
         self.ticks = 0
-
-    @property
-    def simulated(self) -> bool:
-        return isinstance(self.backend, SimulatedNvml)
 
     # ------------------------------------------------------------------ plumbing
     def remember(self, obj: Mapping[str, Any]) -> None:
@@ -170,10 +173,9 @@ class Agent:
         snapshot = self.snapshot()
         uses = pod_uses(self.kube.list_node_pods(name), name)
         replicas = spec.sharing.replicas if spec else 1
-        if self.simulated and self.s.emulate_device_plugin and snapshot.error is None:
-            emulate_allocation(self, snapshot, uses, labels, replicas)
+        if self.advertiser.allocate(self, snapshot, uses, labels, replicas):
             snapshot = self.snapshot()
-        self.busy_ctx = self._pod_map(snapshot, uses)
+        self.busy_ctx = self.owners.pods_by_device(snapshot, uses)
         now = self.clock()
         for gpu in snapshot.gpus:
             # Idle clocks run for every GPU from the agent's start, not only once a spec asks for a change.
@@ -185,7 +187,7 @@ class Agent:
         else:
             detail = f"{len(snapshot.gpus)} GPU(s) via {snapshot.backend}" + (
                 "; " + "; ".join(snapshot.warnings) if snapshot.warnings else "")
-            conds.append(C.Cond(C.NVML_READY, "True", "Simulated" if self.simulated else "Ready", detail))
+            conds.append(C.Cond(C.NVML_READY, "True", "Simulated" if snapshot.backend == "simulated" else "Ready", detail))
             for warning in snapshot.warnings:
                 self.event("Warning", "GpuInventoryWarning", warning)
 
@@ -193,10 +195,7 @@ class Agent:
         reconf = status.get("reconfiguration")
         refusals: Mapping[int, LayoutRefusal] = {}
         if spec is not None and snapshot.error is None:
-            if self.s.mode == "direct":
-                report = reconcile_direct(self, spec, generation, snapshot, reconf, labels)
-            else:
-                report = reconcile_operator(self, spec, generation, snapshot, reconf, labels)
+            report = self.layouts.reconcile(self, spec, generation, snapshot, reconf, labels)
             conds.append(report.condition)
             refusals = report.refusals
             if report.active:
@@ -205,12 +204,7 @@ class Agent:
             node = self.kube.get_node(name)
             labels = dict((node.get("metadata") or {}).get("labels") or {})
         sharing = {"mode": spec.sharing.mode, "replicas": spec.sharing.replicas} if spec else None
-        if spec is not None and not self.s.emulate_device_plugin:
-            # The real device plugin reads its sharing config from the ConfigMap; the emulator
-            # (simulation) takes it straight from the spec instead.
-            write_sharing_config(self, spec, labels)
-        if self.s.emulate_device_plugin and snapshot.error is None:
-            conds.append(emulate_advertisement(self, snapshot, node, spec))
+        conds.extend(self.advertiser.publish(self, snapshot, node, spec, labels))
         self._publish(snapshot, generation if spec else status.get("observedGeneration"), sharing, status, conds,
                       refusals)
         busy_gi = {g.info.index: g.busy_gi_ids() for g in snapshot.gpus}
@@ -258,44 +252,7 @@ class Agent:
                 except KubeError:
                     self.sleep(wait)
 
-    # ------------------------------------------------------------- pods/devices
-    def _pod_map(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> tuple[dict[str, list[str]], list[PodUse]]:
-        if self.simulated:
-            uid_of_pid = {sim_pid(u.uid, o): u.uid for u in uses for o in range(u.count)}
-            return pods_by_device(snapshot, uses, uid_of_pid)
-        uid_of_pid = {}
-        for gpu in snapshot.gpus:
-            for proc in gpu.processes:
-                uid = pod_uid_of_pid(proc.pid)
-                if uid:
-                    uid_of_pid[proc.pid] = uid
-        by_device, unresolved = pods_by_device(snapshot, uses, uid_of_pid)
-        try:
-            owners = device_owners(list_pod_devices(Path(self.s.pod_resources_socket)))
-        except PodResourcesError as exc:
-            log.debug("PodResources API not used: %s", exc)
-            return by_device, unresolved
-        # The kubelet knows which device each admitted pod got, process or not.
-        for device, keys in owners.items():
-            holders = by_device.setdefault(device, [])
-            holders.extend(k for k in keys if k not in holders)
-        known = {k for keys in owners.values() for k in keys}
-        return by_device, [u for u in unresolved if u.key not in known]
-
-
-    # ------------------------------------------------------------- direct mode
-
-
-
-
-
-
-
-    # ----------------------------------------------------------- operator mode
-
-
-    # --------------------------------------------------------- emulation/status
-
+    # ------------------------------------------------------------------ status
     def _publish(self, snapshot: NodeSnapshot, generation: int | None, sharing: Mapping[str, Any] | None,
                  previous: Mapping[str, Any], conds: list[C.Cond], refusals: Mapping[int, LayoutRefusal]) -> None:
         now = self.clock()

@@ -18,7 +18,7 @@ from controller.snapshot import (
 )
 from mig.catalog import get_model
 from mig.model import Placement as MigPlacement
-from node.direct_mode import layout_report
+from node.layouts.direct import layout_report
 from node.inventory import read_snapshot, status_from_snapshot
 from node.journal import Journal
 from node.nvml.simulated import SimulatedNvml

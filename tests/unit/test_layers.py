@@ -3,6 +3,8 @@
 * ``mig`` imports nothing of gpupack's other packages, and no Kubernetes, NVML or HTTP.
 * ``sharing`` imports only ``mig`` of ours, and no Kubernetes, NVML or HTTP.
 * ``webhook``, ``node`` and ``controller`` do not import each other.
+* No two of our modules import each other, directly or through others, type-only
+  imports (``if TYPE_CHECKING:``) included.
 """
 
 from __future__ import annotations
@@ -61,3 +63,58 @@ def test_the_checker_sees_violations(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import kubernetes\nfrom sharing.x import y\nfrom . import z\n")
     assert imported_top_levels(bad) == {"kubernetes", "sharing"}
+
+
+def module_graph(root: Path) -> dict[str, set[str]]:
+    """Our module -> our modules it imports (any import statement, type-only ones too)."""
+    modules: dict[str, Path] = {}
+    for package in OURS:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (as a path that returns to its start), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> list[str] | None:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[name] = 2
+        return None
+
+    for name in sorted(graph):
+        if name not in state and (found := visit(name)):
+            return found
+    return None
+
+
+def test_no_import_cycles() -> None:
+    cycle = import_cycle(module_graph(ROOT))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_sees_a_type_only_cycle(tmp_path: Path) -> None:
+    (tmp_path / "mig").mkdir()
+    (tmp_path / "mig" / "a.py").write_text("from mig.b import B\n")
+    (tmp_path / "mig" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mig.a import A\n")
+    (tmp_path / "mig" / "c.py").write_text("import mig.a\n")
+    assert import_cycle(module_graph(tmp_path)) == ["mig.a", "mig.b", "mig.a"]

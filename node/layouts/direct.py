@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kube.times import format_time
 from node import conditions as C
 from node.desired import desired_layouts, pinned_layouts
+from node.context import AgentContext
 from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise
-from node.emulation import emulate_advertisement
 from node.inventory import NodeSnapshot
 from node.journal import NVML_PHASES, Journal, format_instance
 from node.kube import Kube
@@ -27,9 +27,6 @@ from node.operator_mode import MIG_CONFIG_STATE_LABEL
 from node.planning import StartDecision
 from node.reconciler import MigReconciler, finish
 from sharing.api import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
-
-if TYPE_CHECKING:
-    from node.agent import Agent
 
 log = logging.getLogger("gpupack.agent")
 PAUSED_VALUE = "paused-for-mig-change"  # the value mig-manager uses; the plugin DaemonSet selects "true"
@@ -64,20 +61,20 @@ class KubeJournalStore:
         self._on_write(obj)
 
 
-def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,
+def reconcile_direct(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,
                      reconf: Mapping[str, Any] | None, labels: Mapping[str, str]) -> C.LayoutReport:
-    assert agent.backend is not None
+    assert ctx.backend is not None
     try:
         journal = journal_from_status(reconf)
     except ValueError as exc:
-        agent.event("Warning", "JournalUnreadable", str(exc))
+        ctx.event("Warning", "JournalUnreadable", str(exc))
         journal = None
-    store = KubeJournalStore(agent.kube, agent.s.node_name, agent.remember)
-    reconciler = MigReconciler(agent.backend, store, agent.busy, agent.clock,
-                               max_errors=agent.s.max_nvml_errors, event=agent.event)
+    store = KubeJournalStore(ctx.kube, ctx.s.node_name, ctx.remember)
+    reconciler = MigReconciler(ctx.backend, store, ctx.busy, ctx.clock,
+                               max_errors=ctx.s.max_nvml_errors, event=ctx.event)
     desired, problems = desired_layouts(spec, snapshot)
     pinned = pinned_layouts(spec, snapshot)
-    now = agent.clock()
+    now = ctx.clock()
     decisions: dict[int, StartDecision] = {}
     if journal is not None and journal.phase in NVML_PHASES:
         gpu = snapshot.gpu(journal.gpu_index)
@@ -86,15 +83,15 @@ def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot:
             store.save(journal)
         else:
             assert gpu.model is not None
-            journal = drive_gpu(reconciler, agent.backend, gpu.model, gpu.info.index, gpu.info.uuid, journal,
-                                desired.get(gpu.info.index), generation, agent.busy, agent.idle, now,
-                                agent.rules.idle_seconds, pause_hook(agent, store), agent.s.retry_seconds).journal
+            journal = drive_gpu(reconciler, ctx.backend, gpu.model, gpu.info.index, gpu.info.uuid, journal,
+                                desired.get(gpu.info.index), generation, ctx.busy, ctx.idle, now,
+                                ctx.rules.idle_seconds, pause_hook(ctx, store), ctx.s.retry_seconds).journal
     manager_state = labels.get(MIG_CONFIG_STATE_LABEL, "")
     if (journal is None or not journal.active) and manager_state in ("pending", "rebooting"):
         # mig-manager is reconfiguring this node: two writers on NVML would fight.
         return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "MigManagerBusy",
                                      f"{MIG_CONFIG_STATE_LABEL}={manager_state}; waiting for mig-manager to finish"))
-    blocked = agent.rules.may_start(now)[1]
+    blocked = ctx.rules.may_start(now)[1]
     if journal is None or not journal.active:
         for gpu in snapshot.gpus:
             index = gpu.info.index
@@ -114,75 +111,59 @@ def reconcile_direct(agent: Agent, spec: GPUNodeSpec, generation: int, snapshot:
             if want is None or gpu.model is None:
                 continue
             own = journal if journal is not None and journal.gpu_index == index else None
-            result = drive_gpu(reconciler, agent.backend, gpu.model, index, gpu.info.uuid, own, want, generation,
-                               agent.busy, agent.idle, now, agent.rules.idle_seconds, pause_hook(agent, store),
-                               agent.s.retry_seconds, pinned.get(index), blocked)
+            result = drive_gpu(reconciler, ctx.backend, gpu.model, index, gpu.info.uuid, own, want, generation,
+                               ctx.busy, ctx.idle, now, ctx.rules.idle_seconds, pause_hook(ctx, store),
+                               ctx.s.retry_seconds, pinned.get(index), blocked)
             if result.decision is not None:
                 decisions[index] = result.decision
             if result.journal is not None and result.journal is not own:
                 journal = result.journal
                 break  # one GPU at a time per node; the policy's max_concurrent is the controller's
     if journal is not None and journal.phase == "Advertising":
-        journal = advertise_after_reshape(agent, journal, store, snapshot)
+        journal = advertise_after_reshape(ctx, journal, store, snapshot)
     return layout_report(journal, decisions, problems, generation)
 
 
-def pause_hook(agent: Agent, store: KubeJournalStore) -> Callable[[Journal], Journal]:
+def pause_hook(ctx: AgentContext, store: KubeJournalStore) -> Callable[[Journal], Journal]:
     def pause(journal: Journal) -> Journal:
-        if not agent.s.pause_device_plugin or journal.device_plugin_paused:
+        if not ctx.s.pause_device_plugin or journal.device_plugin_paused:
             return journal
-        labels = (agent.kube.get_node(agent.s.node_name).get("metadata") or {}).get("labels") or {}
+        labels = (ctx.kube.get_node(ctx.s.node_name).get("metadata") or {}).get("labels") or {}
         before = labels.get(DEPLOY_DEVICE_PLUGIN)
         journal = replace(journal, device_plugin_paused=True,
                           device_plugin_label="true" if before == PAUSED_VALUE else before)
         store.save(journal)  # write-ahead: a restart knows to un-pause, and to what
-        agent.kube.patch_node(agent.s.node_name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: PAUSED_VALUE}}})
-        if not agent.simulated:
-            wait_device_plugin_gone(agent)
+        ctx.kube.patch_node(ctx.s.node_name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: PAUSED_VALUE}}})
+        ctx.advertiser.wait_paused(ctx)
         return journal
     return pause
 
 
-def wait_device_plugin_gone(agent: Agent, timeout_s: float = 120.0) -> None:
-    deadline = agent.clock() + timeout_s
-    while agent.clock() < deadline:
-        pods = [p for p in agent.kube.list_node_pods(agent.s.node_name)
-                if p.get("metadata", {}).get("namespace") == agent.s.device_plugin_namespace
-                and _selects(agent.s.device_plugin_selector, p.get("metadata", {}).get("labels") or {})]
-        if not pods:
-            return
-        agent.sleep(1.0)
-    log.warning("device plugin still running on %s after %.0fs; relying on busy checks", agent.s.node_name, timeout_s)
-
-
-def advertise_after_reshape(agent: Agent, journal: Journal, store: KubeJournalStore, snapshot: NodeSnapshot) -> Journal:
-    name = agent.s.node_name
+def advertise_after_reshape(ctx: AgentContext, journal: Journal, store: KubeJournalStore, snapshot: NodeSnapshot) -> Journal:
+    name = ctx.s.node_name
     if journal.device_plugin_paused:
-        agent.kube.patch_node(name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: journal.device_plugin_label}}})
-        journal = journal.logged("device plugin resumed", agent.clock(), device_plugin_paused=False)
+        ctx.kube.patch_node(name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: journal.device_plugin_label}}})
+        journal = journal.logged("device plugin resumed", ctx.clock(), device_plugin_paused=False)
         store.save(journal)
-    elif not agent.simulated and "device plugin restarted" not in journal.steps:
-        agent.kube.delete_node_pods(agent.s.device_plugin_namespace, agent.s.device_plugin_selector, name)
-        journal = journal.logged("device plugin restarted", agent.clock())
-        store.save(journal)
-    snapshot = agent.snapshot()
-    node = agent.kube.get_node(name)
-    if agent.s.emulate_device_plugin:
-        emulate_advertisement(agent, snapshot, node, None)
-        node = agent.kube.get_node(name)
+    else:
+        journal = ctx.advertiser.restart(ctx, journal, store)
+    snapshot = ctx.snapshot()
+    node = ctx.kube.get_node(name)
+    if ctx.advertiser.readvertise(ctx, snapshot, node):
+        node = ctx.kube.get_node(name)
     expected = {k: v for k, v in advertise(snapshot, "none", 1).resources.items() if k.startswith("nvidia.com/mig-")}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     shown = {k: int(v) for k, v in allocatable.items() if k.startswith("nvidia.com/mig-") and str(v) != "0"}
-    now = agent.clock()
-    if shown == expected or now - journal.updated_at > agent.s.advertise_timeout_seconds:
+    now = ctx.clock()
+    if shown == expected or now - journal.updated_at > ctx.s.advertise_timeout_seconds:
         reason = journal.reason if shown == expected else (
-            f"{journal.reason}; device plugin did not re-advertise within {agent.s.advertise_timeout_seconds:g}s")
+            f"{journal.reason}; device plugin did not re-advertise within {ctx.s.advertise_timeout_seconds:g}s")
         journal = replace(finish(journal, now), reason=reason)
         store.save(journal)
         outcome = journal.phase
-        agent.metrics.reconfigurations.labels(outcome).inc()
-        agent.metrics.reconfigure_seconds.observe(now - journal.started_at)
-        agent.event("Normal" if outcome == "Succeeded" else "Warning", f"MigReconfiguration{outcome}",
+        ctx.metrics.reconfigurations.labels(outcome).inc()
+        ctx.metrics.reconfigure_seconds.observe(now - journal.started_at)
+        ctx.event("Normal" if outcome == "Succeeded" else "Warning", f"MigReconfiguration{outcome}",
                     f"GPU {journal.gpu_index}: {outcome.lower()} in {now - journal.started_at:.1f}s; "
                     f"layout {', '.join(map(format_instance, journal.target if outcome == 'Succeeded' else journal.previous))}"
                     + (f" ({journal.reason})" if journal.reason else ""))
@@ -226,10 +207,9 @@ def layout_condition(journal: Journal | None, decisions: Mapping[int, StartDecis
     return C.Cond(C.LAYOUT_APPLIED, "True", "AsRequested", "every GPU has the requested layout")
 
 
-def _selects(selector: str, labels: Mapping[str, str]) -> bool:
-    """Equality-based label selector ``a=b,c=d``."""
-    for term in filter(None, (t.strip() for t in selector.split(","))):
-        key, _, value = term.partition("=")
-        if labels.get(key.strip()) != value.strip():
-            return False
-    return True
+class DirectLayouts:
+    """Layouts applied by the agent itself through NVML (``--mode direct``)."""
+
+    def reconcile(self, ctx: AgentContext, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,
+                  reconf: Mapping[str, Any] | None, labels: Mapping[str, str]) -> C.LayoutReport:
+        return reconcile_direct(ctx, spec, generation, snapshot, reconf, labels)

@@ -1,0 +1,25 @@
+"""How the node's GPUs are advertised to the kubelet: one seam, two implementations.
+
+- :class:`~node.advertising.stock.StockDevicePlugin`: the GPU Operator's NVIDIA
+  device plugin (every real node): sharing config in its ConfigMap, paused and
+  restarted around a reshape.
+- :class:`~node.advertising.emulated.EmulatedDevicePlugin`: the agent plays the
+  plugin on a simulated node (``--emulate-device-plugin``).
+
+The agent picks one when it starts (:func:`advertiser_for`) and its loop never
+asks which; the protocol is ``node.context.Advertiser``.
+"""
+
+from __future__ import annotations
+
+from node.advertising.emulated import EmulatedDevicePlugin
+from node.advertising.stock import StockDevicePlugin
+from node.context import Advertiser
+from node.settings import AgentSettings
+
+__all__ = ["Advertiser", "EmulatedDevicePlugin", "StockDevicePlugin", "advertiser_for"]
+
+
+def advertiser_for(settings: AgentSettings) -> Advertiser:
+    """The emulator when the settings ask for it (simulated nodes), else the stock plugin."""
+    return EmulatedDevicePlugin() if settings.emulate_device_plugin else StockDevicePlugin()

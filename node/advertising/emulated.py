@@ -1,0 +1,94 @@
+"""SIMULATION: the device plugin's emulator advertises the node's GPUs (``--emulate-device-plugin``).
+
+On a simulated node (no kubelet device plugin, no real processes)
+:class:`EmulatedDevicePlugin` plays the plugin: ``allocate`` hands bound pods a
+device and a simulated process inside it (Allocate, and the workload), and
+``publish`` patches the Node with what ``node.device_plugin_emulator`` computes
+from NVML and the spec's sharing. Nothing has to be paused or restarted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from node import conditions as C
+from node.context import AgentContext, JournalStore
+from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise, node_patches
+from node.inventory import NodeSnapshot
+from node.journal import Journal
+from node.nvml.simulated import SimulatedNvml
+from node.pods import SIM_PID_BASE, PodUse, assign_pods, sim_pid
+from sharing.api import GPUNodeSpec
+
+
+class EmulatedDevicePlugin:
+    """The device plugin's part, played by the agent on a simulated node."""
+
+    def allocate(self, ctx: AgentContext, snapshot: NodeSnapshot, uses: list[PodUse], labels: Mapping[str, str],
+                 replicas: int) -> bool:
+        if not isinstance(ctx.backend, SimulatedNvml) or snapshot.error is not None:
+            return False
+        emulate_allocation(ctx.backend, snapshot, uses, labels, replicas)
+        return True
+
+    def wait_paused(self, ctx: AgentContext) -> None:
+        return None  # nothing runs that could hold a device
+
+    def restart(self, ctx: AgentContext, journal: Journal, store: JournalStore) -> Journal:
+        return journal
+
+    def readvertise(self, ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any]) -> bool:
+        emulate_advertisement(ctx, snapshot, node, None)
+        return True
+
+    def publish(self, ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any], spec: GPUNodeSpec | None,
+                labels: Mapping[str, str]) -> list[C.Cond]:
+        if snapshot.error is not None:
+            return []
+        return [emulate_advertisement(ctx, snapshot, node, spec)]
+
+
+def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[PodUse], labels: Mapping[str, str],
+                       replicas: int) -> None:
+    """Hand devices to pods as the device plugin would, with a process in each."""
+    device_at: dict[int, tuple[int, int | None, str]] = {}
+    for gpu in snapshot.gpus:
+        uuid_of = {i.gi_id: i.uuid for i in gpu.instances}
+        for proc in gpu.processes:
+            device = uuid_of.get(proc.gi_id, "") if proc.gi_id is not None else gpu.info.uuid
+            device_at[proc.pid] = (gpu.info.index, proc.gi_id, device)
+    existing = {f"{u.uid}/{o}": device_at[sim_pid(u.uid, o)][2]
+                for u in uses for o in range(u.count) if sim_pid(u.uid, o) in device_at}
+    paused = labels.get(DEPLOY_DEVICE_PLUGIN, "true") != "true"
+    wanted = existing if paused else assign_pods(snapshot, uses, existing, replicas)
+    where: dict[str, tuple[int, int | None]] = {}
+    for gpu in snapshot.gpus:
+        where[gpu.info.uuid] = (gpu.info.index, None)
+        for inst in gpu.instances:
+            where[inst.uuid] = (gpu.info.index, inst.gi_id)
+    keep: set[int] = set()
+    for slot, device in wanted.items():
+        uid, ordinal = slot.rsplit("/", 1)
+        pid = sim_pid(uid, int(ordinal))
+        keep.add(pid)
+        if pid not in device_at and device in where:
+            index, gi_id = where[device]
+            sim.start_process(index, pid, 1024, gi_id)
+    for pid, (index, _gi, _dev) in device_at.items():
+        if pid >= SIM_PID_BASE and pid not in keep:
+            sim.stop_process(index, pid)
+
+
+def emulate_advertisement(ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any],
+                          spec: GPUNodeSpec | None) -> C.Cond:
+    mode = spec.sharing.mode if spec else "none"
+    replicas = spec.sharing.replicas if spec else 1
+    adv = advertise(snapshot, mode, replicas)
+    status_patch, meta_patch = node_patches(adv, node)
+    if meta_patch:
+        ctx.kube.patch_node(ctx.s.node_name, meta_patch)
+    if status_patch:
+        ctx.kube.patch_node_status(ctx.s.node_name, status_patch)
+    summary = ", ".join(f"{k}={v}" for k, v in sorted(adv.resources.items())) or "nothing"
+    return C.Cond(C.DEVICE_PLUGIN_READY, "True", "Emulated", f"SIMULATED device plugin advertises {summary}")
