@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from mig.model import GpuModel, PlacedInstance
-from sharing.api import labels_match
+from sharing.crd import labels_match
 from sharing.modes import AllocationMode, NodeSharingMode
 from sharing.replicas import fits_replicas
 from sharing.windows import window_contains

@@ -26,7 +26,7 @@ from controller.metrics import ControllerMetrics
 from controller.reconcile import Controller, CycleReport
 from controller.settings import ControllerSettings
 from controller.podview import ALLOCATION
-from sharing.api import GROUP, VERSION
+from sharing.crd import GROUP, VERSION
 
 log = logging.getLogger("gpupack.controller")
 

@@ -15,7 +15,7 @@ from controller.model import NodePolicy, Window
 from sharing.modes import AllocationMode
 from mig.migparted import builtin_config, layout_for
 from mig.model import GpuModel
-from sharing.api import WEEKDAYS, SharingPolicySpec
+from sharing.crd import WEEKDAYS, SharingPolicySpec
 from sharing.windows import minutes_of
 
 

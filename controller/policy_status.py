@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from kube.conditions import Cond, merge_conditions
 from kube.times import format_time
-from sharing.api import SharingPolicySpec, SharingPolicyStatus
+from sharing.crd import SharingPolicySpec, SharingPolicyStatus
 
 READY = "Ready"
 OVERLAPPING = "Overlapping"

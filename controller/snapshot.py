@@ -29,7 +29,7 @@ from kube.times import format_time, parse_time
 from mig.catalog import find_model
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
-from sharing.api import LayoutRefusal, SharingPolicySpec
+from sharing.crd import LayoutRefusal, SharingPolicySpec
 from sharing.modes import NodeSharingMode
 
 __all__ = [
@@ -99,7 +99,7 @@ def refused_gpus(gpunode: Mapping[str, Any]) -> frozenset[int]:
     Such a GPU is not "reshaping": its spec still differs from its status, but no
     reshape is in flight, so it must not hold a ``maxConcurrent`` slot, and the
     planner may ask for another layout. The agent says so per GPU in the typed
-    ``status.gpus[].layoutRefusal`` (``sharing.api.LayoutRefusal``); only answers
+    ``status.gpus[].layoutRefusal`` (``sharing.crd.LayoutRefusal``); only answers
     to the *current* spec (its ``metadata.generation``) count, and an entry that
     does not validate is no answer.
     """

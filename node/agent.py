@@ -58,7 +58,7 @@ from node.policy import ReshapeRules, reshape_rules
 from node.pods import PodUse, busy_instances, pod_uses
 from node.process_owners import process_owners_for
 from node.settings import AgentSettings
-from sharing.api import GPUNodeSpec, LayoutRefusal
+from sharing.crd import GPUNodeSpec, LayoutRefusal
 
 log = logging.getLogger("gpupack.agent")
 COMPONENT = "gpupack-node-agent"

@@ -13,7 +13,7 @@ from mig.errors import MigError
 from mig.migparted import builtin_config, layout_for
 from mig.model import PlacedInstance, Placement
 from node.inventory import NodeSnapshot
-from sharing.api import GPUNodeSpec
+from sharing.crd import GPUNodeSpec
 
 
 def desired_layouts(spec: GPUNodeSpec, snapshot: NodeSnapshot) -> tuple[dict[int, list[str] | None], dict[int, str]]:

@@ -21,7 +21,7 @@ from mig.model import GpuModel, Profile
 from node.dcgm import Activity, gpu_percent
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, GpuInstance, GpuInventory, GpuProcess, InstanceProfile, Utilization
-from sharing.api import GPUNodeStatus, LayoutRefusal
+from sharing.crd import GPUNodeStatus, LayoutRefusal
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
 from kube.errors import from_api_exception
-from sharing.api import GROUP, VERSION
+from sharing.crd import GROUP, VERSION
 
 PLURAL = "gpunodes"
 MERGE_PATCH = "application/merge-patch+json"

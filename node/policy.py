@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sharing.api import WEEKDAYS, ReshapingWindow, SharingPolicy
+from sharing.crd import WEEKDAYS, ReshapingWindow, SharingPolicy
 from sharing.windows import minutes_of, window_contains
 
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from mig.catalog import find_model
 from mig.model import GpuModel
-from sharing.api import labels_match
+from sharing.crd import labels_match
 from sharing.modes import MODES, Mode, NodeSharingMode
 from sharing.request import parse_quantity
 

@@ -19,7 +19,7 @@ from node.inventory import NodeSnapshot
 from node.journal import Journal
 from node.nvml.simulated import SimulatedNvml
 from node.pods import SIM_PID_BASE, PodUse, assign_pods, sim_pid
-from sharing.api import GPUNodeSpec
+from sharing.crd import GPUNodeSpec
 
 
 class EmulatedDevicePlugin:

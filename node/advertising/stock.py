@@ -19,7 +19,7 @@ from node.inventory import NodeSnapshot
 from node.journal import Journal
 from node.operator_mode import DEVICE_PLUGIN_CONFIG_LABEL, device_plugin_config, device_plugin_config_name
 from node.pods import PodUse
-from sharing.api import GPUNodeSpec
+from sharing.crd import GPUNodeSpec
 
 log = logging.getLogger("gpupack.agent")
 RESTARTED = "device plugin restarted"

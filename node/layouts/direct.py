@@ -26,7 +26,7 @@ from node.mig_loop import drive_gpu
 from node.operator_mode import MIG_CONFIG_STATE_LABEL
 from node.planning import StartDecision
 from node.reconciler import MigReconciler, finish
-from sharing.api import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
+from sharing.crd import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
 
 log = logging.getLogger("gpupack.agent")
 PAUSED_VALUE = "paused-for-mig-change"  # the value mig-manager uses; the plugin DaemonSet selects "true"

@@ -22,7 +22,7 @@ from node.operator_mode import (
     MIG_CONFIG_LABEL, MIG_PARTED_KEY, handshake_state, merge_mig_parted, plan_node_config,
 )
 from node.pods import busy_instances
-from sharing.api import GPUNodeSpec, LayoutRefusal
+from sharing.crd import GPUNodeSpec, LayoutRefusal
 
 
 def reconcile_operator(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,

@@ -311,7 +311,7 @@ def test_a_whole_day_window_lets_the_controller_and_the_agent_reshape(h: Harness
     """A window whose start equals its end is the whole day for both readers: the controller
     plans the reshape and the agent applies it (the controller once read it as never open)."""
     node = h.node("allday", 1, {0: ["7g.80gb"]})
-    from sharing.api import WEEKDAYS
+    from sharing.crd import WEEKDAYS
 
     today = WEEKDAYS[time.gmtime().tm_wday]
     h.policy(windows=[{"start": "03:00", "end": "03:00", "days": [today]}])

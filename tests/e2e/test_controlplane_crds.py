@@ -12,8 +12,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sharing import api
-from tests.unit.test_api_cases import CASES, SPEC_MODELS, Case
+from sharing import crd
+from tests.unit.test_crd_cases import CASES, SPEC_MODELS, Case
 
 PLURALS = {"GPUNode": "gpunodes", "SharingPolicy": "sharingpolicies"}
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
@@ -36,13 +36,13 @@ def create(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> Iterat
     def make(body: dict[str, Any]) -> dict[str, Any]:
         # Strict: unknown fields are rejected, as `kubectl apply` does by default.
         created: dict[str, Any] = objects.create_cluster_custom_object(
-            api.GROUP, api.VERSION, PLURALS[body["kind"]], body, field_validation="Strict")
+            crd.GROUP, crd.VERSION, PLURALS[body["kind"]], body, field_validation="Strict")
         made.append((PLURALS[body["kind"]], body["metadata"]["name"]))
         return created
 
     yield make
     for plural, name in made:
-        objects.delete_cluster_custom_object(api.GROUP, api.VERSION, plural, name)
+        objects.delete_cluster_custom_object(crd.GROUP, crd.VERSION, plural, name)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
@@ -62,25 +62,25 @@ def test_api_server_agrees_with_models(create: Create, case: Case) -> None:
         assert case.server_says in message, message
 
 
-def _condition(type_: str, status: str) -> api.Condition:
-    return api.Condition(type=type_, status=status, reason="Observed", message="from the test",
+def _condition(type_: str, status: str) -> crd.Condition:
+    return crd.Condition(type=type_, status=status, reason="Observed", message="from the test",
                          last_transition_time=datetime.now(timezone.utc).replace(microsecond=0))
 
 
-def _status(product: str, mig_instances: int, in_use: int) -> api.GPUNodeStatus:
-    instances = [api.MigInstanceStatus(profile="1g.10gb", start=i, size=1, in_use=i < in_use,
+def _status(product: str, mig_instances: int, in_use: int) -> crd.GPUNodeStatus:
+    instances = [crd.MigInstanceStatus(profile="1g.10gb", start=i, size=1, in_use=i < in_use,
                                        pods=[f"team-a/pod-{i}"] if i < in_use else [])
                  for i in range(mig_instances)]
-    return api.GPUNodeStatus(
+    return crd.GPUNodeStatus(
         observed_generation=1,
         product=product,
-        gpus=[api.GPUStatus(index=0, uuid="GPU-1234", product=product, memory_mib=81920,
+        gpus=[crd.GPUStatus(index=0, uuid="GPU-1234", product=product, memory_mib=81920,
                             mig_enabled=True, instances=instances,
-                            utilization=api.GPUUtilization(gpu_percent=37, memory_used_mib=1024))],
-        sharing=api.SharingConfig(),
-        summary=api.NodeSummary(gpus=1, mig_instances=mig_instances, instances_in_use=in_use),
+                            utilization=crd.GPUUtilization(gpu_percent=37, memory_used_mib=1024))],
+        sharing=crd.SharingConfig(),
+        summary=crd.NodeSummary(gpus=1, mig_instances=mig_instances, instances_in_use=in_use),
         conditions=[_condition("Ready", "True")],
-        reconfiguration=api.ReconfigurationStatus.model_validate(
+        reconfiguration=crd.ReconfigurationStatus.model_validate(
             {"phase": "Applying", "step": 2, "plan": [{"action": "create", "profile": "1g.10gb"}],
              "agentNote": "extension field kept by the API server"}),
     )
@@ -90,32 +90,32 @@ def test_status_is_a_subresource_and_round_trips(admin_client: Any, create: Crea
     objects = client.CustomObjectsApi(admin_client)
     name = _name("status")
     status = _status("NVIDIA-A100-SXM4-80GB", mig_instances=3, in_use=1)
-    body = api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name), status=status))
+    body = crd.to_wire(crd.GPUNode(metadata=crd.ObjectMeta(name=name), status=status))
     created = create(body)
     assert "status" not in created, "status must be ignored on create (status subresource)"
 
     objects.patch_cluster_custom_object_status(
-        api.GROUP, api.VERSION, "gpunodes", name, {"status": api.to_wire(status)})
-    stored = objects.get_cluster_custom_object(api.GROUP, api.VERSION, "gpunodes", name)
-    assert api.GPUNodeStatus.model_validate(stored["status"]) == status
+        crd.GROUP, crd.VERSION, "gpunodes", name, {"status": crd.to_wire(status)})
+    stored = objects.get_cluster_custom_object(crd.GROUP, crd.VERSION, "gpunodes", name)
+    assert crd.GPUNodeStatus.model_validate(stored["status"]) == status
     assert stored["status"]["reconfiguration"]["agentNote"].startswith("extension")
     assert stored["metadata"]["generation"] == created["metadata"]["generation"]
 
     objects.patch_cluster_custom_object(
-        api.GROUP, api.VERSION, "gpunodes", name,
+        crd.GROUP, crd.VERSION, "gpunodes", name,
         {"spec": {"sharing": {"mode": "time-slicing", "replicas": 4}}})
-    after = objects.get_cluster_custom_object(api.GROUP, api.VERSION, "gpunodes", name)
+    after = objects.get_cluster_custom_object(crd.GROUP, crd.VERSION, "gpunodes", name)
     assert after["metadata"]["generation"] == created["metadata"]["generation"] + 1
     assert after["status"] == stored["status"]
 
 
 def test_invalid_status_is_rejected(admin_client: Any, create: Create) -> None:
     name = _name("badstatus")
-    create(api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name))))
+    create(crd.to_wire(crd.GPUNode(metadata=crd.ObjectMeta(name=name))))
     bad = {"status": {"gpus": [{"index": 0, "uuid": "GPU-1", "product": "x", "memoryMiB": -5}]}}
     with pytest.raises(ApiException) as info:
         client.CustomObjectsApi(admin_client).patch_cluster_custom_object_status(
-            api.GROUP, api.VERSION, "gpunodes", name, bad)
+            crd.GROUP, crd.VERSION, "gpunodes", name, bad)
     assert info.value.status == 422
     assert "status.gpus[0].memoryMiB" in json.loads(info.value.body)["message"]
 
@@ -124,14 +124,14 @@ def test_printer_columns_show_status(admin_client: Any, create: Create) -> None:
     objects = client.CustomObjectsApi(admin_client)
     name = _name("table")
     status = _status("NVIDIA-H100-80GB-HBM3", mig_instances=4, in_use=2)
-    spec = api.GPUNodeSpec(sharing=api.SharingConfig(mode="mps", replicas=8))
-    create(api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name), spec=spec)))
+    spec = crd.GPUNodeSpec(sharing=crd.SharingConfig(mode="mps", replicas=8))
+    create(crd.to_wire(crd.GPUNode(metadata=crd.ObjectMeta(name=name), spec=spec)))
     objects.patch_cluster_custom_object_status(
-        api.GROUP, api.VERSION, "gpunodes", name, {"status": api.to_wire(status)})
+        crd.GROUP, crd.VERSION, "gpunodes", name, {"status": crd.to_wire(status)})
 
     # What `kubectl get gpunodes` asks for: the server renders the printer columns.
     method, url, headers, _, _ = admin_client.param_serialize(
-        "GET", f"/apis/{api.GROUP}/{api.VERSION}/gpunodes/{name}",
+        "GET", f"/apis/{crd.GROUP}/{crd.VERSION}/gpunodes/{name}",
         header_params={"Accept": TABLE})
     response = admin_client.call_api(method, url, header_params=headers)
     response.read()

@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpupack.devcluster.apply import MANIFESTS, apply_objects, load_manifests
-from sharing import api
+from sharing import crd
 
 NS = "gpupack-system"
 OPERATOR_NS = "gpu-operator"  # the GPU Operator's namespace, where the agent has a Role
@@ -163,16 +163,16 @@ def test_real_requests_as_each_service_account(
     admin_client: Any, sa_client: Any, gpupack_installed: list[dict[str, Any]]
 ) -> None:
     name = f"rbac-{uuid.uuid4().hex[:8]}"
-    gpunode = api.to_wire(api.GPUNode(metadata=api.ObjectMeta(name=name)))
+    gpunode = crd.to_wire(crd.GPUNode(metadata=crd.ObjectMeta(name=name)))
     objs = {sa: client.CustomObjectsApi(sa_client(sa)) for sa in EXPECTED}
     core = {sa: client.CoreV1Api(sa_client(sa)) for sa in EXPECTED}
     try:
         _exercise(objs, core, name, gpunode)
         stored = client.CustomObjectsApi(admin_client).get_cluster_custom_object(
-            api.GROUP, api.VERSION, "gpunodes", name)
+            crd.GROUP, crd.VERSION, "gpunodes", name)
     finally:  # leave the shared inventory as found
         _status_of(lambda: client.CustomObjectsApi(admin_client).delete_cluster_custom_object(
-            api.GROUP, api.VERSION, "gpunodes", name))
+            crd.GROUP, crd.VERSION, "gpunodes", name))
     assert stored["spec"]["sharing"] == SPEC_PATCH["spec"]["sharing"]
     assert stored["status"]["product"] == STATUS_PATCH["status"]["product"]
 
@@ -183,7 +183,7 @@ SPEC_PATCH = {"spec": {"sharing": {"mode": "mps", "replicas": 2}}}
 
 def _exercise(objs: dict[str, Any], core: dict[str, Any], name: str,
               gpunode: dict[str, Any]) -> None:
-    args = (api.GROUP, api.VERSION, "gpunodes")
+    args = (crd.GROUP, crd.VERSION, "gpunodes")
     status_patch, spec_patch = STATUS_PATCH, SPEC_PATCH
 
     # The node agent creates its GPUNode and reports status, but cannot set the spec.

@@ -18,7 +18,7 @@ from node.operator_mode import (
     device_plugin_config, handshake_state, merge_mig_parted, mig_config_name, plan_node_config,
 )
 from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device
-from sharing.api import GPUNodeStatus
+from sharing.crd import GPUNodeStatus
 
 H200 = get_model("H200")
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from controller.policy_status import needs_write, policy_reports, status_for
-from sharing.api import SharingPolicyStatus
+from sharing.crd import SharingPolicyStatus
 
 NOW = datetime(2026, 12, 1, 7, 0, tzinfo=timezone.utc)
 NODES = [("a1", {"pool": "a", "zone": "x"}), ("a2", {"pool": "a", "zone": "y"}), ("b1", {"pool": "b", "zone": "x"})]

@@ -13,7 +13,7 @@ import pytest
 
 from controller.policies import merge
 from node.policy import reshape_rules
-from sharing.api import SharingPolicySpec
+from sharing.crd import SharingPolicySpec
 from sharing.windows import window_contains
 
 MONDAY = datetime(2026, 11, 30, tzinfo=timezone.utc)  # a Monday

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from sharing import api
+from sharing import crd
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Case:
 
     def body(self, name: str) -> dict[str, Any]:
         return {
-            "apiVersion": api.API_VERSION,
+            "apiVersion": crd.API_VERSION,
             "kind": self.kind,
             "metadata": {"name": name},
             "spec": copy.deepcopy(self.spec),
@@ -37,8 +37,8 @@ class Case:
 
 
 SPEC_MODELS: dict[str, type[BaseModel]] = {
-    "GPUNode": api.GPUNodeSpec,
-    "SharingPolicy": api.SharingPolicySpec,
+    "GPUNode": crd.GPUNodeSpec,
+    "SharingPolicy": crd.SharingPolicySpec,
 }
 
 MIG_GPU = {"index": 0, "migEnabled": True, "layout": [{"profile": "3g.40gb", "start": 4}]}
@@ -144,7 +144,7 @@ def test_models_judge_case(case: Case) -> None:
     if case.valid:
         parsed = model.model_validate(case.spec)
         # Round trip: what we send is what we parsed.
-        assert model.model_validate(api.to_wire(parsed)) == parsed
+        assert model.model_validate(crd.to_wire(parsed)) == parsed
     else:
         with pytest.raises(ValidationError):
             model.model_validate(case.spec)

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupack.devcluster import crdgen
-from sharing import api
-from tests.unit.test_api_cases import CASES, SPEC_MODELS
+from sharing import crd
+from tests.unit.test_crd_cases import CASES, SPEC_MODELS
 
 
 @cache
@@ -34,7 +34,7 @@ def test_committed_manifest_matches_models(desc: crdgen.CrdDescriptor) -> None:
     for directory in (crdgen.CRD_DIR, *(d for d in crdgen.CRD_COPIES if d.is_dir())):
         committed = (directory / desc.filename).read_text(encoding="utf-8")
         assert committed == expected, (
-            f"{directory / desc.filename} drifted from sharing/api.py; "
+            f"{directory / desc.filename} drifted from sharing/crd.py; "
             "run: python -m gpupack.devcluster.crdgen --write"
         )
 
@@ -69,8 +69,8 @@ def test_schema_is_structural(kind: str) -> None:
 
 def test_only_the_journal_keeps_unknown_fields() -> None:
     models = [
-        obj for obj in vars(api).values()
-        if isinstance(obj, type) and issubclass(obj, api.BaseModel) and obj.__module__ == api.__name__
+        obj for obj in vars(crd).values()
+        if isinstance(obj, type) and issubclass(obj, crd.BaseModel) and obj.__module__ == crd.__name__
     ]
     extensible = {m.__name__ for m in models if m.model_config.get("extra") != "forbid"}
     assert extensible == {"ReconfigurationStatus", "ObjectMeta"}
@@ -98,34 +98,34 @@ def test_invalid_cases_violate_crd_schema(case: Any) -> None:
 
 profiles = st.sampled_from(["1g.10gb", "1g.10gb+me", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb",
                            "7g.80gb", "1g.24gb+gfx"])
-instances = st.builds(api.MigInstanceSpec, profile=profiles,
+instances = st.builds(crd.MigInstanceSpec, profile=profiles,
                       start=st.none() | st.integers(0, 7))
 gpu_specs = st.integers(0, 15).flatmap(
     lambda i: st.one_of(
-        st.builds(api.GPUSpec, index=st.just(i), mig_enabled=st.booleans()),
-        st.builds(api.GPUSpec, index=st.just(i), mig_enabled=st.just(True),
+        st.builds(crd.GPUSpec, index=st.just(i), mig_enabled=st.booleans()),
+        st.builds(crd.GPUSpec, index=st.just(i), mig_enabled=st.just(True),
                   layout=st.lists(instances, max_size=7)),
-        st.builds(api.GPUSpec, index=st.just(i), mig_enabled=st.just(True),
+        st.builds(crd.GPUSpec, index=st.just(i), mig_enabled=st.just(True),
                   mig_config=st.sampled_from(["all-balanced", "all-1g.10gb", "custom-a"])),
     )
 )
 sharing_configs = st.one_of(
-    st.just(api.SharingConfig()),
-    st.builds(api.SharingConfig, mode=st.sampled_from(["mps", "time-slicing"]),
+    st.just(crd.SharingConfig()),
+    st.builds(crd.SharingConfig, mode=st.sampled_from(["mps", "time-slicing"]),
               replicas=st.integers(1, 64)),
 )
 node_specs = st.builds(
-    api.GPUNodeSpec, sharing=sharing_configs,
+    crd.GPUNodeSpec, sharing=sharing_configs,
     gpus=st.lists(gpu_specs, max_size=8, unique_by=lambda g: g.index),
 )
 
 
 @settings(max_examples=60, deadline=None)
 @given(node_specs)
-def test_generated_specs_round_trip_and_satisfy_schema(spec: api.GPUNodeSpec) -> None:
-    wire = api.to_wire(spec)
-    assert api.GPUNodeSpec.model_validate(wire) == spec
-    body = {"apiVersion": api.API_VERSION, "kind": "GPUNode", "metadata": {"name": "n"},
+def test_generated_specs_round_trip_and_satisfy_schema(spec: crd.GPUNodeSpec) -> None:
+    wire = crd.to_wire(spec)
+    assert crd.GPUNodeSpec.model_validate(wire) == spec
+    body = {"apiVersion": crd.API_VERSION, "kind": "GPUNode", "metadata": {"name": "n"},
             "spec": wire}
     _validator("GPUNode").validate(body)
 

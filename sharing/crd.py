@@ -1,4 +1,4 @@
-"""gpupack's Kubernetes API (group ``gpupack.io``, version ``v1alpha1``) as pydantic models.
+"""gpupack's custom resources (group ``gpupack.io``, version ``v1alpha1``): the CRD models, in pydantic.
 
 These models are the single source of truth for the custom resources: the CRD
 OpenAPI schemas in ``manifests/crds/`` are generated from them
