@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 from kube.conditions import Cond, merge_conditions
 from kube.times import format_time
-from sharing.crd import SharingPolicySpec, SharingPolicyStatus
+from sharing.crd import SharingPolicyStatus, read_policies
 
 READY = "Ready"
 OVERLAPPING = "Overlapping"
@@ -47,29 +45,18 @@ class PolicyReport:
 def policy_reports(policies: Iterable[Mapping[str, Any]], nodes: Iterable[tuple[str, Mapping[str, str]]]) -> list[PolicyReport]:
     """A report per named policy object, against ``nodes`` (GPU node name, Node labels)."""
     node_list = list(nodes)
-    specs: list[tuple[str, int, SharingPolicySpec | None, str | None]] = []
-    for obj in policies:
-        raw_meta = obj.get("metadata")
-        meta: Mapping[str, Any] = raw_meta if isinstance(raw_meta, Mapping) else {}
-        name, raw_generation = meta.get("name"), meta.get("generation")
-        if not isinstance(name, str):
-            continue
-        generation = raw_generation if isinstance(raw_generation, int) else 0
-        try:
-            specs.append((name, generation, SharingPolicySpec.model_validate(obj.get("spec") or {}), None))
-        except ValidationError as exc:
-            specs.append((name, generation, None, _first_error(exc)))
+    entries = read_policies(policies)
     selected = {
-        name: tuple(sorted(n for n, labels in node_list if spec.node_selector.matches(labels)))
-        for name, _, spec, _ in specs if spec is not None
+        p.name: tuple(sorted(n for n, labels in node_list if p.spec.node_selector.matches(labels)))
+        for p in entries if p.spec is not None
     }
     out = []
-    for name, generation, spec, invalid in sorted(specs, key=lambda s: s[0]):
-        mine = selected.get(name, ())
-        others = {other: set(nodes_) & set(mine) for other, nodes_ in selected.items() if other != name}
+    for entry in entries:
+        mine = selected.get(entry.name, ())
+        others = {other: set(nodes_) & set(mine) for other, nodes_ in selected.items() if other != entry.name}
         shared = tuple(sorted(o for o, common in others.items() if common))
         overlap = len(set().union(*others.values()) & set(mine)) if others else 0
-        out.append(PolicyReport(name, generation, mine, shared, overlap, invalid))
+        out.append(PolicyReport(entry.name, entry.generation, mine, shared, overlap, entry.problem))
     return out
 
 
@@ -116,9 +103,3 @@ def _without_times(status: Mapping[str, Any]) -> dict[str, Any]:
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
-
-
-def _first_error(exc: ValidationError) -> str:
-    error = exc.errors()[0]
-    where = ".".join(str(part) for part in error.get("loc", ())) or "spec"
-    return f"spec.{where}: {error.get('msg', 'invalid')}"

@@ -29,7 +29,7 @@ from kube.times import format_time, parse_time
 from mig.catalog import find_model
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
-from sharing.crd import LayoutRefusal, SharingPolicySpec
+from sharing.crd import LayoutRefusal, read_policies
 from sharing.modes import NodeSharingMode
 
 __all__ = [
@@ -244,11 +244,7 @@ def build_snapshot(
         (replace(n, whole_taken=whole_taken[n.name]) for n in built if n is not None), key=lambda n: n.name
     ))
     pod_list = tuple(p for p in (pod_from_object(o) for o in raw_pods) if p is not None)
-    specs: list[tuple[str, SharingPolicySpec]] = []
-    for obj in policies:
-        try:
-            specs.append((str(_map(obj.get("metadata")).get("name")), SharingPolicySpec.model_validate(obj.get("spec") or {})))
-        except ValueError:
-            continue
+    # An invalid policy is left out here; controller.policy_status reports why on the policy.
+    specs = [(p.name, p.spec) for p in read_policies(policies) if p.spec is not None]
     merged = policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in node_list))
     return Snapshot(nodes=node_list, pods=pod_list, policies=merged, whole_waiting=whole_waiting)

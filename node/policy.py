@@ -19,9 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
-from sharing.crd import WEEKDAYS, ReshapingWindow, SharingPolicy
+from sharing.crd import WEEKDAYS, ReshapingWindow, read_policies
 from sharing.windows import minutes_of, window_contains
 
 
@@ -54,16 +52,13 @@ def _inside(window: ReshapingWindow, now: float) -> bool:
 
 def reshape_rules(node_labels: Mapping[str, str], policies: Iterable[Mapping[str, Any]], default_idle: float) -> ReshapeRules:
     idle, frozen, windows, sources, problems = None, [], [], [], []
-    for raw in policies:
-        try:
-            policy = SharingPolicy.model_validate(raw)
-        except ValidationError as exc:
-            name = (raw.get("metadata") or {}).get("name", "?")
-            problems.append(f"SharingPolicy {name} ignored: {exc.error_count()} invalid field(s)")
+    for policy in read_policies(policies):
+        if policy.spec is None:
+            problems.append(f"SharingPolicy {policy.name} ignored: {policy.problem}")
             continue
         if not policy.spec.node_selector.matches(node_labels):
             continue
-        name = policy.metadata.name
+        name = policy.name
         sources.append(name)
         reshaping = policy.spec.reshaping
         idle = reshaping.idle_seconds if idle is None else max(idle, reshaping.idle_seconds)

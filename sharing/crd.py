@@ -22,14 +22,16 @@ Pure data: no Kubernetes client import.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
-from sharing.modes import Mode, NodeSharingMode
+from mig.units import parse_quantity
+from sharing.modes import MODES, Mode, NodeSharingMode
 
 GROUP = "gpupack.io"
 VERSION = "v1alpha1"
@@ -324,6 +326,16 @@ class NamespaceRule(ApiModel):
             raise ValueError("set exactly one of names or selector")
         return self
 
+    def matches(self, namespace: str, labels: Mapping[str, str] | None) -> bool:
+        """Whether the rule covers ``namespace`` (``labels``: its labels, None when unknown;
+        an empty selector covers every namespace, known or not)."""
+        if self.names is not None:
+            return namespace in self.names
+        selector = self.selector or LabelSelector()
+        if not selector.match_labels:
+            return True
+        return labels is not None and selector.matches(labels)
+
 
 class LayoutPolicy(ApiModel):
     """Pin MIG geometry (static) or let gpupack reshape within allowed profiles (dynamic)."""
@@ -408,6 +420,20 @@ class SharingPolicySpec(ApiModel):
     reshaping: ReshapingPolicy = Field(default_factory=ReshapingPolicy)
     replicas: ReplicaPolicy = Field(default_factory=ReplicaPolicy)
 
+    def modes_for(self, namespace: str, labels: Mapping[str, str] | None) -> tuple[Mode, ...]:
+        """The sharing modes pods of ``namespace`` may use under this policy (no rules: all)."""
+        if not self.namespaces:
+            return MODES
+        allowed = {m for rule in self.namespaces if rule.matches(namespace, labels) for m in rule.allowed_modes}
+        return tuple(m for m in MODES if m in allowed)
+
+    @property
+    def default_gpu_memory_bytes(self) -> int | None:
+        """``defaultGpuMemory`` in bytes (the pattern already admits only valid quantities)."""
+        if self.default_gpu_memory is None:
+            return None
+        return int(parse_quantity(self.default_gpu_memory))
+
 
 class SharingPolicyStatus(ApiModel):
     """What the controller made of the policy (written by ``controller/policy_status.py``).
@@ -461,3 +487,43 @@ class SharingPolicy(ApiModel):
     metadata: ObjectMeta
     spec: SharingPolicySpec = Field(default_factory=SharingPolicySpec)
     status: SharingPolicyStatus | None = None
+
+
+# ------------------------------------------------------------ one reader
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """One ``SharingPolicy`` object as every component reads it."""
+
+    name: str
+    generation: int
+    spec: SharingPolicySpec | None
+    """None when the spec does not validate: then no component applies it."""
+    problem: str | None = None
+    """Why the spec does not validate (its first error, located)."""
+
+
+def read_policies(objects: Iterable[Mapping[str, Any]]) -> list[PolicyEntry]:
+    """The ``SharingPolicy`` objects, by name: the one reading the webhook, the controller and
+    the node agent share. An object without a name is left out; one whose spec does not
+    validate is returned without a spec, with the reason, for the caller to log and count."""
+    out = []
+    for obj in objects:
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str):
+            continue
+        raw_generation = meta.get("generation") if isinstance(meta, Mapping) else None
+        generation = raw_generation if isinstance(raw_generation, int) and not isinstance(raw_generation, bool) else 0
+        try:
+            out.append(PolicyEntry(name, generation, SharingPolicySpec.model_validate(obj.get("spec") or {})))
+        except ValidationError as exc:
+            out.append(PolicyEntry(name, generation, None, _first_error(exc)))
+    return sorted(out, key=lambda p: p.name)
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    return f"spec.{where}: {error.get('msg', 'invalid')}" if where else f"spec: {error.get('msg', 'invalid')}"

@@ -22,9 +22,8 @@ from typing import Any, Literal
 
 from mig.catalog import find_model
 from mig.model import GpuModel
-from sharing.crd import labels_match
+from sharing.crd import SharingPolicySpec, read_policies
 from sharing.modes import MODES, Mode, NodeSharingMode
-from sharing.request import parse_quantity
 
 
 
@@ -92,47 +91,17 @@ DEFAULT_POLICY = Policy(name="(none)")
 
 
 @dataclass(frozen=True)
-class NamespaceRule:
-    names: tuple[str, ...] | None
-    match_labels: tuple[tuple[str, str], ...] | None
-    allowed_modes: tuple[Mode, ...]
-
-    def matches(self, namespace: str, labels: Mapping[str, str] | None) -> bool:
-        if self.names is not None:
-            return namespace in self.names
-        if self.match_labels is None:
-            return False
-        if not self.match_labels:
-            return True  # an empty selector selects every namespace
-        return labels is not None and labels_match(dict(self.match_labels), labels)
-
-
-@dataclass(frozen=True)
-class PolicyObject:
-    """The part of one ``SharingPolicy`` the webhook reads."""
-
-    name: str
-    rules: tuple[NamespaceRule, ...] = ()
-    """Empty: every namespace may use any mode (the CRD's documented default)."""
-    allowed_profiles: tuple[str, ...] | None = None
-    default_memory_bytes: int | None = None
-
-    def modes_for(self, namespace: str, labels: Mapping[str, str] | None) -> tuple[Mode, ...]:
-        if not self.rules:
-            return MODES
-        allowed = {m for r in self.rules if r.matches(namespace, labels) for m in r.allowed_modes}
-        return tuple(m for m in MODES if m in allowed)
-
-
-@dataclass(frozen=True)
 class Inventory:
     """Immutable snapshot; ``version`` changes whenever the content does."""
 
     nodes: tuple[NodeView, ...] = ()
-    policies: tuple[PolicyObject, ...] = ()
+    policies: tuple[tuple[str, SharingPolicySpec], ...] = ()
+    """Valid SharingPolicies by name (``sharing.crd.read_policies``, the reading every component shares)."""
     namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     synced: bool = True
     version: int = 0
+    skipped_policies: tuple[str, ...] = ()
+    """One line per SharingPolicy left out because its spec does not validate."""
 
     def policy_for(self, namespace: str) -> Policy:
         """The merged policy for ``namespace``.
@@ -146,13 +115,14 @@ class Inventory:
         if not self.policies:
             return DEFAULT_POLICY
         labels = self.namespace_labels.get(namespace)
-        modes = {m for p in self.policies for m in p.modes_for(namespace, labels)}
+        specs = [spec for _, spec in self.policies]
+        modes = {m for spec in specs for m in spec.modes_for(namespace, labels)}
         profiles: tuple[str, ...] = ()
-        if all(p.allowed_profiles is not None for p in self.policies):
-            profiles = tuple(sorted({x for p in self.policies for x in p.allowed_profiles or ()}))
-        memory = next((p.default_memory_bytes for p in self.policies if p.default_memory_bytes), None)
+        if all(spec.allowed_profiles is not None for spec in specs):
+            profiles = tuple(sorted({x for spec in specs for x in spec.allowed_profiles or ()}))
+        memory = next((spec.default_gpu_memory_bytes for spec in specs if spec.default_gpu_memory_bytes), None)
         return Policy(
-            name=",".join(p.name for p in self.policies),
+            name=",".join(name for name, _ in self.policies),
             allowed_modes=tuple(m for m in MODES if m in modes),
             allowed_profiles=profiles,
             default_memory_bytes=memory,
@@ -247,46 +217,6 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeView | None:
     )
 
 
-def _modes(raw: Any) -> tuple[Mode, ...]:
-    return tuple(m for m in MODES if isinstance(raw, list) and m in raw)
-
-
-def policy_from_object(obj: Mapping[str, Any]) -> PolicyObject | None:
-    """A :class:`PolicyObject` from a ``SharingPolicy`` dict; ``None`` if it is not usable."""
-    metadata = obj.get("metadata") or {}
-    name = metadata.get("name") if isinstance(metadata, Mapping) else None
-    spec = obj.get("spec") or {}
-    if not isinstance(name, str) or not isinstance(spec, Mapping):
-        return None
-    rules: list[NamespaceRule] = []
-    for raw in spec.get("namespaces") or []:
-        if not isinstance(raw, Mapping):
-            continue
-        names = raw.get("names")
-        selector = raw.get("selector")
-        labels = selector.get("matchLabels") if isinstance(selector, Mapping) else None
-        rules.append(
-            NamespaceRule(
-                names=tuple(str(n) for n in names) if isinstance(names, list) else None,
-                match_labels=(
-                    tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
-                    if isinstance(selector, Mapping)
-                    else None
-                ),
-                allowed_modes=_modes(raw.get("allowedModes")),
-            )
-        )
-    raw_profiles = spec.get("allowedProfiles")
-    profiles = tuple(str(p) for p in raw_profiles) if isinstance(raw_profiles, list) else None
-    memory: int | None = None
-    if spec.get("defaultGpuMemory") is not None:
-        try:
-            memory = int(parse_quantity(spec["defaultGpuMemory"], what="defaultGpuMemory"))
-        except ValueError:
-            memory = None
-    return PolicyObject(name=name, rules=tuple(rules), allowed_profiles=profiles, default_memory_bytes=memory)
-
-
 def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True, version: int = 0) -> Inventory:
     """An :class:`Inventory` from a mix of ``GPUNode``, ``SharingPolicy`` and ``Namespace`` dicts.
 
@@ -294,7 +224,7 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
     is documented as a list of GPUNodes).
     """
     nodes: list[NodeView] = []
-    policies: list[PolicyObject] = []
+    policy_objects: list[Mapping[str, Any]] = []
     namespaces: dict[str, Mapping[str, str]] = {}
     for obj in objects:
         if not isinstance(obj, Mapping):
@@ -305,16 +235,19 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
             if node is not None:
                 nodes.append(node)
         elif kind == "SharingPolicy":
-            policy = policy_from_object(obj)
-            if policy is not None:
-                policies.append(policy)
+            policy_objects.append(obj)
         elif kind == "Namespace":
             metadata = obj.get("metadata") or {}
             if isinstance(metadata, Mapping) and isinstance(metadata.get("name"), str):
                 labels = metadata.get("labels") or {}
                 namespaces[metadata["name"]] = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
     nodes.sort(key=lambda n: n.name)
-    policies.sort(key=lambda p: p.name)
+    entries = read_policies(policy_objects)
     return Inventory(
-        nodes=tuple(nodes), policies=tuple(policies), namespace_labels=namespaces, synced=synced, version=version
+        nodes=tuple(nodes),
+        policies=tuple((p.name, p.spec) for p in entries if p.spec is not None),
+        namespace_labels=namespaces,
+        synced=synced,
+        version=version,
+        skipped_policies=tuple(f"SharingPolicy {p.name}: {p.problem}" for p in entries if p.spec is None),
     )

@@ -45,6 +45,8 @@ class InventoryHolder:
         with self._lock:
             self._version += 1
             snapshot = build_inventory(objects, synced=synced, version=self._version)
+            for reason in sorted(set(snapshot.skipped_policies) - set(self.current.skipped_policies)):
+                log.warning("%s; left out (the webhook enforces the other policies)", reason)
             self.current = snapshot
             self.memo = DecisionMemo(snapshot)
         for listener in self.listeners:

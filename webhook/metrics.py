@@ -44,6 +44,11 @@ class Metrics:
         self.inventory_nodes = Gauge(
             "gpupack_webhook_inventory_nodes", "GPU nodes in the current inventory view.", registry=self.registry
         )
+        self.inventory_skipped_policies = Gauge(
+            "gpupack_webhook_inventory_skipped_policies",
+            "SharingPolicies left out of the inventory view because their spec does not validate.",
+            registry=self.registry,
+        )
         self.inventory_synced = Gauge(
             "gpupack_webhook_inventory_synced", "1 once the inventory view is synced.", registry=self.registry
         )
