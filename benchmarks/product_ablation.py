@@ -36,7 +36,7 @@ from benchmarks.simulate_product import _trace, replay_arguments  # noqa: E402
 from sharing.packing.cluster import BoolArray, ClusterState  # noqa: E402
 from sharing.packing.fgd import FgdPolicy  # noqa: E402
 from sharing.packing.gpupack_policy import GpupackPolicy  # noqa: E402
-from sharing.packing.model import Placement, PodSpec, Refusal  # noqa: E402
+from sharing.packing.model import PodPlacement, PodSpec, Refusal  # noqa: E402
 from sharing.packing.policy import Policy  # noqa: E402
 from sharing.packing.typical import TypicalPods  # noqa: E402
 from sharing.simulator.product import run_product  # noqa: E402
@@ -55,7 +55,7 @@ class FgdScoreGpupackRules(FgdPolicy):
         super().__init__(typical)
         self._rules = GpupackPolicy(typical)
 
-    def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> Placement | Refusal:
+    def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> PodPlacement | Refusal:
         return self._rules.place_whole(cluster, pod, in_use, idle)
 
     def switch_choice(self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: object) -> int | None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from controller.model import Node, Pod
 from sharing.packing.cluster import ClusterState
-from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
+from sharing.packing.model import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.node_sharing import exact_replicas, place_whole, switch_for, waste_first
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
@@ -119,7 +119,7 @@ class SharedPlacer:
             sizes = np.array([own_size.get(n.name, 0) or _NEVER for n in self.nodes], dtype=np.int64)
             nearest = exact_replicas(candidates, replicas, sizes)
         outcome = decide(self.cluster, spec, self.policy, nearest)
-        if not isinstance(outcome, Placement):
+        if not isinstance(outcome, PodPlacement):
             return None
         node = self.nodes[outcome.node]
         share = GPU_MILLI // node.replicas
@@ -143,7 +143,7 @@ class SharedPlacer:
         # the simulator's "fresh"; one with a GPU taken is a whole-GPU node in use.
         idle = np.array([free[n.name] >= len(n.full_gpus) for n in candidates], dtype=bool)
         outcome = place_whole(self.policy, cluster, engine_pod(pod, ()), ~idle, idle)
-        return candidates[outcome.node].name if isinstance(outcome, Placement) else None
+        return candidates[outcome.node].name if isinstance(outcome, PodPlacement) else None
 
     def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]]) -> tuple[Node, int] | None:
         """Which idle node to split for ``pod``, each candidate with the replica count it would get."""

@@ -59,7 +59,7 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.keep:
         from gpupack.devcluster import state as cluster_state
 
-        existing = cluster_state.ClusterState.load(cluster_state.state_dir())
+        existing = cluster_state.DevClusterRecord.load(cluster_state.state_dir())
         if existing is not None and all(cluster_state.alive(c) for c in existing.components):
             raise UsageError("--keep needs the dev-cluster slot, but `gpupack dev cluster up` is running; "
                              "stop it with `gpupack dev cluster down` or run the demo without --keep")

@@ -90,11 +90,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _recorded_cluster() -> tuple[Path, cluster_state.ClusterState | None]:
+def _recorded_cluster() -> tuple[Path, cluster_state.DevClusterRecord | None]:
     """The state directory and the cluster recorded there; a corrupt record is bad input."""
     directory = cluster_state.state_dir()
     try:
-        return directory, cluster_state.ClusterState.load(directory)
+        return directory, cluster_state.DevClusterRecord.load(directory)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
 

@@ -1,7 +1,7 @@
 """Mode choice and per-container decision: what a gpupack request becomes.
 
 Given a :class:`~sharing.request.PodRequest`, the namespace's
-:class:`~sharing.inventory.Policy` and the cluster :class:`~sharing.inventory.Inventory`,
+:class:`~sharing.inventory.AdmissionPolicy` and the cluster :class:`~sharing.inventory.Inventory`,
 :func:`decide` returns a :class:`PodDecision`: one mode for the whole pod (the
 device plugin's sharing config is node-wide and all containers of a pod land on
 one node, so mixing modes in a pod could never schedule), per container the
@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sharing.inventory import Inventory, Policy
+from sharing.inventory import Inventory, AdmissionPolicy
 from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
     PRODUCT_LABEL,
@@ -140,7 +140,7 @@ def _mps_env(milli: int, memory: int | None) -> tuple[tuple[str, str], ...]:
 
 
 def decide(
-    request: PodRequest, policy: Policy, inventory: Inventory, *, engine_places: bool = False,
+    request: PodRequest, policy: AdmissionPolicy, inventory: Inventory, *, engine_places: bool = False,
     memo: DecisionMemo | None = None,
 ) -> PodDecision:
     """Decide one pod; raises :class:`AdmissionRefusal` for a pod to deny.
@@ -193,10 +193,10 @@ class DecisionMemo:
 
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
-        self._policies: dict[str, Policy] = {}
+        self._policies: dict[str, AdmissionPolicy] = {}
         self._options: dict[tuple[object, ...], Option | AdmissionRefusal] = {}
 
-    def policy_for(self, namespace: str) -> Policy:
+    def policy_for(self, namespace: str) -> AdmissionPolicy:
         """``inventory.policy_for(namespace)``, remembered."""
         policy = self._policies.get(namespace)
         if policy is None:
@@ -219,7 +219,7 @@ def _choose(
     requested: str,
     asks: tuple[tuple[int, int | None], ...],
     roles: tuple[Role, ...],
-    policy: Policy,
+    policy: AdmissionPolicy,
     inventory: Inventory,
     memo: DecisionMemo | None,
 ) -> Option:
@@ -244,7 +244,7 @@ def _choose_uncached(
     requested: str,
     asks: list[tuple[int, int | None]],
     roles: tuple[Role, ...],
-    policy: Policy,
+    policy: AdmissionPolicy,
     inventory: Inventory,
 ) -> Option:
     allowed = policy.allowed_modes
@@ -284,7 +284,7 @@ def _choose_uncached(
 
 
 def _materialise(
-    best: Option, request: PodRequest, asks: list[tuple[int, int | None]], policy: Policy, engine_places: bool
+    best: Option, request: PodRequest, asks: list[tuple[int, int | None]], policy: AdmissionPolicy, engine_places: bool
 ) -> PodDecision:
     containers: list[ContainerDecision] = []
     for i, (c, (milli, mem)) in enumerate(zip(request.containers, asks)):

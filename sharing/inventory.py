@@ -73,7 +73,7 @@ class NodeView:
 
 
 @dataclass(frozen=True)
-class Policy:
+class AdmissionPolicy:
     """What the webhook enforces for one namespace (merged from every SharingPolicy)."""
 
     name: str
@@ -87,7 +87,7 @@ class Policy:
         return not self.allowed_profiles or name in self.allowed_profiles
 
 
-DEFAULT_POLICY = Policy(name="(none)")
+DEFAULT_POLICY = AdmissionPolicy(name="(none)")
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Inventory:
     skipped_policies: tuple[str, ...] = ()
     """One line per SharingPolicy left out because its spec does not validate."""
 
-    def policy_for(self, namespace: str) -> Policy:
+    def policy_for(self, namespace: str) -> AdmissionPolicy:
         """The merged policy for ``namespace``.
 
         Several SharingPolicies may exist (each for its own nodes); a namespace
@@ -121,7 +121,7 @@ class Inventory:
         if all(spec.allowed_profiles is not None for spec in specs):
             profiles = tuple(sorted({x for spec in specs for x in spec.allowed_profiles or ()}))
         memory = next((spec.default_gpu_memory_bytes for spec in specs if spec.default_gpu_memory_bytes), None)
-        return Policy(
+        return AdmissionPolicy(
             name=",".join(name for name, _ in self.policies),
             allowed_modes=tuple(m for m in MODES if m in modes),
             allowed_profiles=profiles,

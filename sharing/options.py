@@ -28,7 +28,7 @@ from typing import Any, Final, Literal
 
 from mig.fit import covering_profiles
 from mig.model import GpuModel, Profile
-from sharing.inventory import Inventory, NodeView, Policy
+from sharing.inventory import Inventory, NodeView, AdmissionPolicy
 from sharing.replicas import fits_replicas, needs_whole_gpu
 from sharing.modes import AllocationMode
 from sharing.request import MAX_MILLI, ContainerRequest
@@ -92,7 +92,7 @@ def profile_waste(model: GpuModel, profile: Profile, milli: int, memory: int | N
     return compute + mem
 
 
-def covering_profile(model: GpuModel, milli: int, memory: int | None, policy: Policy) -> Profile | None:
+def covering_profile(model: GpuModel, milli: int, memory: int | None, policy: AdmissionPolicy) -> Profile | None:
     """The smallest profile of ``model`` covering the ask that ``policy`` allows.
 
     The order is ``mig.fit``'s (fewest memory slices, then fewest compute slices),
@@ -130,7 +130,7 @@ def peak_devices(names: Sequence[str], roles: Sequence[Role]) -> dict[str, int]:
 
 
 def mig_option(
-    asks: list[tuple[int, int | None]], roles: tuple[Role, ...], policy: Policy, inventory: Inventory
+    asks: list[tuple[int, int | None]], roles: tuple[Role, ...], policy: AdmissionPolicy, inventory: Inventory
 ) -> Option:
     """The least-waste MIG option (capacity that exists first); :class:`NoMigOption` says why there is none."""
     options: list[Option] = []

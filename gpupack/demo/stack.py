@@ -28,7 +28,7 @@ from gpupack.devcluster.apply import apply_objects, gpupack_manifests
 from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.process import ManagedProcess
-from gpupack.devcluster.state import ClusterState, Component
+from gpupack.devcluster.state import Component, DevClusterRecord
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "gpupack.io", "v1alpha1"
@@ -116,13 +116,13 @@ class Stack:
         if self.plane is not None:
             self.plane.stop()
 
-    def detach(self) -> ClusterState:
+    def detach(self) -> DevClusterRecord:
         """--keep: leave everything running; ``gpupack dev cluster down`` stops it all."""
         assert self.plane is not None
         record = self.plane.detach()
         extra = tuple(Component(p.name, p.pid or 0, str(p.argv[0]), str(p.log_path)) for p in self.processes)
         self.processes.clear()
-        return ClusterState(record.workdir, record.kubeconfig, record.server, record.ports,
+        return DevClusterRecord(record.workdir, record.kubeconfig, record.server, record.ports,
                             record.components + extra, record.started_at, record.startup_seconds)
 
     # ------------------------------------------------------------ pieces

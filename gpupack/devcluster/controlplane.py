@@ -40,7 +40,7 @@ import httpx
 from gpupack.devcluster import clients, components, kubeconfig, pki
 from gpupack.devcluster.binaries import Binaries
 from gpupack.devcluster.errors import DevClusterError
-from gpupack.devcluster.state import ClusterState, Component
+from gpupack.devcluster.state import Component, DevClusterRecord
 from gpupack.devcluster.process import ManagedProcess, check_port_free, free_port, wait_until
 
 ADMIN_USER = "gpupack-admin"
@@ -133,13 +133,13 @@ class ControlPlane:
     def running(self) -> bool:
         return bool(self.processes) and all(p.running() for p in self.processes)
 
-    def detach(self) -> ClusterState:
+    def detach(self) -> DevClusterRecord:
         """Leave the components running past this process; returns their record.
 
         For ``gpupack dev cluster up`` (started with ``tie_to_parent=False``):
         after this, ``stop()`` and interpreter exit no longer touch them.
         """
-        record = ClusterState(
+        record = DevClusterRecord(
             workdir=str(self.workdir),
             kubeconfig=str(self.kubeconfig),
             server=self.server,

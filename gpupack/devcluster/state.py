@@ -37,7 +37,9 @@ class Component:
 
 
 @dataclass(frozen=True)
-class ClusterState:
+class DevClusterRecord:
+    """What a detached dev cluster leaves on disk so a later command can find and stop it."""
+
     workdir: str
     kubeconfig: str
     server: str
@@ -55,7 +57,7 @@ class ClusterState:
         return path
 
     @classmethod
-    def load(cls, directory: Path) -> ClusterState | None:
+    def load(cls, directory: Path) -> DevClusterRecord | None:
         path = directory / STATE_FILE
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
@@ -79,7 +81,7 @@ def alive(component: Component) -> bool:
     return state != "Z" and cmdline.split(b"\0", 1)[0].decode(errors="replace") == component.binary
 
 
-def stop_components(state: ClusterState, grace_s: float = 10.0) -> list[str]:
+def stop_components(state: DevClusterRecord, grace_s: float = 10.0) -> list[str]:
     """Stop the recorded components, newest first; returns the names that were running."""
     stopped = []
     for comp in reversed(state.components):
@@ -95,7 +97,7 @@ def stop_components(state: ClusterState, grace_s: float = 10.0) -> list[str]:
     return stopped
 
 
-def remove(state: ClusterState | None, directory: Path) -> None:
+def remove(state: DevClusterRecord | None, directory: Path) -> None:
     """Delete the cluster's data and the state file."""
     if state is not None:
         shutil.rmtree(state.workdir, ignore_errors=True)

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
+from sharing.packing.model import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -124,7 +124,7 @@ class ClusterState:
         return tuple(reasons) or ("no nodes",)
 
     # ----------------------------------------------------------------- changes
-    def place(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> Placement:
+    def place(self, pod: PodSpec, node: int, gpus: Sequence[int]) -> PodPlacement:
         """Commit ``pod`` onto ``node`` using devices ``gpus``; raises ValueError if it does not fit."""
         gpus = tuple(int(g) for g in gpus)
         if len(gpus) != pod.gpu_count or len(set(gpus)) != len(gpus):
@@ -141,9 +141,9 @@ class ClusterState:
         if pod.gpu_count:
             self.pod_kinds[node, TAG_SHARED if pod.is_shared else pod.gpu_count] += 1
         self._refresh(node)
-        return Placement(pod=pod, node=node, gpus=gpus)
+        return PodPlacement(pod=pod, node=node, gpus=gpus)
 
-    def remove(self, placement: Placement) -> None:
+    def remove(self, placement: PodPlacement) -> None:
         """Undo ``place``: give the pod's resources back to its node."""
         pod, node = placement.pod, placement.node
         self.cpu_free[node] += pod.cpu_milli

@@ -62,7 +62,7 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.dual_prices import DualPrices
 from sharing.packing.fgd import FgdPolicy, fragmentation_delta
 from sharing.packing.fragmentation import FloatArray, fgd_score
-from sharing.packing.model import GPU_MILLI, Placement, PodSpec, Refusal
+from sharing.packing.model import GPU_MILLI, PodPlacement, PodSpec, Refusal
 from sharing.packing.node_sharing import least_feedable, most_feedable
 from sharing.packing.policy import decide
 from sharing.packing.state_cache import RequestKey, StateCache
@@ -169,13 +169,13 @@ class GpupackPolicy(FgdPolicy):
         """The idle node to split into ``replicas``: among those that strand the fewest replicas
         (then the fewest GPUs), the one the score prefers for ``pod``."""
         outcome = decide(cluster, pod, self, most_feedable(cluster, candidates, replicas, self._shared_cpu))
-        return outcome.node if isinstance(outcome, Placement) else None
+        return outcome.node if isinstance(outcome, PodPlacement) else None
 
-    def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> Placement | Refusal:
+    def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> PodPlacement | Refusal:
         """A whole-GPU pod: on a whole-GPU node in use if one fits, else on the idle node that
         sharing would use worst; FGD's score against the non-shared typical pods chooses among them."""
         outcome = decide(cluster, pod, self._whole_scorer, in_use)
-        if isinstance(outcome, Placement):
+        if isinstance(outcome, PodPlacement):
             return outcome
         worst_fed = least_feedable(cluster, pod, idle & cluster.feasible(pod), self._shared_replicas, self._shared_cpu)
         return decide(cluster, pod, self._whole_scorer, worst_fed)

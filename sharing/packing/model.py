@@ -83,7 +83,7 @@ class PodSpec:
 
 
 @dataclass(frozen=True)
-class Placement:
+class PodPlacement:
     """Where a pod went: a node index and the device indices it uses."""
 
     pod: PodSpec

@@ -35,7 +35,7 @@ from typing import Final, Protocol, runtime_checkable
 import numpy as np
 
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
-from sharing.packing.model import Placement, PodSpec, Refusal
+from sharing.packing.model import PodPlacement, PodSpec, Refusal
 from sharing.packing.policy import Policy, decide
 
 FRESH: Final = 0
@@ -160,14 +160,14 @@ def least_feedable(
 class PlacesWholePods(Protocol):
     """A policy with its own rule for where whole-GPU pods go under node-wide replicas."""
 
-    def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> Placement | Refusal:
+    def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> PodPlacement | Refusal:
         """Where ``pod`` goes among whole-GPU nodes already ``in_use`` and ``idle`` nodes (either may become whole)."""
         ...
 
 
 def place_whole(
     policy: Policy, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray
-) -> Placement | Refusal:
+) -> PodPlacement | Refusal:
     """Where ``policy`` puts whole-GPU ``pod``: its own rule, or its score over every candidate.
 
     ``in_use``: whole-GPU nodes with a GPU taken; ``idle``: nodes with nothing

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
-from sharing.packing.model import GPU_MILLI, Placement, PodSpec, Refusal
+from sharing.packing.model import GPU_MILLI, PodPlacement, PodSpec, Refusal
 
 
 class Policy(Protocol):
@@ -53,7 +53,7 @@ def best_fit_gpu(cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, .
 
 def decide(
     cluster: ClusterState, pod: PodSpec, policy: Policy, allowed: BoolArray | None = None
-) -> Placement | Refusal:
+) -> PodPlacement | Refusal:
     """Where ``policy`` would put ``pod`` now, without committing it.
 
     ``allowed`` narrows the candidates to a subset of the nodes (a caller's own
@@ -72,12 +72,12 @@ def decide(
         scores = policy.scores(cluster, pod, nodes)
         tied = nodes[scores == scores.max()]
         node = int(tied[np.argmin(cluster.tie_rank[tied])]) if tied.size > 1 else int(tied[0])
-    return Placement(pod=pod, node=node, gpus=policy.choose_gpus(cluster, pod, node))
+    return PodPlacement(pod=pod, node=node, gpus=policy.choose_gpus(cluster, pod, node))
 
 
-def schedule(cluster: ClusterState, pod: PodSpec, policy: Policy) -> Placement | Refusal:
+def schedule(cluster: ClusterState, pod: PodSpec, policy: Policy) -> PodPlacement | Refusal:
     """Decide and commit: the pod's resources are taken from the chosen node."""
     outcome = decide(cluster, pod, policy)
-    if isinstance(outcome, Placement):
+    if isinstance(outcome, PodPlacement):
         return cluster.place(pod, outcome.node, outcome.gpus)
     return outcome

@@ -50,7 +50,7 @@ import numpy as np
 
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.kube_scoring import MostAllocatedWeights, most_allocated
-from sharing.packing.model import GPU_MILLI, NodeSpec, Placement, PodSpec
+from sharing.packing.model import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.node_sharing import (
     FRESH, WHOLE, exact_replicas, place_whole, shared_candidates, splits_before_wasting, switch_choice, switch_for,
     waste_first,
@@ -175,7 +175,7 @@ class ProductReplay:
 
     def _whole_by_engine(self, pod: PodSpec) -> float | None:
         outcome = place_whole(self.policy, self.cluster, pod, self.modes == WHOLE, self.modes == FRESH)
-        if not isinstance(outcome, Placement):
+        if not isinstance(outcome, PodPlacement):
             return None
         self.cluster.place(pod, outcome.node, outcome.gpus)
         self.modes[outcome.node] = WHOLE
@@ -200,7 +200,7 @@ class ProductReplay:
 
     def _replica_by_policy(self, pod: PodSpec, nodes: BoolArray) -> float:
         outcome = decide(self.cluster, pod, self.policy, nodes)
-        assert isinstance(outcome, Placement)
+        assert isinstance(outcome, PodPlacement)
         return self._take_replica(pod, outcome.node, outcome.gpus[0])
 
     def _shared_by_scheduler(self, pod: PodSpec) -> float | None:

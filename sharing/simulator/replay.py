@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharing.packing.cluster import ClusterState
-from sharing.packing.model import NodeSpec, Placement, PodSpec
+from sharing.packing.model import NodeSpec, PodPlacement, PodSpec
 from sharing.packing.policy import schedule
 from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.typical import TypicalPods
@@ -78,7 +78,7 @@ def run_once(
         outcome = schedule(cluster, pod, policy)
         times[i] = clock() - start
         demand += pod.gpu_total_milli
-        if isinstance(outcome, Placement):
+        if isinstance(outcome, PodPlacement):
             allocated += pod.gpu_total_milli
         else:
             failed += 1

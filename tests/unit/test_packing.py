@@ -20,7 +20,7 @@ from sharing.packing.cluster import ClusterState
 from sharing.packing.fgd import FgdPolicy
 from sharing.packing.fragmentation import FragmentationModel
 from sharing.packing.gpupack_policy import GpupackPolicy
-from sharing.packing.model import NodeSpec, Placement, PodSpec, Refusal
+from sharing.packing.model import NodeSpec, PodPlacement, PodSpec, Refusal
 from sharing.packing.policy import decide, schedule
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name, make_policy
 from sharing.packing.typical import TypicalPods
@@ -97,21 +97,21 @@ def test_bestfit_prefers_the_fuller_node_and_the_tightest_gpu() -> None:
     c.place(pod(milli=200), 1, (0,))
     # b: GPU0 800 free, GPU1 400 free. A 300 pod goes to b (fuller), onto GPU1 (tightest fit).
     outcome = decide(c, pod(milli=300), BestFitPolicy())
-    assert isinstance(outcome, Placement)
+    assert isinstance(outcome, PodPlacement)
     assert (outcome.node, outcome.gpus) == (1, (1,))
 
 
 def test_ties_go_to_the_smallest_rank() -> None:
     c = ClusterState([node("a"), node("b"), node("c")], tie_rank=[2, 0, 1])
     outcome = decide(c, pod(milli=300), BestFitPolicy())
-    assert isinstance(outcome, Placement) and outcome.node == 1
+    assert isinstance(outcome, PodPlacement) and outcome.node == 1
 
 
 def test_whole_gpu_pods_take_the_lowest_free_devices() -> None:
     c = ClusterState([node("a", gpus=4)])
     c.place(pod(milli=100), 0, (1,))
     outcome = decide(c, pod(gpus=2, milli=1000), BestFitPolicy())
-    assert isinstance(outcome, Placement) and outcome.gpus == (0, 2)
+    assert isinstance(outcome, PodPlacement) and outcome.gpus == (0, 2)
 
 
 def test_dotprod_score_is_the_published_formula() -> None:
@@ -148,7 +148,7 @@ def test_random_picks_only_feasible_nodes_and_fitting_gpus() -> None:
     policy = RandomPolicy(np.random.default_rng(7))
     for _ in range(20):
         outcome = decide(c, pod(milli=500), policy)
-        assert isinstance(outcome, Placement) and outcome.node == 0 and outcome.gpus[0] in (0, 1)
+        assert isinstance(outcome, PodPlacement) and outcome.node == 0 and outcome.gpus[0] in (0, 1)
 
 
 def typical_of(*pods: PodSpec) -> TypicalPods:
@@ -177,7 +177,7 @@ def test_fgd_prefers_the_device_that_keeps_whole_gpus_usable() -> None:
     c.place(pod(milli=500), 0, (1,))
     policy = FgdPolicy(t)
     outcome = decide(c, pod(milli=500), policy)
-    assert isinstance(outcome, Placement) and outcome.gpus == (1,)
+    assert isinstance(outcome, PodPlacement) and outcome.gpus == (1,)
     deltas = policy.device_deltas(c, pod(milli=500), 0)
     before = frag_by_hand(32000, [1000, 500], t)
     assert deltas[0] == pytest.approx(before - frag_by_hand(31000, [500, 500], t))
@@ -204,7 +204,7 @@ def test_gpupack_breaks_fgd_device_ties_towards_the_tightest_gpu() -> None:
     c.place(pod(milli=500), 0, (0,))
     c.place(pod(milli=700), 0, (2,))
     outcome = decide(c, pod(milli=100), GpupackPolicy(t))
-    assert isinstance(outcome, Placement) and outcome.gpus == (2,)
+    assert isinstance(outcome, PodPlacement) and outcome.gpus == (2,)
 
 
 def test_gpupack_keeps_gaps_that_the_workload_can_still_fill() -> None:
@@ -220,15 +220,15 @@ def test_gpupack_keeps_gaps_that_the_workload_can_still_fill() -> None:
     ours = GpupackPolicy(t)
     fgd = decide(c, pod(milli=320), FgdPolicy(t))
     mine = decide(c, pod(milli=320), ours)
-    assert isinstance(fgd, Placement) and fgd.gpus == (0,)
-    assert isinstance(mine, Placement) and mine.gpus == (1,)
+    assert isinstance(fgd, PodPlacement) and fgd.gpus == (0,)
+    assert isinstance(mine, PodPlacement) and mine.gpus == (1,)
     assert ours.prices.regret(c.gpu_free[0], 320).tolist() == pytest.approx([1 / 6, 0.0])
     # Without the regret term (weight 0) the choice is FGD's again, and no score is nan.
     plain = GpupackPolicy(t)
     plain.regret_weight = 0.0
     assert np.isfinite(plain.scores(c, pod(milli=320), np.array([0]))).all()
     again = decide(c, pod(milli=320), plain)
-    assert isinstance(again, Placement) and again.gpus == fgd.gpus
+    assert isinstance(again, PodPlacement) and again.gpus == fgd.gpus
 
 
 def test_gpupack_avoids_stranding_gpus_behind_exhausted_cpu() -> None:
@@ -243,14 +243,14 @@ def test_gpupack_avoids_stranding_gpus_behind_exhausted_cpu() -> None:
     fgd = decide(c, heavy, FgdPolicy(t))
     ours = GpupackPolicy(t)
     mine = decide(c, heavy, ours)
-    assert isinstance(fgd, Placement) and fgd.node == 0
-    assert isinstance(mine, Placement) and mine.node == 1
+    assert isinstance(fgd, PodPlacement) and fgd.node == 0
+    assert isinstance(mine, PodPlacement) and mine.node == 1
     assert ours.cpu_per_gpu_milli() == pytest.approx(4.0)
     # A pod at the workload's own ratio strands nothing more, so gpupack agrees with FGD.
     typical_pod = pod(cpu=2000, milli=500)
     fgd_typical = decide(c, typical_pod, FgdPolicy(t))
     mine_typical = decide(c, typical_pod, GpupackPolicy(t))
-    assert isinstance(fgd_typical, Placement) and isinstance(mine_typical, Placement)
+    assert isinstance(fgd_typical, PodPlacement) and isinstance(mine_typical, PodPlacement)
     assert mine_typical.node == fgd_typical.node
 
 
@@ -282,13 +282,13 @@ def test_any_policy_keeps_the_books_balanced(reqs: list[tuple[int, int, int]], p
     c = ClusterState(nodes)
     t = typical_of(pod("t1", milli=470), pod("t2", milli=1000), pod("t3", milli=0, cpu=4000))
     policy = make_policy(policy_name, rng=np.random.default_rng(1), typical=t)
-    placed: list[Placement] = []
+    placed: list[PodPlacement] = []
     for i, (cpu, milli, q) in enumerate(reqs):
         p = pod(f"p{i}", cpu=cpu, milli=milli, gpus=q if milli == 1000 else 1)
         feasible_before = c.feasible(p).any()
         outcome = schedule(c, p, policy)
-        assert isinstance(outcome, Placement) == bool(feasible_before)
-        if isinstance(outcome, Placement):
+        assert isinstance(outcome, PodPlacement) == bool(feasible_before)
+        if isinstance(outcome, PodPlacement):
             placed.append(outcome)
     assert c.used_gpu_milli == sum(pl.pod.gpu_total_milli for pl in placed)
     assert (c.gpu_free >= 0).all() and (c.cpu_free >= 0).all()
