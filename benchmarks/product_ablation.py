@@ -36,7 +36,7 @@ from benchmarks.simulate_product import _trace, replay_arguments  # noqa: E402
 from sharing.packing.cluster import BoolArray, ClusterState  # noqa: E402
 from sharing.packing.fgd import FgdPolicy  # noqa: E402
 from sharing.packing.gpupack_policy import GpupackPolicy  # noqa: E402
-from sharing.packing.model import PodPlacement, PodSpec, Refusal  # noqa: E402
+from sharing.packing.specs import PodPlacement, PodSpec, Refusal  # noqa: E402
 from sharing.packing.policy import Policy  # noqa: E402
 from sharing.packing.typical import TypicalPods  # noqa: E402
 from sharing.simulator.product import run_product  # noqa: E402

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sharing.packing.kube_scoring import MostAllocatedWeights  # noqa: E402
-from sharing.packing.model import NodeSpec, PodSpec  # noqa: E402
+from sharing.packing.specs import NodeSpec, PodSpec  # noqa: E402
 from sharing.simulator.product import run_product  # noqa: E402
 from sharing.simulator.scheduler_config import load_weights  # noqa: E402
 from sharing.simulator.traces import load_nodes, load_pods  # noqa: E402

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from controller.model import Gpu, Node, Pod, Snapshot
+from controller.view import Gpu, Node, Pod, Snapshot
 
 
 def mig_claims(pods: tuple[Pod, ...]) -> dict[str, Counter[str]]:

@@ -13,7 +13,7 @@ from collections import Counter
 from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram
 
 from controller.capacity import mig_claims, shared_claims, whole_pinned
-from controller.model import Snapshot
+from controller.view import Snapshot
 
 
 def cluster_figures(snapshot: Snapshot) -> tuple[float, float, int]:

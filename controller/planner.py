@@ -1,6 +1,6 @@
 """One planning cycle: which gated pods to release where, and what capacity to create.
 
-Input: a :class:`~controller.model.Snapshot` and the time (injected). Output: a
+Input: a :class:`~controller.view.Snapshot` and the time (injected). Output: a
 :class:`Plan` that :mod:`controller.operator` applies. Pure and deterministic:
 pods are taken oldest first (then by name), so a pod never starves behind
 newer ones, and the same snapshot always yields the same plan.
@@ -35,7 +35,7 @@ from datetime import datetime
 
 from controller.capacity import FreeCapacity, mig_claims, shared_claims, unreported_claims, whole_pinned
 from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
-from controller.model import Node, NodePolicy, Pod, Snapshot
+from controller.view import Node, NodePolicy, Pod, Snapshot
 from controller.sharedplan import SharedPlacer
 from mig.reach import plan_reconfiguration
 from sharing.modes import NodeSharingMode

@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from controller.model import Pod
+from controller.view import Pod
 from kube.times import parse_time
 from mig.units import parse_quantity
 from sharing.modes import ALLOCATION_MODES

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from controller.model import NodePolicy, Window
+from controller.view import NodePolicy, Window
 from sharing.modes import AllocationMode
 from mig.migparted import builtin_config, layout_for
 from mig.model import GpuModel

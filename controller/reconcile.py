@@ -29,7 +29,7 @@ from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas, righ
 from controller.kube import Kube
 from controller.migplan import LayoutChange
 from controller.metrics import ControllerMetrics, cluster_figures
-from controller.model import Node, Snapshot
+from controller.view import Node, Snapshot
 from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
 from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings

@@ -26,9 +26,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from controller.model import Node, Pod
+from controller.view import Node, Pod
 from sharing.packing.cluster import ClusterState
-from sharing.packing.model import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.node_sharing import exact_replicas, place_whole, switch_for, waste_first
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy

@@ -1,4 +1,4 @@
-"""Building a :class:`~controller.model.Snapshot` from raw API objects (dicts), purely.
+"""Building a :class:`~controller.view.Snapshot` from raw API objects (dicts), purely.
 
 Lenient by design, like the webhook's inventory: one malformed GPUNode or pod
 is skipped (and counted), never fatal to the cycle. The only state the
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from controller.capacity import mig_claims, shared_claims
-from controller.model import Gpu, Node, Pod, Snapshot
+from controller.view import Gpu, Node, Pod, Snapshot
 from controller.podview import (
     ALLOCATION, GATE, _int, _list, _map, pod_from_object, waiting_unschedulable, whole_gpus_requested,
 )

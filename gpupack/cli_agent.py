@@ -116,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _inventory(args: argparse.Namespace) -> int:
-    from node.inventory import read_snapshot
+    from node.snapshot import read_snapshot
 
     settings = _settings(args)
     backend, error = open_backend(settings)

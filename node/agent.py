@@ -47,7 +47,7 @@ from mig.model import PlacedInstance
 from node import conditions as C
 from node.dcgm import Activity, parse_activity
 from node.advertising import advertiser_for
-from node.inventory import NodeSnapshot, read_snapshot, status_from_snapshot
+from node.snapshot import NodeSnapshot, read_snapshot, status_from_snapshot
 from node.layouts import layouts_for
 from node.kube import Kube
 from node.metrics import AgentMetrics

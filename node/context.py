@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from mig.model import PlacedInstance
 from node import conditions as C
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 from node.journal import Journal
 from node.kube import Kube
 from node.metrics import AgentMetrics

@@ -12,7 +12,7 @@ from __future__ import annotations
 from mig.errors import MigError
 from mig.migparted import builtin_config, layout_for
 from mig.model import PlacedInstance, Placement
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 from sharing.crd import GPUNodeSpec
 
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 
 SIMULATED_LABEL = "gpupack.io/simulated"
 DEPLOY_DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 
 
 class AgentMetrics:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 
 from mig.migparted import MigConfigEntry, MigPartedConfig, dump_config, parse_config
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 
 MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"

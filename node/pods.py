@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mig.model import PlacedInstance
-from node.inventory import GpuSnapshot, NodeSnapshot
+from node.snapshot import GpuSnapshot, NodeSnapshot
 
 SIM_PID_BASE = 4_000_000  # simulated pod processes live above this pid
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")

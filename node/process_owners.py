@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 from node.nvml.protocol import NvmlBackend
 from node.nvml.simulated import SimulatedNvml
 from node.podresources import PodResourcesError, device_owners, list_pod_devices

@@ -7,7 +7,7 @@ A window is a UTC ``HH:MM`` range on some days of the week (0 = Monday):
 - ``start == end``: open the whole of each listed day (a zero-length window would be a
   window that can never be used, which nobody writes on purpose).
 
-The controller (``controller.model.Window``) and the node agent (``node.policy``) both call
+The controller (``controller.view.Window``) and the node agent (``node.policy``) both call
 :func:`window_contains`, so they can only disagree if they read different policies.
 """
 

@@ -17,7 +17,7 @@ from typing import Any
 from controller.metrics import cluster_figures
 from controller.snapshot import ALLOCATION, GATE, build_snapshot
 from kube.times import parse_time
-from sharing.packing.model import GPU_MILLI
+from sharing.packing.specs import GPU_MILLI
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 from node import conditions as C
 from node.context import AgentContext, JournalStore
 from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise, node_patches
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 from node.journal import Journal
 from node.nvml.simulated import SimulatedNvml
 from node.pods import SIM_PID_BASE, PodUse, assign_pods, sim_pid

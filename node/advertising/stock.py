@@ -15,7 +15,7 @@ from typing import Any
 
 from node import conditions as C
 from node.context import AgentContext, JournalStore
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 from node.journal import Journal
 from node.operator_mode import DEVICE_PLUGIN_CONFIG_LABEL, device_plugin_config, device_plugin_config_name
 from node.pods import PodUse

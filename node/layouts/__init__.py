@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from node import conditions as C
 from node.context import AgentContext
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 from node.layouts.direct import DirectLayouts
 from node.layouts.mig_manager import MigManagerLayouts
 from sharing.crd import GPUNodeSpec

@@ -19,7 +19,7 @@ from node import conditions as C
 from node.desired import desired_layouts, pinned_layouts
 from node.context import AgentContext
 from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 from node.journal import NVML_PHASES, Journal, format_instance
 from node.kube import Kube
 from node.mig_loop import drive_gpu

@@ -17,7 +17,7 @@ from kube.times import format_time, parse_time
 from node import conditions as C
 from node.context import AgentContext
 from node.desired import desired_layouts
-from node.inventory import NodeSnapshot
+from node.snapshot import NodeSnapshot
 from node.operator_mode import (
     MIG_CONFIG_LABEL, MIG_PARTED_KEY, handshake_state, merge_mig_parted, plan_node_config,
 )

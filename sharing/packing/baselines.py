@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from sharing.packing.cluster import ClusterState, IntArray
-from sharing.packing.model import GPU_MILLI, PodSpec
+from sharing.packing.specs import GPU_MILLI, PodSpec
 from sharing.packing.policy import best_fit_gpu, first_free_gpus
 
 

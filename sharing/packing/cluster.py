@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from sharing.packing.model import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]

@@ -42,7 +42,7 @@ from types import MappingProxyType
 import numpy as np
 import numpy.typing as npt
 
-from sharing.packing.model import GPU_MILLI
+from sharing.packing.specs import GPU_MILLI
 from sharing.packing.typical import TypicalPods
 
 FloatArray = npt.NDArray[np.float64]

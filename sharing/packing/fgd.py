@@ -14,7 +14,7 @@ import numpy as np
 
 from sharing.packing.cluster import ClusterState, IntArray
 from sharing.packing.fragmentation import FloatArray, FragmentationModel, fgd_score
-from sharing.packing.model import PodSpec
+from sharing.packing.specs import PodSpec
 from sharing.packing.policy import first_free_gpus
 from sharing.packing.state_cache import RequestKey, StateCache
 from sharing.packing.typical import TypicalPods

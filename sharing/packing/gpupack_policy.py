@@ -62,7 +62,7 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.dual_prices import DualPrices
 from sharing.packing.fgd import FgdPolicy, fragmentation_delta
 from sharing.packing.fragmentation import FloatArray, fgd_score
-from sharing.packing.model import GPU_MILLI, PodPlacement, PodSpec, Refusal
+from sharing.packing.specs import GPU_MILLI, PodPlacement, PodSpec, Refusal
 from sharing.packing.node_sharing import least_feedable, most_feedable
 from sharing.packing.policy import decide
 from sharing.packing.state_cache import RequestKey, StateCache

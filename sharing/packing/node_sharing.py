@@ -35,7 +35,7 @@ from typing import Final, Protocol, runtime_checkable
 import numpy as np
 
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
-from sharing.packing.model import PodPlacement, PodSpec, Refusal
+from sharing.packing.specs import PodPlacement, PodSpec, Refusal
 from sharing.packing.policy import Policy, decide
 
 FRESH: Final = 0

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
-from sharing.packing.model import GPU_MILLI, PodPlacement, PodSpec, Refusal
+from sharing.packing.specs import GPU_MILLI, PodPlacement, PodSpec, Refusal
 
 
 class Policy(Protocol):

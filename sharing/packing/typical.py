@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from sharing.packing.model import GPU_MILLI, PodSpec
+from sharing.packing.specs import GPU_MILLI, PodSpec
 
 COVERAGE_PERCENT = 95
 """Share of pods the kept prefix must cover (the published simulator's threshold)."""

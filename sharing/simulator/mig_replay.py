@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from mig.model import GpuModel
 from sharing.packing.mig_layouts import Layout, LayoutStrategy, full_profile, profile_for
-from sharing.packing.model import PodSpec
+from sharing.packing.specs import PodSpec
 
 DEPART, RESHAPED, ARRIVE = 0, 1, 2
 """Event kinds, in the order they are handled at equal times."""

@@ -50,7 +50,7 @@ import numpy as np
 
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.kube_scoring import MostAllocatedWeights, most_allocated
-from sharing.packing.model import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.node_sharing import (
     FRESH, WHOLE, exact_replicas, place_whole, shared_candidates, splits_before_wasting, switch_choice, switch_for,
     waste_first,

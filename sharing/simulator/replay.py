@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sharing.packing.cluster import ClusterState
-from sharing.packing.model import NodeSpec, PodPlacement, PodSpec
+from sharing.packing.specs import NodeSpec, PodPlacement, PodSpec
 from sharing.packing.policy import schedule
 from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.typical import TypicalPods

@@ -14,7 +14,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from sharing.packing.model import GPU_MILLI, NodeSpec, PodSpec
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
 from sharing.packing.typical import parse_gpu_spec
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")

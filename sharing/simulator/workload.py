@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sharing.packing.model import GPU_MILLI, PodSpec
+from sharing.packing.specs import GPU_MILLI, PodSpec
 
 PUBLISHED_SEEDS = tuple(range(42, 52))
 """The ten seeds of the published experiment (``-tuneseed 42..51``)."""

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from controller.migplan import minimal_change
-from controller.model import Gpu, Node, NodePolicy, Pod, Snapshot, Window
+from controller.view import Gpu, Node, NodePolicy, Pod, Snapshot, Window
 from controller.planner import Plan, plan
 from mig.catalog import get_model
 from mig.geometry import validate_layout
@@ -333,7 +333,7 @@ def test_controller_and_product_model_choose_alike() -> None:
     from sharing.packing.cluster import ClusterState
     from sharing.packing.gpupack_policy import GpupackPolicy
     from sharing.packing.kube_scoring import MostAllocatedWeights
-    from sharing.packing.model import NodeSpec, PodSpec
+    from sharing.packing.specs import NodeSpec, PodSpec
     from sharing.packing.typical import TypicalPods
     from sharing.simulator.product import ProductReplay
 
@@ -391,7 +391,7 @@ def test_controller_and_product_model_place_whole_gpu_pods_alike() -> None:
     from sharing.packing.cluster import ClusterState
     from sharing.packing.gpupack_policy import GpupackPolicy
     from sharing.packing.kube_scoring import MostAllocatedWeights
-    from sharing.packing.model import NodeSpec, PodSpec
+    from sharing.packing.specs import NodeSpec, PodSpec
     from sharing.packing.node_sharing import WHOLE
     from sharing.packing.typical import TypicalPods
     from sharing.simulator.product import ProductReplay

@@ -19,7 +19,7 @@ from controller.snapshot import (
 from mig.catalog import get_model
 from mig.model import Placement as MigPlacement
 from node.layouts.direct import layout_report
-from node.inventory import read_snapshot, status_from_snapshot
+from node.snapshot import read_snapshot, status_from_snapshot
 from node.journal import Journal
 from node.nvml.simulated import SimulatedNvml
 from node.planning import StartDecision

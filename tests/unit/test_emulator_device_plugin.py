@@ -8,7 +8,7 @@ import pytest
 
 from mig.catalog import get_model
 from node.device_plugin_emulator import SIMULATED_LABEL, advertise, node_patches
-from node.inventory import read_snapshot
+from node.snapshot import read_snapshot
 from node.nvml.simulated import SimulatedNvml
 from node.pods import PodUse, assign_pods
 

@@ -20,7 +20,7 @@ from sharing.packing.cluster import ClusterState
 from sharing.packing.fgd import FgdPolicy
 from sharing.packing.fragmentation import FragmentationModel
 from sharing.packing.gpupack_policy import GpupackPolicy
-from sharing.packing.model import NodeSpec, PodPlacement, PodSpec, Refusal
+from sharing.packing.specs import NodeSpec, PodPlacement, PodSpec, Refusal
 from sharing.packing.policy import decide, schedule
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name, make_policy
 from sharing.packing.typical import TypicalPods

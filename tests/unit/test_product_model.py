@@ -11,7 +11,7 @@ from sharing.packing.cluster import ClusterState
 from sharing.packing.fgd import FgdPolicy
 from sharing.packing.gpupack_policy import GpupackPolicy
 from sharing.packing.kube_scoring import MostAllocatedWeights
-from sharing.packing.model import NodeSpec, PodSpec
+from sharing.packing.specs import NodeSpec, PodSpec
 from sharing.packing.node_sharing import FRESH, WHOLE, least_feedable, most_feedable, switch_choice, switch_for, waste_first
 from sharing.packing.typical import TypicalPods
 from sharing.replicas import fits_replicas, largest_replicas, takes_whole_gpu

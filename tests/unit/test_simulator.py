@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sharing.packing.model import PodSpec
+from sharing.packing.specs import PodSpec
 from sharing.packing.dual_prices import DualPrices
 from sharing.packing.typical import TypicalPods
 from sharing.simulator.metrics import alloc_by_level, mean_levels

@@ -16,7 +16,7 @@ from sharing.packing.mig_layouts import (
     static_layout,
     usable_layouts,
 )
-from sharing.packing.model import PodSpec
+from sharing.packing.specs import PodSpec
 from sharing.simulator.mig_replay import replay_mig
 
 A100 = get_model("A100-80GB")

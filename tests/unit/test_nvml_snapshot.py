@@ -9,7 +9,7 @@ import yaml
 from mig.catalog import get_model
 from mig.migparted import parse_config
 from mig.model import Placement
-from node.inventory import model_from_nvml, read_snapshot, status_from_snapshot
+from node.snapshot import model_from_nvml, read_snapshot, status_from_snapshot
 from node.nvml import errors
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, InstanceProfile
