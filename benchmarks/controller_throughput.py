@@ -34,6 +34,7 @@ from controller.view import Gpu, Node, NodePolicy, Pod, Snapshot  # noqa: E402
 from controller.planner import plan  # noqa: E402
 from mig.catalog import get_model  # noqa: E402
 from mig.geometry import fits  # noqa: E402
+from sharing.allocation import ANNOTATION, Allocation, ContainerAllocation  # noqa: E402
 
 H100 = get_model("H100-80GB")
 LAYOUTS = (("1g.10gb",) * 7, ("2g.20gb", "2g.20gb", "3g.40gb"), ("3g.40gb", "4g.40gb"), ("1g.10gb",) * 3 + ("4g.40gb",))
@@ -88,7 +89,6 @@ def live(nodes: int, pods: int) -> dict[str, Any]:
     from gpupack.devcluster.apply import apply_objects, gpupack_manifests
     from gpupack.devcluster.binaries import ensure_binaries
     from gpupack.devcluster.controlplane import ControlPlane
-    from mig.catalog import get_model as _gm
 
     plane = ControlPlane(ensure_binaries(progress=sys.stderr)).start()
     tmp = Path(tempfile.mkdtemp(prefix="gpupack-bench-"))
@@ -130,9 +130,11 @@ def live(nodes: int, pods: int) -> dict[str, Any]:
 
         def body(i: int) -> Any:
             profile = PROFILES[i % 4]
-            allocation = {"version": "v1", "mode": "mig", "gated": True, "policy": "bench", "reason": "bench",
-                          "containers": [{"name": "c", "kind": "container", "milli": 100, "resource": f"nvidia.com/mig-{profile}", "profile": profile}]}
-            return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b{i:05d}", "annotations": {"gpupack.io/allocation": json.dumps(allocation)}},
+            allocation = Allocation(
+                mode="mig", gated=True, capacity_existed=False, policy="bench", reason="bench",
+                containers=(ContainerAllocation("c", "containers", 100, None, f"nvidia.com/mig-{profile}", profile),),
+            ).to_annotation()
+            return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b{i:05d}", "annotations": {ANNOTATION: allocation}},
                     "spec": {"schedulingGates": [{"name": "gpupack.io/capacity"}], "containers": [
                         {"name": "c", "image": "x", "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}]}}
 

@@ -1,26 +1,26 @@
 """Reading gpupack pods from raw Pod objects (dicts): the allocation annotation, gates, affinity.
 
 Pure and lenient: a pod without a readable ``gpupack.io/allocation`` annotation
-is simply not a gpupack pod. The required node affinity and nodeSelector are
+(``sharing.allocation``, the webhook's own record) is simply not a gpupack pod. The required node affinity and nodeSelector are
 kept whole, so the planner never pins a pod to a node its own terms exclude.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from controller.view import Pod
 from kube.times import parse_time
 from mig.units import parse_quantity
-from sharing.modes import ALLOCATION_MODES
-from sharing.options import WHOLE_RESOURCE
+from sharing.allocation import ANNOTATION as ALLOCATION
+from sharing.allocation import Allocation, AllocationError
+from sharing.decision import GATE
+from sharing.options import HOSTNAME_LABEL as HOSTNAME
+from sharing.options import PRODUCT_LABEL, WHOLE_RESOURCE
 
-GATE = "gpupack.io/capacity"
-ALLOCATION = "gpupack.io/allocation"
-HOSTNAME = "kubernetes.io/hostname"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
+__all__ = ["ALLOCATION", "GATE", "HOSTNAME", "PRODUCT_LABEL", "pod_from_object", "waiting_unschedulable",
+           "whole_gpus_requested"]
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -133,21 +133,17 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
     meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
     if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
         return None
-    raw = _map(meta.get("annotations")).get(ALLOCATION)
     try:
-        allocation = _map(json.loads(raw)) if isinstance(raw, str) else {}
-    except json.JSONDecodeError:
+        allocation = Allocation.from_annotation(_map(meta.get("annotations")).get(ALLOCATION))
+    except AllocationError:
         return None
-    mode = allocation.get("mode")
+    mode, containers = allocation.mode, allocation.containers
     created = parse_time(meta.get("creationTimestamp"))
-    if mode not in ALLOCATION_MODES or created is None or not isinstance(meta.get("name"), str):
-        return None
-    containers = [_map(c) for c in _list(allocation.get("containers"))]
-    if not containers:
+    if created is None or not isinstance(meta.get("name"), str):
         return None
     node_name = spec.get("nodeName")
     cpu, mem = _requests(spec)
-    replicas = allocation.get("replicas")
+    replicas = allocation.replicas
     gated = any(_map(g).get("name") == GATE for g in _list(spec.get("schedulingGates")))
     unschedulable = waiting_unschedulable(obj)
     return Pod(
@@ -155,11 +151,11 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
         name=meta["name"],
         mode=mode,
         created=created,
-        profiles=tuple(str(c.get("profile")) for c in containers if c.get("profile")) if mode == "mig" else (),
-        milli=tuple(_int(c.get("milli"), 1000) for c in containers),
-        memory_bytes=tuple(c.get("memoryBytes") if isinstance(c.get("memoryBytes"), int) else None for c in containers),
+        profiles=tuple(c.profile for c in containers if c.profile) if mode == "mig" else (),
+        milli=tuple(c.milli for c in containers),
+        memory_bytes=tuple(c.memory_bytes for c in containers),
         products=_products(spec),
-        replicas=replicas if isinstance(replicas, int) else None,
+        replicas=replicas,
         gated=gated,
         unschedulable=unschedulable,
         node=node_name if isinstance(node_name, str) and node_name else _pinned_node(spec),

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
+from sharing.allocation import ANNOTATION, Allocation, ContainerAllocation
 from sharing.inventory import Inventory, AdmissionPolicy
 from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
@@ -66,8 +67,7 @@ __all__ = [  # the options' names are re-exported: callers need only this module
 ]
 
 GATE: Final = "gpupack.io/capacity"
-ALLOCATION_ANNOTATION: Final = "gpupack.io/allocation"
-ALLOCATION_VERSION: Final = "v1"
+ALLOCATION_ANNOTATION: Final = ANNOTATION
 MPS_THREADS_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 _RANK: Final[dict[str, int]] = {"mig": 0, "mps": 1, "time-slicing": 2, "whole": 3}
@@ -99,32 +99,21 @@ class PodDecision:
     capacity_exists: bool = True
     """False: the pod waits for capacity to be created, not only for the engine's choice."""
 
-    def annotation(self) -> dict[str, Any]:
-        """The ``gpupack.io/allocation`` record (documented in docs/webhook.md)."""
-        out: dict[str, Any] = {
-            "version": ALLOCATION_VERSION,
-            "mode": self.mode,
-            "gated": self.gated,
-            "capacityExisted": self.capacity_exists,
-            "policy": self.policy,
-            "reason": self.reason,
-        }
-        if self.gpu_model is not None:
-            out["gpuModel"] = self.gpu_model
-        if self.replicas is not None:
-            out["replicas"] = self.replicas
-        out["containers"] = [
-            {
-                "name": c.name,
-                "kind": c.kind,
-                "milli": c.milli,
-                **({"memoryBytes": c.memory_bytes} if c.memory_bytes is not None else {}),
-                "resource": c.resource,
-                **({"profile": c.profile} if c.profile else {}),
-            }
-            for c in self.containers
-        ]
-        return out
+    def allocation(self) -> Allocation:
+        """The ``gpupack.io/allocation`` record of this decision (``sharing.allocation``)."""
+        return Allocation(
+            mode=self.mode,
+            gated=self.gated,
+            capacity_existed=self.capacity_exists,
+            policy=self.policy,
+            reason=self.reason,
+            containers=tuple(
+                ContainerAllocation(c.name, c.kind, c.milli, c.memory_bytes, c.resource, c.profile)
+                for c in self.containers
+            ),
+            gpu_model=self.gpu_model,
+            replicas=self.replicas,
+        )
 
 
 # --- the decision --------------------------------------------------------------

@@ -37,6 +37,8 @@ SHARED_RESOURCE: Final = "nvidia.com/gpu.shared"
 WHOLE_RESOURCE: Final = "nvidia.com/gpu"
 # GPU feature discovery labels (nvidia.com/*) the affinity selects on.
 PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+"""The well-known label the controller pins a released pod with."""
 STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
 REPLICAS_LABEL: Final = "nvidia.com/gpu.replicas"
 _GIB: Final = 1024**3

@@ -19,7 +19,6 @@ patched pod keeps every field it had.
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 from sharing.decision import ALLOCATION_ANNOTATION, GATE, PodDecision, Term
@@ -115,7 +114,7 @@ def _gate_ops(spec: dict[str, Any]) -> list[Operation]:
 
 
 def annotation_value(decision: PodDecision) -> str:
-    return json.dumps(decision.annotation(), separators=(",", ":"), sort_keys=True)
+    return decision.allocation().to_annotation()
 
 
 def _annotation_ops(pod: dict[str, Any], value: str) -> list[Operation]:

@@ -7,7 +7,6 @@ Everything here reads the cluster through plain list calls and pure helpers
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
@@ -15,8 +14,10 @@ from datetime import datetime
 from typing import Any
 
 from controller.metrics import cluster_figures
-from controller.snapshot import ALLOCATION, GATE, build_snapshot
+from controller.snapshot import GATE, build_snapshot
 from kube.times import parse_time
+from sharing.allocation import ANNOTATION as ALLOCATION
+from sharing.allocation import Allocation, AllocationError
 from sharing.packing.specs import GPU_MILLI
 
 
@@ -43,8 +44,8 @@ class Tracker:
                 self.created_at.setdefault(name, created)
             allocation = _allocation(p)
             # Every pod is gated under placement: engine; the ones whose capacity had to
-            # be created are those the webhook found none for (older records: gated).
-            if allocation.get("capacityExisted", not allocation.get("gated")) is False:
+            # be created are those the webhook found none for.
+            if allocation is not None and not allocation.capacity_existed:
                 self.reshaped_pods.add(name)
             if (p.get("spec") or {}).get("nodeName") and name not in self.scheduled_at:
                 self.scheduled_at[name] = now
@@ -62,19 +63,17 @@ class Tracker:
         return sorted(out)
 
 
-def _allocation(pod: dict[str, Any]) -> dict[str, Any]:
-    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION)
+def _allocation(pod: dict[str, Any]) -> Allocation | None:
     try:
-        value = json.loads(raw) if isinstance(raw, str) else {}
-    except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        return Allocation.from_annotation(((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION))
+    except AllocationError:
+        return None
 
 
 def counts(pods: list[dict[str, Any]]) -> Counter[str]:
     c: Counter[str] = Counter()
     for p in pods:
-        if not _allocation(p):
+        if _allocation(p) is None:
             continue
         c["admitted"] += 1
         spec = p.get("spec") or {}

@@ -12,7 +12,6 @@ tests exercise the controller alone; the webhook has its own e2e tests and
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -26,6 +25,7 @@ import pytest
 from kubernetes import client
 
 from gpupack.devcluster.process import ManagedProcess
+from sharing.allocation import ANNOTATION, Allocation, ContainerAllocation
 from tests.e2e.waiting import wait_for
 
 GROUP, VERSION = "gpupack.io", "v1alpha1"
@@ -131,11 +131,12 @@ class Harness:
         return sum(1 for i, ps in spec.items() if have.get(i) != ps)
 
     def gated_pod(self, name: str, profile: str) -> str:
-        allocation = {"version": "v1", "mode": "mig", "gated": True, "policy": "e2e", "reason": "e2e", "gpuModel": H100,
-                      "containers": [{"name": "main", "kind": "container", "milli": 300, "resource": f"nvidia.com/mig-{profile}",
-                                      "profile": profile}]}
+        allocation = Allocation(
+            mode="mig", gated=True, capacity_existed=False, policy="e2e", reason="e2e", gpu_model=H100,
+            containers=(ContainerAllocation("main", "containers", 300, None, f"nvidia.com/mig-{profile}", profile),),
+        )
         body: Any = {"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": name, "annotations": {"gpupack.io/allocation": json.dumps(allocation)}},
+                     "metadata": {"name": name, "annotations": {ANNOTATION: allocation.to_annotation()}},
                      "spec": {"schedulingGates": [{"name": "gpupack.io/capacity"}],
                               "containers": [{"name": "main", "image": "example.com/app:1",
                                               "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}],

@@ -23,6 +23,7 @@ from node.snapshot import read_snapshot, status_from_snapshot
 from node.journal import Journal
 from node.nvml.simulated import SimulatedNvml
 from node.planning import StartDecision
+from sharing.allocation import Allocation, ContainerAllocation
 
 NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -30,10 +31,11 @@ PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 def pod(name: str, *, gated: bool = True, node: str | None = None, pinned: str | None = None,
         phase: str = "Pending", annotation: Any = None) -> dict[str, Any]:
-    allocation = annotation if annotation is not None else json.dumps({
-        "version": "v1", "mode": "mig", "gated": gated, "policy": "p", "reason": "r", "gpuModel": PRODUCT,
-        "containers": [{"name": "c", "kind": "container", "milli": 100, "resource": "nvidia.com/mig-1g.10gb", "profile": "1g.10gb"}],
-    })
+    # The webhook's own writer (sharing.allocation), so the reader is tested on what it will get.
+    allocation = annotation if annotation is not None else Allocation(
+        mode="mig", gated=gated, capacity_existed=True, policy="p", reason="r", gpu_model=PRODUCT,
+        containers=(ContainerAllocation("c", "containers", 100, None, "nvidia.com/mig-1g.10gb", "1g.10gb"),),
+    ).to_annotation()
     terms = [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [PRODUCT]}]}]
     if pinned:
         terms[0]["matchExpressions"].append({"key": "kubernetes.io/hostname", "operator": "In", "values": [pinned]})

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from mig.catalog import get_model
 from mig.fit import smallest_covering_profile
 from sharing.decision import GATE, MPS_MEMORY_ENV, MPS_THREADS_ENV, SHARED_RESOURCE, STRATEGY_LABEL, decide
+from sharing.allocation import Allocation
 from sharing.inventory import Inventory, build_inventory
 from sharing.request import AdmissionRefusal, Reason, parse_pod
 from webhook.testing import gpu_container, make_pod
@@ -333,8 +334,8 @@ def test_a_600_milli_shared_request_gets_a_plain_whole_gpu() -> None:
     assert container.resource == "nvidia.com/gpu" and container.env == ()
     ((expression,),) = decision.terms
     assert (expression.key, expression.operator, expression.values) == (STRATEGY_LABEL, "NotIn", ("mps", "time-slicing"))
-    annotation = decision.annotation()
-    assert annotation["mode"] == "whole" and annotation["containers"][0]["milli"] == 600
+    record = Allocation.from_annotation(decision.allocation().to_annotation())  # as the controller reads it
+    assert record.mode == "whole" and record.containers[0].milli == 600
 
 
 def test_memory_beyond_half_a_gpu_also_means_a_whole_gpu() -> None:
@@ -358,5 +359,6 @@ def test_engine_placement_gates_pods_whose_capacity_exists(engine_places: bool) 
     assert request is not None
     decision = decide(request, inventory.policy_for("default"), inventory, engine_places=engine_places)
     assert decision.capacity_exists and decision.gated is engine_places
-    assert decision.annotation()["capacityExisted"] is True and decision.annotation()["gated"] is engine_places
+    record = Allocation.from_annotation(decision.allocation().to_annotation())
+    assert record.capacity_existed is True and record.gated is engine_places
     assert ("packing engine chooses its node" in decision.reason) is engine_places

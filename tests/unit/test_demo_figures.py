@@ -2,31 +2,31 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
 from gpupack.demo.progress import figures
+from sharing.allocation import ANNOTATION, Allocation, ContainerAllocation
+from sharing.modes import AllocationMode
 
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 
-def _pod(name: str, mode: str, milli: int, *, node: str | None = None, gated: bool = False,
+def _pod(name: str, mode: AllocationMode, milli: int, *, node: str | None = None, gated: bool = False,
          profile: str | None = None) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "c", "kind": "containers", "milli": milli,
-                                 "resource": f"nvidia.com/mig-{profile}" if profile else "nvidia.com/gpu.shared"}
-    if profile:
-        container["profile"] = profile
-    allocation = {"version": "v1", "mode": mode, "gated": gated, "policy": "p", "reason": "r",
-                  "containers": [container]}
+    allocation = Allocation(  # the webhook's own writer
+        mode=mode, gated=gated, capacity_existed=not gated, policy="p", reason="r",
+        containers=(ContainerAllocation("c", "containers", milli, None,
+                                        f"nvidia.com/mig-{profile}" if profile else "nvidia.com/gpu.shared", profile),),
+    )
     spec: dict[str, Any] = {"containers": [{"name": "c"}]}
     if node:
         spec["nodeName"] = node
     if gated:
         spec["schedulingGates"] = [{"name": "gpupack.io/capacity"}]
     return {"metadata": {"name": name, "namespace": "demo", "creationTimestamp": "2026-11-30T01:00:00Z",
-                         "annotations": {"gpupack.io/allocation": json.dumps(allocation)}},
+                         "annotations": {ANNOTATION: allocation.to_annotation()}},
             "spec": spec, "status": {"phase": "Pending"}}
 
 

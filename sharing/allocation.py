@@ -1,0 +1,141 @@
+"""The ``gpupack.io/allocation`` pod annotation: one typed value, written and read here.
+
+The webhook records its decision on every pod it changes (``sharing.patch``,
+from ``sharing.decision.PodDecision``); the controller reads it back to know
+what each pod asks for (``controller.podview``). Both go through
+:meth:`Allocation.to_annotation` and :meth:`Allocation.from_annotation`, so
+the two cannot drift apart. The wire form is documented in docs/webhook.md:
+
+    {"version": "v1", "mode": "mps", "gated": true, "capacityExisted": true,
+     "policy": "...", "reason": "...", "gpuModel": "...", "replicas": 4,
+     "containers": [{"name": "c", "kind": "containers", "milli": 250,
+                     "memoryBytes": 17179869184, "resource": "nvidia.com/gpu.shared",
+                     "profile": "1g.10gb"}]}
+
+``gpuModel``, ``replicas``, ``memoryBytes`` and ``profile`` are absent when not
+set; the JSON has sorted keys and no spaces, so the same decision always gives
+the same text (the webhook's reinvocation check compares it).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Final, get_args
+
+from sharing.modes import ALLOCATION_MODES, AllocationMode
+from sharing.request import ContainerKind
+
+ANNOTATION: Final = "gpupack.io/allocation"
+VERSION: Final = "v1"
+_KINDS: Final = get_args(ContainerKind)
+
+
+class AllocationError(ValueError):
+    """An annotation that is not a gpupack allocation record (what is wrong, and where)."""
+
+
+@dataclass(frozen=True)
+class ContainerAllocation:
+    """What one container was given."""
+
+    name: str
+    kind: ContainerKind
+    milli: int
+    memory_bytes: int | None
+    resource: str
+    profile: str | None = None
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What the webhook decided for a pod."""
+
+    mode: AllocationMode
+    gated: bool
+    capacity_existed: bool
+    """False: the pod waits for capacity to be created, not only for the engine's choice."""
+    policy: str
+    reason: str
+    containers: tuple[ContainerAllocation, ...]
+    gpu_model: str | None = None
+    replicas: int | None = None
+
+    def to_annotation(self) -> str:
+        """The annotation's text."""
+        record: dict[str, Any] = {
+            "version": VERSION, "mode": self.mode, "gated": self.gated, "capacityExisted": self.capacity_existed,
+            "policy": self.policy, "reason": self.reason,
+            "containers": [
+                {
+                    "name": c.name, "kind": c.kind, "milli": c.milli, "resource": c.resource,
+                    **({"memoryBytes": c.memory_bytes} if c.memory_bytes is not None else {}),
+                    **({"profile": c.profile} if c.profile else {}),
+                }
+                for c in self.containers
+            ],
+        }
+        if self.gpu_model is not None:
+            record["gpuModel"] = self.gpu_model
+        if self.replicas is not None:
+            record["replicas"] = self.replicas
+        return json.dumps(record, separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_annotation(cls, text: object) -> Allocation:
+        """The record in ``text``; :class:`AllocationError` naming the first problem otherwise."""
+        if not isinstance(text, str):
+            raise AllocationError(f"{ANNOTATION} is not a string")
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise AllocationError(f"{ANNOTATION} is not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise AllocationError(f"{ANNOTATION} is not a JSON object")
+        if raw.get("version", VERSION) != VERSION:
+            raise AllocationError(f"{ANNOTATION} version {raw.get('version')!r} is not {VERSION!r}")
+        mode = raw.get("mode")
+        if mode not in ALLOCATION_MODES:
+            raise AllocationError(f"{ANNOTATION} mode {mode!r} is not one of {', '.join(ALLOCATION_MODES)}")
+        containers = raw.get("containers")
+        if not isinstance(containers, list) or not containers:
+            raise AllocationError(f"{ANNOTATION} has no containers")
+        replicas, gpu_model, gated = raw.get("replicas"), raw.get("gpuModel"), raw.get("gated") is True
+        existed = raw.get("capacityExisted")
+        return cls(
+            mode=mode,
+            gated=gated,
+            # Records written before capacityExisted: a gated pod was one waiting for capacity.
+            capacity_existed=existed if isinstance(existed, bool) else not gated,
+            policy=str(raw.get("policy") or ""),
+            reason=str(raw.get("reason") or ""),
+            containers=tuple(_container(c, i) for i, c in enumerate(containers)),
+            gpu_model=gpu_model if isinstance(gpu_model, str) else None,
+            replicas=replicas if _is_int(replicas) else None,
+        )
+
+
+def _container(raw: object, position: int) -> ContainerAllocation:
+    where = f"{ANNOTATION} containers[{position}]"
+    if not isinstance(raw, dict):
+        raise AllocationError(f"{where} is not an object")
+    milli, memory, kind = raw.get("milli"), raw.get("memoryBytes"), raw.get("kind", "containers")
+    if not isinstance(milli, int) or isinstance(milli, bool) or not 1 <= milli <= 1000:
+        raise AllocationError(f"{where}.milli {milli!r} is not 1..1000")
+    if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool) or memory <= 0):
+        raise AllocationError(f"{where}.memoryBytes {memory!r} is not a positive integer")
+    if kind not in _KINDS:
+        raise AllocationError(f"{where}.kind {kind!r} is not one of {', '.join(_KINDS)}")
+    profile = raw.get("profile")
+    return ContainerAllocation(
+        name=str(raw.get("name") or ""),
+        kind=kind,
+        milli=milli,
+        memory_bytes=memory,
+        resource=str(raw.get("resource") or ""),
+        profile=profile if isinstance(profile, str) and profile else None,
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
