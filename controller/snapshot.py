@@ -26,11 +26,10 @@ from controller.podview import (
 )
 from controller.policies import policies_for_nodes
 from kube.times import format_time, parse_time
-from mig.catalog import find_model
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
 from sharing.crd import LayoutRefusal, read_policies
-from sharing.modes import NodeSharingMode
+from sharing.gpunode import read_gpunode
 
 __all__ = [
     "ALLOCATION", "GATE", "IDLE_ANNOTATION", "build_snapshot", "busy_gpus", "encode_idle", "format_time",
@@ -66,19 +65,6 @@ def encode_idle(record: Mapping[int, datetime]) -> str:
 
 
 # --------------------------------------------------------------------- nodes
-
-
-def _instances(raw: Any) -> tuple[tuple[PlacedInstance, ...], tuple[PlacedInstance, ...]]:
-    instances, in_use = [], []
-    for i in _list(raw):
-        i = _map(i)
-        if not isinstance(i.get("profile"), str):
-            continue
-        placed = PlacedInstance(i["profile"], Placement(_int(i.get("start")), max(1, _int(i.get("size"), 1))))
-        instances.append(placed)
-        if i.get("inUse") or _list(i.get("pods")):
-            in_use.append(placed)
-    return tuple(sorted(instances)), tuple(sorted(in_use))
 
 
 def _reshaping(want: Mapping[str, Any], mig_enabled: bool, instances: tuple[PlacedInstance, ...]) -> bool:
@@ -128,39 +114,31 @@ def _desired(want: Mapping[str, Any]) -> tuple[str, ...] | None:
 
 def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None) -> Node | None:
     """A :class:`Node` from its GPUNode and (optionally) its Node object; None if unusable."""
-    meta, spec, status = _map(gpunode.get("metadata")), _map(gpunode.get("spec")), _map(gpunode.get("status"))
-    name = meta.get("name")
-    if not isinstance(name, str):
+    reading = read_gpunode(gpunode)
+    if reading is None:
         return None
+    spec = _map(gpunode.get("spec"))
     spec_gpus = {_int(_map(g).get("index"), -1): _map(g) for g in _list(spec.get("gpus"))}
     idle = idle_record(gpunode)
     refused = refused_gpus(gpunode)
-    product = str(status.get("product") or "")
     gpus: list[Gpu] = []
-    for raw in _list(status.get("gpus")):
-        raw = _map(raw)
-        product = product or str(raw.get("product") or "")
-        index = _int(raw.get("index"), len(gpus))
-        instances, in_use = _instances(raw.get("instances"))
-        util = _map(raw.get("utilization"))
-        percent = util.get("gpuPercent")
+    for gpu in reading.gpus:
+        instances = tuple(sorted(PlacedInstance(i.profile, Placement(i.start, i.size)) for i in gpu.instances))
+        in_use = tuple(sorted(PlacedInstance(i.profile, Placement(i.start, i.size)) for i in gpu.instances if i.in_use))
+        want = spec_gpus.get(gpu.index, {})
         gpus.append(
             Gpu(
-                index=index,
-                memory_mib=_int(raw.get("memoryMiB")),
-                mig_enabled=bool(raw.get("migEnabled")),
+                index=gpu.index,
+                memory_mib=gpu.memory_mib,
+                mig_enabled=gpu.mig_enabled,
                 instances=instances,
                 in_use=in_use,
-                idle_since=idle.get(index),
-                utilization_percent=percent if isinstance(percent, int) else None,
-                reshaping=index not in refused
-                and _reshaping(spec_gpus.get(index, {}), bool(raw.get("migEnabled")), instances),
-                desired=_desired(spec_gpus.get(index, {})),
+                idle_since=idle.get(gpu.index),
+                utilization_percent=gpu.gpu_percent,
+                reshaping=gpu.index not in refused and _reshaping(want, gpu.mig_enabled, instances),
+                desired=_desired(want),
             )
         )
-    model = find_model(product) if product else None
-    if model is not None:
-        gpus = [g if g.memory_mib else Gpu(**{**g.__dict__, "memory_mib": model.memory_mib}) for g in gpus]
     node_meta = _map(_map(node).get("metadata"))
     labels = {str(k): str(v) for k, v in _map(node_meta.get("labels")).items()}
     alloc = _map(_map(_map(node).get("status")).get("allocatable"))
@@ -169,28 +147,21 @@ def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None
         memory = int(parse_quantity(alloc["memory"]) / (1024 * 1024)) if "memory" in alloc else 0
     except ValueError:
         cpu = memory = 0
-    st_sharing, sp_sharing = _map(status.get("sharing")), _map(spec.get("sharing"))
-    spec_mode = _sharing_mode(sp_sharing.get("mode"))
-    mode = _sharing_mode(st_sharing.get("mode")) if st_sharing else spec_mode
     return Node(
-        name=name,
-        product=product,
-        model=model,
+        name=reading.name,
+        product=reading.product,
+        model=reading.model,
         labels=tuple(sorted(labels.items())),
-        sharing=mode,
-        replicas=max(1, _int(st_sharing.get("replicas") if st_sharing else sp_sharing.get("replicas"), 1)),
-        gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+        sharing=reading.sharing.mode,
+        replicas=reading.sharing.replicas,
+        gpus=tuple(gpus),
         cpu_milli=cpu,
         memory_mib=memory,
-        spec_sharing=spec_mode,
-        spec_replicas=max(1, _int(sp_sharing.get("replicas"), 1)),
-        generation=_int(meta.get("generation")),
-        observed_generation=_int(status.get("observedGeneration"), _int(meta.get("generation"))),
+        spec_sharing=reading.spec_sharing.mode,
+        spec_replicas=reading.spec_sharing.replicas,
+        generation=reading.generation,
+        observed_generation=reading.observed_generation,
     )
-
-
-def _sharing_mode(value: Any) -> NodeSharingMode:
-    return value if value in ("mps", "time-slicing") else "none"
 
 
 def busy_gpus(node: Node, pods: Iterable[Pod]) -> dict[int, bool]:

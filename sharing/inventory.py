@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-from mig.catalog import find_model
 from mig.model import GpuModel
 from sharing.crd import SharingPolicySpec, read_policies
+from sharing.gpunode import read_gpunode
 from sharing.modes import MODES, Mode, NodeSharingMode
 
 
@@ -152,68 +152,25 @@ class Inventory:
 # --- building from raw objects ------------------------------------------------
 
 
-def _int(value: Any, default: int = 0) -> int:
-    if isinstance(value, bool):
-        return default
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return default
-
-
-def _sharing(raw: Any) -> tuple[NodeSharingMode, int]:
-    if not isinstance(raw, Mapping):
-        return "none", 0
-    mode = raw.get("mode", "none")
-    if mode not in ("mps", "time-slicing"):
-        return "none", 0
-    return mode, max(0, _int(raw.get("replicas"), 1))
-
-
 def node_from_object(obj: Mapping[str, Any]) -> NodeView | None:
-    """A :class:`NodeView` from a ``GPUNode`` dict; ``None`` if it is not usable."""
-    metadata = obj.get("metadata") or {}
-    name = metadata.get("name") if isinstance(metadata, Mapping) else None
-    if not isinstance(name, str) or not name:
+    """A :class:`NodeView` from a ``GPUNode`` dict (``sharing.gpunode``, the controller's reading
+    too); ``None`` if it has no name."""
+    reading = read_gpunode(obj)
+    if reading is None:
         return None
-    raw_spec, raw_status = obj.get("spec"), obj.get("status")
-    spec: Mapping[str, Any] = raw_spec if isinstance(raw_spec, Mapping) else {}
-    status: Mapping[str, Any] = raw_status if isinstance(raw_status, Mapping) else {}
-    product = status.get("product") or ""
-    gpus: list[GpuView] = []
-    for raw in status.get("gpus") or []:
-        if not isinstance(raw, Mapping):
-            continue
-        product = product or raw.get("product") or ""
-        instances = tuple(
-            InstanceView(profile=str(i.get("profile")), start=_int(i.get("start")), in_use=bool(i.get("inUse")))
-            for i in raw.get("instances") or []
-            if isinstance(i, Mapping) and i.get("profile")
-        )
-        gpus.append(
-            GpuView(
-                index=_int(raw.get("index"), len(gpus)),
-                memory_mib=_int(raw.get("memoryMiB")),
-                mig_enabled=bool(raw.get("migEnabled")),
-                instances=instances,
-            )
-        )
-    model = find_model(str(product)) if product else None
-    if model is not None:
-        # A GPU that did not report its memory gets the catalog's figure.
-        gpus = [g if g.memory_mib else GpuView(g.index, model.memory_mib, g.mig_enabled, g.instances) for g in gpus]
-    status_sharing = status.get("sharing")
-    mode, replicas = _sharing(status_sharing if isinstance(status_sharing, Mapping) else spec.get("sharing"))
-    in_use = _int(status_sharing.get("inUse")) if isinstance(status_sharing, Mapping) else 0
+    gpus = tuple(
+        GpuView(g.index, g.memory_mib, g.mig_enabled, tuple(InstanceView(i.profile, i.start, i.in_use) for i in g.instances))
+        for g in reading.gpus
+    )
+    sharing = reading.sharing
     return NodeView(
-        name=name,
-        product=str(product),
-        model=model,
-        sharing=mode,
-        replicas=replicas,
-        gpus=tuple(gpus),
-        shared_in_use=in_use,
+        name=reading.name,
+        product=reading.product,
+        model=reading.model,
+        sharing=sharing.mode,
+        replicas=sharing.replicas if sharing.mode != "none" else 0,
+        gpus=gpus,
+        shared_in_use=sharing.in_use,
     )
 
 

@@ -1,0 +1,155 @@
+"""One reading of a ``GPUNode`` object for every component that reads one.
+
+The webhook's inventory (``sharing.inventory``) and the controller's snapshot
+(``controller.snapshot``) both build their own view of a node from what this
+returns, so the same object reads the same way in both. Lenient by design: the
+agent is the only writer of a GPUNode's status and the API server validates it
+against the CRD, but one odd entry must not take a node, or the front door,
+down. The rules, applied alike everywhere:
+
+* a GPU entry that is not an object, or has no non-negative integer ``index``,
+  is left out (and said so in ``skipped``): its position in the list is no index;
+* an instance entry without a profile name, or whose ``start`` is not an
+  integer, is left out the same way;
+* an instance is in use when the agent says ``inUse`` or lists pods on it;
+* a GPU that does not report its memory gets its product's catalog figure;
+* sharing is what the status reports, else what the spec asks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from mig.catalog import find_model
+from mig.model import GpuModel
+from sharing.modes import NodeSharingMode
+
+
+@dataclass(frozen=True)
+class InstanceReading:
+    profile: str
+    start: int
+    size: int
+    in_use: bool
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    index: int
+    memory_mib: int
+    mig_enabled: bool
+    instances: tuple[InstanceReading, ...]
+    gpu_percent: int | None
+    """Latest utilisation sample, when NVML gave one."""
+
+
+@dataclass(frozen=True)
+class SharingReading:
+    mode: NodeSharingMode
+    replicas: int
+    in_use: int
+    """Replicas handed out, when the agent reports it (0 if unknown)."""
+
+
+@dataclass(frozen=True)
+class GpuNodeReading:
+    name: str
+    generation: int
+    observed_generation: int
+    product: str
+    model: GpuModel | None
+    gpus: tuple[GpuReading, ...]
+    """By index."""
+    sharing: SharingReading
+    """What the status reports, else what the spec asks."""
+    spec_sharing: SharingReading
+    skipped: tuple[str, ...] = ()
+    """One line per entry left out."""
+
+
+def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
+    """The node in ``obj`` (a GPUNode dict), or None when it has no name."""
+    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    skipped: list[str] = []
+    reported_product = status.get("product")
+    product: str = reported_product if isinstance(reported_product, str) else ""
+    gpus: list[GpuReading] = []
+    for position, raw in enumerate(_list(status.get("gpus"))):
+        gpu = _map(raw)
+        index = gpu.get("index")
+        if not isinstance(raw, Mapping) or not _is_int(index) or index < 0:
+            what = "is not an object" if not isinstance(raw, Mapping) else "has no index"
+            skipped.append(f"{name}: status.gpus[{position}] {what}; left out")
+            continue
+        gpu_product = gpu.get("product")
+        product = product or (gpu_product if isinstance(gpu_product, str) else "")
+        percent = _map(gpu.get("utilization")).get("gpuPercent")
+        gpus.append(GpuReading(
+            index=index,
+            memory_mib=_int(gpu.get("memoryMiB")),
+            mig_enabled=gpu.get("migEnabled") is True,
+            instances=_instances(gpu.get("instances"), f"{name}: GPU {index}", skipped),
+            gpu_percent=percent if _is_int(percent) else None,
+        ))
+    model = find_model(product) if product else None
+    if model is not None:
+        gpus = [g if g.memory_mib else GpuReading(g.index, model.memory_mib, g.mig_enabled, g.instances, g.gpu_percent)
+                for g in gpus]
+    spec_sharing = _sharing(_map(spec.get("sharing")), 0)
+    reported = status.get("sharing")
+    sharing = _sharing(_map(reported), _int(_map(reported).get("inUse"))) if isinstance(reported, Mapping) else spec_sharing
+    generation = _int(meta.get("generation"))
+    return GpuNodeReading(
+        name=name,
+        generation=generation,
+        observed_generation=_int(status.get("observedGeneration"), generation),
+        product=product,
+        model=model,
+        gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+        sharing=sharing,
+        spec_sharing=spec_sharing,
+        skipped=tuple(skipped),
+    )
+
+
+def _instances(raw: Any, where: str, skipped: list[str]) -> tuple[InstanceReading, ...]:
+    out = []
+    for position, entry in enumerate(_list(raw)):
+        inst = _map(entry)
+        profile, start = inst.get("profile"), inst.get("start", 0)
+        if not isinstance(profile, str) or not profile or not _is_int(start):
+            skipped.append(f"{where}: instances[{position}] has no profile or start; left out")
+            continue
+        in_use = inst.get("inUse") is True or bool(_list(inst.get("pods")))
+        out.append(InstanceReading(profile, start, max(1, _int(inst.get("size"), 1)), in_use))
+    return tuple(sorted(out, key=lambda i: (i.start, i.profile)))
+
+
+def _sharing(raw: Mapping[str, Any], in_use: int) -> SharingReading:
+    mode = raw.get("mode")
+    return SharingReading(
+        mode=mode if mode in ("mps", "time-slicing") else "none",
+        replicas=max(1, _int(raw.get("replicas"), 1)),
+        in_use=max(0, in_use),
+    )
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(value: Any, default: int = 0) -> int:
+    return value if _is_int(value) else default
