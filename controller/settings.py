@@ -6,12 +6,13 @@ option overrides both.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from kube.settings import settings_from_env
 
 ENV_PREFIX = "GPUPACK_CONTROLLER_"
 
@@ -62,16 +63,8 @@ class ControllerSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ControllerSettings:
-        source = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            raw = source.get(ENV_PREFIX + f.name.upper())
-            if raw is not None:
-                values[f.name] = _convert(f.name, str(f.type), raw)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        settings = cls(**values)
-        settings.validate()
-        return settings
+        """Defaults, then ``GPUPACK_CONTROLLER_*`` variables, then non-None ``overrides`` (``kube.settings``)."""
+        return settings_from_env(cls, ENV_PREFIX, env, overrides)
 
     @property
     def namespace_list(self) -> tuple[str, ...]:
@@ -89,20 +82,3 @@ class ControllerSettings:
         from sharing.packing.registry import canonical_policy_name
 
         canonical_policy_name(self.policy)
-
-
-def _convert(name: str, type_name: str, raw: str) -> Any:
-    try:
-        if "bool" in type_name:
-            if raw.lower() in ("1", "true", "yes", "on"):
-                return True
-            if raw.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(raw)
-        if "float" in type_name:
-            return float(raw)
-        if "int" in type_name:
-            return int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {type_name}") from None
-    return raw

@@ -6,10 +6,11 @@ reads ``GPUPACK_AGENT_<FIELD>`` (upper case); the CLI overrides on top.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
+
+from kube.settings import settings_from_env
 
 Mode = Literal["direct", "operator"]
 MODES: tuple[Mode, ...] = ("direct", "operator")
@@ -65,17 +66,8 @@ class AgentSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AgentSettings:
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(f"GPUPACK_AGENT_{f.name.upper()}")
-            if raw is None:
-                continue
-            values[f.name] = _convert(f.name, str(f.type), raw)
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        settings = cls(**values)
-        settings.validate()
-        return settings
+        """Defaults, then ``GPUPACK_AGENT_*`` variables, then non-None ``overrides`` (``kube.settings``)."""
+        return settings_from_env(cls, "GPUPACK_AGENT_", env, overrides)
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -90,19 +82,3 @@ class AgentSettings:
 
     def with_(self, **changes: Any) -> AgentSettings:
         return replace(self, **changes)
-
-
-def _convert(name: str, type_name: str, raw: str) -> Any:
-    try:
-        if type_name == "bool":
-            lowered = raw.strip().lower()
-            if lowered not in ("1", "0", "true", "false", "yes", "no"):
-                raise ValueError("expected true or false")
-            return lowered in ("1", "true", "yes")
-        if type_name == "int":
-            return int(raw)
-        if type_name == "float":
-            return float(raw)
-        return raw
-    except ValueError as exc:
-        raise ValueError(f"GPUPACK_AGENT_{name.upper()}={raw!r}: {exc}") from None

@@ -7,9 +7,11 @@ it; command-line flags win over the environment.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
+
+from kube.settings import settings_from_env
 
 ENV_PREFIX = "GPUPACK_WEBHOOK_"
 
@@ -61,32 +63,6 @@ class WebhookSettings:
             raise ValueError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None, **overrides: Any) -> WebhookSettings:
-        """Defaults, then ``GPUPACK_WEBHOOK_*`` variables, then non-None ``overrides``."""
-        env = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
-            if raw is None:
-                continue
-            default = getattr(cls, f.name)
-            try:
-                if isinstance(default, bool):
-                    if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
-                        raise ValueError(raw)
-                    values[f.name] = raw.lower() in ("1", "true", "yes")
-                elif isinstance(default, int):
-                    values[f.name] = int(raw)
-                elif isinstance(default, float):
-                    values[f.name] = float(raw)
-                else:
-                    values[f.name] = raw
-            except ValueError:
-                raise ValueError(
-                    f"environment variable {ENV_PREFIX}{f.name.upper()}={raw!r} is not a valid "
-                    f"{type(default).__name__}"
-                ) from None
-        settings = replace(cls(), **values)
-        settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-        settings.validate()
-        return settings
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> WebhookSettings:
+        """Defaults, then ``GPUPACK_WEBHOOK_*`` variables, then non-None ``overrides`` (``kube.settings``)."""
+        return settings_from_env(cls, ENV_PREFIX, environ, overrides)

@@ -22,7 +22,7 @@ RULES: dict[str, tuple[set[str], set[str]]] = {
     # package: (our packages it may import, third-party packages it must not import)
     "mig": ({"mig"}, IO_LIBRARIES),
     "sharing": ({"mig", "sharing"}, IO_LIBRARIES),
-    "webhook": ({"mig", "sharing", "webhook"}, {"pynvml"}),
+    "webhook": ({"mig", "sharing", "webhook", "kube"}, {"pynvml"}),
     "node": ({"mig", "sharing", "node", "kube"}, {"fastapi", "starlette", "kopf"}),
     "controller": ({"mig", "sharing", "controller", "kube"}, {"pynvml", "fastapi", "starlette"}),
     # The shared Kubernetes edge: the client library and nothing of ours.
