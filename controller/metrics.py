@@ -65,6 +65,10 @@ class ControllerMetrics:
         self.allocation_ratio = Gauge("gpupack_cluster_allocation_ratio", "Allocated share of all GPUs (0..1).", registry=r)
         self.fragmentation = Gauge("gpupack_cluster_fragmentation", "Share of free GPU capacity on partly used GPUs.", registry=r)
         self.gpus = Gauge("gpupack_cluster_gpus", "GPUs known from GPUNodes.", registry=r)
+        self.skipped_entries = Gauge(
+            "gpupack_gpunode_skipped_entries", "GPUNode status entries (GPUs, MIG instances) left out as unreadable.",
+            registry=r,
+        )
         self.pending = Gauge("gpupack_pending_fractional_pods", "Pods waiting at the gpupack.io/capacity gate.", registry=r)
         self.oldest_wait = Gauge("gpupack_pending_oldest_wait_seconds", "Age of the oldest gated pod.", registry=r)
         self.wait = Histogram(

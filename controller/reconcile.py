@@ -40,6 +40,7 @@ from controller.snapshot import (
 )
 from kube.errors import KubeError
 from kube.times import format_time, parse_time
+from sharing.gpunode import read_gpunode
 
 log = logging.getLogger("gpupack.controller")
 REPLICAS_CHANGED = "gpupack.io/replicas-changed-at"
@@ -74,6 +75,8 @@ class Controller:
         # Utilisation history per node for the feedback loop's peak-hold. In memory on
         # purpose: a new leader starts with an empty window, which only delays a change.
         self._history: dict[str, list[tuple[datetime, list[float]]]] = {}
+        self._skipped: frozenset[str] = frozenset()
+        """GPUNode entries left out last cycle: each is logged once, when it appears."""
 
     def cycle(self) -> CycleReport:
         began = time.perf_counter()
@@ -93,6 +96,7 @@ class Controller:
             # The idle record is input to the planner: plan on what was just written.
             snapshot = build_snapshot(gpunodes, nodes, pods, policies)
         self._policy_status(policies, snapshot, now, report)
+        self._note_skipped(gpunodes)
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
@@ -158,6 +162,14 @@ class Controller:
                 continue
             self.metrics.sharing_changes.labels("demand").inc()
             log.info("sharing: %s -> %s x%d (%s)", sharing.node, sharing.mode, sharing.replicas, sharing.reason)
+
+    def _note_skipped(self, gpunodes: list[dict[str, Any]]) -> None:
+        """Log the GPUNode entries the one reader (``sharing.gpunode``) leaves out, once each; count them."""
+        skipped = frozenset(s for g in gpunodes if (r := read_gpunode(g)) is not None for s in r.skipped)
+        for entry in sorted(skipped - self._skipped):
+            log.warning("GPUNode %s", entry)
+        self._skipped = skipped
+        self.metrics.skipped_entries.set(len(skipped))
 
     def _policy_status(
         self, policies: list[dict[str, Any]], snapshot: Snapshot, now: datetime, report: CycleReport

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from mig.model import GpuModel
 from sharing.crd import SharingPolicySpec, read_policies
-from sharing.gpunode import read_gpunode
+from sharing.gpunode import GpuNodeReading, read_gpunode
 from sharing.modes import MODES, Mode, NodeSharingMode
 
 
@@ -102,6 +102,8 @@ class Inventory:
     version: int = 0
     skipped_policies: tuple[str, ...] = ()
     """One line per SharingPolicy left out because its spec does not validate."""
+    skipped_entries: tuple[str, ...] = ()
+    """One line per GPUNode status entry left out (``sharing.gpunode``)."""
 
     def policy_for(self, namespace: str) -> AdmissionPolicy:
         """The merged policy for ``namespace``.
@@ -156,8 +158,11 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeView | None:
     """A :class:`NodeView` from a ``GPUNode`` dict (``sharing.gpunode``, the controller's reading
     too); ``None`` if it has no name."""
     reading = read_gpunode(obj)
-    if reading is None:
-        return None
+    return None if reading is None else node_view(reading)
+
+
+def node_view(reading: GpuNodeReading) -> NodeView:
+    """The webhook's view of one read GPUNode."""
     gpus = tuple(
         GpuView(g.index, g.memory_mib, g.mig_enabled, tuple(InstanceView(i.profile, i.start, i.in_use) for i in g.instances))
         for g in reading.gpus
@@ -181,6 +186,7 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
     is documented as a list of GPUNodes).
     """
     nodes: list[NodeView] = []
+    skipped: list[str] = []
     policy_objects: list[Mapping[str, Any]] = []
     namespaces: dict[str, Mapping[str, str]] = {}
     for obj in objects:
@@ -188,9 +194,10 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
             continue
         kind = obj.get("kind", "GPUNode")
         if kind == "GPUNode":
-            node = node_from_object(obj)
-            if node is not None:
-                nodes.append(node)
+            reading = read_gpunode(obj)
+            if reading is not None:
+                nodes.append(node_view(reading))
+                skipped.extend(reading.skipped)
         elif kind == "SharingPolicy":
             policy_objects.append(obj)
         elif kind == "Namespace":
@@ -207,4 +214,5 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
         synced=synced,
         version=version,
         skipped_policies=tuple(f"SharingPolicy {p.name}: {p.problem}" for p in entries if p.spec is None),
+        skipped_entries=tuple(skipped),
     )

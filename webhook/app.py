@@ -207,6 +207,7 @@ def _review_with_memo(review: Any, holder: InventoryHolder, settings: WebhookSet
 def _inventory_gauges(metrics: Metrics, holder: InventoryHolder) -> None:
     metrics.inventory_nodes.set(len(holder.current.nodes))
     metrics.inventory_skipped_policies.set(len(holder.current.skipped_policies))
+    metrics.inventory_skipped_entries.set(len(holder.current.skipped_entries))
     metrics.inventory_synced.set(1 if holder.current.synced else 0)
 
 

@@ -47,6 +47,8 @@ class InventoryHolder:
             snapshot = build_inventory(objects, synced=synced, version=self._version)
             for reason in sorted(set(snapshot.skipped_policies) - set(self.current.skipped_policies)):
                 log.warning("%s; left out (the webhook enforces the other policies)", reason)
+            for entry in sorted(set(snapshot.skipped_entries) - set(self.current.skipped_entries)):
+                log.warning("GPUNode %s", entry)
             self.current = snapshot
             self.memo = DecisionMemo(snapshot)
         for listener in self.listeners:

@@ -49,6 +49,11 @@ class Metrics:
             "SharingPolicies left out of the inventory view because their spec does not validate.",
             registry=self.registry,
         )
+        self.inventory_skipped_entries = Gauge(
+            "gpupack_webhook_inventory_skipped_entries",
+            "GPUNode status entries (GPUs, MIG instances) left out of the inventory view as unreadable.",
+            registry=self.registry,
+        )
         self.inventory_synced = Gauge(
             "gpupack_webhook_inventory_synced", "1 once the inventory view is synced.", registry=self.registry
         )

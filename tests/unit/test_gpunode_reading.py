@@ -70,3 +70,22 @@ def test_webhook_and_controller_read_one_node_alike(
             (i.profile, i.placement.start) for i in c.in_use)
     assert webhook.sharing == controller.sharing == mode
     assert controller.replicas == replicas and webhook.replicas == (replicas if mode != "none" else 0)
+
+
+def test_what_is_left_out_is_logged_once_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    from controller.reconcile import Controller
+    from controller.settings import ControllerSettings
+    from sharing.inventory import build_inventory
+
+    obj = gpunode([GOOD, *ODD])
+    reading = read_gpunode(obj)
+    assert reading is not None
+    assert build_inventory([obj]).skipped_entries == reading.skipped  # the webhook's view says the same
+    controller = Controller(None, ControllerSettings())  # type: ignore[arg-type]  # only the bookkeeping is used
+    with caplog.at_level("WARNING", logger="gpupack.controller"):
+        controller._note_skipped([obj])
+        controller._note_skipped([obj])
+    assert [r.getMessage() for r in caplog.records] == [f"GPUNode {s}" for s in sorted(reading.skipped)]
+    assert controller.metrics.skipped_entries._value.get() == 5  # type: ignore[attr-defined]
+    controller._note_skipped([gpunode([GOOD])])
+    assert controller.metrics.skipped_entries._value.get() == 0  # type: ignore[attr-defined]
