@@ -22,24 +22,8 @@ from typing import Any, Literal
 
 from mig.model import GpuModel
 from sharing.crd import SharingPolicySpec, read_policies
-from sharing.gpunode import GpuNodeReading, read_gpunode
+from sharing.gpunode import GpuNodeReading, GpuReading, read_gpunode
 from sharing.modes import MODES, Mode, NodeSharingMode
-
-
-
-@dataclass(frozen=True)
-class InstanceView:
-    profile: str
-    start: int
-    in_use: bool
-
-
-@dataclass(frozen=True)
-class GpuView:
-    index: int
-    memory_mib: int
-    mig_enabled: bool
-    instances: tuple[InstanceView, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,7 +35,8 @@ class NodeView:
     model: GpuModel | None
     sharing: NodeSharingMode
     replicas: int
-    gpus: tuple[GpuView, ...]
+    gpus: tuple[GpuReading, ...]
+    """As the one GPUNode reader reads them (``sharing.gpunode``)."""
     shared_in_use: int = 0
     """Shared replicas already handed out, when the agent reports it (0 if unknown)."""
 
@@ -163,10 +148,6 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeView | None:
 
 def node_view(reading: GpuNodeReading) -> NodeView:
     """The webhook's view of one read GPUNode."""
-    gpus = tuple(
-        GpuView(g.index, g.memory_mib, g.mig_enabled, tuple(InstanceView(i.profile, i.start, i.in_use) for i in g.instances))
-        for g in reading.gpus
-    )
     sharing = reading.sharing
     return NodeView(
         name=reading.name,
@@ -174,7 +155,7 @@ def node_view(reading: GpuNodeReading) -> NodeView:
         model=reading.model,
         sharing=sharing.mode,
         replicas=sharing.replicas if sharing.mode != "none" else 0,
-        gpus=gpus,
+        gpus=reading.gpus,
         shared_in_use=sharing.in_use,
     )
 
