@@ -17,19 +17,17 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from pydantic import ValidationError
-
 from controller.capacity import mig_claims, shared_claims
-from controller.view import Gpu, Node, Pod, Snapshot
 from controller.podview import (
     ALLOCATION, GATE, _int, _list, _map, pod_from_object, waiting_unschedulable, whole_gpus_requested,
 )
 from controller.policies import policies_for_nodes
+from controller.view import Gpu, Node, Pod, Snapshot
 from kube.times import format_time, parse_time
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
-from sharing.crd import LayoutRefusal, read_policies
-from sharing.gpunode import read_gpunode
+from sharing.crd import read_policies
+from sharing.gpunode import GpuNodeReading, read_gpunode
 
 __all__ = [
     "ALLOCATION", "GATE", "IDLE_ANNOTATION", "build_snapshot", "busy_gpus", "encode_idle", "format_time",
@@ -89,22 +87,14 @@ def refused_gpus(gpunode: Mapping[str, Any]) -> frozenset[int]:
     to the *current* spec (its ``metadata.generation``) count, and an entry that
     does not validate is no answer.
     """
-    meta, status = _map(gpunode.get("metadata")), _map(gpunode.get("status"))
-    generation = _int(meta.get("generation"), 0)
-    out = set()
-    for raw in _list(status.get("gpus")):
-        gpu = _map(raw)
-        answer = gpu.get("layoutRefusal")
-        if answer is None:
-            continue
-        try:
-            refusal = LayoutRefusal.model_validate(answer)
-        except ValidationError:
-            continue
-        index = _int(gpu.get("index"), -1)
-        if refusal.generation == generation and index >= 0:
-            out.add(index)
-    return frozenset(out)
+    reading = read_gpunode(gpunode)
+    return frozenset() if reading is None else _refused(reading)
+
+
+def _refused(reading: GpuNodeReading) -> frozenset[int]:
+    return frozenset(
+        g.index for g in reading.gpus if g.layout_refusal is not None and g.layout_refusal.generation == reading.generation
+    )
 
 
 def _desired(want: Mapping[str, Any]) -> tuple[str, ...] | None:
@@ -120,7 +110,7 @@ def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None
     spec = _map(gpunode.get("spec"))
     spec_gpus = {_int(_map(g).get("index"), -1): _map(g) for g in _list(spec.get("gpus"))}
     idle = idle_record(gpunode)
-    refused = refused_gpus(gpunode)
+    refused = _refused(reading)
     gpus: list[Gpu] = []
     for gpu in reading.gpus:
         instances = tuple(sorted(PlacedInstance(i.profile, Placement(i.start, i.size)) for i in gpu.instances))

@@ -13,17 +13,21 @@ down. The rules, applied alike everywhere:
   integer, is left out the same way;
 * an instance is in use when the agent says ``inUse`` or lists pods on it;
 * a GPU that does not report its memory gets its product's catalog figure;
-* sharing is what the status reports, else what the spec asks.
+* sharing is what the status reports, else what the spec asks;
+* a ``layoutRefusal`` that does not validate is no refusal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
+
+from pydantic import ValidationError
 
 from mig.catalog import find_model
 from mig.model import GpuModel
+from sharing.crd import LayoutRefusal
 from sharing.modes import NodeSharingMode
 
 
@@ -43,6 +47,9 @@ class GpuReading:
     instances: tuple[InstanceReading, ...]
     gpu_percent: int | None
     """Latest utilisation sample, when NVML gave one."""
+    layout_refusal: LayoutRefusal | None = None
+    """The agent gave up on this GPU's requested layout (for the generation it names);
+    an answer that does not validate is no answer."""
 
 
 @dataclass(frozen=True)
@@ -95,11 +102,11 @@ def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
             mig_enabled=gpu.get("migEnabled") is True,
             instances=_instances(gpu.get("instances"), f"{name}: GPU {index}", skipped),
             gpu_percent=percent if _is_int(percent) else None,
+            layout_refusal=_refusal(gpu.get("layoutRefusal")),
         ))
     model = find_model(product) if product else None
     if model is not None:
-        gpus = [g if g.memory_mib else GpuReading(g.index, model.memory_mib, g.mig_enabled, g.instances, g.gpu_percent)
-                for g in gpus]
+        gpus = [g if g.memory_mib else replace(g, memory_mib=model.memory_mib) for g in gpus]
     spec_sharing = _sharing(_map(spec.get("sharing")), 0)
     reported = status.get("sharing")
     sharing = _sharing(_map(reported), _int(_map(reported).get("inUse"))) if isinstance(reported, Mapping) else spec_sharing
@@ -128,6 +135,15 @@ def _instances(raw: Any, where: str, skipped: list[str]) -> tuple[InstanceReadin
         in_use = inst.get("inUse") is True or bool(_list(inst.get("pods")))
         out.append(InstanceReading(profile, start, max(1, _int(inst.get("size"), 1)), in_use))
     return tuple(sorted(out, key=lambda i: (i.start, i.profile)))
+
+
+def _refusal(raw: Any) -> LayoutRefusal | None:
+    if raw is None:
+        return None
+    try:
+        return LayoutRefusal.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def _sharing(raw: Mapping[str, Any], in_use: int) -> SharingReading:
