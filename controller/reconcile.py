@@ -40,7 +40,6 @@ from controller.snapshot import (
 )
 from kube.errors import KubeError
 from kube.times import format_time, parse_time
-from sharing.gpunode import read_gpunode
 
 log = logging.getLogger("gpupack.controller")
 REPLICAS_CHANGED = "gpupack.io/replicas-changed-at"
@@ -96,7 +95,7 @@ class Controller:
             # The idle record is input to the planner: plan on what was just written.
             snapshot = build_snapshot(gpunodes, nodes, pods, policies)
         self._policy_status(policies, snapshot, now, report)
-        self._note_skipped(gpunodes)
+        self._note_skipped(snapshot.skipped_entries)
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
@@ -163,9 +162,9 @@ class Controller:
             self.metrics.sharing_changes.labels("demand").inc()
             log.info("sharing: %s -> %s x%d (%s)", sharing.node, sharing.mode, sharing.replicas, sharing.reason)
 
-    def _note_skipped(self, gpunodes: list[dict[str, Any]]) -> None:
-        """Log the GPUNode entries the one reader (``sharing.gpunode``) leaves out, once each; count them."""
-        skipped = frozenset(s for g in gpunodes if (r := read_gpunode(g)) is not None for s in r.skipped)
+    def _note_skipped(self, entries: tuple[str, ...]) -> None:
+        """Log the GPUNode entries the one reader (``sharing.gpunode``) left out, once each; count them."""
+        skipped = frozenset(entries)
         for entry in sorted(skipped - self._skipped):
             log.warning("GPUNode %s", entry)
         self._skipped = skipped

@@ -105,8 +105,10 @@ def _desired(want: Mapping[str, Any]) -> tuple[str, ...] | None:
 def node_from_objects(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None) -> Node | None:
     """A :class:`Node` from its GPUNode and (optionally) its Node object; None if unusable."""
     reading = read_gpunode(gpunode)
-    if reading is None:
-        return None
+    return None if reading is None else _node(reading, gpunode, node)
+
+
+def _node(reading: GpuNodeReading, gpunode: Mapping[str, Any], node: Mapping[str, Any] | None) -> Node:
     spec = _map(gpunode.get("spec"))
     spec_gpus = {_int(_map(g).get("index"), -1): _map(g) for g in _list(spec.get("gpus"))}
     idle = idle_record(gpunode)
@@ -188,7 +190,8 @@ def build_snapshot(
 ) -> Snapshot:
     """The cycle's snapshot; policies that fail validation are ignored (the webhook rejects them at the door)."""
     node_objs = {str(_map(n.get("metadata")).get("name")): n for n in nodes}
-    built = [node_from_objects(g, node_objs.get(str(_map(g.get("metadata")).get("name")))) for g in gpunodes]
+    readings = [(r, g) for g in gpunodes if (r := read_gpunode(g)) is not None]
+    built = [_node(r, g, node_objs.get(r.name)) for r, g in readings]
     raw_pods = tuple(pods)
     whole_taken: Counter[str] = Counter()
     whole_waiting = 0
@@ -202,10 +205,11 @@ def build_snapshot(
         elif ALLOCATION not in _map(_map(obj.get("metadata")).get("annotations")) and waiting_unschedulable(obj):
             whole_waiting += gpus
     node_list = tuple(sorted(
-        (replace(n, whole_taken=whole_taken[n.name]) for n in built if n is not None), key=lambda n: n.name
+        (replace(n, whole_taken=whole_taken[n.name]) for n in built), key=lambda n: n.name
     ))
     pod_list = tuple(p for p in (pod_from_object(o) for o in raw_pods) if p is not None)
     # An invalid policy is left out here; controller.policy_status reports why on the policy.
     specs = [(p.name, p.spec) for p in read_policies(policies) if p.spec is not None]
     merged = policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in node_list))
-    return Snapshot(nodes=node_list, pods=pod_list, policies=merged, whole_waiting=whole_waiting)
+    return Snapshot(nodes=node_list, pods=pod_list, policies=merged, whole_waiting=whole_waiting,
+                    skipped_entries=tuple(s for r, _ in readings for s in r.skipped))

@@ -206,6 +206,8 @@ class Snapshot:
     whole_waiting: int = 0
     """``nvidia.com/gpu`` asked by pending pods that are not gpupack's and that kube-scheduler
     found no node for: demand for idle shared nodes to return to whole-GPU use."""
+    skipped_entries: tuple[str, ...] = ()
+    """GPUNode status entries the reader (``sharing.gpunode``) left out as unreadable."""
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

@@ -75,17 +75,19 @@ def test_webhook_and_controller_read_one_node_alike(
 def test_what_is_left_out_is_logged_once_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     from controller.reconcile import Controller
     from controller.settings import ControllerSettings
+    from controller.snapshot import build_snapshot
     from sharing.inventory import build_inventory
 
     obj = gpunode([GOOD, *ODD])
     reading = read_gpunode(obj)
     assert reading is not None
     assert build_inventory([obj]).skipped_entries == reading.skipped  # the webhook's view says the same
+    assert build_snapshot([obj], [], [], []).skipped_entries == reading.skipped  # and the controller's
     controller = Controller(None, ControllerSettings())  # type: ignore[arg-type]  # only the bookkeeping is used
     with caplog.at_level("WARNING", logger="gpupack.controller"):
-        controller._note_skipped([obj])
-        controller._note_skipped([obj])
+        controller._note_skipped(reading.skipped)
+        controller._note_skipped(reading.skipped)
     assert [r.getMessage() for r in caplog.records] == [f"GPUNode {s}" for s in sorted(reading.skipped)]
     assert controller.metrics.skipped_entries._value.get() == 5  # type: ignore[attr-defined]
-    controller._note_skipped([gpunode([GOOD])])
+    controller._note_skipped(build_snapshot([gpunode([GOOD])], [], [], []).skipped_entries)
     assert controller.metrics.skipped_entries._value.get() == 0  # type: ignore[attr-defined]
