@@ -55,7 +55,7 @@ def policy_reports(policies: Iterable[Mapping[str, Any]], nodes: Iterable[tuple[
         mine = selected.get(entry.name, ())
         others = {other: set(nodes_) & set(mine) for other, nodes_ in selected.items() if other != entry.name}
         shared = tuple(sorted(o for o, common in others.items() if common))
-        overlap = len(set().union(*others.values()) & set(mine)) if others else 0
+        overlap = len(set().union(*others.values()))  # each already within mine
         out.append(PolicyReport(entry.name, entry.generation, mine, shared, overlap, entry.problem))
     return out
 

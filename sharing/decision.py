@@ -62,8 +62,8 @@ from sharing.request import (
 
 __all__ = [  # the options' names are re-exported: callers need only this module
     "ALLOCATION_ANNOTATION", "GATE", "MPS_MEMORY_ENV", "MPS_THREADS_ENV", "PRODUCT_LABEL", "REPLICAS_LABEL",
-    "SHARED_RESOURCE", "STRATEGY_LABEL", "WHOLE_RESOURCE", "AllocationMode", "ContainerDecision", "Expression", "PodDecision", "Term",
-    "covering_profile", "decide", "peak_devices", "profile_waste",
+    "SHARED_RESOURCE", "STRATEGY_LABEL", "WHOLE_RESOURCE", "AllocationMode", "ContainerDecision", "DecisionMemo", "Expression", "PodDecision", "Term",
+    "covering_profile", "decide", "peak_devices", "policy_for", "profile_waste",
 ]
 
 GATE: Final = "gpupack.io/capacity"
@@ -204,6 +204,17 @@ class DecisionMemo:
         self._options[key] = answer
 
 
+def policy_for(inventory: Inventory, namespace: str, memo: DecisionMemo | None = None) -> AdmissionPolicy:
+    """``inventory``'s merged policy for ``namespace``, remembered in ``memo`` when it is ``inventory``'s."""
+    own = _own_memo(memo, inventory)
+    return inventory.policy_for(namespace) if own is None else own.policy_for(namespace)
+
+
+def _own_memo(memo: DecisionMemo | None, inventory: Inventory) -> DecisionMemo | None:
+    """``memo`` if it was made for ``inventory``: a memo never answers for another snapshot."""
+    return memo if memo is not None and memo.inventory is inventory else None
+
+
 def _choose(
     requested: str,
     asks: tuple[tuple[int, int | None], ...],
@@ -214,7 +225,8 @@ def _choose(
 ) -> Option:
     """The best option; remembered in ``memo`` when it belongs to ``inventory`` (a snapshot
     never changes once built, so neither does the answer)."""
-    if memo is None or memo.inventory is not inventory:
+    memo = _own_memo(memo, inventory)
+    if memo is None:
         return _choose_uncached(requested, list(asks), roles, policy, inventory)
     key = (requested, asks, roles, policy)
     cached = memo.option(key)

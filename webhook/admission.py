@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from sharing.decision import GATE, DecisionMemo, PodDecision, decide
+from sharing.decision import GATE, DecisionMemo, PodDecision, decide, policy_for
 from sharing.inventory import Inventory
 from sharing.patch import build_patch
 from sharing.request import SKIP_LABEL, AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
@@ -179,8 +179,7 @@ def _review_pod(
         raise AdmissionRefusal(
             Reason.INVENTORY_NOT_SYNCED, "gpupack webhook has not synced the GPU inventory yet; retry shortly"
         )
-    policy = memo.policy_for(parsed.namespace) if memo is not None and memo.inventory is inventory else (
-        inventory.policy_for(parsed.namespace))
+    policy = policy_for(inventory, parsed.namespace, memo)
     decision = decide(parsed, policy, inventory, engine_places=engine_places, memo=memo)
     patch = build_patch(pod, decision)
     warnings = None
