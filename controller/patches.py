@@ -16,13 +16,10 @@ from typing import Any
 from controller.migplan import LayoutChange
 from controller.planner import SharingChange
 from controller.podview import GATE, HOSTNAME
+from sharing.lenient import as_map as _map
 
 Op = dict[str, Any]
 _TERMS = "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms"
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def pin_ops(pod: Mapping[str, Any], node: str) -> list[Op]:

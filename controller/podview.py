@@ -16,23 +16,13 @@ from mig.units import parse_quantity
 from sharing.allocation import ANNOTATION as ALLOCATION
 from sharing.allocation import Allocation, AllocationError
 from sharing.decision import GATE
+from sharing.lenient import as_list as _list
+from sharing.lenient import as_map as _map
 from sharing.options import HOSTNAME_LABEL as HOSTNAME
 from sharing.options import PRODUCT_LABEL, WHOLE_RESOURCE
 
 __all__ = ["ALLOCATION", "GATE", "HOSTNAME", "PRODUCT_LABEL", "pod_from_object", "waiting_unschedulable",
            "whole_gpus_requested"]
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _int(value: Any, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:

@@ -21,6 +21,7 @@ from typing import Any
 from kube.conditions import Cond, merge_conditions
 from kube.times import format_time
 from sharing.crd import SharingPolicyStatus, read_policies
+from sharing.lenient import as_list as _list
 
 READY = "Ready"
 OVERLAPPING = "Overlapping"
@@ -99,7 +100,3 @@ def _without_times(status: Mapping[str, Any]) -> dict[str, Any]:
         {k: v for k, v in c.items() if k != "lastTransitionTime"} for c in _list(status.get("conditions")) if isinstance(c, Mapping)
     ]
     return {**{k: v for k, v in status.items() if k not in ("appliedTime", "conditions")}, "conditions": conditions}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []

@@ -18,9 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
-from controller.podview import (
-    ALLOCATION, GATE, _int, _list, _map, pod_from_object, waiting_unschedulable, whole_gpus_requested,
-)
+from controller.podview import ALLOCATION, GATE, pod_from_object, waiting_unschedulable, whole_gpus_requested
 from controller.policies import policies_for_nodes
 from controller.view import Gpu, Node, Pod, Snapshot
 from kube.times import format_time, parse_time
@@ -28,6 +26,9 @@ from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
 from sharing.crd import read_policies
 from sharing.gpunode import GpuNodeReading, read_gpunode
+from sharing.lenient import as_int as _int
+from sharing.lenient import as_list as _list
+from sharing.lenient import as_map as _map
 
 __all__ = [
     "ALLOCATION", "GATE", "IDLE_ANNOTATION", "build_snapshot", "busy_gpus", "encode_idle", "format_time",

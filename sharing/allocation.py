@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final, get_args
 
+from sharing.lenient import is_int as _is_int
 from sharing.modes import ALLOCATION_MODES, AllocationMode
 from sharing.request import ContainerKind
 
@@ -135,7 +136,3 @@ def _container(raw: object, position: int) -> ContainerAllocation:
         resource=str(raw.get("resource") or ""),
         profile=profile if isinstance(profile, str) and profile else None,
     )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

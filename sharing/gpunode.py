@@ -21,13 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, TypeGuard
+from typing import Any
 
 from pydantic import ValidationError
 
 from mig.catalog import find_model
 from mig.model import GpuModel
 from sharing.crd import LayoutRefusal
+from sharing.lenient import as_int as _int
+from sharing.lenient import as_list as _list
+from sharing.lenient import as_map as _map
+from sharing.lenient import is_int as _is_int
 from sharing.modes import NodeSharingMode
 
 
@@ -153,19 +157,3 @@ def _sharing(raw: Mapping[str, Any], in_use: int) -> SharingReading:
         replicas=max(1, _int(raw.get("replicas"), 1)),
         in_use=max(0, in_use),
     )
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int(value: Any, default: int = 0) -> int:
-    return value if _is_int(value) else default
