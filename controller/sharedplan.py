@@ -28,10 +28,10 @@ import numpy as np
 
 from controller.view import Node, Pod
 from sharing.packing.cluster import ClusterState
-from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.node_sharing import exact_replicas, place_whole, switch_for, waste_first
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.typical import TypicalPods
 
 _BIG_CPU = 10**9  # nodes whose allocatable is unknown: CPU never limits the GPU choice
