@@ -286,8 +286,8 @@ class Controller:
                 namespace, name = key.split("/", 1)
                 try:
                     self.kube.merge_patch_pod(namespace, name, {"metadata": {"annotations": {RECOMMENDED: str(rec.recommended_milli)}}})
-                    self.kube.event({"kind": "Pod", "name": name, "namespace": namespace, "uid": pod.uid, "api_version": "v1"},
-                                    "RightSize", f"gpupack.io/gpu-milli {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
+                    self.kube.event({"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": pod.uid},
+                                    "Normal", "RightSize", f"gpupack.io/gpu-milli {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
                 except KubeError as exc:
                     self._fail(report, "right-size", f"{key}: {exc}")
         report.recommendations = count

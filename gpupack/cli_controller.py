@@ -37,24 +37,29 @@ def _settings(args: argparse.Namespace) -> Any:
 
 def _run(args: argparse.Namespace) -> int:
     from controller.operator import run
+    from kube.client import KubeConfigError
 
     settings = _settings(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)
-    return run(settings, args.kubeconfig)
+    try:
+        return run(settings, args.kubeconfig)
+    except KubeConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _plan(args: argparse.Namespace) -> int:
     from controller.kube import Kube
-    from kube.errors import KubeError
     from controller.planner import plan
     from controller.snapshot import build_snapshot
+    from kube.client import KubeConfigError
+    from kube.errors import KubeError
 
     settings = _settings(args)
     try:
         kube = Kube.connect(args.kubeconfig)
         snapshot = build_snapshot(kube.list_gpunodes(), kube.list_nodes(), kube.list_pods(), kube.list_policies())
-    except (KubeError, OSError, Exception) as exc:  # noqa: BLE001 - any connection problem is "cannot read"
+    except (KubeError, KubeConfigError) as exc:
         print(f"gpupack: cannot read the cluster: {exc}")
         return EXIT_NO
     result = plan(snapshot, datetime.now(timezone.utc), policy_name=settings.policy)

@@ -60,6 +60,7 @@ def register(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from kube.client import KubeConfigError
     from webhook.inventory_source import InventoryError
     from webhook.server import serve
     from webhook.settings import WebhookSettings
@@ -84,7 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(f"--port {settings.port} is not a TCP port (1..65535)")
     try:
         return serve(settings, kubeconfig=args.kubeconfig)
-    except (TLSConfigError, InventoryError) as exc:
+    except (TLSConfigError, InventoryError, KubeConfigError) as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -61,7 +61,6 @@ from node.settings import AgentSettings
 from sharing.crd import GPUNodeSpec, LayoutRefusal
 
 log = logging.getLogger("gpupack.agent")
-COMPONENT = "gpupack-node-agent"
 EVENT_REPEAT_SECONDS = 600.0
 
 
@@ -112,7 +111,7 @@ class Agent:
         self._events[key] = now
         involved = {"apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "name": self.s.node_name, "uid": self._uid}
         try:
-            self.kube.event(involved, type_, reason, message, COMPONENT)
+            self.kube.event(involved, type_, reason, message)
         except KubeError as exc:
             log.warning("event %s not recorded: %s", reason, exc)
 

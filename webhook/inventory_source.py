@@ -16,12 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from sharing.crd import GROUP, VERSION
 from sharing.decision import DecisionMemo
 from sharing.inventory import Inventory, build_inventory
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
 
 log = logging.getLogger("gpupack.webhook.inventory")
 
@@ -154,29 +158,23 @@ class KubernetesWatch:
 
     KINDS = ("GPUNode", "SharingPolicy", "Namespace")
 
-    def __init__(self, holder: InventoryHolder, *, resync_seconds: float = 300.0, kubeconfig: str | None = None):
+    def __init__(self, holder: InventoryHolder, api: ApiClient, *, resync_seconds: float = 300.0):
         self.holder = holder
         self.resync_seconds = resync_seconds
-        self.kubeconfig = kubeconfig
+        self.api = api
         self._objects: dict[str, dict[str, Mapping[str, Any]]] = {k: {} for k in self.KINDS}
         self._listed: set[str] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
     def start(self) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config(config_file=self.kubeconfig)  # type: ignore[no-untyped-call]
-        api = client.ApiClient()
+        api = self.api
         custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
         listers: dict[str, Callable[..., Any]] = {
-            "GPUNode": lambda **kw: custom.list_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", **kw),
-            "SharingPolicy": lambda **kw: custom.list_cluster_custom_object(
-                "gpupack.io", "v1alpha1", "sharingpolicies", **kw
-            ),
+            "GPUNode": lambda **kw: custom.list_cluster_custom_object(GROUP, VERSION, "gpunodes", **kw),
+            "SharingPolicy": lambda **kw: custom.list_cluster_custom_object(GROUP, VERSION, "sharingpolicies", **kw),
             # Typed client: raw (streaming) response while watching, plain dicts when listing.
             "Namespace": lambda **kw: (
                 core.list_namespace(**kw)

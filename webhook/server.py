@@ -11,6 +11,7 @@ import importlib.util
 import logging
 
 import uvicorn
+from kube.client import api_client
 from webhook.app import AdmissionApp, build_app
 from webhook.inventory_source import FileWatch, InventoryHolder, KubernetesWatch, load_file
 from webhook.metrics import Metrics
@@ -38,7 +39,8 @@ def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvi
         load_file(holder, settings.inventory_file)
         on_startup = FileWatch(holder, settings.inventory_file, every=2.0).start
     else:
-        watch = KubernetesWatch(holder, resync_seconds=settings.resync_seconds, kubeconfig=kubeconfig)
+        # Credentials load now, so a bad kubeconfig is reported before the server starts.
+        watch = KubernetesWatch(holder, api_client(kubeconfig), resync_seconds=settings.resync_seconds)
         on_startup = watch.start
     app = build_app(holder, settings, metrics, tls, on_startup)
     config = uvicorn.Config(

@@ -101,7 +101,7 @@ class FakeKube:
             raise KubeError(409, "conflict")
         self.configmaps[(namespace, name)] = {"metadata": {"resourceVersion": self._bump()}, "data": dict(data)}
 
-    def event(self, involved: Any, type_: str, reason: str, message: str, component: str) -> None:
+    def event(self, involved: Any, type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
 
 

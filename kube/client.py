@@ -1,0 +1,147 @@
+"""The part of a Kubernetes client that every gpupack component shares.
+
+Each component keeps a small subclass of :class:`KubeClient` with the calls it
+makes (``controller/kube.py``, ``node/kube.py``); what they have in common lives
+here once:
+
+- **credentials**: :func:`api_client` loads in-cluster credentials inside a pod,
+  else a kubeconfig file, and turns every failure into :class:`KubeConfigError`
+  naming where it looked;
+- **errors**: :meth:`KubeClient.call` turns the client library's exceptions into
+  :class:`~kube.errors.KubeError` (an unreachable API server included, as status 0),
+  so callers catch one class;
+- **retries**: a call marked ``idempotent`` is tried again after a short back-off
+  when the failure is transient (the server overloaded or restarting, or the
+  connection dropped). Non-idempotent calls (creates, guarded JSON patches) are
+  never retried here: a lost answer to a request that did land would turn into a
+  false conflict, and their callers already re-read and re-plan;
+- **events**: :meth:`KubeClient.event` writes one ``core/v1`` Event the same way
+  for every component.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
+
+from kube.errors import KubeError, from_api_exception
+
+log = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+EVENT_NAMESPACE = "default"
+"""Events about cluster-scoped objects (GPUNodes) need a namespace; they go here."""
+
+UNREACHABLE = 0
+"""The :attr:`KubeError.status` of a request that got no HTTP answer at all."""
+
+TRANSIENT_STATUSES = frozenset({UNREACHABLE, 429, 500, 502, 503, 504})
+"""Failures that say nothing about the request itself: trying again may succeed."""
+
+RETRY_DELAYS_S = (0.2, 1.0)
+"""Back-off before the second and third attempt of an idempotent call. Kept short:
+every caller runs in a loop that tries again on its next pass anyway."""
+
+EVENT_MESSAGE_LIMIT = 1024
+
+T = TypeVar("T")
+C = TypeVar("C", bound="KubeClient")
+
+
+class KubeConfigError(Exception):
+    """No usable kubeconfig or in-cluster credentials."""
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster credentials inside a pod (unless ``kubeconfig`` is given), else ``kubeconfig`` or ``$KUBECONFIG``."""
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            return client.ApiClient(cfg)
+        return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call,no-any-return]
+    except (config.ConfigException, OSError, ValueError, TypeError) as exc:
+        where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
+
+
+def is_transient(error: KubeError) -> bool:
+    return error.status in TRANSIENT_STATUSES
+
+
+def as_kube_error(exc: ApiException | TransportError) -> KubeError:
+    if isinstance(exc, ApiException):
+        return from_api_exception(exc)
+    return KubeError(UNREACHABLE, f"API server unreachable: {exc}")
+
+
+def call(fn: Callable[..., T], *args: Any, idempotent: bool = False,
+         sleep: Callable[[float], None] = time.sleep, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` with the client's failures as :class:`KubeError`, retried when safe and useful."""
+    attempts = 1 + (len(RETRY_DELAYS_S) if idempotent else 0)
+    for attempt in range(attempts):
+        try:
+            return fn(*args, **kwargs)
+        except (ApiException, TransportError) as exc:
+            error = as_kube_error(exc)
+            if attempt + 1 == attempts or not is_transient(error):
+                raise error from None
+            delay = RETRY_DELAYS_S[attempt]
+            log.info("transient Kubernetes API failure (%s); retrying in %.1fs", error, delay)
+            sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: str, component: str,
+               now: dt.datetime) -> dict[str, Any]:
+    """A ``core/v1`` Event about ``involved`` (apiVersion, kind, name, namespace, uid)."""
+    namespace = str(involved.get("namespace") or EVENT_NAMESPACE)
+    stamp = now.astimezone(dt.timezone.utc).isoformat()
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{involved.get('name') or 'gpupack'}.", "namespace": namespace},
+        "involvedObject": {k: v for k, v in involved.items()
+                           if k in ("apiVersion", "kind", "name", "namespace", "uid") and v},
+        "type": type_, "reason": reason, "message": message[:EVENT_MESSAGE_LIMIT],
+        "source": {"component": component}, "reportingComponent": component, "reportingInstance": component,
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+
+
+class KubeClient:
+    """One API connection and the calls every component makes the same way."""
+
+    component = "gpupack"
+    """Who the Events this client writes come from (``source.component``)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+
+    @classmethod
+    def connect(cls: type[C], kubeconfig: str | None = None) -> C:
+        return cls(api_client(kubeconfig))
+
+    def close(self) -> None:
+        self.api.close()  # type: ignore[no-untyped-call]
+
+    def to_dict(self, obj: Any) -> dict[str, Any]:
+        """The wire form of a client model object."""
+        data = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
+        return data if isinstance(data, dict) else {}
+
+    def event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Record a ``core/v1`` Event (``type_`` is ``Normal`` or ``Warning``); callers decide whether a failure matters."""
+        body = event_body(involved, type_, reason, message, self.component, dt.datetime.now(dt.timezone.utc))
+        call(self._core.create_namespaced_event, body["metadata"]["namespace"], cast(Any, body))
+
