@@ -42,7 +42,14 @@ class RandomPolicy:
         return (int(fits[self.rng.integers(fits.size)]),)
 
 
-class DotProductPolicy:
+class BestFitGpuChoice:
+    """Within the chosen node, the GPU the pod fits best: the public simulator's rule for the four scorers below."""
+
+    def choose_gpus(self, cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, ...]:
+        return best_fit_gpu(cluster, pod, node)
+
+
+class DotProductPolicy(BestFitGpuChoice):
     """Alignment of the pod's (CPU, GPU) demand with the node's free (CPU, GPU)."""
 
     name = "DotProd"
@@ -54,11 +61,8 @@ class DotProductPolicy:
         ) * (pod.gpu_total_milli / gpu_norm)
         return np.trunc(100.0 * (1.0 - d / 2.0)).astype(np.int64)
 
-    def choose_gpus(self, cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, ...]:
-        return best_fit_gpu(cluster, pod, node)
 
-
-class GpuClusteringPolicy:
+class GpuClusteringPolicy(BestFitGpuChoice):
     """Prefer nodes that already hold only pods of the same kind, then fuller nodes."""
 
     name = "GpuClustering"
@@ -75,11 +79,8 @@ class GpuClusteringPolicy:
         free = cluster.gpu_free_sum[nodes]
         return (base + (25 * (int(gpu_norm) - free)) // int(gpu_norm)).astype(np.int64)
 
-    def choose_gpus(self, cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, ...]:
-        return best_fit_gpu(cluster, pod, node)
 
-
-class GpuPackingPolicy:
+class GpuPackingPolicy(BestFitGpuChoice):
     """Prefer partly used GPUs, then partly used nodes, then empty nodes."""
 
     name = "GpuPacking"
@@ -99,11 +100,8 @@ class GpuPackingPolicy:
             other = np.where(chosen == GPU_MILLI, max(50 - 1, 33), packed)
         return np.where(empty_node, empty_score, other).astype(np.int64)
 
-    def choose_gpus(self, cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, ...]:
-        return best_fit_gpu(cluster, pod, node)
 
-
-class BestFitPolicy:
+class BestFitPolicy(BestFitGpuChoice):
     """The node left with the least free CPU and GPU (equal weights) after placement."""
 
     name = "BestFit"
@@ -114,6 +112,3 @@ class BestFitPolicy:
             cluster.gpu_free_sum[nodes] - pod.gpu_total_milli
         ) / gpu_norm
         return np.trunc(100.0 * (1.0 - s)).astype(np.int64)
-
-    def choose_gpus(self, cluster: ClusterState, pod: PodSpec, node: int) -> tuple[int, ...]:
-        return best_fit_gpu(cluster, pod, node)

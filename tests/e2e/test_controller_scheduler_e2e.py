@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client
 
 from gpupack.devcluster.process import free_port
+from tests.processes import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "manifests" / "scheduler" / "kube-scheduler-config.yaml"
@@ -42,8 +43,7 @@ def packing_scheduler(control_plane: Any, tmp_path: Path, scheduler: str) -> Any
                              f"--secure-port={free_port()}", "--bind-address=127.0.0.1"],
                             stdout=log, stderr=subprocess.STDOUT)
     yield proc
-    proc.terminate()
-    proc.wait(10)
+    stop_process(proc)
     log.close()
     print((tmp_path / "scheduler.log").read_text()[-2000:])
 

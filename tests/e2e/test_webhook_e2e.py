@@ -16,7 +16,6 @@ import base64
 import copy
 import json
 import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -30,7 +29,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpupack.devcluster.process import free_port
 from tests.e2e.waiting import wait_for
+from tests.processes import stop_process
 from webhook.certs import make_self_signed
 from webhook.testing import gpu_container, make_pod
 
@@ -38,12 +39,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SELECT_LABEL = "gpupack-e2e-webhook"
 PREFIX = "e2e-wh-"
 GROUP, VERSION = "gpupack.io", "v1alpha1"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
@@ -57,7 +52,7 @@ class Webhook:
             (tmp / name).write_bytes(data)
         self.ca_bundle = base64.b64encode(ca).decode()
         self.ca_file = tmp / "ca.crt"
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.log = (tmp / "webhook.log").open("wb")
         self.proc = subprocess.Popen(
@@ -86,11 +81,7 @@ class Webhook:
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
         self.log.close()
 
 

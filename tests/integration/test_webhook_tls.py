@@ -23,16 +23,12 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from gpupack.devcluster.process import free_port
+from tests.processes import stop_process
 from webhook.certs import make_self_signed
 from webhook.testing import gpu_container, make_pod, make_review
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def write_pair(directory: Path) -> tuple[Path, bytes]:
@@ -88,11 +84,7 @@ class Server:
         return der
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 @pytest.fixture(scope="module")
