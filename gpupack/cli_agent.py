@@ -1,4 +1,4 @@
-"""``gpupack agent ...``: the node agent (DaemonSet entry point) and an NVML inventory dump.
+"""``gpupack agent ...``: the node agent (DaemonSet entry point) and a dump of what NVML reports.
 
 ``gpupack agent run --node NAME`` runs the agent against the cluster in
 ``--kubeconfig`` (or in-cluster config). ``--simulate MODEL:COUNT`` uses the
@@ -7,10 +7,12 @@ restarted agent sees the same GPUs; add ``--emulate-device-plugin`` to advertise
 resources on the Node as the NVIDIA device plugin would (simulation only).
 Every option also has an environment variable ``GPUPACK_AGENT_<OPTION>``.
 
-``gpupack agent inventory`` prints what the NVML backend (real or simulated)
-reports, as JSON, without talking to Kubernetes.
+``gpupack agent snapshot`` prints what the NVML backend (real or simulated)
+reports, as JSON, without talking to Kubernetes: the same node snapshot the
+agent publishes. (``gpupack agent inventory`` is its old name; it still works,
+with a warning, and will be removed in a later release.)
 
-Exit codes: 0 = ok, 1 = NVML unavailable (inventory), 2 = bad input.
+Exit codes: 0 = ok, 1 = NVML unavailable (snapshot), 2 = bad input.
 """
 
 from __future__ import annotations
@@ -115,7 +117,12 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _inventory(args: argparse.Namespace) -> int:
+def _deprecated_inventory(args: argparse.Namespace) -> int:
+    print("gpupack: 'agent inventory' is deprecated; use 'agent snapshot' (same output)", file=sys.stderr)
+    return _snapshot(args)
+
+
+def _snapshot(args: argparse.Namespace) -> int:
     from node.snapshot import read_snapshot
 
     settings = _settings(args)
@@ -146,7 +153,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="use the SIMULATED NVML backend with COUNT GPUs of MODEL (e.g. H200:2)")
     p.add_argument("--state-file", default=None, help="simulated backend: JSON state file (survives restarts)")
     p.add_argument("--mode", default=None, choices=MODES, help="direct (NVML) or operator (mig-manager); default direct")
-    p.add_argument("--poll-seconds", type=float, default=None, help="seconds between inventory reads (default 5)")
+    p.add_argument("--poll-seconds", type=float, default=None, help="seconds between NVML reads (default 5)")
     p.add_argument("--idle-seconds", type=float, default=None,
                    help="idle time before an instance may be destroyed (default 300)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port, 0 = off (default 9402)")
@@ -155,7 +162,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = subparsers.add_parser("agent", help="node agent: NVML inventory, MIG reconciler, device-plugin handshake",
+    parser = subparsers.add_parser("agent", help="node agent: NVML snapshot, MIG reconciler, device-plugin handshake",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="agent_command", metavar="SUBCOMMAND", parser_class=type(parser))
     run = sub.add_parser("run", help="run the agent loop")
@@ -163,7 +170,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     run.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     run.add_argument("--once", action="store_true", help="one pass, then exit (for debugging)")
     run.set_defaults(handler=_run)
-    inv = sub.add_parser("inventory", help="print the NVML backend's inventory as JSON (no Kubernetes)")
-    _common(inv)
-    inv.set_defaults(handler=_inventory)
+    snapshot = sub.add_parser("snapshot", help="print what the NVML backend reports, as JSON (no Kubernetes)")
+    _common(snapshot)
+    snapshot.set_defaults(handler=_snapshot)
+    old_name = sub.add_parser("inventory")  # no help: left out of the listing, kept for old scripts
+    _common(old_name)
+    old_name.set_defaults(handler=_deprecated_inventory)
     parser.set_defaults(handler=lambda _args: (parser.print_help(), EXIT_BAD_INPUT)[1])
