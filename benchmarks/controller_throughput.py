@@ -30,7 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.view import Gpu, Node, NodePolicy, Pod, Snapshot  # noqa: E402
+from controller.view import Gpu, Node, Pod, Snapshot  # noqa: E402
+from sharing.node_policy import NodePolicy  # noqa: E402
 from controller.planner import plan  # noqa: E402
 from mig.catalog import get_model  # noqa: E402
 from mig.geometry import fits  # noqa: E402

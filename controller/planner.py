@@ -36,9 +36,10 @@ from datetime import datetime
 from controller.capacity import FreeCapacity, mig_claims, shared_claims, unreported_claims, whole_pinned
 from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
 from controller.sharedplan import SharedPlacer
-from controller.view import Node, NodePolicy, Pod, Snapshot
+from controller.view import Node, Pod, Snapshot
 from mig.reach import plan_reconfiguration
 from sharing.modes import NodeSharingMode
+from sharing.node_policy import NodePolicy
 from sharing.options import REPLICAS_LABEL, STRATEGY_LABEL
 from sharing.packing.node_sharing import splits_before_wasting
 from sharing.replicas import MAX_REPLICAS

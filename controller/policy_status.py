@@ -4,7 +4,7 @@ For every policy: how many GPU nodes its selector matches (the same reading of
 the selector the planner uses, ``SharingPolicySpec.node_selector``), whether it
 is applied or refused as invalid, whether another policy selects some of the
 same nodes (then the strictest bound of each applies there:
-``controller.policies.merge``), and since when the current generation is
+``sharing.node_policy.merge``), and since when the current generation is
 applied. ``kubectl get sharingpolicies`` shows these as its columns.
 
 The controller writes a policy's status only when something other than the

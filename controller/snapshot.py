@@ -19,7 +19,6 @@ from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
 from controller.podview import ALLOCATION, GATE, pod_from_object, waiting_unschedulable, whole_gpus_requested
-from controller.policies import policies_for_nodes
 from controller.view import Gpu, Node, Pod, Snapshot
 from kube.times import format_time, parse_time
 from mig.model import PlacedInstance, Placement
@@ -29,6 +28,7 @@ from sharing.gpunode import GpuNodeReading, read_gpunode
 from sharing.lenient import as_int as _int
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
+from sharing.node_policy import policies_for_nodes
 
 __all__ = [
     "ALLOCATION", "GATE", "IDLE_ANNOTATION", "build_snapshot", "busy_gpus", "encode_idle", "format_time",

@@ -21,7 +21,7 @@ from mig.model import GpuModel, PlacedInstance
 from sharing.crd import labels_match
 from sharing.modes import AllocationMode, NodeSharingMode
 from sharing.replicas import fits_replicas
-from sharing.windows import window_contains
+from sharing.node_policy import NodePolicy
 
 
 
@@ -154,45 +154,6 @@ def _matches(expression: tuple[str, str, tuple[str, ...]], labels: dict[str, str
     if op in ("Gt", "Lt") and value is not None and value.lstrip("-").isdigit() and values and values[0].lstrip("-").isdigit():
         return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
     return False
-
-
-@dataclass(frozen=True)
-class Window:
-    """A UTC window ``[start, end)`` in minutes of the day, on ``days`` (0 = Monday)."""
-
-    start_minute: int
-    end_minute: int
-    days: frozenset[int] = frozenset(range(7))
-
-    def contains(self, now: datetime) -> bool:
-        """The one reading of a window (``sharing.windows``), shared with the node agent."""
-        return window_contains(self.start_minute, self.end_minute, self.days, now)
-
-
-@dataclass(frozen=True)
-class NodePolicy:
-    """The merged SharingPolicy bounds for one node (see :mod:`controller.policies`)."""
-
-    names: tuple[str, ...]
-    allowed_profiles: frozenset[str] | None = None
-    """None: every profile of the model."""
-    allowed_modes: frozenset[AllocationMode] = frozenset(("mig", "mps", "time-slicing"))
-    static_layout: tuple[str, ...] | None = None
-    """A pinned geometry (profile names, per GPU); None: dynamic."""
-    windows: tuple[tuple[Window, ...], ...] = ()
-    """One set per SharingPolicy that restricts time: reshaping may start when every set has
-    an open window (the node agent's rule too: ``node.policy``). Empty: any time."""
-    max_concurrent: int = 1
-    idle_seconds: int = 300
-    min_replicas: int = 1
-    max_replicas: int = 8
-    target_utilization: int = 80
-
-    def window_open(self, now: datetime) -> bool:
-        return all(any(w.contains(now) for w in one_policy) for one_policy in self.windows)
-
-    def allows_profile(self, name: str) -> bool:
-        return self.allowed_profiles is None or name in self.allowed_profiles
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,12 @@
 
 The controller plans within the policy, but the agent is the last line before
 NVML, so it checks again (a hand-edited ``GPUNode`` spec must not reshape a GPU
-outside its window either). Policies select nodes by label; when several match,
-the strictest wins: the longest idle time, frozen if any says ``maxConcurrent: 0``,
-and a moment is inside the windows only if every matching policy allows it.
-Active reconfigurations are always finished: a window closing mid-way must not
-leave a GPU half-reshaped.
-
-Windows are UTC ``HH:MM`` ranges on the listed days; ``end < start`` crosses
-midnight and belongs to the day it starts on; ``start == end`` is the whole day.
+outside its window either). Which policies apply and how several merge is
+``sharing.node_policy``'s one reading, the same the controller plans with: the
+longest idle time, frozen if any says ``maxConcurrent: 0``, and a moment is
+inside the windows only if every matching policy that lists windows has one
+open. Active reconfigurations are always finished: a window closing mid-way
+must not leave a GPU half-reshaped.
 """
 
 from __future__ import annotations
@@ -19,52 +17,39 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sharing.crd import WEEKDAYS, ReshapingWindow, read_policies
-from sharing.windows import minutes_of, window_contains
+from sharing.crd import read_policies
+from sharing.node_policy import NodePolicy, policy_for_node
 
 
 @dataclass(frozen=True)
 class ReshapeRules:
     idle_seconds: float
-    frozen_by: tuple[str, ...] = ()
-    windows: tuple[tuple[str, tuple[ReshapingWindow, ...]], ...] = ()
-    """(policy name, its windows) for each matching policy that has windows."""
-    sources: tuple[str, ...] = ()
+    policy: NodePolicy | None = None
+    """The merged policies selecting this node; None: no policy restricts it."""
     problems: tuple[str, ...] = ()
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        return self.policy.names if self.policy is not None else ()
+
+    @property
+    def frozen_by(self) -> tuple[str, ...]:
+        return self.policy.frozen_by if self.policy is not None else ()
 
     def may_start(self, now: float) -> tuple[bool, str]:
         """Whether a new reshape may start at ``now`` (epoch seconds), and if not, why."""
         if self.frozen_by:
             return False, f"layouts frozen by SharingPolicy {', '.join(self.frozen_by)} (reshaping.maxConcurrent: 0)"
-        for name, windows in self.windows:
-            if not any(_inside(w, now) for w in windows):
-                spans = ", ".join(f"{w.start}-{w.end} {'/'.join(w.days)}" for w in windows)
-                return False, f"outside the reshaping windows of SharingPolicy {name} ({spans} UTC)"
+        closed = self.policy.closed_by(dt.datetime.fromtimestamp(now, dt.timezone.utc)) if self.policy else None
+        if closed is not None:
+            return False, f"outside the reshaping windows of SharingPolicy {closed.policy} ({closed.describe()} UTC)"
         return True, ""
 
 
-def _inside(window: ReshapingWindow, now: float) -> bool:
-    """The one reading of a window (``sharing.windows``), shared with the controller."""
-    moment = dt.datetime.fromtimestamp(now, dt.timezone.utc)
-    days = {WEEKDAYS.index(d) for d in window.days}
-    return window_contains(minutes_of(window.start), minutes_of(window.end), days, moment)
-
-
 def reshape_rules(node_labels: Mapping[str, str], policies: Iterable[Mapping[str, Any]], default_idle: float) -> ReshapeRules:
-    idle, frozen, windows, sources, problems = None, [], [], [], []
-    for policy in read_policies(policies):
-        if policy.spec is None:
-            problems.append(f"SharingPolicy {policy.name} ignored: {policy.problem}")
-            continue
-        if not policy.spec.node_selector.matches(node_labels):
-            continue
-        name = policy.name
-        sources.append(name)
-        reshaping = policy.spec.reshaping
-        idle = reshaping.idle_seconds if idle is None else max(idle, reshaping.idle_seconds)
-        if reshaping.max_concurrent == 0:
-            frozen.append(name)
-        if reshaping.windows:
-            windows.append((name, tuple(reshaping.windows)))
-    return ReshapeRules(float(default_idle if idle is None else idle), tuple(frozen), tuple(windows),
-                        tuple(sources), tuple(problems))
+    """The rules for a node with ``node_labels``; ``default_idle`` applies when no policy selects it."""
+    readings = read_policies(policies)
+    problems = tuple(f"SharingPolicy {p.name} ignored: {p.problem}" for p in readings if p.spec is None)
+    merged = policy_for_node(((p.name, p.spec) for p in readings if p.spec is not None), node_labels, None)
+    idle = float(merged.idle_seconds) if merged is not None else float(default_idle)
+    return ReshapeRules(idle, merged, problems)

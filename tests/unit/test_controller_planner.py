@@ -9,11 +9,13 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from controller.migplan import minimal_change
-from controller.view import Gpu, Node, NodePolicy, Pod, Snapshot, Window
 from controller.planner import Plan, plan
+from controller.view import Gpu, Node, Pod, Snapshot
 from mig.catalog import get_model
 from mig.geometry import validate_layout
 from mig.model import PlacedInstance, Placement
+from sharing.node_policy import NodePolicy, PolicyWindows
+from sharing.windows import Window
 
 H100 = get_model("H100-80GB")
 A100 = get_model("A100-80GB")
@@ -110,9 +112,9 @@ def test_gpu_idle_for_less_than_idle_seconds_keeps_its_instances() -> None:
         pytest.param(NodePolicy(names=("p",), max_concurrent=0, idle_seconds=0), 0, id="maxConcurrent-0-freezes"),
         pytest.param(NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0), 1, id="maxConcurrent-1"),
         pytest.param(NodePolicy(names=("p",), max_concurrent=3, idle_seconds=0), 2, id="maxConcurrent-3-two-needed"),
-        pytest.param(NodePolicy(names=("p",), max_concurrent=5, idle_seconds=0, windows=((Window(22 * 60, 4 * 60),),)), 2,
+        pytest.param(NodePolicy(names=("p",), max_concurrent=5, idle_seconds=0, windows=(PolicyWindows("p", (Window(22 * 60, 4 * 60),)),)), 2,
                      id="inside-a-window-crossing-midnight"),
-        pytest.param(NodePolicy(names=("p",), max_concurrent=5, idle_seconds=0, windows=((Window(8 * 60, 18 * 60),),)), 0,
+        pytest.param(NodePolicy(names=("p",), max_concurrent=5, idle_seconds=0, windows=(PolicyWindows("p", (Window(8 * 60, 18 * 60),)),)), 0,
                      id="outside-the-window"),
         pytest.param(NodePolicy(names=("p",), max_concurrent=5, idle_seconds=0, allowed_profiles=frozenset({"1g.10gb"})), 0,
                      id="profile-not-allowed"),

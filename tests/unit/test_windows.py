@@ -1,8 +1,10 @@
-"""One reading of a SharingPolicy reshaping window: the controller and the node agent agree.
+"""One reading of SharingPolicies for a node (``sharing.node_policy``): the controller and the agent agree.
 
 Before ``sharing.windows``, a window with ``start == end`` was open all day for the
 agent and never for the controller, so the controller never planned a reshape that
-the agent would have accepted.
+the agent would have accepted. Both now call one merge; these tables run the
+controller's reading (``merge``) and the agent's (``reshape_rules``) side by side
+so that a component that stops calling it shows up here.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from controller.policies import merge
+from sharing.node_policy import merge, policy_for_node
 from node.policy import reshape_rules
 from sharing.crd import SharingPolicySpec
 from sharing.windows import window_contains
@@ -75,3 +77,33 @@ def test_several_policies_are_read_alike(
         assert controller.window_open(moment) == agent.may_start(moment.timestamp())[0], moment
         opened += 20 * controller.window_open(moment)
     assert opened == open_minutes
+
+
+SELECTION = [  # (node selector of the one policy, node labels, selected)
+    ({}, {"pool": "a"}, True),  # an empty selector selects every node
+    ({}, {}, True),
+    ({"matchLabels": {"pool": "a"}}, {"pool": "a", "zone": "x"}, True),
+    ({"matchLabels": {"pool": "a"}}, {"pool": "b"}, False),  # a selector no node matches
+    ({"matchLabels": {"pool": "a", "zone": "x"}}, {"pool": "a"}, False),  # every pair must be present
+]
+
+
+@pytest.mark.parametrize(("selector", "labels", "selected"), SELECTION,
+                         ids=["empty", "empty-no-labels", "labels", "no-match", "partial"])
+def test_selection(selector: dict[str, object], labels: dict[str, str], selected: bool) -> None:
+    spec = {"nodeSelector": selector, "reshaping": {"idleSeconds": 42, "maxConcurrent": 0}}
+    merged = policy_for_node([("p", SharingPolicySpec.model_validate(spec))], labels, None)
+    agent = reshape_rules(labels, [{"metadata": {"name": "p"}, "spec": spec}], default_idle=7)
+    assert (merged is not None) == selected
+    assert agent.sources == (("p",) if selected else ())
+    # Selected: the policy's idle time and its freeze; not selected: the agent's default, free to reshape.
+    assert (agent.idle_seconds, agent.frozen_by) == ((42.0, ("p",)) if selected else (7.0, ()))
+    assert agent.may_start(MONDAY.timestamp())[0] is not selected
+
+
+def test_a_closed_window_is_named_with_its_policy() -> None:
+    spec = {"reshaping": {"windows": [{"start": "22:00", "end": "02:00", "days": ["Sun"]}]}}
+    agent = reshape_rules({}, [{"metadata": {"name": "nights"}, "spec": spec}], default_idle=0)
+    allowed, why = agent.may_start(MONDAY.replace(hour=12).timestamp())
+    assert not allowed and why == "outside the reshaping windows of SharingPolicy nights (22:00-02:00 Sun UTC)"
+    assert agent.may_start(MONDAY.replace(hour=1).timestamp()) == (True, "")  # Sunday's window, after midnight
