@@ -31,11 +31,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from controller.view import Gpu, Node, Pod, Snapshot  # noqa: E402
+from sharing.keys import ALLOCATION_ANNOTATION  # noqa: E402
 from sharing.node_policy import NodePolicy  # noqa: E402
 from controller.planner import plan  # noqa: E402
 from mig.catalog import get_model  # noqa: E402
 from mig.geometry import fits  # noqa: E402
-from sharing.allocation import ANNOTATION, Allocation, ContainerAllocation  # noqa: E402
+from sharing.allocation import Allocation, ContainerAllocation  # noqa: E402
 
 H100 = get_model("H100-80GB")
 LAYOUTS = (("1g.10gb",) * 7, ("2g.20gb", "2g.20gb", "3g.40gb"), ("3g.40gb", "4g.40gb"), ("1g.10gb",) * 3 + ("4g.40gb",))
@@ -135,7 +136,7 @@ def live(nodes: int, pods: int) -> dict[str, Any]:
                 mode="mig", gated=True, capacity_existed=False, policy="bench", reason="bench",
                 containers=(ContainerAllocation("c", "containers", 100, None, f"nvidia.com/mig-{profile}", profile),),
             ).to_annotation()
-            return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b{i:05d}", "annotations": {ANNOTATION: allocation}},
+            return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"b{i:05d}", "annotations": {ALLOCATION_ANNOTATION: allocation}},
                     "spec": {"schedulingGates": [{"name": "gpupack.io/capacity"}], "containers": [
                         {"name": "c", "image": "x", "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}]}}
 

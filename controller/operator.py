@@ -25,8 +25,8 @@ from controller.leader import LeaderElector, LeaseSettings
 from controller.metrics import ControllerMetrics
 from controller.reconcile import Controller, CycleReport
 from controller.settings import ControllerSettings
-from controller.podview import ALLOCATION
 from sharing.crd import GROUP, VERSION
+from sharing.keys import ALLOCATION_ANNOTATION
 
 log = logging.getLogger("gpupack.controller")
 
@@ -86,7 +86,7 @@ def build_registry(loop: Loop) -> kopf.OperatorRegistry:
     def wake(**_: Any) -> None:
         loop.wake()
 
-    kopf.on.event("v1", "pods", annotations={ALLOCATION: kopf.PRESENT}, registry=registry)(wake)
+    kopf.on.event("v1", "pods", annotations={ALLOCATION_ANNOTATION: kopf.PRESENT}, registry=registry)(wake)
     kopf.on.event(GROUP, VERSION, "gpunodes", registry=registry)(wake)
     kopf.on.event(GROUP, VERSION, "sharingpolicies", registry=registry)(wake)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from controller.migplan import LayoutChange
 from controller.planner import SharingChange
-from controller.podview import GATE, HOSTNAME
+from sharing.keys import CAPACITY_GATE, HOSTNAME_LABEL
 from sharing.lenient import as_map as _map
 
 Op = dict[str, Any]
@@ -26,9 +26,9 @@ def pin_ops(pod: Mapping[str, Any], node: str) -> list[Op]:
     """JSON patch adding ``kubernetes.io/hostname In [node]`` to every required term (gate still on)."""
     spec = _map(pod.get("spec"))
     gates = spec.get("schedulingGates")
-    if not isinstance(gates, list) or not any(_map(g).get("name") == GATE for g in gates):
+    if not isinstance(gates, list) or not any(_map(g).get("name") == CAPACITY_GATE for g in gates):
         raise ValueError("pod is not gated by gpupack.io/capacity: its affinity can no longer be changed")
-    expression = {"key": HOSTNAME, "operator": "In", "values": [node]}
+    expression = {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}
     ops: list[Op] = [{"op": "test", "path": "/spec/schedulingGates", "value": gates}]
     affinity = _map(spec.get("affinity"))
     node_affinity = _map(affinity.get("nodeAffinity"))
@@ -56,7 +56,7 @@ def ungate_ops(pod: Mapping[str, Any]) -> list[Op]:
     gates = _map(pod.get("spec")).get("schedulingGates")
     if not isinstance(gates, list):
         return []
-    rest = [g for g in gates if _map(g).get("name") != GATE]
+    rest = [g for g in gates if _map(g).get("name") != CAPACITY_GATE]
     if len(rest) == len(gates):
         return []
     ops: list[Op] = [{"op": "test", "path": "/spec/schedulingGates", "value": gates}]

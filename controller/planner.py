@@ -38,9 +38,9 @@ from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_chan
 from controller.sharedplan import SharedPlacer
 from controller.view import Node, Pod, Snapshot
 from mig.reach import plan_reconfiguration
+from sharing.keys import REPLICAS_LABEL, STRATEGY_LABEL
 from sharing.modes import NodeSharingMode
 from sharing.node_policy import NodePolicy
-from sharing.options import REPLICAS_LABEL, STRATEGY_LABEL
 from sharing.packing.node_sharing import splits_before_wasting
 from sharing.replicas import MAX_REPLICAS
 

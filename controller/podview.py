@@ -13,16 +13,12 @@ from typing import Any
 from controller.view import Pod
 from kube.times import parse_time
 from mig.units import parse_quantity
-from sharing.allocation import ANNOTATION as ALLOCATION
 from sharing.allocation import Allocation, AllocationError
-from sharing.decision import GATE
+from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, HOSTNAME_LABEL, PRODUCT_LABEL, WHOLE_RESOURCE
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
-from sharing.options import HOSTNAME_LABEL as HOSTNAME
-from sharing.options import PRODUCT_LABEL, WHOLE_RESOURCE
 
-__all__ = ["ALLOCATION", "GATE", "HOSTNAME", "PRODUCT_LABEL", "pod_from_object", "waiting_unschedulable",
-           "whole_gpus_requested"]
+__all__ = ["pod_from_object", "waiting_unschedulable", "whole_gpus_requested"]
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:
@@ -36,7 +32,7 @@ def _pinned_node(spec: Mapping[str, Any]) -> str | None:
         hosts = [
             tuple(_list(e.get("values")))
             for e in _list(_map(term).get("matchExpressions"))
-            if isinstance(e, Mapping) and e.get("key") == HOSTNAME and e.get("operator") == "In"
+            if isinstance(e, Mapping) and e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In"
         ]
         if len(hosts) != 1 or len(hosts[0]) != 1:
             return None
@@ -124,7 +120,7 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
     if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
         return None
     try:
-        allocation = Allocation.from_annotation(_map(meta.get("annotations")).get(ALLOCATION))
+        allocation = Allocation.from_annotation(_map(meta.get("annotations")).get(ALLOCATION_ANNOTATION))
     except AllocationError:
         return None
     mode, containers = allocation.mode, allocation.containers
@@ -134,7 +130,7 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
     node_name = spec.get("nodeName")
     cpu, mem = _requests(spec)
     replicas = allocation.replicas
-    gated = any(_map(g).get("name") == GATE for g in _list(spec.get("schedulingGates")))
+    gated = any(_map(g).get("name") == CAPACITY_GATE for g in _list(spec.get("schedulingGates")))
     unschedulable = waiting_unschedulable(obj)
     return Pod(
         namespace=str(meta.get("namespace") or "default"),

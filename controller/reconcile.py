@@ -35,15 +35,12 @@ from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings
 from controller.podview import pod_from_object
 from controller.policy_status import needs_write, policy_reports, status_for
-from controller.snapshot import (
-    IDLE_ANNOTATION, build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle,
-)
+from controller.snapshot import build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle
 from kube.errors import KubeError
 from kube.times import format_time, parse_time
+from sharing.keys import IDLE_SINCE_ANNOTATION, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
 
 log = logging.getLogger("gpupack.controller")
-REPLICAS_CHANGED = "gpupack.io/replicas-changed-at"
-RECOMMENDED = "gpupack.io/recommended-gpu-milli"
 
 
 def utcnow() -> datetime:
@@ -131,11 +128,11 @@ class Controller:
                 continue
             value = encode_idle(after)
             try:
-                self.kube.patch_gpunode(node.name, {"metadata": {"annotations": {IDLE_ANNOTATION: value}}})
+                self.kube.patch_gpunode(node.name, {"metadata": {"annotations": {IDLE_SINCE_ANNOTATION: value}}})
             except KubeError as exc:
                 self._fail(report, "idle-record", f"{node.name}: {exc}")
                 continue
-            obj.setdefault("metadata", {}).setdefault("annotations", {})[IDLE_ANNOTATION] = value
+            obj.setdefault("metadata", {}).setdefault("annotations", {})[IDLE_SINCE_ANNOTATION] = value
             changed = True
         return changed
 
@@ -236,13 +233,13 @@ class Controller:
             decision = decide_replicas(
                 node.replicas, loads, minimum=policy.min_replicas, maximum=policy.max_replicas,
                 target=policy.target_utilization, settings=settings,
-                last_change=parse_time(annotations.get(REPLICAS_CHANGED)), now=now,
+                last_change=parse_time(annotations.get(REPLICAS_CHANGED_ANNOTATION)), now=now,
             )
             if not decision.changed:
                 continue
             try:
                 self.kube.patch_gpunode(node.name, {
-                    "metadata": {"annotations": {REPLICAS_CHANGED: format_time(now)}},
+                    "metadata": {"annotations": {REPLICAS_CHANGED_ANNOTATION: format_time(now)}},
                     "spec": {"sharing": {"mode": node.sharing, "replicas": decision.proposed}},
                 })
             except KubeError as exc:
@@ -280,14 +277,14 @@ class Controller:
                 count += 1
                 savings += rec.requested_milli - rec.recommended_milli
                 obj = pods.get(key) or {}
-                current = ((obj.get("metadata") or {}).get("annotations") or {}).get(RECOMMENDED)
+                current = ((obj.get("metadata") or {}).get("annotations") or {}).get(RECOMMENDED_MILLI_ANNOTATION)
                 if current == str(rec.recommended_milli):
                     continue
                 namespace, name = key.split("/", 1)
                 try:
-                    self.kube.merge_patch_pod(namespace, name, {"metadata": {"annotations": {RECOMMENDED: str(rec.recommended_milli)}}})
+                    self.kube.merge_patch_pod(namespace, name, {"metadata": {"annotations": {RECOMMENDED_MILLI_ANNOTATION: str(rec.recommended_milli)}}})
                     self.kube.event({"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": pod.uid},
-                                    "Normal", "RightSize", f"gpupack.io/gpu-milli {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
+                                    "Normal", "RightSize", f"{MILLI_RESOURCE} {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
                 except KubeError as exc:
                     self._fail(report, "right-size", f"{key}: {exc}")
         report.recommendations = count

@@ -18,30 +18,30 @@ from datetime import datetime
 from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
-from controller.podview import ALLOCATION, GATE, pod_from_object, waiting_unschedulable, whole_gpus_requested
+from controller.podview import pod_from_object, waiting_unschedulable, whole_gpus_requested
 from controller.view import Gpu, Node, Pod, Snapshot
 from kube.times import format_time, parse_time
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
 from sharing.crd import read_policies
 from sharing.gpunode import GpuNodeReading, read_gpunode
+from sharing.keys import ALLOCATION_ANNOTATION, IDLE_SINCE_ANNOTATION
 from sharing.lenient import as_int as _int
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 from sharing.node_policy import policies_for_nodes
 
 __all__ = [
-    "ALLOCATION", "GATE", "IDLE_ANNOTATION", "build_snapshot", "busy_gpus", "encode_idle", "format_time",
+    "build_snapshot", "busy_gpus", "encode_idle", "format_time",
     "idle_record", "node_from_objects", "parse_time", "pod_from_object", "refused_gpus", "scoped", "update_idle",
 ]
 
-IDLE_ANNOTATION = "gpupack.io/idle-since"
 
 
 
 
 def idle_record(gpunode: Mapping[str, Any]) -> dict[int, datetime]:
-    raw = _map(_map(gpunode.get("metadata")).get("annotations")).get(IDLE_ANNOTATION)
+    raw = _map(_map(gpunode.get("metadata")).get("annotations")).get(IDLE_SINCE_ANNOTATION)
     try:
         data = json.loads(raw) if isinstance(raw, str) else {}
     except json.JSONDecodeError:
@@ -203,7 +203,7 @@ def build_snapshot(
         bound = _map(obj.get("spec")).get("nodeName")
         if isinstance(bound, str) and bound:
             whole_taken[bound] += gpus
-        elif ALLOCATION not in _map(_map(obj.get("metadata")).get("annotations")) and waiting_unschedulable(obj):
+        elif ALLOCATION_ANNOTATION not in _map(_map(obj.get("metadata")).get("annotations")) and waiting_unschedulable(obj):
             whole_waiting += gpus
     node_list = tuple(sorted(
         (replace(n, whole_taken=whole_taken[n.name]) for n in built), key=lambda n: n.name

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 
 from mig.errors import UnknownProfileError
 
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+"""The device plugin's MIG resources (``mixed`` strategy) are this followed by the profile name."""
+
 
 @dataclass(frozen=True, order=True)
 class Placement:
@@ -69,7 +72,7 @@ class Profile:
     @property
     def resource_name(self) -> str:
         """Extended resource the device plugin advertises (mixed strategy)."""
-        return f"nvidia.com/mig-{self.name}"
+        return MIG_RESOURCE_PREFIX + self.name
 
 
 @dataclass(frozen=True)

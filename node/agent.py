@@ -59,6 +59,7 @@ from node.pods import PodUse, busy_instances, pod_uses
 from node.process_owners import process_owners_for
 from node.settings import AgentSettings
 from sharing.crd import GPUNodeSpec, LayoutRefusal
+from sharing.keys import mig_profile_of
 
 log = logging.getLogger("gpupack.agent")
 EVENT_REPEAT_SECONDS = 600.0
@@ -143,7 +144,7 @@ class Agent:
         assert self.backend is not None
         with_process = {p.gi_id for p in self.backend.processes(index) if p.gi_id is not None}
         by_device, unresolved = self.busy_ctx
-        unknown = {u.resource.removeprefix("nvidia.com/mig-") for u in unresolved if u.resource.startswith("nvidia.com/mig-")}
+        unknown = {p for u in unresolved if (p := mig_profile_of(u.resource)) is not None}
         return frozenset(i.placed for i in instances
                          if i.gi_id in with_process or by_device.get(i.uuid) or i.profile in unknown)
 

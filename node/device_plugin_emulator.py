@@ -31,10 +31,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from node.snapshot import NodeSnapshot
+from sharing.keys import (
+    DEPLOY_DEVICE_PLUGIN_LABEL,
+    NVIDIA_PREFIX,
+    PRODUCT_LABEL,
+    REPLICAS_LABEL,
+    SHARED_RESOURCE,
+    SIMULATED_LABEL,
+    STRATEGY_LABEL,
+    WHOLE_RESOURCE,
+    mig_resource,
+)
 
-SIMULATED_LABEL = "gpupack.io/simulated"
-DEPLOY_DEVICE_PLUGIN = "nvidia.com/gpu.deploy.device-plugin"
-RESOURCE_PREFIXES = ("nvidia.com/",)
+RESOURCE_PREFIXES = (NVIDIA_PREFIX,)
 _GFD_LABEL_PREFIXES = ("nvidia.com/gpu.", "nvidia.com/mig-", "nvidia.com/mig.capable", "nvidia.com/mig.strategy")
 # Labels under GFD's prefixes that other components own (the GPU Operator's deploy switches).
 _FOREIGN_PREFIX = "nvidia.com/gpu.deploy."
@@ -54,14 +63,14 @@ def advertise(snapshot: NodeSnapshot, sharing_mode: str, replicas: int) -> Adver
     shared = sharing_mode in ("time-slicing", "mps") and replicas > 1
     if full:
         if shared:
-            resources["nvidia.com/gpu.shared"] += len(full) * replicas
+            resources[SHARED_RESOURCE] += len(full) * replicas
         else:
-            resources["nvidia.com/gpu"] += len(full)
+            resources[WHOLE_RESOURCE] += len(full)
     profile_info: dict[str, tuple[int, int, int]] = {}
     for gpu in mig:
         assert gpu.model is not None
         for inst in gpu.instances:
-            resources[f"nvidia.com/mig-{inst.profile}"] += 1
+            resources[mig_resource(inst.profile)] += 1
             prof = gpu.model.profile(inst.profile) if gpu.model.has_profile(inst.profile) else None
             if prof is not None:
                 profile_info[inst.profile] = (prof.memory_mib, prof.compute_slices, prof.compute_slices)
@@ -70,15 +79,15 @@ def advertise(snapshot: NodeSnapshot, sharing_mode: str, replicas: int) -> Adver
         labels.update({
             "nvidia.com/gpu.present": "true",
             "nvidia.com/gpu.count": str(len(snapshot.gpus)),
-            "nvidia.com/gpu.product": first.product,
+            PRODUCT_LABEL: first.product,
             "nvidia.com/gpu.memory": str(first.info.memory_total_mib),
-            "nvidia.com/gpu.replicas": str(replicas if shared and full else 1),
-            "nvidia.com/gpu.sharing-strategy": sharing_mode if shared and full else "none",
+            REPLICAS_LABEL: str(replicas if shared and full else 1),
+            STRATEGY_LABEL: sharing_mode if shared and full else "none",
             "nvidia.com/mig.capable": "true" if any(g.info.mig_capable for g in snapshot.gpus) else "false",
             "nvidia.com/mig.strategy": "mixed",
         })
     for profile, (memory, gi, ci) in sorted(profile_info.items()):
-        base = f"nvidia.com/mig-{profile}"
+        base = mig_resource(profile)
         labels.update({f"{base}.count": str(resources[base]), f"{base}.memory": str(memory),
                        f"{base}.slices.gi": str(gi), f"{base}.slices.ci": str(ci)})
     return Advertisement(dict(resources), labels)
@@ -92,7 +101,7 @@ def node_patches(
     status = node.get("status", {})
     capacity: Mapping[str, str] = status.get("capacity") or {}
     allocatable: Mapping[str, str] = status.get("allocatable") or {}
-    paused = labels.get(DEPLOY_DEVICE_PLUGIN) == "false"
+    paused = labels.get(DEPLOY_DEVICE_PLUGIN_LABEL) == "false"
     want_cap: dict[str, str] = {k: str(v) for k, v in adv.resources.items()}
     for name in capacity:
         if name.startswith(RESOURCE_PREFIXES) and name not in want_cap:

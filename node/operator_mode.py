@@ -32,10 +32,8 @@ import yaml
 
 from mig.migparted import MigConfigEntry, MigPartedConfig, dump_config, parse_config
 from node.snapshot import NodeSnapshot
+from sharing.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, WHOLE_RESOURCE
 
-MIG_CONFIG_LABEL = "nvidia.com/mig.config"
-MIG_CONFIG_STATE_LABEL = "nvidia.com/mig.config.state"
-DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
 MIG_PARTED_KEY = "config.yaml"
 
 HandshakeState = Literal["pending", "success", "failed", "timeout"]
@@ -134,5 +132,5 @@ def device_plugin_config(mode: str, replicas: int) -> str:
     if mode in ("time-slicing", "mps") and replicas > 1:
         key = "timeSlicing" if mode == "time-slicing" else "mps"
         doc["sharing"] = {key: {"renameByDefault": True,
-                                "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}]}}
+                                "resources": [{"name": WHOLE_RESOURCE, "replicas": replicas}]}}
     return yaml.safe_dump(doc, sort_keys=False)

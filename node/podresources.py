@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from sharing.keys import NVIDIA_PREFIX
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 LIST_METHOD = "/v1.PodResourcesLister/List"
@@ -129,7 +130,7 @@ def device_owners(pods: list[PodDevices]) -> dict[str, list[str]]:
     """Device UUID (replica suffix ``::n`` removed) -> ``namespace/name`` of the pods holding it."""
     owners: dict[str, list[str]] = {}
     for pod in pods:
-        if not pod.resource.startswith("nvidia.com/"):
+        if not pod.resource.startswith(NVIDIA_PREFIX):
             continue
         for device in pod.device_ids:
             holders = owners.setdefault(device.split("::", 1)[0], [])

@@ -30,6 +30,7 @@ from typing import Any
 
 from mig.model import PlacedInstance
 from node.snapshot import GpuSnapshot, NodeSnapshot
+from sharing.keys import NVIDIA_PREFIX, SHARED_RESOURCE, WHOLE_RESOURCE, mig_profile_of
 
 SIM_PID_BASE = 4_000_000  # simulated pod processes live above this pid
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -59,7 +60,7 @@ def pod_uses(pods: Iterable[Mapping[str, Any]], node_name: str) -> list[PodUse]:
         for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
             limits = ((container.get("resources") or {}).get("limits")) or {}
             for name, value in limits.items():
-                if name.startswith("nvidia.com/"):
+                if name.startswith(NVIDIA_PREFIX):
                     try:
                         wanted[name] += int(str(value))
                     except ValueError:
@@ -86,13 +87,13 @@ def pod_uid_of_pid(pid: int, proc_root: Path = Path("/proc")) -> str | None:
 
 def devices_of(snapshot: NodeSnapshot, resource: str, replicas: int) -> list[str]:
     """Device ids the device plugin would advertise for ``resource``, each repeated per share."""
-    if resource.startswith("nvidia.com/mig-"):
-        profile = resource.removeprefix("nvidia.com/mig-")
+    profile = mig_profile_of(resource)
+    if profile is not None:
         return [i.uuid for g in snapshot.gpus if g.info.mig_enabled for i in g.instances if i.profile == profile]
     full = [g.info.uuid for g in snapshot.gpus if not g.info.mig_enabled and g.error is None]
-    if resource == "nvidia.com/gpu.shared":
+    if resource == SHARED_RESOURCE:
         return [u for u in full for _ in range(replicas)]
-    if resource == "nvidia.com/gpu":
+    if resource == WHOLE_RESOURCE:
         return full
     return []
 
@@ -153,8 +154,8 @@ def busy_instances(
 ) -> frozenset[PlacedInstance]:
     """Instances of ``gpu`` with a process, a known pod, or possibly an unresolved pod."""
     with_process = gpu.busy_gi_ids()
-    unknown_profiles = {u.resource.removeprefix("nvidia.com/mig-") for u in unresolved
-                        if u.resource.startswith("nvidia.com/mig-")}
+    unknown_profiles = {p for u in unresolved
+                        if (p := mig_profile_of(u.resource)) is not None}
     return frozenset(
         i.placed for i in gpu.instances
         if i.gi_id in with_process or by_device.get(i.uuid) or i.profile in unknown_profiles

@@ -26,8 +26,8 @@ from typing import Any, Final, get_args
 from sharing.lenient import is_int as _is_int
 from sharing.modes import ALLOCATION_MODES, AllocationMode
 from sharing.request import ContainerKind
+from sharing.keys import ALLOCATION_ANNOTATION
 
-ANNOTATION: Final = "gpupack.io/allocation"
 VERSION: Final = "v1"
 _KINDS: Final = get_args(ContainerKind)
 
@@ -86,21 +86,21 @@ class Allocation:
     def from_annotation(cls, text: object) -> Allocation:
         """The record in ``text``; :class:`AllocationError` naming the first problem otherwise."""
         if not isinstance(text, str):
-            raise AllocationError(f"{ANNOTATION} is not a string")
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} is not a string")
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise AllocationError(f"{ANNOTATION} is not JSON: {exc}") from None
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} is not JSON: {exc}") from None
         if not isinstance(raw, dict):
-            raise AllocationError(f"{ANNOTATION} is not a JSON object")
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} is not a JSON object")
         if raw.get("version", VERSION) != VERSION:
-            raise AllocationError(f"{ANNOTATION} version {raw.get('version')!r} is not {VERSION!r}")
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} version {raw.get('version')!r} is not {VERSION!r}")
         mode = raw.get("mode")
         if mode not in ALLOCATION_MODES:
-            raise AllocationError(f"{ANNOTATION} mode {mode!r} is not one of {', '.join(ALLOCATION_MODES)}")
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} mode {mode!r} is not one of {', '.join(ALLOCATION_MODES)}")
         containers = raw.get("containers")
         if not isinstance(containers, list) or not containers:
-            raise AllocationError(f"{ANNOTATION} has no containers")
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} has no containers")
         replicas, gpu_model, gated = raw.get("replicas"), raw.get("gpuModel"), raw.get("gated") is True
         existed = raw.get("capacityExisted")
         return cls(
@@ -117,7 +117,7 @@ class Allocation:
 
 
 def _container(raw: object, position: int) -> ContainerAllocation:
-    where = f"{ANNOTATION} containers[{position}]"
+    where = f"{ALLOCATION_ANNOTATION} containers[{position}]"
     if not isinstance(raw, dict):
         raise AllocationError(f"{where} is not an object")
     milli, memory, kind = raw.get("milli"), raw.get("memoryBytes"), raw.get("kind", "containers")

@@ -28,15 +28,11 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from sharing.allocation import ANNOTATION, Allocation, ContainerAllocation
+from sharing.allocation import Allocation, ContainerAllocation
 from sharing.inventory import Inventory, AdmissionPolicy
+from sharing.keys import CAPACITY_GATE, SHARED_RESOURCE, SHARING_ANNOTATION, WHOLE_RESOURCE
 from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
-    PRODUCT_LABEL,
-    REPLICAS_LABEL,
-    SHARED_RESOURCE,
-    STRATEGY_LABEL,
-    WHOLE_RESOURCE,
     Expression,
     NoMigOption,
     Option,
@@ -52,22 +48,13 @@ from sharing.options import (
     wants_whole_gpus,
     whole_option,
 )
-from sharing.request import (
-    SHARING_ANNOTATION,
-    AdmissionRefusal,
-    ContainerKind,
-    PodRequest,
-    Reason,
-)
+from sharing.request import AdmissionRefusal, ContainerKind, PodRequest, Reason
 
-__all__ = [  # the options' names are re-exported: callers need only this module
-    "ALLOCATION_ANNOTATION", "GATE", "MPS_MEMORY_ENV", "MPS_THREADS_ENV", "PRODUCT_LABEL", "REPLICAS_LABEL",
-    "SHARED_RESOURCE", "STRATEGY_LABEL", "WHOLE_RESOURCE", "AllocationMode", "ContainerDecision", "DecisionMemo", "Expression", "PodDecision", "Term",
+__all__ = [  # the options' names are re-exported: callers need only this module (keys: ``sharing.keys``)
+    "MPS_MEMORY_ENV", "MPS_THREADS_ENV", "AllocationMode", "ContainerDecision", "DecisionMemo", "Expression", "PodDecision", "Term",
     "covering_profile", "decide", "peak_devices", "policy_for", "profile_waste",
 ]
 
-GATE: Final = "gpupack.io/capacity"
-ALLOCATION_ANNOTATION: Final = ANNOTATION
 MPS_THREADS_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 MPS_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 _RANK: Final[dict[str, int]] = {"mig": 0, "mps": 1, "time-slicing": 2, "whole": 3}
@@ -307,9 +294,9 @@ def _materialise(
     else:
         where = f"{best.mode} replicas" + (f" (1/{best.replicas} GPU)" if best.replicas else "")
     if not best.has_capacity:
-        gate = f"gated on {GATE} until capacity exists"
+        gate = f"gated on {CAPACITY_GATE} until capacity exists"
     elif engine_places:
-        gate = f"capacity available; gated on {GATE} until the packing engine chooses its node"
+        gate = f"capacity available; gated on {CAPACITY_GATE} until the packing engine chooses its node"
     else:
         gate = "capacity available"
     reason = f"{request.mode} -> {best.mode}: {where}; {gate}"

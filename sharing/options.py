@@ -32,15 +32,8 @@ from sharing.inventory import Inventory, NodeView, AdmissionPolicy
 from sharing.replicas import fits_replicas, needs_whole_gpu
 from sharing.modes import AllocationMode
 from sharing.request import MAX_MILLI, ContainerRequest
+from sharing.keys import PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL
 
-SHARED_RESOURCE: Final = "nvidia.com/gpu.shared"
-WHOLE_RESOURCE: Final = "nvidia.com/gpu"
-# GPU feature discovery labels (nvidia.com/*) the affinity selects on.
-PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
-HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
-"""The well-known label the controller pins a released pod with."""
-STRATEGY_LABEL: Final = "nvidia.com/gpu.sharing-strategy"
-REPLICAS_LABEL: Final = "nvidia.com/gpu.replicas"
 _GIB: Final = 1024**3
 _MIB: Final = 1024**2
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from sharing.decision import ALLOCATION_ANNOTATION, GATE, PodDecision, Term
+from sharing.decision import PodDecision, Term
+from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, OWN_PREFIX
 
 Operation = dict[str, Any]
 
@@ -46,7 +47,7 @@ def _resources_ops(container: dict[str, Any], base: str, resource: str) -> list[
         current = _map(resources.get(field))
         if current is None:
             continue  # absent requests default to limits for extended resources
-        updated = {k: v for k, v in current.items() if not k.startswith("gpupack.io/")}
+        updated = {k: v for k, v in current.items() if not k.startswith(OWN_PREFIX)}
         updated[resource] = "1"
         ops.append({"op": "replace", "path": f"{base}/resources/{field}", "value": updated})
     return ops
@@ -107,10 +108,10 @@ def _affinity_ops(spec: dict[str, Any], terms: tuple[Term, ...]) -> list[Operati
 def _gate_ops(spec: dict[str, Any]) -> list[Operation]:
     gates = spec.get("schedulingGates")
     if not isinstance(gates, list):
-        return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": GATE}]}]
-    if any(isinstance(g, dict) and g.get("name") == GATE for g in gates):
+        return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": CAPACITY_GATE}]}]
+    if any(isinstance(g, dict) and g.get("name") == CAPACITY_GATE for g in gates):
         return []
-    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": GATE}}]
+    return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": CAPACITY_GATE}}]
 
 
 def annotation_value(decision: PodDecision) -> str:

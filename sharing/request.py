@@ -25,13 +25,9 @@ from typing import Any, Final, Literal
 from mig import units
 from mig.errors import RequestError
 from sharing.modes import MODES
+from sharing.keys import MEMORY_RESOURCE, MILLI_RESOURCE, NVIDIA_PREFIX, OWN_PREFIX, SHARING_ANNOTATION
 
-GROUP: Final = "gpupack.io"
-MILLI: Final = "gpupack.io/gpu-milli"
-MEMORY: Final = "gpupack.io/gpu-memory"
-RESOURCES: Final = (MILLI, MEMORY)
-SHARING_ANNOTATION: Final = "gpupack.io/sharing"
-SKIP_LABEL: Final = "gpupack.io/skip"
+RESOURCES: Final = (MILLI_RESOURCE, MEMORY_RESOURCE)
 MAX_MILLI: Final = 1000
 
 REQUESTED_MODES: Final = ("auto",) + MODES
@@ -83,7 +79,7 @@ def parse_quantity(value: object, *, what: str) -> Decimal:
 
 def parse_milli(value: object, *, container: str) -> int:
     """``gpupack.io/gpu-milli`` as an integer in 1..1000."""
-    what = f"container {container!r}: {MILLI}"
+    what = f"container {container!r}: {MILLI_RESOURCE}"
     quantity = parse_quantity(value, what=what)
     if quantity != quantity.to_integral_value():
         raise AdmissionRefusal(
@@ -103,7 +99,7 @@ def parse_milli(value: object, *, container: str) -> int:
 
 def parse_memory(value: object, *, container: str) -> int:
     """``gpupack.io/gpu-memory`` in bytes (positive, whole bytes)."""
-    what = f"container {container!r}: {MEMORY}"
+    what = f"container {container!r}: {MEMORY_RESOURCE}"
     quantity = parse_quantity(value, what=what)
     if quantity <= 0 or quantity != quantity.to_integral_value():
         raise AdmissionRefusal(
@@ -145,11 +141,11 @@ class PodRequest:
 
 
 def _is_gpupack(key: str) -> bool:
-    return key.startswith("gpupack.io/")
+    return key.startswith(OWN_PREFIX)
 
 
 def _is_nvidia(key: str) -> bool:
-    return key.startswith("nvidia.com/")
+    return key.startswith(NVIDIA_PREFIX)
 
 
 def _resource_map(resources: Any, field: str, container: str) -> dict[str, Any]:
@@ -228,13 +224,13 @@ def parse_container(container: dict[str, Any], kind: ContainerKind, index: int) 
                     f"container {name!r}: {key} requests ({requests[key]}) differ from limits ({limits[key]}); "
                     f"GPU resources cannot be overcommitted, so requests must equal limits",
                 )
-    if MILLI not in limits:
+    if MILLI_RESOURCE not in limits:
         raise AdmissionRefusal(
             Reason.MISSING_MILLI,
-            f"container {name!r} sets {MEMORY} without {MILLI}; say how much compute it needs (1..{MAX_MILLI})",
+            f"container {name!r} sets {MEMORY_RESOURCE} without {MILLI_RESOURCE}; say how much compute it needs (1..{MAX_MILLI})",
         )
-    milli = parse_milli(limits[MILLI], container=name)
-    memory = parse_memory(limits[MEMORY], container=name) if MEMORY in limits else None
+    milli = parse_milli(limits[MILLI_RESOURCE], container=name)
+    memory = parse_memory(limits[MEMORY_RESOURCE], container=name) if MEMORY_RESOURCE in limits else None
     sidecar = kind == "initContainers" and container.get("restartPolicy") == "Always"
     return ContainerRequest(kind=kind, index=index, name=name, milli=milli, memory_bytes=memory, sidecar=sidecar)
 

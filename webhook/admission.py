@@ -24,10 +24,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from sharing.decision import GATE, DecisionMemo, PodDecision, decide, policy_for
+from sharing.decision import DecisionMemo, PodDecision, decide, policy_for
 from sharing.inventory import Inventory
+from sharing.keys import CAPACITY_GATE, SKIP_LABEL
 from sharing.patch import build_patch
-from sharing.request import SKIP_LABEL, AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
+from sharing.request import AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
 from webhook.jsonio import dumps
 from webhook.policy_validation import policy_problems
 from webhook.settings import WebhookSettings
@@ -186,7 +187,7 @@ def _review_pod(
     if not decision.capacity_exists:
         warnings = [
             f"gpupack: no free {decision.mode} capacity fits this pod yet; it waits at scheduling gate "
-            f"{GATE} until gpupack creates it"
+            f"{CAPACITY_GATE} until gpupack creates it"
         ]
     answer = review_response(uid, True, message=f"gpupack: {decision.reason}", patch=patch, warnings=warnings)
     return Answer(answer, "allowed", decision=decision)

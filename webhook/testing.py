@@ -6,14 +6,15 @@ from __future__ import annotations
 import copy
 import uuid
 from typing import Any
+from sharing.keys import MEMORY_RESOURCE, MILLI_RESOURCE, SHARING_ANNOTATION
 
 
 def gpu_container(
     name: str = "main", milli: object = "250", memory: object | None = None, **extra: Any
 ) -> dict[str, Any]:
-    limits: dict[str, Any] = {"gpupack.io/gpu-milli": milli}
+    limits: dict[str, Any] = {MILLI_RESOURCE: milli}
     if memory is not None:
-        limits["gpupack.io/gpu-memory"] = memory
+        limits[MEMORY_RESOURCE] = memory
     return {"name": name, "image": "example.com/app:1", "resources": {"limits": limits}, **extra}
 
 
@@ -30,7 +31,7 @@ def make_pod(
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     notes = dict(annotations or {})
     if mode is not None:
-        notes["gpupack.io/sharing"] = mode
+        notes[SHARING_ANNOTATION] = mode
     if notes:
         metadata["annotations"] = notes
     if labels:

@@ -14,10 +14,10 @@ from datetime import datetime
 from typing import Any
 
 from controller.metrics import cluster_figures
-from controller.snapshot import GATE, build_snapshot
+from controller.snapshot import build_snapshot
 from kube.times import parse_time
-from sharing.allocation import ANNOTATION as ALLOCATION
 from sharing.allocation import Allocation, AllocationError
+from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
 from sharing.packing.specs import GPU_MILLI
 
 
@@ -65,7 +65,7 @@ class Tracker:
 
 def _allocation(pod: dict[str, Any]) -> Allocation | None:
     try:
-        return Allocation.from_annotation(((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION))
+        return Allocation.from_annotation(((pod.get("metadata") or {}).get("annotations") or {}).get(ALLOCATION_ANNOTATION))
     except AllocationError:
         return None
 
@@ -77,7 +77,7 @@ def counts(pods: list[dict[str, Any]]) -> Counter[str]:
             continue
         c["admitted"] += 1
         spec = p.get("spec") or {}
-        if any(g.get("name") == GATE for g in spec.get("schedulingGates") or []):
+        if any(g.get("name") == CAPACITY_GATE for g in spec.get("schedulingGates") or []):
             c["gated"] += 1
         elif spec.get("nodeName"):
             c["scheduled"] += 1

@@ -29,6 +29,7 @@ from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.process import ManagedProcess
 from gpupack.devcluster.state import Component, DevClusterRecord
+from sharing.keys import DEPLOY_DEVICE_PLUGIN_LABEL, HOSTNAME_LABEL, MILLI_RESOURCE, OWN_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "gpupack.io", "v1alpha1"
@@ -162,7 +163,7 @@ class Stack:
         custom = client.CustomObjectsApi(self.admin)
         for node in self.nodes:
             core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node.name, labels={
-                "kubernetes.io/hostname": node.name, DEMO_LABEL: "on", "nvidia.com/gpu.deploy.device-plugin": "true"})))
+                HOSTNAME_LABEL: node.name, DEMO_LABEL: "on", DEPLOY_DEVICE_PLUGIN_LABEL: "true"})))
             res = {"cpu": "64", "memory": "512Gi", "pods": "110"}
             core.patch_node_status(node.name, {"status": {"capacity": res, "allocatable": res, "conditions": [
                 {"type": "Ready", "status": "True", "reason": "GpupackDemo", "message": "simulated node, no kubelet"}]}})
@@ -243,14 +244,14 @@ class Stack:
         """The API server picks up webhook registrations asynchronously: dry-run until one is mutated."""
         core = client.CoreV1Api(self.admin)
         probe: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}, "spec": {"containers": [
-            {"name": "c", "image": "example.com/app:1", "resources": {"limits": {"gpupack.io/gpu-milli": "100"}}}]}}
+            {"name": "c", "image": "example.com/app:1", "resources": {"limits": {MILLI_RESOURCE: "100"}}}]}}
 
         def mutated() -> bool:
             try:
                 pod: Any = core.create_namespaced_pod(DEMO_NAMESPACE, probe, dry_run="All")
             except client.ApiException:
                 return False
-            return not any(k.startswith("gpupack.io/") for k in (pod.spec.containers[0].resources.limits or {}))
+            return not any(k.startswith(OWN_PREFIX) for k in (pod.spec.containers[0].resources.limits or {}))
 
         _wait("the mutating webhook to be called by the API server", mutated, 60)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from sharing.keys import MEMORY_RESOURCE, MILLI_RESOURCE, SHARING_ANNOTATION
 
 SHAPES: tuple[tuple[int, str | None, str | None, int], ...] = (
     # (milli, gpu-memory, gpupack.io/sharing, weight)
@@ -38,12 +39,12 @@ class DemoPod:
     """Seconds it runs once scheduled before it finishes (None: runs to the end)."""
 
     def manifest(self, namespace: str) -> dict[str, object]:
-        limits: dict[str, str] = {"gpupack.io/gpu-milli": str(self.milli)}
+        limits: dict[str, str] = {MILLI_RESOURCE: str(self.milli)}
         if self.memory is not None:
-            limits["gpupack.io/gpu-memory"] = self.memory
+            limits[MEMORY_RESOURCE] = self.memory
         metadata: dict[str, object] = {"name": self.name, "namespace": namespace, "labels": {"app": "gpupack-demo"}}
         if self.mode:
-            metadata["annotations"] = {"gpupack.io/sharing": self.mode}
+            metadata["annotations"] = {SHARING_ANNOTATION: self.mode}
         return {
             "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
             "spec": {"containers": [{"name": "main", "image": "registry.example/inference:1",

@@ -14,12 +14,13 @@ from typing import Any
 
 from node import conditions as C
 from node.context import AgentContext, JournalStore
-from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise, node_patches
+from node.device_plugin_emulator import advertise, node_patches
 from node.snapshot import NodeSnapshot
 from node.journal import Journal
 from node.nvml.simulated import SimulatedNvml
 from node.pods import SIM_PID_BASE, PodUse, assign_pods, sim_pid
 from sharing.crd import GPUNodeSpec
+from sharing.keys import DEPLOY_DEVICE_PLUGIN_LABEL
 
 
 class EmulatedDevicePlugin:
@@ -60,7 +61,7 @@ def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[Po
             device_at[proc.pid] = (gpu.info.index, proc.gi_id, device)
     existing = {f"{u.uid}/{o}": device_at[sim_pid(u.uid, o)][2]
                 for u in uses for o in range(u.count) if sim_pid(u.uid, o) in device_at}
-    paused = labels.get(DEPLOY_DEVICE_PLUGIN, "true") != "true"
+    paused = labels.get(DEPLOY_DEVICE_PLUGIN_LABEL, "true") != "true"
     wanted = existing if paused else assign_pods(snapshot, uses, existing, replicas)
     where: dict[str, tuple[int, int | None]] = {}
     for gpu in snapshot.gpus:

@@ -17,9 +17,10 @@ from node import conditions as C
 from node.context import AgentContext, JournalStore
 from node.snapshot import NodeSnapshot
 from node.journal import Journal
-from node.operator_mode import DEVICE_PLUGIN_CONFIG_LABEL, device_plugin_config, device_plugin_config_name
+from node.operator_mode import device_plugin_config, device_plugin_config_name
 from node.pods import PodUse
 from sharing.crd import GPUNodeSpec
+from sharing.keys import DEVICE_PLUGIN_CONFIG_LABEL
 
 log = logging.getLogger("gpupack.agent")
 RESTARTED = "device plugin restarted"

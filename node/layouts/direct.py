@@ -18,15 +18,15 @@ from kube.times import format_time
 from node import conditions as C
 from node.desired import desired_layouts, pinned_layouts
 from node.context import AgentContext
-from node.device_plugin_emulator import DEPLOY_DEVICE_PLUGIN, advertise
+from node.device_plugin_emulator import advertise
 from node.snapshot import NodeSnapshot
 from node.journal import NVML_PHASES, Journal, format_instance
 from node.kube import Kube
 from node.mig_loop import drive_gpu
-from node.operator_mode import MIG_CONFIG_STATE_LABEL
 from node.planning import StartDecision
 from node.reconciler import MigReconciler, finish
 from sharing.crd import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
+from sharing.keys import DEPLOY_DEVICE_PLUGIN_LABEL, MIG_CONFIG_STATE_LABEL, mig_profile_of
 
 log = logging.getLogger("gpupack.agent")
 PAUSED_VALUE = "paused-for-mig-change"  # the value mig-manager uses; the plugin DaemonSet selects "true"
@@ -129,11 +129,11 @@ def pause_hook(ctx: AgentContext, store: KubeJournalStore) -> Callable[[Journal]
         if not ctx.s.pause_device_plugin or journal.device_plugin_paused:
             return journal
         labels = (ctx.kube.get_node(ctx.s.node_name).get("metadata") or {}).get("labels") or {}
-        before = labels.get(DEPLOY_DEVICE_PLUGIN)
+        before = labels.get(DEPLOY_DEVICE_PLUGIN_LABEL)
         journal = replace(journal, device_plugin_paused=True,
                           device_plugin_label="true" if before == PAUSED_VALUE else before)
         store.save(journal)  # write-ahead: a restart knows to un-pause, and to what
-        ctx.kube.patch_node(ctx.s.node_name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: PAUSED_VALUE}}})
+        ctx.kube.patch_node(ctx.s.node_name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN_LABEL: PAUSED_VALUE}}})
         ctx.advertiser.wait_paused(ctx)
         return journal
     return pause
@@ -142,7 +142,7 @@ def pause_hook(ctx: AgentContext, store: KubeJournalStore) -> Callable[[Journal]
 def advertise_after_reshape(ctx: AgentContext, journal: Journal, store: KubeJournalStore, snapshot: NodeSnapshot) -> Journal:
     name = ctx.s.node_name
     if journal.device_plugin_paused:
-        ctx.kube.patch_node(name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN: journal.device_plugin_label}}})
+        ctx.kube.patch_node(name, {"metadata": {"labels": {DEPLOY_DEVICE_PLUGIN_LABEL: journal.device_plugin_label}}})
         journal = journal.logged("device plugin resumed", ctx.clock(), device_plugin_paused=False)
         store.save(journal)
     else:
@@ -151,9 +151,9 @@ def advertise_after_reshape(ctx: AgentContext, journal: Journal, store: KubeJour
     node = ctx.kube.get_node(name)
     if ctx.advertiser.readvertise(ctx, snapshot, node):
         node = ctx.kube.get_node(name)
-    expected = {k: v for k, v in advertise(snapshot, "none", 1).resources.items() if k.startswith("nvidia.com/mig-")}
+    expected = {k: v for k, v in advertise(snapshot, "none", 1).resources.items() if mig_profile_of(k) is not None}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
-    shown = {k: int(v) for k, v in allocatable.items() if k.startswith("nvidia.com/mig-") and str(v) != "0"}
+    shown = {k: int(v) for k, v in allocatable.items() if mig_profile_of(k) is not None and str(v) != "0"}
     now = ctx.clock()
     if shown == expected or now - journal.updated_at > ctx.s.advertise_timeout_seconds:
         reason = journal.reason if shown == expected else (

@@ -18,11 +18,10 @@ from node import conditions as C
 from node.context import AgentContext
 from node.desired import desired_layouts
 from node.snapshot import NodeSnapshot
-from node.operator_mode import (
-    MIG_CONFIG_LABEL, MIG_PARTED_KEY, handshake_state, merge_mig_parted, plan_node_config,
-)
+from node.operator_mode import MIG_PARTED_KEY, handshake_state, merge_mig_parted, plan_node_config
 from node.pods import busy_instances
 from sharing.crd import GPUNodeSpec, LayoutRefusal
+from sharing.keys import MIG_CONFIG_LABEL
 
 
 def reconcile_operator(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,

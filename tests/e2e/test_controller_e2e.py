@@ -25,7 +25,8 @@ import pytest
 from kubernetes import client
 
 from gpupack.devcluster.process import ManagedProcess
-from sharing.allocation import ANNOTATION, Allocation, ContainerAllocation
+from sharing.allocation import Allocation, ContainerAllocation
+from sharing.keys import ALLOCATION_ANNOTATION
 from tests.e2e.waiting import wait_for
 
 GROUP, VERSION = "gpupack.io", "v1alpha1"
@@ -136,7 +137,7 @@ class Harness:
             containers=(ContainerAllocation("main", "containers", 300, None, f"nvidia.com/mig-{profile}", profile),),
         )
         body: Any = {"apiVersion": "v1", "kind": "Pod",
-                     "metadata": {"name": name, "annotations": {ANNOTATION: allocation.to_annotation()}},
+                     "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()}},
                      "spec": {"schedulingGates": [{"name": "gpupack.io/capacity"}],
                               "containers": [{"name": "main", "image": "example.com/app:1",
                                               "resources": {"limits": {f"nvidia.com/mig-{profile}": "1"}}}],

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from sharing.allocation import ANNOTATION, Allocation, AllocationError, ContainerAllocation
+from sharing.allocation import Allocation, AllocationError, ContainerAllocation
+from sharing.keys import ALLOCATION_ANNOTATION
 
 RECORD = Allocation(
     mode="mps", gated=True, capacity_existed=False, policy="p", reason="r", gpu_model="NVIDIA-L4", replicas=4,
@@ -63,6 +64,6 @@ def _container(**changes: object) -> str:
     ],
 )
 def test_anything_else_is_refused_with_the_reason(text: object, says: str) -> None:
-    with pytest.raises(AllocationError, match=f"^{ANNOTATION}") as caught:
+    with pytest.raises(AllocationError, match=f"^{ALLOCATION_ANNOTATION}") as caught:
         Allocation.from_annotation(text)
     assert says in str(caught.value)

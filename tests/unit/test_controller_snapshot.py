@@ -7,7 +7,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from controller.snapshot import (
-    IDLE_ANNOTATION,
     build_snapshot,
     busy_gpus,
     encode_idle,
@@ -18,6 +17,7 @@ from controller.snapshot import (
 )
 from mig.catalog import get_model
 from mig.model import Placement as MigPlacement
+from sharing.keys import IDLE_SINCE_ANNOTATION
 from node.layouts.direct import layout_report
 from node.snapshot import read_snapshot, status_from_snapshot
 from node.journal import Journal
@@ -58,7 +58,7 @@ def pod(name: str, *, gated: bool = True, node: str | None = None, pinned: str |
 def gpunode(name: str, idle: dict[int, datetime] | None = None, spec_layout: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "generation": 3}
     if idle is not None:
-        meta["annotations"] = {IDLE_ANNOTATION: encode_idle(idle)}
+        meta["annotations"] = {IDLE_SINCE_ANNOTATION: encode_idle(idle)}
     spec: dict[str, Any] = {"sharing": {"mode": "none", "replicas": 1}}
     if spec_layout is not None:
         spec["gpus"] = [{"index": 0, "migEnabled": True, "layout": spec_layout}]
@@ -148,8 +148,8 @@ def test_a_refused_layout_holds_no_reshaping_slot() -> None:
 
 def test_idle_record_round_trip_and_update() -> None:
     record = {0: NOW - timedelta(minutes=5)}
-    assert idle_record({"metadata": {"annotations": {IDLE_ANNOTATION: encode_idle(record)}}}) == record
-    assert idle_record({"metadata": {"annotations": {IDLE_ANNOTATION: "garbage"}}}) == {}
+    assert idle_record({"metadata": {"annotations": {IDLE_SINCE_ANNOTATION: encode_idle(record)}}}) == record
+    assert idle_record({"metadata": {"annotations": {IDLE_SINCE_ANNOTATION: "garbage"}}}) == {}
     updated = update_idle(record, {0: False, 1: False, 2: True}, NOW)
     assert updated == {0: record[0], 1: NOW}  # 0 keeps its start, 1 starts now, busy 2 drops out
 

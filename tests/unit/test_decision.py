@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from mig.catalog import get_model
 from mig.fit import smallest_covering_profile
-from sharing.decision import GATE, MPS_MEMORY_ENV, MPS_THREADS_ENV, SHARED_RESOURCE, STRATEGY_LABEL, decide
+from sharing.decision import MPS_MEMORY_ENV, MPS_THREADS_ENV, decide
 from sharing.allocation import Allocation
 from sharing.inventory import Inventory, build_inventory
+from sharing.keys import CAPACITY_GATE, SHARED_RESOURCE, STRATEGY_LABEL
 from sharing.request import AdmissionRefusal, Reason, parse_pod
 from webhook.testing import gpu_container, make_pod
 
@@ -120,7 +121,7 @@ def test_no_free_instance_of_the_profile_gates() -> None:
     inventory = build_inventory([mig_node("n", H100, busy)])
     decision = run(make_pod(gpu_container("c", "100"), mode="mig"), inventory)
     assert decision.gated and decision.containers[0].profile == "1g.10gb"
-    assert GATE in decision.reason
+    assert CAPACITY_GATE in decision.reason
 
 
 def test_mig_prefers_model_with_capacity_over_less_waste() -> None:

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gpupack.demo.progress import figures
-from sharing.allocation import ANNOTATION, Allocation, ContainerAllocation
+from sharing.allocation import Allocation, ContainerAllocation
+from sharing.keys import ALLOCATION_ANNOTATION
 from sharing.modes import AllocationMode
 
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -26,7 +27,7 @@ def _pod(name: str, mode: AllocationMode, milli: int, *, node: str | None = None
     if gated:
         spec["schedulingGates"] = [{"name": "gpupack.io/capacity"}]
     return {"metadata": {"name": name, "namespace": "demo", "creationTimestamp": "2026-11-30T01:00:00Z",
-                         "annotations": {ANNOTATION: allocation.to_annotation()}},
+                         "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()}},
             "spec": spec, "status": {"phase": "Pending"}}
 
 

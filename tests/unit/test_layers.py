@@ -118,3 +118,37 @@ def test_the_cycle_finder_sees_a_type_only_cycle(tmp_path: Path) -> None:
     (tmp_path / "mig" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from mig.a import A\n")
     (tmp_path / "mig" / "c.py").write_text("import mig.a\n")
     assert import_cycle(module_graph(tmp_path)) == ["mig.a", "mig.b", "mig.a"]
+
+
+# Keys may be spelled only where they are defined: ``sharing/keys.py`` (and ``mig/model.py``
+# for the MIG resource prefix, below ``sharing``). The emulator writes the GFD labels nothing
+# of gpupack reads, as GPU feature discovery would, so it spells those itself.
+KEY_PREFIXES = ("gpupack.io/", "nvidia.com/", "kubernetes.io/")
+KEY_HOMES = {"sharing/keys.py", "mig/model.py", "node/device_plugin_emulator.py"}
+NOT_KEYS = {"gpupack.io/v1alpha1"}  # the API version, defined with the CRD models
+
+
+def spelled_keys(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [node.value for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+            and node.value.startswith(KEY_PREFIXES) and node.value not in NOT_KEYS]
+
+
+@pytest.mark.parametrize("package", sorted(RULES))
+def test_labels_annotations_and_resources_are_spelled_in_one_module(package: str) -> None:
+    spelled = {
+        str(path.relative_to(ROOT)): keys
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if str(path.relative_to(ROOT)) not in KEY_HOMES and (keys := spelled_keys(path))
+    }
+    assert spelled == {}, "use the names in sharing/keys.py"
+
+
+def test_spelled_keys_finds_a_literal(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""Mentions gpupack.io/gpu-milli in prose."""\nKEY = "gpupack.io/gpu-milli"\n')
+    assert spelled_keys(sample) == ["gpupack.io/gpu-milli"]

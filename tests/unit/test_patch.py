@@ -12,8 +12,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharing.decision import ALLOCATION_ANNOTATION, GATE, Expression, decide
+from sharing.decision import Expression, decide
 from sharing.inventory import Inventory, build_inventory
+from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
 from sharing.patch import apply_patch, build_patch, escape, merge_terms, unescape
 from sharing.request import parse_pod
 from webhook.testing import gpu_container, make_pod
@@ -124,9 +125,9 @@ def test_gate_added_or_appended() -> None:
                 inst["inUse"] = True
     inventory = build_inventory(busy)
     _, out = mutated(make_pod(gpu_container("c", "100"), mode="mig"), inventory)
-    assert out["spec"]["schedulingGates"] == [{"name": GATE}]
+    assert out["spec"]["schedulingGates"] == [{"name": CAPACITY_GATE}]
     _, out = mutated(make_pod(gpu_container("c", "100"), mode="mig", schedulingGates=[{"name": "other"}]), inventory)
-    assert out["spec"]["schedulingGates"] == [{"name": "other"}, {"name": GATE}]
+    assert out["spec"]["schedulingGates"] == [{"name": "other"}, {"name": CAPACITY_GATE}]
 
 
 def test_init_containers_patched_at_their_own_path(inventory: Inventory) -> None:
