@@ -28,54 +28,73 @@ class GpuPass:
     decision: StartDecision | None
 
 
-def drive_gpu(
-    reconciler: MigReconciler,
-    inventory: GpuInventory,
-    model: GpuModel,
-    index: int,
-    gpu_uuid: str,
-    journal: Journal | None,
-    desired: Sequence[str] | None,
-    generation: int,
-    busy: BusyFn,
-    idle: IdleTracker,
-    now: float,
-    idle_seconds: float,
-    before_nvml: Callable[[Journal], Journal] | None = None,
-    retry_seconds: float = 60.0,
-    pinned: Sequence[PlacedInstance] | None = None,
-    blocked: str = "",
-) -> GpuPass:
-    """``desired``: profile multiset; ``pinned``: the exact target when the spec pins every placement;
-    ``blocked``: why policy forbids starting a reshape now (empty: allowed). Active journals always finish."""
-    if journal is not None and journal.phase in NVML_PHASES:
-        if before_nvml is not None:
-            journal = before_nvml(journal)
-        return GpuPass(reconciler.run(journal), None)
-    if journal is not None and journal.active:
-        return GpuPass(journal, None)  # Advertising: the agent finishes it
-    instances = inventory.gpu_instances(index)
-    current = tuple(sorted(i.placed for i in instances))
-    busy_now = busy(index, instances)
-    idle.observe(gpu_uuid, current, busy_now, now)
-    if desired is None:
-        return GpuPass(journal, None)
-    if journal is not None and journal.generation == generation:
-        if journal.outcome == "Failed":
-            # A failed reconfiguration is not retried for the same spec: a human or a new spec decides.
-            return GpuPass(journal, StartDecision("refuse", f"previous attempt failed: {journal.reason}"))
-        if journal.outcome == "RolledBack" and now - journal.updated_at < retry_seconds:
-            return GpuPass(journal, StartDecision("wait", f"rolled back ({journal.reason}); retrying after {retry_seconds:g}s"))
-    recently: frozenset[PlacedInstance] = idle.not_idle_long_enough(gpu_uuid, current, now, idle_seconds) | busy_now
-    if pinned is not None:
-        decision = decide_start_pinned(model, current, busy_now, recently, pinned, idle_seconds)
-    else:
-        decision = decide_start(model, current, busy_now, recently, desired, idle_seconds)
-    if decision.kind in ("start", "wait") and blocked:  # policy first: idleness would not be enough anyway
-        return GpuPass(journal, StartDecision("blocked", blocked))
-    if decision.kind != "start" or decision.plan is None:
-        return GpuPass(journal, decision)
-    new = reconciler.begin(index, gpu_uuid, generation, current, decision.plan.destroy, decision.plan.create)
-    if before_nvml is not None:
-        new = before_nvml(new)
-    return GpuPass(reconciler.run(new), decision)
+@dataclass(frozen=True)
+class GpuTarget:
+    """What the spec asks of one GPU."""
+
+    model: GpuModel
+    index: int
+    uuid: str
+    generation: int
+    desired: Sequence[str] | None
+    """The profile multiset; None: this GPU is not reshaped (its idle clock still runs)."""
+    pinned: Sequence[PlacedInstance] | None = None
+    """The exact target when the spec pins every placement."""
+
+
+@dataclass(frozen=True)
+class StartRules:
+    """When a new reconfiguration may start (active ones always finish)."""
+
+    idle_seconds: float
+    retry_seconds: float = 60.0
+    """Wait after a rollback before trying the same spec again."""
+    blocked: str = ""
+    """Why policy forbids starting a reshape now; empty: allowed."""
+
+
+@dataclass(frozen=True)
+class GpuDriver:
+    """What a pass works with: NVML, the journaled reconciler, who is busy, the idle clocks, and
+    ``before_nvml`` (run after the journal is written and before the first NVML change)."""
+
+    reconciler: MigReconciler
+    inventory: GpuInventory
+    busy: BusyFn
+    idle: IdleTracker
+    before_nvml: Callable[[Journal], Journal] | None = None
+
+    def drive(self, target: GpuTarget, journal: Journal | None, rules: StartRules, now: float) -> GpuPass:
+        """Resume ``journal`` if it is in an NVML phase, else maybe start one for ``target``."""
+        if journal is not None and journal.phase in NVML_PHASES:
+            return GpuPass(self.reconciler.run(self._prepared(journal)), None)
+        if journal is not None and journal.active:
+            return GpuPass(journal, None)  # Advertising: the agent finishes it
+        instances = self.inventory.gpu_instances(target.index)
+        current = tuple(sorted(i.placed for i in instances))
+        busy_now = self.busy(target.index, instances)
+        self.idle.observe(target.uuid, current, busy_now, now)
+        if target.desired is None:
+            return GpuPass(journal, None)
+        if journal is not None and journal.generation == target.generation:
+            if journal.outcome == "Failed":
+                # A failed reconfiguration is not retried for the same spec: a human or a new spec decides.
+                return GpuPass(journal, StartDecision("refuse", f"previous attempt failed: {journal.reason}"))
+            if journal.outcome == "RolledBack" and now - journal.updated_at < rules.retry_seconds:
+                return GpuPass(journal, StartDecision(
+                    "wait", f"rolled back ({journal.reason}); retrying after {rules.retry_seconds:g}s"))
+        recently = self.idle.not_idle_long_enough(target.uuid, current, now, rules.idle_seconds) | busy_now
+        if target.pinned is not None:
+            decision = decide_start_pinned(target.model, current, busy_now, recently, target.pinned, rules.idle_seconds)
+        else:
+            decision = decide_start(target.model, current, busy_now, recently, target.desired, rules.idle_seconds)
+        if decision.kind in ("start", "wait") and rules.blocked:  # policy first: idleness would not be enough anyway
+            return GpuPass(journal, StartDecision("blocked", rules.blocked))
+        if decision.kind != "start" or decision.plan is None:
+            return GpuPass(journal, decision)
+        new = self.reconciler.begin(target.index, target.uuid, target.generation, current,
+                                    decision.plan.destroy, decision.plan.create)
+        return GpuPass(self.reconciler.run(self._prepared(new)), decision)
+
+    def _prepared(self, journal: Journal) -> Journal:
+        return self.before_nvml(journal) if self.before_nvml is not None else journal

@@ -22,7 +22,7 @@ from node.device_plugin_emulator import advertise
 from node.snapshot import NodeSnapshot
 from node.journal import NVML_PHASES, Journal, format_instance
 from node.kube import Kube
-from node.mig_loop import drive_gpu
+from node.mig_loop import GpuDriver, GpuTarget, StartRules
 from node.planning import StartDecision
 from node.reconciler import MigReconciler, finish
 from sharing.crd import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
@@ -72,6 +72,8 @@ def reconcile_direct(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snap
     store = KubeJournalStore(ctx.kube, ctx.s.node_name, ctx.remember)
     reconciler = MigReconciler(ctx.backend, store, ctx.busy, ctx.clock,
                                max_errors=ctx.s.max_nvml_errors, event=ctx.event)
+    driver = GpuDriver(reconciler, ctx.backend, ctx.busy, ctx.idle, pause_hook(ctx, store))
+    rules = StartRules(ctx.rules.idle_seconds, ctx.s.retry_seconds)
     desired, problems = desired_layouts(spec, snapshot)
     pinned = pinned_layouts(spec, snapshot)
     now = ctx.clock()
@@ -83,15 +85,14 @@ def reconcile_direct(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snap
             store.save(journal)
         else:
             assert gpu.model is not None
-            journal = drive_gpu(reconciler, ctx.backend, gpu.model, gpu.info.index, gpu.info.uuid, journal,
-                                desired.get(gpu.info.index), generation, ctx.busy, ctx.idle, now,
-                                ctx.rules.idle_seconds, pause_hook(ctx, store), ctx.s.retry_seconds).journal
+            target = GpuTarget(gpu.model, gpu.info.index, gpu.info.uuid, generation, desired.get(gpu.info.index))
+            journal = driver.drive(target, journal, rules, now).journal
     manager_state = labels.get(MIG_CONFIG_STATE_LABEL, "")
     if (journal is None or not journal.active) and manager_state in ("pending", "rebooting"):
         # mig-manager is reconfiguring this node: two writers on NVML would fight.
         return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "MigManagerBusy",
                                      f"{MIG_CONFIG_STATE_LABEL}={manager_state}; waiting for mig-manager to finish"))
-    blocked = ctx.rules.may_start(now)[1]
+    blocked_rules = replace(rules, blocked=ctx.rules.may_start(now)[1])
     if journal is None or not journal.active:
         for gpu in snapshot.gpus:
             index = gpu.info.index
@@ -111,9 +112,8 @@ def reconcile_direct(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snap
             if want is None or gpu.model is None:
                 continue
             own = journal if journal is not None and journal.gpu_index == index else None
-            result = drive_gpu(reconciler, ctx.backend, gpu.model, index, gpu.info.uuid, own, want, generation,
-                               ctx.busy, ctx.idle, now, ctx.rules.idle_seconds, pause_hook(ctx, store),
-                               ctx.s.retry_seconds, pinned.get(index), blocked)
+            target = GpuTarget(gpu.model, index, gpu.info.uuid, generation, want, pinned.get(index))
+            result = driver.drive(target, own, blocked_rules, now)
             if result.decision is not None:
                 decisions[index] = result.decision
             if result.journal is not None and result.journal is not own:

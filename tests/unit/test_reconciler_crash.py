@@ -30,7 +30,7 @@ from mig.catalog import get_model
 from mig.geometry import fits
 from mig.model import GpuModel, PlacedInstance
 from node.journal import Journal
-from node.mig_loop import drive_gpu
+from node.mig_loop import GpuDriver, GpuTarget, StartRules
 from node.nvml import errors
 from node.nvml.protocol import GpuInstance
 from node.nvml.simulated import Fault, SimulatedNvml
@@ -137,11 +137,11 @@ def agent_life(world: World, desired: tuple[str, ...], generation: int = 1) -> N
         return frozenset(i.placed for i in instances if i.gi_id in with_process or i.placed in world.pods)
 
     reconciler = MigReconciler(sim, store, busy, lambda: world.now, max_errors=4)
-    idle = IdleTracker()
     uuid = sim.device_info(0).uuid
+    driver = GpuDriver(reconciler, sim, busy, IdleTracker())
+    target = GpuTarget(world.model, 0, uuid, generation, desired)
     for _ in range(10):
-        result = drive_gpu(reconciler, sim, world.model, 0, uuid, world.journal, desired, generation, busy, idle,
-                           world.now, idle_seconds=0.0, retry_seconds=1e9)
+        result = driver.drive(target, world.journal, StartRules(idle_seconds=0.0, retry_seconds=1e9), world.now)
         journal = result.journal
         if journal is not None and journal.phase == "Advertising":
             store.save(finish(journal, world.now))
