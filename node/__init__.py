@@ -1,1 +1,1 @@
-"""Node agent: NVML backends (real and simulated), inventory publisher, MIG reconciler."""
+"""Node agent: NVML backends (real and simulated), node snapshot publisher, MIG reconciler."""

@@ -12,7 +12,7 @@ class AgentMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.backend = Gauge("gpupack_agent_backend_info", "NVML backend in use (1).", ["kind"], registry=r)
-        self.nvml_up = Gauge("gpupack_agent_nvml_up", "1 if NVML answered the last inventory read.", registry=r)
+        self.nvml_up = Gauge("gpupack_agent_nvml_up", "1 if NVML answered the last read.", registry=r)
         self.gpus = Gauge("gpupack_agent_gpus", "GPUs NVML reports on this node.", registry=r)
         self.instances = Gauge("gpupack_agent_mig_instances", "MIG instances by GPU and profile.",
                                ["gpu", "profile"], registry=r)

@@ -17,7 +17,7 @@ from mig.model import GpuModel, PlacedInstance
 from node.journal import NVML_PHASES, Journal
 from node.planning import IdleTracker, StartDecision, decide_start, decide_start_pinned
 from node.reconciler import BusyFn, MigReconciler
-from node.nvml.protocol import GpuInventory
+from node.nvml.protocol import NvmlReader
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ class GpuDriver:
     ``before_nvml`` (run after the journal is written and before the first NVML change)."""
 
     reconciler: MigReconciler
-    inventory: GpuInventory
+    inventory: NvmlReader
     busy: BusyFn
     idle: IdleTracker
     before_nvml: Callable[[Journal], Journal] | None = None

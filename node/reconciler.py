@@ -8,7 +8,7 @@ Two halves, as the style guide asks:
   every step is idempotent and a crash between any two lines is harmless: after
   a restart the same function, fed the same journal and what NVML reports, picks
   up where the dead agent stopped (or rolls back).
-* ``MigReconciler`` executes actions against an ``MigPartitioner``/``GpuInventory``
+* ``MigReconciler`` executes actions against an ``MigPartitioner``/``NvmlReader``
   and saves the journal through a ``JournalStore`` before and after each step.
 
 Safety rules (invariant 1 of ARCHITECTURE.md):
@@ -32,7 +32,7 @@ from mig.model import PlacedInstance
 from node.journal import Journal, Phase, format_instance
 from node.nvml import errors as nvml_errors
 from node.nvml.errors import NvmlError
-from node.nvml.protocol import GpuInstance, GpuInventory, MigPartitioner
+from node.nvml.protocol import GpuInstance, NvmlReader, MigPartitioner
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class JournalStore(Protocol):
     def save(self, journal: Journal) -> None: ...
 
 
-class Backend(GpuInventory, MigPartitioner, Protocol):
+class Backend(NvmlReader, MigPartitioner, Protocol):
     pass
 
 

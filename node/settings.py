@@ -30,7 +30,7 @@ class AgentSettings:
     simulate_delay_seconds: float = 0.0
     """Simulated backend only: seconds each GPU-instance create/destroy takes (demos, kill tests)."""
     poll_seconds: float = 5.0
-    """Seconds between inventory reads; NVML reads are cheap, the API patches are rate-limited."""
+    """Seconds between NVML reads; NVML reads are cheap, the API patches are rate-limited."""
     min_patch_seconds: float = 2.0
     """Minimum seconds between two status patches of the GPUNode (API server load)."""
     heartbeat_seconds: float = 60.0

@@ -20,7 +20,7 @@ from mig.catalog import find_model, model_for_pci_device_id
 from mig.model import GpuModel, Profile
 from node.dcgm import Activity, gpu_percent
 from node.nvml.errors import NvmlError
-from node.nvml.protocol import DeviceInfo, GpuInstance, GpuInventory, GpuProcess, InstanceProfile, Utilization
+from node.nvml.protocol import DeviceInfo, GpuInstance, NvmlReader, GpuProcess, InstanceProfile, Utilization
 from sharing.crd import GPUNodeStatus, LayoutRefusal
 
 
@@ -73,7 +73,7 @@ def model_from_nvml(info: DeviceInfo, profiles: Sequence[InstanceProfile]) -> Gp
     )
 
 
-def _model_for(backend: GpuInventory, info: DeviceInfo) -> tuple[GpuModel | None, tuple[str, ...]]:
+def _model_for(backend: NvmlReader, info: DeviceInfo) -> tuple[GpuModel | None, tuple[str, ...]]:
     if not info.mig_capable:
         return None, ()
     model = model_for_pci_device_id(info.pci_device_id) or find_model(info.name)
@@ -87,7 +87,7 @@ def _model_for(backend: GpuInventory, info: DeviceInfo) -> tuple[GpuModel | None
                    f"using the {len(built.profiles)} profiles NVML reports",)
 
 
-def read_snapshot(backend: GpuInventory, kind: str, dcgm: Activity | None = None) -> NodeSnapshot:
+def read_snapshot(backend: NvmlReader, kind: str, dcgm: Activity | None = None) -> NodeSnapshot:
     """Everything NVML says about the node's GPUs; ``dcgm`` fills in MIG GPUs' activity."""
     try:
         count = backend.device_count()

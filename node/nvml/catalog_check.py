@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from mig.catalog import find_model, model_for_pci_device_id
 from mig.model import GpuModel
 from node.nvml.errors import NOT_SUPPORTED, NvmlError
-from node.nvml.protocol import DeviceInfo, GpuInventory, InstanceProfile
+from node.nvml.protocol import DeviceInfo, NvmlReader, InstanceProfile
 
 MEMORY_TOLERANCE = 0.02  # catalog sizes for some models are inferred; flag >2 % differences
 
@@ -51,7 +51,7 @@ def compare_profiles(model: GpuModel, profiles: tuple[InstanceProfile, ...]) -> 
     return problems
 
 
-def check_gpu(inventory: GpuInventory, index: int) -> GpuReport:
+def check_gpu(inventory: NvmlReader, index: int) -> GpuReport:
     info = inventory.device_info(index)
     model = model_for_pci_device_id(info.pci_device_id) or find_model(info.name)
     notes: list[str] = []

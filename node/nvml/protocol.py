@@ -1,6 +1,6 @@
 """The NVML backend interface: small Protocols and the plain values they return.
 
-Two narrow roles, as mig-parted splits its managers: ``GpuInventory`` reads (devices,
+Two narrow roles, as mig-parted splits its managers: ``NvmlReader`` reads (devices,
 profiles, instances, processes, utilisation) and ``MigPartitioner`` creates and
 destroys GPU instances at explicit placements. ``NvmlBackend`` is both. The real
 backend (``node.nvml.real``) and the simulation (``node.nvml.simulated``) implement
@@ -98,7 +98,7 @@ class Utilization:
 
 
 @runtime_checkable
-class GpuInventory(Protocol):
+class NvmlReader(Protocol):
     def device_count(self) -> int: ...
 
     def device_info(self, index: int) -> DeviceInfo: ...
@@ -124,7 +124,7 @@ class MigPartitioner(Protocol):
 
 
 @runtime_checkable
-class NvmlBackend(GpuInventory, MigPartitioner, Protocol):
+class NvmlBackend(NvmlReader, MigPartitioner, Protocol):
     kind: str
     """``nvml`` or ``simulated``: published in status so nobody mistakes one for the other."""
 
