@@ -30,7 +30,7 @@ from mig.catalog import get_model
 from mig.errors import MigError
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import NvmlBackend
-from node.settings import MODES, AgentSettings
+from node.settings import LAYOUT_APPLY_MODES, AgentSettings
 
 
 def _simulated(spec: str, state_file: str, seed: str, delay_s: float = 0.0) -> NvmlBackend:
@@ -152,7 +152,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--simulate", default=None, metavar="MODEL:COUNT",
                    help="use the SIMULATED NVML backend with COUNT GPUs of MODEL (e.g. H200:2)")
     p.add_argument("--state-file", default=None, help="simulated backend: JSON state file (survives restarts)")
-    p.add_argument("--mode", default=None, choices=MODES, help="direct (NVML) or operator (mig-manager); default direct")
+    p.add_argument("--mode", default=None, choices=LAYOUT_APPLY_MODES, help="direct (NVML) or operator (mig-manager); default direct")
     p.add_argument("--poll-seconds", type=float, default=None, help="seconds between NVML reads (default 5)")
     p.add_argument("--idle-seconds", type=float, default=None,
                    help="idle time before an instance may be destroyed (default 300)")

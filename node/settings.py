@@ -12,15 +12,16 @@ from typing import Any, Literal
 
 from kube.settings import settings_from_env
 
-Mode = Literal["direct", "operator"]
-MODES: tuple[Mode, ...] = ("direct", "operator")
+LayoutApplyMode = Literal["direct", "operator"]
+"""How the agent applies a MIG layout: NVML directly, or through the GPU Operator's mig-manager."""
+LAYOUT_APPLY_MODES: tuple[LayoutApplyMode, ...] = ("direct", "operator")
 
 
 @dataclass(frozen=True)
 class AgentSettings:
     node_name: str = ""
     """Kubernetes Node (and GPUNode) name this agent serves; from the downward API."""
-    mode: Mode = "direct"
+    mode: LayoutApplyMode = "direct"
     """``direct``: the agent calls NVML to reshape. ``operator``: it writes a mig-parted
     config and lets the GPU Operator's mig-manager apply it."""
     simulate: str = ""
@@ -70,8 +71,8 @@ class AgentSettings:
         return settings_from_env(cls, "GPUPACK_AGENT_", env, overrides)
 
     def validate(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.mode not in LAYOUT_APPLY_MODES:
+            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(LAYOUT_APPLY_MODES)}")
         for name in ("poll_seconds", "min_patch_seconds", "heartbeat_seconds", "advertise_timeout_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
