@@ -13,7 +13,11 @@ from decimal import ROUND_CEILING, Decimal, InvalidOperation
 
 from mig.errors import RequestError
 
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE]?)$")
+# number, then either a decimal exponent (``e3``, ``E-2``) or a suffix; ``E`` alone is exa, not
+# an exponent, so the two are separate groups (the Kubernetes grammar reads them the same way).
+_QUANTITY = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE]([+-]?[0-9]+)|([KMGTPE]i|[numkMGTPE])?)$"
+)
 _SUFFIX: dict[str, Decimal] = {
     "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
     "k": Decimal(10) ** 3, "M": Decimal(10) ** 6, "G": Decimal(10) ** 9,
@@ -46,15 +50,15 @@ def parse_quantity(value: object) -> Decimal:
     match = _QUANTITY.match(value.strip())
     if match is None:
         raise RequestError(f"{value!r} is not {_EXAMPLES}")
-    number, suffix = match.groups()
+    number, exponent_text, suffix = match.groups()
     try:
         base = Decimal(number)
-        if suffix[:1] in ("e", "E"):
-            exponent = int(suffix[1:])
+        if exponent_text is not None:
+            exponent = int(exponent_text)
             if abs(exponent) > _MAX_EXPONENT:
                 raise RequestError(f"{value!r} is out of range")
             return base.scaleb(exponent)
-        return base * _SUFFIX[suffix]
+        return base * _SUFFIX[suffix or ""]
     except InvalidOperation:
         raise RequestError(f"{value!r} is not a valid quantity") from None
 

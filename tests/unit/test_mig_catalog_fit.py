@@ -104,10 +104,14 @@ def test_quantities(text: str | int, value: int) -> None:
     assert parse_memory(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "Gi", "20GB", "-1Gi", "1.2.3", "ten", "1e", "20 Gi Gi"])
+@pytest.mark.parametrize("text", ["", "Gi", "20GB", "-1Gi", "1.2.3", "ten", "1e", "20 Gi Gi", "2Ei", "8E"])
 def test_bad_quantities(text: str) -> None:
     with pytest.raises(RequestError):
         parse_memory(text)
+
+
+def test_exa_quantities_are_bytes_not_exponents() -> None:
+    assert parse_memory("1Ei") == 2**60 and parse_memory("1E") == 10**18
 
 
 H100 = get_model("H100")

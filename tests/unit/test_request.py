@@ -34,6 +34,12 @@ from webhook.testing import gpu_container, make_pod
         (".5", Decimal("0.5")),
         (7, Decimal(7)),
         (2.5, Decimal("2.5")),
+        # Exa: "E" alone and "Ei" are suffixes, not exponents (both used to raise ValueError, a 500).
+        ("1E", Decimal(10**18)),
+        ("1Ei", Decimal(2**60)),
+        ("1.5Ei", Decimal(3 * 2**59)),
+        ("2E3", Decimal(2000)),
+        ("1E-2", Decimal("0.01")),
     ],
     ids=str,
 )
@@ -63,7 +69,7 @@ def test_milli_in_range(value: object, milli: int) -> None:
     assert parse_milli(value, container="c") == milli
 
 
-@pytest.mark.parametrize("value", ["0", "1001", "-5", "0.5", "250m", "2k", "1500"])
+@pytest.mark.parametrize("value", ["0", "1001", "-5", "0.5", "250m", "2k", "1500", "1E", "1Ei", "1P"])
 def test_milli_out_of_range_or_fractional(value: str) -> None:
     with pytest.raises(AdmissionRefusal) as info:
         parse_milli(value, container="worker")

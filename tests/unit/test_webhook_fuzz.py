@@ -61,7 +61,8 @@ json_values = st.recursive(
     max_leaves=20,
 )
 quantities = st.one_of(
-    st.sampled_from(["0.5", "1e3", "250m", "250", "1k", "-1", "1001", "", "Gi", "20Gi", "1e309", "NaN", "∞", "２５０"]),
+    st.sampled_from(["0.5", "1e3", "250m", "250", "1k", "-1", "1001", "", "Gi", "20Gi", "1e309", "NaN", "∞", "２５０",
+                     "1E", "1Ei", "8Ei", "1.5E", "1P", "2E3"]),
     st.integers(min_value=-(10**20), max_value=10**20),
     st.floats(),
     st.text(max_size=12),
@@ -101,6 +102,16 @@ def test_odd_quantities_and_unicode(
     body = json.dumps(make_review(pod, uid=uid), ensure_ascii=False).encode()
     response = well_formed(client.post("/mutate", content=body), uid)
     check_pod_answer(response, pod)
+
+
+@pytest.mark.parametrize(("milli", "memory"), [("1E", None), ("250", "1Ei"), ("250", "1E"), ("1Ei", "8Ei")])
+def test_exa_quantities_are_refused_with_a_reason(client: TestClient, milli: str, memory: str | None) -> None:
+    """Exa suffixes used to be read as exponents and crash the parser (an internal error per request)."""
+    pod = make_pod(gpu_container("c", milli, memory))
+    response = well_formed(client.post("/mutate", json=make_review(pod, uid="exa")), "exa")
+    assert not response["allowed"]
+    assert "internal error" not in response["status"]["message"]
+    assert "container 'c'" in response["status"]["message"]  # a specific reason, naming the container
 
 
 @given(
