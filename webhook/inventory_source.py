@@ -68,6 +68,8 @@ def load_objects(path: str | Path) -> list[Mapping[str, Any]]:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise InventoryError(f"cannot read inventory file {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InventoryError(f"inventory file {str(path)!r} is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     try:
         if file.suffix == ".json":
             docs: list[Any] = [json.loads(text)]
@@ -140,7 +142,10 @@ class FileWatch:
     def start(self) -> None:
         def loop() -> None:
             while not self._stop.wait(self.every):
-                self.check()
+                try:
+                    self.check()
+                except Exception:  # noqa: BLE001 - the watcher must outlive any one bad file
+                    log.exception("inventory reload from %s failed; keeping the previous inventory", self.path)
 
         threading.Thread(target=loop, name="inventory-file", daemon=True).start()
 

@@ -126,3 +126,39 @@ def test_placement_setting_is_checked() -> None:
     assert WebhookSettings.from_env({"GPUPACK_WEBHOOK_PLACEMENT": "scheduler"}).placement == "scheduler"
     with pytest.raises(ValueError, match="engine, scheduler"):
         WebhookSettings.from_env({"GPUPACK_WEBHOOK_PLACEMENT": "random"})
+
+
+def test_the_file_watcher_outlives_bytes_that_are_not_utf8(tmp_path: Path) -> None:
+    """Non-UTF-8 bytes used to kill the reload thread, so later valid edits were never loaded."""
+    import time
+
+    from webhook.inventory_source import FileWatch, InventoryHolder, load_file
+
+    f = tmp_path / "inv.yaml"
+    f.write_text("- kind: GPUNode\n  metadata: {name: a}\n")
+    holder = InventoryHolder()
+    load_file(holder, f)
+    watch = FileWatch(holder, f, every=0.02)
+    watch.start()
+    try:
+        f.write_bytes(b"\xff\xfe\x00garbage")
+        time.sleep(0.2)  # several polls see the bad file
+        assert [n.name for n in holder.current.nodes] == ["a"]
+        f.write_text("- kind: GPUNode\n  metadata: {name: b}\n")
+        deadline = time.monotonic() + 10
+        while [n.name for n in holder.current.nodes] != ["b"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [n.name for n in holder.current.nodes] == ["b"]
+    finally:
+        watch.stop()
+
+
+def test_a_binary_inventory_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from gpupack.cli import main
+
+    f = tmp_path / "inv.yaml"
+    f.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")
+    pod = tmp_path / "pod.yaml"
+    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: x}]}\n")
+    assert main(["webhook", "decide", "--inventory", str(f), str(pod)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
