@@ -25,6 +25,7 @@ from controller.leader import LeaderElector, LeaseSettings
 from controller.metrics import ControllerMetrics
 from controller.reconcile import Controller, CycleReport
 from controller.settings import ControllerSettings
+from kube.backoff import Backoff
 from sharing.crd import GROUP, VERSION
 from sharing.keys import ALLOCATION_ANNOTATION
 
@@ -42,6 +43,7 @@ class Loop:
         self.on_cycle = on_cycle
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self.backoff = Backoff(base_s=1.0, max_s=30.0)
         self.thread = threading.Thread(target=self.run, name="gpupack-planner", daemon=True)
 
     def wake(self) -> None:
@@ -70,10 +72,16 @@ class Loop:
                 continue
             try:
                 report = self.controller.cycle()
-            except Exception:  # noqa: BLE001 - a cycle bug must not kill the loop
-                log.exception("planning cycle failed")
+            except Exception as exc:  # noqa: BLE001 - a cycle bug or an outage must not kill the loop
                 self.controller.metrics.reconcile_errors.labels("cycle").inc()
+                pause, news = self.backoff.failed(f"{type(exc).__name__}: {exc}")
+                if news:  # once per change of state, not once per attempt
+                    log.exception("planning cycle failed; retrying with back-off (next in %.1fs)", pause)
+                self._stop.wait(pause)
+                self._wake.set()  # try again after the pause even if nothing changes meanwhile
                 continue
+            if self.backoff.succeeded():
+                log.info("planning cycles work again")
             last_cycle = time.monotonic()
             if self.on_cycle is not None:
                 self.on_cycle(report)

@@ -42,6 +42,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from kube.backoff import Backoff
 from kube.errors import KubeError
 from mig.model import PlacedInstance
 from node import conditions as C
@@ -63,6 +64,9 @@ from sharing.keys import mig_profile_of
 
 log = logging.getLogger("gpupack.agent")
 EVENT_REPEAT_SECONDS = 600.0
+MAX_BACKOFF_SECONDS = 30.0
+"""The longest pause between attempts while the API server or NVML fails: the agent notices
+an outage has ended within about this long."""
 
 
 class Agent:
@@ -94,6 +98,7 @@ class Agent:
         self._policy_warning = ""
         self._dcgm_cache: Activity | None = None
         self.ticks = 0
+        self.backoff = Backoff(base_s=min(settings.poll_seconds, MAX_BACKOFF_SECONDS), max_s=MAX_BACKOFF_SECONDS)
 
     # ------------------------------------------------------------------ plumbing
     def remember(self, obj: Mapping[str, Any]) -> None:
@@ -226,31 +231,50 @@ class Agent:
         return rules
 
     def run_forever(self, stop: Callable[[], bool] = lambda: False) -> None:
+        """Tick until ``stop``; a failing tick or wait backs off (:class:`kube.backoff.Backoff`), logged once per change."""
         while not stop():
             try:
                 wait = self.tick()
-            except KubeError as exc:
-                self.metrics.api_errors.labels(str(exc.status)).inc()
-                log.warning("Kubernetes API error, retrying: %s", exc)
-                wait = self.s.poll_seconds
-            except NvmlError as exc:
-                self.metrics.nvml_errors.labels(exc.name).inc()
-                log.warning("NVML error outside a reconfiguration step, retrying: %s", exc)
-                wait = self.s.poll_seconds
-            except Exception:  # noqa: BLE001 - log and retry; never crash-loop the DaemonSet
-                log.exception("agent tick failed; retrying")
-                wait = self.s.poll_seconds
-            if stop():
-                break
-            if self._latest_generation != self._processed_generation:
-                continue  # the spec changed while we worked: go again now
-            if wait < self.s.poll_seconds or not self._rv:
-                self.sleep(wait)
-            else:
-                try:
-                    self.kube.wait_gpunode_change(self.s.node_name, self._rv, wait)
-                except KubeError:
+                self._recovered()
+                if stop():
+                    break
+                if self._latest_generation != self._processed_generation:
+                    continue  # the spec changed while we worked: go again now
+                if wait < self.s.poll_seconds or not self._rv:
                     self.sleep(wait)
+                else:
+                    self.kube.wait_gpunode_change(self.s.node_name, self._rv, wait)
+            except Exception as exc:  # noqa: BLE001 - back off and retry; never crash-loop the DaemonSet
+                pause = self._failed(exc)
+                if not stop():
+                    self.sleep(pause)
+
+    def _failed(self, exc: Exception) -> float:
+        """Count and (once per change of state) log a failed attempt; returns the pause before the next."""
+        if isinstance(exc, KubeError):
+            self.metrics.api_errors.labels(str(exc.status)).inc()
+            problem, what = f"Kubernetes API {exc.status}", f"Kubernetes API error: {exc}"
+        elif isinstance(exc, NvmlError):
+            self.metrics.nvml_errors.labels(exc.name).inc()
+            problem, what = f"NVML {exc.name}", f"NVML error outside a reconfiguration step: {exc}"
+        else:
+            problem, what = f"{type(exc).__name__}: {exc}", "agent tick failed"
+        pause, news = self.backoff.failed(problem)
+        self.metrics.consecutive_failures.set(self.backoff.failures)
+        self.metrics.backoff_seconds.set(pause)
+        if news:  # once per change of state, not once per attempt
+            log.warning("%s; retrying with back-off (next in %.1fs, at most %.0fs)", what, pause, MAX_BACKOFF_SECONDS,
+                        exc_info=not isinstance(exc, (KubeError, NvmlError)))
+        else:
+            log.debug("%s (failure %d in a row)", what, self.backoff.failures)
+        return pause
+
+    def _recovered(self) -> None:
+        ended = self.backoff.succeeded()
+        if ended:
+            log.info("recovered after %d failed attempts", ended)
+            self.metrics.consecutive_failures.set(0)
+            self.metrics.backoff_seconds.set(0)
 
     # ------------------------------------------------------------------ status
     def _publish(self, snapshot: NodeSnapshot, generation: int | None, sharing: Mapping[str, Any] | None,

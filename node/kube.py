@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from kubernetes import watch
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from kube.client import MERGE_PATCH, KubeClient, KubeConfigError, as_kube_error, call
 from kube.errors import KubeError
@@ -65,8 +66,10 @@ class Kube(KubeClient):
         except ApiException as exc:
             if exc.status != 410:  # expired resourceVersion: the caller re-reads anyway
                 raise as_kube_error(exc) from None
-        except Exception:  # noqa: BLE001 - a dropped watch just ends the wait early
-            pass
+        except TransportError as exc:
+            # No answer at all: the API server is down. Raising lets the caller back off; returning
+            # would send it straight back here (an agent once spun 160 times a second this way).
+            raise as_kube_error(exc) from None
         finally:
             stream.stop()  # type: ignore[no-untyped-call]
 

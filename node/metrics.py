@@ -31,6 +31,10 @@ class AgentMetrics:
         self.nvml_errors = Counter("gpupack_agent_nvml_errors", "NVML errors by code name.", ["code"], registry=r)
         self.patches = Counter("gpupack_agent_status_patches", "GPUNode status patches sent.", registry=r)
         self.api_errors = Counter("gpupack_agent_api_errors", "Kubernetes API errors.", ["status"], registry=r)
+        self.consecutive_failures = Gauge(
+            "gpupack_agent_consecutive_failures", "Agent ticks failed in a row (API server or NVML down).", registry=r)
+        self.backoff_seconds = Gauge(
+            "gpupack_agent_backoff_seconds", "Pause before the next attempt after a failure; 0 while healthy.", registry=r)
 
     def serve(self, port: int) -> None:
         if port:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from kube.backoff import Backoff
 from sharing.crd import GROUP, VERSION
 from sharing.decision import DecisionMemo
 from sharing.inventory import Inventory, build_inventory
@@ -203,10 +204,12 @@ class KubernetesWatch:
     def _run(self, kind: str, lister: Callable[..., Any]) -> None:
         from kubernetes import watch
 
-        backoff = 1.0
+        backoff = Backoff(base_s=1.0, max_s=30.0)
         while not self._stop.is_set():
             try:
                 listed = lister()
+                if backoff.succeeded():
+                    log.info("watch of %s works again", kind)
                 items: dict[str, Mapping[str, Any]] = {
                     o["metadata"]["name"]: {**o, "kind": kind} for o in listed.get("items") or []
                 }
@@ -231,10 +234,10 @@ class KubernetesWatch:
                         else:
                             self._objects[kind][name] = {**obj, "kind": kind}
                     self._publish()
-                backoff = 1.0
-            except Exception as exc:  # keep watching whatever the API server does
-                log.warning("watch of %s failed (%s); re-listing in %.0fs", kind, exc, backoff)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+            except Exception as exc:  # noqa: BLE001 - keep watching whatever the API server does
+                pause, news = backoff.failed(f"{type(exc).__name__}: {exc}")
+                if news:  # once per change of state, not once per attempt
+                    log.warning("watch of %s failed (%s); re-listing with back-off (next in %.1fs)", kind, exc, pause)
+                self._stop.wait(pause)
             else:
                 time.sleep(0)  # expired watch: re-list at once

@@ -425,3 +425,43 @@ def test_unreadable_policies_fall_back_to_the_agent_settings() -> None:
         agent.tick()
     assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
     assert agent.rules.idle_seconds == 1.0 and agent.rules.problems
+
+
+class DownKube(FakeKube):
+    """The API server is down: every call gets no answer, as :mod:`kube.client` reports it."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__(node)
+        self.calls = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        attribute = super().__getattribute__(name)
+        if callable(attribute) and not name.startswith("_") and name != "event":
+            def down(*_args: Any, **_kwargs: Any) -> Any:
+                self.calls += 1
+                raise KubeError(0, "API server unreachable: connection refused")
+            return down
+        return attribute
+
+
+def test_an_api_outage_backs_off_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The agent used to spin (about 160 ticks a second, a traceback each) while the API server was down."""
+    kube = DownKube("n1")
+    sim = SimulatedNvml(H200, 1, seed="n1")
+    sleeps: list[float] = []
+    agent = Agent(_settings(poll_seconds=2.0), sim, kube, clock=Clock(), sleep=sleeps.append)  # type: ignore[arg-type]
+    with caplog.at_level("DEBUG", logger="gpupack.agent"):
+        agent.run_forever(stop=lambda: len(sleeps) >= 12)
+    assert kube.calls == 12  # one failed call per attempt, each followed by a pause
+    assert all(1.0 <= s <= 30.0 for s in sleeps) and max(sleeps) > 8.0, sleeps  # grows to the ceiling
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "Kubernetes API error" in warnings[0].getMessage()
+    assert agent.metrics.registry.get_sample_value("gpupack_agent_consecutive_failures") == 12
+    # The API server comes back: the next tick succeeds, and the agent says so once.
+    healthy = FakeKube("n1")
+    agent.kube = healthy  # type: ignore[assignment]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gpupack.agent"):
+        agent.run_forever(stop=lambda: healthy.status_patches > 0)
+    assert any("recovered after 12 failed attempts" in r.getMessage() for r in caplog.records)
+    assert agent.metrics.registry.get_sample_value("gpupack_agent_consecutive_failures") == 0
