@@ -69,6 +69,11 @@ class ControllerMetrics:
             "gpupack_gpunode_skipped_entries", "GPUNode status entries (GPUs, MIG instances) left out as unreadable.",
             registry=r,
         )
+        self.untrusted_allocations = Gauge(
+            "gpupack_untrusted_allocations",
+            "Pods whose gpupack.io/allocation annotation is ignored: unreadable, or not what the pod requests.",
+            registry=r,
+        )
         self.pending = Gauge("gpupack_pending_fractional_pods", "Pods waiting at the gpupack.io/capacity gate.", registry=r)
         self.oldest_wait = Gauge("gpupack_pending_oldest_wait_seconds", "Age of the oldest gated pod.", registry=r)
         self.wait = Histogram(

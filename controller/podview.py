@@ -18,7 +18,7 @@ from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, HOSTNAME_LABEL, P
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 
-__all__ = ["pod_from_object", "waiting_unschedulable", "whole_gpus_requested"]
+__all__ = ["pod_from_object", "read_pod", "waiting_unschedulable", "whole_gpus_requested"]
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:
@@ -116,13 +116,33 @@ def waiting_unschedulable(obj: Mapping[str, Any]) -> bool:
 
 def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
     """A gpupack pod (one with an allocation annotation), or None for others and finished pods."""
+    return read_pod(obj)[0]
+
+
+def read_pod(obj: Mapping[str, Any]) -> tuple[Pod | None, str | None]:
+    """The gpupack pod in ``obj`` (or None), and why an allocation it carries is not trusted (or None).
+
+    An allocation whose pod does not request what it records (``Allocation.mismatch``)
+    is ignored: the annotation is text any pod creator can write, and trusting a forged
+    one would count GPUs as taken and release a pod that asks for none.
+    """
     meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
     if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
-        return None
+        return None, None
+    text = _map(meta.get("annotations")).get(ALLOCATION_ANNOTATION)
+    if text is None:
+        return None, None
     try:
-        allocation = Allocation.from_annotation(_map(meta.get("annotations")).get(ALLOCATION_ANNOTATION))
-    except AllocationError:
-        return None
+        allocation = Allocation.from_annotation(text)
+    except AllocationError as exc:
+        return None, str(exc)
+    mismatch = allocation.mismatch(spec)
+    if mismatch is not None:
+        return None, f"{ALLOCATION_ANNOTATION} does not match the pod's requests: {mismatch}"
+    return _pod(meta, spec, obj, allocation), None
+
+
+def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any], allocation: Allocation) -> Pod | None:
     mode, containers = allocation.mode, allocation.containers
     created = parse_time(meta.get("creationTimestamp"))
     if created is None or not isinstance(meta.get("name"), str):

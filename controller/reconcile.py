@@ -72,6 +72,7 @@ class Controller:
         # purpose: a new leader starts with an empty window, which only delays a change.
         self._history: dict[str, list[tuple[datetime, list[float]]]] = {}
         self._skipped: frozenset[str] = frozenset()
+        self._untrusted: frozenset[str] = frozenset()
         """GPUNode entries left out last cycle: each is logged once, when it appears."""
 
     def cycle(self) -> CycleReport:
@@ -93,6 +94,7 @@ class Controller:
             snapshot = build_snapshot(gpunodes, nodes, pods, policies)
         self._policy_status(policies, snapshot, now, report)
         self._note_skipped(snapshot.skipped_entries)
+        self._note_untrusted(snapshot.untrusted_pods)
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
@@ -166,6 +168,14 @@ class Controller:
             log.warning("GPUNode %s", entry)
         self._skipped = skipped
         self.metrics.skipped_entries.set(len(skipped))
+
+    def _note_untrusted(self, pods: tuple[str, ...]) -> None:
+        """Log pods whose allocation is ignored, once each; count them."""
+        untrusted = frozenset(pods)
+        for entry in sorted(untrusted - self._untrusted):
+            log.warning("pod %s; ignored", entry)
+        self._untrusted = untrusted
+        self.metrics.untrusted_allocations.set(len(untrusted))
 
     def _policy_status(
         self, policies: list[dict[str, Any]], snapshot: Snapshot, now: datetime, report: CycleReport

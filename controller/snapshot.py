@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
-from controller.podview import pod_from_object, waiting_unschedulable, whole_gpus_requested
+from controller.podview import pod_from_object, read_pod, waiting_unschedulable, whole_gpus_requested
 from controller.view import Gpu, Node, Pod, Snapshot
 from kube.times import format_time, parse_time
 from mig.model import PlacedInstance, Placement
@@ -208,9 +208,18 @@ def build_snapshot(
     node_list = tuple(sorted(
         (replace(n, whole_taken=whole_taken[n.name]) for n in built), key=lambda n: n.name
     ))
-    pod_list = tuple(p for p in (pod_from_object(o) for o in raw_pods) if p is not None)
+    pod_list: list[Pod] = []
+    untrusted: list[str] = []
+    for obj in raw_pods:
+        pod, distrust = read_pod(obj)
+        if pod is not None:
+            pod_list.append(pod)
+        elif distrust is not None:
+            meta = _map(obj.get("metadata"))
+            untrusted.append(f"{meta.get('namespace')}/{meta.get('name')}: {distrust}")
     # An invalid policy is left out here; controller.policy_status reports why on the policy.
     specs = [(p.name, p.spec) for p in read_policies(policies) if p.spec is not None]
     merged = policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in node_list))
-    return Snapshot(nodes=node_list, pods=pod_list, policies=merged, whole_waiting=whole_waiting,
-                    skipped_entries=tuple(s for r, _ in readings for s in r.skipped))
+    return Snapshot(nodes=node_list, pods=tuple(pod_list), policies=merged, whole_waiting=whole_waiting,
+                    skipped_entries=tuple(s for r, _ in readings for s in r.skipped),
+                    untrusted_pods=tuple(untrusted))

@@ -169,6 +169,9 @@ class Snapshot:
     found no node for: demand for idle shared nodes to return to whole-GPU use."""
     skipped_entries: tuple[str, ...] = ()
     """GPUNode status entries the reader (``sharing.gpunode``) left out as unreadable."""
+    untrusted_pods: tuple[str, ...] = ()
+    """``namespace/name: why`` of pods whose allocation annotation was ignored (unreadable, or
+    not what the pod requests): they are not planned for, released or counted."""
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Final, get_args
 
+from mig.errors import RequestError
+from mig.units import parse_quantity
+from sharing.keys import ALLOCATION_ANNOTATION, SHARED_RESOURCE, WHOLE_RESOURCE, mig_resource
+from sharing.lenient import as_list, as_map
 from sharing.lenient import is_int as _is_int
 from sharing.modes import ALLOCATION_MODES, AllocationMode
 from sharing.request import ContainerKind
-from sharing.keys import ALLOCATION_ANNOTATION
 
 VERSION: Final = "v1"
 _KINDS: Final = get_args(ContainerKind)
@@ -82,6 +86,31 @@ class Allocation:
             record["replicas"] = self.replicas
         return json.dumps(record, separators=(",", ":"), sort_keys=True)
 
+    def mismatch(self, pod_spec: Mapping[str, Any]) -> str | None:
+        """Why the pod's containers do not request what this record says; None when they do.
+
+        The annotation is plain text any pod creator can write, so a record counts only
+        when it describes what the pod really asks the device plugin for: the webhook
+        writes ``limits[resource] = 1`` for every container it records, in the resource
+        of the record's mode. A record that claims GPUs the pod does not request (a
+        forged one) must not make gpupack count capacity as taken or release the pod.
+        """
+        for c in self.containers:
+            expected = _resource_of(self.mode, c.profile)
+            if expected is None or c.resource != expected:
+                return f"container {c.name!r}: resource {c.resource!r} is not what mode {self.mode!r} is given"
+            container = next((x for x in as_list(pod_spec.get(c.kind)) if as_map(x).get("name") == c.name), None)
+            if container is None:
+                return f"the pod has no {c.kind} container {c.name!r}"
+            limit = as_map(as_map(as_map(container).get("resources")).get("limits")).get(c.resource)
+            try:
+                requested = parse_quantity(limit) if limit is not None else None
+            except RequestError:
+                requested = None
+            if requested != 1:
+                return f"container {c.name!r} does not request {c.resource}: 1 (limits say {limit!r})"
+        return None
+
     @classmethod
     def from_annotation(cls, text: object) -> Allocation:
         """The record in ``text``; :class:`AllocationError` naming the first problem otherwise."""
@@ -114,6 +143,13 @@ class Allocation:
             gpu_model=gpu_model if isinstance(gpu_model, str) else None,
             replicas=replicas if _is_int(replicas) else None,
         )
+
+
+def _resource_of(mode: AllocationMode, profile: str | None) -> str | None:
+    """The device-plugin resource a container of ``mode`` is given (the webhook's rule, ``sharing.options``)."""
+    if mode == "mig":
+        return mig_resource(profile) if profile else None
+    return WHOLE_RESOURCE if mode == "whole" else SHARED_RESOURCE
 
 
 def _container(raw: object, position: int) -> ContainerAllocation:

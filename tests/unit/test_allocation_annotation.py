@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import json
+from pathlib import Path
 
 import pytest
 
 from sharing.allocation import Allocation, AllocationError, ContainerAllocation
 from sharing.keys import ALLOCATION_ANNOTATION
+from sharing.patch import apply_patch
+from webhook.admission import review_pod
+from webhook.inventory_source import InventoryHolder, load_file
+from webhook.settings import WebhookSettings
+from webhook.testing import gpu_container, make_pod, make_review
 
 RECORD = Allocation(
     mode="mps", gated=True, capacity_existed=False, policy="p", reason="r", gpu_model="NVIDIA-L4", replicas=4,
@@ -67,3 +74,60 @@ def test_anything_else_is_refused_with_the_reason(text: object, says: str) -> No
     with pytest.raises(AllocationError, match=f"^{ALLOCATION_ANNOTATION}") as caught:
         Allocation.from_annotation(text)
     assert says in str(caught.value)
+
+
+# --- a record counts only when the pod really requests what it says ---------------------------
+
+EXAMPLE_INVENTORY = Path(__file__).resolve().parents[2] / "examples" / "inventory.yaml"
+
+
+def _admitted(mode: str, milli: str) -> dict[str, object]:
+    """The pod as the webhook's own patch leaves it (producer), for the reader to check (consumer)."""
+    holder = InventoryHolder()
+    inventory = load_file(holder, EXAMPLE_INVENTORY)
+    pod = make_pod(gpu_container("main", milli), gpu_container("side", "100"), mode=mode)
+    answer = review_pod(make_review(pod), inventory, WebhookSettings.from_env({}))
+    assert answer.decision is not None, answer.review
+    ops = json.loads(base64.b64decode(answer.review["response"]["patch"]))
+    return apply_patch(pod, ops)
+
+
+@pytest.mark.parametrize(("mode", "milli"), [("mig", "250"), ("mps", "250"), ("time-slicing", "250"), ("mps", "600")])
+def test_what_the_webhook_writes_matches_what_the_pod_requests(mode: str, milli: str) -> None:
+    admitted = _admitted(mode, milli)
+    record = Allocation.from_annotation(admitted["metadata"]["annotations"][ALLOCATION_ANNOTATION])  # type: ignore[index]
+    assert record.mismatch(admitted["spec"]) is None  # type: ignore[arg-type]
+
+
+FORGED = Allocation(
+    mode="mig", gated=True, capacity_existed=False, policy="p", reason="r",
+    containers=tuple(ContainerAllocation(f"c{i}", "containers", 1000, None, "nvidia.com/mig-7g.80gb", "7g.80gb")
+                     for i in range(3)),
+)
+
+
+def test_a_forged_record_on_a_pod_that_requests_no_gpu_does_not_count() -> None:
+    spec = {"containers": [{"name": f"c{i}", "image": "x"} for i in range(3)]}
+    assert "does not request nvidia.com/mig-7g.80gb: 1" in (FORGED.mismatch(spec) or "")
+
+
+@pytest.mark.parametrize(("spec", "why"), [
+    ({"containers": [{"name": "other", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "1"}}}]}, "no containers container 'c0'"),
+    ({"containers": [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}} for i in range(3)]},
+     "does not request nvidia.com/mig-7g.80gb"),
+    ({"containers": [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "2"}}} for i in range(3)]},
+     "does not request"),
+    ({"containers": [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/mig-7g.80gb": "lots"}}} for i in range(3)]},
+     "does not request"),
+    ({"containers": "not a list"}, "no containers container"),
+])
+def test_records_that_disagree_with_the_pod_say_why(spec: dict[str, object], why: str) -> None:
+    assert why in (FORGED.mismatch(spec) or "")
+
+
+def test_a_resource_that_does_not_fit_the_mode_is_refused() -> None:
+    wrong = Allocation("mps", False, True, "p", "r", (ContainerAllocation("c", "containers", 250, None, "nvidia.com/gpu"),))
+    spec = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]}
+    assert "is not what mode 'mps' is given" in (wrong.mismatch(spec) or "")
+    matching = Allocation("whole", False, True, "p", "r", (ContainerAllocation("c", "containers", 600, None, "nvidia.com/gpu"),))
+    assert matching.mismatch(spec) is None

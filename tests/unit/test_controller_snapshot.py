@@ -40,7 +40,8 @@ def pod(name: str, *, gated: bool = True, node: str | None = None, pinned: str |
     if pinned:
         terms[0]["matchExpressions"].append({"key": "kubernetes.io/hostname", "operator": "In", "values": [pinned]})
     spec: dict[str, Any] = {
-        "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}],
+        "containers": [{"name": "c", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                                   "limits": {"nvidia.com/mig-1g.10gb": "1"}}}],
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}},
     }
     if gated:
@@ -84,6 +85,23 @@ def test_pod_fields() -> None:
     assert p is not None
     assert (p.mode, p.profiles, p.node, p.bound, p.gated) == ("mig", ("1g.10gb",), "n1", False, False)
     assert p.products == (PRODUCT,) and p.cpu_milli == 500 and p.memory_mib == 1024
+
+
+def test_a_forged_allocation_is_not_trusted() -> None:
+    """A pod creator wrote the annotation by hand: three 7g.80gb instances on a pod that requests no GPU.
+    It used to be released and its instances counted as taken while real pods waited."""
+    forged = Allocation(
+        mode="mig", gated=True, capacity_existed=False, policy="p", reason="r", gpu_model=PRODUCT,
+        containers=tuple(ContainerAllocation("c", "containers", 1000, None, "nvidia.com/mig-7g.80gb", "7g.80gb")
+                         for _ in range(3)),
+    ).to_annotation()
+    obj = pod("forged-1", annotation=forged)
+    del obj["spec"]["containers"][0]["resources"]["limits"]
+    assert pod_from_object(obj) is None
+    snap = build_snapshot([gpunode("n1")], [], [obj, pod("honest")], [])
+    assert [p.name for p in snap.pods] == ["honest"]
+    assert len(snap.untrusted_pods) == 1
+    assert snap.untrusted_pods[0].startswith("team/forged-1: gpupack.io/allocation does not match the pod's requests")
 
 
 def test_finished_unannotated_and_malformed_pods_are_skipped() -> None:

@@ -16,12 +16,13 @@ PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 def _pod(name: str, mode: AllocationMode, milli: int, *, node: str | None = None, gated: bool = False,
          profile: str | None = None) -> dict[str, Any]:
+    resource = f"nvidia.com/mig-{profile}" if profile else "nvidia.com/gpu.shared"
     allocation = Allocation(  # the webhook's own writer
         mode=mode, gated=gated, capacity_existed=not gated, policy="p", reason="r",
-        containers=(ContainerAllocation("c", "containers", milli, None,
-                                        f"nvidia.com/mig-{profile}" if profile else "nvidia.com/gpu.shared", profile),),
+        containers=(ContainerAllocation("c", "containers", milli, None, resource, profile),),
     )
-    spec: dict[str, Any] = {"containers": [{"name": "c"}]}
+    # As the webhook leaves it: the container requests what the record says.
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"limits": {resource: "1"}}}]}
     if node:
         spec["nodeName"] = node
     if gated:
