@@ -52,6 +52,7 @@ class Reason(StrEnum):
     NO_MIG_MODEL = "NoMigModel"
     NO_COMPATIBLE_NODES = "NoCompatibleNodes"
     INVENTORY_NOT_SYNCED = "InventoryNotSynced"
+    FORGED_ALLOCATION = "ForgedAllocation"
 
 
 class AdmissionRefusal(ValueError):

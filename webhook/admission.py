@@ -24,9 +24,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from sharing.allocation import Allocation, AllocationError
 from sharing.decision import DecisionMemo, PodDecision, decide, policy_for
 from sharing.inventory import Inventory
-from sharing.keys import CAPACITY_GATE, SKIP_LABEL
+from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, SKIP_LABEL
+from sharing.lenient import as_list, as_map
 from sharing.patch import build_patch
 from sharing.request import AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
 from webhook.jsonio import dumps
@@ -171,6 +173,7 @@ def _review_pod(
     if isinstance(labels, dict) and labels.get(SKIP_LABEL) == "true":
         return _allow(uid, f"gpupack: pod has label {SKIP_LABEL}=true; left untouched")
     if not pod_wants_gpupack(pod):
+        _refuse_forged_marks(pod)
         return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
     namespace = request.get("namespace")
     parsed = parse_pod(pod, namespace if isinstance(namespace, str) else "")
@@ -191,6 +194,37 @@ def _review_pod(
         ]
     answer = review_response(uid, True, message=f"gpupack: {decision.reason}", patch=patch, warnings=warnings)
     return Answer(answer, "allowed", decision=decision)
+
+
+def _refuse_forged_marks(pod: dict[str, Any]) -> None:
+    """A pod that asks for no gpupack resource may carry gpupack's allocation and gate only as the
+    webhook left them (its own reinvocation): the record must match what the pod requests.
+
+    Anything else was written by the pod's creator: a forged allocation would make gpupack count
+    GPUs the pod does not use, and a bare gate would hold the pod forever.
+    """
+    annotations, spec = as_map(as_map(pod.get("metadata")).get("annotations")), as_map(pod.get("spec"))
+    gates = as_list(spec.get("schedulingGates"))
+    gated = any(isinstance(g, dict) and g.get("name") == CAPACITY_GATE for g in gates)
+    text = annotations.get(ALLOCATION_ANNOTATION)
+    if text is None:
+        if gated:
+            raise AdmissionRefusal(
+                Reason.FORGED_ALLOCATION,
+                f"scheduling gate {CAPACITY_GATE} is gpupack's; only its webhook adds it (ask for "
+                f"gpupack.io/gpu-milli instead of setting it by hand)",
+            )
+        return
+    try:
+        mismatch = Allocation.from_annotation(text).mismatch(spec)
+    except AllocationError as exc:
+        mismatch = str(exc)
+    if mismatch is not None:
+        raise AdmissionRefusal(
+            Reason.FORGED_ALLOCATION,
+            f"annotation {ALLOCATION_ANNOTATION} is written by gpupack's webhook only, and this one does not "
+            f"describe the pod ({mismatch}); remove it and ask for gpupack.io/gpu-milli instead",
+        )
 
 
 def mutate(review: Any, inventory: Inventory, settings: WebhookSettings) -> dict[str, Any]:

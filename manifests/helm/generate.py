@@ -106,8 +106,10 @@ def render() -> dict[str, str]:
         + _template(_load("namespace.yaml")).replace("name: gpupack-system", f"name: {NS}")
         + "{{- end }}\n"
     )
-    for name in ("serviceaccounts", "webhook", "controller", "node-agent"):
-        files[f"templates/rbac-{name}.yaml"] = _template(_load(f"rbac/{name}.yaml"))
+    top = yaml.safe_load(_load("kustomization.yaml"))
+    for entry in top["resources"]:
+        if entry.startswith("rbac/"):
+            files[f"templates/rbac-{Path(entry).stem}.yaml"] = _template(_load(entry))
     extras = _extras()
     for component, directory in (("webhook", "webhook"), ("controller", "controller"), ("agent", "agent")):
         kustomization = yaml.safe_load(_load(f"{directory}/kustomization.yaml"))

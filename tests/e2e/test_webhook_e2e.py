@@ -336,3 +336,89 @@ def test_shipped_manifests_pass_api_server_validation(admin_client: Any, gpupack
     client.AppsV1Api(admin_client).create_namespaced_deployment(ns, docs["Deployment"], dry_run="All")
     client.CoreV1Api(admin_client).create_namespaced_service(ns, docs["Service"], dry_run="All")
     client.PolicyV1Api(admin_client).create_namespaced_pod_disruption_budget(ns, docs["PodDisruptionBudget"], dry_run="All")
+
+
+# --- a hostile tenant: a namespaced user who may create and patch pods, nothing more ---------------
+
+
+@pytest.fixture
+def tenant(admin_client: Any, gpu_namespace: str, sa_kubeconfig: Callable[..., Path]) -> Iterator[Any]:
+    """An ApiClient acting as ServiceAccount ``tenant`` of ``gpu_namespace``, allowed every pod verb there."""
+    from gpupack.devcluster.clients import api_client
+
+    core, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
+    core.create_namespaced_service_account(gpu_namespace, {"metadata": {"name": "tenant"}})
+    rbac.create_namespaced_role(gpu_namespace, {
+        "metadata": {"name": "pods"},
+        "rules": [{"apiGroups": [""], "resources": ["pods"],
+                   "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"]}]})
+    rbac.create_namespaced_role_binding(gpu_namespace, {
+        "metadata": {"name": "tenant-pods"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": gpu_namespace}]})
+    api = api_client(sa_kubeconfig("tenant", gpu_namespace))
+    yield api
+    api.close()
+
+
+FORGED_RECORD = json.dumps({"version": "v1", "mode": "mig", "gated": True, "policy": "p", "reason": "r", "containers": [
+    {"name": "main", "kind": "containers", "milli": 1000, "resource": "nvidia.com/mig-7g.80gb", "profile": "7g.80gb"}]})
+
+
+def _refused(call: Callable[[], Any]) -> ApiException:
+    with pytest.raises(ApiException) as caught:
+        call()
+    return caught.value
+
+
+def test_a_tenant_cannot_create_a_pod_with_a_forged_allocation_or_gpupacks_gate(
+    tenant: Any, gpu_namespace: str
+) -> None:
+    core = client.CoreV1Api(tenant)
+    forged = make_pod({"name": "main", "image": "example.com/app:1"}, name="forged-1", namespace=gpu_namespace,
+                      annotations={"gpupack.io/allocation": FORGED_RECORD})
+    refusal = _refused(lambda: core.create_namespaced_pod(gpu_namespace, forged))
+    assert refusal.status == 403 and "ForgedAllocation" in str(refusal.body)
+    gate_only = make_pod({"name": "main", "image": "example.com/app:1"}, name="forged-2", namespace=gpu_namespace)
+    gate_only["spec"]["schedulingGates"] = [{"name": "gpupack.io/capacity"}]
+    refusal = _refused(lambda: core.create_namespaced_pod(gpu_namespace, gate_only))
+    assert refusal.status == 403 and "is gpupack's" in str(refusal.body)
+    # The same tenant's honest request is admitted and gated as usual.
+    honest = core.create_namespaced_pod(gpu_namespace, make_pod(gpu_container("main", "100"), name="honest",
+                                                               namespace=gpu_namespace))
+    assert [g.name for g in honest.spec.scheduling_gates] == ["gpupack.io/capacity"]
+
+
+def test_only_the_controller_changes_gpupacks_marks_after_create(
+    tenant: Any, gpu_namespace: str, sa_client: Callable[[str], Any]
+) -> None:
+    core = client.CoreV1Api(tenant)
+    core.create_namespaced_pod(gpu_namespace, make_pod(gpu_container("main", "100"), name="queued",
+                                                       namespace=gpu_namespace))
+    rewrite = {"metadata": {"annotations": {"gpupack.io/allocation": FORGED_RECORD}}}
+
+    def rewrite_refused() -> bool:
+        try:
+            core.patch_namespaced_pod("queued", gpu_namespace, rewrite)
+        except ApiException as exc:
+            return exc.status in (403, 422) and "written by gpupack only" in str(exc.body)
+        return False
+
+    # The policy is enforced once the API server's policy cache has it (asynchronous).
+    _wait("the pod-marks ValidatingAdmissionPolicy to be enforced", rewrite_refused)
+    for patch in ({"metadata": {"annotations": {"gpupack.io/allocation": None}}},
+                  {"metadata": {"annotations": {"gpupack.io/recommended-gpu-milli": "1"}}}):
+        refusal = _refused(lambda: core.patch_namespaced_pod("queued", gpu_namespace, patch))
+        assert "written by gpupack only" in str(refusal.body)
+    lift = [{"op": "remove", "path": "/spec/schedulingGates"}]
+    refusal = _refused(lambda: core.patch_namespaced_pod("queued", gpu_namespace, lift))
+    assert "only gpupack's controller lifts" in str(refusal.body)
+    # Everything else of the pod stays the owner's.
+    core.patch_namespaced_pod("queued", gpu_namespace, {"metadata": {"labels": {"team": "vision"}}})
+    # The controller's own account may lift the gate and annotate.
+    controller = client.CoreV1Api(sa_client("gpupack-controller"))
+    controller.patch_namespaced_pod("queued", gpu_namespace,
+                                    {"metadata": {"annotations": {"gpupack.io/recommended-gpu-milli": "50"}}})
+    controller.patch_namespaced_pod("queued", gpu_namespace, lift)
+    stored = core.read_namespaced_pod("queued", gpu_namespace)
+    assert not stored.spec.scheduling_gates and stored.metadata.labels["team"] == "vision"

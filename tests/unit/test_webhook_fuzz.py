@@ -199,3 +199,31 @@ def test_stdlib_json_fallback_survives_lone_surrogates(monkeypatch: pytest.Monke
     monkeypatch.setattr(jsonio, "_orjson", None)
     review = jsonio.loads(b'{"a": "\\ud800"}')
     assert json.loads(jsonio.dumps(review)) == review
+
+
+FORGED = json.dumps({"version": "v1", "mode": "mig", "gated": True, "policy": "p", "reason": "r", "containers": [
+    {"name": "main", "kind": "containers", "milli": 1000, "resource": "nvidia.com/mig-7g.80gb", "profile": "7g.80gb"}]})
+
+
+@pytest.mark.parametrize(("annotations", "gates"), [
+    ({"gpupack.io/allocation": FORGED}, None),  # claims a 7g.80gb the pod does not request
+    ({"gpupack.io/allocation": "{not json"}, None),
+    ({}, [{"name": "gpupack.io/capacity"}]),  # gpupack's gate without its record
+    ({"gpupack.io/allocation": FORGED}, [{"name": "gpupack.io/capacity"}]),
+])
+def test_hand_written_gpupack_marks_are_refused(
+    client: TestClient, annotations: dict[str, str], gates: list[dict[str, str]] | None
+) -> None:
+    pod = make_pod({"name": "main", "image": "example.com/app:1"}, annotations=annotations)
+    if gates is not None:
+        pod["spec"]["schedulingGates"] = gates
+    response = well_formed(client.post("/mutate", json=make_review(pod, uid="forged")), "forged")
+    assert not response["allowed"]
+    assert response["status"]["details"]["causes"][0]["reason"] == "ForgedAllocation"
+
+
+def test_a_record_that_matches_the_pod_passes_as_the_webhooks_own_reinvocation(client: TestClient) -> None:
+    first = well_formed(client.post("/mutate", json=make_review(make_pod(gpu_container("main", "250")), uid="a")), "a")
+    mutated = apply_patch(make_pod(gpu_container("main", "250")), json.loads(base64.b64decode(first["patch"])))
+    again = well_formed(client.post("/mutate", json=make_review(mutated, uid="b")), "b")
+    assert again["allowed"] and "patch" not in again
