@@ -34,6 +34,7 @@ from sharing.keys import CAPACITY_GATE, SHARED_RESOURCE, SHARING_ANNOTATION, WHO
 from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
     Expression,
+    NeverFits,
     NoMigOption,
     Option,
     Role,
@@ -239,6 +240,7 @@ def _choose_uncached(
     modes: tuple[Mode, ...] = tuple(m for m in MODES if m == requested or (requested == "auto" and m in allowed))
     options: list[Option] = []
     failures: list[str] = []
+    never_fits: list[str] = []
     whole = wants_whole_gpus(asks, inventory)
     for mode in modes:
         if mode == "mig":
@@ -246,15 +248,29 @@ def _choose_uncached(
                 options.append(mig_option(asks, roles, policy, inventory))
             except NoMigOption as none:
                 if requested == "mig":
-                    raise AdmissionRefusal(
-                        Reason.NO_MIG_MODEL, f"no known GPU model can satisfy the mig request: {none.reason}"
-                    ) from None
+                    reason = Reason.POD_NEVER_FITS if none.never_fits else Reason.NO_MIG_MODEL
+                    raise AdmissionRefusal(reason, f"no GPU in the cluster can satisfy the mig request: {none.reason}"
+                                           ) from None
                 failures.append(f"mig: {none.reason}")
+                never_fits += [none.reason] if none.never_fits else []
         elif not whole:
-            options.append(shared_option(mode, asks, roles, inventory))
+            try:
+                options.append(shared_option(mode, asks, roles, inventory))
+            except NeverFits as never:
+                failures.append(never.reason)
+                never_fits.append(never.reason)
     if whole and any(m != "mig" for m in modes):
         # MPS or time-slicing would need a GPU split into one replica: one whole-GPU option instead.
-        options.append(whole_option(asks, inventory))
+        try:
+            options.append(whole_option(asks, roles, inventory))
+        except NeverFits as never:
+            failures.append(never.reason)
+            never_fits.append(never.reason)
+    if not options and never_fits and len(never_fits) == len(failures):
+        raise AdmissionRefusal(
+            Reason.POD_NEVER_FITS,
+            "no node in the cluster could ever hold this pod's GPU devices at once (" + "; ".join(failures) + ")",
+        )
     if requested == "auto":
         # Shared modes with no compatible node are only a fallback when asked
         # for explicitly: auto never gates on a kind of node that does not exist.

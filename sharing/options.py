@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from mig.fit import covering_profiles
 from mig.model import GpuModel, Profile
 from sharing.inventory import Inventory, NodeView, AdmissionPolicy
-from sharing.replicas import fits_replicas, needs_whole_gpu
+from sharing.replicas import MAX_REPLICAS, fits_replicas, needs_whole_gpu
 from sharing.modes import AllocationMode
 from sharing.request import MAX_MILLI, ContainerRequest
-from sharing.keys import PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL
+from sharing.keys import PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL, WHOLE_RESOURCE
 
 _GIB: Final = 1024**3
 _MIB: Final = 1024**2
@@ -69,9 +69,41 @@ class Option:
 class NoMigOption(Exception):
     """No GPU model of the cluster has profiles (allowed by the policy) covering the request."""
 
+    def __init__(self, reason: str, never_fits: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.never_fits = never_fits
+        """True when profiles exist but no node could ever hold the pod's instances at once."""
+
+
+class NeverFits(Exception):
+    """No node of the cluster could hold the pod's devices at once, however it were laid out."""
+
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+def mig_could_fit(model: GpuModel, need: Mapping[str, int], gpus: int) -> bool:
+    """Whether ``gpus`` GPUs of ``model`` could hold ``need`` (profile -> instances at once) in some layout.
+
+    Necessary conditions only: each profile within its per-GPU maximum times the GPUs,
+    and all instances' compute slices within the GPUs' total. A pod that fails them can
+    never run; one that passes may still wait for capacity.
+    """
+    if any(n > gpus * model.profile(name).max_count for name, n in need.items()):
+        return False
+    return sum(n * model.profile(name).compute_slices for name, n in need.items()) <= gpus * model.compute_slices
+
+
+def _full_gpus(node: NodeView) -> int:
+    return sum(1 for g in node.gpus if not g.mig_enabled)
+
+
+def _most_replicas(asks: Sequence[tuple[int, int | None]], gpu_bytes: int) -> int:
+    """The most replicas a GPU of ``gpu_bytes`` could be split into with every ask still fitting one."""
+    return max((r for r in range(1, MAX_REPLICAS + 1) if all(fits_replicas(r, m, mem, gpu_bytes) for m, mem in asks)),
+               default=0)
 
 
 def fmt_bytes(n: int) -> str:
@@ -130,6 +162,7 @@ def mig_option(
     """The least-waste MIG option (capacity that exists first); :class:`NoMigOption` says why there is none."""
     options: list[Option] = []
     failures: list[str] = []
+    never_fits: list[str] = []
     models = inventory.mig_models
     for model in models:
         profiles: list[Profile] = []
@@ -144,6 +177,13 @@ def mig_option(
             profiles.append(profile)
         else:
             need = peak_devices([p.name for p in profiles], roles)
+            hosts = [len(node.gpus) for node in inventory.nodes if node.model is model]
+            if not any(mig_could_fit(model, need, gpus) for gpus in hosts):
+                asked = ", ".join(f"{n} x {name}" for name, n in sorted(need.items()))
+                failures.append(f"{model.product}: the pod holds {asked} at once, more than any node of "
+                                f"{max(hosts, default=0)} such GPUs can ever hold")
+                never_fits.append(model.product)
+                continue
             capacity = any(
                 node.model is model and all(node.free_instances(name) >= n for name, n in need.items())
                 for node in inventory.nodes
@@ -157,7 +197,8 @@ def mig_option(
             terms = ((Expression(PRODUCT_LABEL, "In", tuple(products)),),)
             options.append(Option("mig", waste, capacity, terms, tuple(profiles), model))
     if not options:
-        raise NoMigOption("the cluster has no MIG-capable GPUs" if not models else "; ".join(failures))
+        raise NoMigOption("the cluster has no MIG-capable GPUs" if not models else "; ".join(failures),
+                          never_fits=bool(models) and len(never_fits) == len(failures))
     return min(options, key=lambda o: (not o.has_capacity, o.waste, o.model.product if o.model else ""))
 
 
@@ -191,6 +232,10 @@ def shared_option(
             ((Expression(STRATEGY_LABEL, "In", (mode,)),),),
         )
     replicas_needed = peak_devices([SHARED_RESOURCE] * len(asks), roles)[SHARED_RESOURCE]
+    most = max((_full_gpus(n) * _most_replicas(asks, n.gpu_memory_mib * _MIB) for n in inventory.nodes), default=0)
+    if replicas_needed > most:
+        raise NeverFits(f"{mode}: the pod holds {replicas_needed} replicas at once; no node could ever "
+                        f"offer more than {most} (its full GPUs, each split as finely as the pod's asks allow)")
     with_room = [(w, n) for w, n in compatible if n.shared_free >= replicas_needed]
     pool = with_room or compatible
     waste, best = min(pool, key=lambda wn: (wn[0], wn[1].name))
@@ -220,12 +265,16 @@ def wants_whole_gpus(asks: list[tuple[int, int | None]], inventory: Inventory) -
     return any(needs_whole_gpu(milli, mem, gpu_bytes) for milli, mem in asks)
 
 
-def whole_option(asks: list[tuple[int, int | None]], inventory: Inventory) -> Option:
+def whole_option(asks: list[tuple[int, int | None]], roles: tuple[Role, ...], inventory: Inventory) -> Option:
     """One ``nvidia.com/gpu`` per container, on a node that does not share its GPUs."""
     gpu_bytes = inventory.max_gpu_memory_mib * _MIB
     waste = sum(
         (1 - milli / MAX_MILLI) + (0.0 if mem is None or not gpu_bytes else 1 - mem / gpu_bytes) for milli, mem in asks
     )
+    needed = peak_devices([WHOLE_RESOURCE] * len(asks), roles)[WHOLE_RESOURCE]
+    most = max((_full_gpus(n) for n in inventory.nodes), default=0)
+    if most and needed > most:
+        raise NeverFits(f"whole: the pod holds {needed} whole GPUs at once; the largest node has {most}")
     whole_nodes = [n for n in inventory.nodes if n.sharing == "none" and any(not g.mig_enabled for g in n.gpus)]
     # As for shared modes: with no node of the kind, the option is only a fallback for an
     # explicit mode (the pod waits for an idle shared node to be switched back).

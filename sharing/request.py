@@ -53,6 +53,7 @@ class Reason(StrEnum):
     NO_COMPATIBLE_NODES = "NoCompatibleNodes"
     INVENTORY_NOT_SYNCED = "InventoryNotSynced"
     FORGED_ALLOCATION = "ForgedAllocation"
+    POD_NEVER_FITS = "PodNeverFits"
 
 
 class AdmissionRefusal(ValueError):

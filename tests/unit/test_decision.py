@@ -363,3 +363,33 @@ def test_engine_placement_gates_pods_whose_capacity_exists(engine_places: bool) 
     record = Allocation.from_annotation(decision.allocation().to_annotation())
     assert record.capacity_existed is True and record.gated is engine_places
     assert ("packing engine chooses its node" in decision.reason) is engine_places
+
+
+# --- pods that no node could ever hold are refused, not gated forever ------------------------------
+
+
+def test_more_mig_slices_than_any_node_has_is_refused(example: Inventory) -> None:
+    """57 containers each needing a 1g slice, when no node holds more than 8 GPUs x 7."""
+    fits = make_pod(*(gpu_container(f"c{i}", "100") for i in range(56)), mode="mig")
+    assert run(fits, example).mode == "mig"  # 56 is what the H100 node can hold: admitted
+    too_many = make_pod(*(gpu_container(f"c{i}", "100") for i in range(57)), mode="mig")
+    refusal = refused(too_many, example)
+    assert refusal.reason == Reason.POD_NEVER_FITS
+    assert "57 x 1g.10gb at once" in refusal.message and "8 such GPUs" in refusal.message
+
+
+def test_more_replicas_than_any_node_could_offer_is_refused() -> None:
+    inventory = build_inventory([shared_node("a", "mps", 4, gpus=4), shared_node("b", "mps", 2, gpus=2)])
+    # 100 milli fits an 8-way split: 4 GPUs x 8 = 32 replicas at most, on the largest node.
+    assert run(make_pod(*(gpu_container(f"c{i}", "100") for i in range(32)), mode="mps"), inventory).mode == "mps"
+    refusal = refused(make_pod(*(gpu_container(f"c{i}", "100") for i in range(40)), mode="mps"), inventory)
+    assert refusal.reason == Reason.POD_NEVER_FITS and "40 replicas at once" in refusal.message
+    # Larger asks split less finely: 300 milli fits at most 3 per GPU, so 13 can never fit on 4 GPUs.
+    refusal = refused(make_pod(*(gpu_container(f"c{i}", "300") for i in range(13)), mode="mps"), inventory)
+    assert refusal.reason == Reason.POD_NEVER_FITS and "more than 12" in refusal.message
+
+
+def test_more_whole_gpus_than_any_node_has_is_refused() -> None:
+    inventory = build_inventory([shared_node("a", "none", 1, gpus=4)])
+    refusal = refused(make_pod(*(gpu_container(f"c{i}", "600") for i in range(5))), inventory)
+    assert refusal.reason == Reason.POD_NEVER_FITS and "5 whole GPUs at once; the largest node has 4" in refusal.message
