@@ -69,6 +69,10 @@ class ControllerMetrics:
             "gpupack_gpunode_skipped_entries", "GPUNode status entries (GPUs, MIG instances) left out as unreadable.",
             registry=r,
         )
+        self.stale_gpunodes = Gauge(
+            "gpupack_stale_gpunodes", "GPUNodes whose agent has been silent longer than agent_stale_seconds.",
+            registry=r,
+        )
         self.untrusted_allocations = Gauge(
             "gpupack_untrusted_allocations",
             "Pods whose gpupack.io/allocation annotation is ignored: unreadable, or not what the pod requests.",

@@ -429,6 +429,10 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     mode change needs a GPU reset, which only the GPU Operator's mig-manager
     (the agent's operator mode) performs; a direct-mode agent refuses it.
     """
+    # A node whose agent is silent is left out: its free capacity and the capacity being
+    # created there may never come (the agent applies layouts and reports them), so pods
+    # are planned elsewhere and its reshapes in flight do not hold its policy's budget.
+    snapshot = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if not n.stale))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
     cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot), budget, mig_mode_changes)

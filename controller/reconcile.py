@@ -73,6 +73,7 @@ class Controller:
         self._history: dict[str, list[tuple[datetime, list[float]]]] = {}
         self._skipped: frozenset[str] = frozenset()
         self._untrusted: frozenset[str] = frozenset()
+        self._stale: frozenset[str] = frozenset()
         """GPUNode entries left out last cycle: each is logged once, when it appears."""
 
     def cycle(self) -> CycleReport:
@@ -88,13 +89,15 @@ class Controller:
             return report
         by_name = {str((g.get("metadata") or {}).get("name")): g for g in gpunodes}
         pod_objs = {f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}": p for p in pods}
-        snapshot = build_snapshot(gpunodes, nodes, pods, policies)
+        stale_after = self.settings.agent_stale_seconds
+        snapshot = build_snapshot(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after)
         if self._idle(snapshot, by_name, now, report):
             # The idle record is input to the planner: plan on what was just written.
-            snapshot = build_snapshot(gpunodes, nodes, pods, policies)
+            snapshot = build_snapshot(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after)
         self._policy_status(policies, snapshot, now, report)
         self._note_skipped(snapshot.skipped_entries)
         self._note_untrusted(snapshot.untrusted_pods)
+        self._note_stale(snapshot)
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
@@ -168,6 +171,18 @@ class Controller:
             log.warning("GPUNode %s", entry)
         self._skipped = skipped
         self.metrics.skipped_entries.set(len(skipped))
+
+    def _note_stale(self, snapshot: Snapshot) -> None:
+        """Log a node turning stale or live again, once each; count the stale ones."""
+        stale = frozenset(n.name for n in snapshot.nodes if n.stale)
+        for node in snapshot.nodes:
+            if node.stale and node.name not in self._stale:
+                log.warning("GPUNode %s: agent silent for %.0f s (over %g s); not planning there until it reports",
+                            node.name, node.silent_seconds or 0, self.settings.agent_stale_seconds)
+        for name in sorted(self._stale - stale):
+            log.info("GPUNode %s: agent reports again", name)
+        self._stale = stale
+        self.metrics.stale_gpunodes.set(len(stale))
 
     def _note_untrusted(self, pods: tuple[str, ...]) -> None:
         """Log pods whose allocation is ignored, once each; count them."""

@@ -60,6 +60,10 @@ class ControllerSettings:
     """Comma-separated namespaces whose pods this controller places; empty: all. For a
     scoped install (and tests sharing a cluster); capacity held by other pods still counts."""
     log_level: str = "info"
+    agent_stale_seconds: float = 180.0
+    """A GPUNode whose agent has not written its status for this long is stale: the planner
+    neither places pods on it nor waits for capacity being created there. Three of the
+    agent's 60 s heartbeats, so one slow patch is not mistaken for a dead agent."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ControllerSettings:
@@ -75,6 +79,8 @@ class ControllerSettings:
             raise ValueError("batch_seconds must be >= 0 and resync_seconds > 0")
         if not 1 <= self.write_workers <= 64:
             raise ValueError(f"write_workers must be 1..64, got {self.write_workers}")
+        if not self.agent_stale_seconds > 0:
+            raise ValueError(f"agent_stale_seconds must be a positive number, got {self.agent_stale_seconds}")
         if self.lease_seconds < 3:
             raise ValueError(f"lease_seconds must be at least 3, got {self.lease_seconds}")
         if not 0 <= self.metrics_port <= 65535:

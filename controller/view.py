@@ -69,6 +69,10 @@ class Node:
     observed_generation: int = 0
     whole_taken: int = 0
     """``nvidia.com/gpu`` requested by the pods bound to the node, gpupack's or not."""
+    silent_seconds: float | None = None
+    """How long ago its agent last wrote the status (``status.heartbeatTime``); None: unknown."""
+    stale: bool = False
+    """Silent longer than the controller's ``agent_stale_seconds``: the planner leaves it out."""
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -169,6 +173,8 @@ class Snapshot:
     found no node for: demand for idle shared nodes to return to whole-GPU use."""
     skipped_entries: tuple[str, ...] = ()
     """GPUNode status entries the reader (``sharing.gpunode``) left out as unreadable."""
+    stale_nodes: tuple[str, ...] = ()
+    """Nodes whose agent is silent (``Node.stale``): ``name (silent N s)``."""
     untrusted_pods: tuple[str, ...] = ()
     """``namespace/name: why`` of pods whose allocation annotation was ignored (unreadable, or
     not what the pod requests): they are not planned for, released or counted."""

@@ -74,6 +74,7 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
         "node_name": args.node, "mode": args.mode, "simulate": args.simulate, "state_file": args.state_file,
         "poll_seconds": args.poll_seconds, "idle_seconds": args.idle_seconds, "metrics_port": args.metrics_port,
         "emulate_device_plugin": True if args.emulate_device_plugin else None,
+        "heartbeat_seconds": args.heartbeat_seconds,
     }
     try:
         settings = AgentSettings.from_env(**overrides)
@@ -157,6 +158,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-seconds", type=float, default=None,
                    help="idle time before an instance may be destroyed (default 300)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port, 0 = off (default 9402)")
+    p.add_argument("--heartbeat-seconds", type=float, default=None,
+                   help="write status at least this often, so the controller sees the agent alive (default 60; "
+                        "keep it well under the controller's --agent-stale-seconds)")
     p.add_argument("--emulate-device-plugin", action="store_true",
                    help="SIMULATION: advertise Node resources/labels as the NVIDIA device plugin and GFD would")
 

@@ -27,7 +27,7 @@ def _settings(args: argparse.Namespace) -> Any:
         "metrics_port": args.metrics_port, "identity": args.identity, "lease_seconds": args.lease_seconds,
         "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "log_level": args.log_level,
         "feedback": False if args.no_feedback else None,
-        "namespaces": args.namespaces,
+        "namespaces": args.namespaces, "agent_stale_seconds": args.agent_stale_seconds,
     }
     try:
         return ControllerSettings.from_env(**overrides)
@@ -87,6 +87,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--namespaces", help="comma-separated namespaces whose pods to place (default: all)")
     p.add_argument("--no-feedback", action="store_true", help="do not run the replica feedback loop")
+    p.add_argument("--agent-stale-seconds", type=float,
+                   help="treat a GPUNode whose agent has been silent this long as stale (default 180)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -44,6 +44,7 @@ from pydantic import ValidationError
 
 from kube.backoff import Backoff
 from kube.errors import KubeError
+from kube.times import format_time
 from mig.model import PlacedInstance
 from node import conditions as C
 from node.dcgm import Activity, parse_activity
@@ -289,6 +290,7 @@ class Agent:
             return
         if not changed and now - self._last_patch < self.s.heartbeat_seconds:
             return
-        self.remember(self.kube.patch_gpunode_status(self.s.node_name, status))
+        # The heartbeat is what tells the controller this agent is alive (sharing.gpunode reads it).
+        self.remember(self.kube.patch_gpunode_status(self.s.node_name, {**status, "heartbeatTime": format_time(now)}))
         self.metrics.patches.inc()
         self._last_status, self._last_patch = status, now

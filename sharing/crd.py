@@ -283,6 +283,12 @@ class GPUNodeStatus(ApiModel):
         list[Condition], Field(json_schema_extra=_list_map("type"))
     ] = Field(default_factory=list, max_length=16)
     reconfiguration: ReconfigurationStatus | None = None
+    heartbeat_time: datetime | None = Field(
+        None, strict=False,
+        description="When the node agent last wrote this status (at least every heartbeat interval, 60 s by "
+                    "default). The controller stops planning on a node whose heartbeat is older than its "
+                    "agentStaleSeconds.",
+    )
 
     @model_validator(mode="after")
     def _unique_keys(self) -> GPUNodeStatus:

@@ -78,6 +78,9 @@ class GpuNodeReading:
     spec_sharing: SharingReading
     skipped: tuple[str, ...] = ()
     """One line per entry left out."""
+    heartbeat: str | None = None
+    """``status.heartbeatTime`` as written (RFC 3339; ``kube.times.parse_time`` reads it): when
+    the agent last wrote the status. None from agents that do not write one."""
 
 
 def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
@@ -115,6 +118,7 @@ def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
     reported = status.get("sharing")
     sharing = _sharing(_map(reported), _int(_map(reported).get("inUse"))) if isinstance(reported, Mapping) else spec_sharing
     generation = _int(meta.get("generation"))
+    heartbeat = status.get("heartbeatTime")
     return GpuNodeReading(
         name=name,
         generation=generation,
@@ -125,6 +129,7 @@ def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
         sharing=sharing,
         spec_sharing=spec_sharing,
         skipped=tuple(skipped),
+        heartbeat=heartbeat if isinstance(heartbeat, str) else None,
     )
 
 

@@ -69,14 +69,14 @@ class Harness:
         return self._start(f"agent-{node}", [
             "agent", "run", "--node", node, "--simulate", simulate, "--state-file", str(self.tmp / f"{node}.json"),
             "--emulate-device-plugin", "--poll-seconds", "0.3", "--idle-seconds", "0.5", "--metrics-port", "0",
-            "--kubeconfig", str(self.sa_kubeconfig("gpupack-node-agent")),
+            "--heartbeat-seconds", "1", "--kubeconfig", str(self.sa_kubeconfig("gpupack-node-agent")),
         ])
 
-    def controller(self, identity: str) -> ManagedProcess:
+    def controller(self, identity: str, *extra: str) -> ManagedProcess:
         return self._start(identity, [
             "controller", "run", "--kubeconfig", str(self.sa_kubeconfig("gpupack-controller")), "--metrics-port", "0",
             "--namespaces", self.namespace, "--identity", identity, "--lease-name", self.lease,
-            "--lease-seconds", "4", "--resync-seconds", "1", "--batch-seconds", "0.2", "--no-feedback",
+            "--lease-seconds", "4", "--resync-seconds", "1", "--batch-seconds", "0.2", "--no-feedback", *extra,
         ])
 
     # ------------------------------------------------------------ objects
@@ -246,6 +246,23 @@ def test_killing_a_component_mid_reshape_converges(h: Harness, victim: str) -> N
     layouts = h.layouts(node)
     assert sum(ps.count("2g.20gb") for ps in layouts.values()) >= 4
     assert h.in_flight(node) == 0
+
+
+def test_a_dead_agents_node_is_planned_around(h: Harness) -> None:
+    """With an agent killed after the controller planned a reshape on its node, pods used to wait
+    for that capacity forever ("in flight") while another node sat idle."""
+    doomed = h.node("doomed", 1, {0: ["7g.80gb"]})
+    h.policy()
+    h.controller("ctl-1", "--agent-stale-seconds", "6")
+    for i in range(2):
+        h.gated_pod(f"p{i}", "1g.10gb")
+    wait_for("a reshape planned on the only node", lambda: h.in_flight(doomed) > 0, timeout_s=30)
+    h.stop(f"agent-{doomed}", kill=True)
+    spare = h.node("spare", 1, {0: ["7g.80gb"]})
+    wait_for("the silent node reported stale", lambda: "agent silent" in h.log("ctl-1"), timeout_s=60)
+    wait_for("every pod bound to the live node", lambda: all(h.node_of(f"p{i}") == spare for i in range(2)),
+             timeout_s=90)
+    assert h.in_flight(doomed) > 0  # nothing was ever applied there: the pods did not wait for it
 
 
 def test_two_controller_replicas_never_both_act(h: Harness) -> None:

@@ -458,3 +458,30 @@ def test_a_switched_node_gets_the_replica_count_that_serves_the_waiting_burst() 
     assert (change.node, change.replicas) == ("idle", 3)
     alone = run([idle], burst[:1], NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0)).sharing
     assert alone[0].replicas == 8  # a lone pod: the most replicas it fits (least waste)
+
+
+# --- a node whose agent is silent takes no part in planning -----------------------------------------
+
+
+def test_a_stale_nodes_free_capacity_is_not_used_and_a_live_node_is_reshaped() -> None:
+    """With h100-b's agent dead, pods used to wait for capacity there while other GPUs were idle."""
+    one_g = inst("1g.10gb", 6, 1)
+    silent = replace(node("b", gpu(0, (one_g,))), silent_seconds=600.0, stale=True)
+    live = node("a", gpu(0, FULL_7G))
+    result = run([live, silent], [mig_pod("p")])
+    assert result.releases == ()  # not released to the free 1g on the silent node
+    (change,) = result.layouts
+    assert change.node == "a"  # the live node's idle GPU is reshaped instead
+    # The same node reporting again is used at once.
+    again = run([live, replace(silent, stale=False)], [mig_pod("p")])
+    assert [(r.pod, r.node) for r in again.releases] == [("team/p", "b")]
+
+
+def test_reshapes_in_flight_on_a_stale_node_do_not_hold_the_policy_budget() -> None:
+    reshaping = replace(node("b", gpu(0, FULL_7G, reshaping=True)), stale=True, silent_seconds=900.0)
+    one_at_a_time = NodePolicy(names=("p",), max_concurrent=1, idle_seconds=600)
+    result = run([node("a", gpu(0, FULL_7G)), reshaping], [mig_pod("p", "3g.40gb")], policy=one_at_a_time)
+    assert [c.node for c in result.layouts] == ["a"]
+    held = run([node("a", gpu(0, FULL_7G)), replace(reshaping, stale=False)], [mig_pod("p", "3g.40gb")],
+               policy=one_at_a_time)
+    assert held.layouts == ()  # a live agent's reshape in flight does hold it

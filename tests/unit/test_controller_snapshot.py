@@ -15,6 +15,7 @@ from controller.snapshot import (
     refused_gpus,
     update_idle,
 )
+from kube.times import format_time
 from mig.catalog import get_model
 from mig.model import Placement as MigPlacement
 from sharing.keys import IDLE_SINCE_ANNOTATION
@@ -195,3 +196,19 @@ def test_whole_gpus_taken_and_waiting_count_every_pod() -> None:
     snapshot = build_snapshot([gpunode("a")], [], [plain_bound, plain_waiting, finished, garbage], [])
     (node,) = snapshot.nodes
     assert node.whole_taken == 2 and snapshot.whole_waiting == 4
+
+
+def test_a_silent_agent_makes_its_node_stale() -> None:
+    now = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
+
+    def beating(name: str, seconds_ago: float | None) -> dict[str, Any]:
+        obj = gpunode(name)
+        if seconds_ago is not None:
+            obj["status"]["heartbeatTime"] = format_time(now - timedelta(seconds=seconds_ago))
+        return obj
+
+    objs = [beating("fresh", 30), beating("silent", 600), beating("old-agent", None)]
+    snap = build_snapshot(objs, [], [], [], now=now, stale_after_s=180)
+    assert {n.name: n.stale for n in snap.nodes} == {"fresh": False, "silent": True, "old-agent": False}
+    assert snap.stale_nodes == ("silent (silent 600 s)",)
+    assert not any(n.stale for n in build_snapshot(objs, [], [], []).nodes)  # no clock, no judgement

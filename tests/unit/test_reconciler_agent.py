@@ -465,3 +465,21 @@ def test_an_api_outage_backs_off_and_logs_once(caplog: pytest.LogCaptureFixture)
         agent.run_forever(stop=lambda: healthy.status_patches > 0)
     assert any("recovered after 12 failed attempts" in r.getMessage() for r in caplog.records)
     assert agent.metrics.registry.get_sample_value("gpupack_agent_consecutive_failures") == 0
+
+
+def test_every_status_patch_carries_a_heartbeat() -> None:
+    """The controller tells a live agent from a dead one by status.heartbeatTime."""
+    kube = FakeKube("n1")
+    clock = Clock()
+    agent = Agent(_settings(heartbeat_seconds=30.0), SimulatedNvml(H200, 1, seed="n1"), kube,  # type: ignore[arg-type]
+                  clock=clock)
+    agent.tick()
+    assert kube.gpunode is not None
+    first = kube.gpunode["status"]["heartbeatTime"]
+    patches = kube.status_patches
+    clock.t += 5  # nothing changed, heartbeat not due: no patch
+    agent.tick()
+    assert kube.status_patches == patches
+    clock.t += 60  # heartbeat due: the same status again, with a new time
+    agent.tick()
+    assert kube.status_patches == patches + 1 and kube.gpunode["status"]["heartbeatTime"] > first
