@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from gpupack import __version__
@@ -32,6 +35,41 @@ EXIT_BAD_INPUT = 2
 
 class UsageError(Exception):
     """Bad input from the user: printed as ``gpupack: error: ...`` with exit code 2."""
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (NaN passes every range check and then never ends a wait)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number above zero."""
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number, zero or more."""
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must not be negative")
+    return value
+
+
+def describe_input_error(exc: OSError | UnicodeDecodeError) -> str:
+    """One line for a file that cannot be used as input or output."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"input is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -73,6 +111,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gpupack: interrupted", file=sys.stderr)
         return 130
+    except (OSError, UnicodeDecodeError) as exc:
+        # A file that is missing, unreadable, binary or in the way: the user's input, not a bug.
+        print(f"gpupack: error: {describe_input_error(exc)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback; the traceback on request
+        if os.environ.get("GPUPACK_DEBUG"):
+            traceback.print_exc()
+        print(f"gpupack: internal error: {type(exc).__name__}: {exc} (set GPUPACK_DEBUG=1 to see where)",
+              file=sys.stderr)
+        return EXIT_NO
     return code
 
 

@@ -25,7 +25,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from gpupack.cli import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError
+from gpupack.cli import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
 from mig.catalog import get_model
 from mig.errors import MigError
 from node.nvml.errors import NvmlError
@@ -91,6 +91,7 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError("--node (or GPUPACK_AGENT_NODE_NAME) is required")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from node.agent import Agent
+    from kube.errors import KubeError
     from node.kube import Kube, KubeConfigError
     from node.metrics import AgentMetrics
 
@@ -110,7 +111,13 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     if args.once:
-        agent.tick()
+        try:
+            agent.tick()
+        except KubeError as exc:
+            if exc.not_found:
+                raise UsageError(f"Node {settings.node_name!r} does not exist in the cluster ({exc})") from None
+            print(f"gpupack: Kubernetes API error: {exc}", file=sys.stderr)
+            return EXIT_NO
         return EXIT_OK
     agent.run_forever(lambda: stopping["flag"])
     if backend is not None:
@@ -154,11 +161,11 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="use the SIMULATED NVML backend with COUNT GPUs of MODEL (e.g. H200:2)")
     p.add_argument("--state-file", default=None, help="simulated backend: JSON state file (survives restarts)")
     p.add_argument("--mode", default=None, choices=LAYOUT_APPLY_MODES, help="direct (NVML) or operator (mig-manager); default direct")
-    p.add_argument("--poll-seconds", type=float, default=None, help="seconds between NVML reads (default 5)")
-    p.add_argument("--idle-seconds", type=float, default=None,
+    p.add_argument("--poll-seconds", type=positive_float, default=None, help="seconds between NVML reads (default 5)")
+    p.add_argument("--idle-seconds", type=non_negative_float, default=None,
                    help="idle time before an instance may be destroyed (default 300)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port, 0 = off (default 9402)")
-    p.add_argument("--heartbeat-seconds", type=float, default=None,
+    p.add_argument("--heartbeat-seconds", type=positive_float, default=None,
                    help="write status at least this often, so the controller sees the agent alive (default 60; "
                         "keep it well under the controller's --agent-stale-seconds)")
     p.add_argument("--emulate-device-plugin", action="store_true",

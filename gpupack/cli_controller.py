@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from datetime import datetime, timezone
 from typing import Any
 
-from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
 
 
 def _settings(args: argparse.Namespace) -> Any:
@@ -59,8 +60,10 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         kube = Kube.connect(args.kubeconfig)
         snapshot = build_snapshot(kube.list_gpunodes(), kube.list_nodes(), kube.list_pods(), kube.list_policies())
-    except (KubeError, KubeConfigError) as exc:
-        print(f"gpupack: cannot read the cluster: {exc}")
+    except KubeConfigError as exc:
+        raise UsageError(str(exc)) from None
+    except KubeError as exc:
+        print(f"gpupack: cannot read the cluster: {exc}", file=sys.stderr)
         return EXIT_NO
     result = plan(snapshot, datetime.now(timezone.utc), policy_name=settings.policy)
     print(json.dumps({
@@ -77,17 +80,17 @@ def _plan(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
     p.add_argument("--policy", help="packing policy for shared pods (default gpupack)")
-    p.add_argument("--batch-seconds", type=float, help="wait this long after a change for more (default 0.5)")
-    p.add_argument("--resync-seconds", type=float, help="plan at least this often (default 10)")
+    p.add_argument("--batch-seconds", type=non_negative_float, help="wait this long after a change for more (default 0.5)")
+    p.add_argument("--resync-seconds", type=positive_float, help="plan at least this often (default 10)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (default 8080)")
     p.add_argument("--identity", help="leader-election identity (default host-pid)")
-    p.add_argument("--lease-seconds", type=float, help="leader lease duration (default 15)")
+    p.add_argument("--lease-seconds", type=positive_float, help="leader lease duration (default 15)")
     p.add_argument("--lease-namespace", help="namespace of the leader Lease (default gpupack-system)")
     p.add_argument("--lease-name", help="name of the leader Lease (default gpupack-controller)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--namespaces", help="comma-separated namespaces whose pods to place (default: all)")
     p.add_argument("--no-feedback", action="store_true", help="do not run the replica feedback loop")
-    p.add_argument("--agent-stale-seconds", type=float,
+    p.add_argument("--agent-stale-seconds", type=positive_float,
                    help="treat a GPUNode whose agent has been silent this long as stale (default 180)")
 
 

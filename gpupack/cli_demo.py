@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
 
 
 def _say(quiet: bool) -> Any:
@@ -191,9 +191,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--keep", action="store_true", help="leave the cluster and components running afterwards")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON (progress goes to stderr)")
     p.add_argument("--pods", type=int, default=40, help="pods to submit (default 40)")
-    p.add_argument("--submit-seconds", type=float, default=20.0, help="spread submissions over this long (default 20)")
-    p.add_argument("--timeout", type=float, default=90.0, help="give up this long after the last submission (default 90)")
+    p.add_argument("--submit-seconds", type=non_negative_float, default=20.0, help="spread submissions over this long (default 20)")
+    p.add_argument("--timeout", type=positive_float, default=90.0, help="give up this long after the last submission (default 90)")
     p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between progress lines (default 2)")
+    p.add_argument("--interval", type=positive_float, default=2.0, help="seconds between progress lines (default 2)")
     p.add_argument("--layouts", action="store_true", help="print every GPU's layout with each progress line")
     p.set_defaults(handler=_handler)

@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_OK, UsageError
+from gpupack.cli import EXIT_OK, UsageError, finite_float, non_negative_float
 from sharing.packing.mig_layouts import MIG_STRATEGIES, make_strategy
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
 from sharing.simulator.mig_replay import replay_mig
@@ -65,7 +65,7 @@ def register(subparsers: Any) -> None:
     seeds = p.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, help="one run with this seed (default 42)")
     seeds.add_argument("--seeds", type=int, metavar="N", help="N runs with the published seeds 42, 43, ... and report means")
-    p.add_argument("--inflate", type=float, default=1.3, help="arrived demand as a multiple of GPU capacity (default 1.3)")
+    p.add_argument("--inflate", type=finite_float, default=1.3, help="arrived demand as a multiple of GPU capacity (default 1.3)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument(
         "--model", choices=SHARING_MODELS, default="fgd", dest="sharing_model",
@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--mig-gpus", type=int, default=64, metavar="N", help="GPUs in the MIG cluster, 8 per node (default 64)")
     p.add_argument(
-        "--reshape-delay", type=float, default=60.0, metavar="SECONDS",
+        "--reshape-delay", type=non_negative_float, default=60.0, metavar="SECONDS",
         help="time a GPU is unavailable while reshaped (default 60)",
     )
     p.set_defaults(handler=run)

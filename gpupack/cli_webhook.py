@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,9 @@ from typing import Any
 import yaml
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+
+MAX_CERT_DAYS = 3650
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def register(subparsers: Any) -> None:
@@ -81,12 +86,22 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not settings.tls_cert or not settings.tls_key:
         raise UsageError("--tls-cert and --tls-key are required (the API server only calls webhooks over HTTPS)")
-    if not 0 < settings.port < 65536:
-        raise UsageError(f"--port {settings.port} is not a TCP port (1..65535)")
+    _check_port_free(settings.host, settings.port)
     try:
         return serve(settings, kubeconfig=args.kubeconfig)
     except (TLSConfigError, InventoryError, KubeConfigError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Fail now, with one line, if the port is taken (uvicorn would log an error and exit 3)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
+                             "(another process has the port? choose one with --port)") from None
 
 
 def _decide(args: argparse.Namespace) -> int:
@@ -132,8 +147,16 @@ def _decide(args: argparse.Namespace) -> int:
 def _certs(args: argparse.Namespace) -> int:
     from webhook.certs import write_self_signed
 
-    if args.days < 1:
-        raise UsageError(f"--days {args.days} must be at least 1")
+    if not 1 <= args.days <= MAX_CERT_DAYS:
+        raise UsageError(f"--days {args.days} must be 1..{MAX_CERT_DAYS} (a self-signed certificate "
+                         "for the webhook is rotated, not kept for ever)")
+    for flag, value in (("--service", args.service), ("--namespace", args.namespace)):
+        if not DNS_LABEL.fullmatch(value):
+            raise UsageError(f"{flag} {value!r} is not a Kubernetes name (lower-case letters, digits and '-', "
+                             "at most 63, starting and ending with a letter or digit)")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
     paths = write_self_signed(Path(args.out), args.service, args.namespace, args.host, args.days)
     for path in paths:
         print(path)

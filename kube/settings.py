@@ -13,6 +13,7 @@ was expected.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar
@@ -42,6 +43,11 @@ def settings_from_env(
         if raw is not None:
             values[f.name] = env_value(prefix + f.name.upper(), raw, _default(f))
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        value = values.get(f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            # NaN passes every range check (all comparisons are false) and then never ends a wait.
+            raise ValueError(f"{f.name} must be a finite number, got {value}")
     settings = cls(**values)
     settings.validate()
     return settings

@@ -59,6 +59,13 @@ class WebhookSettings:
     round trip before binding)."""
 
     def validate(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port {self.port} is not a TCP port (1..65535)")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes {self.max_body_bytes} is too small for any AdmissionReview "
+                             "(at least 1024; default 3 MiB)")
+        if self.tls_reload_seconds <= 0 or self.resync_seconds <= 0:
+            raise ValueError("tls_reload_seconds and resync_seconds must be greater than 0")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
 

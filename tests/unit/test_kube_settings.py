@@ -38,3 +38,15 @@ def test_values_read_by_the_type_of_their_default() -> None:
     assert settings.resync_seconds == 2.5 and settings.policy == ControllerSettings().policy  # None: no override
     with pytest.raises(ValueError, match="GPUPACK_CONTROLLER_WRITE_WORKERS"):
         ControllerSettings.from_env({"GPUPACK_CONTROLLER_WRITE_WORKERS": "many"})
+
+
+@pytest.mark.parametrize("raw", ["nan", "NaN", "inf", "-inf"])
+def test_numbers_that_are_not_finite_are_refused_from_every_source(raw: str) -> None:
+    """NaN passes every range check (all comparisons are false), so it used to be accepted and then
+    never ended a wait: for example GPUPACK_AGENT_POLL_SECONDS=nan."""
+    with pytest.raises(ValueError, match="poll_seconds must be a finite number"):
+        AgentSettings.from_env({"GPUPACK_AGENT_POLL_SECONDS": raw})
+    with pytest.raises(ValueError, match="lease_seconds must be a finite number"):
+        ControllerSettings.from_env({}, lease_seconds=float(raw))
+    with pytest.raises(ValueError, match="resync_seconds must be a finite number"):
+        WebhookSettings.from_env({"GPUPACK_WEBHOOK_RESYNC_SECONDS": raw})

@@ -1,0 +1,139 @@
+"""Every ``gpupack`` command, fed missing, malformed, binary and out-of-range input, answers with one
+clear line and exit code 2: never a traceback, never a hang.
+
+The commands are found by walking the argparse tree, so a new command or option is covered
+without editing this file; only the valid values for other required arguments are listed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpupack.cli import build_parser, main
+from webhook.certs import write_self_signed
+
+ROOT = Path(__file__).resolve().parents[2]
+NUMERIC_TYPES = {"int", "finite_float", "positive_float", "non_negative_float"}
+FILE_INPUTS = {"--kubeconfig", "--inventory", "--state-file", "--tls-cert", "--tls-key", "--nodes", "--pods",
+               "file", "pod"}
+"""Options and positionals that name a file the command reads."""
+LONG_RUNNING = {("demo",), ("dev", "cluster", "up"), ("dev", "cluster", "down"), ("dev", "cluster", "status")}
+"""Commands that start or stop real processes: their file-free options are still checked."""
+
+
+def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+        return
+    for action in subs:
+        for name, sub in action.choices.items():
+            yield from leaves(sub, (*path, name))
+
+
+COMMANDS = list(leaves(build_parser()))
+IDS = [" ".join(path) for path, _ in COMMANDS]
+
+
+def test_the_walk_finds_every_command_group() -> None:
+    assert {path[0] for path, _ in COMMANDS} >= {"mig", "simulate", "dev", "webhook", "agent", "controller", "demo"}
+
+
+@pytest.mark.parametrize(("path", "parser"), COMMANDS, ids=IDS)
+def test_help_and_unknown_options(path: tuple[str, ...], parser: argparse.ArgumentParser,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([*path, "--help"])
+    assert done.value.code == 0 and "usage:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main([*path, "--no-such-option"])
+    err = capsys.readouterr().err  # unrecognized, or a required argument missing: reported first
+    assert done.value.code == 2 and "error:" in err and "Traceback" not in err
+
+
+NUMERIC = [(path, action.option_strings[0]) for path, parser in COMMANDS for action in parser._actions
+           if action.option_strings and action.type is not None and getattr(action.type, "__name__", "") in NUMERIC_TYPES]
+
+
+@pytest.mark.parametrize(("path", "option"), NUMERIC, ids=[f"{' '.join(p)} {o}" for p, o in NUMERIC])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "ten", ""])
+def test_numbers_that_are_not_finite_are_refused(path: tuple[str, ...], option: str, value: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main([*path, option, value])
+    assert done.value.code == 2
+    assert f"argument {option}" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hostile")
+    binary = root / "binary.yaml"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 10)
+    directory = root / "a-directory"
+    directory.mkdir()
+    _ca, cert, key = write_self_signed(root / "tls", "gpupack-webhook", "gpupack-system", [])
+    pod = root / "pod.yaml"
+    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"
+                   "  - {name: c, image: x, resources: {limits: {gpupack.io/gpu-milli: '100'}}}\n")
+    return {"binary": binary, "missing": root / "missing" / "nothing.yaml", "directory": directory,
+            "cert": cert, "key": key, "pod": pod}
+
+
+def valid_rest(path: tuple[str, ...], inputs: dict[str, Path]) -> dict[str, str]:
+    """Plausible values for the arguments a command requires besides the one under test."""
+    inventory = str(ROOT / "examples" / "inventory.yaml")
+    return {
+        ("simulate",): {"--policy": "FGD"},
+        ("webhook", "serve"): {"--tls-cert": str(inputs["cert"]), "--tls-key": str(inputs["key"]),
+                               "--inventory": inventory},
+        ("webhook", "decide"): {"--inventory": inventory, "pod": str(inputs["pod"])},
+        ("agent", "run"): {"--node": "n1", "--simulate": "H200:1"},
+        ("agent", "snapshot"): {"--simulate": "H200:1"},
+        ("agent", "inventory"): {"--simulate": "H200:1"},
+    }.get(path, {})
+
+
+FILES = [(path, name) for path, parser in COMMANDS if path not in LONG_RUNNING for action in parser._actions
+         for name in (action.option_strings or [action.dest]) if name in FILE_INPUTS]
+
+
+SERVERS = {("webhook", "serve"), ("agent", "run"), ("controller", "run")}
+"""Run in a child process with a timeout: a regression that starts serving must fail, not hang."""
+
+
+@pytest.mark.parametrize(("path", "name"), FILES, ids=[f"{' '.join(p)} {n}" for p, n in FILES])
+@pytest.mark.parametrize("kind", ["binary", "missing", "directory"])
+def test_unusable_files_get_one_line_and_exit_2(path: tuple[str, ...], name: str, kind: str, inputs: dict[str, Path],
+                                                tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    args = dict(valid_rest(path, inputs))
+    if name == "--kubeconfig":
+        args.pop("--inventory", None)  # with an inventory file the webhook never reads credentials
+    args[name] = str(inputs[kind])
+    if name in ("--nodes", "--pods") or path == ("simulate",):
+        args.setdefault("--nodes", str(inputs["binary"]))
+        args.setdefault("--pods", str(inputs["binary"]))
+    argv = list(path)
+    for key, value in args.items():
+        argv += [value] if not key.startswith("--") else [key, value]
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))  # never reach a real cluster from here
+    monkeypatch.chdir(tmp_path)
+    if path in SERVERS:
+        done = subprocess.run([sys.executable, "-m", "gpupack", *argv], env=dict(os.environ),
+                              capture_output=True, text=True, timeout=60)
+        code, err = done.returncode, done.stderr
+    else:
+        code, err = main(argv), capsys.readouterr().err
+    assert "Traceback" not in err, err
+    assert code == 2, (argv, code, err[-500:])
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines and "error" in lines[-1], err
