@@ -99,6 +99,10 @@ def envelope(review: Any) -> tuple[str, dict[str, Any]]:
     return uid, request
 
 
+STATUS_REASONS: Final = {400: "BadRequest", 403: "Forbidden", 413: "RequestEntityTooLarge"}
+"""metav1.StatusReason for each code a denial uses."""
+
+
 def review_response(
     uid: str,
     allowed: bool,
@@ -114,7 +118,7 @@ def review_response(
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(dumps(patch)).decode("ascii")
     if not allowed:
-        response["status"] = {"code": code, "reason": "BadRequest" if code == 400 else "Forbidden", "message": message}
+        response["status"] = {"code": code, "reason": STATUS_REASONS.get(code, "Forbidden"), "message": message}
         if reason:
             response["status"]["details"] = {"causes": [{"reason": reason, "message": message}]}
     elif message:

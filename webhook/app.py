@@ -157,7 +157,8 @@ def build_app(
                     review = loads(body)
                 except JSONDecodeError as exc:
                     answer = Answer(
-                        review_response(uid_hint(body), False, message=f"body is not valid JSON: {exc}", code=400),
+                        review_response(uid_hint(body), False, message=f"body is not valid JSON: {exc}",
+                                        reason="MalformedJSON", code=400),
                         "denied",
                         "MalformedJSON",
                     )

@@ -123,6 +123,30 @@ def test_oversized_body_refused(server: Server) -> None:
     assert answer.status_code == 200
     response = answer.json()["response"]
     assert response["uid"] == "huge" and not response["allowed"] and "262144" in response["status"]["message"]
+    assert response["status"]["code"] == 413 and response["status"]["reason"] == "RequestEntityTooLarge"
+    assert response["status"]["details"]["causes"][0]["reason"] == "BodyTooLarge"
+
+
+def test_malformed_json_carries_its_reason_code(server: Server) -> None:
+    with server.client() as client:
+        response = client.post("/mutate", content=b'{"request": {"uid": "broken", ').json()["response"]
+    assert not response["allowed"] and response["status"]["code"] == 400
+    assert response["status"]["details"]["causes"][0]["reason"] == "MalformedJSON"
+
+
+def test_tls12_offers_no_cbc_suites(server: Server) -> None:
+    for offered, accepted in (("ECDHE-RSA-AES128-SHA:ECDHE-ECDSA-AES128-SHA:AES128-SHA256:AES256-SHA", False),
+                              ("ECDHE-RSA-AES128-GCM-SHA256:ECDHE-ECDSA-AES128-GCM-SHA256", True)):
+        ctx = ssl.create_default_context(cafile=str(server.ca))
+        ctx.maximum_version = ssl.TLSVersion.TLSv1_2
+        ctx.set_ciphers(offered)
+        try:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
+                with ctx.wrap_socket(raw, server_hostname="localhost") as tls:
+                    negotiated = tls.cipher()
+            assert accepted and negotiated is not None and "GCM" in negotiated[0], (offered, negotiated)
+        except ssl.SSLError:
+            assert not accepted, offered
 
 
 def test_metrics_and_health(server: Server) -> None:
