@@ -95,3 +95,82 @@ def test_agent_may_change_only_its_own_node(
         control_plane.server, control_plane.ca.cert_pem, "unbound", token=unbound))
     with pytest.raises(KubeError, match="only change its own"):
         Kube.connect(str(path2)).patch_node(own, label)
+
+
+def test_agent_may_touch_only_its_own_nodes_entries_in_the_gpu_operator_namespace(
+    control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
+    apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
+) -> None:
+    """An agent used to delete another node's device-plugin pod and set another node's sharing entry."""
+    core = client.CoreV1Api(admin_client)
+    sa = f"agent-op-{uuid.uuid4().hex[:6]}"
+    core.create_namespaced_service_account("gpupack-system", client.V1ServiceAccount(
+        metadata=client.V1ObjectMeta(name=sa)))
+    operator_ns = "gpu-operator"
+    try:
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=operator_ns)))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+    suffix = f"-{sa}"
+    docs = load_manifests(POLICY, POLICY.parent / "rbac-gpu-operator.yaml")
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            continue
+        doc["metadata"]["name"] += suffix
+        if doc["kind"] == "ValidatingAdmissionPolicy":
+            doc["spec"]["matchConditions"][0]["expression"] = (
+                f"request.userInfo.username == 'system:serviceaccount:gpupack-system:{sa}'")
+        elif doc["kind"] == "ValidatingAdmissionPolicyBinding":
+            doc["spec"]["policyName"] += suffix
+        elif doc["kind"] == "RoleBinding":
+            doc["roleRef"]["name"] += suffix
+            doc["subjects"][0]["name"] = sa
+    apply_manifests(*(d for d in docs if d["kind"] != "ConfigMap"))
+
+    own, other = _new_node(core), _new_node(core)
+    config = "gpupack-device-plugin-config"
+    try:
+        core.create_namespaced_config_map(operator_ns, client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=config), data={f"gpupack-{other}": "version: v1\n"}))
+    except client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        core.patch_namespaced_config_map(config, operator_ns, {"data": {f"gpupack-{other}": "version: v1\n"}})
+    plugin_pods = {}
+    for node in (own, other):
+        plugin_pods[node] = core.create_namespaced_pod(operator_ns, client.V1Pod(
+            metadata=client.V1ObjectMeta(name=f"plugin-{node}", labels={"app": f"plugin-{sa}"}),
+            spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(name="p", image="x")]))).metadata.name
+    agent_pod: Any = core.create_namespaced_pod("gpupack-system", client.V1Pod(
+        metadata=client.V1ObjectMeta(name=f"agent-{own}"),
+        spec=client.V1PodSpec(node_name=own, service_account_name=sa,
+                              containers=[client.V1Container(name="agent", image="registry.k8s.io/pause:3.10")])))
+    token = _token(core, sa, client.V1BoundObjectReference(
+        api_version="v1", kind="Pod", name=agent_pod.metadata.name, uid=agent_pod.metadata.uid))
+    path = write_kubeconfig(tmp_path / "agent.kubeconfig", kubeconfig_dict(
+        control_plane.server, control_plane.ca.cert_pem, f"system:serviceaccount:gpupack-system:{sa}", token=token))
+    agent = client.CoreV1Api(Kube.connect(str(path)).api)
+
+    attempts = iter(range(1, 1000))
+
+    def other_entry_refused() -> bool:
+        # A new value each time: until the API server's policy cache has the policy, a write may land,
+        # and repeating the same value would then be no change at all (which the policy allows).
+        value = f"replicas: {100 + next(attempts)}\n"
+        try:
+            agent.patch_namespaced_config_map(config, operator_ns, {"data": {f"gpupack-{other}": value}})
+        except client.ApiException as exc:
+            return exc.status in (403, 422) and "only change its own node's entry" in str(exc.body)
+        return False
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not other_entry_refused():
+        time.sleep(0.5)
+    assert other_entry_refused(), "the agent could rewrite another node's device-plugin entry"
+    agent.patch_namespaced_config_map(config, operator_ns, {"data": {f"gpupack-{own}": "version: v1\n"}})
+    with pytest.raises(client.ApiException, match="only change its own node's entry"):  # nor remove it
+        agent.patch_namespaced_config_map(config, operator_ns, {"data": {f"gpupack-{other}": None}})
+    with pytest.raises(client.ApiException, match="only delete pods on its own node"):
+        agent.delete_namespaced_pod(plugin_pods[other], operator_ns)
+    agent.delete_namespaced_pod(plugin_pods[own], operator_ns)  # its own node's device plugin: allowed
