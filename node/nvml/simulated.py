@@ -222,9 +222,6 @@ class SimulatedNvml:
             raise ValueError(f"unknown operation {fault.operation!r}; valid: {', '.join(OPERATIONS)}")
         self._faults.append(fault)
 
-    def clear_faults(self) -> None:
-        self._faults.clear()
-
     def start_process(self, index: int, pid: int, used_memory_mib: int = 1024, gi_id: int | None = None) -> None:
         """A workload starts on the GPU (inside instance ``gi_id`` when MIG is on)."""
         gpu = self._gpu(index)
