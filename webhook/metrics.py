@@ -60,6 +60,11 @@ class Metrics:
         self.tls_reloads = Counter(
             "gpupack_webhook_tls_reloads", "Serving certificate reloads after rotation.", registry=self.registry
         )
+        self.slow_clients = Counter(
+            "gpupack_webhook_slow_clients_dropped",
+            "Connections closed because a request was not received within request_read_seconds.",
+            registry=self.registry,
+        )
         # Pre-create the hot-path children: labels() costs a dict lookup and a lock.
         self._outcome = {
             (e, o): self.requests.labels(e, o) for e in ("mutate", "validate") for o in ("allowed", "denied", "error")

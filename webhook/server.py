@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import logging
+from typing import Any
 
 import uvicorn
 from kube.client import api_client
@@ -27,6 +28,15 @@ KEEP_ALIVE_SECONDS = 120
 def fastest(module: str, fallback: str) -> str:
     """uvloop/httptools when installed (optional extras), asyncio/h11 otherwise."""
     return module if importlib.util.find_spec(module) is not None else fallback
+
+
+def _http_protocol(settings: WebhookSettings, metrics: Metrics) -> Any:
+    """httptools with a request deadline (``webhook.slow_clients``) when installed, else uvicorn's h11."""
+    if importlib.util.find_spec("httptools") is None:
+        return "h11"
+    from webhook.slow_clients import deadline_protocol
+
+    return deadline_protocol(settings.request_read_seconds, on_drop=metrics.slow_clients.inc)
 
 
 def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvicorn.Server, AdmissionApp]:
@@ -51,8 +61,9 @@ def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvi
         log_level=settings.log_level,
         access_log=settings.access_log,
         loop=fastest("uvloop", "asyncio"),
-        http=fastest("httptools", "h11"),
+        http=_http_protocol(settings, metrics),
         timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        limit_concurrency=settings.max_connections,
         lifespan="on",
         server_header=False,
         date_header=False,

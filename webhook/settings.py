@@ -41,6 +41,14 @@ class WebhookSettings:
     1.5 MiB (etcd's default request limit); a review of a pod that large, JSON-encoded
     with its envelope, stays under 3 MiB. Larger bodies are answered with a denial
     (fail closed) without being parsed."""
+    request_read_seconds: float = 10.0
+    """A client must send each whole request (headers and body) within this many seconds of
+    its first byte, and begin its first one this soon after connecting; slower clients are
+    disconnected (``webhook.slow_clients``). The API server needs well under a second."""
+    max_connections: int = 1000
+    """Open connections (and requests in flight) beyond which new requests are answered 503
+    at once (uvicorn's ``limit_concurrency``): bounds memory and file descriptors under a flood.
+    The API server keeps a few pooled connections per replica."""
     log_level: str = "info"
     """uvicorn/gpupack log level: critical, error, warning, info, debug."""
     access_log: bool = False
@@ -64,8 +72,10 @@ class WebhookSettings:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes {self.max_body_bytes} is too small for any AdmissionReview "
                              "(at least 1024; default 3 MiB)")
-        if self.tls_reload_seconds <= 0 or self.resync_seconds <= 0:
-            raise ValueError("tls_reload_seconds and resync_seconds must be greater than 0")
+        if self.tls_reload_seconds <= 0 or self.resync_seconds <= 0 or self.request_read_seconds <= 0:
+            raise ValueError("tls_reload_seconds, resync_seconds and request_read_seconds must be greater than 0")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {self.max_connections}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
 

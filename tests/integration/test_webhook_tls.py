@@ -49,7 +49,7 @@ class Server:
         self.ca, self.der = write_pair(tmp)
         self.port = free_port()
         env = dict(os.environ, PYTHONPATH=str(ROOT), GPUPACK_WEBHOOK_TLS_RELOAD_SECONDS="0.2",
-                   GPUPACK_WEBHOOK_MAX_BODY_BYTES=str(256 * 1024))
+                   GPUPACK_WEBHOOK_MAX_BODY_BYTES=str(256 * 1024), GPUPACK_WEBHOOK_REQUEST_READ_SECONDS="1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpupack", "webhook", "serve", "--tls-cert", str(tmp / "tls.crt"),
              "--tls-key", str(tmp / "tls.key"), "--host", "127.0.0.1", "--port", str(self.port),
@@ -58,6 +58,10 @@ class Server:
         )
         self.url = f"https://localhost:{self.port}"
         self.wait_ready()
+
+    def metric_value(self, client: httpx.Client, name: str) -> float:
+        text = client.get("/metrics").text
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, verify=ssl.create_default_context(cafile=str(self.ca)), timeout=10)
@@ -156,6 +160,39 @@ def test_metrics_and_health(server: Server) -> None:
     assert 'gpupack_webhook_requests_total{endpoint="mutate",outcome="allowed"}' in text
 
 
+def _stalled(server: Server, first_bytes: bytes) -> ssl.SSLSocket:
+    ctx = ssl.create_default_context(cafile=str(server.ca))
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    tls = ctx.wrap_socket(raw, server_hostname="localhost")
+    if first_bytes:
+        tls.sendall(first_bytes)
+    return tls
+
+
+@pytest.mark.parametrize("first_bytes", [
+    b"",  # connected, then nothing
+    b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n",  # part of the headers
+    b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 200000\r\n\r\n" + b"x" * 65536,  # part of a body, under the size limit
+], ids=["silent", "partial-headers", "partial-body"])
+def test_a_client_too_slow_to_send_its_request_is_disconnected(server: Server, first_bytes: bytes) -> None:
+    """Stalled clients used to stay connected for over 70 s and, enough of them, exhaust the sockets."""
+    with server.client() as client:
+        before = server.metric_value(client, "gpupack_webhook_slow_clients_dropped_total")
+    tls = _stalled(server, first_bytes)
+    try:
+        # The server closes it (the deadline is 1 s here); the 30 s socket timeout only bounds a failure.
+        assert tls.recv(1024) == b""
+    except (ConnectionResetError, ssl.SSLError):
+        pass  # closed under the TLS layer: just as disconnected
+    finally:
+        tls.close()
+    with server.client() as client:
+        assert server.metric_value(client, "gpupack_webhook_slow_clients_dropped_total") == before + 1
+        # Prompt clients are served as ever.
+        response = client.post("/mutate", json=make_review(make_pod(gpu_container()), uid="after")).json()
+    assert response["response"]["uid"] == "after"
+
+
 def test_certificate_rotation_without_restart(server: Server) -> None:
     assert server.presented_certificate(server.ca) == server.der
     new_ca, new_der = write_pair(server.dir)
@@ -172,3 +209,4 @@ def test_certificate_rotation_without_restart(server: Server) -> None:
     assert server.proc.poll() is None  # same process
     with httpx.Client(base_url=server.url, verify=ssl.create_default_context(cafile=str(new_ca))) as client:
         assert client.get("/metrics").text.count("gpupack_webhook_tls_reloads_total 1.0") == 1
+
