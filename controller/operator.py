@@ -77,7 +77,8 @@ class Loop:
                 pause, news = self.backoff.failed(f"{type(exc).__name__}: {exc}")
                 if news:  # once per change of state, not once per attempt
                     log.exception("planning cycle failed; retrying with back-off (next in %.1fs)", pause)
-                self._stop.wait(pause)
+                # Back off, but an event (kopf is watching again: the API server answers) ends the pause early.
+                self._wake.wait(pause)
                 self._wake.set()  # try again after the pause even if nothing changes meanwhile
                 continue
             if self.backoff.succeeded():

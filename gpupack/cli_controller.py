@@ -43,6 +43,9 @@ def _run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)
+    # kopf only wakes the planning loop; its watch retries log every attempt while the API server is
+    # down, and the loop already reports the outage once (kube.backoff).
+    logging.getLogger("kopf._cogs.clients").setLevel(logging.CRITICAL)
     try:
         return run(settings, args.kubeconfig)
     except KubeConfigError as exc:

@@ -63,6 +63,9 @@ class KubeConfigError(Exception):
 
 def api_client(kubeconfig: str | None = None) -> client.ApiClient:
     """In-cluster credentials inside a pod (unless ``kubeconfig`` is given), else ``kubeconfig`` or ``$KUBECONFIG``."""
+    # urllib3 warns on each of its own connection retries (three per call): while the API server is
+    # down that is most of a component's log. The components log an outage once (kube.backoff).
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     try:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             cfg = client.Configuration()
@@ -96,7 +99,8 @@ def call(fn: Callable[..., T], *args: Any, idempotent: bool = False,
             if attempt + 1 == attempts or not is_transient(error):
                 raise error from None
             delay = RETRY_DELAYS_S[attempt]
-            log.info("transient Kubernetes API failure (%s); retrying in %.1fs", error, delay)
+            # Debug only: during an outage every call fails; the caller's loop logs the outage once.
+            log.debug("transient Kubernetes API failure (%s); retrying in %.1fs", error, delay)
             sleep(delay)
     raise AssertionError("unreachable: the last attempt returns or raises")
 

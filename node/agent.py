@@ -65,7 +65,7 @@ from sharing.keys import mig_profile_of
 
 log = logging.getLogger("gpupack.agent")
 EVENT_REPEAT_SECONDS = 600.0
-MAX_BACKOFF_SECONDS = 30.0
+MAX_BACKOFF_SECONDS = 15.0
 """The longest pause between attempts while the API server or NVML fails: the agent notices
 an outage has ended within about this long."""
 
@@ -261,6 +261,7 @@ class Agent:
         else:
             problem, what = f"{type(exc).__name__}: {exc}", "agent tick failed"
         pause, news = self.backoff.failed(problem)
+        self._last_patch = -1e18  # the first tick that works again writes status: the controller sees us back
         self.metrics.consecutive_failures.set(self.backoff.failures)
         self.metrics.backoff_seconds.set(pause)
         if news:  # once per change of state, not once per attempt

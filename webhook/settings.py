@@ -45,10 +45,12 @@ class WebhookSettings:
     """A client must send each whole request (headers and body) within this many seconds of
     its first byte, and begin its first one this soon after connecting; slower clients are
     disconnected (``webhook.slow_clients``). The API server needs well under a second."""
-    max_connections: int = 1000
+    max_connections: int = 2000
     """Open connections (and requests in flight) beyond which new requests are answered 503
     at once (uvicorn's ``limit_concurrency``): bounds memory and file descriptors under a flood.
-    The API server keeps a few pooled connections per replica."""
+    The API server keeps a few pooled connections per replica; a stalled connection costs
+    about 0.1 MiB and lives at most ``request_read_seconds``, so 2000 stay well inside the
+    manifest's 512Mi (benchmarks/faults.md)."""
     log_level: str = "info"
     """uvicorn/gpupack log level: critical, error, warning, info, debug."""
     access_log: bool = False

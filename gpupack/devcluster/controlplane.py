@@ -130,6 +130,18 @@ class ControlPlane:
             shutil.rmtree(self.workdir, ignore_errors=True)
         atexit.unregister(self.stop)
 
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver alone (an outage, for fault benchmarks); etcd and the scheduler keep running."""
+        proc = next(p for p in self.processes if p.name == "kube-apiserver")
+        proc.stop()
+        self.processes.remove(proc)
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again on the same port and PKI, and wait until it is ready."""
+        if any(p.name == "kube-apiserver" for p in self.processes):
+            raise RuntimeError("kube-apiserver is already running")
+        self._start_apiserver()
+
     def running(self) -> bool:
         return bool(self.processes) and all(p.running() for p in self.processes)
 

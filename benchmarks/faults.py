@@ -1,0 +1,301 @@
+"""Measure gpupack under faults (a script, not a test; results in benchmarks/faults.md).
+
+Two experiments, each on this machine's own processes:
+
+* **webhook under stalled clients**: ``gpupack webhook serve`` (example inventory) gets
+  ``--stalled`` TLS connections that send part of their headers and stop, plus
+  ``--partial-bodies`` that announce a 2 MB body and send 1 MB of it. While they hang,
+  a keep-alive client sends admissions one after another; the script reports their
+  latency, the webhook's resident memory (idle, peak during the stall, after), and how
+  many stalled connections the webhook closed (``request_read_seconds``, 10 s).
+* **API server outage**: a real kube-apiserver, etcd and kube-scheduler (built by
+  ``tools/k8s/build.sh``), one simulated node agent and the controller. kube-apiserver
+  is stopped for ``--outage`` seconds; the script reports the log bytes and CPU seconds
+  each component spent during the outage, then how long after the restart the agent
+  reports again, the controller releases a new gated pod, and kube-scheduler binds it.
+
+    python benchmarks/faults.py                   # both, about 3 minutes on 2 cores
+    python benchmarks/faults.py --only webhook --stalled 1000 --partial-bodies 100
+    python benchmarks/faults.py --only outage --outage 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import httpx  # noqa: E402
+
+from gpupack.devcluster.process import free_port  # noqa: E402
+from webhook.certs import write_self_signed  # noqa: E402
+from webhook.testing import gpu_container, make_pod, make_review  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU of ``pid`` and its threads so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 120.0) -> float:
+    began = time.monotonic()
+    while time.monotonic() - began < timeout_s:
+        try:
+            if check():
+                return time.monotonic() - began
+        except Exception:  # noqa: BLE001 - not there yet
+            pass
+        time.sleep(0.1)
+    raise SystemExit(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ----------------------------------------------------------------------------- webhook
+
+
+def webhook_under_stalled_clients(stalled: int, partial_bodies: int, requests: int) -> dict[str, Any]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * (stalled + partial_bodies) + 256)), hard))
+    with tempfile.TemporaryDirectory() as tmp:
+        ca, cert, key = write_self_signed(Path(tmp), "gpupack-webhook", "gpupack-system", ["localhost", "127.0.0.1"])
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpupack", "webhook", "serve", "--tls-cert", str(cert), "--tls-key", str(key),
+             "--host", "127.0.0.1", "--port", str(port), "--inventory", str(ROOT / "examples" / "inventory.yaml"),
+             "--log-level", "warning"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = f"https://127.0.0.1:{port}"
+            context = ssl.create_default_context(cafile=str(ca))
+            client = httpx.Client(base_url=url, verify=context, timeout=30)
+            wait_for("the webhook", lambda: client.get("/readyz").status_code == 200)
+            body = make_review(make_pod(gpu_container("main", "250")))
+
+            refused: dict[str, int] = {}
+
+            def admissions(phase: str = "warm-up") -> list[float]:
+                out = []
+                for _ in range(requests):
+                    began = time.perf_counter()
+                    status = client.post("/mutate", json=body).status_code
+                    out.append(1000 * (time.perf_counter() - began))
+                    if status != 200:
+                        refused[phase] = refused.get(phase, 0) + 1
+                return out
+
+            admissions()  # warm up
+            idle_rss = rss_mib(proc.pid)
+            baseline = admissions("before")
+            sockets: list[ssl.SSLSocket] = []
+            opened = time.monotonic()
+            for i in range(stalled + partial_bodies):
+                raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+                tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+                if i < stalled:
+                    tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n")
+                else:
+                    tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2000000\r\n\r\n"
+                                + b"x" * 1_000_000)
+                sockets.append(tls)
+            open_seconds = time.monotonic() - opened
+            peak = [rss_mib(proc.pid)]
+            sampling = threading.Event()
+
+            def sample() -> None:
+                while not sampling.wait(0.2):
+                    peak.append(rss_mib(proc.pid))
+
+            sampler = threading.Thread(target=sample, daemon=True)
+            sampler.start()
+            during = admissions("during_stall")
+            time.sleep(12)  # past request_read_seconds (10 s)
+            sampling.set()
+            sampler.join()
+            closed = 0
+            for tls in sockets:
+                tls.settimeout(0.01)
+                try:
+                    closed += tls.recv(1) == b""
+                except (ConnectionResetError, ssl.SSLError, OSError):
+                    closed += 1
+                tls.close()
+            time.sleep(2)
+            after_rss = rss_mib(proc.pid)
+            after = admissions("after")
+            client.close()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return {
+        "stalled_connections": stalled, "partial_bodies": partial_bodies, "seconds_to_open_them": round(open_seconds, 1),
+        "closed_by_webhook_within_12s": closed, "admissions_not_200": refused,
+        "rss_mib": {"idle": round(idle_rss, 1), "peak_during_stall": round(max(peak), 1), "after": round(after_rss, 1)},
+        "admission_ms": {
+            "before": {"p50": round(quantile(baseline, 0.5), 2), "p99": round(quantile(baseline, 0.99), 2)},
+            "during_stall": {"p50": round(quantile(during, 0.5), 2), "p99": round(quantile(during, 0.99), 2)},
+            "after": {"p50": round(quantile(after, 0.5), 2), "p99": round(quantile(after, 0.99), 2)},
+        },
+    }
+
+
+# ----------------------------------------------------------------------------- outage
+
+
+def apiserver_outage(outage_s: float) -> dict[str, Any]:
+    from kubernetes import client
+
+    from gpupack.devcluster.apply import apply_objects, gpupack_manifests
+    from gpupack.devcluster.binaries import ensure_binaries
+    from gpupack.devcluster.controlplane import ControlPlane
+    from kube.times import parse_time
+    from sharing.allocation import Allocation, ContainerAllocation
+    from sharing.keys import ALLOCATION_ANNOTATION
+
+    h100 = "NVIDIA-H100-80GB-HBM3"
+    plane = ControlPlane(ensure_binaries(progress=sys.stderr)).start()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    tmp = Path(tempfile.mkdtemp(prefix="gpupack-faults-"))
+    try:
+        admin = plane.admin_client()
+        apply_objects(admin, gpupack_manifests(), field_manager="faults-bench")
+        core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+        node = "faults-h100"
+        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node, labels={
+            "kubernetes.io/hostname": node, "bench": "faults", "nvidia.com/gpu.deploy.device-plugin": "true"})))
+        res = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+        core.patch_node_status(node, {"status": {"capacity": res, "allocatable": res, "conditions": [
+            {"type": "Ready", "status": "True", "reason": "Bench", "message": "no kubelet"}]}})
+        custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", {
+            "apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": node},
+            "spec": {"sharing": {"mode": "none", "replicas": 1},
+                     "gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "1g.10gb"}] * 7}]}})
+        custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "sharingpolicies", {
+            "apiVersion": "gpupack.io/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": "faults"},
+            "spec": {"nodeSelector": {"matchLabels": {"bench": "faults"}}, "reshaping": {"idleSeconds": 0}}})
+        logs: dict[str, Path] = {}
+
+        def start(name: str, argv: list[str]) -> None:
+            logs[name] = tmp / f"{name}.log"
+            procs[name] = subprocess.Popen([sys.executable, "-m", "gpupack", *argv], cwd=ROOT,
+                                           stdout=logs[name].open("wb"), stderr=subprocess.STDOUT)
+
+        start("agent", ["agent", "run", "--node", node, "--simulate", "H100-80GB:1", "--state-file",
+                        str(tmp / "state.json"), "--emulate-device-plugin", "--poll-seconds", "1", "--metrics-port",
+                        "0", "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-node-agent"))])
+        start("controller", ["controller", "run", "--kubeconfig",
+                             str(plane.serviceaccount_kubeconfig("gpupack-controller")), "--metrics-port", "0",
+                             "--lease-seconds", "4", "--resync-seconds", "1", "--no-feedback"])
+
+        def gpunode() -> dict[str, Any]:
+            return dict(custom.get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", node))
+
+        wait_for("the node's seven 1g instances", lambda: len(gpunode()["status"]["gpus"][0]["instances"]) == 7)
+
+        def pod(name: str) -> None:
+            allocation = Allocation(mode="mig", gated=True, capacity_existed=True, policy="b", reason="b",
+                                    gpu_model=h100, containers=(ContainerAllocation(
+                                        "main", "containers", 100, None, "nvidia.com/mig-1g.10gb", "1g.10gb"),))
+            core.create_namespaced_pod("default", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()}},
+                "spec": {"schedulingGates": [{"name": "gpupack.io/capacity"}], "containers": [{
+                    "name": "main", "image": "x", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}})
+
+        pod("before")
+        wait_for("a pod bound before the outage", lambda: core.read_namespaced_pod("before", "default").spec.node_name)
+        time.sleep(3)  # settle
+        before = {n: (logs[n].stat().st_size, cpu_seconds(p.pid)) for n, p in procs.items()}
+        plane.stop_apiserver()
+        time.sleep(outage_s)
+        during = {n: (logs[n].stat().st_size - before[n][0], cpu_seconds(p.pid) - before[n][1])
+                  for n, p in procs.items()}
+        restarted = time.monotonic()
+        plane.start_apiserver()
+        apiserver_ready = time.monotonic() - restarted
+        wall_restart = time.time()
+        admin = plane.admin_client()
+        core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+        agent_back = wait_for("the agent's heartbeat after the restart", lambda: (
+            (beat := parse_time(gpunode()["status"].get("heartbeatTime"))) is not None
+            and beat.timestamp() >= wall_restart - 1)) + apiserver_ready
+        pod("after")
+        began = time.monotonic()
+        released_after = wait_for("the controller to release a pod created after the restart",
+                                  lambda: not core.read_namespaced_pod("after", "default").spec.scheduling_gates)
+        bound_after = wait_for("kube-scheduler to bind it",
+                               lambda: core.read_namespaced_pod("after", "default").spec.node_name)
+        bound_after = time.monotonic() - began
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        plane.stop()
+    return {
+        "outage_s": outage_s,
+        "during_outage": {n: {"log_bytes": b, "cpu_s": round(c, 2)} for n, (b, c) in during.items()},
+        "apiserver_ready_after_restart_s": round(apiserver_ready, 1),
+        "agent_reports_again_after_restart_s": round(agent_back, 1),
+        "new_gated_pod_released_by_controller_s": round(released_after, 1),
+        "new_gated_pod_bound_by_kube_scheduler_s": round(bound_after, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", choices=["webhook", "outage"], help="run one experiment")
+    ap.add_argument("--stalled", type=int, default=1000, help="connections stalled in their headers (default 1000)")
+    ap.add_argument("--partial-bodies", type=int, default=100, help="connections stalled in a body (default 100)")
+    ap.add_argument("--requests", type=int, default=200, help="admissions measured per phase (default 200)")
+    ap.add_argument("--outage", type=float, default=60.0, help="seconds kube-apiserver is down (default 60)")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+    out: dict[str, Any] = {"machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, "
+                                      f"{platform.system()}", "date": time.strftime("%Y-%m-%d %H:%M")}
+    if args.only in (None, "webhook"):
+        out["webhook"] = webhook_under_stalled_clients(args.stalled, args.partial_bodies, args.requests)
+        print(json.dumps(out["webhook"], indent=1), flush=True)
+    if args.only in (None, "outage"):
+        out["outage"] = apiserver_outage(args.outage)
+        print(json.dumps(out["outage"], indent=1), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
