@@ -166,11 +166,8 @@ class Controller:
 
     def _note_skipped(self, entries: tuple[str, ...]) -> None:
         """Log the GPUNode entries the one reader (``sharing.gpunode``) left out, once each; count them."""
-        skipped = frozenset(entries)
-        for entry in sorted(skipped - self._skipped):
-            log.warning("GPUNode %s", entry)
-        self._skipped = skipped
-        self.metrics.skipped_entries.set(len(skipped))
+        self._skipped = _log_new(self._skipped, entries, "GPUNode %s")
+        self.metrics.skipped_entries.set(len(self._skipped))
 
     def _note_stale(self, snapshot: Snapshot) -> None:
         """Log a node turning stale or live again, once each; count the stale ones."""
@@ -186,11 +183,8 @@ class Controller:
 
     def _note_untrusted(self, pods: tuple[str, ...]) -> None:
         """Log pods whose allocation is ignored, once each; count them."""
-        untrusted = frozenset(pods)
-        for entry in sorted(untrusted - self._untrusted):
-            log.warning("pod %s; ignored", entry)
-        self._untrusted = untrusted
-        self.metrics.untrusted_allocations.set(len(untrusted))
+        self._untrusted = _log_new(self._untrusted, pods, "pod %s; ignored")
+        self.metrics.untrusted_allocations.set(len(self._untrusted))
 
     def _policy_status(
         self, policies: list[dict[str, Any]], snapshot: Snapshot, now: datetime, report: CycleReport
@@ -334,3 +328,9 @@ def _loads(node: Node, pods: int) -> list[GpuLoad]:
     ]
 
 
+def _log_new(logged: frozenset[str], entries: tuple[str, ...], message: str) -> frozenset[str]:
+    """Warn about each entry not warned about last cycle (``message % entry``); the entries, for next time."""
+    current = frozenset(entries)
+    for entry in sorted(current - logged):
+        log.warning(message, entry)
+    return current

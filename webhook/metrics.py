@@ -9,6 +9,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 # Sub-millisecond buckets: the webhook's budget is a few ms; the API server's
 # own timeout (timeoutSeconds) is the last bucket that matters.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+SLOW_CLIENTS_HELP = "Connections closed because a request was not received within request_read_seconds."
 
 
 class Metrics:
@@ -60,11 +61,7 @@ class Metrics:
         self.tls_reloads = Counter(
             "gpupack_webhook_tls_reloads", "Serving certificate reloads after rotation.", registry=self.registry
         )
-        self.slow_clients = Counter(
-            "gpupack_webhook_slow_clients_dropped",
-            "Connections closed because a request was not received within request_read_seconds.",
-            registry=self.registry,
-        )
+        self.slow_clients = Counter("gpupack_webhook_slow_clients_dropped", SLOW_CLIENTS_HELP, registry=self.registry)
         # Pre-create the hot-path children: labels() costs a dict lookup and a lock.
         self._outcome = {
             (e, o): self.requests.labels(e, o) for e in ("mutate", "validate") for o in ("allowed", "denied", "error")

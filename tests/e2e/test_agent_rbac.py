@@ -38,39 +38,57 @@ def _token(core: client.CoreV1Api, sa: str, bound: client.V1BoundObjectReference
     return str(response.status.token)
 
 
-def test_agent_may_change_only_its_own_node(
-    control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
-    apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
-) -> None:
+def _agent_on(control_plane: ControlPlane, core: client.CoreV1Api, sa: str, node: str, tmp_path: Path) -> Kube:
+    """The client of an agent pod of ServiceAccount ``sa`` on ``node``, with a token bound to that pod
+    (so the API server knows its node, as it does for the DaemonSet's pods)."""
+    pod: Any = core.create_namespaced_pod("gpupack-system", client.V1Pod(
+        metadata=client.V1ObjectMeta(name=f"agent-{node}"),
+        spec=client.V1PodSpec(node_name=node, service_account_name=sa,
+                              containers=[client.V1Container(name="agent", image="registry.k8s.io/pause:3.10")])))
+    token = _token(core, sa, client.V1BoundObjectReference(
+        api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid))
+    path = write_kubeconfig(tmp_path / "agent.kubeconfig", kubeconfig_dict(
+        control_plane.server, control_plane.ca.cert_pem, f"system:serviceaccount:gpupack-system:{sa}", token=token))
+    return Kube.connect(str(path))
+
+
+def _test_agent(admin_client: Any, apply_manifests: Callable[..., list[dict[str, Any]]], prefix: str,
+                *manifests: Path) -> str:
+    """A new ServiceAccount bound to the node agent's ClusterRole, with the shipped ``manifests``
+    applied under new names and naming it instead of ``gpupack-node-agent``; its name."""
     core = client.CoreV1Api(admin_client)
-    sa = f"agent-vap-{uuid.uuid4().hex[:6]}"
+    sa = f"{prefix}-{uuid.uuid4().hex[:6]}"
     core.create_namespaced_service_account("gpupack-system", client.V1ServiceAccount(
         metadata=client.V1ObjectMeta(name=sa)))
     client.RbacAuthorizationV1Api(admin_client).create_cluster_role_binding(client.V1ClusterRoleBinding(
         metadata=client.V1ObjectMeta(name=sa),
         role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="gpupack-node-agent"),
         subjects=[client.RbacV1Subject(kind="ServiceAccount", name=sa, namespace="gpupack-system")]))
-    docs = load_manifests(POLICY)
     suffix = f"-{sa}"
+    docs = [d for d in load_manifests(*manifests) if d["kind"] != "ConfigMap"]
     for doc in docs:
         doc["metadata"]["name"] += suffix
         if doc["kind"] == "ValidatingAdmissionPolicy":
             doc["spec"]["matchConditions"][0]["expression"] = (
                 f"request.userInfo.username == 'system:serviceaccount:gpupack-system:{sa}'")
-        else:
+        elif doc["kind"] == "ValidatingAdmissionPolicyBinding":
             doc["spec"]["policyName"] += suffix
+        elif doc["kind"] == "RoleBinding":
+            doc["roleRef"]["name"] += suffix
+            doc["subjects"][0]["name"] = sa
     apply_manifests(*docs)
+    return sa
+
+
+def test_agent_may_change_only_its_own_node(
+    control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
+    apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
+) -> None:
+    core = client.CoreV1Api(admin_client)
+    sa = _test_agent(admin_client, apply_manifests, "agent-vap", POLICY)
 
     own, other = _new_node(core), _new_node(core)
-    pod: Any = core.create_namespaced_pod("gpupack-system", client.V1Pod(
-        metadata=client.V1ObjectMeta(name=f"agent-{own}"),
-        spec=client.V1PodSpec(node_name=own, service_account_name=sa,
-                              containers=[client.V1Container(name="agent", image="registry.k8s.io/pause:3.10")])))
-    token = _token(core, sa, client.V1BoundObjectReference(
-        api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid))
-    path = write_kubeconfig(tmp_path / "agent.kubeconfig", kubeconfig_dict(
-        control_plane.server, control_plane.ca.cert_pem, f"system:serviceaccount:gpupack-system:{sa}", token=token))
-    kube = Kube.connect(str(path))
+    kube = _agent_on(control_plane, core, sa, own, tmp_path)
     label = {"metadata": {"labels": {"gpupack.io/probe": "1"}}}
 
     # The policy becomes active once the API server's policy cache syncs: wait for the first denial.
@@ -103,30 +121,13 @@ def test_agent_may_touch_only_its_own_nodes_entries_in_the_gpu_operator_namespac
 ) -> None:
     """An agent used to delete another node's device-plugin pod and set another node's sharing entry."""
     core = client.CoreV1Api(admin_client)
-    sa = f"agent-op-{uuid.uuid4().hex[:6]}"
-    core.create_namespaced_service_account("gpupack-system", client.V1ServiceAccount(
-        metadata=client.V1ObjectMeta(name=sa)))
     operator_ns = "gpu-operator"
     try:
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=operator_ns)))
     except client.ApiException as exc:
         if exc.status != 409:
             raise
-    suffix = f"-{sa}"
-    docs = load_manifests(POLICY, POLICY.parent / "rbac-gpu-operator.yaml")
-    for doc in docs:
-        if doc["kind"] == "ConfigMap":
-            continue
-        doc["metadata"]["name"] += suffix
-        if doc["kind"] == "ValidatingAdmissionPolicy":
-            doc["spec"]["matchConditions"][0]["expression"] = (
-                f"request.userInfo.username == 'system:serviceaccount:gpupack-system:{sa}'")
-        elif doc["kind"] == "ValidatingAdmissionPolicyBinding":
-            doc["spec"]["policyName"] += suffix
-        elif doc["kind"] == "RoleBinding":
-            doc["roleRef"]["name"] += suffix
-            doc["subjects"][0]["name"] = sa
-    apply_manifests(*(d for d in docs if d["kind"] != "ConfigMap"))
+    sa = _test_agent(admin_client, apply_manifests, "agent-op", POLICY, POLICY.parent / "rbac-gpu-operator.yaml")
 
     own, other = _new_node(core), _new_node(core)
     config = "gpupack-device-plugin-config"
@@ -142,15 +143,7 @@ def test_agent_may_touch_only_its_own_nodes_entries_in_the_gpu_operator_namespac
         plugin_pods[node] = core.create_namespaced_pod(operator_ns, client.V1Pod(
             metadata=client.V1ObjectMeta(name=f"plugin-{node}", labels={"app": f"plugin-{sa}"}),
             spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(name="p", image="x")]))).metadata.name
-    agent_pod: Any = core.create_namespaced_pod("gpupack-system", client.V1Pod(
-        metadata=client.V1ObjectMeta(name=f"agent-{own}"),
-        spec=client.V1PodSpec(node_name=own, service_account_name=sa,
-                              containers=[client.V1Container(name="agent", image="registry.k8s.io/pause:3.10")])))
-    token = _token(core, sa, client.V1BoundObjectReference(
-        api_version="v1", kind="Pod", name=agent_pod.metadata.name, uid=agent_pod.metadata.uid))
-    path = write_kubeconfig(tmp_path / "agent.kubeconfig", kubeconfig_dict(
-        control_plane.server, control_plane.ca.cert_pem, f"system:serviceaccount:gpupack-system:{sa}", token=token))
-    agent = client.CoreV1Api(Kube.connect(str(path)).api)
+    agent = client.CoreV1Api(_agent_on(control_plane, core, sa, own, tmp_path).api)
 
     attempts = iter(range(1, 1000))
 
