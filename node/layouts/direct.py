@@ -93,6 +93,7 @@ def reconcile_direct(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snap
         return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "MigManagerBusy",
                                      f"{MIG_CONFIG_STATE_LABEL}={manager_state}; waiting for mig-manager to finish"))
     blocked_rules = replace(rules, blocked=ctx.rules.may_start(now)[1])
+    left_for_later = False
     if journal is None or not journal.active:
         for gpu in snapshot.gpus:
             index = gpu.info.index
@@ -118,10 +119,13 @@ def reconcile_direct(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snap
                 decisions[index] = result.decision
             if result.journal is not None and result.journal is not own:
                 journal = result.journal
-                break  # one GPU at a time per node; the policy's max_concurrent is the controller's
+                # One GPU at a time per node (the policy's max_concurrent is the controller's); the GPUs
+                # after it are not even looked at this tick, so the node's layout is not yet known to be done.
+                left_for_later = True
+                break
     if journal is not None and journal.phase == "Advertising":
         journal = advertise_after_reshape(ctx, journal, store, snapshot)
-    return layout_report(journal, decisions, problems, generation)
+    return layout_report(journal, decisions, problems, generation, left_for_later=left_for_later)
 
 
 def pause_hook(ctx: AgentContext, store: KubeJournalStore) -> Callable[[Journal], Journal]:
@@ -171,7 +175,7 @@ def advertise_after_reshape(ctx: AgentContext, journal: Journal, store: KubeJour
 
 
 def layout_report(journal: Journal | None, decisions: Mapping[int, StartDecision],
-                  problems: Mapping[int, str], generation: int) -> C.LayoutReport:
+                  problems: Mapping[int, str], generation: int, *, left_for_later: bool = False) -> C.LayoutReport:
     """The LayoutApplied condition, and each GPU given up on for ``generation`` (typed)."""
     refused = {i: d.reason for i, d in decisions.items() if d.kind == "refuse"} | dict(problems)
     refusals = {i: LayoutRefusal(phase="Refused", reason=r[:1024], generation=generation) for i, r in refused.items()}
@@ -180,12 +184,12 @@ def layout_report(journal: Journal | None, decisions: Mapping[int, StartDecision
         phase: LayoutRefusalPhase = "Failed" if journal.phase == "Failed" else "Aborted"
         refusals[journal.gpu_index] = LayoutRefusal(phase=phase, reason=(journal.reason or phase)[:1024],
                                                     generation=generation)
-    active = bool(journal and journal.active)
-    return C.LayoutReport(layout_condition(journal, decisions, problems, generation), active, refusals)
+    active = bool(journal and journal.active) or left_for_later  # more to do: tick again soon
+    return C.LayoutReport(layout_condition(journal, decisions, problems, generation, left_for_later), active, refusals)
 
 
 def layout_condition(journal: Journal | None, decisions: Mapping[int, StartDecision],
-                     problems: Mapping[int, str], generation: int) -> C.Cond:
+                     problems: Mapping[int, str], generation: int, left_for_later: bool = False) -> C.Cond:
     if journal is not None and journal.active:
         return C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
                       f"GPU {journal.gpu_index}: {journal.phase}" + (f" ({journal.reason})" if journal.reason else ""))
@@ -204,6 +208,11 @@ def layout_condition(journal: Journal | None, decisions: Mapping[int, StartDecis
     if journal is not None and journal.generation == generation and journal.phase in ("Failed", "Aborted"):
         return C.Cond(C.LAYOUT_APPLIED, "False", f"Reconfiguration{journal.phase}",
                       f"GPU {journal.gpu_index}: {journal.reason}")
+    if left_for_later:
+        # A reshape finished within this tick and the GPUs after it were not looked at: "every GPU
+        # has its layout" would be premature (and would stand while the next GPU is reshaped).
+        done = f"GPU {journal.gpu_index} done; " if journal is not None else ""
+        return C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring", f"{done}the spec's other GPUs follow")
     return C.Cond(C.LAYOUT_APPLIED, "True", "AsRequested", "every GPU has the requested layout")
 
 

@@ -483,3 +483,23 @@ def test_every_status_patch_carries_a_heartbeat() -> None:
     clock.t += 60  # heartbeat due: the same status again, with a new time
     agent.tick()
     assert kube.status_patches == patches + 1 and kube.gpunode["status"]["heartbeatTime"] > first
+
+
+def test_layout_applied_waits_for_every_gpu_of_the_spec() -> None:
+    """One GPU is reshaped per tick. The tick that finished the first used to report
+    LayoutApplied=True ("every GPU has the requested layout") before the second was even looked at."""
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 2, seed="n1", mig_enabled=True)
+    agent = Agent(_settings(), sim, kube, clock=Clock())  # type: ignore[arg-type]
+    agent.tick()
+    kube.set_spec({"gpus": [{"index": i, "migEnabled": True, "layout": [{"profile": "3g.71gb"}] * 2}
+                            for i in (0, 1)]})
+    seen: list[tuple[str, list[str], list[str]]] = []
+    for _ in range(8):
+        agent.tick()
+        layouts = [sorted(i.profile for i in sim.gpu_instances(g)) for g in (0, 1)]
+        seen.append((_cond(kube, "LayoutApplied")["status"], *layouts))
+    target = ["3g.71gb", "3g.71gb"]
+    # True only once both GPUs have their layout, and from then on.
+    assert all(status == "False" for status, g0, g1 in seen if g0 != target or g1 != target)
+    assert seen[-1] == ("True", target, target)
