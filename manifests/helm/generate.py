@@ -66,6 +66,14 @@ def _extras() -> dict[str, dict[str, str]]:
             "            requests: {cpu: 100m, memory: 128Mi}\n            limits: {memory: 512Mi}\n":
                 "            {{- toYaml .Values.webhook.resources | nindent 12 }}\n",
         },
+        "webhook/networkpolicy.yaml": {
+            "        - ipBlock: {cidr: 0.0.0.0/0}\n      ports:\n        - {protocol: TCP, port: 8443}\n":
+                "        - ipBlock: {cidr: {{ .Values.webhook.apiServerCIDR | quote }}}\n"
+                "      ports:\n        - {protocol: TCP, port: 8443}\n",
+            "        - ipBlock: {cidr: 0.0.0.0/0}\n      ports:\n        - {protocol: TCP, port: 443}\n":
+                "        - ipBlock: {cidr: {{ .Values.webhook.apiServerCIDR | quote }}}\n"
+                "      ports:\n        - {protocol: TCP, port: 443}\n",
+        },
         "webhook/mutating.yaml": {
             "    failurePolicy: Fail\n": "    failurePolicy: {{ .Values.webhook.failurePolicy }}\n",
         },
