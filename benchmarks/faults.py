@@ -12,7 +12,9 @@ Two experiments, each on this machine's own processes:
   ``tools/k8s/build.sh``), one simulated node agent and the controller. kube-apiserver
   is stopped for ``--outage`` seconds; the script reports the log bytes and CPU seconds
   each component spent during the outage, then how long after the restart the agent
-  reports again, the controller releases a new gated pod, and kube-scheduler binds it.
+  reports again, the controller releases a new gated pod, and kube-scheduler binds it. Then a
+  standby controller starts, the leader is killed (SIGKILL), and a new gated pod is created at
+  once: the script reports when the standby released it and when it was bound.
 
     python benchmarks/faults.py                   # both, about 3 minutes on 2 cores
     python benchmarks/faults.py --only webhook --stalled 1000 --partial-bodies 100
@@ -47,6 +49,7 @@ from webhook.certs import write_self_signed  # noqa: E402
 from webhook.testing import gpu_container, make_pod, make_review  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+LEASE_SECONDS = 4  # the controller's leader lease in the outage experiment (15 s in the manifests)
 
 
 def rss_mib(pid: int) -> float:
@@ -214,9 +217,12 @@ def apiserver_outage(outage_s: float) -> dict[str, Any]:
         start("agent", ["agent", "run", "--node", node, "--simulate", "H100-80GB:1", "--state-file",
                         str(tmp / "state.json"), "--emulate-device-plugin", "--poll-seconds", "1", "--metrics-port",
                         "0", "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-node-agent"))])
-        start("controller", ["controller", "run", "--kubeconfig",
-                             str(plane.serviceaccount_kubeconfig("gpupack-controller")), "--metrics-port", "0",
-                             "--lease-seconds", "4", "--resync-seconds", "1", "--no-feedback"])
+        def start_controller(name: str) -> None:
+            start(name, ["controller", "run", "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-controller")),
+                         "--metrics-port", "0", "--identity", name, "--lease-seconds", str(LEASE_SECONDS),
+                         "--resync-seconds", "1", "--no-feedback"])
+
+        start_controller("controller")
 
         def gpunode() -> dict[str, Any]:
             return dict(custom.get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", node))
@@ -257,6 +263,22 @@ def apiserver_outage(outage_s: float) -> dict[str, Any]:
         bound_after = wait_for("kube-scheduler to bind it",
                                lambda: core.read_namespaced_pod("after", "default").spec.node_name)
         bound_after = time.monotonic() - began
+
+        # The leader dies (SIGKILL: no lease release) while a standby runs.
+        start_controller("standby")
+        time.sleep(2 * LEASE_SECONDS)
+        coordination = client.CoordinationV1Api(admin)
+        leader = coordination.read_namespaced_lease("gpupack-controller", "gpupack-system").spec.holder_identity
+        procs[leader].kill()
+        procs[leader].wait(10)
+        killed = time.monotonic()
+        pod("after-leader-kill")
+        released_leader = wait_for("the standby to release a pod", lambda: not core.read_namespaced_pod(
+            "after-leader-kill", "default").spec.scheduling_gates)
+        bound_leader = wait_for("it bound", lambda: core.read_namespaced_pod(
+            "after-leader-kill", "default").spec.node_name)
+        _ = bound_leader
+        bound_leader = time.monotonic() - killed
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -272,6 +294,8 @@ def apiserver_outage(outage_s: float) -> dict[str, Any]:
         "agent_reports_again_after_restart_s": round(agent_back, 1),
         "new_gated_pod_released_by_controller_s": round(released_after, 1),
         "new_gated_pod_bound_by_kube_scheduler_s": round(bound_after, 1),
+        "leader_killed": {"lease_seconds": LEASE_SECONDS, "pod_created_at_kill_released_s": round(released_leader, 1),
+                          "pod_bound_s": round(bound_leader, 1)},
     }
 
 
