@@ -22,6 +22,7 @@ from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
 from kube.errors import KubeError
 from node.kube import Kube
+from node.operator_mode import device_plugin_config_name
 
 POLICY = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "node-restriction-policy.yaml"
 
@@ -167,3 +168,13 @@ def test_agent_may_touch_only_its_own_nodes_entries_in_the_gpu_operator_namespac
     with pytest.raises(client.ApiException, match="only delete pods on its own node"):
         agent.delete_namespaced_pod(plugin_pods[other], operator_ns)
     agent.delete_namespaced_pod(plugin_pods[own], operator_ns)  # its own node's device plugin: allowed
+
+    # A node name over 42 characters has a shortened, hashed entry (node.operator_mode): still its own.
+    long_node = f"vap-{uuid.uuid4().hex}-{'n' * 24}"
+    core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=long_node)))
+    long_agent = client.CoreV1Api(_agent_on(control_plane, core, sa, long_node, tmp_path).api)
+    key = device_plugin_config_name(long_node)
+    assert len(long_node) > 42 and len(key) == 50
+    long_agent.patch_namespaced_config_map(config, operator_ns, {"data": {key: "version: v1\n"}})
+    with pytest.raises(client.ApiException, match="only change its own node's entry"):
+        long_agent.patch_namespaced_config_map(config, operator_ns, {"data": {f"gpupack-{other}": "replicas: 3\n"}})

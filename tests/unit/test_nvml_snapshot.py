@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from mig.catalog import get_model
@@ -15,7 +16,8 @@ from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, InstanceProfile
 from node.nvml.simulated import Fault, SimulatedNvml
 from node.operator_mode import (
-    device_plugin_config, handshake_state, merge_mig_parted, mig_config_name, plan_node_config,
+    device_plugin_config, device_plugin_config_name, handshake_state, merge_mig_parted, mig_config_name,
+    plan_node_config,
 )
 from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device
 from sharing.crd import GPUNodeStatus
@@ -145,3 +147,14 @@ def test_device_plugin_config() -> None:
     assert ts["renameByDefault"] is True and ts["resources"] == [{"name": "nvidia.com/gpu", "replicas": 4}]
     assert "mps" in yaml.safe_load(device_plugin_config("mps", 2))["sharing"]
     assert "sharing" not in yaml.safe_load(device_plugin_config("none", 1))
+
+
+@pytest.mark.parametrize("node", ["gpu-a", "n" * 42, "n" * 43, "x" * 253])
+def test_device_plugin_entry_names_have_the_shape_the_admission_policy_allows(node: str) -> None:
+    """manifests/agent/node-restriction-policy.yaml recomputes this name in CEL (which has no hash):
+    ``gpupack-<node>`` up to 50 characters, else its first 41, '-' and 8 more. Change both together."""
+    key, full = device_plugin_config_name(node), f"gpupack-{node}"
+    if len(full) <= 50:
+        assert key == full
+    else:
+        assert len(key) == 50 and key.startswith(full[:41] + "-")
