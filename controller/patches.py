@@ -15,6 +15,7 @@ from typing import Any
 
 from controller.migplan import LayoutChange
 from controller.planner import SharingChange
+from sharing.allocation import has_capacity_gate
 from sharing.keys import CAPACITY_GATE, HOSTNAME_LABEL
 from sharing.lenient import as_map as _map
 
@@ -26,7 +27,7 @@ def pin_ops(pod: Mapping[str, Any], node: str) -> list[Op]:
     """JSON patch adding ``kubernetes.io/hostname In [node]`` to every required term (gate still on)."""
     spec = _map(pod.get("spec"))
     gates = spec.get("schedulingGates")
-    if not isinstance(gates, list) or not any(_map(g).get("name") == CAPACITY_GATE for g in gates):
+    if not has_capacity_gate(spec):
         raise ValueError("pod is not gated by gpupack.io/capacity: its affinity can no longer be changed")
     expression = {"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}
     ops: list[Op] = [{"op": "test", "path": "/spec/schedulingGates", "value": gates}]

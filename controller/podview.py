@@ -13,8 +13,8 @@ from typing import Any
 from controller.view import Pod
 from kube.times import parse_time
 from mig.units import parse_quantity
-from sharing.allocation import Allocation, AllocationError
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, HOSTNAME_LABEL, PRODUCT_LABEL, WHOLE_RESOURCE
+from sharing.allocation import Allocation, has_capacity_gate, trusted_allocation
+from sharing.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PRODUCT_LABEL, WHOLE_RESOURCE
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 
@@ -132,14 +132,8 @@ def read_pod(obj: Mapping[str, Any]) -> tuple[Pod | None, str | None]:
     text = _map(meta.get("annotations")).get(ALLOCATION_ANNOTATION)
     if text is None:
         return None, None
-    try:
-        allocation = Allocation.from_annotation(text)
-    except AllocationError as exc:
-        return None, str(exc)
-    mismatch = allocation.mismatch(spec)
-    if mismatch is not None:
-        return None, f"{ALLOCATION_ANNOTATION} does not match the pod's requests: {mismatch}"
-    return _pod(meta, spec, obj, allocation), None
+    allocation, distrust = trusted_allocation(text, spec)
+    return (_pod(meta, spec, obj, allocation) if allocation is not None else None), distrust
 
 
 def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any], allocation: Allocation) -> Pod | None:
@@ -150,7 +144,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
     node_name = spec.get("nodeName")
     cpu, mem = _requests(spec)
     replicas = allocation.replicas
-    gated = any(_map(g).get("name") == CAPACITY_GATE for g in _list(spec.get("schedulingGates")))
+    gated = has_capacity_gate(spec)
     unschedulable = waiting_unschedulable(obj)
     return Pod(
         namespace=str(meta.get("namespace") or "default"),

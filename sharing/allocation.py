@@ -26,7 +26,7 @@ from typing import Any, Final, get_args
 
 from mig.errors import RequestError
 from mig.units import parse_quantity
-from sharing.keys import ALLOCATION_ANNOTATION, SHARED_RESOURCE, WHOLE_RESOURCE, mig_resource
+from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, SHARED_RESOURCE, WHOLE_RESOURCE, mig_resource
 from sharing.lenient import as_list, as_map
 from sharing.lenient import is_int as _is_int
 from sharing.modes import ALLOCATION_MODES, AllocationMode
@@ -96,7 +96,7 @@ class Allocation:
         forged one) must not make gpupack count capacity as taken or release the pod.
         """
         for c in self.containers:
-            expected = _resource_of(self.mode, c.profile)
+            expected = resource_for(self.mode, c.profile)
             if expected is None or c.resource != expected:
                 return f"container {c.name!r}: resource {c.resource!r} is not what mode {self.mode!r} is given"
             container = next((x for x in as_list(pod_spec.get(c.kind)) if as_map(x).get("name") == c.name), None)
@@ -145,11 +145,36 @@ class Allocation:
         )
 
 
-def _resource_of(mode: AllocationMode, profile: str | None) -> str | None:
-    """The device-plugin resource a container of ``mode`` is given (the webhook's rule, ``sharing.options``)."""
+def resource_for(mode: AllocationMode, profile: str | None) -> str | None:
+    """The device-plugin resource a container of ``mode`` is given (``profile``: its MIG profile).
+
+    The one rule: the webhook writes it (``sharing.decision``) and :meth:`Allocation.mismatch`
+    checks it. None for a MIG container without a profile.
+    """
     if mode == "mig":
         return mig_resource(profile) if profile else None
     return WHOLE_RESOURCE if mode == "whole" else SHARED_RESOURCE
+
+
+def trusted_allocation(text: object, pod_spec: Mapping[str, Any]) -> tuple[Allocation | None, str | None]:
+    """The record in annotation ``text`` if the pod (``pod_spec``) requests what it says; else None and why not.
+
+    The webhook (refusing hand-written records) and the controller (ignoring them) both read
+    a pod's record through this, so they trust the same records.
+    """
+    try:
+        allocation = Allocation.from_annotation(text)
+    except AllocationError as exc:
+        return None, str(exc)
+    mismatch = allocation.mismatch(pod_spec)
+    if mismatch is not None:
+        return None, f"{ALLOCATION_ANNOTATION} does not match the pod's requests: {mismatch}"
+    return allocation, None
+
+
+def has_capacity_gate(pod_spec: Mapping[str, Any]) -> bool:
+    """Whether the pod waits at gpupack's scheduling gate."""
+    return any(as_map(g).get("name") == CAPACITY_GATE for g in as_list(pod_spec.get("schedulingGates")))
 
 
 def _container(raw: object, position: int) -> ContainerAllocation:

@@ -28,9 +28,9 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from sharing.allocation import Allocation, ContainerAllocation
+from sharing.allocation import Allocation, ContainerAllocation, resource_for
 from sharing.inventory import Inventory, AdmissionPolicy
-from sharing.keys import CAPACITY_GATE, SHARED_RESOURCE, SHARING_ANNOTATION, WHOLE_RESOURCE
+from sharing.keys import CAPACITY_GATE, SHARING_ANNOTATION
 from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
     Expression,
@@ -287,21 +287,25 @@ def _choose_uncached(
     return min(options, key=lambda o: (not o.has_capacity, o.waste, _RANK[o.mode]))
 
 
+def _resource(mode: AllocationMode, profile: str | None) -> str:
+    resource = resource_for(mode, profile)
+    assert resource is not None, "a MIG decision always has a profile"
+    return resource
+
+
 def _materialise(
     best: Option, request: PodRequest, asks: list[tuple[int, int | None]], policy: AdmissionPolicy, engine_places: bool
 ) -> PodDecision:
     containers: list[ContainerDecision] = []
     for i, (c, (milli, mem)) in enumerate(zip(request.containers, asks)):
         if best.mode == "mig":
-            profile = best.profiles[i]
-            containers.append(
-                ContainerDecision(c.kind, c.index, c.name, milli, mem, profile.resource_name, profile.name)
-            )
-        elif best.mode == "whole":
-            containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem, WHOLE_RESOURCE))
+            profile = best.profiles[i].name
+            containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem,
+                                                _resource(best.mode, profile), profile))
         else:
             env = _mps_env(milli, mem) if best.mode == "mps" else ()
-            containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem, SHARED_RESOURCE, None, env))
+            containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem,
+                                                _resource(best.mode, None), None, env))
     if best.mode == "mig":
         assert best.model is not None
         where = f"{', '.join(sorted({p.name for p in best.profiles}))} on {best.model.product}"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from sharing.allocation import has_capacity_gate
 from sharing.decision import PodDecision, Term
 from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, OWN_PREFIX
 
@@ -109,7 +110,7 @@ def _gate_ops(spec: dict[str, Any]) -> list[Operation]:
     gates = spec.get("schedulingGates")
     if not isinstance(gates, list):
         return [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": CAPACITY_GATE}]}]
-    if any(isinstance(g, dict) and g.get("name") == CAPACITY_GATE for g in gates):
+    if has_capacity_gate(spec):
         return []
     return [{"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": CAPACITY_GATE}}]
 

@@ -24,11 +24,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from sharing.allocation import Allocation, AllocationError
+from sharing.allocation import has_capacity_gate, trusted_allocation
 from sharing.decision import DecisionMemo, PodDecision, decide, policy_for
 from sharing.inventory import Inventory
 from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, SKIP_LABEL
-from sharing.lenient import as_list, as_map
+from sharing.lenient import as_map
 from sharing.patch import build_patch
 from sharing.request import AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
 from webhook.jsonio import dumps
@@ -208,26 +208,21 @@ def _refuse_forged_marks(pod: dict[str, Any]) -> None:
     GPUs the pod does not use, and a bare gate would hold the pod forever.
     """
     annotations, spec = as_map(as_map(pod.get("metadata")).get("annotations")), as_map(pod.get("spec"))
-    gates = as_list(spec.get("schedulingGates"))
-    gated = any(isinstance(g, dict) and g.get("name") == CAPACITY_GATE for g in gates)
     text = annotations.get(ALLOCATION_ANNOTATION)
     if text is None:
-        if gated:
+        if has_capacity_gate(spec):
             raise AdmissionRefusal(
                 Reason.FORGED_ALLOCATION,
                 f"scheduling gate {CAPACITY_GATE} is gpupack's; only its webhook adds it (ask for "
                 f"gpupack.io/gpu-milli instead of setting it by hand)",
             )
         return
-    try:
-        mismatch = Allocation.from_annotation(text).mismatch(spec)
-    except AllocationError as exc:
-        mismatch = str(exc)
-    if mismatch is not None:
+    _, distrust = trusted_allocation(text, spec)
+    if distrust is not None:
         raise AdmissionRefusal(
             Reason.FORGED_ALLOCATION,
             f"annotation {ALLOCATION_ANNOTATION} is written by gpupack's webhook only, and this one does not "
-            f"describe the pod ({mismatch}); remove it and ask for gpupack.io/gpu-milli instead",
+            f"describe the pod ({distrust}); remove it and ask for gpupack.io/gpu-milli instead",
         )
 
 

@@ -16,8 +16,8 @@ from typing import Any
 from controller.metrics import cluster_figures
 from controller.snapshot import build_snapshot
 from kube.times import parse_time
-from sharing.allocation import Allocation, AllocationError
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
+from sharing.allocation import Allocation, AllocationError, has_capacity_gate
+from sharing.keys import ALLOCATION_ANNOTATION
 from sharing.packing.specs import GPU_MILLI
 
 
@@ -77,7 +77,7 @@ def counts(pods: list[dict[str, Any]]) -> Counter[str]:
             continue
         c["admitted"] += 1
         spec = p.get("spec") or {}
-        if any(g.get("name") == CAPACITY_GATE for g in spec.get("schedulingGates") or []):
+        if has_capacity_gate(spec):
             c["gated"] += 1
         elif spec.get("nodeName"):
             c["scheduled"] += 1
