@@ -71,10 +71,13 @@ class Controller:
         # Utilisation history per node for the feedback loop's peak-hold. In memory on
         # purpose: a new leader starts with an empty window, which only delays a change.
         self._history: dict[str, list[tuple[datetime, list[float]]]] = {}
+        # What the last cycle logged: each entry is logged once, when it appears.
         self._skipped: frozenset[str] = frozenset()
+        """GPUNode status entries left out as unreadable."""
         self._untrusted: frozenset[str] = frozenset()
+        """Pods whose allocation is ignored."""
         self._stale: frozenset[str] = frozenset()
-        """GPUNode entries left out last cycle: each is logged once, when it appears."""
+        """GPUNodes whose agent is silent."""
 
     def cycle(self) -> CycleReport:
         began = time.perf_counter()

@@ -157,9 +157,9 @@ def _node(reading: GpuNodeReading, gpunode: Mapping[str, Any], node: Mapping[str
     )
 
 
-def _with_heartbeat(node: Node, reading: GpuNodeReading, now: datetime | None, stale_after_s: float) -> Node:
+def _with_heartbeat(node: Node, reading: GpuNodeReading, now: datetime | None, stale_after_s: float | None) -> Node:
     beat = parse_time(reading.heartbeat)
-    if now is None or beat is None:
+    if now is None or stale_after_s is None or beat is None:
         return node
     silent = max(0.0, (now - beat).total_seconds())
     return replace(node, silent_seconds=silent, stale=silent > stale_after_s)
@@ -198,11 +198,12 @@ def build_snapshot(
     policies: Iterable[Mapping[str, Any]],
     *,
     now: datetime | None = None,
-    stale_after_s: float = 180.0,
+    stale_after_s: float | None = None,
 ) -> Snapshot:
     """The cycle's snapshot; policies that fail validation are ignored (the webhook rejects them at the door).
 
-    With ``now``, a node whose agent's heartbeat is older than ``stale_after_s`` is marked stale."""
+    With ``now`` and ``stale_after_s`` (the controller's ``agent_stale_seconds``), a node whose
+    agent's heartbeat is older than that is marked stale."""
     node_objs = {str(_map(n.get("metadata")).get("name")): n for n in nodes}
     readings = [(r, g) for g in gpunodes if (r := read_gpunode(g)) is not None]
     built = [_with_heartbeat(_node(r, g, node_objs.get(r.name)), r, now, stale_after_s) for r, g in readings]
@@ -235,5 +236,4 @@ def build_snapshot(
     merged = policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in node_list))
     return Snapshot(nodes=node_list, pods=tuple(pod_list), policies=merged, whole_waiting=whole_waiting,
                     skipped_entries=tuple(s for r, _ in readings for s in r.skipped),
-                    untrusted_pods=tuple(untrusted),
-                    stale_nodes=tuple(f"{n.name} (silent {n.silent_seconds:.0f} s)" for n in node_list if n.stale))
+                    untrusted_pods=tuple(untrusted))

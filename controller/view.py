@@ -173,8 +173,6 @@ class Snapshot:
     found no node for: demand for idle shared nodes to return to whole-GPU use."""
     skipped_entries: tuple[str, ...] = ()
     """GPUNode status entries the reader (``sharing.gpunode``) left out as unreadable."""
-    stale_nodes: tuple[str, ...] = ()
-    """Nodes whose agent is silent (``Node.stale``): ``name (silent N s)``."""
     untrusted_pods: tuple[str, ...] = ()
     """``namespace/name: why`` of pods whose allocation annotation was ignored (unreadable, or
     not what the pod requests): they are not planned for, released or counted."""

@@ -210,5 +210,5 @@ def test_a_silent_agent_makes_its_node_stale() -> None:
     objs = [beating("fresh", 30), beating("silent", 600), beating("old-agent", None)]
     snap = build_snapshot(objs, [], [], [], now=now, stale_after_s=180)
     assert {n.name: n.stale for n in snap.nodes} == {"fresh": False, "silent": True, "old-agent": False}
-    assert snap.stale_nodes == ("silent (silent 600 s)",)
+    assert {n.name: n.silent_seconds for n in snap.nodes} == {"fresh": 30.0, "silent": 600.0, "old-agent": None}
     assert not any(n.stale for n in build_snapshot(objs, [], [], []).nodes)  # no clock, no judgement
