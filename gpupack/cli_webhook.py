@@ -16,7 +16,6 @@ import argparse
 import base64
 import json
 import re
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,6 +64,8 @@ def register(subparsers: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from gpupack.devcluster.errors import PortInUse
+    from gpupack.devcluster.process import check_port_free
     from kube.client import KubeConfigError
     from webhook.inventory_source import InventoryError
     from webhook.server import serve
@@ -86,22 +87,16 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not settings.tls_cert or not settings.tls_key:
         raise UsageError("--tls-cert and --tls-key are required (the API server only calls webhooks over HTTPS)")
-    _check_port_free(settings.host, settings.port)
+    try:  # now, with one line: uvicorn would log an error and exit 3
+        check_port_free(settings.port, "gpupack webhook", settings.host)
+    except PortInUse as exc:
+        raise UsageError(f"{exc.cause}; choose another with --port") from None
+    except OSError as exc:
+        raise UsageError(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}") from None
     try:
         return serve(settings, kubeconfig=args.kubeconfig)
     except (TLSConfigError, InventoryError, KubeConfigError) as exc:
         raise UsageError(str(exc)) from None
-
-
-def _check_port_free(host: str, port: int) -> None:
-    """Fail now, with one line, if the port is taken (uvicorn would log an error and exit 3)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc} "
-                             "(another process has the port? choose one with --port)") from None
 
 
 def _decide(args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ def fastest(module: str, fallback: str) -> str:
 
 def _http_protocol(settings: WebhookSettings, metrics: Metrics) -> Any:
     """httptools with a request deadline (``webhook.slow_clients``) when installed, else uvicorn's h11."""
-    if importlib.util.find_spec("httptools") is None:
+    if fastest("httptools", "h11") == "h11":
         return "h11"
     from webhook.slow_clients import deadline_protocol
 

@@ -39,8 +39,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def check_port_free(port: int, what: str, host: str = "127.0.0.1") -> None:
-    """Raise :class:`PortInUse` naming ``what`` needed the port and how to fix it."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Raise :class:`PortInUse` naming ``what`` needed the port and how to fix it.
+
+    Probes as servers bind (``SO_REUSEADDR``: a port left in TIME_WAIT by a process that
+    just exited is free for them); other bind errors (permission, an address this host
+    does not have) are raised as they are."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

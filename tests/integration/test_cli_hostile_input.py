@@ -137,3 +137,18 @@ def test_unusable_files_get_one_line_and_exit_2(path: tuple[str, ...], name: str
     assert code == 2, (argv, code, err[-500:])
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines and "error" in lines[-1], err
+
+
+def test_webhook_serve_on_a_taken_port(inputs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """uvicorn used to log an error and exit 3; the port is now checked first, with one line."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["webhook", "serve", "--tls-cert", str(inputs["cert"]), "--tls-key", str(inputs["key"]),
+                     "--host", "127.0.0.1", "--port", str(port),
+                     "--inventory", str(ROOT / "examples" / "inventory.yaml")])
+    assert code == 2
+    assert f"127.0.0.1:{port}, but another process is listening there" in capsys.readouterr().err
