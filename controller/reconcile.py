@@ -5,7 +5,9 @@
 the planner and the feedback loop, and applies the result:
 
 1. the per-GPU idle record (an annotation on each GPUNode);
-2. new layouts and sharing configs (``GPUNode.spec``);
+2. new layouts and sharing configs (``GPUNode.spec``), and the mig-parted configs
+   agents in GPU Operator mode ask for, into mig-manager's ConfigMap
+   (``controller.mig_configs``);
 3. released pods: pin (affinity), then lift the gate — two guarded patches;
 4. replica changes from the feedback loop, right-size recommendations.
 
@@ -28,6 +30,7 @@ from typing import Any
 from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas, right_size
 from controller.kube import Kube
 from controller.migplan import LayoutChange
+from controller.mig_configs import published_config
 from controller.metrics import ControllerMetrics, cluster_figures
 from controller.view import Node, Snapshot
 from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
@@ -37,8 +40,10 @@ from controller.podview import pod_from_object
 from controller.policy_status import needs_write, policy_reports, status_for
 from controller.snapshot import build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle
 from kube.errors import KubeError
+from mig.migparted import MigConfigError
+from sharing.gpunode import read_gpunode
 from kube.times import format_time, parse_time
-from sharing.keys import IDLE_SINCE_ANNOTATION, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
+from sharing.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
 
 log = logging.getLogger("gpupack.controller")
 
@@ -105,6 +110,7 @@ class Controller:
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
         self._apply_layouts(result, by_name, report)
+        self._publish_mig_configs(gpunodes, report)
         self._release(result, pod_objs, now, report)
         if self.settings.feedback:
             self._feedback(snapshot, result, by_name, now, report)
@@ -166,6 +172,45 @@ class Controller:
                 continue
             self.metrics.sharing_changes.labels("demand").inc()
             log.info("sharing: %s -> %s x%d (%s)", sharing.node, sharing.mode, sharing.replicas, sharing.reason)
+
+    def _publish_mig_configs(self, gpunodes: list[dict[str, Any]], report: CycleReport) -> None:
+        """Copy the mig-parted configs agents ask for into mig-manager's ConfigMap (guarded read-modify-write)."""
+        requests = [(r.name, r.mig_config_request) for g in gpunodes
+                    if (r := read_gpunode(g)) is not None and r.mig_config_request is not None]
+        if not requests:
+            return
+        namespace, name = self.settings.mig_parted_namespace, self.settings.mig_parted_configmap
+        where = f"ConfigMap {namespace}/{name}"
+        for _ in range(3):
+            try:
+                cm = self.kube.get_configmap(namespace, name)
+            except KubeError as exc:
+                self._fail(report, "mig-configs", f"{where}: {exc}")
+                return
+            if cm is None:
+                self._fail(report, "mig-configs", f"{where} does not exist: is the GPU Operator's mig-manager "
+                                                  "installed (else set --mig-parted-configmap)?")
+                return
+            data = dict(cm.get("data") or {})
+            try:
+                text = published_config(data.get(MIG_PARTED_CONFIG_KEY), requests)
+            except MigConfigError as exc:
+                self._fail(report, "mig-configs", f"{where}: {MIG_PARTED_CONFIG_KEY} is not a mig-parted config, "
+                                                  f"left as it is: {exc}")
+                return
+            if text is None:
+                return
+            data[MIG_PARTED_CONFIG_KEY] = text
+            try:
+                self.kube.write_configmap(namespace, name, data, (cm.get("metadata") or {}).get("resourceVersion"))
+            except KubeError as exc:
+                if exc.conflict:
+                    continue
+                self._fail(report, "mig-configs", f"{where}: {exc}")
+                return
+            log.info("mig-configs: %s holds %s", where, ", ".join(request.name for _, request in requests))
+            return
+        self._fail(report, "mig-configs", f"{where} kept changing under us; trying again next cycle")
 
     def _note_skipped(self, entries: tuple[str, ...]) -> None:
         """Log the GPUNode entries the one reader (``sharing.gpunode``) left out, once each; count them."""

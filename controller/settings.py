@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kube.settings import settings_from_env
+from sharing.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
 
 ENV_PREFIX = "GPUPACK_CONTROLLER_"
 
@@ -64,6 +65,11 @@ class ControllerSettings:
     """A GPUNode whose agent has not written its status for this long is stale: the planner
     neither places pods on it nor waits for capacity being created there. Three of the
     agent's 60 s heartbeats, so one slow patch is not mistaken for a dead agent."""
+    mig_parted_namespace: str = GPU_OPERATOR_NAMESPACE
+    mig_parted_configmap: str = MIG_PARTED_CONFIGMAP
+    """GPU Operator mode: the ConfigMap (in ``mig_parted_namespace``) mig-manager reads. The
+    controller is its only gpupack writer: it publishes the configs node agents ask for in
+    their GPUNode status (``controller.mig_configs``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ControllerSettings:

@@ -29,6 +29,7 @@ def _settings(args: argparse.Namespace) -> Any:
         "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "log_level": args.log_level,
         "feedback": False if args.no_feedback else None,
         "namespaces": args.namespaces, "agent_stale_seconds": args.agent_stale_seconds,
+        "mig_parted_namespace": args.mig_parted_namespace, "mig_parted_configmap": args.mig_parted_configmap,
     }
     try:
         return ControllerSettings.from_env(**overrides)
@@ -95,6 +96,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-feedback", action="store_true", help="do not run the replica feedback loop")
     p.add_argument("--agent-stale-seconds", type=positive_float,
                    help="treat a GPUNode whose agent has been silent this long as stale (default 180)")
+    p.add_argument("--mig-parted-namespace", help="GPU Operator mode: namespace of mig-manager's ConfigMap "
+                   "(default gpu-operator)")
+    p.add_argument("--mig-parted-configmap", help="GPU Operator mode: the ConfigMap mig-manager reads, where the "
+                   "controller publishes the MIG configs node agents ask for (default default-mig-parted-config)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

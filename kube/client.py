@@ -16,7 +16,9 @@ here once:
   never retried here: a lost answer to a request that did land would turn into a
   false conflict, and their callers already re-read and re-plan;
 - **events**: :meth:`KubeClient.event` writes one ``core/v1`` Event the same way
-  for every component.
+  for every component;
+- **ConfigMaps**: read, and written guarded by ``resourceVersion`` (the agent writes
+  the device plugin's, the controller mig-manager's).
 """
 
 from __future__ import annotations
@@ -148,4 +150,23 @@ class KubeClient:
         """Record a ``core/v1`` Event (``type_`` is ``Normal`` or ``Warning``); callers decide whether a failure matters."""
         body = event_body(involved, type_, reason, message, self.component, dt.datetime.now(dt.timezone.utc))
         call(self._core.create_namespaced_event, body["metadata"]["namespace"], cast(Any, body))
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.to_dict(call(self._core.read_namespaced_config_map, name, namespace, idempotent=True))
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    def write_configmap(self, namespace: str, name: str, data: Mapping[str, str], resource_version: str | None) -> None:
+        """Create (``resource_version`` None) or replace guarded by ``resource_version`` (409 on a race)."""
+        meta: dict[str, Any] = {"name": name, "namespace": namespace}
+        if resource_version is not None:
+            meta["resourceVersion"] = resource_version
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
+        if resource_version is None:
+            call(self._core.create_namespaced_config_map, namespace, cast(Any, body))
+        else:
+            call(self._core.replace_namespaced_config_map, name, namespace, cast(Any, body))
 

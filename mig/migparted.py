@@ -125,6 +125,14 @@ def config_to_data(config: MigPartedConfig) -> dict[str, object]:
     return data
 
 
+def entries_to_data(entries: Sequence[MigConfigEntry]) -> list[dict[str, object]]:
+    """One config's entries in mig-parted's wire form (lists, aliases), as a GPUNode status carries them."""
+    data = config_to_data(MigPartedConfig.model_validate({"version": "v1", "mig-configs": {"entries": tuple(entries)}}))
+    configs = data["mig-configs"]
+    assert isinstance(configs, dict)
+    return list(configs["entries"])
+
+
 def dump_config(config: MigPartedConfig) -> str:
     """YAML that ``parse_config`` reads back to an equal config (keys in mig-parted's order)."""
     return yaml.safe_dump(config_to_data(config), sort_keys=False, default_flow_style=False)

@@ -107,22 +107,3 @@ class Kube(KubeClient):
                         raise
         return len(pods.items)
 
-    # --------------------------------------------------------------- ConfigMaps
-    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.to_dict(call(self._core.read_namespaced_config_map, name, namespace, idempotent=True))
-        except KubeError as exc:
-            if exc.not_found:
-                return None
-            raise
-
-    def write_configmap(self, namespace: str, name: str, data: Mapping[str, str], resource_version: str | None) -> None:
-        """Create (``resource_version`` None) or replace guarded by ``resource_version`` (409 on a race)."""
-        meta: dict[str, Any] = {"name": name, "namespace": namespace}
-        if resource_version is not None:
-            meta["resourceVersion"] = resource_version
-        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": dict(data)}
-        if resource_version is None:
-            call(self._core.create_namespaced_config_map, namespace, cast(Any, body))
-        else:
-            call(self._core.replace_namespaced_config_map, name, namespace, cast(Any, body))

@@ -1,28 +1,29 @@
 """GPU Operator mode: reshape through mig-manager and share through the device plugin's config.
 
-Instead of calling NVML, the agent (1) writes a mig-parted config for its node into
-the ConfigMap mig-manager reads, (2) points the node's ``nvidia.com/mig.config``
-label at it, and (3) follows ``nvidia.com/mig.config.state`` to ``success`` or
-``failed`` (with a timeout). mig-manager destroys and recreates *every* instance
+Instead of calling NVML, the agent (1) asks for a mig-parted config for its node in
+its GPUNode's status (``status.reconfiguration.migConfigEntries``); the controller, the
+only writer of the ConfigMap mig-manager reads, publishes it there
+(``controller.mig_configs``), so an agent can never change another node's entry;
+(2) once it is published, the agent points the node's ``nvidia.com/mig.config`` label
+at it, and (3) follows ``nvidia.com/mig.config.state`` to ``success`` or ``failed``
+(with a timeout). mig-manager destroys and recreates *every* instance
 of a GPU whose entry changes and does not evict pods, so the config changes only
 GPUs that are entirely idle; every other GPU gets an entry equal to its current
 layout, which mig-manager leaves alone.
 
 Each request gets a fresh config name (``gpupack-<node>-g<generation>``) because
-mig-manager acts on label *changes*; older entries of this node are pruned.
+mig-manager acts on label *changes*; the controller prunes this node's older entries.
 
 Sharing: the per-node device-plugin config (time-slicing or MPS with ``replicas``,
 ``renameByDefault: true`` so shares are ``nvidia.com/gpu.shared``) is written under
 the key ``gpupack-<node>`` of the device plugin's ConfigMap and selected with the
 ``nvidia.com/device-plugin.config`` label.
 
-The functions here are pure; ``OperatorHandshake`` does the I/O through ``node.kube``.
+The functions here are pure; ``node.layouts.mig_manager`` does the I/O through ``node.kube``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,29 +31,16 @@ from typing import Any, Literal
 
 import yaml
 
-from mig.migparted import MigConfigEntry, MigPartedConfig, dump_config, parse_config
+from mig.migparted import MigConfigEntry
 from node.snapshot import NodeSnapshot
-from sharing.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, WHOLE_RESOURCE
-
-MIG_PARTED_KEY = "config.yaml"
+from sharing.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, WHOLE_RESOURCE, mig_config_name, per_node_name
 
 HandshakeState = Literal["pending", "success", "failed", "timeout"]
 
 
-def _base(node: str) -> str:
-    """``gpupack-<node>``, shortened with a hash to leave room for ``-g<generation>`` in 63 chars."""
-    name = f"gpupack-{node}"
-    if len(name) <= 50:
-        return name
-    return f"{name[:41]}-{hashlib.sha256(node.encode()).hexdigest()[:8]}"
-
-
-def mig_config_name(node: str, generation: int) -> str:
-    return f"{_base(node)}-g{generation}"
-
-
 def device_plugin_config_name(node: str) -> str:
-    return _base(node)
+    """The node's key in the device plugin's ConfigMap (``gpupack-<node>``, shortened past 50 characters)."""
+    return per_node_name(node)
 
 
 @dataclass(frozen=True)
@@ -101,18 +89,6 @@ def _entry(index: int, profiles: Sequence[str] | None) -> MigConfigEntry:
         return MigConfigEntry.model_validate({"devices": [index], "mig-enabled": False})
     return MigConfigEntry.model_validate(
         {"devices": [index], "mig-enabled": True, "mig-devices": dict(sorted(Counter(profiles).items()))})
-
-
-def merge_mig_parted(existing_yaml: str | None, node: str, plan: NodeMigPlan) -> str:
-    """The ConfigMap's ``config.yaml`` with this node's entry replaced and its old entries pruned."""
-    configs: dict[str, tuple[MigConfigEntry, ...]] = {}
-    if existing_yaml:
-        configs = dict(parse_config(existing_yaml).mig_configs)
-    own = re.compile(re.escape(_base(node)) + r"-g[0-9]+$")
-    for name in [n for n in configs if own.match(n) and n != plan.name]:
-        del configs[name]
-    configs[plan.name] = plan.entries
-    return dump_config(MigPartedConfig.model_validate({"version": "v1", "mig-configs": configs}))
 
 
 def handshake_state(labels: Mapping[str, str], config_name: str, waited_s: float, timeout_s: float) -> HandshakeState:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from kube.settings import settings_from_env
+from sharing.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
 
 LayoutApplyMode = Literal["direct", "operator"]
 """How the agent applies a MIG layout: NVML directly, or through the GPU Operator's mig-manager."""
@@ -44,7 +45,7 @@ class AgentSettings:
     """NVML errors a rollback tolerates before the journal ends Failed (and a human looks)."""
     advertise_timeout_seconds: float = 300.0
     """How long to wait for the Node's allocatable to show a new layout."""
-    device_plugin_namespace: str = "gpu-operator"
+    device_plugin_namespace: str = GPU_OPERATOR_NAMESPACE
     device_plugin_selector: str = "app=nvidia-device-plugin-daemonset"
     """Label selector of the NVIDIA device-plugin pods (the GPU Operator's default)."""
     pause_device_plugin: bool = True
@@ -52,7 +53,7 @@ class AgentSettings:
     so no pod is handed an instance that is about to be destroyed."""
     emulate_device_plugin: bool = False
     """SIMULATION: advertise resources on the Node as the device plugin and GFD would."""
-    mig_parted_configmap: str = "default-mig-parted-config"
+    mig_parted_configmap: str = MIG_PARTED_CONFIGMAP
     """Operator mode: ConfigMap (in ``device_plugin_namespace``) mig-manager reads."""
     device_plugin_configmap: str = "gpupack-device-plugin-config"
     """ConfigMap named in ClusterPolicy ``devicePlugin.config.name``; one key per node."""

@@ -259,6 +259,12 @@ class ReconfigurationStatus(BaseModel):
     target_generation: int | None = Field(None, ge=0)
     started_at: datetime | None = Field(None, strict=False)
     message: str | None = Field(None, max_length=4096)
+    mig_config: str | None = Field(
+        None, max_length=63, description="Operator mode: the mig-parted config this reconfiguration applies.")
+    mig_config_entries: list[dict[str, Any]] | None = Field(
+        None, max_length=64,
+        description="Operator mode: that config's entries (mig-parted's format), which the controller publishes "
+                    "into mig-manager's ConfigMap under migConfig; only the node's own names are published.")
 
 
 class NodeSummary(ApiModel):

@@ -14,7 +14,10 @@ down. The rules, applied alike everywhere:
 * an instance is in use when the agent says ``inUse`` or lists pods on it;
 * a GPU that does not report its memory gets its product's catalog figure;
 * sharing is what the status reports, else what the spec asks;
-* a ``layoutRefusal`` that does not validate is no refusal.
+* a ``layoutRefusal`` that does not validate is no refusal;
+* a mig-parted config the agent asks to have published (operator mode) counts only
+  under one of its own node's names (``gpupack-<node>-g<n>``) and with entries in
+  mig-parted's format; anything else is left out (and said so in ``skipped``).
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from mig.catalog import find_model
+from mig.migparted import MigConfigEntry, MigPartedConfig
 from mig.model import GpuModel
 from sharing.crd import LayoutRefusal
+from sharing.keys import is_mig_config_of, per_node_name
 from sharing.lenient import as_int as _int
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
@@ -65,6 +70,15 @@ class SharingReading:
 
 
 @dataclass(frozen=True)
+class MigConfigRequest:
+    """A mig-parted config a node's agent asks the controller to publish into mig-manager's ConfigMap."""
+
+    name: str
+    """One of the node's own names (``sharing.keys.mig_config_name``)."""
+    entries: tuple[MigConfigEntry, ...]
+
+
+@dataclass(frozen=True)
 class GpuNodeReading:
     name: str
     generation: int
@@ -81,6 +95,8 @@ class GpuNodeReading:
     heartbeat: str | None = None
     """``status.heartbeatTime`` as written (RFC 3339; ``kube.times.parse_time`` reads it): when
     the agent last wrote the status. None from agents that do not write one."""
+    mig_config_request: MigConfigRequest | None = None
+    """Operator mode: the config the agent waits to see published (a reconfiguration Applying)."""
 
 
 def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
@@ -119,6 +135,7 @@ def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
     sharing = _sharing(_map(reported), _int(_map(reported).get("inUse"))) if isinstance(reported, Mapping) else spec_sharing
     generation = _int(meta.get("generation"))
     heartbeat = status.get("heartbeatTime")
+    request = _mig_config_request(name, status.get("reconfiguration"), skipped)
     return GpuNodeReading(
         name=name,
         generation=generation,
@@ -130,6 +147,7 @@ def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
         spec_sharing=spec_sharing,
         skipped=tuple(skipped),
         heartbeat=heartbeat if isinstance(heartbeat, str) else None,
+        mig_config_request=request,
     )
 
 
@@ -144,6 +162,26 @@ def _instances(raw: Any, where: str, skipped: list[str]) -> tuple[InstanceReadin
         in_use = inst.get("inUse") is True or bool(_list(inst.get("pods")))
         out.append(InstanceReading(profile, start, max(1, _int(inst.get("size"), 1)), in_use))
     return tuple(sorted(out, key=lambda i: (i.start, i.profile)))
+
+
+def _mig_config_request(node: str, raw: Any, skipped: list[str]) -> MigConfigRequest | None:
+    reconf = _map(raw)
+    if reconf.get("mode") != "operator" or reconf.get("phase") != "Applying" or "migConfigEntries" not in reconf:
+        return None
+    name = reconf.get("migConfig")
+    if not isinstance(name, str) or not is_mig_config_of(node, name):
+        skipped.append(f"{node}: status.reconfiguration.migConfig {name!r} is not one of this node's config names "
+                       f"({per_node_name(node)}-g<generation>); not published")
+        return None
+    try:
+        config = MigPartedConfig.model_validate({"version": "v1", "mig-configs": {name: reconf["migConfigEntries"]}})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][2:])
+        skipped.append(f"{node}: status.reconfiguration.migConfigEntries are not mig-parted entries "
+                       f"({where}: {first['msg']}); not published")
+        return None
+    return MigConfigRequest(name, config.mig_configs[name])
 
 
 def _refusal(raw: Any) -> LayoutRefusal | None:

@@ -8,6 +8,8 @@ simulation, writes as they would).
 
 from __future__ import annotations
 
+import hashlib
+import re
 from typing import Final
 
 from mig.model import MIG_RESOURCE_PREFIX
@@ -56,6 +58,12 @@ MIG_CONFIG_LABEL: Final = "nvidia.com/mig.config"
 MIG_CONFIG_STATE_LABEL: Final = "nvidia.com/mig.config.state"
 DEVICE_PLUGIN_CONFIG_LABEL: Final = "nvidia.com/device-plugin.config"
 DEPLOY_DEVICE_PLUGIN_LABEL: Final = "nvidia.com/gpu.deploy.device-plugin"
+GPU_OPERATOR_NAMESPACE: Final = "gpu-operator"
+"""Where the GPU Operator runs by default (its device plugin's and mig-manager's ConfigMaps)."""
+MIG_PARTED_CONFIGMAP: Final = "default-mig-parted-config"
+"""The GPU Operator's default name of mig-manager's ConfigMap."""
+MIG_PARTED_CONFIG_KEY: Final = "config.yaml"
+"""The key of mig-manager's ConfigMap that holds its mig-parted config."""
 
 
 def mig_resource(profile: str) -> str:
@@ -66,3 +74,32 @@ def mig_resource(profile: str) -> str:
 def mig_profile_of(resource: str) -> str | None:
     """The profile a MIG resource name stands for; None for any other resource."""
     return resource.removeprefix(MIG_RESOURCE_PREFIX) if resource.startswith(MIG_RESOURCE_PREFIX) else None
+
+
+# ------------------------------------------------------------------ per-node objects in the GPU Operator's ConfigMaps
+PER_NODE_PREFIX: Final = "gpupack-"
+PER_NODE_NAME_LIMIT: Final = 50
+"""Longest per-node name (``gpupack-<node>``): leaves room for ``-g<generation>`` in a 63-character label value."""
+
+
+def per_node_name(node: str) -> str:
+    """``gpupack-<node>``: the node's key in the device plugin's ConfigMap and the stem of its mig-parted configs.
+
+    Names over :data:`PER_NODE_NAME_LIMIT` characters keep their first 41 characters, then
+    ``-`` and 8 hex digits of the node name's SHA-256 (50 in all)."""
+    name = f"{PER_NODE_PREFIX}{node}"
+    if len(name) <= PER_NODE_NAME_LIMIT:
+        return name
+    return f"{name[:41]}-{hashlib.sha256(node.encode()).hexdigest()[:8]}"
+
+
+def mig_config_name(node: str, generation: int) -> str:
+    """The name of ``node``'s mig-parted config for a GPUNode generation (``gpupack-<node>-g<generation>``).
+
+    A fresh name per request, because mig-manager acts on changes of the ``nvidia.com/mig.config`` label."""
+    return f"{per_node_name(node)}-g{generation}"
+
+
+def is_mig_config_of(node: str, name: str) -> bool:
+    """Whether ``name`` is one of ``node``'s mig-parted configs (any generation)."""
+    return re.fullmatch(re.escape(per_node_name(node)) + r"-g[0-9]+", name) is not None

@@ -1,10 +1,13 @@
 """Operator mode: the GPU Operator's mig-manager applies MIG layouts; the agent asks it to.
 
-Per tick: if a mig-parted config the agent wrote is being applied, follow the
-handshake (``nvidia.com/mig.config.state``); else, when GPUs' specs differ and
-they are idle, write a per-node config into mig-parted's ConfigMap and select it
-with ``nvidia.com/mig.config``. The pure parts (config names, per-device
-entries, merge, handshake states) are in ``node.operator_mode``.
+Per tick: if a mig-parted config the agent asked for is being applied, wait until
+the controller has published it into mig-manager's ConfigMap, select it with
+``nvidia.com/mig.config`` and follow the handshake (``nvidia.com/mig.config.state``);
+else, when GPUs' specs differ and they are idle, ask for a per-node config in the
+GPUNode's status (``reconfiguration.migConfigEntries``). The agent only reads the
+ConfigMap: the controller is its writer (``controller.mig_configs``), so no agent
+can change another node's config. The pure parts (per-device entries, handshake
+states) are in ``node.operator_mode``.
 """
 
 from __future__ import annotations
@@ -12,16 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kube.errors import KubeError
 from kube.times import format_time, parse_time
 from node import conditions as C
 from node.context import AgentContext
 from node.desired import desired_layouts
 from node.snapshot import NodeSnapshot
-from node.operator_mode import MIG_PARTED_KEY, handshake_state, merge_mig_parted, plan_node_config
+from mig.migparted import MigConfigError, entries_to_data, parse_config
+from node.operator_mode import handshake_state, plan_node_config
 from node.pods import busy_instances
 from sharing.crd import GPUNodeSpec, LayoutRefusal
-from sharing.keys import MIG_CONFIG_LABEL
+from sharing.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, MIG_PARTED_CONFIG_KEY
 
 
 def reconcile_operator(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,
@@ -40,15 +43,31 @@ def reconcile_operator(ctx: AgentContext, spec: GPUNodeSpec, generation: int, sn
     if active is not None:
         started = parse_time(active.get("startedAt"))
         elapsed = now - started.timestamp() if started is not None else float("inf")  # unreadable: timed out
-        state = handshake_state(labels, str(active["migConfig"]), elapsed,
-                                ctx.s.mig_config_timeout_seconds)
+        config = str(active.get("migConfig"))
+        if labels.get(MIG_CONFIG_LABEL) != config and elapsed < ctx.s.mig_config_timeout_seconds:
+            if not _published(ctx, config, active.get("migConfigEntries")):
+                return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
+                                             f"waiting for the controller to publish {config} into "
+                                             f"{ctx.s.device_plugin_namespace}/{ctx.s.mig_parted_configmap}"),
+                                      active=True)
+            # The state label goes to pending in the same patch: a "success" left from the last
+            # config must not read as this one's answer before mig-manager has seen the change.
+            ctx.kube.patch_node(name, {"metadata": {"labels": {MIG_CONFIG_LABEL: config,
+                                                               MIG_CONFIG_STATE_LABEL: "pending"}}})
+            ctx.event("Normal", "MigReconfigurationStarted", f"set {MIG_CONFIG_LABEL}={config}: {active.get('message')}")
+            return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring", f"mig-manager applying {config}"),
+                                  active=True)
+        state = handshake_state(labels, config, elapsed, ctx.s.mig_config_timeout_seconds)
         if state == "pending":
             return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
-                                         f"waiting for mig-manager to apply {active['migConfig']}"), active=True)
+                                         f"waiting for mig-manager to apply {config}"), active=True)
         phase = {"success": "Succeeded", "failed": "Failed", "timeout": "Failed"}[state]
         message = {"success": "mig-manager applied the config",
                    "failed": "mig-manager reported nvidia.com/mig.config.state=failed",
-                   "timeout": f"no result from mig-manager within {ctx.s.mig_config_timeout_seconds:g}s"}[state]
+                   "timeout": f"no result from mig-manager within {ctx.s.mig_config_timeout_seconds:g}s"
+                   if labels.get(MIG_CONFIG_LABEL) == config else
+                   f"the controller did not publish {config} into {ctx.s.device_plugin_namespace}/"
+                   f"{ctx.s.mig_parted_configmap} within {ctx.s.mig_config_timeout_seconds:g}s"}[state]
         obj = ctx.kube.patch_gpunode_status(name, {"reconfiguration": {**active, "phase": phase, "message": message}})
         ctx.remember(obj)
         ctx.metrics.reconfigurations.labels(phase).inc()
@@ -76,27 +95,28 @@ def reconcile_operator(ctx: AgentContext, spec: GPUNodeSpec, generation: int, sn
     if not allowed:
         return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "ReshapingNotAllowed",
                                      f"GPUs {list(plan.changed)}: {blocked}"), refusals=refusals)
-    for _ in range(3):  # read-modify-write of a shared ConfigMap, guarded by resourceVersion
-        cm = ctx.kube.get_configmap(ctx.s.device_plugin_namespace, ctx.s.mig_parted_configmap)
-        data = dict((cm or {}).get("data") or {})
-        data[MIG_PARTED_KEY] = merge_mig_parted(data.get(MIG_PARTED_KEY), name, plan)
-        try:
-            ctx.kube.write_configmap(ctx.s.device_plugin_namespace, ctx.s.mig_parted_configmap, data,
-                                      (cm or {}).get("metadata", {}).get("resourceVersion"))
-            break
-        except KubeError as exc:
-            if not exc.conflict:
-                raise
-    else:
-        raise KubeError(409, f"ConfigMap {ctx.s.mig_parted_configmap} kept changing under us")
     entry = {"phase": "Applying", "mode": "operator", "migConfig": plan.name, "targetGeneration": generation,
              "startedAt": format_time(now), "message": f"GPUs {list(plan.changed)} via mig-manager",
+             "migConfigEntries": entries_to_data(plan.entries),
              "step": 0, "plan": [{"op": "mig-config", "gpus": list(plan.changed)}]}
     ctx.remember(ctx.kube.patch_gpunode_status(name, {"reconfiguration": entry}))
-    ctx.kube.patch_node(name, {"metadata": {"labels": {MIG_CONFIG_LABEL: plan.name}}})
-    ctx.event("Normal", "MigReconfigurationStarted", f"set {MIG_CONFIG_LABEL}={plan.name} for GPUs {list(plan.changed)}")
-    return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring", f"mig-manager applying {plan.name}"),
+    ctx.event("Normal", "MigReconfigurationRequested", f"asked for {plan.name} (GPUs {list(plan.changed)})")
+    return C.LayoutReport(C.Cond(C.LAYOUT_APPLIED, "False", "Reconfiguring",
+                                 f"waiting for the controller to publish {plan.name}"),
                           active=True, refusals=refusals)
+
+
+def _published(ctx: AgentContext, config: str, asked: Any) -> bool:
+    """Whether mig-manager's ConfigMap holds ``config`` with the entries this agent asked for."""
+    cm = ctx.kube.get_configmap(ctx.s.device_plugin_namespace, ctx.s.mig_parted_configmap)
+    text = ((cm or {}).get("data") or {}).get(MIG_PARTED_CONFIG_KEY)
+    if not text:
+        return False
+    try:
+        entries = parse_config(text).mig_configs.get(config)
+    except MigConfigError:
+        return False
+    return entries is not None and entries_to_data(entries) == asked
 
 
 class MigManagerLayouts:

@@ -1,16 +1,19 @@
 """GPU Operator mode against the real control plane, with the test playing mig-manager.
 
 The agent (``gpupack-node-agent`` ServiceAccount, plus the Role from
-manifests/agent/rbac-gpu-operator.yaml) must write its mig-parted config into the
-existing ConfigMap without disturbing other entries, point ``nvidia.com/mig.config``
-at it, wait for ``nvidia.com/mig.config.state``, and write the device plugin's
-sharing config under its node's key.
+manifests/agent/rbac-gpu-operator.yaml) asks for its mig-parted config in its
+GPUNode status; the controller (``gpupack-controller`` ServiceAccount, its cycle
+run here in a thread) publishes it into the existing ConfigMap without disturbing
+other entries; the agent then points ``nvidia.com/mig.config`` at it, waits for
+``nvidia.com/mig.config.state``, and writes the device plugin's sharing config
+under its node's key. The agent's own token cannot write mig-manager's ConfigMap.
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +21,9 @@ import pytest
 import yaml
 from kubernetes import client
 
+from controller.kube import Kube as ControllerKube
+from controller.reconcile import Controller
+from controller.settings import ControllerSettings
 from mig.migparted import layout_for, parse_config
 from node.nvml.simulated import SimulatedNvml
 from node.settings import AgentSettings
@@ -45,8 +51,48 @@ def operator_namespace(admin_client: Any, apply_manifests: Callable[..., list[di
     return "gpu-operator"
 
 
+@pytest.fixture
+def controller_cycles(operator_namespace: str, sa_kubeconfig: Callable[[str], Path]) -> Iterator[None]:
+    """The controller's cycle, every 0.3 s, as its ServiceAccount (scoped to no pods: it only publishes here)."""
+    kube = ControllerKube.connect(str(sa_kubeconfig("gpupack-controller")))
+    settings = ControllerSettings(namespaces=f"none-{uuid.uuid4().hex[:6]}", feedback=False, right_size=False,
+                                  metrics_port=0, mig_parted_namespace=operator_namespace)
+    controller = Controller(kube, settings)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            controller.cycle()
+            stop.wait(0.3)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        kube.close()
+
+
+def test_the_agents_token_cannot_write_mig_managers_config(
+    operator_namespace: str, sa_client: Callable[[str], Any],
+) -> None:
+    """A node agent could otherwise rewrite any node's entry, and mig-manager would recreate its GPUs' instances."""
+    agent = client.CoreV1Api(sa_client("gpupack-node-agent"))
+    cm: Any = agent.read_namespaced_config_map("default-mig-parted-config", operator_namespace)  # reading is allowed
+    cm.data = {"config.yaml": OTHER.replace("all-disabled", "gpupack-someone-else-g1")}
+    with pytest.raises(client.ApiException) as denied:
+        agent.replace_namespaced_config_map("default-mig-parted-config", operator_namespace, cm)
+    assert denied.value.status == 403
+    with pytest.raises(client.ApiException) as denied:
+        agent.patch_namespaced_config_map("default-mig-parted-config", operator_namespace, {"data": {"x": "y"}})
+    assert denied.value.status == 403
+
+
 def test_operator_mode_handshake(
     admin_client: Any, operator_namespace: str, sa_kubeconfig: Callable[[str], Path], tmp_path: Path,
+    controller_cycles: None,
 ) -> None:
     core = client.CoreV1Api(admin_client)
     node = f"op-{uuid.uuid4().hex[:6]}"

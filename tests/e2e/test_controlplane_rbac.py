@@ -83,6 +83,8 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("coordination.k8s.io", "leases", "", NS, ""): READ | WRITE,
         ("apiextensions.k8s.io", "customresourcedefinitions", "", None, ""): READ,
         **EVENTS,
+        # manifests/agent/rbac-gpu-operator.yaml: the only gpupack writer of mig-manager's config.
+        ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"): {"get", "update"},
     },
     "gpupack-node-agent": {
         ("gpupack.io", "gpunodes", "", None, ""): READ | {"create"},
@@ -93,10 +95,11 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         **EVENTS,
         # manifests/agent/rbac-policies.yaml: enforces the policies selecting its node.
         ("gpupack.io", "sharingpolicies", "", None, ""): READ,
-        # manifests/agent/rbac-gpu-operator.yaml: two named ConfigMaps, and the
-        # device-plugin pods it restarts.
+        # manifests/agent/rbac-gpu-operator.yaml: its entry of the device plugin's ConfigMap,
+        # mig-manager's config read-only (the controller publishes what it asks for), and
+        # the device-plugin pods it restarts.
         ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"): {"get", "update", "patch"},
-        ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"): {"get", "update", "patch"},
+        ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"): {"get"},
         ("", "pods", "", OPERATOR_NS, ""): READ | {"delete"},  # read: cluster-wide
     },
 }

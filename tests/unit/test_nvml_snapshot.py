@@ -15,10 +15,10 @@ from node.nvml import errors
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, InstanceProfile
 from node.nvml.simulated import Fault, SimulatedNvml
-from node.operator_mode import (
-    device_plugin_config, device_plugin_config_name, handshake_state, merge_mig_parted, mig_config_name,
-    plan_node_config,
-)
+from controller.mig_configs import published_config
+from node.operator_mode import device_plugin_config, device_plugin_config_name, handshake_state, plan_node_config
+from sharing.gpunode import MigConfigRequest
+from sharing.keys import mig_config_name
 from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device
 from sharing.crd import GPUNodeStatus
 
@@ -118,14 +118,18 @@ def test_operator_config_changes_only_idle_gpus_and_prunes_old_entries() -> None
     snap = read_snapshot(sim, sim.kind)
     plan = plan_node_config("node-a", 7, snap, {0: ["7g.141gb"], 1: ["1g.18gb"] * 2}, idle_gpus=frozenset({1}))
     assert plan.changed == (1,) and 0 in plan.held
-    text = merge_mig_parted(None, "node-a", plan)
+    text = published_config(None, [("node-a", MigConfigRequest(plan.name, plan.entries))])
+    assert text is not None
     config = parse_config(text)
     entries = config.mig_configs[mig_config_name("node-a", 7)]
     assert entries[0].mig_devices == {"3g.71gb": 2}  # held at its current layout
     assert entries[1].mig_devices == {"1g.18gb": 2}
     later = plan_node_config("node-a", 8, snap, {1: ["7g.141gb"]}, idle_gpus=frozenset({0, 1}))
     other = plan_node_config("node-b", 1, snap, {}, idle_gpus=frozenset())
-    merged = parse_config(merge_mig_parted(merge_mig_parted(text, "node-b", other), "node-a", later))
+    both = published_config(text, [("node-b", MigConfigRequest(other.name, other.entries)),
+                                   ("node-a", MigConfigRequest(later.name, later.entries))])
+    assert both is not None
+    merged = parse_config(both)
     assert set(merged.mig_configs) == {mig_config_name("node-a", 8), mig_config_name("node-b", 1)}
 
 

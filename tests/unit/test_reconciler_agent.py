@@ -216,6 +216,21 @@ def test_settings_from_environment_and_bad_values() -> None:
         AgentSettings.from_env({"GPUPACK_AGENT_EMULATE_DEVICE_PLUGIN": "maybe"})
 
 
+def _publish_as_controller(kube: FakeKube, namespace: str = "gpu-operator") -> None:
+    """What the controller's cycle does with the agent's request (``controller.mig_configs``)."""
+    from controller.mig_configs import published_config
+    from sharing.gpunode import read_gpunode
+
+    assert kube.gpunode is not None
+    reading = read_gpunode(kube.gpunode)
+    assert reading is not None and reading.mig_config_request is not None
+    key = (namespace, "default-mig-parted-config")
+    data = dict(kube.configmaps.get(key, {}).get("data") or {})
+    text = published_config(data.get("config.yaml"), [(reading.name, reading.mig_config_request)])
+    if text is not None:
+        kube.configmaps[key] = {"metadata": {"resourceVersion": kube._bump()}, "data": {**data, "config.yaml": text}}
+
+
 def test_operator_mode_hands_idle_gpus_to_mig_manager_and_follows_its_state(tmp_path: Path) -> None:
     from mig.migparted import parse_config
 
@@ -230,13 +245,24 @@ def test_operator_mode_hands_idle_gpus_to_mig_manager_and_follows_its_state(tmp_
                   clock=clock)
     for _ in range(4):  # instances idle for > idle_seconds
         agent.tick()
+    kube.node["metadata"]["labels"]["nvidia.com/mig.config.state"] = "success"  # left from an earlier config
     kube.set_spec({"gpus": [{"index": i, "migEnabled": True, "layout": [{"profile": "3g.71gb"}] * 2} for i in (0, 1)]})
     agent.tick()
     assert kube.gpunode is not None
     reconf = kube.gpunode["status"]["reconfiguration"]
     assert reconf["phase"] == "Applying" and reconf["mode"] == "operator"
+    # The agent only asks: mig-manager's ConfigMap is the controller's to write, and the label
+    # waits until the config is there (mig-manager would fail on a name it cannot find).
+    assert ("gpu-operator", "default-mig-parted-config") not in kube.configmaps
+    assert "nvidia.com/mig.config" not in kube.node["metadata"]["labels"]
+    agent.tick()
+    assert "nvidia.com/mig.config" not in kube.node["metadata"]["labels"]
+    assert "waiting for the controller to publish" in _cond(kube, "LayoutApplied")["message"]
+    _publish_as_controller(kube)
+    agent.tick()
     name = kube.node["metadata"]["labels"]["nvidia.com/mig.config"]
     assert name == reconf["migConfig"]
+    assert kube.node["metadata"]["labels"]["nvidia.com/mig.config.state"] == "pending"  # not the old success
     config = parse_config(kube.configmaps[("gpu-operator", "default-mig-parted-config")]["data"]["config.yaml"])
     entries = config.mig_configs[name]
     assert entries[0].mig_devices == {"3g.71gb": 2}
