@@ -45,6 +45,9 @@ SIMULATED_LABEL: Final = "gpupack.io/simulated"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 """The well-known label the controller pins a released pod with."""
 
+NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
+"""Kubernetes' user-info extra of a token bound to a pod: the pod's node (a DaemonSet's own node)."""
+
 # ------------------------------------------------------------------ NVIDIA device plugin and GFD
 WHOLE_RESOURCE: Final = "nvidia.com/gpu"
 SHARED_RESOURCE: Final = "nvidia.com/gpu.shared"

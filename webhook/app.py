@@ -4,6 +4,8 @@ Routes:
 
 * ``POST /mutate`` - pods (AdmissionReview v1) -> ``admission.review_pod``
 * ``POST /validate`` - SharingPolicy objects -> ``admission.review_policy``
+* ``POST /authorize`` - SubjectAccessReview v1 (kube-apiserver's authorization webhook,
+  ``manifests/hardened``) -> ``authorization.review_access``: a node agent's pod reads
 * ``GET /healthz`` - the process answers (liveness)
 * ``GET /readyz`` - 200 only once the inventory view is synced (readiness), so a
   fresh replica gets no admission traffic before it can decide
@@ -13,7 +15,8 @@ The admission routes are answered on raw ASGI messages (see
 :class:`AdmissionApp`), not by pydantic-validated FastAPI endpoints: the body is
 read with a size cap, decoded once, and a malformed body must still get an
 AdmissionReview answer rather than FastAPI's 422. Every answer to ``/mutate``
-and ``/validate`` is HTTP 200 with an AdmissionReview, whatever the input.
+and ``/validate`` is HTTP 200 with an AdmissionReview, and to ``/authorize`` HTTP 200
+with a SubjectAccessReview, whatever the input.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from webhook.admission import Answer, review_pod, review_policy, review_response, uid_hint
+from webhook.authorization import review_access
 from webhook.inventory_source import InventoryHolder
 from webhook.jsonio import JSONDecodeError, dumps, loads
 from webhook.metrics import Metrics
@@ -193,9 +197,25 @@ def build_app(
     api.router.add_route("/metrics", metrics_route, methods=["GET"])
     api.router.add_route("/mutate", post_only, methods=["GET", "PUT", "DELETE", "PATCH"])
     api.router.add_route("/validate", post_only, methods=["GET", "PUT", "DELETE", "PATCH"])
+    def authorize(body: bytes) -> bytes:
+        started = time.perf_counter()
+        if isinstance(body, _TooLarge):
+            answer = review_access(None, settings.node_agent_user)
+        else:
+            try:
+                answer = review_access(loads(body), settings.node_agent_user)
+            except JSONDecodeError:
+                answer = review_access(None, settings.node_agent_user)
+        status = answer["status"]
+        outcome = "allowed" if status["allowed"] else ("error" if "evaluationError" in status else "denied")
+        metrics.observe("authorize", outcome, time.perf_counter() - started)
+        return dumps(answer)
+
+    api.router.add_route("/authorize", post_only, methods=["GET", "PUT", "DELETE", "PATCH"])
     handlers = {
         "/mutate": admit("mutate", lambda review: _review_with_memo(review, holder, settings)),
         "/validate": admit("validate", lambda review: review_policy(review, settings)),
+        "/authorize": authorize,
     }
     return AdmissionApp(api, handlers, settings.max_body_bytes)
 

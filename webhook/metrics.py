@@ -19,7 +19,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "gpupack_webhook_requests",
-            "Admission requests answered, by endpoint and outcome (allowed, denied, error).",
+            "Admission and authorization requests answered, by endpoint and outcome (allowed, denied, error; "
+            "for authorize, denied means no opinion).",
             ["endpoint", "outcome"],
             registry=self.registry,
         )
@@ -64,9 +65,9 @@ class Metrics:
         self.slow_clients = Counter("gpupack_webhook_slow_clients_dropped", SLOW_CLIENTS_HELP, registry=self.registry)
         # Pre-create the hot-path children: labels() costs a dict lookup and a lock.
         self._outcome = {
-            (e, o): self.requests.labels(e, o) for e in ("mutate", "validate") for o in ("allowed", "denied", "error")
+            (e, o): self.requests.labels(e, o) for e in ("mutate", "validate", "authorize") for o in ("allowed", "denied", "error")
         }
-        self._latency = {e: self.latency.labels(e) for e in ("mutate", "validate")}
+        self._latency = {e: self.latency.labels(e) for e in ("mutate", "validate", "authorize")}
 
     def observe(self, endpoint: str, outcome: str, seconds: float) -> None:
         self._outcome[(endpoint, outcome)].inc()

@@ -51,6 +51,9 @@ class WebhookSettings:
     The API server keeps a few pooled connections per replica; a stalled connection costs
     about 0.1 MiB and lives at most ``request_read_seconds``, so 2000 stay well inside the
     manifest's 512Mi (benchmarks/faults.md)."""
+    node_agent_user: str = "system:serviceaccount:gpupack-system:gpupack-node-agent"
+    """Whose pod lists ``POST /authorize`` decides (``webhook.authorization``): the node
+    agents' ServiceAccount, as kube-apiserver names it."""
     log_level: str = "info"
     """uvicorn/gpupack log level: critical, error, warning, info, debug."""
     access_log: bool = False

@@ -45,7 +45,11 @@ def etcd_url(ports: dict[str, int]) -> str:
     return f"http://{HOST}:{ports['etcd']}"
 
 
-def apiserver_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> list[str]:
+def apiserver_argv(
+    binaries: Binaries, workdir: Path, ports: dict[str, int], authorization_config: Path | None = None
+) -> list[str]:
+    """``authorization_config``: an ``AuthorizationConfiguration`` file instead of plain RBAC
+    (``manifests/hardened``: gpupack's authorizer for node agents' pod reads)."""
     pki = workdir / "pki"
     server = apiserver_url(ports)
     return [
@@ -59,7 +63,7 @@ def apiserver_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> 
         f"--tls-cert-file={pki / 'apiserver.crt'}",
         f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
-        "--authorization-mode=RBAC",
+        f"--authorization-config={authorization_config}" if authorization_config else "--authorization-mode=RBAC",
         "--anonymous-auth=false",
         f"--service-account-issuer={server}",
         f"--service-account-key-file={pki / 'sa.pub'}",

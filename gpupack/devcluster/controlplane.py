@@ -59,6 +59,8 @@ class ControlPlaneConfig:
     apiserver_port: int | None = None
     etcd_port: int | None = None
     scheduler: bool = True
+    authorization_config: Path | None = None
+    """kube-apiserver's ``--authorization-config`` (default: ``--authorization-mode=RBAC``)."""
     start_timeout_s: float = field(default_factory=_default_timeout)  # GPUPACK_START_TIMEOUT
     # Kill the components when the starting process dies (tests); False for
     # `gpupack dev cluster up`, whose components outlive the command.
@@ -141,6 +143,18 @@ class ControlPlane:
         if any(p.name == "kube-apiserver" for p in self.processes):
             raise RuntimeError("kube-apiserver is already running")
         self._start_apiserver()
+
+    def stop_etcd(self) -> None:
+        """Stop etcd alone (an outage, for fault benchmarks); its data directory stays."""
+        proc = next(p for p in self.processes if p.name == "etcd")
+        proc.stop()
+        self.processes.remove(proc)
+
+    def start_etcd(self) -> None:
+        """Start etcd again on the same ports and data, and wait until it is healthy."""
+        if any(p.name == "etcd" for p in self.processes):
+            raise RuntimeError("etcd is already running")
+        self._start_etcd()
 
     def running(self) -> bool:
         return bool(self.processes) and all(p.running() for p in self.processes)
@@ -242,7 +256,7 @@ class ControlPlane:
                    f"etcd health at {url}/health", self.config.start_timeout_s, proc)
 
     def _start_apiserver(self) -> None:
-        argv = components.apiserver_argv(self.binaries, self.workdir, self.ports)
+        argv = components.apiserver_argv(self.binaries, self.workdir, self.ports, self.config.authorization_config)
         proc = self._launch("kube-apiserver", argv)
         d = self.workdir / "pki"
         ssl_ctx = ssl.create_default_context(cafile=str(self.ca_file))

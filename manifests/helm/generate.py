@@ -116,7 +116,10 @@ def render() -> dict[str, str]:
     )
     top = yaml.safe_load(_load("kustomization.yaml"))
     for entry in top["resources"]:
-        if entry.startswith("rbac/"):
+        if entry == "rbac/node-agent-pods.yaml":  # manifests/hardened's choice, as a value
+            files[f"templates/rbac-{Path(entry).stem}.yaml"] = (
+                "{{- if not .Values.agent.podReadsByAuthorizer }}\n" + _template(_load(entry)) + "{{- end }}\n")
+        elif entry.startswith("rbac/"):
             files[f"templates/rbac-{Path(entry).stem}.yaml"] = _template(_load(entry))
     extras = _extras()
     for component, directory in (("webhook", "webhook"), ("controller", "controller"), ("agent", "agent")):

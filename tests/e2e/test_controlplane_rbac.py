@@ -91,7 +91,9 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("gpupack.io", "gpunodes", "status", None, ""): {"get", "update", "patch"},
         ("", "nodes", "", None, ""): READ | {"patch"},
         ("", "nodes", "status", None, ""): {"get", "patch"},
-        ("", "pods", "", "default", ""): READ,
+        # manifests/rbac/node-agent-pods.yaml: list only (manifests/hardened replaces it by
+        # gpupack's authorizer, which confines it to the agent's own node).
+        ("", "pods", "", "default", ""): {"list"},
         **EVENTS,
         # manifests/agent/rbac-policies.yaml: enforces the policies selecting its node.
         ("gpupack.io", "sharingpolicies", "", None, ""): READ,
@@ -100,7 +102,7 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         # the device-plugin pods it restarts.
         ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"): {"get", "update", "patch"},
         ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"): {"get"},
-        ("", "pods", "", OPERATOR_NS, ""): READ | {"delete"},  # read: cluster-wide
+        ("", "pods", "", OPERATOR_NS, ""): {"list", "delete"},  # list: cluster-wide
     },
 }
 
