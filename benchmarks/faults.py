@@ -1,6 +1,6 @@
 """Measure gpupack under faults (a script, not a test; results in benchmarks/faults.md).
 
-Two experiments, each on this machine's own processes:
+Three experiments, each on this machine's own processes:
 
 * **webhook under stalled clients**: ``gpupack webhook serve`` (example inventory) gets
   ``--stalled`` TLS connections that send part of their headers and stop, plus
@@ -14,9 +14,17 @@ Two experiments, each on this machine's own processes:
   each component spent during the outage, then how long after the restart the agent
   reports again, the controller releases a new gated pod, and kube-scheduler binds it. Then a
   standby controller starts, the leader is killed (SIGKILL), and a new gated pod is created at
-  once: the script reports when the standby released it and when it was bound.
+  once: the script reports when the standby released it and when it was bound. Then both
+  controllers are killed, a gated pod is created, and a replacement starts 5 s later (as a
+  Deployment would restart one): when it released and bound the pod. Last, etcd is stopped
+  for ``--etcd-outage`` seconds (kube-apiserver stays up): log bytes and CPU per component
+  during it, and how long after etcd's restart a new gated pod is released and bound.
+* **webhook killed**: the demo stack (``gpupack demo``'s control plane, agents, webhook and
+  controller); the webhook is SIGKILLed, a GPU pod is tried (the registration's
+  ``failurePolicy: Fail`` refuses it: no pod slips past gpupack), and the webhook restarts on
+  the same port: how long until a GPU pod is admitted again and bound.
 
-    python benchmarks/faults.py                   # both, about 3 minutes on 2 cores
+    python benchmarks/faults.py                   # all three, about 5 minutes on 2 cores
     python benchmarks/faults.py --only webhook --stalled 1000 --partial-bodies 100
     python benchmarks/faults.py --only outage --outage 60
 """
@@ -50,6 +58,7 @@ from webhook.testing import gpu_container, make_pod, make_review  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 LEASE_SECONDS = 4  # the controller's leader lease in the outage experiment (15 s in the manifests)
+BOTH_DOWN_SECONDS = 5  # how long no controller runs before a replacement starts
 
 
 def rss_mib(pid: int) -> float:
@@ -176,7 +185,7 @@ def webhook_under_stalled_clients(stalled: int, partial_bodies: int, requests: i
 # ----------------------------------------------------------------------------- outage
 
 
-def apiserver_outage(outage_s: float) -> dict[str, Any]:
+def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
     from kubernetes import client
 
     from gpupack.devcluster.apply import apply_objects, gpupack_manifests
@@ -247,10 +256,9 @@ def apiserver_outage(outage_s: float) -> dict[str, Any]:
         time.sleep(outage_s)
         during = {n: (logs[n].stat().st_size - before[n][0], cpu_seconds(p.pid) - before[n][1])
                   for n, p in procs.items()}
-        restarted = time.monotonic()
+        restarted, wall_restart = time.monotonic(), time.time()
         plane.start_apiserver()
         apiserver_ready = time.monotonic() - restarted
-        wall_restart = time.time()
         admin = plane.admin_client()
         core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
         agent_back = wait_for("the agent's heartbeat after the restart", lambda: (
@@ -279,6 +287,49 @@ def apiserver_outage(outage_s: float) -> dict[str, Any]:
             "after-leader-kill", "default").spec.node_name)
         _ = bound_leader
         bound_leader = time.monotonic() - killed
+
+        # Both controllers die (SIGKILL). A gated pod created meanwhile waits (nothing else
+        # lifts the gate); a new controller starts after a pause, as its Deployment would.
+        for proc in procs.values():
+            if proc.poll() is None and proc is not procs["agent"]:
+                proc.kill()
+                proc.wait(10)
+        pod("while-no-controller")
+        time.sleep(BOTH_DOWN_SECONDS)
+        gated_meanwhile = bool(core.read_namespaced_pod("while-no-controller", "default").spec.scheduling_gates)
+        new_controller = time.monotonic()
+        start_controller("replacement")
+        released_both = wait_for("the replacement to release the waiting pod", lambda: not core.read_namespaced_pod(
+            "while-no-controller", "default").spec.scheduling_gates)
+        wait_for("it bound", lambda: core.read_namespaced_pod("while-no-controller", "default").spec.node_name)
+        bound_both = time.monotonic() - new_controller
+
+        # etcd outage: kube-apiserver stays up but can neither read nor write.
+        live = {n: p for n, p in procs.items() if p.poll() is None}
+        time.sleep(3)
+        before_etcd = {n: (logs[n].stat().st_size, cpu_seconds(p.pid)) for n, p in live.items()}
+        plane.stop_etcd()
+        time.sleep(etcd_outage_s)
+        during_etcd = {n: (logs[n].stat().st_size - before_etcd[n][0], cpu_seconds(p.pid) - before_etcd[n][1])
+                       for n, p in live.items()}
+        etcd_restarted = time.monotonic()
+        plane.start_etcd()
+        etcd_ready = time.monotonic() - etcd_restarted
+
+        def created_after_etcd() -> bool:
+            try:
+                pod("after-etcd")
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    raise
+            return True
+
+        wait_for("the API server to take a pod again", created_after_etcd)
+        wait_for("the controller to release it", lambda: not core.read_namespaced_pod(
+            "after-etcd", "default").spec.scheduling_gates)
+        released_etcd = time.monotonic() - etcd_restarted
+        wait_for("it bound", lambda: core.read_namespaced_pod("after-etcd", "default").spec.node_name)
+        bound_etcd = time.monotonic() - etcd_restarted
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -296,16 +347,86 @@ def apiserver_outage(outage_s: float) -> dict[str, Any]:
         "new_gated_pod_bound_by_kube_scheduler_s": round(bound_after, 1),
         "leader_killed": {"lease_seconds": LEASE_SECONDS, "pod_created_at_kill_released_s": round(released_leader, 1),
                           "pod_bound_s": round(bound_leader, 1)},
+        "both_controllers_killed": {
+            "down_s": BOTH_DOWN_SECONDS, "pod_still_gated_while_down": gated_meanwhile,
+            "released_after_replacement_started_s": round(released_both, 1),
+            "bound_after_replacement_started_s": round(bound_both, 1)},
+        "etcd_outage": {
+            "outage_s": etcd_outage_s,
+            "during_outage": {n: {"log_bytes": b, "cpu_s": round(c, 2)} for n, (b, c) in during_etcd.items()},
+            "etcd_healthy_after_restart_s": round(etcd_ready, 1),
+            "new_gated_pod_released_after_restart_s": round(released_etcd, 1),
+            "new_gated_pod_bound_after_restart_s": round(bound_etcd, 1)},
     }
+
+
+def webhook_killed() -> dict[str, Any]:
+    """The demo stack; its webhook is SIGKILLed, a GPU pod is tried, the webhook restarts on the same port."""
+    import signal
+
+    from kubernetes import client
+
+    from gpupack.demo.stack import DEMO_NAMESPACE, Stack
+    from gpupack.devcluster.process import ManagedProcess
+    from sharing.keys import MILLI_RESOURCE
+
+    stack = Stack(workdir=Path(tempfile.mkdtemp(prefix="gpupack-faults-webhook-")))
+    try:
+        stack.start(lambda line: print(line, file=sys.stderr, flush=True))
+        core = client.CoreV1Api(stack.admin)
+
+        def pod(name: str) -> None:
+            core.create_namespaced_pod(DEMO_NAMESPACE, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                "spec": {"containers": [{"name": "main", "image": "example.com/app:1",
+                                         "resources": {"limits": {MILLI_RESOURCE: "300"}}}]}})
+
+        def bound(name: str) -> bool:
+            return bool(core.read_namespaced_pod(name, DEMO_NAMESPACE).spec.node_name)
+
+        pod("before")
+        wait_for("a pod bound before the webhook dies", lambda: bound("before"))
+        hook = next(p for p in stack.processes if p.name == "webhook")
+        assert hook.popen is not None
+        os.kill(hook.popen.pid, signal.SIGKILL)
+        hook.popen.wait(10)
+        stack.processes.remove(hook)
+        try:
+            pod("while-down")
+            refused, answer = False, ""
+        except client.ApiException as exc:
+            refused, answer = True, f"{exc.status}: {json.loads(exc.body or '{}').get('message', '')[:160]}"
+        replacement = ManagedProcess("webhook-2", list(hook.argv), stack.workdir / "logs" / "webhook-2.log")
+        restarted = time.monotonic()
+        replacement.start()
+        stack.processes.append(replacement)
+
+        def admitted() -> bool:
+            try:
+                pod("after-restart")
+            except client.ApiException as exc:
+                if exc.status != 409:
+                    return False
+            return True
+
+        admitted_s = wait_for("the API server to admit a GPU pod again", admitted)
+        admitted_s = time.monotonic() - restarted
+        wait_for("that pod bound", lambda: bound("after-restart"))
+        bound_s = time.monotonic() - restarted
+    finally:
+        stack.stop()
+    return {"pod_refused_while_down": refused, "answer_while_down": answer,
+            "admitted_after_restart_s": round(admitted_s, 1), "bound_after_restart_s": round(bound_s, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=["webhook", "outage"], help="run one experiment")
+    ap.add_argument("--only", choices=["webhook", "outage", "webhook-kill"], help="run one experiment")
     ap.add_argument("--stalled", type=int, default=1000, help="connections stalled in their headers (default 1000)")
     ap.add_argument("--partial-bodies", type=int, default=100, help="connections stalled in a body (default 100)")
     ap.add_argument("--requests", type=int, default=200, help="admissions measured per phase (default 200)")
     ap.add_argument("--outage", type=float, default=60.0, help="seconds kube-apiserver is down (default 60)")
+    ap.add_argument("--etcd-outage", type=float, default=30.0, help="seconds etcd is down (default 30)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     out: dict[str, Any] = {"machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, "
@@ -314,8 +435,11 @@ def main(argv: list[str] | None = None) -> int:
         out["webhook"] = webhook_under_stalled_clients(args.stalled, args.partial_bodies, args.requests)
         print(json.dumps(out["webhook"], indent=1), flush=True)
     if args.only in (None, "outage"):
-        out["outage"] = apiserver_outage(args.outage)
+        out["outage"] = apiserver_outage(args.outage, args.etcd_outage)
         print(json.dumps(out["outage"], indent=1), flush=True)
+    if args.only in (None, "webhook-kill"):
+        out["webhook_killed"] = webhook_killed()
+        print(json.dumps(out["webhook_killed"], indent=1), flush=True)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
