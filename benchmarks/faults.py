@@ -18,7 +18,10 @@ Three experiments, each on this machine's own processes:
   controllers are killed, a gated pod is created, and a replacement starts 5 s later (as a
   Deployment would restart one): when it released and bound the pod. Last, etcd is stopped
   for ``--etcd-outage`` seconds (kube-apiserver stays up): log bytes and CPU per component
-  during it, and how long after etcd's restart a new gated pod is released and bound.
+  during it, and how long after etcd's restart a new gated pod is released and bound. Then a
+  stale agent: the controller (``--agent-stale-seconds 10``) plans a reshape for two waiting
+  pods on a node whose agent is then killed; a spare node joins, and the script reports how
+  long after the kill the pods are bound there.
 * **webhook killed**: the demo stack (``gpupack demo``'s control plane, agents, webhook and
   controller); the webhook is SIGKILLed, a GPU pod is tried (the registration's
   ``failurePolicy: Fail`` refuses it: no pod slips past gpupack), and the webhook restarts on
@@ -59,6 +62,7 @@ from webhook.testing import gpu_container, make_pod, make_review  # noqa: E402
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 LEASE_SECONDS = 4  # the controller's leader lease in the outage experiment (15 s in the manifests)
 BOTH_DOWN_SECONDS = 5  # how long no controller runs before a replacement starts
+STALE_SECONDS = 10  # the controller's --agent-stale-seconds in the stale-agent part (180 s shipped)
 
 
 def rss_mib(pid: int) -> float:
@@ -226,10 +230,10 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         start("agent", ["agent", "run", "--node", node, "--simulate", "H100-80GB:1", "--state-file",
                         str(tmp / "state.json"), "--emulate-device-plugin", "--poll-seconds", "1", "--metrics-port",
                         "0", "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-node-agent"))])
-        def start_controller(name: str) -> None:
+        def start_controller(name: str, *extra: str) -> None:
             start(name, ["controller", "run", "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-controller")),
                          "--metrics-port", "0", "--identity", name, "--lease-seconds", str(LEASE_SECONDS),
-                         "--resync-seconds", "1", "--no-feedback"])
+                         "--resync-seconds", "1", "--no-feedback", *extra])
 
         start_controller("controller")
 
@@ -238,15 +242,31 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
 
         wait_for("the node's seven 1g instances", lambda: len(gpunode()["status"]["gpus"][0]["instances"]) == 7)
 
-        def pod(name: str) -> None:
+        def pod(name: str, profile: str = "1g.10gb") -> None:
+            resource = f"nvidia.com/mig-{profile}"
             allocation = Allocation(mode="mig", gated=True, capacity_existed=True, policy="b", reason="b",
                                     gpu_model=h100, containers=(ContainerAllocation(
-                                        "main", "containers", 100, None, "nvidia.com/mig-1g.10gb", "1g.10gb"),))
+                                        "main", "containers", 100, None, resource, profile),))
             core.create_namespaced_pod("default", {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()}},
                 "spec": {"schedulingGates": [{"name": "gpupack.io/capacity"}], "containers": [{
-                    "name": "main", "image": "x", "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"}}}]}})
+                    "name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}]}})
+
+        def gpu_node(name: str) -> None:
+            core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={
+                "kubernetes.io/hostname": name, "bench": "faults", "nvidia.com/gpu.deploy.device-plugin": "true"})))
+            core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res, "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Bench", "message": "no kubelet"}]}})
+            custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", {
+                "apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": name},
+                "spec": {"sharing": {"mode": "none", "replicas": 1},
+                         "gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "7g.80gb"}]}]}})
+            start(f"agent-{name}", ["agent", "run", "--node", name, "--simulate", "H100-80GB:1", "--state-file",
+                                    str(tmp / f"{name}.json"), "--emulate-device-plugin", "--poll-seconds", "1",
+                                    "--heartbeat-seconds", "2", "--idle-seconds", "1", "--metrics-port", "0",
+                                    "--kubeconfig",
+                                    str(plane.serviceaccount_kubeconfig("gpupack-node-agent"))])
 
         pod("before")
         wait_for("a pod bound before the outage", lambda: core.read_namespaced_pod("before", "default").spec.node_name)
@@ -330,6 +350,30 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         released_etcd = time.monotonic() - etcd_restarted
         wait_for("it bound", lambda: core.read_namespaced_pod("after-etcd", "default").spec.node_name)
         bound_etcd = time.monotonic() - etcd_restarted
+
+        # A stale agent: the controller plans a reshape on a node whose agent then dies; the
+        # pods waiting for that capacity are planned elsewhere once the node is stale.
+        procs["replacement"].kill()
+        procs["replacement"].wait(10)
+        start_controller("stale-watch", "--agent-stale-seconds", str(STALE_SECONDS))
+        gpu_node("faults-doomed")
+        wait_for("the doomed node's 7g instance", lambda: len(custom.get_cluster_custom_object(
+            "gpupack.io", "v1alpha1", "gpunodes", "faults-doomed")["status"]["gpus"][0]["instances"]) == 1)
+        for i in range(2):
+            pod(f"stale-{i}", "2g.20gb")  # faults-h100's GPU is all 1g and busy: only faults-doomed can hold them
+
+        def in_flight() -> bool:
+            spec = custom.get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", "faults-doomed")["spec"]
+            return any(item.get("profile") == "2g.20gb" for gpu in spec.get("gpus", []) for item in gpu.get("layout", []))
+
+        wait_for("a reshape planned on the doomed node", in_flight)
+        procs["agent-faults-doomed"].kill()
+        procs["agent-faults-doomed"].wait(10)
+        agent_killed = time.monotonic()
+        gpu_node("faults-spare")
+        wait_for("both pods bound to the spare node", lambda: all(core.read_namespaced_pod(
+            f"stale-{i}", "default").spec.node_name == "faults-spare" for i in range(2)), timeout_s=180)
+        stale_bound = time.monotonic() - agent_killed
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -357,6 +401,9 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
             "etcd_healthy_after_restart_s": round(etcd_ready, 1),
             "new_gated_pod_released_after_restart_s": round(released_etcd, 1),
             "new_gated_pod_bound_after_restart_s": round(bound_etcd, 1)},
+        "stale_agent": {
+            "agent_stale_seconds": STALE_SECONDS, "agent_heartbeat_seconds": 2,
+            "pods_bound_elsewhere_after_agent_killed_s": round(stale_bound, 1)},
     }
 
 
