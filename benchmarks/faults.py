@@ -21,7 +21,8 @@ Three experiments, each on this machine's own processes:
   during it, and how long after etcd's restart a new gated pod is released and bound. Then a
   stale agent: the controller (``--agent-stale-seconds 10``) plans a reshape for two waiting
   pods on a node whose agent is then killed; a spare node joins, and the script reports how
-  long after the kill the pods are bound there.
+  long after the kill the pods are bound there; then the killed agent restarts, two more pods
+  wait for the reshape only its node can make, and the script reports when they are bound.
 * **webhook killed**: the demo stack (``gpupack demo``'s control plane, agents, webhook and
   controller); the webhook is SIGKILLed, a GPU pod is tried (the registration's
   ``failurePolicy: Fail`` refuses it: no pod slips past gpupack), and the webhook restarts on
@@ -262,6 +263,9 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
                 "apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": name},
                 "spec": {"sharing": {"mode": "none", "replicas": 1},
                          "gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "7g.80gb"}]}]}})
+            start_agent(name)
+
+        def start_agent(name: str) -> None:
             start(f"agent-{name}", ["agent", "run", "--node", name, "--simulate", "H100-80GB:1", "--state-file",
                                     str(tmp / f"{name}.json"), "--emulate-device-plugin", "--poll-seconds", "1",
                                     "--heartbeat-seconds", "2", "--idle-seconds", "1", "--metrics-port", "0",
@@ -374,6 +378,17 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         wait_for("both pods bound to the spare node", lambda: all(core.read_namespaced_pod(
             f"stale-{i}", "default").spec.node_name == "faults-spare" for i in range(2)), timeout_s=180)
         stale_bound = time.monotonic() - agent_killed
+
+        # The killed agent restarts (its DaemonSet would): two more such pods wait for the
+        # capacity only its node can now make; how long until they are bound there.
+        for i in range(2):
+            pod(f"restart-{i}", "2g.20gb")
+        time.sleep(3)
+        agent_restarted = time.monotonic()
+        start_agent("faults-doomed")
+        wait_for("both pods bound to the restarted agent's node", lambda: all(core.read_namespaced_pod(
+            f"restart-{i}", "default").spec.node_name == "faults-doomed" for i in range(2)), timeout_s=180)
+        restart_bound = time.monotonic() - agent_restarted
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -403,7 +418,8 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
             "new_gated_pod_bound_after_restart_s": round(bound_etcd, 1)},
         "stale_agent": {
             "agent_stale_seconds": STALE_SECONDS, "agent_heartbeat_seconds": 2,
-            "pods_bound_elsewhere_after_agent_killed_s": round(stale_bound, 1)},
+            "pods_bound_elsewhere_after_agent_killed_s": round(stale_bound, 1),
+            "killed_agent_restarted_pods_bound_on_its_node_s": round(restart_bound, 1)},
     }
 
 

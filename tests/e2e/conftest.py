@@ -9,6 +9,7 @@ and the fix; only ``GPUPACK_SKIP_E2E=1`` skips them, deliberately.
 
 Fixture API (see docs/controlplane.md):
 
+* ``helm`` -> path of the pinned helm binary (``tools/helm/build.sh``)
 * ``control_plane`` -> :class:`gpupack.devcluster.controlplane.ControlPlane`
   (``.kubeconfig``, ``.server``, ``.ca`` to issue webhook serving certs,
   ``.admin_client()``, ``.serviceaccount_kubeconfig(name)``, ...)
@@ -32,7 +33,7 @@ import pytest
 from kubernetes import client
 
 from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
-from gpupack.devcluster.binaries import Binaries, ensure_binaries
+from gpupack.devcluster.binaries import Binaries, ensure_binaries, ensure_helm
 from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.errors import DevClusterError
 from gpupack.devcluster.state import Component, alive
@@ -41,6 +42,8 @@ SKIP_ENV = "GPUPACK_SKIP_E2E"
 E2E_DIR = Path(__file__).resolve().parent
 _binaries: Binaries | None = None
 _build_error: str | None = None
+_helm: Path | None = None
+_helm_error: str | None = None
 
 
 def _skip_requested() -> bool:
@@ -49,7 +52,7 @@ def _skip_requested() -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark e2e tests; build the binaries once if any e2e test will run."""
-    global _binaries, _build_error
+    global _binaries, _build_error, _helm, _helm_error
     e2e = [item for item in items if E2E_DIR in Path(str(item.path)).parents]
     for item in e2e:
         item.add_marker(pytest.mark.e2e)
@@ -64,6 +67,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _build_error = str(exc)
     except Exception as exc:  # noqa: BLE001 - report any build breakage as the tests' failure
         _build_error = f"building the control plane failed unexpectedly: {exc!r}"
+    try:
+        with capture.global_and_fixture_disabled():
+            _helm = ensure_helm(progress=sys.stderr)
+    except DevClusterError as exc:
+        _helm_error = str(exc)
+    except Exception as exc:  # noqa: BLE001
+        _helm_error = f"building helm failed unexpectedly: {exc!r}"
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +97,16 @@ def control_plane() -> Iterator[ControlPlane]:
     plane.stop()
     stray = [c.name for c in components if alive(c)]
     assert not stray, f"still running after stop(): {stray}"
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The pinned helm binary (tools/helm/build.sh, or $GPUPACK_HELM): the chart tests fail without it."""
+    if _skip_requested():
+        pytest.skip(f"{SKIP_ENV}=1 is set: e2e tests skipped")
+    if _helm is None:
+        pytest.fail(f"cannot run the Helm chart tests: helm is unavailable.\n{_helm_error}", pytrace=False)
+    return _helm
 
 
 @pytest.fixture(scope="session")

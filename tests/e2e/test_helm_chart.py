@@ -1,0 +1,143 @@
+"""The Helm chart, with real Helm (tools/helm/build.sh) on a real control plane.
+
+``helm lint``; ``helm template`` against the kustomize objects; ``helm install``,
+``helm upgrade`` (changed values take effect, a switched-off object goes) and
+``helm uninstall`` (nothing left but what docs/controller.md says stays: the CRDs,
+with every GPUNode and SharingPolicy, and the namespace Helm created). The install
+runs on a control plane of its own: the shared one already holds gpupack's objects,
+which Helm would refuse to adopt. No kubelets run here, so the workloads' pods are
+not started; what is checked is what the API server accepted and keeps.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
+
+from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
+from tests.e2e.test_controller_install_e2e import render
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "manifests" / "helm" / "gpupack"
+NS = "gpupack-system"
+INSTALL = ["--namespace", NS, "--create-namespace", "--set", "createNamespace=false", "--set", "webhook.certManager=false"]
+
+
+def _helm(helm: Path, *args: str, kubeconfig: Path | None = None, home: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+           "HELM_DATA_HOME": str(home / "data")}
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=180, env=env)
+
+
+def _objects(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_helm_lint_is_clean(helm: Path, tmp_path: Path) -> None:
+    for values in ([], ["--set", "webhook.certManager=false", "--set", "agent.podReadsByAuthorizer=true"]):
+        out = _helm(helm, "lint", "--strict", str(CHART), *values, home=tmp_path)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "0 chart(s) failed" in out.stdout
+
+
+def test_helm_template_renders_the_same_objects_as_kustomize(helm: Path, tmp_path: Path) -> None:
+    out = _helm(helm, "template", "gpupack", str(CHART), "--namespace", NS, "--kube-version", "1.37.2", home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    objects = _objects(out.stdout)
+    expected = sorted((o["kind"], o["metadata"]["name"]) for o in render(ROOT / "manifests")
+                      if o["kind"] != "CustomResourceDefinition")
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == expected
+    by_key = {(o["kind"], o["metadata"]["name"]): o for o in render(ROOT / "manifests")}
+    compared = 0
+    for obj in objects:  # same content where no value applies: permissions and admission policies
+        source = by_key[(obj["kind"], obj["metadata"]["name"])]
+        fields = {"ClusterRole": ("rules",), "Role": ("rules",), "ClusterRoleBinding": ("roleRef", "subjects"),
+                  "RoleBinding": ("roleRef", "subjects"), "ValidatingAdmissionPolicy": ("spec",),
+                  "ValidatingAdmissionPolicyBinding": ("spec",)}.get(obj["kind"], ())
+        for field in fields:
+            assert obj.get(field) == source.get(field), (obj["kind"], obj["metadata"]["name"], field)
+            compared += 1
+    assert compared > 10
+    controller = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupack-controller")
+    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GPUPACK_CONTROLLER_MIG_MODE_CHANGES"] == "false" and env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "0.5"
+
+
+@pytest.fixture(scope="module")
+def plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane of its own (``control_plane`` only for the binaries it built)."""
+    own = ControlPlane(control_plane.binaries, ControlPlaneConfig(scheduler=False)).start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+def test_install_upgrade_uninstall(helm: Path, plane: ControlPlane, tmp_path: Path) -> None:
+    admin = plane.admin_client()
+    core, apps = client.CoreV1Api(admin), client.AppsV1Api(admin)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name="gpu-operator")))
+    kube = plane.kubeconfig
+
+    out = _helm(helm, "install", "gpupack", str(CHART), *INSTALL, kubeconfig=kube, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rendered = _objects(_helm(helm, "get", "manifest", "gpupack", "--namespace", NS, kubeconfig=kube,
+                              home=tmp_path).stdout)
+    dyn = DynamicClient(admin)
+
+    def exists(obj: dict[str, Any]) -> bool:
+        api = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        try:
+            api.get(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"))
+        except NotFoundError:
+            return False
+        return True
+
+    assert rendered and all(exists(o) for o in rendered), [o["metadata"]["name"] for o in rendered if not exists(o)]
+    kinds = {o["kind"] for o in rendered}
+    assert {"Deployment", "DaemonSet", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy"} <= kinds
+    crds = client.ApiextensionsV1Api(admin)
+    assert crds.read_custom_resource_definition("gpunodes.gpupack.io").spec.group == "gpupack.io"
+    assert apps.read_namespaced_deployment("gpupack-controller", NS).spec.replicas == 2
+    pods_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                    "metadata": {"name": "gpupack-node-agent-pods"}}
+    assert exists(pods_binding)
+
+    # Upgrade: changed values reach the objects; a value that switches an object off removes it.
+    out = _helm(helm, "upgrade", "gpupack", str(CHART), *INSTALL[:2], "--reuse-values",
+                "--set", "controller.batchSeconds=2", "--set", "webhook.replicas=3",
+                "--set", "agent.podReadsByAuthorizer=true", kubeconfig=kube, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    controller = apps.read_namespaced_deployment("gpupack-controller", NS)
+    env = {e.name: e.value for e in controller.spec.template.spec.containers[0].env}
+    assert env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "2"
+    assert apps.read_namespaced_deployment("gpupack-webhook", NS).spec.replicas == 3
+    assert not exists(pods_binding)
+    history = _helm(helm, "history", "gpupack", "--namespace", NS, "-o", "yaml", kubeconfig=kube, home=tmp_path)
+    assert [r["revision"] for r in yaml.safe_load(history.stdout)] == [1, 2]
+
+    # Data that must survive an uninstall.
+    custom = client.CustomObjectsApi(admin)
+    custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", {
+        "apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": "kept"},
+        "spec": {"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "3g.40gb"}]}]}})
+    out = _helm(helm, "uninstall", "gpupack", "--namespace", NS, "--wait", kubeconfig=kube, home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    left = [(o["kind"], o["metadata"]["name"]) for o in rendered if exists(o)]
+    assert left == [], f"left behind after helm uninstall: {left}"
+    assert crds.read_custom_resource_definition("gpunodes.gpupack.io")  # crds/ stay, by Helm's design
+    assert custom.get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", "kept")["spec"]["gpus"][0]["layout"] \
+        == [{"profile": "3g.40gb"}]
+    assert core.read_namespace(NS).metadata.name == NS  # --create-namespace's namespace is not the release's
+    admin.close()
