@@ -13,7 +13,7 @@
 # One image for every component (webhook, controller, node agent): they share the
 # package and 95 % of the bytes, and one tag keeps the chart's versions in step.
 #
-# Output in ${GPUPACK_IMAGE_DIR:-build/image}: oci/ (an OCI layout, tag = the package
+# Output in ${GPUPACK_IMAGE_DIR:-out/image}: oci/ (an OCI layout, tag = the package
 # version), gpupack-<version>.oci.tar (the same as an archive, for `skopeo copy
 # oci-archive:...` or `podman load`), dist/ (the wheel) and report.json (sizes,
 # time, input hash). An image whose inputs have not changed is not rebuilt.
@@ -27,7 +27,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "${here}/../.." && pwd)"
-out="${GPUPACK_IMAGE_DIR:-${root}/build/image}"
+out="${GPUPACK_IMAGE_DIR:-${root}/out/image}"
 log() { echo "[gpupack image $(date -u +%H:%M:%S)] $*" >&2; }
 fail() { log "ERROR: $1"; log "Fix: $2"; exit "${3:-1}"; }
 
