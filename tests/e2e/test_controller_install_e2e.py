@@ -22,6 +22,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import NotFoundError
 
 from gpupack.devcluster.apply import apply_objects
 
@@ -116,13 +117,27 @@ def test_helm_rendering_applies_with_values(admin_client: Any, helm: Path) -> No
     objects = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert not [o for o in objects if o["kind"] in CERT_MANAGER]  # certManager=false drops them
     _gpu_operator_namespace(admin_client)
-    apply_objects(admin_client, objects, field_manager="gpupack-helm-e2e")
-    deployment = client.AppsV1Api(admin_client).read_namespaced_deployment("gpupack-controller", "gpupack-system")
-    assert deployment.spec.replicas == 3
-    env = {e.name: e.value for e in deployment.spec.template.spec.containers[0].env}
-    assert env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "1.5"
     dyn = DynamicClient(admin_client)
-    for obj in objects:
-        if obj["kind"] in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "Deployment", "DaemonSet"):
-            api = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-            api.delete(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"))
+
+    def api(obj: dict[str, Any]) -> Any:
+        return dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+
+    def exists(obj: dict[str, Any]) -> bool:
+        try:
+            api(obj).get(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"))
+        except NotFoundError:
+            return False
+        return True
+
+    # What this test adds, it removes: the admission policies and the Service would change
+    # what later tests on the shared control plane see.
+    added = [o for o in objects if not exists(o)]
+    try:
+        apply_objects(admin_client, objects, field_manager="gpupack-helm-e2e")
+        deployment = client.AppsV1Api(admin_client).read_namespaced_deployment("gpupack-controller", "gpupack-system")
+        assert deployment.spec.replicas == 3
+        env = {e.name: e.value for e in deployment.spec.template.spec.containers[0].env}
+        assert env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "1.5"
+    finally:
+        for obj in reversed(added):
+            api(obj).delete(name=obj["metadata"]["name"], namespace=obj["metadata"].get("namespace"))

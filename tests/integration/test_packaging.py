@@ -1,5 +1,5 @@
-"""gpupack as a release ships it: an sdist, a wheel built from that sdist, installed into a clean
-virtual environment (not the editable checkout), and run from there."""
+"""gpupack as a release ships it: an sdist, a wheel built from that sdist, installed with its pinned
+dependencies into a clean virtual environment (not the editable checkout), and run from there."""
 
 from __future__ import annotations
 
@@ -39,14 +39,15 @@ def test_the_sdist_holds_the_sources_and_the_package_data(dist: Path) -> None:
 
 def test_the_wheel_installs_into_a_clean_environment_and_runs(dist: Path, tmp_path: Path) -> None:
     env = tmp_path / "venv"
-    # The dependencies come from this environment (no network needed to test the wheel itself);
-    # gpupack itself only from the wheel.
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env)
+    # A clean environment: nothing of this one's site-packages. The dependencies are the
+    # pinned ones the image ships (tools/image/requirements.lock; from pip's cache when warm).
+    venv.EnvBuilder(with_pip=False).create(env)
     python = env / "bin" / "python"
     wheel = dist / f"gpupack-{VERSION}-py3-none-any.whl"
-    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-                                "--no-index", str(wheel)], capture_output=True, text=True, timeout=300)
-    assert installed.returncode == 0, installed.stderr
+    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
+                                "-r", str(ROOT / "tools" / "image" / "requirements.lock"), str(wheel)],
+                               capture_output=True, text=True, timeout=900)
+    assert installed.returncode == 0, installed.stderr[-3000:]
     where = subprocess.run([str(python), "-c", "import " + ", ".join(PACKAGES) + "; "
                             "print('\\n'.join(m.__file__ for m in (" + ", ".join(PACKAGES) + ")))"],
                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
