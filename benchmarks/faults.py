@@ -276,12 +276,12 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         wait_for("a pod bound before the outage", lambda: core.read_namespaced_pod("before", "default").spec.node_name)
         time.sleep(3)  # settle
         before = {n: (logs[n].stat().st_size, cpu_seconds(p.pid)) for n, p in procs.items()}
-        plane.stop_apiserver()
+        plane.stop_component("kube-apiserver")
         time.sleep(outage_s)
         during = {n: (logs[n].stat().st_size - before[n][0], cpu_seconds(p.pid) - before[n][1])
                   for n, p in procs.items()}
         restarted, wall_restart = time.monotonic(), time.time()
-        plane.start_apiserver()
+        plane.start_component("kube-apiserver")
         apiserver_ready = time.monotonic() - restarted
         admin = plane.admin_client()
         core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
@@ -332,12 +332,12 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         live = {n: p for n, p in procs.items() if p.poll() is None}
         time.sleep(3)
         before_etcd = {n: (logs[n].stat().st_size, cpu_seconds(p.pid)) for n, p in live.items()}
-        plane.stop_etcd()
+        plane.stop_component("etcd")
         time.sleep(etcd_outage_s)
         during_etcd = {n: (logs[n].stat().st_size - before_etcd[n][0], cpu_seconds(p.pid) - before_etcd[n][1])
                        for n, p in live.items()}
         etcd_restarted = time.monotonic()
-        plane.start_etcd()
+        plane.start_component("etcd")
         etcd_ready = time.monotonic() - etcd_restarted
 
         def created_after_etcd() -> bool:

@@ -132,29 +132,24 @@ class ControlPlane:
             shutil.rmtree(self.workdir, ignore_errors=True)
         atexit.unregister(self.stop)
 
-    def stop_apiserver(self) -> None:
-        """Stop kube-apiserver alone (an outage, for fault benchmarks); etcd and the scheduler keep running."""
-        proc = next(p for p in self.processes if p.name == "kube-apiserver")
+    def stop_component(self, name: str) -> None:
+        """Stop one component alone (an outage, for fault benchmarks): ``etcd`` (its data stays),
+        ``kube-apiserver`` or ``kube-scheduler``; the others keep running."""
+        proc = next((p for p in self.processes if p.name == name), None)
+        if proc is None:
+            raise RuntimeError(f"{name} is not running")
         proc.stop()
         self.processes.remove(proc)
 
-    def start_apiserver(self) -> None:
-        """Start kube-apiserver again on the same port and PKI, and wait until it is ready."""
-        if any(p.name == "kube-apiserver" for p in self.processes):
-            raise RuntimeError("kube-apiserver is already running")
-        self._start_apiserver()
-
-    def stop_etcd(self) -> None:
-        """Stop etcd alone (an outage, for fault benchmarks); its data directory stays."""
-        proc = next(p for p in self.processes if p.name == "etcd")
-        proc.stop()
-        self.processes.remove(proc)
-
-    def start_etcd(self) -> None:
-        """Start etcd again on the same ports and data, and wait until it is healthy."""
-        if any(p.name == "etcd" for p in self.processes):
-            raise RuntimeError("etcd is already running")
-        self._start_etcd()
+    def start_component(self, name: str) -> None:
+        """Start a stopped component again on the same ports, PKI and data, and wait until it is ready."""
+        starters = {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver,
+                    "kube-scheduler": self._start_scheduler}
+        if name not in starters:
+            raise ValueError(f"unknown component {name!r}; one of {', '.join(starters)}")
+        if any(p.name == name for p in self.processes):
+            raise RuntimeError(f"{name} is already running")
+        starters[name]()
 
     def running(self) -> bool:
         return bool(self.processes) and all(p.running() for p in self.processes)

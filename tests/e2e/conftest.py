@@ -10,6 +10,7 @@ and the fix; only ``GPUPACK_SKIP_E2E=1`` skips them, deliberately.
 Fixture API (see docs/controlplane.md):
 
 * ``helm`` -> path of the pinned helm binary (``tools/helm/build.sh``)
+* ``private_control_plane`` -> a module's own control plane (no kube-scheduler)
 * ``control_plane`` -> :class:`gpupack.devcluster.controlplane.ControlPlane`
   (``.kubeconfig``, ``.server``, ``.ca`` to issue webhook serving certs,
   ``.admin_client()``, ``.serviceaccount_kubeconfig(name)``, ...)
@@ -107,6 +108,19 @@ def helm() -> Path:
     if _helm is None:
         pytest.fail(f"cannot run the Helm chart tests: helm is unavailable.\n{_helm_error}", pytrace=False)
     return _helm
+
+
+@pytest.fixture(scope="module")
+def private_control_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane of the module's own, without kube-scheduler, for tests that stop its parts or
+    install what the shared one already holds (``control_plane`` for its binaries only)."""
+    from gpupack.devcluster.controlplane import ControlPlaneConfig
+
+    own = ControlPlane(control_plane.binaries, ControlPlaneConfig(scheduler=False)).start()
+    try:
+        yield own
+    finally:
+        own.stop()
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
-from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
+from gpupack.devcluster.controlplane import ControlPlane
 from tests.e2e.test_controller_install_e2e import render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,13 +74,8 @@ def test_helm_template_renders_the_same_objects_as_kustomize(helm: Path, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
-    """A control plane of its own (``control_plane`` only for the binaries it built)."""
-    own = ControlPlane(control_plane.binaries, ControlPlaneConfig(scheduler=False)).start()
-    try:
-        yield own
-    finally:
-        own.stop()
+def plane(private_control_plane: ControlPlane) -> ControlPlane:
+    return private_control_plane
 
 
 def test_install_upgrade_uninstall(helm: Path, plane: ControlPlane, tmp_path: Path) -> None:

@@ -31,15 +31,9 @@ if [[ -x "${bin}" ]]; then
     exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-    log "ERROR: the Go toolchain ('go') is not on PATH."
-    log "Fix: install Go >= 1.26 and re-run, or put a helm ${version} binary at ${bin}."
-    exit 3
-fi
-
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-export GOFLAGS="-mod=readonly -buildvcs=false ${GOFLAGS:-}"
-export CGO_ENABLED="${CGO_ENABLED:-0}"
+# shellcheck source=../go-env.sh
+source "${here}/../go-env.sh"
+require_go "helm ${version}" "put a helm ${version} binary at ${bin}"
 
 mkdir -p "$(dirname "${bin}")"
 work="$(mktemp -d "${cache_root}/helm/.build.XXXXXX")"

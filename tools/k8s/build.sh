@@ -41,27 +41,9 @@ if all_present; then
     exit 0
 fi
 
-if ! command -v go >/dev/null 2>&1; then
-    log "ERROR: the Go toolchain ('go') is not on PATH."
-    log "Fix: install Go >= 1.26 (k8s.io/kubernetes ${KUBERNETES_VERSION} needs it) and re-run,"
-    log "     or put prebuilt binaries (${binaries[*]}) into ${bin_dir}."
-    exit 3
-fi
-
-go_version="$(go env GOVERSION)"
-go_minor="$(echo "${go_version}" | sed -E 's/^go1\.([0-9]+).*/\1/')"
-if [[ ! "${go_minor}" =~ ^[0-9]+$ ]] || (( go_minor < 26 )); then
-    log "ERROR: ${go_version} is too old; k8s.io/kubernetes ${KUBERNETES_VERSION} needs Go >= 1.26."
-    log "Fix: install a newer Go, or set GOTOOLCHAIN=auto so go can fetch one from the module proxy."
-    exit 3
-fi
-
-# Stay on the local toolchain unless the caller chose otherwise; vcs stamping
-# is meaningless for a module-cache build.
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-# go.mod/go.sum are tidy and committed: build them read-only, as pinned.
-export GOFLAGS="-mod=readonly -buildvcs=false ${GOFLAGS:-}"
-export CGO_ENABLED="${CGO_ENABLED:-0}"
+# shellcheck source=../go-env.sh
+source "${here}/../go-env.sh"
+require_go "k8s.io/kubernetes ${KUBERNETES_VERSION}" "put prebuilt binaries (${binaries[*]}) into ${bin_dir}"
 
 # Build into a scratch dir next to the final one and rename at the end, so an
 # interrupted build never leaves a half-written binary that looks cached.
@@ -71,7 +53,7 @@ trap 'rm -rf "${work}"' EXIT
 mkdir -p "${work}/bin"
 
 start=$(date +%s)
-log "building kube ${KUBERNETES_VERSION} + etcd ${ETCD_VERSION} with ${go_version} ($(nproc) CPUs)"
+log "building kube ${KUBERNETES_VERSION} + etcd ${ETCD_VERSION} with $(go env GOVERSION) ($(nproc) CPUs)"
 log "first build: downloads ~210 MB of modules, then compiles (about 10 min on 2 cores)"
 
 # Version stamps the way Kubernetes' own build (hack/lib/version.sh) sets them,
