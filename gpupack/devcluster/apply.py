@@ -27,12 +27,13 @@ _FIRST = {"Namespace": 0, "CustomResourceDefinition": 1}
 
 
 def load_manifests(*paths: Path | str) -> list[Manifest]:
-    """Every YAML document under ``paths`` (files, or directories searched recursively)."""
+    """Every YAML document under ``paths`` (files, or directories searched recursively; a directory's
+    ``kustomization.yaml`` files are kustomize's, not cluster objects, and are left out)."""
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*.yaml") if p.is_file())
+            files += sorted(p for p in path.rglob("*.yaml") if p.is_file() and p.name != "kustomization.yaml")
         elif path.is_file():
             files.append(path)
         else:
@@ -50,7 +51,7 @@ def load_manifests(*paths: Path | str) -> list[Manifest]:
 
 def gpupack_manifests() -> list[Manifest]:
     """gpupack's own cluster objects: namespace, CRDs and RBAC."""
-    return load_manifests(MANIFESTS / "namespace.yaml", MANIFESTS / "crds", MANIFESTS / "rbac")
+    return load_manifests(MANIFESTS / "namespace", MANIFESTS / "crds", MANIFESTS / "rbac")
 
 
 def _resource(dyn: DynamicClient, obj: Manifest) -> Any:

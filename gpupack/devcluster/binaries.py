@@ -1,6 +1,6 @@
-"""Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd, and helm.
+"""Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd, helm and kustomize.
 
-The builds themselves are ``tools/k8s/build.sh`` and ``tools/helm/build.sh`` (Go,
+The builds themselves are ``tools/k8s/build.sh`` and ``tools/go-tool.sh`` (Go,
 pinned versions, cached by version under ``$GPUPACK_CACHE_DIR`` or
 ``~/.cache/gpupack``); this module only asks them where the binaries live and runs
 them, streaming their progress, when they are missing.
@@ -20,7 +20,7 @@ from gpupack.devcluster.errors import BuildFailed, ToolchainMissing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build.sh"
-HELM_BUILD_SCRIPT = REPO_ROOT / "tools" / "helm" / "build.sh"
+GO_TOOL_SCRIPT = REPO_ROOT / "tools" / "go-tool.sh"
 NAMES = ("etcd", "kube-apiserver", "kube-scheduler")
 # build.sh exit status when Go is missing or too old.
 _EXIT_NO_TOOLCHAIN = 3
@@ -90,7 +90,7 @@ def ensure_binaries(progress: TextIO | None = None, build: bool = True) -> Binar
             "install Go >= 1.26 and re-run; or set GPUPACK_K8S_BIN_DIR to prebuilt binaries; "
             "or, to skip the e2e tests deliberately, set GPUPACK_SKIP_E2E=1",
         )
-    status, tail = _stream_build(BUILD_SCRIPT, f"the control plane into {binaries.bin_dir}", progress)
+    status, tail = _stream_build([str(BUILD_SCRIPT)], f"the control plane into {binaries.bin_dir}", progress)
     if status == _EXIT_NO_TOOLCHAIN:
         raise ToolchainMissing(
             "tools/k8s/build.sh found no usable Go toolchain",
@@ -108,33 +108,45 @@ def ensure_binaries(progress: TextIO | None = None, build: bool = True) -> Binar
 
 def ensure_helm(progress: TextIO | None = None) -> Path:
     """The pinned helm binary (``GPUPACK_HELM`` overrides it), built first if not cached yet."""
-    override = os.environ.get("GPUPACK_HELM")
+    return ensure_go_tool("helm", "GPUPACK_HELM", progress)
+
+
+def ensure_kustomize(progress: TextIO | None = None) -> Path:
+    """The pinned kustomize binary (``GPUPACK_KUSTOMIZE`` overrides it), built first if not cached yet."""
+    return ensure_go_tool("kustomize", "GPUPACK_KUSTOMIZE", progress)
+
+
+def ensure_go_tool(tool: str, override_env: str, progress: TextIO | None = None) -> Path:
+    """A Go command-line tool of ``tools/<tool>`` (``tools/go-tool.sh``), or the binary ``override_env`` names."""
+    override = os.environ.get(override_env)
     if override:
         if not os.access(override, os.X_OK):
-            raise BuildFailed(f"GPUPACK_HELM={override} is not an executable file",
-                              "point GPUPACK_HELM at a helm binary, or unset it to build one with tools/helm/build.sh")
+            raise BuildFailed(f"{override_env}={override} is not an executable file",
+                              f"point {override_env} at a {tool} binary, or unset it to build one with "
+                              f"tools/{tool}/build.sh")
         return Path(override)
-    out = subprocess.run(["bash", str(HELM_BUILD_SCRIPT), "--print-path"], check=True, capture_output=True,
+    out = subprocess.run(["bash", str(GO_TOOL_SCRIPT), tool, "--print-path"], check=True, capture_output=True,
                          text=True, timeout=30)
     path = Path(out.stdout.strip().splitlines()[-1])
     if os.access(path, os.X_OK):
         return path
     if shutil.which("go") is None:
-        raise ToolchainMissing("the Go toolchain ('go') is not on PATH, so helm cannot be built",
-                               "install Go >= 1.26 and re-run; or set GPUPACK_HELM to a helm binary")
-    status, tail = _stream_build(HELM_BUILD_SCRIPT, f"helm into {path}", progress)
+        raise ToolchainMissing(f"the Go toolchain ('go') is not on PATH, so {tool} cannot be built",
+                               f"install Go >= 1.26 and re-run; or set {override_env} to a {tool} binary")
+    status, tail = _stream_build([str(GO_TOOL_SCRIPT), tool], f"{tool} into {path}", progress)
     if status != 0 or not os.access(path, os.X_OK):
-        raise BuildFailed(f"tools/helm/build.sh failed with exit status {status}",
-                          "read the build output above; re-run tools/helm/build.sh by hand to retry", "\n".join(tail))
+        raise BuildFailed(f"tools/{tool}/build.sh failed with exit status {status}",
+                          f"read the build output above; re-run tools/{tool}/build.sh by hand to retry",
+                          "\n".join(tail))
     return path
 
 
-def _stream_build(script: Path, what: str, progress: TextIO | None) -> tuple[int, list[str]]:
+def _stream_build(command: list[str], what: str, progress: TextIO | None) -> tuple[int, list[str]]:
     """Run a build script, streaming its output (a first build takes minutes); its status and last lines."""
     out = progress or sys.stderr
     out.write(f"gpupack: building {what} (first time only)\n")
     out.flush()
-    proc = subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(["bash", *command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     tail: list[str] = []
     for line in proc.stdout:

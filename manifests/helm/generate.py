@@ -111,16 +111,14 @@ def render() -> dict[str, str]:
     files: dict[str, str] = {}
     files["templates/namespace.yaml"] = (
         "{{- if .Values.createNamespace }}\n"
-        + _template(_load("namespace.yaml")).replace("name: gpupack-system", f"name: {NS}")
+        + _template(_load("namespace/namespace.yaml")).replace("name: gpupack-system", f"name: {NS}")
         + "{{- end }}\n"
     )
-    top = yaml.safe_load(_load("kustomization.yaml"))
-    for entry in top["resources"]:
-        if entry == "rbac/node-agent-pods.yaml":  # manifests/hardened's choice, as a value
-            files[f"templates/rbac-{Path(entry).stem}.yaml"] = (
-                "{{- if not .Values.agent.podReadsByAuthorizer }}\n" + _template(_load(entry)) + "{{- end }}\n")
-        elif entry.startswith("rbac/"):
-            files[f"templates/rbac-{Path(entry).stem}.yaml"] = _template(_load(entry))
+    for entry in yaml.safe_load(_load("rbac/kustomization.yaml"))["resources"]:
+        text = _template(_load(f"rbac/{entry}"))
+        if entry == "node-agent-pods.yaml":  # manifests/hardened's choice, as a value
+            text = "{{- if not .Values.agent.podReadsByAuthorizer }}\n" + text + "{{- end }}\n"
+        files[f"templates/rbac-{Path(entry).stem}.yaml"] = text
     extras = _extras()
     for component, directory in (("webhook", "webhook"), ("controller", "controller"), ("agent", "agent")):
         kustomization = yaml.safe_load(_load(f"{directory}/kustomization.yaml"))

@@ -9,13 +9,13 @@ and the fix; only ``GPUPACK_SKIP_E2E=1`` skips them, deliberately.
 
 Fixture API (see docs/controlplane.md):
 
-* ``helm`` -> path of the pinned helm binary (``tools/helm/build.sh``)
+* ``helm``, ``kustomize`` -> paths of the pinned binaries (``tools/<tool>/build.sh``)
 * ``private_control_plane`` -> a module's own control plane (no kube-scheduler)
 * ``control_plane`` -> :class:`gpupack.devcluster.controlplane.ControlPlane`
   (``.kubeconfig``, ``.server``, ``.ca`` to issue webhook serving certs,
   ``.admin_client()``, ``.serviceaccount_kubeconfig(name)``, ...)
 * ``admin_client`` -> ``kubernetes.client.ApiClient`` as the cluster admin
-* ``gpupack_installed`` -> objects applied from manifests/{namespace.yaml,crds,rbac}
+* ``gpupack_installed`` -> objects applied from manifests/{namespace,crds,rbac}
 * ``apply_manifests(*paths_or_dicts, field_manager=...)`` -> server-side apply
 * ``sa_client(name)`` / ``sa_kubeconfig(name)`` -> ServiceAccount ``gpupack-system/<name>``
 * ``namespace`` -> a fresh namespace for one test
@@ -34,7 +34,7 @@ import pytest
 from kubernetes import client
 
 from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
-from gpupack.devcluster.binaries import Binaries, ensure_binaries, ensure_helm
+from gpupack.devcluster.binaries import Binaries, ensure_binaries, ensure_helm, ensure_kustomize
 from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.errors import DevClusterError
 from gpupack.devcluster.state import Component, alive
@@ -43,8 +43,8 @@ SKIP_ENV = "GPUPACK_SKIP_E2E"
 E2E_DIR = Path(__file__).resolve().parent
 _binaries: Binaries | None = None
 _build_error: str | None = None
-_helm: Path | None = None
-_helm_error: str | None = None
+_tools: dict[str, Path] = {}
+_tool_errors: dict[str, str] = {}
 
 
 def _skip_requested() -> bool:
@@ -53,7 +53,7 @@ def _skip_requested() -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark e2e tests; build the binaries once if any e2e test will run."""
-    global _binaries, _build_error, _helm, _helm_error
+    global _binaries, _build_error
     e2e = [item for item in items if E2E_DIR in Path(str(item.path)).parents]
     for item in e2e:
         item.add_marker(pytest.mark.e2e)
@@ -68,13 +68,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _build_error = str(exc)
     except Exception as exc:  # noqa: BLE001 - report any build breakage as the tests' failure
         _build_error = f"building the control plane failed unexpectedly: {exc!r}"
-    try:
-        with capture.global_and_fixture_disabled():
-            _helm = ensure_helm(progress=sys.stderr)
-    except DevClusterError as exc:
-        _helm_error = str(exc)
-    except Exception as exc:  # noqa: BLE001
-        _helm_error = f"building helm failed unexpectedly: {exc!r}"
+    for name, ensure in (("helm", ensure_helm), ("kustomize", ensure_kustomize)):
+        try:
+            with capture.global_and_fixture_disabled():
+                _tools[name] = ensure(progress=sys.stderr)
+        except DevClusterError as exc:
+            _tool_errors[name] = str(exc)
+        except Exception as exc:  # noqa: BLE001
+            _tool_errors[name] = f"building {name} failed unexpectedly: {exc!r}"
 
 
 @pytest.fixture(scope="session")
@@ -100,14 +101,25 @@ def control_plane() -> Iterator[ControlPlane]:
     assert not stray, f"still running after stop(): {stray}"
 
 
+def _tool(name: str) -> Path:
+    if _skip_requested():
+        pytest.skip(f"{SKIP_ENV}=1 is set: e2e tests skipped")
+    if name not in _tools:
+        pytest.fail(f"cannot run this test: {name} is unavailable.\n{_tool_errors.get(name, 'not built')}",
+                    pytrace=False)
+    return _tools[name]
+
+
 @pytest.fixture(scope="session")
 def helm() -> Path:
     """The pinned helm binary (tools/helm/build.sh, or $GPUPACK_HELM): the chart tests fail without it."""
-    if _skip_requested():
-        pytest.skip(f"{SKIP_ENV}=1 is set: e2e tests skipped")
-    if _helm is None:
-        pytest.fail(f"cannot run the Helm chart tests: helm is unavailable.\n{_helm_error}", pytrace=False)
-    return _helm
+    return _tool("helm")
+
+
+@pytest.fixture(scope="session")
+def kustomize() -> Path:
+    """The pinned kustomize binary (tools/kustomize/build.sh, or $GPUPACK_KUSTOMIZE)."""
+    return _tool("kustomize")
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,10 @@
 """Install and uninstall gpupack from ``manifests/kustomization.yaml`` on the real control plane.
 
-``kubectl`` is not needed: the kustomizations gpupack ships only list
-resources (the test fails if one grows patches or generators this renderer
-does not apply, or names a file outside its directory, which kustomize's load
-restrictor refuses), so rendering is reading them in order. Where ``kubectl``
-is installed the test also checks that ``kubectl kustomize`` renders the same objects. cert-manager's
+The kustomizations of the base install only list resources (the test fails if one
+grows patches or generators this renderer does not apply, or names a file outside
+its directory, which kustomize's load restrictor refuses), so rendering is reading
+them in order; the real kustomize (``tools/kustomize/build.sh``) must render the same
+objects, and renders the overlays (``manifests/hardened``, the agent's operator mode). cert-manager's
 Issuer/Certificate are left out: this control plane has no cert-manager.
 Uninstall removes the admission webhook configurations first, then the
 components, and leaves GPUNodes, SharingPolicies and workload pods alone.
@@ -12,7 +12,6 @@ components, and leaves GPUNodes, SharingPolicies and workload pods alone.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -45,7 +44,17 @@ def render(directory: Path) -> list[dict[str, Any]]:
     return out
 
 
-def test_render_lists_every_component_once() -> None:
+def _kustomize(kustomize: Path, directory: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([str(kustomize), "build", str(directory)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _keys(objects: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return sorted((o["kind"], o["metadata"]["name"]) for o in objects)
+
+
+def test_render_lists_every_component_once_as_kustomize_does(kustomize: Path) -> None:
     objects = render(ROOT / "manifests")
     keys = [(o["kind"], (o.get("metadata") or {}).get("namespace"), o["metadata"]["name"]) for o in objects]
     assert len(keys) == len(set(keys)), "an object is listed twice"
@@ -54,12 +63,18 @@ def test_render_lists_every_component_once() -> None:
                    ("DaemonSet", "gpupack-node-agent"), ("MutatingWebhookConfiguration", "gpupack"),
                    ("CustomResourceDefinition", "gpunodes.gpupack.io")]:
         assert wanted in kinds
-    kubectl = shutil.which("kubectl")
-    if kubectl:  # the real kustomize agrees (checked where it exists; the renderer above always runs)
-        out = subprocess.run([kubectl, "kustomize", str(ROOT / "manifests")], capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        real = [d for d in yaml.safe_load_all(out.stdout) if d]
-        assert sorted((o["kind"], o["metadata"]["name"]) for o in real) == sorted((o["kind"], o["metadata"]["name"]) for o in objects)
+    real = _kustomize(kustomize, ROOT / "manifests")  # the real kustomize (tools/kustomize/build.sh)
+    assert _keys(real) == _keys(objects)
+
+
+def test_the_overlays_render_with_kustomize(kustomize: Path) -> None:
+    base = _keys(_kustomize(kustomize, ROOT / "manifests"))
+    hardened = _kustomize(kustomize, ROOT / "manifests" / "hardened")
+    assert _keys(hardened) == [k for k in base if k != ("ClusterRoleBinding", "gpupack-node-agent-pods")]
+    operator = _kustomize(kustomize, ROOT / "manifests" / "agent-operator-mode")
+    agent = next(o for o in operator if o["kind"] == "DaemonSet")
+    security = agent["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    assert security["privileged"] is False and security["runAsUser"] == 65532
 
 
 def _gpu_operator_namespace(admin_client: Any) -> None:
