@@ -41,7 +41,7 @@ from controller.policy_status import needs_write, policy_reports, status_for
 from controller.snapshot import build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle
 from kube.errors import KubeError
 from mig.migparted import MigConfigError
-from sharing.gpunode import read_gpunode
+from sharing.gpunode import MigConfigRequest
 from kube.times import format_time, parse_time
 from sharing.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
 
@@ -106,11 +106,12 @@ class Controller:
         self._note_skipped(snapshot.skipped_entries)
         self._note_untrusted(snapshot.untrusted_pods)
         self._note_stale(snapshot)
+        requests = snapshot.mig_config_requests
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
         self._apply_layouts(result, by_name, report)
-        self._publish_mig_configs(gpunodes, report)
+        self._publish_mig_configs(requests, report)
         self._release(result, pod_objs, now, report)
         if self.settings.feedback:
             self._feedback(snapshot, result, by_name, now, report)
@@ -173,10 +174,9 @@ class Controller:
             self.metrics.sharing_changes.labels("demand").inc()
             log.info("sharing: %s -> %s x%d (%s)", sharing.node, sharing.mode, sharing.replicas, sharing.reason)
 
-    def _publish_mig_configs(self, gpunodes: list[dict[str, Any]], report: CycleReport) -> None:
-        """Copy the mig-parted configs agents ask for into mig-manager's ConfigMap (guarded read-modify-write)."""
-        requests = [(r.name, r.mig_config_request) for g in gpunodes
-                    if (r := read_gpunode(g)) is not None and r.mig_config_request is not None]
+    def _publish_mig_configs(self, requests: tuple[tuple[str, MigConfigRequest], ...], report: CycleReport) -> None:
+        """Copy the mig-parted configs agents ask for (read with the snapshot) into mig-manager's
+        ConfigMap (guarded read-modify-write)."""
         if not requests:
             return
         namespace, name = self.settings.mig_parted_namespace, self.settings.mig_parted_configmap

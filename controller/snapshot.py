@@ -236,4 +236,6 @@ def build_snapshot(
     merged = policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in node_list))
     return Snapshot(nodes=node_list, pods=tuple(pod_list), policies=merged, whole_waiting=whole_waiting,
                     skipped_entries=tuple(s for r, _ in readings for s in r.skipped),
-                    untrusted_pods=tuple(untrusted))
+                    untrusted_pods=tuple(untrusted),
+                    mig_config_requests=tuple((r.name, r.mig_config_request) for r, _ in readings
+                                              if r.mig_config_request is not None))

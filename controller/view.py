@@ -19,6 +19,7 @@ from datetime import datetime
 
 from mig.model import GpuModel, PlacedInstance
 from sharing.crd import labels_match
+from sharing.gpunode import MigConfigRequest
 from sharing.modes import AllocationMode, NodeSharingMode
 from sharing.replicas import fits_replicas
 from sharing.node_policy import NodePolicy
@@ -176,6 +177,9 @@ class Snapshot:
     untrusted_pods: tuple[str, ...] = ()
     """``namespace/name: why`` of pods whose allocation annotation was ignored (unreadable, or
     not what the pod requests): they are not planned for, released or counted."""
+    mig_config_requests: tuple[tuple[str, MigConfigRequest], ...] = ()
+    """``(node, request)`` for each operator-mode agent waiting for its mig-parted config to be
+    published into mig-manager's ConfigMap (``controller.mig_configs``)."""
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

@@ -33,14 +33,9 @@ import yaml
 
 from mig.migparted import MigConfigEntry
 from node.snapshot import NodeSnapshot
-from sharing.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, WHOLE_RESOURCE, mig_config_name, per_node_name
+from sharing.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, WHOLE_RESOURCE, mig_config_name
 
 HandshakeState = Literal["pending", "success", "failed", "timeout"]
-
-
-def device_plugin_config_name(node: str) -> str:
-    """The node's key in the device plugin's ConfigMap (``gpupack-<node>``, shortened past 50 characters)."""
-    return per_node_name(node)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ from node import conditions as C
 from node.context import AgentContext, JournalStore
 from node.snapshot import NodeSnapshot
 from node.journal import Journal
-from node.operator_mode import device_plugin_config, device_plugin_config_name
+from node.operator_mode import device_plugin_config
 from node.pods import PodUse
 from sharing.crd import GPUNodeSpec
-from sharing.keys import DEVICE_PLUGIN_CONFIG_LABEL
+from sharing.keys import DEVICE_PLUGIN_CONFIG_LABEL, per_node_name
 
 log = logging.getLogger("gpupack.agent")
 RESTARTED = "device plugin restarted"
@@ -71,7 +71,7 @@ class StockDevicePlugin:
 
     def _write_sharing_config(self, ctx: AgentContext, spec: GPUNodeSpec, labels: Mapping[str, str]) -> None:
         s = ctx.s
-        key = device_plugin_config_name(s.node_name)
+        key = per_node_name(s.node_name)
         text = device_plugin_config(spec.sharing.mode, spec.sharing.replicas)
         if text == self._written and labels.get(DEVICE_PLUGIN_CONFIG_LABEL) == key:
             return

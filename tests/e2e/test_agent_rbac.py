@@ -22,7 +22,7 @@ from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
 from kube.errors import KubeError
 from node.kube import Kube
-from node.operator_mode import device_plugin_config_name
+from sharing.keys import per_node_name
 
 POLICY = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "node-restriction-policy.yaml"
 
@@ -173,7 +173,7 @@ def test_agent_may_touch_only_its_own_nodes_entries_in_the_gpu_operator_namespac
     long_node = f"vap-{uuid.uuid4().hex}-{'n' * 24}"
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=long_node)))
     long_agent = client.CoreV1Api(_agent_on(control_plane, core, sa, long_node, tmp_path).api)
-    key = device_plugin_config_name(long_node)
+    key = per_node_name(long_node)
     assert len(long_node) > 42 and len(key) == 50
     long_agent.patch_namespaced_config_map(config, operator_ns, {"data": {key: "version: v1\n"}})
     with pytest.raises(client.ApiException, match="only change its own node's entry"):

@@ -84,3 +84,13 @@ def test_config_names_belong_to_one_node(node: str) -> None:
     for other in ("a", "a-g1", "n" * 60, "n" * 61):
         if other != node:
             assert not is_mig_config_of(other, name)
+
+
+def test_the_cycles_snapshot_carries_each_request_once_read() -> None:
+    from controller.snapshot import build_snapshot
+
+    asking = _asking("node-a", "gpupack-node-a-g3")
+    other = _asking("node-b", "gpupack-node-a-g3")  # another node's name: left out, said so
+    snapshot = build_snapshot([asking, other], [], [], [])
+    assert snapshot.mig_config_requests == (("node-a", _request("node-a", 3)),)
+    assert any("node-b" in line for line in snapshot.skipped_entries)

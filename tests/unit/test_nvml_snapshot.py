@@ -16,9 +16,9 @@ from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, InstanceProfile
 from node.nvml.simulated import Fault, SimulatedNvml
 from controller.mig_configs import published_config
-from node.operator_mode import device_plugin_config, device_plugin_config_name, handshake_state, plan_node_config
+from node.operator_mode import device_plugin_config, handshake_state, plan_node_config
 from sharing.gpunode import MigConfigRequest
-from sharing.keys import mig_config_name
+from sharing.keys import mig_config_name, per_node_name
 from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device
 from sharing.crd import GPUNodeStatus
 
@@ -157,7 +157,7 @@ def test_device_plugin_config() -> None:
 def test_device_plugin_entry_names_have_the_shape_the_admission_policy_allows(node: str) -> None:
     """manifests/agent/node-restriction-policy.yaml recomputes this name in CEL (which has no hash):
     ``gpupack-<node>`` up to 50 characters, else its first 41, '-' and 8 more. Change both together."""
-    key, full = device_plugin_config_name(node), f"gpupack-{node}"
+    key, full = per_node_name(node), f"gpupack-{node}"
     if len(full) <= 50:
         assert key == full
     else:

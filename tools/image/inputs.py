@@ -6,10 +6,13 @@ the same inputs is the same image, so build.sh skips the build when this matches
 from __future__ import annotations
 
 import hashlib
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("gpupack", "mig", "sharing", "webhook", "node", "controller", "kube")
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PACKAGES = tuple(p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"])
+"""The top-level packages the wheel holds (pyproject's ``include`` patterns, ``gpupack*`` -> ``gpupack``)."""
 
 
 def inputs() -> list[Path]:
