@@ -208,16 +208,21 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         admin = plane.admin_client()
         apply_objects(admin, gpupack_manifests(), field_manager="faults-bench")
         core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+
+        def gpu_node(name: str, layout: list[str]) -> None:
+            """A Node (no kubelet: Ready by hand) and its GPUNode asking for ``layout`` on its one H100."""
+            core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={
+                "kubernetes.io/hostname": name, "bench": "faults", "nvidia.com/gpu.deploy.device-plugin": "true"})))
+            res = {"cpu": "32", "memory": "256Gi", "pods": "110"}
+            core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res, "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Bench", "message": "no kubelet"}]}})
+            custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", {
+                "apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": name},
+                "spec": {"sharing": {"mode": "none", "replicas": 1},
+                         "gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": p} for p in layout]}]}})
+
         node = "faults-h100"
-        core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node, labels={
-            "kubernetes.io/hostname": node, "bench": "faults", "nvidia.com/gpu.deploy.device-plugin": "true"})))
-        res = {"cpu": "32", "memory": "256Gi", "pods": "110"}
-        core.patch_node_status(node, {"status": {"capacity": res, "allocatable": res, "conditions": [
-            {"type": "Ready", "status": "True", "reason": "Bench", "message": "no kubelet"}]}})
-        custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", {
-            "apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": node},
-            "spec": {"sharing": {"mode": "none", "replicas": 1},
-                     "gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "1g.10gb"}] * 7}]}})
+        gpu_node(node, ["1g.10gb"] * 7)
         custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "sharingpolicies", {
             "apiVersion": "gpupack.io/v1alpha1", "kind": "SharingPolicy", "metadata": {"name": "faults"},
             "spec": {"nodeSelector": {"matchLabels": {"bench": "faults"}}, "reshaping": {"idleSeconds": 0}}})
@@ -228,9 +233,13 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
             procs[name] = subprocess.Popen([sys.executable, "-m", "gpupack", *argv], cwd=ROOT,
                                            stdout=logs[name].open("wb"), stderr=subprocess.STDOUT)
 
-        start("agent", ["agent", "run", "--node", node, "--simulate", "H100-80GB:1", "--state-file",
-                        str(tmp / "state.json"), "--emulate-device-plugin", "--poll-seconds", "1", "--metrics-port",
-                        "0", "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-node-agent"))])
+        def start_agent(name: str, *extra: str, process: str | None = None) -> None:
+            start(process or f"agent-{name}", [
+                "agent", "run", "--node", name, "--simulate", "H100-80GB:1", "--state-file", str(tmp / f"{name}.json"),
+                "--emulate-device-plugin", "--poll-seconds", "1", "--metrics-port", "0",
+                "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-node-agent")), *extra])
+
+        start_agent(node, process="agent")
         def start_controller(name: str, *extra: str) -> None:
             start(name, ["controller", "run", "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-controller")),
                          "--metrics-port", "0", "--identity", name, "--lease-seconds", str(LEASE_SECONDS),
@@ -253,24 +262,6 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
                 "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()}},
                 "spec": {"schedulingGates": [{"name": "gpupack.io/capacity"}], "containers": [{
                     "name": "main", "image": "x", "resources": {"limits": {resource: "1"}}}]}})
-
-        def gpu_node(name: str) -> None:
-            core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={
-                "kubernetes.io/hostname": name, "bench": "faults", "nvidia.com/gpu.deploy.device-plugin": "true"})))
-            core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res, "conditions": [
-                {"type": "Ready", "status": "True", "reason": "Bench", "message": "no kubelet"}]}})
-            custom.create_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", {
-                "apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": name},
-                "spec": {"sharing": {"mode": "none", "replicas": 1},
-                         "gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "7g.80gb"}]}]}})
-            start_agent(name)
-
-        def start_agent(name: str) -> None:
-            start(f"agent-{name}", ["agent", "run", "--node", name, "--simulate", "H100-80GB:1", "--state-file",
-                                    str(tmp / f"{name}.json"), "--emulate-device-plugin", "--poll-seconds", "1",
-                                    "--heartbeat-seconds", "2", "--idle-seconds", "1", "--metrics-port", "0",
-                                    "--kubeconfig",
-                                    str(plane.serviceaccount_kubeconfig("gpupack-node-agent"))])
 
         pod("before")
         wait_for("a pod bound before the outage", lambda: core.read_namespaced_pod("before", "default").spec.node_name)
@@ -360,7 +351,10 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         procs["replacement"].kill()
         procs["replacement"].wait(10)
         start_controller("stale-watch", "--agent-stale-seconds", str(STALE_SECONDS))
-        gpu_node("faults-doomed")
+        # Heartbeats every 2 s against the 10 s timeout; instances idle after 1 s.
+        fast = ("--heartbeat-seconds", "2", "--idle-seconds", "1")
+        gpu_node("faults-doomed", ["7g.80gb"])
+        start_agent("faults-doomed", *fast)
         wait_for("the doomed node's 7g instance", lambda: len(custom.get_cluster_custom_object(
             "gpupack.io", "v1alpha1", "gpunodes", "faults-doomed")["status"]["gpus"][0]["instances"]) == 1)
         for i in range(2):
@@ -374,7 +368,8 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         procs["agent-faults-doomed"].kill()
         procs["agent-faults-doomed"].wait(10)
         agent_killed = time.monotonic()
-        gpu_node("faults-spare")
+        gpu_node("faults-spare", ["7g.80gb"])
+        start_agent("faults-spare", *fast)
         wait_for("both pods bound to the spare node", lambda: all(core.read_namespaced_pod(
             f"stale-{i}", "default").spec.node_name == "faults-spare" for i in range(2)), timeout_s=180)
         stale_bound = time.monotonic() - agent_killed
@@ -385,7 +380,7 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
             pod(f"restart-{i}", "2g.20gb")
         time.sleep(3)
         agent_restarted = time.monotonic()
-        start_agent("faults-doomed")
+        start_agent("faults-doomed", *fast)
         wait_for("both pods bound to the restarted agent's node", lambda: all(core.read_namespaced_pod(
             f"restart-{i}", "default").spec.node_name == "faults-doomed" for i in range(2)), timeout_s=180)
         restart_bound = time.monotonic() - agent_restarted
