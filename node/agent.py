@@ -49,7 +49,8 @@ from mig.model import PlacedInstance
 from node import conditions as C
 from node.dcgm import Activity, parse_activity
 from node.advertising import advertiser_for
-from node.snapshot import NodeSnapshot, read_snapshot, status_from_snapshot
+from node.health.monitor import HealthMonitor
+from node.snapshot import GpuSnapshot, NodeSnapshot, read_snapshot, status_from_snapshot
 from node.layouts import layouts_for
 from node.kube import Kube
 from node.metrics import AgentMetrics
@@ -99,6 +100,9 @@ class Agent:
         self._policy_warning = ""
         self._dcgm_cache: Activity | None = None
         self.ticks = 0
+        self.health = HealthMonitor(settings.unhealthy_taint_effect)
+        self._known: dict[int, GpuSnapshot] = {}
+        """Each GPU as last seen answering NVML: what a lost GPU is reported as."""
         self.backoff = Backoff(base_s=min(settings.poll_seconds, MAX_BACKOFF_SECONDS), max_s=MAX_BACKOFF_SECONDS)
 
     # ------------------------------------------------------------------ plumbing
@@ -125,7 +129,9 @@ class Agent:
     def snapshot(self) -> NodeSnapshot:
         if self.backend is None:
             return NodeSnapshot("nvml", error=self.backend_error or "NVML backend not available")
-        return read_snapshot(self.backend, self.backend.kind, self._dcgm_activity())
+        snapshot = read_snapshot(self.backend, self.backend.kind, self._dcgm_activity(), self._known)
+        self._known.update({g.info.index: g for g in snapshot.gpus if not g.lost and g.error is None})
+        return snapshot
 
     def _dcgm_activity(self) -> Activity | None:
         """dcgm-exporter's per-instance activity, if configured and reachable (else None, logged)."""
@@ -187,6 +193,12 @@ class Agent:
             # Idle clocks run for every GPU from the agent's start, not only once a spec asks for a change.
             self.idle.observe(gpu.info.uuid, [i.placed for i in gpu.instances],
                               busy_instances(gpu, *self.busy_ctx), now)
+        shared = spec is not None and spec.sharing.mode in ("mps", "time-slicing") and spec.sharing.replicas > 1
+        self.health.refresh_table(self, self.s.namespace, now)
+        self.health.tick(self, snapshot, obj, self.busy_ctx[0], dt.datetime.fromtimestamp(now, dt.timezone.utc),
+                         shared=shared)
+        self.advertiser.health(self, self.health.withdrawn(snapshot), self.health.plugin_restart_needed())
+        conds.append(self.health.condition(snapshot))
         if snapshot.error:
             conds.append(C.Cond(C.NVML_READY, "False", "NvmlUnavailable", snapshot.error))
             self.metrics.nvml_errors.labels("unavailable").inc()
@@ -211,11 +223,21 @@ class Agent:
             labels = dict((node.get("metadata") or {}).get("labels") or {})
         sharing = {"mode": spec.sharing.mode, "replicas": spec.sharing.replicas} if spec else None
         conds.extend(self.advertiser.publish(self, snapshot, node, spec, labels))
+        self._mark_node(node, len(snapshot.gpus))
         self._publish(snapshot, generation if spec else status.get("observedGeneration"), sharing, status, conds,
                       refusals)
         busy_gi = {g.info.index: g.busy_gi_ids() for g in snapshot.gpus}
         self.metrics.observe(snapshot, busy_gi)
         return wait
+
+    def _mark_node(self, node: Mapping[str, Any], gpu_count: int) -> None:
+        """The degraded label and the unhealthy taint (``node.health.monitor``)."""
+        patch = self.health.node_patch(node, gpu_count)
+        if patch is not None and "spec" in patch:
+            # Taints are a list, written guarded by resourceVersion: compute it from the Node as it is now.
+            patch = self.health.node_patch(self.kube.get_node(self.s.node_name), gpu_count)
+        if patch is not None:
+            self.kube.patch_node(self.s.node_name, patch)
 
     def _reshape_rules(self, labels: Mapping[str, str]) -> ReshapeRules:
         """The SharingPolicies selecting this node; the agent's own settings if none can be read."""
@@ -285,7 +307,8 @@ class Agent:
         merged = C.merge_conditions(previous.get("conditions") or [], conds, generation,
                                     dt.datetime.fromtimestamp(now, dt.timezone.utc))
         status = status_from_snapshot(snapshot, self.busy_ctx[0], observed_generation=generation, sharing=sharing,
-                                      conditions=merged, reconfiguration=None, refusals=refusals)
+                                      conditions=merged, reconfiguration=None, refusals=refusals,
+                                      health=self.health.health_by_device(), degraded=self.health.last.degraded)
         changed = status != self._last_status
         if now - self._last_patch < self.s.min_patch_seconds and not (changed and generation != (self._last_status or {}).get("observedGeneration")):
             return

@@ -61,6 +61,12 @@ class Advertiser(Protocol):
         """Advertise the spec's sharing; the conditions to report about it."""
         ...
 
+    def health(self, ctx: AgentContext, withheld: frozenset[str], restart: bool) -> None:
+        """The devices the plugin reports unhealthy by its own rules (``node.health.plugin``); ``restart``:
+        faults it acted on have ended and none is left, so restart it (it never re-advertises a device
+        by itself)."""
+        ...
+
 
 class AgentContext(Protocol):
     """The agent as its parts see it."""

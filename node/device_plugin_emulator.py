@@ -21,13 +21,17 @@ Rules followed (NVIDIA device plugin, GPU Operator docs):
   pause) the plugin is gone: allocatable of every ``nvidia.com/*`` resource is 0.
 * A resource that is no longer advertised stays on the Node with 0, as the kubelet
   leaves stale extended resources.
+* A device the plugin reports unhealthy (``withheld``, see ``node.health.plugin``)
+  stays in capacity and leaves allocatable, as the kubelet counts it: a MIG
+  instance is one of its profile, a whole GPU one ``nvidia.com/gpu``, a shared GPU
+  all its replicas. A lost GPU is not enumerated at all.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from node.snapshot import NodeSnapshot
@@ -53,24 +57,32 @@ _FOREIGN_PREFIX = "nvidia.com/gpu.deploy."
 class Advertisement:
     resources: dict[str, int]
     labels: dict[str, str]
+    unhealthy: dict[str, int] = field(default_factory=dict)
+    """Devices per resource in capacity but not allocatable (the plugin reports them unhealthy)."""
 
 
-def advertise(snapshot: NodeSnapshot, sharing_mode: str, replicas: int) -> Advertisement:
+def advertise(snapshot: NodeSnapshot, sharing_mode: str, replicas: int,
+              withheld: frozenset[str] = frozenset()) -> Advertisement:
     resources: Counter[str] = Counter()
+    unhealthy: Counter[str] = Counter()
     labels: dict[str, str] = {SIMULATED_LABEL: "true"}
     full = [g for g in snapshot.gpus if not g.info.mig_enabled and g.error is None]
     mig = [g for g in snapshot.gpus if g.info.mig_enabled and g.error is None]
     shared = sharing_mode in ("time-slicing", "mps") and replicas > 1
     if full:
+        withheld_full = sum(1 for g in full if g.info.uuid in withheld)
         if shared:
             resources[SHARED_RESOURCE] += len(full) * replicas
+            unhealthy[SHARED_RESOURCE] += withheld_full * replicas
         else:
             resources[WHOLE_RESOURCE] += len(full)
+            unhealthy[WHOLE_RESOURCE] += withheld_full
     profile_info: dict[str, tuple[int, int, int]] = {}
     for gpu in mig:
         assert gpu.model is not None
         for inst in gpu.instances:
             resources[mig_resource(inst.profile)] += 1
+            unhealthy[mig_resource(inst.profile)] += inst.uuid in withheld
             prof = gpu.model.profile(inst.profile) if gpu.model.has_profile(inst.profile) else None
             if prof is not None:
                 profile_info[inst.profile] = (prof.memory_mib, prof.compute_slices, prof.compute_slices)
@@ -90,7 +102,7 @@ def advertise(snapshot: NodeSnapshot, sharing_mode: str, replicas: int) -> Adver
         base = mig_resource(profile)
         labels.update({f"{base}.count": str(resources[base]), f"{base}.memory": str(memory),
                        f"{base}.slices.gi": str(gi), f"{base}.slices.ci": str(ci)})
-    return Advertisement(dict(resources), labels)
+    return Advertisement(dict(resources), labels, {k: v for k, v in unhealthy.items() if v})
 
 
 def node_patches(
@@ -106,7 +118,7 @@ def node_patches(
     for name in capacity:
         if name.startswith(RESOURCE_PREFIXES) and name not in want_cap:
             want_cap[name] = "0"
-    want_alloc = {k: ("0" if paused else v) for k, v in want_cap.items()}
+    want_alloc = {k: ("0" if paused else str(max(0, int(v) - adv.unhealthy.get(k, 0)))) for k, v in want_cap.items()}
     status_patch = None
     if any(capacity.get(k) != v for k, v in want_cap.items()) or any(allocatable.get(k) != v for k, v in want_alloc.items()):
         status_patch = {"status": {"capacity": want_cap, "allocatable": want_alloc}}

@@ -99,13 +99,16 @@ def devices_of(snapshot: NodeSnapshot, resource: str, replicas: int) -> list[str
 
 
 def assign_pods(
-    snapshot: NodeSnapshot, uses: Sequence[PodUse], existing: Mapping[str, str], replicas: int
+    snapshot: NodeSnapshot, uses: Sequence[PodUse], existing: Mapping[str, str], replicas: int,
+    withheld: frozenset[str] = frozenset(), lost: frozenset[str] = frozenset(),
 ) -> dict[str, str]:
     """SIMULATION: the device plugin's Allocate. ``existing``/result: ``uid/ordinal`` -> device UUID.
 
     Keeps every existing assignment whose device still exists; gives new pods the
     first free devices (lowest GPU, lowest placement), as the plugin's default does.
     Pods that find no device stay unassigned (the real kubelet would reject them).
+    Devices the plugin reports unhealthy (``withheld``) go to no new pod; pods that hold
+    one keep it (a running container keeps its device), as do pods on a ``lost`` GPU's devices.
     """
     result: dict[str, str] = {}
     free: dict[str, list[str]] = {}
@@ -119,11 +122,15 @@ def assign_pods(
             if device is not None and device in free[use.resource]:
                 free[use.resource].remove(device)
                 result[slot] = device
+            elif device is not None and device in lost:
+                result[slot] = device
     for use in uses:
         for ordinal in range(use.count):
             slot = f"{use.uid}/{ordinal}"
-            if slot not in result and free[use.resource]:
-                result[slot] = free[use.resource].pop(0)
+            healthy = [d for d in free[use.resource] if d not in withheld]
+            if slot not in result and healthy:
+                free[use.resource].remove(healthy[0])
+                result[slot] = healthy[0]
     return result
 
 

@@ -65,6 +65,12 @@ class AgentSettings:
     """Kubelet PodResources API (which pod holds which device); unreachable: /proc cgroups are used."""
     dcgm_exporter_url: str = ""
     """Optional dcgm-exporter metrics URL for per-MIG-instance activity; empty: not used."""
+    namespace: str = "gpupack-system"
+    """gpupack's namespace (from the downward API): where the XID table ConfigMap lives."""
+    unhealthy_taint_effect: str = "NoSchedule"
+    """Effect of the ``gpupack.io/gpu-unhealthy`` taint while every GPU of the node is unhealthy
+    (``NoSchedule``, ``PreferNoSchedule``, ``NoExecute``, or ``none`` for no taint). ``NoSchedule``
+    keeps CPU-only pods off too, as GPU nodes usually do; ``NoExecute`` also evicts running pods."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AgentSettings:
@@ -79,6 +85,9 @@ class AgentSettings:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.idle_seconds < 0 or self.retry_seconds < 0:
             raise ValueError("idle_seconds and retry_seconds must not be negative")
+        if self.unhealthy_taint_effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute", "none"):
+            raise ValueError(f"unhealthy_taint_effect {self.unhealthy_taint_effect!r} is not one of NoSchedule, "
+                             "PreferNoSchedule, NoExecute, none")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port {self.metrics_port} out of range 0..65535")
 

@@ -19,9 +19,9 @@ from typing import Any
 from mig.catalog import find_model, model_for_pci_device_id
 from mig.model import GpuModel, Profile
 from node.dcgm import Activity, gpu_percent
-from node.nvml.errors import NvmlError
+from node.nvml.errors import GPU_IS_LOST, NvmlError
 from node.nvml.protocol import DeviceInfo, GpuInstance, NvmlReader, GpuProcess, InstanceProfile, Utilization
-from sharing.crd import GPUNodeStatus, LayoutRefusal
+from sharing.crd import DeviceHealth, GPUNodeStatus, LayoutRefusal
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class GpuSnapshot:
     utilization: Utilization | None = None
     error: str | None = None
     warnings: tuple[str, ...] = ()
+    lost: bool = False
+    """NVML answers ``GPU_IS_LOST``: ``info`` and ``instances`` are the last ones seen."""
 
     @property
     def product(self) -> str:
@@ -87,8 +89,13 @@ def _model_for(backend: NvmlReader, info: DeviceInfo) -> tuple[GpuModel | None, 
                    f"using the {len(built.profiles)} profiles NVML reports",)
 
 
-def read_snapshot(backend: NvmlReader, kind: str, dcgm: Activity | None = None) -> NodeSnapshot:
-    """Everything NVML says about the node's GPUs; ``dcgm`` fills in MIG GPUs' activity."""
+def read_snapshot(backend: NvmlReader, kind: str, dcgm: Activity | None = None,
+                  known: Mapping[int, GpuSnapshot] | None = None) -> NodeSnapshot:
+    """Everything NVML says about the node's GPUs; ``dcgm`` fills in MIG GPUs' activity.
+
+    A GPU that answers ``GPU_IS_LOST`` stays in the snapshot, marked ``lost``, as ``known``
+    (the agent's last sight of it) last saw it, so its status and its pods are not forgotten."""
+    known = known or {}
     try:
         count = backend.device_count()
     except NvmlError as exc:
@@ -100,6 +107,9 @@ def read_snapshot(backend: NvmlReader, kind: str, dcgm: Activity | None = None) 
             info = backend.device_info(index)
         except NvmlError as exc:
             warnings.append(f"GPU {index}: {exc}")
+            if exc.code == GPU_IS_LOST and index in known:
+                # Processes as last seen: they cannot be read, and the pods holding them still hold their devices.
+                gpus.append(replace(known[index], utilization=None, error=str(exc), lost=True, warnings=()))
             continue
         try:
             model, notes = _model_for(backend, info)
@@ -112,7 +122,10 @@ def read_snapshot(backend: NvmlReader, kind: str, dcgm: Activity | None = None) 
             gpus.append(GpuSnapshot(info, model, instances, backend.processes(index), util, warnings=notes))
             warnings.extend(notes)
         except NvmlError as exc:
-            gpus.append(GpuSnapshot(info, None, error=str(exc)))
+            lost = exc.code == GPU_IS_LOST
+            before = known.get(index)
+            instances = before.instances if lost and before is not None else ()
+            gpus.append(GpuSnapshot(info, before.model if before else None, instances, error=str(exc), lost=lost))
             warnings.append(f"GPU {index}: {exc}")
     return NodeSnapshot(kind, tuple(gpus), warnings=tuple(warnings))
 
@@ -126,10 +139,15 @@ def status_from_snapshot(
     conditions: Sequence[Mapping[str, Any]],
     reconfiguration: Mapping[str, Any] | None,
     refusals: Mapping[int, LayoutRefusal] | None = None,
+    health: Mapping[tuple[int, int | None], DeviceHealth] | None = None,
+    degraded: bool = False,
 ) -> dict[str, Any]:
     """Wire form of ``GPUNodeStatus``; ``pods_by_device`` maps a GPU/MIG UUID to ``ns/name`` pods,
-    ``refusals`` a GPU index to the agent's answer to a layout it gave up on."""
+    ``refusals`` a GPU index to the agent's answer to a layout it gave up on, ``health`` a device
+    (GPU index, GPU-instance id or None) to its fault (``node.health``)."""
     refusals = refusals or {}
+    health = health or {}
+    unhealthy_gpus = unhealthy_instances = 0
     gpus = []
     instance_count = in_use_count = 0
     for gpu in snapshot.gpus:
@@ -138,10 +156,16 @@ def status_from_snapshot(
         for inst in gpu.instances:
             pods = sorted(pods_by_device.get(inst.uuid, ()))
             used = inst.gi_id in busy or bool(pods)
+            fault = health.get((gpu.info.index, inst.gi_id))
             instances.append({"profile": inst.profile, "start": inst.placement.start, "size": inst.placement.size,
-                              "uuid": inst.uuid or None, "inUse": used, "pods": pods})
+                              "uuid": inst.uuid or None, "inUse": used, "pods": pods, "giId": inst.gi_id,
+                              "health": None if fault is None else fault.model_dump(mode="json", by_alias=True)})
             instance_count += 1
             in_use_count += used
+        gpu_fault = health.get((gpu.info.index, None))
+        unhealthy_gpus += gpu_fault is not None
+        if gpu_fault is None:
+            unhealthy_instances += sum(1 for i in instances if i.get("health"))
         util = gpu.utilization
         gpus.append({
             "index": gpu.info.index, "uuid": gpu.info.uuid, "product": gpu.product,
@@ -153,6 +177,7 @@ def status_from_snapshot(
             },
             "layoutRefusal": None if gpu.info.index not in refusals else
             refusals[gpu.info.index].model_dump(mode="json", by_alias=True),
+            "health": None if gpu_fault is None else gpu_fault.model_dump(mode="json", by_alias=True),
         })
     products = sorted({g.product for g in snapshot.gpus})
     raw = {
@@ -160,7 +185,9 @@ def status_from_snapshot(
         "product": products[0] if len(products) == 1 else (", ".join(products)[:128] or None),
         "gpus": gpus,
         "sharing": dict(sharing) if sharing else None,
-        "summary": {"gpus": len(gpus), "migInstances": instance_count, "instancesInUse": in_use_count},
+        "summary": {"gpus": len(gpus), "migInstances": instance_count, "instancesInUse": in_use_count,
+                    "unhealthyGpus": unhealthy_gpus, "unhealthyInstances": unhealthy_instances,
+                    "degraded": degraded},
         "conditions": list(conditions),
         "reconfiguration": dict(reconfiguration) if reconfiguration else None,
     }

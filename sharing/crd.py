@@ -179,6 +179,39 @@ class GPUNodeSpec(ApiModel):
 # -------------------------------------------------------------- GPUNode status
 
 
+HealthRecovery = Literal["ResetGpu", "RebootNode", "Acknowledge"]
+"""What must happen before a failed GPU or instance is healthy again (never a timer alone):
+``ResetGpu`` a GPU reset (or a reboot) seen by the node agent, ``RebootNode`` a reboot of the
+node, ``Acknowledge`` an admin's acknowledgement on the GPUNode (``gpupack.io/health-acknowledged``,
+e.g. after the GPU was replaced). An acknowledgement ends any fault."""
+
+HEALTH_REASON_PATTERN = r"^[A-Z][A-Za-z0-9]*$"
+
+
+class DeviceHealth(ApiModel):
+    """A fault of a GPU or of one MIG instance, as the node agent found it (present only while it lasts).
+
+    Written by the node agent (``node.health``), read through ``sharing.gpunode``: the
+    controller plans nothing on the device and the webhook counts none of its capacity."""
+
+    reason: str = Field(pattern=HEALTH_REASON_PATTERN, max_length=64,
+                        description="e.g. Xid79, UnknownXid, EccUncorrectable, RowRemapFailure, GpuLost.")
+    message: str = Field(max_length=1024)
+    xid: int | None = Field(None, ge=0, le=65535, description="The XID that caused it, when one did.")
+    since: datetime = Field(strict=False, description="When the agent saw the fault begin.")
+    recovery: HealthRecovery
+    withdrawn: bool = Field(
+        False, description="The NVIDIA device plugin withdraws the device itself for this fault (a critical XID "
+                           "matched to the device, a lost GPU); otherwise it keeps advertising it and gpupack keeps "
+                           "new pods off the node (status.summary.degraded, label gpupack.io/gpu-degraded).")
+    pods: list[Annotated[str, Field(pattern=POD_REF_PATTERN, max_length=317)]] = Field(
+        default_factory=list, max_length=MAX_SHARING_REPLICAS,
+        description="namespace/name of the pods that were using the device when it failed.")
+    boot_id: str | None = Field(None, max_length=64, description="The node's boot id when the fault began.")
+    reset_marker: str | None = Field(
+        None, max_length=64, description="The GPU's reset marker when the fault began: a reset changes it.")
+
+
 class MigInstanceStatus(ApiModel):
     """An existing GPU instance as NVML reports it, and who uses it."""
 
@@ -190,6 +223,8 @@ class MigInstanceStatus(ApiModel):
     pods: list[Annotated[str, Field(pattern=POD_REF_PATTERN, max_length=317)]] = Field(
         default_factory=list, max_length=MAX_SHARING_REPLICAS, description="namespace/name"
     )
+    gi_id: int | None = Field(None, ge=0, le=64, description="NVML's GPU-instance id (XIDs name it).")
+    health: DeviceHealth | None = Field(None, description="Present while the instance is unhealthy.")
 
 
 class GPUUtilization(ApiModel):
@@ -229,6 +264,7 @@ class GPUStatus(ApiModel):
     instances: list[MigInstanceStatus] = Field(default_factory=list, max_length=MAX_MIG_INSTANCES)
     utilization: GPUUtilization | None = None
     layout_refusal: LayoutRefusal | None = None
+    health: DeviceHealth | None = Field(None, description="Present while the GPU is unhealthy.")
 
 
 class Condition(ApiModel):
@@ -273,6 +309,10 @@ class NodeSummary(ApiModel):
     gpus: int = Field(0, ge=0)
     mig_instances: int = Field(0, ge=0)
     instances_in_use: int = Field(0, ge=0)
+    unhealthy_gpus: int = Field(0, ge=0, description="GPUs with a fault (instances with one not counted).")
+    unhealthy_instances: int = Field(0, ge=0, description="MIG instances with a fault on GPUs without one.")
+    degraded: bool = Field(
+        False, description="A fault the device plugin does not withdraw by itself: gpupack sends no new pods here.")
 
 
 class GPUNodeStatus(ApiModel):

@@ -15,6 +15,9 @@ down. The rules, applied alike everywhere:
 * a GPU that does not report its memory gets its product's catalog figure;
 * sharing is what the status reports, else what the spec asks;
 * a ``layoutRefusal`` that does not validate is no refusal;
+* a ``health`` entry (a fault of the GPU or of one instance) that does not validate still
+  makes the device unhealthy (the safe reading), with the reason ``Unreadable``; a node is
+  degraded when the agent says so or when any fault is not withdrawn by the device plugin;
 * a mig-parted config the agent asks to have published (operator mode) counts only
   under one of its own node's names (``gpupack-<node>-g<n>``) and with entries in
   mig-parted's format; anything else is left out (and said so in ``skipped``).
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from typing import Any
 
 from pydantic import ValidationError
@@ -31,7 +35,7 @@ from pydantic import ValidationError
 from mig.catalog import find_model
 from mig.migparted import MigConfigEntry, MigPartedConfig
 from mig.model import GpuModel
-from sharing.crd import LayoutRefusal
+from sharing.crd import DeviceHealth, LayoutRefusal
 from sharing.keys import is_mig_config_of, per_node_name
 from sharing.lenient import as_int as _int
 from sharing.lenient import as_list as _list
@@ -46,6 +50,12 @@ class InstanceReading:
     start: int
     size: int
     in_use: bool
+    health: DeviceHealth | None = None
+    """The instance's fault while it lasts (None: healthy)."""
+
+    @property
+    def healthy(self) -> bool:
+        return self.health is None
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,17 @@ class GpuReading:
     layout_refusal: LayoutRefusal | None = None
     """The agent gave up on this GPU's requested layout (for the generation it names);
     an answer that does not validate is no answer."""
+    health: DeviceHealth | None = None
+    """The GPU's fault while it lasts (None: healthy)."""
+
+    @property
+    def healthy(self) -> bool:
+        return self.health is None
+
+    @property
+    def faulted(self) -> bool:
+        """The GPU or one of its instances has a fault: no layout change, no sharing switch."""
+        return self.health is not None or any(i.health is not None for i in self.instances)
 
 
 @dataclass(frozen=True)
@@ -97,6 +118,8 @@ class GpuNodeReading:
     the agent last wrote the status. None from agents that do not write one."""
     mig_config_request: MigConfigRequest | None = None
     """Operator mode: the config the agent waits to see published (a reconfiguration Applying)."""
+    degraded: bool = False
+    """A fault the device plugin keeps advertising: no new gpupack pod may go to this node."""
 
 
 def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
@@ -126,6 +149,7 @@ def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
             instances=_instances(gpu.get("instances"), f"{name}: GPU {index}", skipped),
             gpu_percent=percent if _is_int(percent) else None,
             layout_refusal=_refusal(gpu.get("layoutRefusal")),
+            health=_health(gpu.get("health")),
         ))
     model = find_model(product) if product else None
     if model is not None:
@@ -136,6 +160,8 @@ def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
     generation = _int(meta.get("generation"))
     heartbeat = status.get("heartbeatTime")
     request = _mig_config_request(name, status.get("reconfiguration"), skipped)
+    faults = [h for g in gpus for h in (g.health, *(i.health for i in g.instances)) if h is not None]
+    degraded = _map(status.get("summary")).get("degraded") is True or any(not h.withdrawn for h in faults)
     return GpuNodeReading(
         name=name,
         generation=generation,
@@ -148,6 +174,7 @@ def read_gpunode(obj: Mapping[str, Any]) -> GpuNodeReading | None:
         skipped=tuple(skipped),
         heartbeat=heartbeat if isinstance(heartbeat, str) else None,
         mig_config_request=request,
+        degraded=degraded,
     )
 
 
@@ -160,7 +187,8 @@ def _instances(raw: Any, where: str, skipped: list[str]) -> tuple[InstanceReadin
             skipped.append(f"{where}: instances[{position}] has no profile or start; left out")
             continue
         in_use = inst.get("inUse") is True or bool(_list(inst.get("pods")))
-        out.append(InstanceReading(profile, start, max(1, _int(inst.get("size"), 1)), in_use))
+        out.append(InstanceReading(profile, start, max(1, _int(inst.get("size"), 1)), in_use,
+                                   _health(inst.get("health"))))
     return tuple(sorted(out, key=lambda i: (i.start, i.profile)))
 
 
@@ -182,6 +210,20 @@ def _mig_config_request(node: str, raw: Any, skipped: list[str]) -> MigConfigReq
                        f"({where}: {first['msg']}); not published")
         return None
     return MigConfigRequest(name, config.mig_configs[name])
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _health(raw: Any) -> DeviceHealth | None:
+    if raw is None:
+        return None
+    try:
+        return DeviceHealth.model_validate(raw)
+    except ValidationError as exc:
+        # Unreadable is not healthy: the device gets no work until the agent writes a valid entry.
+        return DeviceHealth(reason="Unreadable", message=f"health entry does not validate: {exc.errors()[0]['msg']}"[:1024],
+                            since=_EPOCH, recovery="Acknowledge")
 
 
 def _refusal(raw: Any) -> LayoutRefusal | None:

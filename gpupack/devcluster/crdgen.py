@@ -97,6 +97,8 @@ CRDS: tuple[CrdDescriptor, ...] = (
             _column("In-Use", ".status.summary.instancesInUse", "integer"),
             _column("Sharing", ".spec.sharing.mode"),
             _column("Replicas", ".spec.sharing.replicas", "integer"),
+            _column("Unhealthy", ".status.summary.unhealthyGpus", "integer"),
+            _column("Healthy", '.status.conditions[?(@.type=="GpusHealthy")].status'),
             _column("Ready", '.status.conditions[?(@.type=="Ready")].status'),
             _column("Reconfig", ".status.reconfiguration.phase"),
             _column("Observed", ".status.observedGeneration", "integer", priority=1),

@@ -26,11 +26,18 @@ from sharing.keys import DEPLOY_DEVICE_PLUGIN_LABEL
 class EmulatedDevicePlugin:
     """The device plugin's part, played by the agent on a simulated node."""
 
+    def __init__(self) -> None:
+        self.withheld: frozenset[str] = frozenset()
+        """Devices the plugin reports unhealthy; as the real plugin, it forgets them only on a restart."""
+
+    def health(self, ctx: AgentContext, withheld: frozenset[str], restart: bool) -> None:
+        self.withheld = withheld if restart else self.withheld | withheld
+
     def allocate(self, ctx: AgentContext, snapshot: NodeSnapshot, uses: list[PodUse], labels: Mapping[str, str],
                  replicas: int) -> bool:
         if not isinstance(ctx.backend, SimulatedNvml) or snapshot.error is not None:
             return False
-        emulate_allocation(ctx.backend, snapshot, uses, labels, replicas)
+        emulate_allocation(ctx.backend, snapshot, uses, labels, replicas, self.withheld)
         return True
 
     def wait_paused(self, ctx: AgentContext) -> None:
@@ -40,18 +47,18 @@ class EmulatedDevicePlugin:
         return journal
 
     def readvertise(self, ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any]) -> bool:
-        emulate_advertisement(ctx, snapshot, node, None)
+        emulate_advertisement(ctx, snapshot, node, None, self.withheld)
         return True
 
     def publish(self, ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any], spec: GPUNodeSpec | None,
                 labels: Mapping[str, str]) -> list[C.Cond]:
         if snapshot.error is not None:
             return []
-        return [emulate_advertisement(ctx, snapshot, node, spec)]
+        return [emulate_advertisement(ctx, snapshot, node, spec, self.withheld)]
 
 
 def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[PodUse], labels: Mapping[str, str],
-                       replicas: int) -> None:
+                       replicas: int, withheld: frozenset[str] = frozenset()) -> None:
     """Hand devices to pods as the device plugin would, with a process in each."""
     device_at: dict[int, tuple[int, int | None, str]] = {}
     for gpu in snapshot.gpus:
@@ -62,7 +69,8 @@ def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[Po
     existing = {f"{u.uid}/{o}": device_at[sim_pid(u.uid, o)][2]
                 for u in uses for o in range(u.count) if sim_pid(u.uid, o) in device_at}
     paused = labels.get(DEPLOY_DEVICE_PLUGIN_LABEL, "true") != "true"
-    wanted = existing if paused else assign_pods(snapshot, uses, existing, replicas)
+    lost = frozenset({g.info.uuid for g in snapshot.gpus if g.lost} | {i.uuid for g in snapshot.gpus if g.lost for i in g.instances})
+    wanted = existing if paused else assign_pods(snapshot, uses, existing, replicas, withheld, lost)
     where: dict[str, tuple[int, int | None]] = {}
     for gpu in snapshot.gpus:
         where[gpu.info.uuid] = (gpu.info.index, None)
@@ -73,7 +81,7 @@ def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[Po
         uid, ordinal = slot.rsplit("/", 1)
         pid = sim_pid(uid, int(ordinal))
         keep.add(pid)
-        if pid not in device_at and device in where:
+        if pid not in device_at and device in where and device not in lost:
             index, gi_id = where[device]
             sim.start_process(index, pid, 1024, gi_id)
     for pid, (index, _gi, _dev) in device_at.items():
@@ -82,14 +90,16 @@ def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[Po
 
 
 def emulate_advertisement(ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any],
-                          spec: GPUNodeSpec | None) -> C.Cond:
+                          spec: GPUNodeSpec | None, withheld: frozenset[str] = frozenset()) -> C.Cond:
     mode = spec.sharing.mode if spec else "none"
     replicas = spec.sharing.replicas if spec else 1
-    adv = advertise(snapshot, mode, replicas)
+    adv = advertise(snapshot, mode, replicas, withheld)
     status_patch, meta_patch = node_patches(adv, node)
     if meta_patch:
         ctx.kube.patch_node(ctx.s.node_name, meta_patch)
     if status_patch:
         ctx.kube.patch_node_status(ctx.s.node_name, status_patch)
     summary = ", ".join(f"{k}={v}" for k, v in sorted(adv.resources.items())) or "nothing"
+    if adv.unhealthy:
+        summary += " (unhealthy, not allocatable: " + ", ".join(f"{k}={v}" for k, v in sorted(adv.unhealthy.items())) + ")"
     return C.Cond(C.DEVICE_PLUGIN_READY, "True", "Emulated", f"SIMULATED device plugin advertises {summary}")

@@ -63,6 +63,12 @@ class StockDevicePlugin:
     def readvertise(self, ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any]) -> bool:
         return False  # the restarted plugin does it
 
+    def health(self, ctx: AgentContext, withheld: frozenset[str], restart: bool) -> None:
+        # The plugin finds faulty devices itself; it only needs a restart to advertise recovered ones.
+        if restart:
+            log.info("restarting the device plugin on %s: devices it withdrew have recovered", ctx.s.node_name)
+            ctx.kube.delete_node_pods(ctx.s.device_plugin_namespace, ctx.s.device_plugin_selector, ctx.s.node_name)
+
     def publish(self, ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any], spec: GPUNodeSpec | None,
                 labels: Mapping[str, str]) -> list[C.Cond]:
         if spec is not None:

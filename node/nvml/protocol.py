@@ -1,8 +1,9 @@
 """The NVML backend interface: small Protocols and the plain values they return.
 
-Two narrow roles, as mig-parted splits its managers: ``NvmlReader`` reads (devices,
-profiles, instances, processes, utilisation) and ``MigPartitioner`` creates and
-destroys GPU instances at explicit placements. ``NvmlBackend`` is both. The real
+Three narrow roles, as mig-parted splits its managers: ``NvmlReader`` reads (devices,
+profiles, instances, processes, utilisation), ``MigPartitioner`` creates and
+destroys GPU instances at explicit placements, and ``HealthReader`` reads fault
+signals (XID events, memory errors, resets). ``NvmlBackend`` is all three. The real
 backend (``node.nvml.real``) and the simulation (``node.nvml.simulated``) implement
 it; everything above this layer sees only these types, never pynvml's ctypes.
 
@@ -97,6 +98,55 @@ class Utilization:
     source: UtilSource
 
 
+@dataclass(frozen=True)
+class XidEvent:
+    """A critical-XID event NVML delivered (``nvmlEventTypeXidCriticalError``)."""
+
+    gpu_index: int
+    xid: int
+    gi_id: int | None = None
+    """GPU-instance id when NVML ties the event to a MIG instance (it sends 0xFFFFFFFF otherwise)."""
+    ci_id: int | None = None
+    """Compute-instance id, likewise."""
+    at: float = 0.0
+    """Unix time at which the backend received it."""
+
+
+@dataclass(frozen=True)
+class MemoryHealth:
+    """A GPU's memory error counters and repair state; None where NVML does not support the query."""
+
+    volatile_uncorrected: int | None = None
+    """Uncorrected ECC errors since the last driver load or GPU reset."""
+    aggregate_uncorrected: int | None = None
+    """Uncorrected ECC errors over the GPU's life."""
+    retired_pages_pending: bool | None = None
+    """Pages are waiting to be retired at the next reset (``nvmlDeviceGetRetiredPagesPendingStatus``)."""
+    remapped_rows_pending: bool | None = None
+    """Rows are waiting to be remapped at the next reset (``nvmlDeviceGetRemappedRows``)."""
+    remapped_rows_failed: bool | None = None
+    """A row remapping failed: the GPU needs to be replaced."""
+
+
+@runtime_checkable
+class HealthReader(Protocol):
+    """The fault signals of the node's GPUs (``node.health`` turns them into faults)."""
+
+    def xid_events(self) -> tuple[XidEvent, ...]:
+        """Critical-XID events received since the last call; never blocks."""
+        ...
+
+    def memory_health(self, index: int) -> MemoryHealth: ...
+
+    def boot_id(self) -> str:
+        """Changes when the node reboots."""
+        ...
+
+    def reset_marker(self, index: int) -> str:
+        """Changes when the GPU is reset (or the node reboots), as far as the backend can tell."""
+        ...
+
+
 @runtime_checkable
 class NvmlReader(Protocol):
     def device_count(self) -> int: ...
@@ -124,7 +174,7 @@ class MigPartitioner(Protocol):
 
 
 @runtime_checkable
-class NvmlBackend(NvmlReader, MigPartitioner, Protocol):
+class NvmlBackend(NvmlReader, MigPartitioner, HealthReader, Protocol):
     kind: str
     """``nvml`` or ``simulated``: published in status so nobody mistakes one for the other."""
 

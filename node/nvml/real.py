@@ -10,23 +10,53 @@ instances per profile (``nvmlDeviceGetGpuInstances``), their placement from
 whose GPU-instance id matches. Utilisation: ``nvmlDeviceGetUtilizationRates`` is
 NOT_SUPPORTED on MIG-enabled GPUs, so there memory use and process presence are
 reported instead (``source="memory-and-processes"``).
+
+Health signals follow NVIDIA's k8s-device-plugin (``internal/rm/health.go``). Every
+GPU is registered for ``nvmlEventTypeXidCriticalError`` in one event set, created on
+the first ``xid_events()`` call; a GPU that answers NOT_SUPPORTED (too old for
+events) is skipped and noted in ``unwatched_gpus``. Where the plugin blocks in
+``nvmlEventSetWait`` in its own goroutine, ``xid_events()`` polls: it drains what is
+queued with a 0 ms wait and returns. A failed wait (GPU_IS_LOST, ...) is raised, and
+``node.health`` then treats every GPU as unhealthy, as the plugin does. Memory health
+comes from counters (uncorrected ECC errors, pending page retirement, pending or
+failed row remapping), each None where the GPU does not support the query. NVML has
+no reset counter: ``reset_marker`` is the node's boot id, so only a reboot shows as a
+reset, and faults that need a GPU reset end with an admin's acknowledgement.
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any, TypeVar
 
 from mig.model import Placement
 from node.nvml import errors
 from node.nvml.errors import NvmlError
-from node.nvml.protocol import DeviceInfo, GpuInstance, GpuProcess, InstanceProfile, Utilization
+from node.nvml.protocol import (
+    DeviceInfo,
+    GpuInstance,
+    GpuProcess,
+    InstanceProfile,
+    MemoryHealth,
+    Utilization,
+    XidEvent,
+)
 
 T = TypeVar("T")
 MAX_PLACEMENTS = 16
 MAX_INSTANCES = 8
+MAX_EVENTS_PER_DRAIN = 1024
+"""Most ``nvmlEventSetWait_v2`` calls one ``xid_events()`` makes; the rest waits for the next call."""
+NOT_A_MIG_INSTANCE = 0xFFFFFFFF
+"""What NVML puts in an event's GPU- and compute-instance ids when the event is not tied to one."""
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+UNKNOWN_BOOT_ID = "unknown"
+"""``boot_id()`` when the boot id cannot be read: stable, so it never looks like a reboot."""
+MAX_BOOT_ID_CHARS = 64  # GPUNode status fields boot_id and reset_marker allow 64
 
 
 @contextmanager
@@ -43,24 +73,41 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _instance_id(value: Any) -> int | None:
+    return None if int(value) == NOT_A_MIG_INSTANCE else int(value)
+
+
 class RealNvml:
-    """NVML on the host. Create with ``RealNvml.open()``; ``close()`` calls ``nvmlShutdown``."""
+    """NVML on the host. Create with ``RealNvml.open()``; ``close()`` frees the event set
+    and calls ``nvmlShutdown``.
+
+    ``clock`` stamps XID events (Unix seconds); ``boot_id_path`` is where ``boot_id()``
+    reads the kernel's boot id. Both are there for tests.
+    """
 
     kind = "nvml"
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, *, clock: Callable[[], float] = time.time,
+                 boot_id_path: str | Path = BOOT_ID_PATH) -> None:
         self._nvml = nvml
         self._profiles: dict[int, tuple[InstanceProfile, ...]] = {}
+        self._clock = clock
+        self._boot_id_path = Path(boot_id_path)
+        self._event_set: Any = None
+        self._undelivered: list[XidEvent] = []
+        self.unwatched_gpus: dict[int, str] = {}
+        """GPU index -> why it is not registered for XID events (NOT_SUPPORTED: too old).
+        Filled when the event set is made; the caller decides how loudly to warn."""
 
     @classmethod
-    def open(cls) -> RealNvml:
+    def open(cls, *, clock: Callable[[], float] = time.time, boot_id_path: str | Path = BOOT_ID_PATH) -> RealNvml:
         try:
             import pynvml
         except ImportError as exc:  # nvidia-ml-py is a dependency; this is a broken install
             raise NvmlError(errors.LIBRARY_NOT_FOUND, f"nvidia-ml-py not importable: {exc}") from exc
         with _translated():
             pynvml.nvmlInit()
-        return cls(pynvml)
+        return cls(pynvml, clock=clock, boot_id_path=boot_id_path)
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         with _translated():
@@ -68,6 +115,15 @@ class RealNvml:
 
     def _handle(self, index: int) -> Any:
         return self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
+
+    def _unless_unsupported(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """``fn(*args)``, or None where NVML answers NOT_SUPPORTED; other errors are raised."""
+        try:
+            return self._call(fn, *args)
+        except NvmlError as exc:
+            if exc.code != errors.NOT_SUPPORTED:
+                raise
+            return None
 
     # ----------------------------------------------------------------- read side
     def device_count(self) -> int:
@@ -236,6 +292,120 @@ class RealNvml:
                 self._call(n.nvmlComputeInstanceDestroy, array[i])
         self._call(n.nvmlGpuInstanceDestroy, gi)
 
+    # -------------------------------------------------------------- health side
+    def _events(self) -> Any:
+        """The event set every GPU is registered in for critical XIDs, made on first use.
+
+        As in k8s-device-plugin ``internal/rm/health.go`` (``registerDevices``): one set,
+        each GPU registered for ``XidCriticalError``, a GPU that answers NOT_SUPPORTED
+        (too old for events) skipped with a warning. The plugin also marks that GPU
+        unhealthy; here it is only noted in ``unwatched_gpus``, and what to do about an
+        unwatched GPU is ``node.health``'s decision. Any other registration error frees
+        the set and is raised; the next call tries again. Events are only queued from
+        registration on: call ``xid_events()`` once at start-up.
+        """
+        if self._event_set is not None:
+            return self._event_set
+        n = self._nvml
+        event_set = self._call(n.nvmlEventSetCreate)
+        unwatched: dict[int, str] = {}
+        try:
+            for index in range(self.device_count()):
+                try:
+                    self._call(n.nvmlDeviceRegisterEvents, self._handle(index),
+                               n.nvmlEventTypeXidCriticalError, event_set)
+                except NvmlError as exc:
+                    if exc.code != errors.NOT_SUPPORTED:
+                        raise
+                    unwatched[index] = f"GPU {index} does not support XID events ({exc.name}); not watched"
+        except NvmlError:
+            with suppress(NvmlError):
+                self._call(n.nvmlEventSetFree, event_set)
+            raise
+        self._event_set, self.unwatched_gpus = event_set, unwatched
+        return event_set
+
+    def xid_events(self) -> tuple[XidEvent, ...]:
+        """Critical-XID events queued since the last call, without blocking.
+
+        Waits with a 0 ms timeout until NVML answers TIMEOUT (queue empty), at most
+        ``MAX_EVENTS_PER_DRAIN`` times. Other event types are skipped, as the device
+        plugin skips them. A failed wait, or an event whose GPU NVML cannot name, raises
+        ``NvmlError``: the device plugin marks every device unhealthy then, and so does
+        ``node.health``. Events read before such a failure are kept and returned by the
+        next call that succeeds.
+        """
+        n = self._nvml
+        event_set = self._events()
+        for _ in range(MAX_EVENTS_PER_DRAIN):
+            try:
+                data = self._call(n.nvmlEventSetWait_v2, event_set, 0)
+            except NvmlError as exc:
+                if exc.code == errors.TIMEOUT:
+                    break  # nothing (more) queued
+                raise
+            if int(data.eventType) != n.nvmlEventTypeXidCriticalError:
+                continue
+            # NVML reports a MIG instance's XID on the parent GPU's handle, with the
+            # instance in gpuInstanceId/computeInstanceId (0xFFFFFFFF when not tied to one).
+            index = int(self._call(n.nvmlDeviceGetIndex, data.device))
+            self._undelivered.append(XidEvent(
+                gpu_index=index, xid=int(data.eventData), gi_id=_instance_id(data.gpuInstanceId),
+                ci_id=_instance_id(data.computeInstanceId), at=self._clock(),
+            ))
+        drained, self._undelivered = tuple(self._undelivered), []
+        return drained
+
+    def memory_health(self, index: int) -> MemoryHealth:
+        """Uncorrected ECC counts, pending page retirement, pending or failed row remapping.
+
+        A field is None where the GPU answers NOT_SUPPORTED: ECC turned off, page
+        retirement on Ampere and later (they remap rows instead), row remapping before
+        Ampere. Other errors are raised.
+        """
+        n = self._nvml
+        handle = self._handle(index)
+        uncorrected = n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        volatile = self._unless_unsupported(n.nvmlDeviceGetTotalEccErrors, handle, uncorrected, n.NVML_VOLATILE_ECC)
+        aggregate = self._unless_unsupported(n.nvmlDeviceGetTotalEccErrors, handle, uncorrected, n.NVML_AGGREGATE_ECC)
+        pages = self._unless_unsupported(n.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        rows = self._unless_unsupported(n.nvmlDeviceGetRemappedRows, handle)  # (corr, unc, pending, failed)
+        return MemoryHealth(
+            volatile_uncorrected=None if volatile is None else int(volatile),
+            aggregate_uncorrected=None if aggregate is None else int(aggregate),
+            retired_pages_pending=None if pages is None else int(pages) == n.NVML_FEATURE_ENABLED,
+            remapped_rows_pending=None if rows is None else bool(rows[2]),
+            remapped_rows_failed=None if rows is None else bool(rows[3]),
+        )
+
+    def boot_id(self) -> str:
+        """The kernel's boot id (``/proc/sys/kernel/random/boot_id``), stripped.
+
+        ``UNKNOWN_BOOT_ID`` when it cannot be read or is empty: never raises, and stays
+        the same, so an unreadable boot id hides reboots rather than inventing them.
+        """
+        try:
+            text = self._boot_id_path.read_text(encoding="utf-8").strip()
+        except (OSError, ValueError):
+            return UNKNOWN_BOOT_ID
+        return text[:MAX_BOOT_ID_CHARS] or UNKNOWN_BOOT_ID
+
+    def reset_marker(self, index: int) -> str:
+        """The node's boot id, for every GPU (``index`` is not used).
+
+        NVML keeps no reset counter or last-reset time, so a reboot is the only reset
+        this backend can see. A GPU reset without a reboot (``nvidia-smi -r``) leaves
+        the marker unchanged: faults whose recovery is a reset then end with an
+        admin's acknowledgement (annotation ``gpupack.io/health-acknowledged``).
+        """
+        return self.boot_id()
+
     def close(self) -> None:
-        with _translated():
-            self._nvml.nvmlShutdown()
+        """Free the event set (if one was made), then ``nvmlShutdown`` even if freeing failed."""
+        event_set, self._event_set = self._event_set, None
+        try:
+            if event_set is not None:
+                self._call(self._nvml.nvmlEventSetFree, event_set)
+        finally:
+            with _translated():
+                self._nvml.nvmlShutdown()

@@ -15,13 +15,27 @@ answers with NVML's real error codes:
 Tests and the demo can inject faults (an error code for the next N calls of an
 operation, optionally *after* the operation took effect, as a driver that hangs
 up mid-call would) and delays, and hook every call (to kill the agent at any step).
+
+GPU faults, with the semantics of the real driver (``HealthReader``): a critical
+XID on a GPU or on one MIG instance (delivered once, by ``xid_events``); an ECC
+burst (uncorrected counters grow, pages wait for retirement until a reset); a row
+remapping pending or failed; a lost GPU (XID 79, then every call on it answers
+``GPU_IS_LOST`` until the node reboots); a GPU reset (refused while processes run
+or the GPU is lost; destroys its MIG instances and clears what a reset clears); a
+reboot (everything but lifetime counters and a failed remapping starts afresh);
+a repair (a replaced GPU: its failure signals gone). They are injected by calling
+the methods, or, from another process, through an inbox file next to the state
+file (``<state file>.inbox``, JSON lines, see :func:`post_to_inbox`) that the
+backend reads whenever the agent asks for XID events.
 State is persisted to a JSON file after every change (write, fsync, rename), so
 an agent restarted on the same file sees the same GPUs, instances and processes.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
 import os
 import time
 import uuid as uuidlib
@@ -34,9 +48,21 @@ from mig.geometry import can_add
 from mig.model import GpuModel, PlacedInstance, Placement
 from node.nvml import errors
 from node.nvml.errors import NvmlError
-from node.nvml.protocol import DeviceInfo, GpuInstance, GpuProcess, InstanceProfile, Utilization
+from node.nvml.protocol import (
+    DeviceInfo,
+    GpuInstance,
+    GpuProcess,
+    InstanceProfile,
+    MemoryHealth,
+    Utilization,
+    XidEvent,
+)
 
+log = logging.getLogger("gpupack.simulated-nvml")
 STATE_VERSION = 1
+XID_FELL_OFF_THE_BUS = 79
+INBOX_OPERATIONS = ("xid", "ecc", "remap", "lose", "reset", "reboot", "repair")
+"""What another process may post to a simulated node's inbox (``gpupack agent fault``)."""
 OPERATIONS = (
     "device_info", "instance_profiles", "gpu_instances", "processes", "utilization", "create", "destroy",
 )
@@ -73,6 +99,13 @@ class _Gpu:
     created_total: int = 0
     instances: list[_Instance] = field(default_factory=list)
     processes: list[_Process] = field(default_factory=list)
+    lost: bool = False
+    resets: int = 0
+    volatile_uncorrected: int = 0
+    aggregate_uncorrected: int = 0
+    retired_pages_pending: bool = False
+    remapped_rows_pending: bool = False
+    remapped_rows_failed: bool = False
 
 
 @dataclass
@@ -113,6 +146,9 @@ class SimulatedNvml:
         self._delays = dict(delays or {})
         self._sleep = sleep
         self._faults: list[Fault] = []
+        self._xids: list[XidEvent] = []
+        self._boot = 1
+        self.clock: Callable[[], float] = time.time
         self.hook: CallHook | None = None
         loaded = self._load(count) if self._path is not None and self._path.exists() else None
         if loaded is not None:
@@ -216,7 +252,119 @@ class SimulatedNvml:
     def close(self) -> None:
         self._save()
 
+    # --------------------------------------------------------------- health side
+    def xid_events(self) -> tuple[XidEvent, ...]:
+        self.read_inbox()
+        events, self._xids = tuple(self._xids), []
+        return events
+
+    def memory_health(self, index: int) -> MemoryHealth:
+        gpu = self._gpu(index)
+        self._require_present(gpu)
+        return MemoryHealth(gpu.volatile_uncorrected, gpu.aggregate_uncorrected, gpu.retired_pages_pending,
+                            gpu.remapped_rows_pending, gpu.remapped_rows_failed)
+
+    def boot_id(self) -> str:
+        return f"simulated-boot-{self._boot}"
+
+    def reset_marker(self, index: int) -> str:
+        return f"{self._boot}/{self._gpu(index).resets}"
+
     # ------------------------------------------------- simulation controls (not NVML)
+    def inject_xid(self, index: int, xid: int, gi_id: int | None = None) -> None:
+        """A critical XID on GPU ``index`` (on its instance ``gi_id`` when given)."""
+        gpu = self._gpu(index)
+        self._require_present(gpu)
+        if not 0 < xid <= 65535:
+            raise ValueError(f"XID must be 1..65535, got {xid}")
+        if gi_id is not None and all(i.gi_id != gi_id for i in gpu.instances):
+            raise ValueError(f"GPU {index} has no GPU instance {gi_id} (it has: "
+                             f"{', '.join(str(i.gi_id) for i in gpu.instances) or 'none'})")
+        self._xids.append(XidEvent(index, xid, gi_id, 0 if gi_id is not None else None, self.clock()))
+
+    def inject_ecc(self, index: int, errors_: int = 1, *, retire: bool = True) -> None:
+        """``errors_`` uncorrected ECC errors; with ``retire`` their pages wait for retirement at the next reset."""
+        gpu = self._gpu(index)
+        self._require_present(gpu)
+        if errors_ < 1:
+            raise ValueError(f"ECC error count must be at least 1, got {errors_}")
+        gpu.volatile_uncorrected += errors_
+        gpu.aggregate_uncorrected += errors_
+        gpu.retired_pages_pending = gpu.retired_pages_pending or retire
+        self._save()
+
+    def inject_row_remap(self, index: int, *, failed: bool = False) -> None:
+        """A row remapping waits for the next reset, or (``failed``) could not be made."""
+        gpu = self._gpu(index)
+        self._require_present(gpu)
+        if failed:
+            gpu.remapped_rows_failed = True
+        else:
+            gpu.remapped_rows_pending = True
+        self._save()
+
+    def lose_gpu(self, index: int) -> None:
+        """The GPU falls off the bus: XID 79, then ``GPU_IS_LOST`` on every call until a reboot."""
+        gpu = self._gpu(index)
+        if not gpu.lost:
+            self._xids.append(XidEvent(index, XID_FELL_OFF_THE_BUS, None, None, self.clock()))
+        gpu.lost = True
+        self._save()
+
+    def reboot(self) -> None:
+        """The node reboots: every process ends, MIG instances are gone (MIG mode stays), lost GPUs are back."""
+        self._boot += 1
+        self._xids.clear()
+        for gpu in self._gpus:
+            gpu.processes.clear()
+            gpu.instances.clear()
+            gpu.mig_enabled = gpu.mig_pending
+            self._clear_on_reset(gpu)
+            gpu.lost = False
+        self._save()
+
+    def repair(self, index: int) -> None:
+        """The GPU was replaced or fixed: its failure signals are gone (counters over its life stay)."""
+        gpu = self._gpu(index)
+        gpu.lost = gpu.remapped_rows_failed = gpu.remapped_rows_pending = gpu.retired_pages_pending = False
+        gpu.volatile_uncorrected = 0
+        self._save()
+
+    def read_inbox(self) -> int:
+        """Apply what other processes posted to ``<state file>.inbox``; returns how many entries."""
+        if self._path is None:
+            return 0
+        entries = take_inbox(inbox_path(self._path))
+        for entry in entries:
+            try:
+                self._apply(entry)
+            except (ValueError, TypeError, KeyError, NvmlError) as exc:
+                log.warning("SIMULATED NVML: inbox entry %s not applied: %s", entry, exc)
+        return len(entries)
+
+    def _apply(self, entry: Mapping[str, object]) -> None:
+        op, gpu = entry.get("op"), entry.get("gpu")
+        index = int(gpu) if isinstance(gpu, int) else -1
+        if op == "xid":
+            gi = entry.get("gi")
+            xid = entry.get("xid")
+            self.inject_xid(index, int(xid) if isinstance(xid, int) else 0, int(gi) if isinstance(gi, int) else None)
+        elif op == "ecc":
+            count = entry.get("count", 1)
+            self.inject_ecc(index, int(count) if isinstance(count, int) else 0, retire=entry.get("retire", True) is True)
+        elif op == "remap":
+            self.inject_row_remap(index, failed=entry.get("failed") is True)
+        elif op == "lose":
+            self.lose_gpu(index)
+        elif op == "reset":
+            self.reset_gpu(index)
+        elif op == "reboot":
+            self.reboot()
+        elif op == "repair":
+            self.repair(index)
+        else:
+            raise ValueError(f"unknown operation {op!r}; known: {', '.join(INBOX_OPERATIONS)}")
+
     def inject_fault(self, fault: Fault) -> None:
         if fault.operation not in OPERATIONS:
             raise ValueError(f"unknown operation {fault.operation!r}; valid: {', '.join(OPERATIONS)}")
@@ -246,12 +394,23 @@ class SimulatedNvml:
         self._save()
 
     def reset_gpu(self, index: int) -> None:
+        """A GPU reset, as ``nvidia-smi -r``: refused while processes run or the GPU is lost."""
         gpu = self._gpu(index)
+        self._require_present(gpu)
         if gpu.processes:
             raise NvmlError(errors.IN_USE, f"GPU {index} has running processes")
         gpu.mig_enabled = gpu.mig_pending
         gpu.instances.clear()
+        self._clear_on_reset(gpu)
+        gpu.resets += 1
         self._save()
+
+    @staticmethod
+    def _clear_on_reset(gpu: _Gpu) -> None:
+        # What a reset clears on hardware: volatile counters, and pending retirements and
+        # remappings (they take effect). Lifetime counters and a failed remapping stay.
+        gpu.volatile_uncorrected = 0
+        gpu.retired_pages_pending = gpu.remapped_rows_pending = False
 
     # ------------------------------------------------------------------ internals
     def _gpu(self, index: int) -> _Gpu:
@@ -259,8 +418,13 @@ class SimulatedNvml:
             raise NvmlError(errors.INVALID_ARGUMENT, f"GPU index {index} out of range 0..{len(self._gpus) - 1}")
         return self._gpus[index]
 
+    def _require_present(self, gpu: _Gpu) -> None:
+        if gpu.lost:
+            raise NvmlError(errors.GPU_IS_LOST, f"GPU {gpu.index} has fallen off the bus")
+
     def _enter(self, operation: str, index: int) -> _Gpu:
         gpu = self._gpu(index)
+        self._require_present(gpu)
         if self.hook is not None:
             self.hook(operation, index, "before")
         delay = self._delays.get(operation, 0.0)
@@ -297,7 +461,7 @@ class SimulatedNvml:
     def _save(self) -> None:
         if self._path is None:
             return
-        doc = {"version": STATE_VERSION, "simulation": True, "model": self.model.product,
+        doc = {"version": STATE_VERSION, "simulation": True, "model": self.model.product, "boot": self._boot,
                "gpus": [asdict(g) for g in self._gpus]}
         tmp = self._path.with_name(self._path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -319,6 +483,7 @@ class SimulatedNvml:
                         "processes": [_Process(**p) for p in g["processes"]]})
                 for g in doc["gpus"]
             ]
+            self._boot = int(doc.get("boot", 1))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"simulated NVML state file {self._path}: {exc}") from exc
         if len(gpus) != count:
@@ -328,3 +493,62 @@ class SimulatedNvml:
 
 def _uuid(prefix: str, *parts: str) -> str:
     return f"{prefix}-{uuidlib.uuid5(uuidlib.NAMESPACE_URL, '/'.join(('gpupack-sim',) + parts))}"
+
+
+def inbox_path(state_file: Path | str) -> Path:
+    """Where other processes post faults for the simulated node whose state is ``state_file``."""
+    path = Path(state_file)
+    return path.with_name(path.name + ".inbox")
+
+
+def post_to_inbox(state_file: Path | str, entry: Mapping[str, object]) -> None:
+    """Append one entry (``{"op": ..., "gpu": ...}``) to the node's inbox; safe against a reader
+    taking the inbox at the same moment (the entry lands in the file the reader takes next)."""
+    path = inbox_path(state_file)
+    line = json.dumps(dict(entry), sort_keys=True) + "\n"
+    while True:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not taken by the reader while we waited for the lock
+                os.write(fd, line.encode())
+                return
+        finally:
+            os.close(fd)
+
+
+def take_inbox(path: Path) -> list[dict[str, object]]:
+    """Every entry posted to ``path`` so far (the file is consumed); malformed lines are logged and dropped."""
+    if not path.exists():
+        return []
+    taken = path.with_name(f"{path.name}.{os.getpid()}.taking")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.replace(path, taken)
+    except FileNotFoundError:
+        return []
+    finally:
+        os.close(fd)
+    try:
+        text = taken.read_text(encoding="utf-8")
+    finally:
+        taken.unlink(missing_ok=True)
+    entries: list[dict[str, object]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            log.warning("SIMULATED NVML: inbox line %r is not JSON (%s); dropped", line[:200], exc.msg)
+            continue
+        if isinstance(value, dict):
+            entries.append(value)
+        else:
+            log.warning("SIMULATED NVML: inbox line %r is not an object; dropped", line[:200])
+    return entries

@@ -6,11 +6,17 @@ codes, ``MIG `` profile-name prefixes, 0xFFFFFFFF for "no GPU instance") whose
 hardware is the simulated backend. The same checks then run against both
 backends: ``RealNvml`` must report what the simulation holds, translate errors,
 and clean up a half-made instance.
+
+The health side (event sets, ECC counters, retired pages, remapped rows) has no
+counterpart in the simulation's NVML surface, so the fake keeps that state itself:
+an event queue per set that answers TIMEOUT when empty, per-GPU counters, and the
+NVML error a GPU answers for each query.
 """
 
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,8 +27,8 @@ from mig.catalog import get_model
 from mig.model import Placement
 from node.nvml import errors
 from node.nvml.errors import NvmlError
-from node.nvml.protocol import NvmlBackend
-from node.nvml.real import RealNvml
+from node.nvml.protocol import HealthReader, MemoryHealth, NvmlBackend, XidEvent
+from node.nvml.real import MAX_EVENTS_PER_DRAIN, UNKNOWN_BOOT_ID, RealNvml
 from node.nvml.simulated import SimulatedNvml
 
 H200 = get_model("H200")
@@ -39,12 +45,27 @@ class FakePynvml:
     c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
     c_nvmlGpuInstance_t = ctypes.py_object
     c_nvmlComputeInstance_t = ctypes.py_object
+    nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
+    NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
+    NVML_FEATURE_ENABLED = pynvml.NVML_FEATURE_ENABLED
 
     def __init__(self, sim: SimulatedNvml) -> None:
         self.sim = sim
         self.compute_instances: set[tuple[int, int]] = set()
         self.fail_compute_instance = False
         self.calls: list[str] = []
+        # Health state. An event set is ("set", n); it queues posted events (or error
+        # codes, raised by the wait that reaches them) for the GPUs registered in it.
+        self.event_sets: dict[int, list[Any]] = {}
+        self.registered: dict[int, dict[int, int]] = {}  # set -> GPU index -> event mask
+        self.freed: list[int] = []
+        self.register_errors: dict[int, int] = {}  # GPU index -> NVML error its registration answers
+        self.wait_timeouts: list[int] = []
+        # (GPU index, query) -> value; a query with no entry answers NOT_SUPPORTED.
+        # Queries: ("ecc", error type, counter type), "retired", "remapped".
+        self.memory: dict[tuple[int, Any], Any] = {}
 
     def _do(self, fn: Any, *args: Any) -> Any:
         try:
@@ -169,14 +190,79 @@ class FakePynvml:
         self.calls.append(f"gi-destroy {gi[2]}")
         return 0
 
+    # ------------------------------------------------------------- health side
+    def nvmlEventSetCreate(self) -> tuple[str, int]:
+        number = len(self.event_sets)
+        self.event_sets[number], self.registered[number] = [], {}
+        self.calls.append(f"event-set-create {number}")
+        return ("set", number)
+
+    def nvmlDeviceRegisterEvents(self, h: tuple[str, int], event_types: int, event_set: tuple[str, int]) -> None:
+        if h[1] in self.register_errors:
+            raise pynvml.NVMLError(self.register_errors[h[1]])
+        self.registered[event_set[1]][h[1]] = event_types
+
+    def post_event(self, index: int, xid: int, event_type: int = pynvml.nvmlEventTypeXidCriticalError,
+                   gi: int = NO_INSTANCE, ci: int = NO_INSTANCE) -> None:
+        """An event as NVML queues it: on the parent GPU's handle, in every live set the GPU is in.
+
+        The event's type is not checked against the registered mask, so a stray type
+        reaches the backend and its filter is what is tested."""
+        data = SimpleNamespace(device=("dev", index), eventType=event_type, eventData=xid,
+                               gpuInstanceId=gi, computeInstanceId=ci)
+        for number, queue in self.event_sets.items():
+            if number not in self.freed and index in self.registered[number]:
+                queue.append(data)
+
+    def post_error(self, code: int) -> None:
+        for number, queue in self.event_sets.items():
+            if number not in self.freed:
+                queue.append(code)
+
+    def nvmlEventSetWait_v2(self, event_set: tuple[str, int], timeout_ms: int) -> Any:
+        assert event_set[1] not in self.freed, "wait on a freed event set"
+        self.wait_timeouts.append(timeout_ms)
+        queue = self.event_sets[event_set[1]]
+        if not queue:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        item = queue.pop(0)
+        if isinstance(item, int):
+            raise pynvml.NVMLError(item)
+        return item
+
+    def nvmlDeviceGetIndex(self, h: tuple[str, int]) -> int:
+        return h[1]
+
+    def nvmlEventSetFree(self, event_set: tuple[str, int]) -> None:
+        self.freed.append(event_set[1])
+        self.calls.append(f"event-set-free {event_set[1]}")
+
+    def _memory(self, index: int, query: Any) -> Any:
+        if (index, query) not in self.memory:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        value = self.memory[(index, query)]
+        if isinstance(value, pynvml.NVMLError):
+            raise value
+        return value
+
+    def nvmlDeviceGetTotalEccErrors(self, h: tuple[str, int], error_type: int, counter_type: int) -> int:
+        return int(self._memory(h[1], ("ecc", error_type, counter_type)))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: tuple[str, int]) -> int:
+        return int(self._memory(h[1], "retired"))
+
+    def nvmlDeviceGetRemappedRows(self, h: tuple[str, int]) -> tuple[int, int, int, int]:
+        rows: tuple[int, int, int, int] = self._memory(h[1], "remapped")
+        return rows
+
     def nvmlShutdown(self) -> None:
-        return None
+        self.calls.append("shutdown")
 
 
-def _pair(mig_enabled: bool = True) -> tuple[SimulatedNvml, FakePynvml, RealNvml]:
+def _pair(mig_enabled: bool = True, **kwargs: Any) -> tuple[SimulatedNvml, FakePynvml, RealNvml]:
     sim = SimulatedNvml(H200, 2, mig_enabled=mig_enabled)
     fake = FakePynvml(sim)
-    return sim, fake, RealNvml(fake)
+    return sim, fake, RealNvml(fake, **kwargs)
 
 
 def test_real_backend_reports_what_the_hardware_holds() -> None:
@@ -236,3 +322,143 @@ def test_mig_off_gpu_reports_utilisation_and_no_profiles() -> None:
     with pytest.raises(NvmlError) as info:
         real.gpu_instances(0)
     assert info.value.code == errors.NOT_SUPPORTED
+
+
+# ------------------------------------------------------------------ health signals
+XID = pynvml.nvmlEventTypeXidCriticalError
+UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+
+
+def test_real_backend_is_still_a_whole_nvml_backend() -> None:
+    _sim, _fake, real = _pair()
+    assert isinstance(real, NvmlBackend) and isinstance(real, HealthReader)
+
+
+def test_xid_events_registers_every_gpu_and_drains_without_blocking() -> None:
+    _sim, fake, real = _pair(clock=lambda: 1234.5)
+    assert real.xid_events() == ()  # makes the set; nothing queued yet
+    assert fake.registered == {0: {0: XID, 1: XID}} and real.unwatched_gpus == {}
+    fake.post_event(0, 79)  # whole GPU: NVML sends 0xFFFFFFFF for both instance ids
+    fake.post_event(1, 94, gi=3, ci=0)  # inside MIG instance gi 3, compute instance 0
+    fake.post_event(0, 0, event_type=pynvml.nvmlEventTypeSingleBitEccError)  # not a critical XID
+    fake.post_event(1, 48, event_type=pynvml.nvmlEventTypeDoubleBitEccError)
+    assert real.xid_events() == (
+        XidEvent(gpu_index=0, xid=79, gi_id=None, ci_id=None, at=1234.5),
+        XidEvent(gpu_index=1, xid=94, gi_id=3, ci_id=0, at=1234.5),
+    )
+    assert real.xid_events() == ()  # drained
+    assert set(fake.wait_timeouts) == {0}  # never waits
+    assert fake.calls.count("event-set-create 0") == 1 and len(fake.event_sets) == 1  # one set, reused
+
+
+def test_xid_events_drain_is_capped_per_call() -> None:
+    _sim, fake, real = _pair()
+    real.xid_events()
+    for i in range(MAX_EVENTS_PER_DRAIN + 5):
+        fake.post_event(i % 2, 31 + i % 2)
+    assert len(real.xid_events()) == MAX_EVENTS_PER_DRAIN
+    assert len(fake.wait_timeouts) == MAX_EVENTS_PER_DRAIN + 1  # the first, empty drain's one wait
+    assert len(real.xid_events()) == 5
+
+
+def test_gpu_without_event_support_is_skipped_and_noted() -> None:
+    _sim, fake, real = _pair()
+    fake.register_errors[1] = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert real.xid_events() == ()
+    assert fake.registered == {0: {0: XID}}
+    assert list(real.unwatched_gpus) == [1] and "NOT_SUPPORTED" in real.unwatched_gpus[1]
+    fake.post_event(0, 79)
+    assert [e.gpu_index for e in real.xid_events()] == [0]
+
+
+def test_other_registration_error_frees_the_set_raises_and_retries() -> None:
+    _sim, fake, real = _pair()
+    fake.register_errors[1] = pynvml.NVML_ERROR_GPU_IS_LOST
+    with pytest.raises(NvmlError) as info:
+        real.xid_events()
+    assert info.value.code == errors.GPU_IS_LOST
+    assert fake.freed == [0]
+    del fake.register_errors[1]
+    assert real.xid_events() == ()
+    assert fake.registered[1] == {0: XID, 1: XID} and fake.freed == [0]
+
+
+def test_lost_gpu_on_wait_raises_and_keeps_what_was_drained() -> None:
+    _sim, fake, real = _pair(clock=lambda: 7.0)
+    real.xid_events()
+    fake.post_event(0, 79)
+    fake.post_error(pynvml.NVML_ERROR_GPU_IS_LOST)
+    with pytest.raises(NvmlError) as info:
+        real.xid_events()
+    assert info.value.code == errors.GPU_IS_LOST
+    assert real.xid_events() == (XidEvent(0, 79, None, None, 7.0),)  # not lost with the failed call
+    fake.post_error(pynvml.NVML_ERROR_UNKNOWN)
+    with pytest.raises(NvmlError) as other:
+        real.xid_events()
+    assert other.value.code == errors.UNKNOWN
+
+
+def test_close_frees_the_event_set_before_shutdown() -> None:
+    _sim, fake, real = _pair()
+    real.xid_events()
+    real.close()
+    assert fake.calls[-2:] == ["event-set-free 0", "shutdown"]
+
+
+def test_close_without_events_only_shuts_down() -> None:
+    _sim, fake, real = _pair()
+    real.close()
+    assert fake.calls == ["shutdown"] and fake.freed == []
+
+
+@pytest.mark.parametrize(("memory", "expected"), [
+    pytest.param({("ecc", UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 2,
+                  ("ecc", UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): 5,
+                  ("ecc", CORRECTED, pynvml.NVML_VOLATILE_ECC): 900,  # must not be read
+                  ("ecc", CORRECTED, pynvml.NVML_AGGREGATE_ECC): 901,
+                  "remapped": (4, 3, 1, 0)},  # no retired-pages entry: NOT_SUPPORTED (Ampere and later)
+                 MemoryHealth(2, 5, None, True, False), id="hopper-pending-remap"),
+    pytest.param({("ecc", UNCORRECTED, pynvml.NVML_VOLATILE_ECC): 0,
+                  ("ecc", UNCORRECTED, pynvml.NVML_AGGREGATE_ECC): 0,
+                  "remapped": (0, 2, 0, 1)},
+                 MemoryHealth(0, 0, None, False, True), id="remap-failed"),
+    pytest.param({"retired": pynvml.NVML_FEATURE_ENABLED}, MemoryHealth(None, None, True, None, None),
+                 id="ecc-off-pages-pending"),
+    pytest.param({"retired": pynvml.NVML_FEATURE_DISABLED}, MemoryHealth(None, None, False, None, None),
+                 id="pages-not-pending"),
+    pytest.param({}, MemoryHealth(None, None, None, None, None), id="nothing-supported"),
+])
+def test_memory_health_maps_counters_and_not_supported(memory: dict[Any, Any], expected: MemoryHealth) -> None:
+    _sim, fake, real = _pair()
+    fake.memory = {(1, query): value for query, value in memory.items()}
+    assert real.memory_health(1) == expected
+
+
+def test_memory_health_raises_other_errors() -> None:
+    _sim, fake, real = _pair()
+    fake.memory = {(0, "remapped"): pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)}
+    with pytest.raises(NvmlError) as info:
+        real.memory_health(0)
+    assert info.value.code == errors.GPU_IS_LOST
+
+
+def test_boot_id_is_read_stripped_and_is_the_reset_marker(tmp_path: Path) -> None:
+    path = tmp_path / "boot_id"
+    path.write_text("4b1c0d3e-1f2a-4c5b-9d8e-7f6a5b4c3d2e\n")
+    _sim, _fake, real = _pair(boot_id_path=path)
+    assert real.boot_id() == "4b1c0d3e-1f2a-4c5b-9d8e-7f6a5b4c3d2e"
+    assert real.reset_marker(0) == real.reset_marker(1) == real.boot_id()
+    path.write_text("0f0e0d0c-0000-4000-8000-000000000001\n")  # a reboot
+    assert real.reset_marker(1) == "0f0e0d0c-0000-4000-8000-000000000001"
+
+
+@pytest.mark.parametrize("name", ["missing", "empty", "directory"])
+def test_unreadable_boot_id_gives_a_stable_fallback(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    if name == "empty":
+        path.write_text("  \n")
+    elif name == "directory":
+        path.mkdir()
+    _sim, _fake, real = _pair(boot_id_path=path)
+    assert real.boot_id() == UNKNOWN_BOOT_ID == real.reset_marker(0)

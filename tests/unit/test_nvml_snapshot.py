@@ -43,7 +43,8 @@ def test_status_is_valid_and_marks_used_instances() -> None:
     gpu0 = status["gpus"][0]
     assert [(i["start"], i["inUse"], i["pods"]) for i in gpu0["instances"]] == [(0, True, ["ns/a"]), (4, True, [])]
     assert gpu0["utilization"] == {"memoryUsedMiB": 4096}  # MIG on: no utilisation percentage
-    assert status["summary"] == {"gpus": 2, "migInstances": 2, "instancesInUse": 2}
+    assert status["summary"] == {"gpus": 2, "migInstances": 2, "instancesInUse": 2, "unhealthyGpus": 0,
+                                 "unhealthyInstances": 0, "degraded": False}
     assert status["observedGeneration"] == 4
 
 
