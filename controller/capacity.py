@@ -79,7 +79,7 @@ class FreeCapacity:
         for node in snapshot.nodes:
             existing: Counter[str] = Counter()
             for gpu in settled_gpus(node):
-                existing.update(gpu.profiles)
+                existing.update(gpu.offered)
             reported = Counter(i.profile for g in node.gpus for i in g.in_use)
             busy = claims.get(node.name, Counter())
             free = Counter({p: n - max(busy[p], reported[p]) for p, n in existing.items()})

@@ -173,8 +173,8 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) ->
                 # Already changed this cycle: only add to it, never undo it.
                 out.append(GpuCandidate(node.name, gpu.index, node.model, True, planned.layout, planned.layout, False))
                 continue
-            if gpu.reshaping or not _open(policy, cycle):
-                continue
+            if gpu.reshaping or gpu.faulted or not _open(policy, cycle):
+                continue  # a GPU with a fault is never reshaped (node.health)
             if not gpu.mig_enabled and (not cycle.mig_mode_changes or node.sharing != "none" or node.spec_sharing != "none"):
                 # Turning MIG on needs a GPU reset (operator mode only), and full GPUs
                 # of a shared node belong to its MPS/time-slicing pool.
@@ -248,6 +248,8 @@ def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod |
         if node.spec_sharing == "none" or not node.converged or taken[node.name] or len(node.full_gpus) < gpus:
             continue
         if any(g.mig_enabled for g in node.gpus) or (pod is not None and not _allowed_after_switch(pod, node, "none", 1)):
+            continue
+        if node.faulted:
             continue
         if all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
             out.append(node)
@@ -323,6 +325,8 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
             continue
         if not node_.converged or not node_.gpus or any(g.mig_enabled for g in node_.gpus) or taken[node_.name]:
             continue
+        if node_.faulted:
+            continue  # a GPU with a fault is never shared (node.health)
         if cycle.whole_busy[node_.name]:
             continue
         if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node_.gpus):
@@ -405,7 +409,7 @@ def _static_layouts(cycle: _Cycle) -> None:
         if node.model is None or policy is None or policy.static_layout is None:
             continue
         for gpu in node.gpus:
-            if not _open(policy, cycle) or gpu.reshaping or gpu.in_use:
+            if not _open(policy, cycle) or gpu.reshaping or gpu.in_use or gpu.faulted:
                 continue
             if not gpu.mig_enabled and not cycle.mig_mode_changes:
                 continue
@@ -432,7 +436,9 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     # A node whose agent is silent is left out: its free capacity and the capacity being
     # created there may never come (the agent applies layouts and reports them), so pods
     # are planned elsewhere and its reshapes in flight do not hold its policy's budget.
-    snapshot = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if not n.stale))
+    # A degraded node (a GPU fault the device plugin keeps advertising) is left out the same way:
+    # the kubelet could hand a new pod the failing device.
+    snapshot = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if not n.stale and not n.degraded))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
     cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot), budget, mig_mode_changes)

@@ -130,6 +130,9 @@ def _node(reading: GpuNodeReading, gpunode: Mapping[str, Any], node: Mapping[str
                 utilization_percent=gpu.gpu_percent,
                 reshaping=gpu.index not in refused and _reshaping(want, gpu.mig_enabled, instances),
                 desired=_desired(want),
+                healthy=gpu.healthy,
+                unhealthy_instances=tuple(sorted(PlacedInstance(i.profile, Placement(i.start, i.size))
+                                                 for i in gpu.instances if not i.healthy)),
             )
         )
     node_meta = _map(_map(node).get("metadata"))
@@ -154,6 +157,7 @@ def _node(reading: GpuNodeReading, gpunode: Mapping[str, Any], node: Mapping[str
         spec_replicas=reading.spec_sharing.replicas,
         generation=reading.generation,
         observed_generation=reading.observed_generation,
+        degraded=reading.degraded,
     )
 
 

@@ -44,10 +44,26 @@ class Gpu:
     not refused or given up on it: a reshape in flight (it holds a ``maxConcurrent`` slot)."""
     desired: tuple[str, ...] | None = None
     """Profiles ``GPUNode.spec`` asks for (sorted), when it names a layout."""
+    healthy: bool = True
+    """The GPU has no fault (``GPUStatus.health``, ``node.health``)."""
+    unhealthy_instances: tuple[PlacedInstance, ...] = ()
+    """Instances with a fault of their own."""
 
     @property
     def profiles(self) -> Counter[str]:
         return Counter(i.profile for i in self.instances)
+
+    @property
+    def faulted(self) -> bool:
+        """The GPU or one of its instances has a fault: never reshaped, shared or switched."""
+        return not self.healthy or bool(self.unhealthy_instances)
+
+    @property
+    def offered(self) -> Counter[str]:
+        """Profiles of the instances that count as capacity: the healthy ones, and the faulted ones
+        still in use (they hold their pods' claims, so the claims do not eat healthy capacity)."""
+        return Counter(i.profile for i in self.instances
+                       if i in self.in_use or (self.healthy and i not in self.unhealthy_instances))
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,8 @@ class Node:
     """How long ago its agent last wrote the status (``status.heartbeatTime``); None: unknown."""
     stale: bool = False
     """Silent longer than the controller's ``agent_stale_seconds``: the planner leaves it out."""
+    degraded: bool = False
+    """A GPU fault the device plugin keeps advertising (``sharing.gpunode``): the planner leaves it out."""
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -81,7 +99,12 @@ class Node:
 
     @property
     def full_gpus(self) -> tuple[Gpu, ...]:
-        return tuple(g for g in self.gpus if not g.mig_enabled)
+        """Healthy GPUs with MIG off: what whole-GPU and shared capacity is counted on."""
+        return tuple(g for g in self.gpus if not g.mig_enabled and g.healthy)
+
+    @property
+    def faulted(self) -> bool:
+        return any(g.faulted for g in self.gpus)
 
     @property
     def converged(self) -> bool:

@@ -30,7 +30,7 @@ from typing import Final
 
 from sharing.allocation import Allocation, ContainerAllocation, resource_for
 from sharing.inventory import Inventory, AdmissionPolicy
-from sharing.keys import CAPACITY_GATE, SHARING_ANNOTATION
+from sharing.keys import CAPACITY_GATE, DEGRADED_LABEL, SHARING_ANNOTATION
 from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
     Expression,
@@ -320,10 +320,13 @@ def _materialise(
     else:
         gate = "capacity available"
     reason = f"{request.mode} -> {best.mode}: {where}; {gate}"
+    # Nodes with a GPU fault the device plugin keeps advertising are off limits to new pods
+    # (the kubelet, not gpupack, would pick the device there): node.health labels them.
+    healthy = Expression(DEGRADED_LABEL, "DoesNotExist", ())
     return PodDecision(
         mode=best.mode,
         containers=tuple(containers),
-        terms=best.terms,
+        terms=tuple((*term, healthy) for term in best.terms),
         gated=engine_places or not best.has_capacity,
         capacity_exists=best.has_capacity,
         reason=reason,

@@ -39,21 +39,28 @@ class NodeView:
     """As the one GPUNode reader reads them (``sharing.gpunode``)."""
     shared_in_use: int = 0
     """Shared replicas already handed out, when the agent reports it (0 if unknown)."""
+    degraded: bool = False
+    """A GPU fault the device plugin keeps advertising: no new pod goes here, nothing is free."""
 
     @cached_property
     def gpu_memory_mib(self) -> int:
         return max((g.memory_mib for g in self.gpus), default=self.model.memory_mib if self.model else 0)
 
     def free_instances(self, profile: str) -> int:
-        """Unused MIG instances of ``profile`` on MIG-enabled GPUs of this node."""
+        """Unused healthy MIG instances of ``profile`` on healthy MIG-enabled GPUs of this node."""
+        if self.degraded:
+            return 0
         return sum(
-            1 for g in self.gpus if g.mig_enabled for i in g.instances if i.profile == profile and not i.in_use
+            1 for g in self.gpus if g.mig_enabled and g.healthy
+            for i in g.instances if i.profile == profile and not i.in_use and i.healthy
         )
 
     @property
     def shared_free(self) -> int:
-        """Shared replicas not yet handed out (all of them when usage is not reported)."""
-        full_gpus = sum(1 for g in self.gpus if not g.mig_enabled)
+        """Shared replicas not yet handed out on healthy GPUs (all of them when usage is not reported)."""
+        if self.degraded:
+            return 0
+        full_gpus = sum(1 for g in self.gpus if not g.mig_enabled and g.healthy)
         return max(0, full_gpus * self.replicas - self.shared_in_use)
 
 
@@ -157,6 +164,7 @@ def node_view(reading: GpuNodeReading) -> NodeView:
         replicas=sharing.replicas if sharing.mode != "none" else 0,
         gpus=reading.gpus,
         shared_in_use=sharing.in_use,
+        degraded=reading.degraded,
     )
 
 

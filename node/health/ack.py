@@ -34,7 +34,8 @@ class Acknowledgements:
     def covers(self, index: int, since: datetime) -> bool:
         """Whether a fault of GPU ``index`` that began at ``since`` has been acknowledged."""
         until = self.until.get(index)
-        return until is not None and since <= until
+        # Times are written to the second (metav1.Time): compare at that resolution.
+        return until is not None and since.replace(microsecond=0) <= until
 
 
 def read_acknowledgements(annotations: Mapping[str, Any] | None) -> Acknowledgements:

@@ -124,11 +124,14 @@ class HealthTracker:
         self._memory_seen: dict[int, tuple[str, MemoryHealth]] = {}
         """GPU -> (reset marker, memory health) last seen: signals raise on change."""
         self.restored = False
+        self.restored_from_status = False
+        """A previous agent's status was read back: this tracker continues its work."""
 
     # ------------------------------------------------------------------ restart
     def restore(self, status: Mapping[str, Any]) -> list[str]:
         """Read back the faults a previous agent wrote into ``status`` (GPUNode status); returns problems."""
         self.restored = True
+        self.restored_from_status = bool(_list(status.get("gpus")))
         problems: list[str] = []
         for gpu in _list(status.get("gpus")):
             index = gpu.get("index")
@@ -168,6 +171,8 @@ class HealthTracker:
     ) -> HealthReport:
         """End what has recovered, raise what the signals show; ``shared``: the node's full GPUs
         are shared (MPS or time-slicing) by the device plugin."""
+        # To the second, as the API writes times: an acknowledgement written at the same second covers it.
+        now = now.replace(microsecond=0)
         ended = self._end_recovered(signals, snapshot, acks)
         began: list[tuple[DeviceKey, Fault]] = []
         app: list[XidEvent] = []
@@ -218,6 +223,10 @@ class HealthTracker:
             seen_marker, seen = self._memory_seen.get(index, (None, None))
             fresh = seen is None or seen_marker != marker
             self._memory_seen[index] = (marker, memory)
+            if seen is None and self.restored_from_status and index in acks.until and (index, None) not in self.faults:
+                # A restarted agent: the previous one ran with this acknowledgement and left no fault, so
+                # what the memory signals show now was acknowledged (a new failure would be in the status).
+                continue
             for reason, message, recovery in _memory_faults(memory, None if fresh else seen, first=seen is None):
                 raise_fault((index, None), reason, f"GPU {index}: {message}", recovery, None, False)
         return HealthReport(dict(self.faults), tuple(began), tuple(ended), tuple(app), tuple(unknown))

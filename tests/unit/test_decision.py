@@ -112,7 +112,7 @@ def test_free_instance_means_no_gate_and_product_affinity() -> None:
     decision = run(make_pod(gpu_container("c", "100"), mode="mig"), inventory)
     assert not decision.gated
     assert [[e.to_dict() for e in t] for t in decision.terms] == [
-        [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100]}]
+        [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [H100]}, {"key": "gpupack.io/gpu-degraded", "operator": "DoesNotExist"}]
     ]
 
 
@@ -156,6 +156,7 @@ def test_mps_decision_sets_limits_env_and_affinity(example: Inventory) -> None:
         "nvidia.com/gpu.sharing-strategy": ("mps",),
         "nvidia.com/gpu.replicas": ("4",),
         "nvidia.com/gpu.product": (A100,),
+        "gpupack.io/gpu-degraded": (),  # nodes with a GPU fault the device plugin keeps advertising
     }
 
 
@@ -164,7 +165,7 @@ def test_mps_replicas_too_coarse_for_the_ask_gates(example: Inventory) -> None:
     decision = run(make_pod(gpu_container("c", "300"), mode="mps"), example)
     assert decision.gated and decision.mode == "mps"
     assert [e.to_dict() for e in decision.terms[0]] == [
-        {"key": "nvidia.com/gpu.sharing-strategy", "operator": "In", "values": ["mps"]}
+        {"key": "nvidia.com/gpu.sharing-strategy", "operator": "In", "values": ["mps"]}, {"key": "gpupack.io/gpu-degraded", "operator": "DoesNotExist"}
     ]
 
 
@@ -333,8 +334,9 @@ def test_a_600_milli_shared_request_gets_a_plain_whole_gpu() -> None:
     assert decision.mode == "whole" and decision.capacity_exists
     (container,) = decision.containers
     assert container.resource == "nvidia.com/gpu" and container.env == ()
-    ((expression,),) = decision.terms
+    ((expression, healthy),) = decision.terms
     assert (expression.key, expression.operator, expression.values) == (STRATEGY_LABEL, "NotIn", ("mps", "time-slicing"))
+    assert (healthy.key, healthy.operator) == ("gpupack.io/gpu-degraded", "DoesNotExist")
     record = Allocation.from_annotation(decision.allocation().to_annotation())  # as the controller reads it
     assert record.mode == "whole" and record.containers[0].milli == 600
 

@@ -107,7 +107,7 @@ def test_affinity_anded_into_every_existing_term(inventory: Inventory) -> None:
     assert terms[0]["matchExpressions"][0] == {"key": "zone", "operator": "In", "values": ["a"]}
     assert terms[1]["matchFields"] == user_terms[1]["matchFields"]
     for term in terms:
-        assert term["matchExpressions"][-1]["key"] == "nvidia.com/gpu.product"
+        assert [e["key"] for e in term["matchExpressions"][-2:]] == ["nvidia.com/gpu.product", "gpupack.io/gpu-degraded"]
 
 
 def test_merge_terms_is_a_cross_product() -> None:
