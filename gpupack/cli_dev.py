@@ -1,9 +1,10 @@
 """``gpupack dev``: developer tooling; ``gpupack dev cluster up|down|status`` runs a local control plane.
 
 ``up`` builds the binaries the first time (progress on stderr), starts etcd,
-kube-apiserver and kube-scheduler in the background, applies gpupack's
-namespace, CRDs and RBAC (unless ``--bare``), and prints ``KUBECONFIG=<path>``
-as its last line, so ``eval "$(gpupack dev cluster up | tail -1)"`` works.
+kube-apiserver and kube-scheduler (and kube-controller-manager with
+``--controller-manager``) in the background, applies gpupack's namespace, CRDs
+and RBAC (unless ``--bare``), and prints ``KUBECONFIG=<path>`` as its last
+line, so ``eval "$(gpupack dev cluster up | tail -1)"`` works.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def register(subparsers: Any) -> None:
     dev = subparsers.add_parser("dev", help="developer tooling: a local Kubernetes control plane")
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="SUBCOMMAND")
     cluster = dev_sub.add_parser(
-        "cluster", help="run etcd + kube-apiserver + kube-scheduler on loopback"
+        "cluster", help="run etcd + kube-apiserver + kube-scheduler (+ kube-controller-manager) on loopback"
     )
     cluster_sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
 
@@ -33,6 +34,11 @@ def register(subparsers: Any) -> None:
                     help="kube-apiserver port on 127.0.0.1 (default: a free one)")
     up.add_argument("--bare", action="store_true",
                     help="do not apply gpupack's namespace, CRDs and RBAC")
+    up.add_argument("--controller-manager", action="store_true",
+                    help="also run kube-controller-manager with the controllers for ReplicaSets, "
+                         "Deployments, PodDisruptionBudgets, garbage collection, namespace deletion, "
+                         "ServiceAccounts and ResourceClaims (never node-lifecycle: the nodes have no "
+                         "kubelet); built the first time it is asked for (a few minutes); off by default")
     up.set_defaults(handler=cmd_up)
 
     down = cluster_sub.add_parser("down", help="stop it and delete its data")
@@ -44,7 +50,7 @@ def register(subparsers: Any) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from gpupack.devcluster.apply import apply_objects, gpupack_manifests
-    from gpupack.devcluster.binaries import ensure_binaries
+    from gpupack.devcluster.binaries import CONTROLLER_MANAGER, ensure_binaries
     from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 
     if args.port is not None and not 1 <= args.port <= 65535:
@@ -53,6 +59,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     if existing is not None:
         if all(cluster_state.alive(c) for c in existing.components):
             print(f"already running: {existing.server} (stop it with `gpupack dev cluster down`)")
+            if args.controller_manager and CONTROLLER_MANAGER not in {c.name for c in existing.components}:
+                print("note: it runs without kube-controller-manager; `gpupack dev cluster down` first "
+                      "to start one with it", file=sys.stderr)
             print(f"KUBECONFIG={existing.kubeconfig}")
             return EXIT_OK
         print("found a partly stopped cluster; cleaning it up", file=sys.stderr)
@@ -63,11 +72,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     # A failed earlier `up` may have left data behind; never start on stale etcd data.
     shutil.rmtree(directory / "cluster", ignore_errors=True)
     try:
-        binaries = ensure_binaries(progress=sys.stderr)
-        print("starting etcd, kube-apiserver and kube-scheduler ...", file=sys.stderr)
+        binaries = ensure_binaries(progress=sys.stderr, controller_manager=args.controller_manager)
+        names = "etcd, kube-apiserver, kube-scheduler" + (
+            " and kube-controller-manager" if args.controller_manager else "")
+        print(f"starting {names} ...", file=sys.stderr)
         plane = ControlPlane(binaries, ControlPlaneConfig(
             workdir=directory / "cluster", keep_workdir=True, apiserver_port=args.port,
-            tie_to_parent=False,
+            controller_manager=args.controller_manager, tie_to_parent=False,
         ))
         plane.start()
     except DevClusterError as exc:
@@ -118,11 +129,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print("not running (start it with `gpupack dev cluster up`)")
         return EXIT_NO
     running = 0
+    width = max([len("api server"), *(len(c.name) for c in existing.components)])
     for comp in existing.components:
         up = cluster_state.alive(comp)
         running += up
-        print(f"{comp.name:15} {'running' if up else 'STOPPED':8} pid {comp.pid:<7} log {comp.log}")
+        print(f"{comp.name:{width}} {'running' if up else 'STOPPED':8} pid {comp.pid:<7} log {comp.log}")
     ready = apiserver_ready(existing.server, existing.workdir)
-    print(f"{'api server':15} {'ready' if ready else 'NOT READY':8} {existing.server}")
+    print(f"{'api server':{width}} {'ready' if ready else 'NOT READY':8} {existing.server}")
     print(f"KUBECONFIG={existing.kubeconfig}")
     return EXIT_OK if running == len(existing.components) and ready else EXIT_NO

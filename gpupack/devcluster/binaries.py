@@ -1,5 +1,9 @@
 """Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd, helm and kustomize.
 
+kube-controller-manager is optional: only a control plane started with it needs
+it (``ensure_binaries(controller_manager=True)`` builds it), so a cache built
+before it was added keeps serving the callers that need only the three.
+
 The builds themselves are ``tools/k8s/build.sh`` and ``tools/go-tool.sh`` (Go,
 pinned versions, cached by version under ``$GPUPACK_CACHE_DIR`` or
 ``~/.cache/gpupack``); this module only asks them where the binaries live and runs
@@ -12,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -21,14 +26,16 @@ from gpupack.devcluster.errors import BuildFailed, ToolchainMissing
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build.sh"
 GO_TOOL_SCRIPT = REPO_ROOT / "tools" / "go-tool.sh"
-NAMES = ("etcd", "kube-apiserver", "kube-scheduler")
+NAMES = ("etcd", "kube-apiserver", "kube-scheduler")  # every control plane needs these
+CONTROLLER_MANAGER = "kube-controller-manager"
+OPTIONAL_NAMES = (CONTROLLER_MANAGER,)  # built, and required, only when asked for
 # build.sh exit status when Go is missing or too old.
 _EXIT_NO_TOOLCHAIN = 3
 
 
 @dataclass(frozen=True)
 class Binaries:
-    """Paths of the three control-plane binaries."""
+    """Paths of the control-plane binaries: three always needed, kube-controller-manager optional."""
 
     bin_dir: Path
 
@@ -44,8 +51,25 @@ class Binaries:
     def kube_scheduler(self) -> Path:
         return self.bin_dir / "kube-scheduler"
 
-    def missing(self) -> list[str]:
-        return [n for n in NAMES if not os.access(self.bin_dir / n, os.X_OK)]
+    @property
+    def kube_controller_manager(self) -> Path:
+        return self.bin_dir / CONTROLLER_MANAGER
+
+    def missing(self, optional: Sequence[str] = ()) -> list[str]:
+        """The required binaries, and the ``optional`` ones asked for, that are not there."""
+        return [n for n in (*NAMES, *optional) if not os.access(self.bin_dir / n, os.X_OK)]
+
+    def require(self, name: str) -> Path:
+        """The path of binary ``name``; :class:`BuildFailed` naming how to get it if it is missing."""
+        path = self.bin_dir / name
+        if os.access(path, os.X_OK):
+            return path
+        if os.environ.get("GPUPACK_K8S_BIN_DIR"):
+            fix = f"put a {name} binary of the pinned version into GPUPACK_K8S_BIN_DIR={self.bin_dir}"
+        else:
+            fix = (f"run `tools/k8s/build.sh {name}` (needs Go >= 1.26; a few minutes on 2 cores; "
+                   "builds only what is missing)")
+        raise BuildFailed(f"{name} is not built ({path} is missing)", fix)
 
 
 def cached_bin_dir() -> Path:
@@ -63,41 +87,50 @@ def cached_bin_dir() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-def ensure_binaries(progress: TextIO | None = None, build: bool = True) -> Binaries:
+def ensure_binaries(
+    progress: TextIO | None = None, build: bool = True, *, controller_manager: bool = False
+) -> Binaries:
     """The binaries, built first if they are not cached yet.
 
-    Build progress streams to ``progress`` (default stderr). Raises
-    :class:`ToolchainMissing` or :class:`BuildFailed` with the fix.
+    ``controller_manager``: kube-controller-manager is needed too (built if missing);
+    otherwise it is neither built nor required. Build progress streams to
+    ``progress`` (default stderr). Raises :class:`ToolchainMissing` or
+    :class:`BuildFailed` with the fix.
     """
     binaries = Binaries(cached_bin_dir())
-    if not binaries.missing():
+    wanted = (*NAMES, *OPTIONAL_NAMES) if controller_manager else NAMES
+    optional = OPTIONAL_NAMES if controller_manager else ()
+    missing = binaries.missing(optional)
+    if not missing:
         return binaries
     if os.environ.get("GPUPACK_K8S_BIN_DIR"):
         raise BuildFailed(
-            f"GPUPACK_K8S_BIN_DIR={binaries.bin_dir} lacks {', '.join(binaries.missing())}",
-            "point GPUPACK_K8S_BIN_DIR at a directory holding etcd, kube-apiserver and "
-            "kube-scheduler, or unset it to build them with tools/k8s/build.sh",
+            f"GPUPACK_K8S_BIN_DIR={binaries.bin_dir} lacks {', '.join(missing)}",
+            f"point GPUPACK_K8S_BIN_DIR at a directory holding {', '.join(wanted)}, "
+            "or unset it to build them with tools/k8s/build.sh",
         )
     if not build:
         raise BuildFailed(
-            f"control-plane binaries are not built yet ({binaries.bin_dir})",
-            "run tools/k8s/build.sh (needs Go >= 1.26; about 10 minutes on 2 cores the first time)",
+            f"control-plane binaries are not built yet ({', '.join(missing)} in {binaries.bin_dir})",
+            f"run tools/k8s/build.sh {' '.join(missing)} (needs Go >= 1.26; about 10 minutes on 2 cores "
+            "the first time)",
         )
     if shutil.which("go") is None:
         raise ToolchainMissing(
-            "the Go toolchain ('go') is not on PATH, so kube-apiserver, kube-scheduler and "
-            "etcd cannot be built",
+            f"the Go toolchain ('go') is not on PATH, so {', '.join(missing)} cannot be built",
             "install Go >= 1.26 and re-run; or set GPUPACK_K8S_BIN_DIR to prebuilt binaries; "
             "or, to skip the e2e tests deliberately, set GPUPACK_SKIP_E2E=1",
         )
-    status, tail = _stream_build([str(BUILD_SCRIPT)], f"the control plane into {binaries.bin_dir}", progress)
+    # Only what is missing and wanted: build.sh skips the binaries already cached.
+    status, tail = _stream_build([str(BUILD_SCRIPT), *missing], f"{', '.join(missing)} into {binaries.bin_dir}",
+                                 progress)
     if status == _EXIT_NO_TOOLCHAIN:
         raise ToolchainMissing(
             "tools/k8s/build.sh found no usable Go toolchain",
             "install Go >= 1.26 (see the build output above)",
             "\n".join(tail),
         )
-    if status != 0 or binaries.missing():
+    if status != 0 or binaries.missing(optional):
         raise BuildFailed(
             f"tools/k8s/build.sh failed with exit status {status}",
             "read the build output above; re-run tools/k8s/build.sh by hand to retry",

@@ -1,4 +1,4 @@
-"""Command lines of the three components, and how to tell each one is ready.
+"""Command lines of the components, and how to tell each one is ready.
 
 Pure functions of the binaries, the work dir and the ports, so the flags can be
 read in one place (and the reasons for each unusual one with them).
@@ -6,6 +6,7 @@ read in one place (and the reasons for each unusual one with them).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,11 @@ def apiserver_argv(
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
-        # No controller-manager: nothing creates `default` ServiceAccounts, and
-        # nothing would lift the not-ready taint TaintNodesByCondition puts on
-        # new Nodes (see controlplane's module doc). The admission webhooks
+        # No controller-manager by default: nothing creates `default`
+        # ServiceAccounts, and nothing would lift the not-ready taint
+        # TaintNodesByCondition puts on new Nodes (see controlplane's module
+        # doc). The same flags hold with the optional controller-manager, so a
+        # test behaves the same with or without it. The admission webhooks
         # stay enabled: gpupack's webhook is called over TLS on loopback.
         "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
         "--allow-privileged=true",
@@ -125,3 +128,70 @@ def scheduler_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> 
 
 def scheduler_url(ports: dict[str, int]) -> str:
     return f"https://{HOST}:{ports['scheduler']}"
+
+
+# kube-controller-manager's controllers the dev cluster runs unless told otherwise:
+# pods of ReplicaSets/Deployments, PodDisruptionBudget status, owner-reference
+# garbage collection, namespace deletion, `default` ServiceAccounts and their
+# token Secrets, and ResourceClaims for pods' claim templates (DRA). Never
+# node-lifecycle: the dev cluster's Nodes have no kubelet, so it would mark them
+# NotReady, taint them and evict their pods (see NODE_LIFECYCLE). The names are
+# the ones v1.37's `kube-controller-manager --help` lists under --controllers; it
+# also accepts the older short aliases (replicaset, garbagecollector, ...).
+DEFAULT_CONTROLLERS = (
+    "replicaset-controller", "deployment-controller", "disruption-controller",
+    "garbage-collector-controller", "serviceaccount-token-controller", "serviceaccount-controller",
+    "namespace-controller", "resourceclaim-controller",
+)
+# The names (current and old alias) kube-controller-manager accepts for the node-lifecycle controller.
+NODE_LIFECYCLE = ("node-lifecycle-controller", "nodelifecycle")
+
+
+def check_controllers(controllers: Sequence[str]) -> None:
+    """Refuse an empty list, and any that would run node-lifecycle (``*`` does, unless negated)."""
+    if not controllers:
+        raise ValueError("kube-controller-manager needs at least one controller to run")
+    names = set(controllers)
+    if names & set(NODE_LIFECYCLE) or ("*" in names and not {f"-{n}" for n in NODE_LIFECYCLE} & names):
+        raise ValueError(
+            "the dev cluster must not run kube-controller-manager's node-lifecycle controller: its "
+            "Nodes have no kubelet, so it would taint them NotReady and evict their pods; "
+            f"name the controllers to run (default: {','.join(DEFAULT_CONTROLLERS)}), "
+            "or add -node-lifecycle-controller after '*'"
+        )
+
+
+def controller_manager_argv(
+    binaries: Binaries, workdir: Path, ports: dict[str, int], controllers: Sequence[str] = DEFAULT_CONTROLLERS
+) -> list[str]:
+    check_controllers(controllers)
+    pki = workdir / "pki"
+    return [
+        str(binaries.kube_controller_manager),
+        # Its own client certificate, user system:kube-controller-manager, which the
+        # API server's bootstrap RBAC policy binds to the role of that name.
+        f"--kubeconfig={workdir / 'controller-manager.kubeconfig'}",
+        # Each controller acts as its own ServiceAccount in kube-system (bound by the
+        # bootstrap policy to system:controller:<name>), as in a real cluster, so
+        # RBAC gaps show here as they would there.
+        "--use-service-account-credentials=true",
+        # The key that signs ServiceAccount tokens: the API server's
+        # --service-account-signing-key-file; it checks them with sa.pub.
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        # The CA put into ServiceAccount token Secrets.
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--controllers={','.join(controllers)}",
+        # One instance: skip the lease wait.
+        "--leader-elect=false",
+        f"--bind-address={HOST}",
+        f"--secure-port={ports['controller-manager']}",
+        # Like kube-scheduler: a self-signed serving certificate here, and /healthz
+        # open to all (no authentication/authorization kubeconfig is needed for it).
+        f"--cert-dir={workdir / 'controller-manager-certs'}",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager_url(ports: dict[str, int]) -> str:
+    return f"https://{HOST}:{ports['controller-manager']}"

@@ -1,4 +1,4 @@
-"""The local control plane: etcd, kube-apiserver and kube-scheduler on loopback.
+"""The local control plane on loopback: etcd, kube-apiserver, kube-scheduler, optionally kube-controller-manager.
 
     with ControlPlane(ensure_binaries()) as cp:
         api = cp.admin_client()
@@ -9,18 +9,24 @@ certificates and a ServiceAccount signing key, starts etcd (temporary data
 dir), then kube-apiserver (client-certificate and ServiceAccount-token
 authentication, RBAC authorization, admission webhooks enabled), then
 kube-scheduler (with gpupack's shipped packing configuration,
-``manifests/scheduler/kube-scheduler-config.yaml``), waits for each to be
-ready, and writes an admin kubeconfig.
+``manifests/scheduler/kube-scheduler-config.yaml``), then, only with
+``ControlPlaneConfig(controller_manager=True)``, kube-controller-manager (its
+own client certificate, user ``system:kube-controller-manager``; the controllers
+in ``controllers``), waits for each to be ready, and writes an admin kubeconfig.
 ``stop()`` stops them in reverse order and removes the work dir; it is
 idempotent and also runs at interpreter exit.
 
-No kube-controller-manager runs: nothing creates ``default`` ServiceAccounts,
-so the ServiceAccount admission plugin is disabled (pods are admitted without
-token injection); no node-lifecycle controller would remove the
-``node.kubernetes.io/not-ready`` taint, so TaintNodesByCondition is disabled
-too (a Node created through the API is schedulable at once, as a Node whose
-kubelet reported Ready); and namespaces are never finalized after deletion, so
-tests use fresh namespaces instead of deleting them.
+By default no kube-controller-manager runs (start-up stays a few seconds):
+nothing creates ``default`` ServiceAccounts, so the ServiceAccount admission
+plugin is disabled (pods are admitted without token injection); no
+node-lifecycle controller would remove the ``node.kubernetes.io/not-ready``
+taint, so TaintNodesByCondition is disabled too (a Node created through the API
+is schedulable at once, as a Node whose kubelet reported Ready); and namespaces
+are never finalized after deletion, so tests use fresh namespaces instead of
+deleting them. With the controller-manager, ReplicaSets get pods, PDBs get a
+status, owned objects are garbage-collected and deleted namespaces go away;
+the API server's flags stay the same, and node-lifecycle never runs (the Nodes
+have no kubelet: it would taint and evict).
 """
 
 from __future__ import annotations
@@ -38,12 +44,13 @@ from typing import Any
 import httpx
 
 from gpupack.devcluster import clients, components, kubeconfig, pki
-from gpupack.devcluster.binaries import Binaries
+from gpupack.devcluster.binaries import CONTROLLER_MANAGER, Binaries
 from gpupack.devcluster.errors import DevClusterError
 from gpupack.devcluster.state import Component, DevClusterRecord
 from gpupack.devcluster.process import ManagedProcess, check_port_free, free_port, wait_until
 
 ADMIN_USER = "gpupack-admin"
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 
 
 def _default_timeout() -> float:
@@ -59,12 +66,20 @@ class ControlPlaneConfig:
     apiserver_port: int | None = None
     etcd_port: int | None = None
     scheduler: bool = True
+    controller_manager: bool = False
+    """Also run kube-controller-manager (off by default: start-up time, and most tests need no controllers)."""
+    controllers: tuple[str, ...] = components.DEFAULT_CONTROLLERS
+    """kube-controller-manager's ``--controllers`` (only with ``controller_manager``); never node-lifecycle."""
     authorization_config: Path | None = None
     """kube-apiserver's ``--authorization-config`` (default: ``--authorization-mode=RBAC``)."""
     start_timeout_s: float = field(default_factory=_default_timeout)  # GPUPACK_START_TIMEOUT
     # Kill the components when the starting process dies (tests); False for
     # `gpupack dev cluster up`, whose components outlive the command.
     tie_to_parent: bool = True
+
+    def __post_init__(self) -> None:
+        if self.controller_manager:
+            components.check_controllers(self.controllers)
 
 
 class ControlPlane:
@@ -112,12 +127,17 @@ class ControlPlane:
         began = time.monotonic()
         atexit.register(self.stop)
         try:
+            if self.config.controller_manager:
+                # Before anything starts: a missing binary is a fix to name, not a half-started cluster.
+                self.binaries.require(CONTROLLER_MANAGER)
             self._pick_ports()
             self._write_pki()
             self._start_etcd()
             self._start_apiserver()
             if self.config.scheduler:
                 self._start_scheduler()
+            if self.config.controller_manager:
+                self._start_controller_manager()
         except BaseException:
             self.stop()
             raise
@@ -134,7 +154,7 @@ class ControlPlane:
 
     def stop_component(self, name: str) -> None:
         """Stop one component alone (an outage, for fault benchmarks): ``etcd`` (its data stays),
-        ``kube-apiserver`` or ``kube-scheduler``; the others keep running."""
+        ``kube-apiserver``, ``kube-scheduler`` or ``kube-controller-manager``; the others keep running."""
         proc = next((p for p in self.processes if p.name == name), None)
         if proc is None:
             raise RuntimeError(f"{name} is not running")
@@ -144,7 +164,8 @@ class ControlPlane:
     def start_component(self, name: str) -> None:
         """Start a stopped component again on the same ports, PKI and data, and wait until it is ready."""
         starters = {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver,
-                    "kube-scheduler": self._start_scheduler}
+                    "kube-scheduler": self._start_scheduler,
+                    CONTROLLER_MANAGER: self._start_controller_manager}
         if name not in starters:
             raise ValueError(f"unknown component {name!r}; one of {', '.join(starters)}")
         if any(p.name == name for p in self.processes):
@@ -213,6 +234,8 @@ class ControlPlane:
             "etcd-peer": free_port(),
             "scheduler": free_port(),
         }
+        if cfg.controller_manager:
+            self.ports["controller-manager"] = free_port()
 
     def _write_pki(self) -> None:
         d = self.workdir / "pki"
@@ -236,6 +259,14 @@ class ControlPlane:
             self.server, self.ca.cert_pem, "system:kube-scheduler",
             client_cert_pem=sched.cert_pem, client_key_pem=sched.key_pem,
         ))
+        if self.config.controller_manager:
+            # The user the bootstrap RBAC policy binds to ClusterRole system:kube-controller-manager.
+            kcm = self.ca.issue(CONTROLLER_MANAGER_USER, client=True)
+            kubeconfig.write_kubeconfig(
+                self.workdir / "controller-manager.kubeconfig", kubeconfig.kubeconfig_dict(
+                    self.server, self.ca.cert_pem, CONTROLLER_MANAGER_USER,
+                    client_cert_pem=kcm.cert_pem, client_key_pem=kcm.key_pem,
+                ))
 
     def _launch(self, name: str, argv: list[str]) -> ManagedProcess:
         proc = ManagedProcess(name, argv, self.log_dir / f"{name}.log",
@@ -270,6 +301,20 @@ class ControlPlane:
         insecure.verify_mode = ssl.CERT_NONE
         wait_until(lambda: _http_ok(f"{url}/readyz", "ok", insecure),
                    f"kube-scheduler {url}/readyz", self.config.start_timeout_s, proc)
+
+    def _start_controller_manager(self) -> None:
+        if not self.config.controller_manager:  # no port, certificate or kubeconfig was made for it
+            raise RuntimeError("kube-controller-manager is not part of this control plane: start it "
+                               "with ControlPlaneConfig(controller_manager=True)")
+        argv = components.controller_manager_argv(self.binaries, self.workdir, self.ports, self.config.controllers)
+        proc = self._launch(CONTROLLER_MANAGER, argv)
+        url = components.controller_manager_url(self.ports)
+        # Self-signed serving cert in --cert-dir, like kube-scheduler; /healthz is open to all.
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        wait_until(lambda: _http_ok(f"{url}/healthz", "ok", insecure),
+                   f"kube-controller-manager {url}/healthz", self.config.start_timeout_s, proc)
 
 
 def apiserver_ready(server: str, workdir: str | Path) -> bool:

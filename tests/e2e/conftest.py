@@ -11,6 +11,8 @@ Fixture API (see docs/controlplane.md):
 
 * ``helm``, ``kustomize`` -> paths of the pinned binaries (``tools/<tool>/build.sh``)
 * ``private_control_plane`` -> a module's own control plane (no kube-scheduler)
+* ``controller_manager_plane`` -> a module's own control plane with kube-controller-manager
+  (its default controllers; no kube-scheduler), built on demand like the others
 * ``control_plane`` -> :class:`gpupack.devcluster.controlplane.ControlPlane`
   (``.kubeconfig``, ``.server``, ``.ca`` to issue webhook serving certs,
   ``.admin_client()``, ``.serviceaccount_kubeconfig(name)``, ...)
@@ -43,6 +45,7 @@ SKIP_ENV = "GPUPACK_SKIP_E2E"
 E2E_DIR = Path(__file__).resolve().parent
 _binaries: Binaries | None = None
 _build_error: str | None = None
+_controller_manager_error: str | None = None
 _tools: dict[str, Path] = {}
 _tool_errors: dict[str, str] = {}
 
@@ -53,8 +56,11 @@ def _skip_requested() -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark e2e tests; build the binaries once if any e2e test will run."""
-    global _binaries, _build_error
+    global _binaries, _build_error, _controller_manager_error
     e2e = [item for item in items if E2E_DIR in Path(str(item.path)).parents]
+    # kube-controller-manager is optional: built only if a collected test needs it.
+    with_controller_manager = any(CONTROLLER_MANAGER_FIXTURE in getattr(item, "fixturenames", ())
+                                  for item in e2e)
     for item in e2e:
         item.add_marker(pytest.mark.e2e)
     if not e2e or _skip_requested() or _binaries is not None or _build_error is not None:
@@ -68,6 +74,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         _build_error = str(exc)
     except Exception as exc:  # noqa: BLE001 - report any build breakage as the tests' failure
         _build_error = f"building the control plane failed unexpectedly: {exc!r}"
+    if with_controller_manager and _binaries is not None:
+        try:
+            with capture.global_and_fixture_disabled():
+                ensure_binaries(progress=sys.stderr, controller_manager=True)
+        except DevClusterError as exc:
+            _controller_manager_error = str(exc)
+        except Exception as exc:  # noqa: BLE001
+            _controller_manager_error = f"building kube-controller-manager failed unexpectedly: {exc!r}"
     for name, ensure in (("helm", ensure_helm), ("kustomize", ensure_kustomize)):
         try:
             with capture.global_and_fixture_disabled():
@@ -129,6 +143,29 @@ def private_control_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]
     from gpupack.devcluster.controlplane import ControlPlaneConfig
 
     own = ControlPlane(control_plane.binaries, ControlPlaneConfig(scheduler=False)).start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+CONTROLLER_MANAGER_FIXTURE = "controller_manager_plane"
+
+
+@pytest.fixture(scope="module")
+def controller_manager_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane of the module's own with kube-controller-manager (default controllers,
+    no kube-scheduler); fails with the cause and fix when kube-controller-manager cannot be built."""
+    from gpupack.devcluster.controlplane import ControlPlaneConfig
+
+    if _controller_manager_error is not None:
+        pytest.fail(f"cannot run this test: kube-controller-manager is unavailable.\n{_controller_manager_error}\n"
+                    f"(set {SKIP_ENV}=1 only to skip the e2e tests on purpose)", pytrace=False)
+    config = ControlPlaneConfig(scheduler=False, controller_manager=True)
+    try:
+        own = ControlPlane(control_plane.binaries, config).start()
+    except DevClusterError as exc:
+        pytest.fail(f"the control plane with kube-controller-manager did not start:\n{exc}", pytrace=False)
     try:
         yield own
     finally:

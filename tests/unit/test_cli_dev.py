@@ -35,3 +35,35 @@ def test_a_command_group_that_fails_to_import_is_an_error_not_a_gap(monkeypatch:
     monkeypatch.setattr(cli, "COMMAND_MODULES", (*cli.COMMAND_MODULES, "gpupack.cli_missing"))
     with pytest.raises(ModuleNotFoundError, match="gpupack.cli_missing"):
         cli.build_parser()
+
+
+@pytest.mark.parametrize("flags, wanted", [([], False), (["--controller-manager"], True)], ids=["default", "flag"])
+def test_up_asks_for_the_controller_manager_only_with_the_flag(
+    flags: list[str], wanted: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``up --controller-manager`` needs (and builds) kube-controller-manager; plain ``up`` does not."""
+    import gpupack.devcluster.binaries as binaries
+    from gpupack.devcluster.errors import BuildFailed
+
+    asked: list[bool] = []
+
+    def ensure(progress: object = None, build: bool = True, *, controller_manager: bool = False) -> None:
+        asked.append(controller_manager)
+        raise BuildFailed("no binaries in this test", "none needed")
+
+    monkeypatch.setenv("GPUPACK_DEVCLUSTER_DIR", str(tmp_path))
+    monkeypatch.setattr(binaries, "ensure_binaries", ensure)
+    assert main(["dev", "cluster", "up", *flags]) == 1
+    assert asked == [wanted]
+    assert "no binaries in this test" in capsys.readouterr().err
+
+
+def test_up_help_describes_the_controller_manager_flag(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping inside words
+    with pytest.raises(SystemExit):
+        main(["dev", "cluster", "up", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--controller-manager also run kube-controller-manager" in out and "never node-lifecycle" in out

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Build the real control-plane binaries gpupack's e2e tests run against:
-# kube-apiserver and kube-scheduler (k8s.io/kubernetes) and etcd
-# (go.etcd.io/etcd), at the versions pinned in versions.env.
+# kube-apiserver, kube-scheduler and kube-controller-manager (k8s.io/kubernetes)
+# and etcd (go.etcd.io/etcd), at the versions pinned in versions.env.
 #
 # The binaries are cached by version outside the repository, in
 #   ${GPUPACK_CACHE_DIR:-~/.cache/gpupack}/k8s/<versions>/bin/
-# so the first build costs minutes (about 10 on a 2-core VM) and later runs
-# return at once. Prints the bin directory as its last line on success.
+# so the first build costs minutes (about 10 on a 2-core VM for the first
+# three; kube-controller-manager adds a few more) and later runs return at
+# once. Only the binaries missing from the bin dir are compiled, so adding a
+# binary to the list does not rebuild the ones already cached. Prints the bin
+# directory as its last line on success.
 #
-# Usage: tools/k8s/build.sh [--print-bin-dir]
+# Usage: tools/k8s/build.sh [--print-bin-dir] [BINARY...]
 #   --print-bin-dir  only print where the binaries go; build nothing.
+#   BINARY...        build only these (any of: kube-apiserver kube-scheduler
+#                    kube-controller-manager etcd) if missing; default: all.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -19,7 +24,9 @@ source "${here}/versions.env"
 cache_root="${GPUPACK_CACHE_DIR:-${HOME}/.cache/gpupack}"
 tag="kube-${KUBERNETES_VERSION}_etcd-${ETCD_VERSION}"
 bin_dir="${cache_root}/k8s/${tag}/bin"
-binaries=(kube-apiserver kube-scheduler etcd)
+# The binaries from k8s.io/kubernetes (each is k8s.io/kubernetes/cmd/<name>), then etcd.
+kube_binaries=(kube-apiserver kube-scheduler kube-controller-manager)
+all_binaries=("${kube_binaries[@]}" etcd)
 
 if [[ "${1:-}" == "--print-bin-dir" ]]; then
     echo "${bin_dir}"
@@ -28,14 +35,23 @@ fi
 
 log() { echo "[gpupack build $(date -u +%H:%M:%S)] $*" >&2; }
 
-all_present() {
-    local b
+if (( $# > 0 )); then
+    binaries=("$@")
     for b in "${binaries[@]}"; do
-        [[ -x "${bin_dir}/${b}" ]] || return 1
+        [[ " ${all_binaries[*]} " == *" ${b} "* ]] || {
+            log "ERROR: unknown binary '${b}'; known: ${all_binaries[*]}"; exit 2; }
     done
-}
+else
+    binaries=("${all_binaries[@]}")
+fi
 
-if all_present; then
+# The requested binaries not yet in bin_dir (each is checked on its own).
+missing=()
+for b in "${binaries[@]}"; do
+    [[ -x "${bin_dir}/${b}" ]] || missing+=("${b}")
+done
+
+if (( ${#missing[@]} == 0 )); then
     log "cached: ${bin_dir} (kube ${KUBERNETES_VERSION}, etcd ${ETCD_VERSION})"
     echo "${bin_dir}"
     exit 0
@@ -43,18 +59,26 @@ fi
 
 # shellcheck source=../go-env.sh
 source "${here}/../go-env.sh"
-require_go "k8s.io/kubernetes ${KUBERNETES_VERSION}" "put prebuilt binaries (${binaries[*]}) into ${bin_dir}"
+require_go "k8s.io/kubernetes ${KUBERNETES_VERSION}" "put prebuilt binaries (${missing[*]}) into ${bin_dir}"
 
-# Build into a scratch dir next to the final one and rename at the end, so an
-# interrupted build never leaves a half-written binary that looks cached.
+# Build into a scratch dir next to the final one and move each binary in at the
+# end (a rename on the same file system), so an interrupted build never leaves
+# a half-written binary that looks cached.
 mkdir -p "$(dirname "${bin_dir}")"
 work="$(mktemp -d "${cache_root}/k8s/.build.XXXXXX")"
 trap 'rm -rf "${work}"' EXIT
 mkdir -p "${work}/bin"
 
+kube_missing=()
+etcd_missing=false
+for b in "${missing[@]}"; do
+    if [[ "${b}" == etcd ]]; then etcd_missing=true; else kube_missing+=("${b}"); fi
+done
+
 start=$(date +%s)
-log "building kube ${KUBERNETES_VERSION} + etcd ${ETCD_VERSION} with $(go env GOVERSION) ($(nproc) CPUs)"
-log "first build: downloads ~210 MB of modules, then compiles (about 10 min on 2 cores)"
+log "building ${missing[*]} (kube ${KUBERNETES_VERSION}, etcd ${ETCD_VERSION}) with $(go env GOVERSION) ($(nproc) CPUs)"
+log "a first build downloads ~210 MB of modules, then compiles (about 10 min on 2 cores for the"
+log "  first three; kube-controller-manager adds minutes, less with a warm Go build cache)"
 
 # Version stamps the way Kubernetes' own build (hack/lib/version.sh) sets them,
 # so /version and the components' logs report the real release.
@@ -67,30 +91,40 @@ minor="${kv#*.}"; ldflags+=" -X ${vpkg}.gitMinor=${minor%%.*}"
 ldflags+=" -X ${vpkg}.gitTreeState=clean"
 ldflags+=" -X ${vpkg}.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 
-log "[1/4] downloading k8s.io/kubernetes modules"
-(cd "${here}/kubernetes" && go mod download) || {
-    log "ERROR: downloading modules failed (see above). Fix: check that the Go module proxy"
-    log "       (go env GOPROXY) is reachable, or pre-fill the module cache (go env GOMODCACHE)."
-    exit 5; }
-(cd "${here}/etcd" && go mod download) || exit 5
+if (( ${#kube_missing[@]} > 0 )); then
+    log "[1/4] downloading k8s.io/kubernetes modules"
+    (cd "${here}/kubernetes" && go mod download) || {
+        log "ERROR: downloading modules failed (see above). Fix: check that the Go module proxy"
+        log "       (go env GOPROXY) is reachable, or pre-fill the module cache (go env GOMODCACHE)."
+        exit 5; }
+    pkgs=()
+    for b in "${kube_missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/${b}"); done
+    log "[2/4] compiling ${kube_missing[*]} (the long step)"
+    (cd "${here}/kubernetes" && go build -trimpath -ldflags="${ldflags}" -o "${work}/bin/" "${pkgs[@]}")
+    log "    done after $(( $(date +%s) - start ))s"
+else
+    log "[1-2/4] kube binaries cached, nothing to compile"
+fi
 
-log "[2/4] compiling kube-apiserver and kube-scheduler (the long step)"
-(cd "${here}/kubernetes" && go build -trimpath -ldflags="${ldflags}" -o "${work}/bin/" \
-    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler)
-log "    done after $(( $(date +%s) - start ))s"
-
-log "[3/4] compiling etcd ${ETCD_VERSION}"
-(cd "${here}/etcd" && go build -trimpath -ldflags="-s -w" -o "${work}/bin/etcd" go.etcd.io/etcd/server/v3)
-log "    done after $(( $(date +%s) - start ))s"
+if [[ "${etcd_missing}" == true ]]; then
+    log "[3/4] compiling etcd ${ETCD_VERSION}"
+    (cd "${here}/etcd" && go mod download) || exit 5
+    (cd "${here}/etcd" && go build -trimpath -ldflags="-s -w" -o "${work}/bin/etcd" go.etcd.io/etcd/server/v3)
+    log "    done after $(( $(date +%s) - start ))s"
+else
+    log "[3/4] etcd cached, nothing to compile"
+fi
 
 log "[4/4] checking the binaries run"
-for b in "${binaries[@]}"; do
+for b in "${missing[@]}"; do
     "${work}/bin/${b}" --version >/dev/null 2>&1 || {
         log "ERROR: ${b} --version failed after a successful build"; exit 4; }
+    "${work}/bin/${b}" --version >&2
 done
-"${work}/bin/kube-apiserver" --version >&2
 
-rm -rf "${bin_dir}"
-mv "${work}/bin" "${bin_dir}"
-log "built in $(( $(date +%s) - start ))s into ${bin_dir}"
+mkdir -p "${bin_dir}"
+for b in "${missing[@]}"; do
+    mv -f "${work}/bin/${b}" "${bin_dir}/${b}"
+done
+log "built ${missing[*]} in $(( $(date +%s) - start ))s into ${bin_dir}"
 echo "${bin_dir}"
