@@ -74,6 +74,11 @@ class Kube(KubeClient):
         call(self._core.patch_namespaced_pod, name, namespace, dict(body),
              _content_type=MERGE_PATCH, _preload_content=False, idempotent=True)
 
+    def evict_pod(self, namespace: str, name: str) -> None:
+        """The Eviction API (honours PodDisruptionBudgets: 429 while one forbids it)."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        call(self._core.create_namespaced_pod_eviction, name, namespace, body, _preload_content=False)
+
     # ------------------------------------------------------------------ lease
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -86,6 +86,8 @@ class ControllerMetrics:
         )
         self.releases = PromCounter("gpupack_gate_releases", "Gates lifted (pods pinned and released).", registry=r)
         self.reshapes = PromCounter("gpupack_gpu_reshapes", "GPU layout changes written.", ["kind"], registry=r)
+        self.evictions = PromCounter("gpupack_gpu_fault_evictions", "Pods evicted from failed GPUs or MIG instances "
+                                     "(--evict-on-gpu-fault).", registry=r)
         self.sharing_changes = PromCounter("gpupack_node_sharing_changes", "Node sharing changes written.", ["reason"], registry=r)
         self.reconcile_errors = PromCounter("gpupack_controller_reconcile_errors", "Failed API writes or cycles.", ["stage"], registry=r)
         self.cycles = Histogram(

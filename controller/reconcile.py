@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from controller.evictions import evictions
 from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas, right_size
 from controller.kube import Kube
 from controller.migplan import LayoutChange
@@ -56,6 +57,8 @@ def utcnow() -> datetime:
 class CycleReport:
     plan: Plan = field(default_factory=Plan)
     released: list[str] = field(default_factory=list)
+    evicted: list[str] = field(default_factory=list)
+    """Pods evicted from failed GPUs this cycle (``--evict-on-gpu-fault``)."""
     errors: list[str] = field(default_factory=list)
     replica_changes: list[tuple[str, int, int]] = field(default_factory=list)
     recommendations: int = 0
@@ -113,6 +116,8 @@ class Controller:
         self._apply_layouts(result, by_name, report)
         self._publish_mig_configs(requests, report)
         self._release(result, pod_objs, now, report)
+        if self.settings.evict_on_gpu_fault:
+            self._evict(gpunodes, pod_objs, report)
         if self.settings.feedback:
             self._feedback(snapshot, result, by_name, now, report)
         if self.settings.right_size:
@@ -211,6 +216,28 @@ class Controller:
             log.info("mig-configs: %s holds %s", where, ", ".join(request.name for _, request in requests))
             return
         self._fail(report, "mig-configs", f"{where} kept changing under us; trying again next cycle")
+
+    def _evict(self, gpunodes: list[dict[str, Any]], pod_objs: Mapping[str, dict[str, Any]],
+               report: CycleReport) -> None:
+        """Evict the pods of failed devices that their controllers recreate (``controller.evictions``)."""
+        for eviction in evictions(gpunodes, pod_objs):
+            try:
+                self.kube.evict_pod(eviction.namespace, eviction.name)
+            except KubeError as exc:
+                if exc.status == 429:  # a PodDisruptionBudget says not now: next cycle
+                    log.info("eviction of %s waits for its PodDisruptionBudget: %s", eviction.key, exc)
+                elif not exc.not_found:
+                    self._fail(report, "evict", f"{eviction.key}: {exc}")
+                continue
+            report.evicted.append(eviction.key)
+            self.metrics.evictions.inc()
+            log.info("evicted %s: %s", eviction.key, eviction.why)
+            try:
+                self.kube.event({"apiVersion": "v1", "kind": "Pod", "namespace": eviction.namespace,
+                                 "name": eviction.name}, "Warning", "EvictedFromFailedGpu",
+                                f"gpupack evicted this pod: {eviction.why}; its controller recreates it elsewhere")
+            except KubeError as exc:
+                log.warning("event on %s not recorded: %s", eviction.key, exc)
 
     def _note_skipped(self, entries: tuple[str, ...]) -> None:
         """Log the GPUNode entries the one reader (``sharing.gpunode``) left out, once each; count them."""

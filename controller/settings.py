@@ -65,6 +65,11 @@ class ControllerSettings:
     """A GPUNode whose agent has not written its status for this long is stale: the planner
     neither places pods on it nor waits for capacity being created there. Three of the
     agent's 60 s heartbeats, so one slow patch is not mistaken for a dead agent."""
+    evict_on_gpu_fault: bool = False
+    """Evict the pods of a failed GPU or MIG instance through the Eviction API (PodDisruptionBudgets
+    honoured) when a controller other than a DaemonSet will recreate them elsewhere. Off by default:
+    a pod may still run on a GPU with, say, a pending page retirement, and only its owner knows
+    whether a restart costs more than the risk (``controller.evictions``)."""
     mig_parted_namespace: str = GPU_OPERATOR_NAMESPACE
     mig_parted_configmap: str = MIG_PARTED_CONFIGMAP
     """GPU Operator mode: the ConfigMap (in ``mig_parted_namespace``) mig-manager reads. The

@@ -12,6 +12,9 @@ reports, as JSON, without talking to Kubernetes: the same node snapshot the
 agent publishes. (``gpupack agent inventory`` is its old name; it still works,
 with a warning, and will be removed in a later release.)
 
+``gpupack agent fault`` (simulation) and ``gpupack agent health`` handle GPU
+faults by hand: see ``gpupack agent health --help``.
+
 Exit codes: 0 = ok, 1 = NVML unavailable (snapshot), 2 = bad input.
 """
 
@@ -187,4 +190,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     old_name = sub.add_parser("inventory")  # no help: left out of the listing, kept for old scripts
     _common(old_name)
     old_name.set_defaults(handler=_deprecated_inventory)
+    from gpupack import cli_agent_health
+
+    cli_agent_health.register(sub)
     parser.set_defaults(handler=lambda _args: (parser.print_help(), EXIT_BAD_INPUT)[1])

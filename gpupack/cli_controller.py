@@ -28,6 +28,7 @@ def _settings(args: argparse.Namespace) -> Any:
         "metrics_port": args.metrics_port, "identity": args.identity, "lease_seconds": args.lease_seconds,
         "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "log_level": args.log_level,
         "feedback": False if args.no_feedback else None,
+        "evict_on_gpu_fault": True if args.evict_on_gpu_fault else None,
         "namespaces": args.namespaces, "agent_stale_seconds": args.agent_stale_seconds,
         "mig_parted_namespace": args.mig_parted_namespace, "mig_parted_configmap": args.mig_parted_configmap,
     }
@@ -94,6 +95,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--namespaces", help="comma-separated namespaces whose pods to place (default: all)")
     p.add_argument("--no-feedback", action="store_true", help="do not run the replica feedback loop")
+    p.add_argument("--evict-on-gpu-fault", action="store_true",
+                   help="evict pods of a failed GPU or MIG instance (Eviction API, PodDisruptionBudgets honoured) "
+                        "when a controller other than a DaemonSet recreates them; default: leave them running")
     p.add_argument("--agent-stale-seconds", type=positive_float,
                    help="treat a GPUNode whose agent has been silent this long as stale (default 180)")
     p.add_argument("--mig-parted-namespace", help="GPU Operator mode: namespace of mig-manager's ConfigMap "

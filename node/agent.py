@@ -50,7 +50,7 @@ from node import conditions as C
 from node.dcgm import Activity, parse_activity
 from node.advertising import advertiser_for
 from node.health.monitor import HealthMonitor
-from node.snapshot import GpuSnapshot, NodeSnapshot, read_snapshot, status_from_snapshot
+from node.snapshot import GpuSnapshot, NodeSnapshot, known_from_status, read_snapshot, status_from_snapshot
 from node.layouts import layouts_for
 from node.kube import Kube
 from node.metrics import AgentMetrics
@@ -182,6 +182,8 @@ class Agent:
             spec = None
             conds.append(C.Cond(C.SPEC_VALID, "False", "InvalidSpec", str(exc)[:2000]))
 
+        if not self._known:  # a restarted agent: a GPU lost meanwhile is reported as its predecessor saw it
+            self._known = known_from_status(status)
         snapshot = self.snapshot()
         uses = pod_uses(self.kube.list_node_pods(name), name)
         replicas = spec.sharing.replicas if spec else 1
@@ -197,7 +199,7 @@ class Agent:
         self.health.refresh_table(self, self.s.namespace, now)
         self.health.tick(self, snapshot, obj, self.busy_ctx[0], dt.datetime.fromtimestamp(now, dt.timezone.utc),
                          shared=shared)
-        self.advertiser.health(self, self.health.withdrawn(snapshot), self.health.plugin_restart_needed())
+        self.advertiser.health(self, self.health.withdrawn(snapshot), self.health.plugin_restart_needed(snapshot))
         conds.append(self.health.condition(snapshot))
         if snapshot.error:
             conds.append(C.Cond(C.NVML_READY, "False", "NvmlUnavailable", snapshot.error))
@@ -228,6 +230,7 @@ class Agent:
                       refusals)
         busy_gi = {g.info.index: g.busy_gi_ids() for g in snapshot.gpus}
         self.metrics.observe(snapshot, busy_gi)
+        self.metrics.observe_health(self.health.last, snapshot, now)
         return wait
 
     def _mark_node(self, node: Mapping[str, Any], gpu_count: int) -> None:
@@ -308,7 +311,8 @@ class Agent:
                                     dt.datetime.fromtimestamp(now, dt.timezone.utc))
         status = status_from_snapshot(snapshot, self.busy_ctx[0], observed_generation=generation, sharing=sharing,
                                       conditions=merged, reconfiguration=None, refusals=refusals,
-                                      health=self.health.health_by_device(), degraded=self.health.last.degraded)
+                                      health=self.health.health_by_device(), degraded=self.health.last.degraded,
+                                      memory_signals=self.health.tracker.memory_seen)
         changed = status != self._last_status
         if now - self._last_patch < self.s.min_patch_seconds and not (changed and generation != (self._last_status or {}).get("observedGeneration")):
             return

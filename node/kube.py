@@ -73,6 +73,11 @@ class Kube(KubeClient):
         finally:
             stream.stop()  # type: ignore[no-untyped-call]
 
+    def annotate_gpunode(self, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge ``annotations`` into the GPUNode's (None removes one)."""
+        call(self._custom.patch_cluster_custom_object, GROUP, VERSION, PLURAL, name,
+             {"metadata": {"annotations": dict(annotations)}}, _content_type=MERGE_PATCH, idempotent=True)
+
     def list_sharing_policies(self) -> list[dict[str, Any]]:
         listing = cast(dict[str, Any], call(self._custom.list_cluster_custom_object, GROUP, VERSION,
                                             "sharingpolicies", idempotent=True))

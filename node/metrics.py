@@ -1,10 +1,29 @@
-"""Prometheus metrics of the node agent (own registry, served on ``metrics_port``)."""
+"""Prometheus metrics of the node agent (own registry, served on ``metrics_port``).
+
+Label conventions: ``gpu`` is the NVML index, ``gi`` a MIG GPU-instance id (empty
+for a fault on the whole GPU), both as decimal strings. The node is not a label:
+the scrape attaches it (the dashboard and the alert rules group by ``node`` and
+``instance``).
+
+Health (``observe_health``, fed each tick with the ``node.health`` tracker's
+report): ``gpupack_gpu_healthy``, ``gpupack_mig_instance_healthy``,
+``gpupack_gpu_xid_errors_total``, ``gpupack_gpu_fault_seconds``,
+``gpupack_node_gpu_degraded`` (docs/health-metrics.md).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from datetime import datetime, timezone
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from node.health.tracker import HealthReport
 from node.snapshot import NodeSnapshot
+
+XID_KINDS = ("application", "unhealthy", "unknown")
+"""``kind`` of ``gpupack_gpu_xid_errors_total``: the application's fault (device stays healthy), an XID
+the table marks as a device fault, an XID the table does not know (also a device fault)."""
 
 
 class AgentMetrics:
@@ -35,6 +54,36 @@ class AgentMetrics:
             "gpupack_agent_consecutive_failures", "Agent ticks failed in a row (API server or NVML down).", registry=r)
         self.backoff_seconds = Gauge(
             "gpupack_agent_backoff_seconds", "Pause before the next attempt after a failure; 0 while healthy.", registry=r)
+        # Health (node.health): see observe_health.
+        self.gpu_healthy = Gauge(
+            "gpupack_gpu_healthy",
+            "1 if the GPU has no fault on the whole GPU, 0 while one lasts (XID, ECC, pending retirement or "
+            "remapping, lost GPU; ended only by a reset, a reboot or an admin's acknowledgement). "
+            "Faults of single MIG instances are in gpupack_mig_instance_healthy.",
+            ["gpu", "uuid"], registry=r)
+        self.instance_healthy = Gauge(
+            "gpupack_mig_instance_healthy",
+            "1 if the MIG instance (GPU-instance id gi) has no fault of its own, 0 while one lasts; "
+            "only for instances that exist.", ["gpu", "gi"], registry=r)
+        self.xid_errors = Counter(
+            "gpupack_gpu_xid_errors",
+            "Critical XID errors NVML reported, by code and kind: application (the workload's error, the "
+            "device stays healthy), unhealthy (raised a fault; further XIDs on an already faulted device "
+            "are not counted), unknown (not in the XID table: raises a fault too).",
+            ["gpu", "xid", "kind"], registry=r)
+        self.fault_seconds = Gauge(
+            "gpupack_gpu_fault_seconds",
+            "Seconds since the fault in force began, per GPU (gi empty) or MIG instance, by reason; "
+            "the series goes when the fault ends.", ["gpu", "gi", "reason"], registry=r)
+        self.degraded = Gauge(
+            "gpupack_node_gpu_degraded",
+            "1 while a GPU or MIG instance has a fault the device plugin keeps advertising: the node is "
+            "labelled degraded and gpupack keeps new pods off it; else 0.", registry=r)
+        self._series: dict[Gauge, set[tuple[str, ...]]] = {}
+        """Label values set per health gauge, so series of devices or faults that went can be removed."""
+        self._gpu_uuids: dict[int, str] = {}
+        self._instances: frozenset[tuple[int, int]] = frozenset()
+        """Devices of the last snapshot NVML answered: kept while NVML is down, so faults stay visible."""
 
     def serve(self, port: int) -> None:
         if port:
@@ -56,3 +105,43 @@ class AgentMetrics:
                 self.memory.labels(index).set(gpu.utilization.memory_used_mib)
                 if gpu.utilization.gpu_percent is not None:
                     self.util.labels(index).set(gpu.utilization.gpu_percent)
+
+    def observe_health(self, report: HealthReport, snapshot: NodeSnapshot, now: float) -> None:
+        """Health metrics from one tick's report (``HealthMonitor.last``); ``now``: Unix time. Pure with respect
+        to the API; call once per tick (the XID counter counts what ``report`` says began in that tick).
+
+        GPUs and instances are those of ``snapshot``; while NVML does not answer (``snapshot.error``) the
+        last ones seen stay, so a fault's 0 does not vanish with the outage. Each gauge is set series by
+        series and only the ones that went are removed (no ``clear()``: a scrape never sees a gap).
+        """
+        if snapshot.error is None:
+            self._gpu_uuids = {g.info.index: g.info.uuid for g in snapshot.gpus}
+            self._instances = frozenset((g.info.index, i.gi_id) for g in snapshot.gpus for i in g.instances)
+        faults = report.faults
+        self._sync(self.gpu_healthy, {(str(index), uuid): 0.0 if (index, None) in faults else 1.0
+                                      for index, uuid in self._gpu_uuids.items()})
+        self._sync(self.instance_healthy, {(str(index), str(gi)): 0.0 if (index, gi) in faults else 1.0
+                                           for index, gi in self._instances})
+        self._sync(self.fault_seconds, {
+            (str(index), "" if gi is None else str(gi), fault.reason): max(0.0, now - _unix(fault.since))
+            for (index, gi), fault in faults.items()})
+        self.degraded.set(1 if report.degraded else 0)
+        for event in report.application_xids:
+            self.xid_errors.labels(str(event.gpu_index), str(event.xid), "application").inc()
+        for event in report.unknown_xids:  # each also began (or joined) a fault "UnknownXid": counted here only
+            self.xid_errors.labels(str(event.gpu_index), str(event.xid), "unknown").inc()
+        for (index, _gi), fault in report.began:
+            if fault.xid is not None and fault.reason != "UnknownXid":
+                self.xid_errors.labels(str(index), str(fault.xid), "unhealthy").inc()
+
+    def _sync(self, gauge: Gauge, wanted: Mapping[tuple[str, ...], float]) -> None:
+        for labels in self._series.get(gauge, set()) - set(wanted):
+            gauge.remove(*labels)
+        for labels, value in wanted.items():
+            gauge.labels(*labels).set(value)
+        self._series[gauge] = set(wanted)
+
+
+def _unix(when: datetime) -> float:
+    """Unix time of ``when``; a naive datetime is read as UTC (how the GPUNode status stores it)."""
+    return (when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)).timestamp()

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mig.catalog import find_model, model_for_pci_device_id
-from mig.model import GpuModel, Profile
+from mig.model import GpuModel, Placement, Profile
 from node.dcgm import Activity, gpu_percent
 from node.nvml.errors import GPU_IS_LOST, NvmlError
 from node.nvml.protocol import DeviceInfo, GpuInstance, NvmlReader, GpuProcess, InstanceProfile, Utilization
-from sharing.crd import DeviceHealth, GPUNodeStatus, LayoutRefusal
+from sharing.crd import DeviceHealth, GPUNodeStatus, GPUStatus, LayoutRefusal, MemorySignalsSeen
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,12 @@ def read_snapshot(backend: NvmlReader, kind: str, dcgm: Activity | None = None,
             info = backend.device_info(index)
         except NvmlError as exc:
             warnings.append(f"GPU {index}: {exc}")
-            if exc.code == GPU_IS_LOST and index in known:
-                # Processes as last seen: they cannot be read, and the pods holding them still hold their devices.
-                gpus.append(replace(known[index], utilization=None, error=str(exc), lost=True, warnings=()))
+            if exc.code == GPU_IS_LOST:
+                # As last seen (processes too: they cannot be read, and the pods holding them still hold their
+                # devices); a GPU never seen answering is reported by its index alone.
+                before = known.get(index) or GpuSnapshot(DeviceInfo(index, "", "unknown", "", "", 0, False, False, False),
+                                                         None)
+                gpus.append(replace(before, utilization=None, error=str(exc), lost=True, warnings=()))
             continue
         try:
             model, notes = _model_for(backend, info)
@@ -123,11 +126,31 @@ def read_snapshot(backend: NvmlReader, kind: str, dcgm: Activity | None = None,
             warnings.extend(notes)
         except NvmlError as exc:
             lost = exc.code == GPU_IS_LOST
-            before = known.get(index)
-            instances = before.instances if lost and before is not None else ()
-            gpus.append(GpuSnapshot(info, before.model if before else None, instances, error=str(exc), lost=lost))
+            seen = known.get(index)
+            instances = seen.instances if lost and seen is not None else ()
+            gpus.append(GpuSnapshot(info, seen.model if seen else None, instances, error=str(exc), lost=lost))
             warnings.append(f"GPU {index}: {exc}")
     return NodeSnapshot(kind, tuple(gpus), warnings=tuple(warnings))
+
+
+def known_from_status(status: Mapping[str, Any]) -> dict[int, GpuSnapshot]:
+    """The GPUs a previous agent reported (``GPUNode.status.gpus``), as a restarted agent's last sight
+    of them: what a GPU that is lost by now is reported as. Entries that do not validate are left out."""
+    known: dict[int, GpuSnapshot] = {}
+    for raw in status.get("gpus") or []:
+        try:
+            gpu = GPUStatus.model_validate(raw)
+        except ValueError:
+            continue
+        model = find_model(gpu.product)
+        info = DeviceInfo(gpu.index, gpu.uuid, gpu.product.replace("-", " "), "", "", gpu.memory_mib,
+                          model is not None, gpu.mig_enabled, gpu.mig_enabled)
+        instances = tuple(
+            GpuInstance(i.gi_id or 0, model.profile(i.profile).profile_id if model and model.has_profile(i.profile) else 0,
+                        i.profile, Placement(i.start, i.size), i.uuid or "")
+            for i in gpu.instances)
+        known[gpu.index] = GpuSnapshot(info, model, instances)
+    return known
 
 
 def status_from_snapshot(
@@ -141,6 +164,7 @@ def status_from_snapshot(
     refusals: Mapping[int, LayoutRefusal] | None = None,
     health: Mapping[tuple[int, int | None], DeviceHealth] | None = None,
     degraded: bool = False,
+    memory_signals: Mapping[int, MemorySignalsSeen] | None = None,
 ) -> dict[str, Any]:
     """Wire form of ``GPUNodeStatus``; ``pods_by_device`` maps a GPU/MIG UUID to ``ns/name`` pods,
     ``refusals`` a GPU index to the agent's answer to a layout it gave up on, ``health`` a device
@@ -178,6 +202,8 @@ def status_from_snapshot(
             "layoutRefusal": None if gpu.info.index not in refusals else
             refusals[gpu.info.index].model_dump(mode="json", by_alias=True),
             "health": None if gpu_fault is None else gpu_fault.model_dump(mode="json", by_alias=True),
+            "memorySignals": None if gpu.info.index not in (memory_signals or {}) else
+            (memory_signals or {})[gpu.info.index].model_dump(mode="json", by_alias=True),
         })
     products = sorted({g.product for g in snapshot.gpus})
     raw = {

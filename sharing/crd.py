@@ -212,6 +212,21 @@ class DeviceHealth(ApiModel):
         None, max_length=64, description="The GPU's reset marker when the fault began: a reset changes it.")
 
 
+MemorySignal = Literal["RetiredPagesPending", "RowRemapPending", "RowRemapFailure"]
+
+
+class MemorySignalsSeen(ApiModel):
+    """The node agent's last look at a GPU's memory signals: a signal raises a fault when it comes
+    up (or its counter grows), not again while it stays. Kept here so a restarted agent goes on
+    from where its predecessor was: an acknowledged signal stays acknowledged, and one that came
+    up while no agent ran is still new."""
+
+    reset_marker: str = Field("", max_length=64)
+    volatile_uncorrected: int | None = Field(None, ge=0)
+    aggregate_uncorrected: int | None = Field(None, ge=0)
+    up: list[MemorySignal] = Field(default_factory=list, max_length=3)
+
+
 class MigInstanceStatus(ApiModel):
     """An existing GPU instance as NVML reports it, and who uses it."""
 
@@ -265,6 +280,7 @@ class GPUStatus(ApiModel):
     utilization: GPUUtilization | None = None
     layout_refusal: LayoutRefusal | None = None
     health: DeviceHealth | None = Field(None, description="Present while the GPU is unhealthy.")
+    memory_signals: MemorySignalsSeen | None = None
 
 
 class Condition(ApiModel):

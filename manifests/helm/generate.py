@@ -3,7 +3,10 @@
 The kustomize install (``manifests/kustomization.yaml``) is the source of
 truth; the chart is the same objects with a few values templated (namespace,
 image, replicas, component switches, resources, controller and agent settings,
-cert-manager on/off). Generating instead of hand-copying keeps the two from
+cert-manager on/off). One optional part that the kustomize install leaves out is
+in the chart behind a value that is off by default: the GPU-health alert rules
+(``manifests/prometheus-rules``, ``prometheusRules.enabled``), which need the
+Prometheus Operator's CRD. Generating instead of hand-copying keeps the two from
 drifting: ``tests/unit/test_controller_helm.py`` regenerates into a temporary
 directory and fails when the committed chart differs.
 
@@ -14,6 +17,7 @@ directory and fails when the committed chart differs.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -50,6 +54,17 @@ def _template(text: str, component: str | None = None, extra: dict[str, str] | N
     if component:
         text = "{{- if .Values.%s.enabled }}\n%s{{- end }}\n" % (component, text)
     return text
+
+
+def _helm_literal(text: str) -> str:
+    """``text`` with every ``{{ ... }}`` (Prometheus's alert templates) made a Go raw string, so Helm
+    writes it out unchanged instead of evaluating it."""
+    def literal(match: re.Match[str]) -> str:
+        if "`" in match.group(1):
+            raise SystemExit(f"generate.py: a backtick cannot be kept in a Helm raw string: {match.group(0)!r}")
+        return "{{`{{" + match.group(1) + "}}`}}"
+
+    return re.sub(r"\{\{(.*?)\}\}", literal, text)
 
 
 def _quoted(env: str, value: str) -> str:
@@ -135,6 +150,12 @@ def render() -> dict[str, str]:
                 )
             else:
                 files[target] = _template(text, component, extras.get(source))
+    # Optional, off by default as in kustomize (manifests/kustomization.yaml does not list it).
+    files["templates/prometheus-rules.yaml"] = _template(
+        _helm_literal(_load("prometheus-rules/gpu-health-rules.yaml")), "prometheusRules",
+        {"    app.kubernetes.io/component: alert-rules\n":
+            "    app.kubernetes.io/component: alert-rules\n"
+            "    {{- with .Values.prometheusRules.labels }}\n    {{- toYaml . | nindent 4 }}\n    {{- end }}\n"})
     out = {k: HEADER + v for k, v in files.items()}
     # CRDs go to crds/: Helm installs them once and never deletes them, so an
     # uninstall keeps every GPUNode and SharingPolicy (and the GPUs' layouts).

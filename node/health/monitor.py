@@ -136,11 +136,12 @@ class HealthMonitor:
         """Device UUIDs the device plugin withholds for the faults in force."""
         return withdrawn_devices(snapshot, ((k, f.withdrawn) for k, f in self.last.faults.items()))
 
-    def plugin_restart_needed(self) -> bool:
+    def plugin_restart_needed(self, snapshot: NodeSnapshot) -> bool:
         """A fault the plugin acted on has ended, and no other one it acted on lasts (a restarted plugin
         would advertise that device again): only a restart makes it advertise the recovered device."""
         self._restart_pending = self._restart_pending or any(end.fault.withdrawn for end in self.last.ended)
-        lasting = any(f.withdrawn and f.reason != "GpuLost" for f in self.last.faults.values())
+        lost = {g.info.index for g in snapshot.gpus if g.lost}  # a restarted plugin does not see those at all
+        lasting = any(f.withdrawn and key[0] not in lost for key, f in self.last.faults.items())
         if self._restart_pending and not lasting:
             self._restart_pending = False
             return True

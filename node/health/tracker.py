@@ -18,8 +18,12 @@ Raising:
   acknowledges it: the GPU needs replacing);
 * a GPU that answers ``GPU_IS_LOST`` (until the node reboots).
 
-Memory signals raise on a change (first sight, or after a reset), so a fault
-that an admin acknowledged is not raised again by the same, unchanged signal.
+Memory signals raise when they come up (a counter grows, a flag turns on), not
+while they stay up, so a fault that an admin acknowledged is not raised again by
+the same, unchanged signal; a reset clears what a reset clears (volatile counters,
+pending retirements and remappings), so one of those still up after a reset is new.
+The last look (``MemorySignalsSeen``) is published in the GPUNode status with the
+faults, so a restarted agent goes on from there.
 
 Ending, never on a timer: a reset the backend reports (``reset_marker``) ends
 ``ResetGpu`` faults, a reboot (``boot_id``) ends every fault but ``Acknowledge``
@@ -44,7 +48,7 @@ from node.health.plugin import withdraws
 from node.health.xids import BUILTIN, XidRule, classify
 from node.nvml.protocol import MemoryHealth, XidEvent
 from node.snapshot import NodeSnapshot
-from sharing.crd import DeviceHealth, HealthRecovery
+from sharing.crd import DeviceHealth, HealthRecovery, MemorySignal, MemorySignalsSeen
 
 DeviceKey = tuple[int, int | None]
 """(GPU index, GPU-instance id), the id None for the whole GPU."""
@@ -121,23 +125,25 @@ class HealthTracker:
     def __init__(self, table: Mapping[int, XidRule] = BUILTIN) -> None:
         self.table: Mapping[int, XidRule] = table
         self.faults: dict[DeviceKey, Fault] = {}
-        self._memory_seen: dict[int, tuple[str, MemoryHealth]] = {}
-        """GPU -> (reset marker, memory health) last seen: signals raise on change."""
+        self.memory_seen: dict[int, MemorySignalsSeen] = {}
+        """GPU -> its memory signals at the last look: signals raise when they come up."""
         self.restored = False
-        self.restored_from_status = False
-        """A previous agent's status was read back: this tracker continues its work."""
 
     # ------------------------------------------------------------------ restart
     def restore(self, status: Mapping[str, Any]) -> list[str]:
         """Read back the faults a previous agent wrote into ``status`` (GPUNode status); returns problems."""
         self.restored = True
-        self.restored_from_status = bool(_list(status.get("gpus")))
         problems: list[str] = []
         for gpu in _list(status.get("gpus")):
             index = gpu.get("index")
             if not isinstance(index, int):
                 continue
             self._restore_one((index, None), gpu.get("health"), problems)
+            try:
+                if gpu.get("memorySignals") is not None:
+                    self.memory_seen[index] = MemorySignalsSeen.model_validate(gpu["memorySignals"])
+            except ValidationError:
+                problems.append(f"GPU {index}: previous memory signals unreadable; looked at afresh")
             for inst in _list(gpu.get("instances")):
                 gi = inst.get("giId")
                 if isinstance(gi, int):
@@ -190,11 +196,12 @@ class HealthTracker:
             if current is None:
                 self.faults[key] = fault
                 began.append((key, fault))
-            elif _STRENGTH[recovery] > _STRENGTH[current.recovery] or (withdrawn and not current.withdrawn):
-                # Keep when it began; ask for the stronger recovery.
+            elif (_STRENGTH[recovery] > _STRENGTH[current.recovery] or (withdrawn and not current.withdrawn)
+                  or reason not in current.message):
+                # One fault per device: keep when it began, ask for the stronger recovery, say what else happened.
                 self.faults[key] = replace(current, recovery=max(recovery, current.recovery, key=_STRENGTH.__getitem__),
                                            withdrawn=current.withdrawn or withdrawn,
-                                           message=f"{current.message}; then {message}"[:1024])
+                                           message=f"{current.message}; then {reason}: {message}"[:1024])
 
         for event in signals.xids:
             rule = classify(event.xid, self.table)
@@ -219,15 +226,9 @@ class HealthTracker:
             raise_fault((index, None), "GpuLost", f"GPU {index} does not answer NVML (GPU_IS_LOST)",
                         "RebootNode", None, True)
         for index, memory in sorted(signals.memory.items()):
-            marker = signals.reset_markers.get(index, "")
-            seen_marker, seen = self._memory_seen.get(index, (None, None))
-            fresh = seen is None or seen_marker != marker
-            self._memory_seen[index] = (marker, memory)
-            if seen is None and self.restored_from_status and index in acks.until and (index, None) not in self.faults:
-                # A restarted agent: the previous one ran with this acknowledgement and left no fault, so
-                # what the memory signals show now was acknowledged (a new failure would be in the status).
-                continue
-            for reason, message, recovery in _memory_faults(memory, None if fresh else seen, first=seen is None):
+            raised, self.memory_seen[index] = _memory_faults(memory, self.memory_seen.get(index),
+                                                             signals.reset_markers.get(index, ""))
+            for reason, message, recovery in raised:
                 raise_fault((index, None), reason, f"GPU {index}: {message}", recovery, None, False)
         return HealthReport(dict(self.faults), tuple(began), tuple(ended), tuple(app), tuple(unknown))
 
@@ -253,26 +254,42 @@ class HealthTracker:
         return ended
 
 
-def _memory_faults(now: MemoryHealth, before: MemoryHealth | None, *, first: bool) -> list[tuple[str, str, HealthRecovery]]:
-    """Faults the memory signals raise, compared with what was seen before (None: first sight or after a reset)."""
+_CLEARED_BY_RESET: frozenset[MemorySignal] = frozenset({"RetiredPagesPending", "RowRemapPending"})
+_FLAGS: tuple[tuple[MemorySignal, str, HealthRecovery], ...] = (
+    ("RetiredPagesPending", "memory pages wait for retirement at the next GPU reset", "ResetGpu"),
+    ("RowRemapPending", "memory rows wait for remapping at the next GPU reset", "ResetGpu"),
+    ("RowRemapFailure", "a memory row remapping failed; the GPU needs to be replaced", "Acknowledge"),
+)
+
+
+def _memory_faults(now: MemoryHealth, seen: MemorySignalsSeen | None,
+                   marker: str) -> tuple[list[tuple[str, str, HealthRecovery]], MemorySignalsSeen]:
+    """Faults the memory signals raise against the last look ``seen`` (None: never looked), and the new look."""
     out: list[tuple[str, str, HealthRecovery]] = []
-    if not first:  # counters are compared with a baseline: errors from before the agent started are history
-        grew = _grew(now.volatile_uncorrected, before.volatile_uncorrected if before else 0)
-        if now.volatile_uncorrected is None:
-            grew = _grew(now.aggregate_uncorrected, before.aggregate_uncorrected if before else None)
+    reset = seen is not None and seen.reset_marker != marker
+    if seen is not None:  # never looked: the counters are a baseline (errors from before are history)
+        if now.volatile_uncorrected is not None:
+            # A reset clears the volatile counter: count from zero after one.
+            grew = _grew(now.volatile_uncorrected, 0 if reset else seen.volatile_uncorrected)
+        else:
+            grew = _grew(now.aggregate_uncorrected, seen.aggregate_uncorrected)
         if grew:
             out.append(("EccUncorrectable", f"{grew} new uncorrected ECC error(s)", "ResetGpu"))
-
-    def turned_on(flag: bool | None, old: bool | None) -> bool:
-        return flag is True and (before is None or old is not True)
-
-    if turned_on(now.retired_pages_pending, before.retired_pages_pending if before else None):
-        out.append(("RetiredPagesPending", "memory pages wait for retirement at the next GPU reset", "ResetGpu"))
-    if turned_on(now.remapped_rows_pending, before.remapped_rows_pending if before else None):
-        out.append(("RowRemapPending", "memory rows wait for remapping at the next GPU reset", "ResetGpu"))
-    if turned_on(now.remapped_rows_failed, before.remapped_rows_failed if before else None):
-        out.append(("RowRemapFailure", "a memory row remapping failed; the GPU needs to be replaced", "Acknowledge"))
-    return out
+    flags: dict[MemorySignal, bool | None] = {
+        "RetiredPagesPending": now.retired_pages_pending,
+        "RowRemapPending": now.remapped_rows_pending,
+        "RowRemapFailure": now.remapped_rows_failed,
+    }
+    before = set(seen.up) if seen is not None else set()
+    if reset:
+        before -= _CLEARED_BY_RESET  # still up after a reset: the reset did not cure it
+    for reason, message, recovery in _FLAGS:
+        if flags[reason] is True and reason not in before:
+            out.append((reason, message, recovery))
+    look = MemorySignalsSeen(reset_marker=marker[:64], volatile_uncorrected=now.volatile_uncorrected,
+                             aggregate_uncorrected=now.aggregate_uncorrected,
+                             up=[reason for reason, _, _ in _FLAGS if flags[reason] is True])
+    return out, look
 
 
 def _grew(now: int | None, before: int | None) -> int:

@@ -13,7 +13,9 @@ from gpupack.devcluster.apply import MANIFESTS, apply_objects, gpupack_manifests
 
 # Kinds of third-party operators gpupack integrates with; their CRDs are not
 # installed in the test control plane, so their objects are only parsed.
-THIRD_PARTY_GROUPS = {"cert-manager.io"}
+# (monitoring.coreos.com: the Prometheus Operator's, for the optional alert rules in
+# manifests/prometheus-rules.)
+THIRD_PARTY_GROUPS = {"cert-manager.io", "monitoring.coreos.com"}
 # Component configuration files (kustomize, KubeSchedulerConfiguration, ...) are
 # read by tools and binaries, never sent to the API server.
 CONFIG_FILE_SUFFIX = ".config.k8s.io"

@@ -55,7 +55,8 @@ def _spaced(value: Any) -> Any:
 
 
 def test_helm_lint_is_clean(helm: Path, tmp_path: Path) -> None:
-    for values in ([], ["--set", "webhook.certManager=false", "--set", "agent.podReadsByAuthorizer=true"]):
+    for values in ([], ["--set", "webhook.certManager=false", "--set", "agent.podReadsByAuthorizer=true"],
+                   ["--set", "prometheusRules.enabled=true", "--set", "prometheusRules.labels.release=kps"]):
         out = _helm(helm, "lint", "--strict", str(CHART), *values, home=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "0 chart(s) failed" in out.stdout
@@ -86,6 +87,30 @@ def test_helm_template_renders_the_same_objects_as_kustomize(helm: Path, kustomi
     controller = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupack-controller")
     env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["GPUPACK_CONTROLLER_MIG_MODE_CHANGES"] == "false" and env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "0.5"
+
+
+def test_alert_rules_render_only_when_enabled_and_as_kustomize_builds_them(helm: Path, kustomize: Path,
+                                                                         tmp_path: Path) -> None:
+    """The optional PrometheusRule (manifests/prometheus-rules): off by default, as in kustomize's default
+    build; on, the same rules (Prometheus's {{ $labels }} templates kept, not evaluated by Helm)."""
+    base = ["template", "gpupack", str(CHART), "--namespace", NS, "--kube-version", "1.37.2"]
+    off = _helm(helm, *base, home=tmp_path)
+    assert off.returncode == 0, off.stderr
+    assert not [o for o in _objects(off.stdout) if o["kind"] == "PrometheusRule"]
+    on = _helm(helm, *base, "--set", "prometheusRules.enabled=true", "--set", "prometheusRules.labels.release=kps",
+               home=tmp_path)
+    assert on.returncode == 0, on.stderr
+    (rule,) = [o for o in _objects(on.stdout) if o["kind"] == "PrometheusRule"]
+    built = subprocess.run([str(kustomize), "build", str(ROOT / "manifests" / "prometheus-rules")],
+                           capture_output=True, text=True, timeout=120)
+    assert built.returncode == 0, built.stderr
+    (source,) = _objects(built.stdout)
+    assert rule["spec"] == source["spec"] and rule["metadata"]["name"] == source["metadata"]["name"]
+    assert rule["metadata"]["labels"] == {**source["metadata"]["labels"], "release": "kps"}
+    assert "{{ $labels.gpu }}" in rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
+    default = subprocess.run([str(kustomize), "build", str(ROOT / "manifests")], capture_output=True, text=True,
+                             timeout=120)
+    assert default.returncode == 0 and "PrometheusRule" not in default.stdout
 
 
 @pytest.fixture(scope="module")
