@@ -3,10 +3,13 @@
 The kustomize install (``manifests/kustomization.yaml``) is the source of
 truth; the chart is the same objects with a few values templated (namespace,
 image, replicas, component switches, resources, controller and agent settings,
-cert-manager on/off). One optional part that the kustomize install leaves out is
-in the chart behind a value that is off by default: the GPU-health alert rules
+cert-manager on/off). Optional parts that the kustomize install leaves out are
+in the chart behind values that are off by default: the GPU-health alert rules
 (``manifests/prometheus-rules``, ``prometheusRules.enabled``), which need the
-Prometheus Operator's CRD. Generating instead of hand-copying keeps the two from
+Prometheus Operator's CRD, and the controller's evictions from failed GPUs (the
+component ``manifests/gpu-fault-evictions``, ``controller.evictOnGpuFault``: its
+RBAC, and the setting the component patches into the controller's Deployment).
+Generating instead of hand-copying keeps the two from
 drifting: ``tests/unit/test_controller_helm.py`` regenerates into a temporary
 directory and fails when the committed chart differs.
 
@@ -106,6 +109,13 @@ def _extras() -> dict[str, dict[str, str]]:
                 + _quoted("GPUPACK_CONTROLLER_RIGHT_SIZE", ".Values.controller.rightSize"),
             '            - {name: GPUPACK_CONTROLLER_MIG_MODE_CHANGES, value: "false"}\n':
                 _quoted("GPUPACK_CONTROLLER_MIG_MODE_CHANGES", ".Values.controller.migModeChanges"),
+            # What manifests/gpu-fault-evictions patches, as a value (which also renders its RBAC).
+            "            # Evicting the pods of a failed GPU needs RBAC the default install does not\n"
+            "            # grant: the component manifests/gpu-fault-evictions sets this and grants it.\n"
+            '            - {name: GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT, value: "false"}\n':
+                "            # Evicting the pods of a failed GPU: controller.evictOnGpuFault, which also\n"
+                "            # renders the RBAC it needs (gpu-fault-evictions-rbac.yaml).\n"
+                + _quoted("GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT", ".Values.controller.evictOnGpuFault"),
             "            requests: {cpu: 100m, memory: 256Mi}\n            limits: {memory: 1Gi}\n":
                 "            {{- toYaml .Values.controller.resources | nindent 12 }}\n",
         },
@@ -116,6 +126,8 @@ def _extras() -> dict[str, dict[str, str]]:
                 _quoted("GPUPACK_AGENT_IDLE_SECONDS", ".Values.agent.idleSeconds"),
             "            - {name: GPUPACK_AGENT_DEVICE_PLUGIN_NAMESPACE, value: gpu-operator}\n":
                 "            - {name: GPUPACK_AGENT_DEVICE_PLUGIN_NAMESPACE, value: {{ .Values.gpuOperatorNamespace }}}\n",
+            "            - {name: GPUPACK_AGENT_UNHEALTHY_TAINT_EFFECT, value: NoSchedule}\n":
+                _quoted("GPUPACK_AGENT_UNHEALTHY_TAINT_EFFECT", ".Values.agent.unhealthyTaintEffect"),
             "            requests: {cpu: 20m, memory: 96Mi}\n            limits: {memory: 256Mi}\n":
                 "            {{- toYaml .Values.agent.resources | nindent 12 }}\n",
         },
@@ -150,7 +162,13 @@ def render() -> dict[str, str]:
                 )
             else:
                 files[target] = _template(text, component, extras.get(source))
-    # Optional, off by default as in kustomize (manifests/kustomization.yaml does not list it).
+    # Optional, off by default as in kustomize (manifests/kustomization.yaml does not list them).
+    # The component's Deployment patch is the env entry templated in _extras().
+    for entry in yaml.safe_load(_load("gpu-fault-evictions/kustomization.yaml"))["resources"]:
+        files[f"templates/gpu-fault-evictions-{Path(entry).stem}.yaml"] = (
+            "{{- if and .Values.controller.enabled .Values.controller.evictOnGpuFault }}\n"
+            + _template(_load(f"gpu-fault-evictions/{entry}")) + "{{- end }}\n"
+        )
     files["templates/prometheus-rules.yaml"] = _template(
         _helm_literal(_load("prometheus-rules/gpu-health-rules.yaml")), "prometheusRules",
         {"    app.kubernetes.io/component: alert-rules\n":

@@ -22,7 +22,7 @@ from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
 from kube.errors import KubeError
 from node.kube import Kube
-from sharing.keys import per_node_name
+from sharing.keys import UNHEALTHY_TAINT, per_node_name
 
 POLICY = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "node-restriction-policy.yaml"
 
@@ -105,6 +105,13 @@ def test_agent_may_change_only_its_own_node(
     assert denied.status in (403, 422) and "only change its own Node" in str(denied)
 
     kube.patch_node(own, label)  # its own node: allowed
+    # The same for the taint it puts on a node whose GPUs all failed (spec.taints: a Node patch too).
+    taint = {"spec": {"taints": [{"key": UNHEALTHY_TAINT, "value": "all-gpus", "effect": "NoSchedule"}]}}
+    kube.patch_node(own, taint)
+    assert [t["key"] for t in kube.get_node(own)["spec"]["taints"]] == [UNHEALTHY_TAINT]
+    with pytest.raises(KubeError, match="only change its own Node"):
+        kube.patch_node(other, taint)
+    assert not kube.get_node(other).get("spec", {}).get("taints")
     kube.create_gpunode(own, None)
     with pytest.raises(KubeError, match="only change its own"):
         kube.create_gpunode(other, None)

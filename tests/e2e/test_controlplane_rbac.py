@@ -6,6 +6,9 @@ own folders, e.g. manifests/agent/) is applied, then the API server's
 authorizer is asked (SubjectAccessReview) about every verb on every resource
 in ``MATRIX`` and must answer exactly as the table says. A few real requests
 made *as* each ServiceAccount then check 200 vs 403 end to end.
+
+Opt-in components (``OPT_IN``: RBAC only some installs choose) are left out of
+that install and checked on their own: what each adds, and nothing more.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubernetes.dynamic import DynamicClient
 
 from gpupack.devcluster.apply import MANIFESTS, apply_objects, load_manifests
 from sharing import crd
@@ -25,6 +29,9 @@ from sharing import crd
 NS = "gpupack-system"
 OPERATOR_NS = "gpu-operator"  # the GPU Operator's namespace, where the agent has a Role
 RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+XID_TABLE = "gpupack-xid-table"  # node/health/xids.py XID_TABLE_CONFIGMAP, read by every agent
+# manifests/<dir>: kustomize Components an admin adds on purpose, not part of the default install.
+OPT_IN = ("gpu-fault-evictions",)
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 READ = {"get", "list", "watch"}
 WRITE = {"create", "update", "patch"}
@@ -59,6 +66,8 @@ MATRIX: tuple[tuple[str, str, str, str | None, str], ...] = tuple((*row, "") for
     ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"),
     ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"),
     ("", "configmaps", "", OPERATOR_NS, "some-other-config"),
+    ("", "configmaps", "", NS, XID_TABLE),
+    ("", "configmaps", "", NS, "some-other-config"),
 )
 
 Key = tuple[str, str, str, str | None, str]
@@ -103,7 +112,13 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"): {"get", "update", "patch"},
         ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"): {"get"},
         ("", "pods", "", OPERATOR_NS, ""): {"list", "delete"},  # list: cluster-wide
+        # manifests/rbac/node-agent-xid-table.yaml: the admin's XID table, by name, read only.
+        ("", "configmaps", "", NS, XID_TABLE): {"get"},
     },
+}
+# No pods/eviction for the controller above: only the opt-in grants it (and only that).
+OPT_IN_EXPECTED: dict[str, dict[Key, set[str]]] = {
+    "gpu-fault-evictions": {("", "pods", "eviction", "default", ""): {"create"}},
 }
 
 
@@ -122,9 +137,10 @@ def _allowed(admin: Any, sa: str, key: Key, verb: str) -> bool:
 
 @pytest.fixture(scope="module")
 def all_rbac(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every RBAC object of the project (Helm chart templates aside: they are not YAML yet)."""
+    """Every RBAC object of the project (Helm chart templates aside: they are not YAML yet; the
+    opt-in components aside: ``test_each_opt_in_grants_exactly_its_table``)."""
     files = [p for p in sorted(Path(MANIFESTS).rglob("*.yaml"))
-             if "helm" not in p.relative_to(MANIFESTS).parts]
+             if not {"helm", *OPT_IN} & set(p.relative_to(MANIFESTS).parts)]
     rbac = [o for f in files for o in load_manifests(f) if o["kind"] in RBAC_KINDS]
     core = client.CoreV1Api(admin_client)
     if OPERATOR_NS not in {n.metadata.name for n in core.list_namespace().items}:
@@ -132,10 +148,10 @@ def all_rbac(admin_client: Any, gpupack_installed: list[dict[str, Any]]) -> list
     return apply_objects(admin_client, rbac, field_manager="gpupack-e2e")
 
 
-def _differences(admin: Any, sa: str) -> list[str]:
+def _differences(admin: Any, sa: str, expected: dict[Key, set[str]] | None = None) -> list[str]:
     wrong = []
     for key in MATRIX:
-        granted = EXPECTED[sa].get(key, set())
+        granted = (EXPECTED[sa] if expected is None else expected).get(key, set())
         for verb in VERBS:
             if _allowed(admin, sa, key, verb) != (verb in granted):
                 where = "/".join(filter(None, key[:3])) + (f"/{key[4]}" if key[4] else "")
@@ -153,6 +169,33 @@ def test_authorizer_grants_exactly_the_table(
     while (wrong := _differences(admin_client, sa)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not wrong, f"{sa} RBAC differs from the spec:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("component", OPT_IN)
+def test_each_opt_in_grants_exactly_its_table(admin_client: Any, component: str) -> None:
+    """The component's RBAC, applied under new names for a test-only account (so the shared control
+    plane's gpupack-controller keeps the default install's grants), adds exactly its table."""
+    sa = f"opt-in-{uuid.uuid4().hex[:6]}"
+    objects = [o for o in load_manifests(Path(MANIFESTS) / component) if o["kind"] in RBAC_KINDS]
+    assert objects
+    for obj in objects:
+        obj["metadata"]["name"] += f"-{sa}"
+        if "roleRef" in obj:
+            obj["roleRef"]["name"] += f"-{sa}"
+            assert [s["name"] for s in obj["subjects"]] == ["gpupack-controller"]
+            obj["subjects"] = [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]
+    apply_objects(admin_client, objects, field_manager="gpupack-e2e")
+    try:
+        deadline = time.monotonic() + 10
+        while (wrong := _differences(admin_client, sa, OPT_IN_EXPECTED[component])) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not wrong, f"{component} grants differ from the spec:\n" + "\n".join(wrong)
+    finally:  # leave the shared control plane's RBAC as found
+        dyn = DynamicClient(admin_client)  # type: ignore[no-untyped-call]
+        for obj in objects:
+            api = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+            meta = obj["metadata"]
+            _status_of(lambda: api.delete(name=meta["name"], namespace=meta.get("namespace")))
 
 
 def _status_of(call: Any) -> int:
@@ -212,3 +255,12 @@ def _exercise(objs: dict[str, Any], core: dict[str, Any], name: str,
     # Nobody reads Secrets.
     for sa in EXPECTED:
         assert _status_of(lambda: core[sa].list_namespaced_secret(NS)) == 403, sa
+    # The agent reads the XID table by name (404 while the admin has none: the built-in table),
+    # and no other ConfigMap of gpupack's namespace.
+    assert _status_of(lambda: core["gpupack-node-agent"].read_namespaced_config_map(XID_TABLE, NS)) in (200, 404)
+    assert _status_of(lambda: core["gpupack-node-agent"].read_namespaced_config_map("kube-root-ca.crt", NS)) == 403
+    assert _status_of(lambda: core["gpupack-node-agent"].list_namespaced_config_map(NS)) == 403
+    # The default install's controller evicts nothing (manifests/gpu-fault-evictions is the opt-in).
+    eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="any-pod", namespace="default"))
+    assert _status_of(lambda: core["gpupack-controller"].create_namespaced_pod_eviction(
+        "any-pod", "default", eviction)) == 403

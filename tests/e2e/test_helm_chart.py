@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -56,26 +57,47 @@ def _spaced(value: Any) -> Any:
 
 def test_helm_lint_is_clean(helm: Path, tmp_path: Path) -> None:
     for values in ([], ["--set", "webhook.certManager=false", "--set", "agent.podReadsByAuthorizer=true"],
-                   ["--set", "prometheusRules.enabled=true", "--set", "prometheusRules.labels.release=kps"]):
+                   ["--set", "prometheusRules.enabled=true", "--set", "prometheusRules.labels.release=kps"],
+                   ["--set", "controller.evictOnGpuFault=true", "--set", "agent.unhealthyTaintEffect=NoExecute"]):
         out = _helm(helm, "lint", "--strict", str(CHART), *values, home=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "0 chart(s) failed" in out.stdout
 
 
-def test_helm_template_renders_the_same_objects_as_kustomize(helm: Path, kustomize: Path, tmp_path: Path) -> None:
-    out = _helm(helm, "template", "gpupack", str(CHART), "--namespace", NS, "--kube-version", "1.37.2", home=tmp_path)
-    assert out.returncode == 0, out.stderr
-    objects = _objects(out.stdout)
-    built = subprocess.run([str(kustomize), "build", str(ROOT / "manifests")], capture_output=True, text=True,
-                           timeout=120)
+def _kustomize(kustomize: Path, directory: Path) -> list[dict[str, Any]]:
+    """The real kustomize's objects (tools/kustomize/build.sh)."""
+    built = subprocess.run([str(kustomize), "build", str(directory)], capture_output=True, text=True, timeout=120)
     assert built.returncode == 0, built.stderr
-    source_objects = _objects(built.stdout)  # the real kustomize's objects (tools/kustomize/build.sh)
+    return _objects(built.stdout)
+
+
+def _with_component(kustomize: Path, tmp_path: Path, component: str) -> list[dict[str, Any]]:
+    """The default install with the kustomize Component ``manifests/<component>``, as an admin's own
+    kustomization lists them (kustomize wants relative paths; directories may be anywhere)."""
+    directory = tmp_path / f"kustomization-{uuid.uuid4().hex[:6]}"
+    directory.mkdir()
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / "manifests", directory)],
+        "components": [os.path.relpath(ROOT / "manifests" / component, directory)]}))
+    return _kustomize(kustomize, directory)
+
+
+def _controller_env(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    controller = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupack-controller")
+    return {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def _assert_same_objects(objects: list[dict[str, Any]], source_objects: list[dict[str, Any]]) -> None:
+    """Helm's ``objects`` are kustomize's ``source_objects`` (CRDs aside: the chart's crds/ are not
+    templates): the same names, and the same content where no value applies (permissions and
+    admission policies)."""
     expected = sorted((o["kind"], o["metadata"]["name"]) for o in source_objects
                       if o["kind"] != "CustomResourceDefinition")
     assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == expected
     by_key = {(o["kind"], o["metadata"]["name"]): o for o in source_objects}
     compared = 0
-    for obj in objects:  # same content where no value applies: permissions and admission policies
+    for obj in objects:
         source = by_key[(obj["kind"], obj["metadata"]["name"])]
         fields = {"ClusterRole": ("rules",), "Role": ("rules",), "ClusterRoleBinding": ("roleRef", "subjects"),
                   "RoleBinding": ("roleRef", "subjects"), "ValidatingAdmissionPolicy": ("spec",),
@@ -84,9 +106,51 @@ def test_helm_template_renders_the_same_objects_as_kustomize(helm: Path, kustomi
             assert _spaced(obj.get(field)) == _spaced(source.get(field)), (obj["kind"], obj["metadata"]["name"], field)
             compared += 1
     assert compared > 10
-    controller = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupack-controller")
-    env = {e["name"]: e.get("value") for e in controller["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_helm_template_renders_the_same_objects_as_kustomize(helm: Path, kustomize: Path, tmp_path: Path) -> None:
+    out = _helm(helm, "template", "gpupack", str(CHART), "--namespace", NS, "--kube-version", "1.37.2", home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    objects = _objects(out.stdout)
+    _assert_same_objects(objects, _kustomize(kustomize, ROOT / "manifests"))
+    env = _controller_env(objects)
     assert env["GPUPACK_CONTROLLER_MIG_MODE_CHANGES"] == "false" and env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "0.5"
+    assert env["GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT"] == "false"
+    agent = next(o for o in objects if o["kind"] == "DaemonSet")
+    agent_env = {e["name"]: e for e in agent["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert agent_env["GPUPACK_AGENT_UNHEALTHY_TAINT_EFFECT"]["value"] == "NoSchedule"
+    assert agent_env["GPUPACK_AGENT_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def test_eviction_opt_in_renders_as_the_kustomize_component(helm: Path, kustomize: Path, tmp_path: Path) -> None:
+    """controller.evictOnGpuFault=true is manifests/gpu-fault-evictions: the same RBAC (and nothing
+    more) and the same setting; off, neither the grant nor the setting, as in kustomize's default build."""
+    base = ["template", "gpupack", str(CHART), "--namespace", NS, "--kube-version", "1.37.2"]
+    on = _helm(helm, *base, "--set", "controller.evictOnGpuFault=true", home=tmp_path)
+    assert on.returncode == 0, on.stderr
+    objects = _objects(on.stdout)
+    source_objects = _with_component(kustomize, tmp_path, "gpu-fault-evictions")
+    _assert_same_objects(objects, source_objects)
+    evictions = [("ClusterRole", "gpupack-controller-evictions"), ("ClusterRoleBinding", "gpupack-controller-evictions")]
+    default = _kustomize(kustomize, ROOT / "manifests")
+    added = sorted(set((o["kind"], o["metadata"]["name"]) for o in source_objects)
+                   - set((o["kind"], o["metadata"]["name"]) for o in default))
+    assert added == evictions
+    assert _controller_env(objects)["GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT"] == "true"
+    assert _controller_env(source_objects)["GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT"] == "true"
+    assert _controller_env(default)["GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT"] == "false"
+    off = _objects(_helm(helm, *base, home=tmp_path).stdout)
+    assert not [o for o in off if (o["kind"], o["metadata"]["name"]) in evictions]
+    # The Component adds to the hardened install as well (that is why it is not an overlay).
+    hardened = tmp_path / "hardened"
+    hardened.mkdir()
+    (hardened / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": [os.path.relpath(ROOT / "manifests" / "hardened", hardened)],
+        "components": [os.path.relpath(ROOT / "manifests" / "gpu-fault-evictions", hardened)]}))
+    both = _kustomize(kustomize, hardened)
+    keys = {(o["kind"], o["metadata"]["name"]) for o in both}
+    assert set(evictions) <= keys and ("ClusterRoleBinding", "gpupack-node-agent-pods") not in keys
+    assert _controller_env(both)["GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT"] == "true"
 
 
 def test_alert_rules_render_only_when_enabled_and_as_kustomize_builds_them(helm: Path, kustomize: Path,
@@ -101,10 +165,7 @@ def test_alert_rules_render_only_when_enabled_and_as_kustomize_builds_them(helm:
                home=tmp_path)
     assert on.returncode == 0, on.stderr
     (rule,) = [o for o in _objects(on.stdout) if o["kind"] == "PrometheusRule"]
-    built = subprocess.run([str(kustomize), "build", str(ROOT / "manifests" / "prometheus-rules")],
-                           capture_output=True, text=True, timeout=120)
-    assert built.returncode == 0, built.stderr
-    (source,) = _objects(built.stdout)
+    (source,) = _kustomize(kustomize, ROOT / "manifests" / "prometheus-rules")
     assert rule["spec"] == source["spec"] and rule["metadata"]["name"] == source["metadata"]["name"]
     assert rule["metadata"]["labels"] == {**source["metadata"]["labels"], "release": "kps"}
     assert "{{ $labels.gpu }}" in rule["spec"]["groups"][0]["rules"][0]["annotations"]["summary"]
@@ -147,15 +208,20 @@ def test_install_upgrade_uninstall(helm: Path, plane: ControlPlane, tmp_path: Pa
     pods_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                     "metadata": {"name": "gpupack-node-agent-pods"}}
     assert exists(pods_binding)
+    evictions_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                         "metadata": {"name": "gpupack-controller-evictions"}}
+    assert not exists(evictions_binding)
 
     # Upgrade: changed values reach the objects; a value that switches an object off removes it.
     out = _helm(helm, "upgrade", "gpupack", str(CHART), *INSTALL[:2], "--reuse-values",
                 "--set", "controller.batchSeconds=2", "--set", "webhook.replicas=3",
-                "--set", "agent.podReadsByAuthorizer=true", kubeconfig=kube, home=tmp_path)
+                "--set", "agent.podReadsByAuthorizer=true", "--set", "controller.evictOnGpuFault=true",
+                kubeconfig=kube, home=tmp_path)
     assert out.returncode == 0, out.stderr
     controller = apps.read_namespaced_deployment("gpupack-controller", NS)
     env = {e.name: e.value for e in controller.spec.template.spec.containers[0].env}
     assert env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "2"
+    assert env["GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT"] == "true" and exists(evictions_binding)
     assert apps.read_namespaced_deployment("gpupack-webhook", NS).spec.replicas == 3
     assert not exists(pods_binding)
     history = _helm(helm, "history", "gpupack", "--namespace", NS, "-o", "yaml", kubeconfig=kube, home=tmp_path)
@@ -170,6 +236,7 @@ def test_install_upgrade_uninstall(helm: Path, plane: ControlPlane, tmp_path: Pa
     assert out.returncode == 0, out.stderr
     left = [(o["kind"], o["metadata"]["name"]) for o in rendered if exists(o)]
     assert left == [], f"left behind after helm uninstall: {left}"
+    assert not exists(evictions_binding)  # switched on by the upgrade, gone with the release
     assert crds.read_custom_resource_definition("gpunodes.gpupack.io")  # crds/ stay, by Helm's design
     assert custom.get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", "kept")["spec"]["gpus"][0]["layout"] \
         == [{"profile": "3g.40gb"}]

@@ -43,3 +43,16 @@ def test_every_value_a_template_uses_is_declared() -> None:
         for part in dotted.split("."):
             assert isinstance(node, dict) and part in node, f".Values.{dotted} is not in values.yaml"
             node = node[part]
+
+
+def test_the_optional_parts_are_off_by_default_behind_their_values() -> None:
+    """What the kustomize install leaves out (manifests/gpu-fault-evictions, manifests/prometheus-rules)
+    the chart renders only when asked; tests/e2e/test_helm_chart.py compares both ways with kustomize."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["controller"]["evictOnGpuFault"] is False and values["prometheusRules"]["enabled"] is False
+    evictions = (CHART / "templates" / "gpu-fault-evictions-rbac.yaml").read_text().splitlines()
+    assert evictions[1] == "{{- if and .Values.controller.enabled .Values.controller.evictOnGpuFault }}"
+    assert evictions[-1] == "{{- end }}"
+    deployment = (CHART / "templates" / "controller-deployment.yaml").read_text()
+    assert "- {name: GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT, value: {{ .Values.controller.evictOnGpuFault | quote }}}" \
+        in deployment

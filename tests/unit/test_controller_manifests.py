@@ -1,16 +1,66 @@
-"""The controller's manifests: consistent with the code, the RBAC and the MIG catalog."""
+"""The controller's and the node agent's manifests: consistent with the code, the RBAC and the MIG catalog.
+
+The RBAC checks here read the YAML; tests/e2e/test_controlplane_rbac.py asks a real
+API server's authorizer, and tests/e2e/test_helm_chart.py compares with the real
+kustomize's builds."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from controller.settings import ENV_PREFIX, ControllerSettings
 from mig.catalog import all_models
+from node.health.monitor import TAINT_EFFECTS
+from node.health.xids import XID_TABLE_CONFIGMAP
+from node.settings import AgentSettings
+from sharing.keys import UNHEALTHY_TAINT
 
 ROOT = Path(__file__).resolve().parents[2]
+MANIFESTS = ROOT / "manifests"
+EVICTIONS = MANIFESTS / "gpu-fault-evictions"
+EVICT_ENV = f"{ENV_PREFIX}EVICT_ON_GPU_FAULT"
+AGENT_ENV = "GPUPACK_AGENT_"
+RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+
+def _docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _base_install(directory: Path = MANIFESTS) -> list[dict[str, Any]]:
+    """The objects of ``directory``'s kustomization (resources only, as the base install's are)."""
+    kustomization = _docs(directory / "kustomization.yaml")[0]
+    assert set(kustomization) <= {"apiVersion", "kind", "resources"}, directory
+    out: list[dict[str, Any]] = []
+    for entry in kustomization["resources"]:
+        path = directory / entry
+        out += _base_install(path) if path.is_dir() else _docs(path)
+    return out
+
+
+def _container(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (workload,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def _bound_roles(objects: list[dict[str, Any]], sa: str) -> list[dict[str, Any]]:
+    """The Roles and ClusterRoles bound to ServiceAccount gpupack-system/``sa`` in ``objects``."""
+    refs = {(b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace"))
+            for b in objects if b["kind"] in ("RoleBinding", "ClusterRoleBinding")
+            and {"kind": "ServiceAccount", "name": sa, "namespace": "gpupack-system"} in b["subjects"]}
+    return [o for o in objects if o["kind"] in ("Role", "ClusterRole")
+            and (o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) in refs]
+
+
+def _grants_eviction(rule: dict[str, Any]) -> bool:
+    return bool({"", "*"} & set(rule.get("apiGroups", []))) and bool(
+        {"pods/eviction", "pods/*", "*"} & set(rule.get("resources", [])))
 
 
 def test_scheduler_config_weights_every_gpu_resource_of_the_catalog() -> None:
@@ -59,3 +109,75 @@ def test_grafana_dashboard_queries_only_metrics_that_exist() -> None:
         for name in re.findall(r"gpupack_[a-z_]+", expr):
             base = re.sub(r"_(bucket|sum|count|total|created)$", "", name)
             assert base in exposed or name in exposed, f"dashboard uses {name}, which no component exports"
+
+
+# --------------------------------------------------- evictions from failed GPUs (opt-in)
+
+def test_the_default_install_grants_no_eviction_and_leaves_it_off() -> None:
+    """Invariant 4: without the opt-in the controller needs, and has, no pods/eviction."""
+    objects = _base_install()
+    rules = [r for o in objects if o["kind"] in ("Role", "ClusterRole") for r in o.get("rules", [])]
+    assert rules and not [r for r in rules if _grants_eviction(r)]
+    env = {e["name"]: e.get("value") for e in _container(objects, "Deployment", "gpupack-controller")["env"]}
+    assert env[EVICT_ENV] == "false"
+    assert ControllerSettings.from_env({EVICT_ENV: env[EVICT_ENV]}).evict_on_gpu_fault is False
+    assert "gpu-fault-evictions" not in MANIFESTS.joinpath("kustomization.yaml").read_text()
+
+
+def test_the_eviction_component_grants_exactly_eviction_and_turns_it_on() -> None:
+    (kustomization,) = _docs(EVICTIONS / "kustomization.yaml")
+    assert kustomization["kind"] == "Component" and kustomization["resources"] == ["rbac.yaml"]
+    objects = _docs(EVICTIONS / "rbac.yaml")
+    assert {o["kind"] for o in objects} == {"ClusterRole", "ClusterRoleBinding"}
+    (role,) = _bound_roles(objects, "gpupack-controller")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}]
+    assert len(objects) == 2  # nothing bound to anyone else
+    (patch,) = kustomization["patches"]
+    assert patch["target"] == {"kind": "Deployment", "name": "gpupack-controller"}
+    body = yaml.safe_load(patch["patch"])
+    assert body["metadata"]["name"] == "gpupack-controller"
+    (container,) = body["spec"]["template"]["spec"]["containers"]
+    base = _container(_docs(MANIFESTS / "controller" / "deployment.yaml"), "Deployment", "gpupack-controller")
+    assert container["name"] == base["name"]  # strategic merge: containers by name, env by name
+    assert container["env"] == [{"name": EVICT_ENV, "value": "true"}]
+    assert EVICT_ENV in {e["name"] for e in base["env"]}
+    assert ControllerSettings.from_env({EVICT_ENV: "true"}).evict_on_gpu_fault is True
+
+
+# ------------------------------------------------------------------------ node agent
+
+@pytest.fixture(scope="module")
+def agent() -> dict[str, Any]:
+    return _container(_docs(MANIFESTS / "agent" / "daemonset.yaml"), "DaemonSet", "gpupack-node-agent")
+
+
+def test_agent_env_names_are_real_settings(agent: dict[str, Any]) -> None:
+    fields = {f.upper() for f in AgentSettings.__dataclass_fields__}
+    names = [e["name"] for e in agent["env"] if e["name"].startswith(AGENT_ENV)]
+    assert names and all(n[len(AGENT_ENV):] in fields for n in names), names
+    env = {e["name"]: e for e in agent["env"]}
+    # The XID table is read from the namespace the agent runs in, where its Role is.
+    assert env[f"{AGENT_ENV}NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    effect = env[f"{AGENT_ENV}UNHEALTHY_TAINT_EFFECT"]["value"]
+    assert effect in TAINT_EFFECTS and effect == AgentSettings().unhealthy_taint_effect
+
+
+def test_agent_tolerates_its_own_taint_whatever_the_effect() -> None:
+    """Else a NoExecute taint evicts the agent, and a NoSchedule one keeps a restarted agent off the
+    node: either way nothing is left to see the reset and lift the taint."""
+    (daemonset,) = _docs(MANIFESTS / "agent" / "daemonset.yaml")
+    tolerations = daemonset["spec"]["template"]["spec"]["tolerations"]
+    assert {"key": UNHEALTHY_TAINT, "operator": "Exists"} in tolerations
+
+
+def test_agent_reads_only_the_xid_table_configmap_in_its_namespace() -> None:
+    objects = [o for o in _base_install() if o["kind"] in RBAC_KINDS]
+    roles = _bound_roles(objects, "gpupack-node-agent")
+    namespace = AgentSettings().namespace
+    in_own = [(r["metadata"]["name"], rule) for r in roles for rule in r["rules"]
+              if r["kind"] == "ClusterRole" or r["metadata"]["namespace"] == namespace]
+    configmaps = [(name, rule) for name, rule in in_own if {"configmaps", "*"} & set(rule["resources"])]
+    assert configmaps == [("gpupack-node-agent-xid-table", {
+        "apiGroups": [""], "resources": ["configmaps"], "resourceNames": [XID_TABLE_CONFIGMAP], "verbs": ["get"]})]
+    (role,) = [r for r in roles if r["metadata"]["name"] == "gpupack-node-agent-xid-table"]
+    assert role["kind"] == "Role" and role["metadata"]["namespace"] == namespace
