@@ -78,6 +78,15 @@ class ControllerMetrics:
             "Pods whose gpupack.io/allocation annotation is ignored: unreadable, or not what the pod requests.",
             registry=r,
         )
+        self.faulted_devices = Gauge(
+            "gpupack_controller_faulted_devices",
+            "GPUs and MIG instances with a fault the last planning cycle left out, by node.", ["node"], registry=r,
+        )
+        self.degraded_node = Gauge(
+            "gpupack_controller_degraded_node",
+            "1 while the planner leaves the node out for a fault the device plugin keeps advertising.", ["node"],
+            registry=r,
+        )
         self.pending = Gauge("gpupack_pending_fractional_pods", "Pods waiting at the gpupack.io/capacity gate.", registry=r)
         self.oldest_wait = Gauge("gpupack_pending_oldest_wait_seconds", "Age of the oldest gated pod.", registry=r)
         self.wait = Histogram(

@@ -109,6 +109,7 @@ class Controller:
         self._note_skipped(snapshot.skipped_entries)
         self._note_untrusted(snapshot.untrusted_pods)
         self._note_stale(snapshot)
+        self._note_health(snapshot)
         requests = snapshot.mig_config_requests
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
@@ -238,6 +239,15 @@ class Controller:
                                 f"gpupack evicted this pod: {eviction.why}; its controller recreates it elsewhere")
             except KubeError as exc:
                 log.warning("event on %s not recorded: %s", eviction.key, exc)
+
+    def _note_health(self, snapshot: Snapshot) -> None:
+        """What the planner leaves out for GPU faults this cycle (metrics: also when it began to)."""
+        m = self.metrics
+        for node in snapshot.nodes:
+            faulted = sum(1 for g in node.gpus if not g.healthy) + sum(
+                len(g.unhealthy_instances) for g in node.gpus if g.healthy)
+            m.faulted_devices.labels(node.name).set(faulted)
+            m.degraded_node.labels(node.name).set(1 if node.degraded else 0)
 
     def _note_skipped(self, entries: tuple[str, ...]) -> None:
         """Log the GPUNode entries the one reader (``sharing.gpunode``) left out, once each; count them."""

@@ -60,10 +60,13 @@ class Gpu:
 
     @property
     def offered(self) -> Counter[str]:
-        """Profiles of the instances that count as capacity: the healthy ones, and the faulted ones
-        still in use (they hold their pods' claims, so the claims do not eat healthy capacity)."""
-        return Counter(i.profile for i in self.instances
-                       if i in self.in_use or (self.healthy and i not in self.unhealthy_instances))
+        """Profiles of the instances that count as capacity: the healthy ones on a healthy GPU.
+
+        A faulted instance still in use counts nowhere although its pod's claim still counts:
+        that is how kube-scheduler sees it too (the device plugin takes the device out of
+        allocatable while the pod's request stays), so the free count here is the one the
+        scheduler will find, and a released pod is never left Unschedulable."""
+        return Counter(i.profile for i in self.instances if self.healthy and i not in self.unhealthy_instances)
 
 
 @dataclass(frozen=True)

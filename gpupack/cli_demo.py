@@ -6,6 +6,11 @@ with their node agents, the admission webhook and the controller; submits a
 mixed stream of fractional pods, lets some finish, shows live progress and
 ends with a summary. ``--keep`` leaves everything running (stop it with
 ``gpupack dev cluster down``); ``--json`` prints the summary as JSON.
+``--fault`` makes GPUs fail during the run (an XID on a busy MIG instance, a
+GPU that falls off the bus, an ECC burst on the MPS node, later acknowledged)
+and reports how fast each was routed around (``gpupack.demo.faults``); the
+summary then adds ``faults_injected``, ``pods_placed_on_unhealthy``,
+``in_use_instances_destroyed`` and ``fault_to_excluded_seconds_p95``.
 
 Exit codes: 0 = every admitted pod was scheduled, 1 = some were not (or the
 stack did not start), 2 = bad input.
@@ -56,6 +61,10 @@ def run_demo(args: argparse.Namespace) -> int:
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="gpupack-demo-"))
     stack = Stack(workdir, keep=args.keep)
+    if args.fault:
+        from gpupack.demo.stack import _free_port
+
+        stack.controller_metrics_port = _free_port()
     if args.keep:
         from gpupack.devcluster import state as cluster_state
 
@@ -80,6 +89,12 @@ def run_demo(args: argparse.Namespace) -> int:
     deadline = t0 + args.submit_seconds + args.timeout
     next_print = 0.0
     queue = list(pods)
+    faults = None
+    if args.fault:
+        from gpupack.demo.faults import FaultScenario
+
+        faults = FaultScenario({n.name: stack.state_file(n.name) for n in stack.nodes}, args.submit_seconds,
+                               f"http://127.0.0.1:{stack.controller_metrics_port}/metrics", stack.admin, say)
     say(f"submitting {len(pods)} pods over {args.submit_seconds:.0f}s (seed {args.seed})")
     while True:
         now_m = time.monotonic() - t0
@@ -98,6 +113,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 finish_at[pod.name] = pod.lifetime
         gpunodes, nodes, live = _lists(stack.admin)
         tracker.observe(gpunodes, live, datetime.now(timezone.utc))
+        if faults is not None:
+            faults.bindings(live)
+            faults.step(now_m, gpunodes, nodes, tracker.scheduled_at)
         for name, life in list(finish_at.items()):
             at = tracker.scheduled_at.get(name)
             if at is not None and (datetime.now(timezone.utc) - at).total_seconds() >= life:
@@ -116,7 +134,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     say(line)
             next_print = now_m + args.interval
         waiting = c["gated"] + c["pending"]
-        if not queue and waiting == 0 and not finish_at:
+        if faults is not None and faults.busy():
+            pass  # the fault scenario is not over: keep going
+        elif not queue and waiting == 0 and not finish_at:
             break
         if not queue and waiting == 0 and now_m > args.submit_seconds + 12:
             break  # remaining lifetimes run on; the stream itself is done
@@ -146,6 +166,10 @@ def run_demo(args: argparse.Namespace) -> int:
         "seconds": round(time.monotonic() - began, 1),
     }
     ok = summary["pods_unscheduled"] == 0
+    if faults is not None:
+        summary.update(faults.summary())
+        ok = ok and not faults.busy() and summary["pods_placed_on_unhealthy"] == 0 \
+            and summary["in_use_instances_destroyed"] == 0
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -160,6 +184,8 @@ def run_demo(args: argparse.Namespace) -> int:
             say(f"  {key:<{width}}  {shown}")
         for line in rejections[:5]:
             say(f"  rejected: {line}")
+        for line in faults.lines() if faults is not None else []:
+            say(line)
     if args.keep:
         from gpupack.devcluster import state as cluster_state
 
@@ -196,4 +222,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
     p.add_argument("--interval", type=positive_float, default=2.0, help="seconds between progress lines (default 2)")
     p.add_argument("--layouts", action="store_true", help="print every GPU's layout with each progress line")
+    p.add_argument("--fault", action="store_true",
+                   help="make GPUs fail during the run (an XID on a busy MIG instance, a lost GPU, an ECC burst, "
+                        "an acknowledgement) and measure how the cluster routes around them")
     p.set_defaults(handler=_handler)

@@ -126,6 +126,9 @@ class Agent:
         except KubeError as exc:
             log.warning("event %s not recorded: %s", reason, exc)
 
+    def withheld(self, snapshot: NodeSnapshot) -> frozenset[str]:
+        return self.health.withdrawn(snapshot)
+
     def snapshot(self) -> NodeSnapshot:
         if self.backend is None:
             return NodeSnapshot("nvml", error=self.backend_error or "NVML backend not available")

@@ -91,6 +91,10 @@ class AgentContext(Protocol):
         """Record a Kubernetes event on this node's GPUNode (repeats suppressed)."""
         ...
 
+    def withheld(self, snapshot: NodeSnapshot) -> frozenset[str]:
+        """Device UUIDs the device plugin withholds for faults in force (not allocatable)."""
+        ...
+
     def snapshot(self) -> NodeSnapshot:
         """NVML as it is now."""
         ...

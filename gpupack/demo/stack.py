@@ -83,6 +83,8 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
     admin: Any = None
     webhook_configs: list[str] = field(default_factory=list)
+    controller_metrics_port: int = 0
+    """Serve the controller's /metrics on this loopback port (0: not served)."""
 
     # ------------------------------------------------------------ lifecycle
     def start(self, say: Any) -> None:
@@ -104,7 +106,8 @@ class Stack:
             self._agent(node)
         self._webhook()
         say("webhook: serving over TLS, registered with the API server")
-        self.start_controller("controller")
+        self.start_controller("controller", *(("--metrics-port", str(self.controller_metrics_port))
+                                              if self.controller_metrics_port else ()))
         say("controller: running (leader-elected)")
         _wait("every GPUNode reported by its agent", self._all_reported, 60)
 
@@ -174,7 +177,7 @@ class Stack:
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": {"name": node.name}, "spec": spec})
 
     def _agent(self, node: DemoNode) -> ManagedProcess:
-        state = self.workdir / f"{node.name}.nvml.json"
+        state = self.state_file(node.name)
         if node.sharing != "none" and not state.exists():
             # A shared node's GPUs run with MIG off; changing MIG mode needs a GPU reset,
             # so the simulated GPUs start that way, as a real node would be set up.
@@ -194,6 +197,10 @@ class Stack:
             "controller", "run", "--kubeconfig", self._sa_kubeconfig("gpupack-controller"), "--metrics-port", "0",
             "--resync-seconds", "2", "--batch-seconds", "0.2", "--identity", name, "--lease-seconds", "6", *extra,
         ])
+
+    def state_file(self, node: str) -> Path:
+        """The simulated NVML state file of ``node``'s agent (faults are posted next to it)."""
+        return self.workdir / f"{node}.nvml.json"
 
     def stop_process(self, name: str) -> None:
         for proc in list(self.processes):

@@ -155,7 +155,10 @@ def advertise_after_reshape(ctx: AgentContext, journal: Journal, store: KubeJour
     node = ctx.kube.get_node(name)
     if ctx.advertiser.readvertise(ctx, snapshot, node):
         node = ctx.kube.get_node(name)
-    expected = {k: v for k, v in advertise(snapshot, "none", 1).resources.items() if mig_profile_of(k) is not None}
+    # What the plugin offers: every MIG device NVML shows, less those it withholds as unhealthy.
+    adv = advertise(snapshot, "none", 1, ctx.withheld(snapshot))
+    expected = {k: v - adv.unhealthy.get(k, 0) for k, v in adv.resources.items()
+                if mig_profile_of(k) is not None and v > adv.unhealthy.get(k, 0)}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
     shown = {k: int(v) for k, v in allocatable.items() if mig_profile_of(k) is not None and str(v) != "0"}
     now = ctx.clock()

@@ -105,8 +105,9 @@ def test_free_capacity_leaves_out_faulted_gpus_and_instances_but_keeps_busy_ones
     busy_on_sick = [("1g.10gb", 0, 1, True)] + SEVEN_1G[1:]
     snap = snapshot(gpunode("a", [mig_gpu(0, SEVEN_1G, sick={3, 4}), mig_gpu(1, busy_on_sick, health=FAULT)]))
     free = FreeCapacity.of(snap)
-    # GPU 0: seven, two faulted -> 5; GPU 1: faulted, its one busy instance counts against its own pod only.
-    assert free.mig_free("a")["1g.10gb"] == 5
+    # GPU 0: seven, two faulted -> 5 offered; GPU 1 faulted -> none offered, but its busy instance's user
+    # still counts, as kube-scheduler counts it (allocatable 5, one request): 4 free.
+    assert free.mig_free("a")["1g.10gb"] == 4
 
 
 def test_a_degraded_node_gets_no_pod_and_no_plan() -> None:
