@@ -277,6 +277,10 @@ class FaultScenario:
             "fault_to_withdrawn_seconds_p95": _round(percentile(offsets("advertised"), 95)),
             "fault_to_excluded_seconds_p50": _round(percentile(excluded, 50)),
             "fault_to_excluded_seconds_p95": _round(percentile(excluded, 95)),
+            "faults": [{"what": r.what, "withdrawn_by_device_plugin": r.withdrawn,
+                        "to_status_seconds": _after(r, r.reported), "to_planner_seconds": _after(r, r.planner),
+                        "to_withdrawn_seconds": _after(r, r.advertised), "to_excluded_seconds": _round(r.excluded)}
+                       for r in self.records],
         }
 
     def lines(self) -> list[str]:
@@ -322,6 +326,10 @@ def _withdrawn_from(node: dict[str, Any], record: FaultRecord) -> bool:
     before = sum(record.capacity_before.get(mig_resource(p), 0) for p in set(record.profiles))
     after = sum(capacity.get(mig_resource(p), 0) for p in set(record.profiles))
     return before - after >= min(lost, before)
+
+
+def _after(record: FaultRecord, at: float | None) -> float | None:
+    return None if at is None else round(at - record.posted, 2)
 
 
 def _round(value: float | None) -> float | None:

@@ -98,11 +98,18 @@ def valid_rest(path: tuple[str, ...], inputs: dict[str, Path]) -> dict[str, str]
         ("agent", "run"): {"--node": "n1", "--simulate": "H200:1"},
         ("agent", "snapshot"): {"--simulate": "H200:1"},
         ("agent", "inventory"): {"--simulate": "H200:1"},
+        ("agent", "fault"): {"kind": "xid", "--gpu": "0", "--xid": "79"},
+        ("agent", "health", "ack"): {"--node": "n1", "--gpu": "0"},
+        ("agent", "health", "show"): {"--node": "n1"},
     }.get(path, {})
 
 
 FILES = [(path, name) for path, parser in COMMANDS if path not in LONG_RUNNING for action in parser._actions
          for name in (action.option_strings or [action.dest]) if name in FILE_INPUTS]
+
+
+def positional_values(args: dict[str, str]) -> list[str]:
+    return [value for key, value in args.items() if not key.startswith("--")]
 
 
 SERVERS = {("webhook", "serve"), ("agent", "run"), ("controller", "run")}
@@ -124,6 +131,8 @@ def test_unusable_files_get_one_line_and_exit_2(path: tuple[str, ...], name: str
     argv = list(path)
     for key, value in args.items():
         argv += [value] if not key.startswith("--") else [key, value]
+    # Positionals given by dest name ("kind", "file", "pod") go after the options.
+    argv = [a for a in argv if a not in positional_values(args)] + positional_values(args)
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))  # never reach a real cluster from here
     monkeypatch.chdir(tmp_path)
