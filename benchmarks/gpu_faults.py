@@ -57,8 +57,8 @@ def run(seed: int, pods: int, submit_seconds: float) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[7, 8, 9, 10, 11], help="workload seeds, one run each")
-    parser.add_argument("--pods", type=int, default=60, help="pods per run (default 60)")
-    parser.add_argument("--submit-seconds", type=float, default=30.0, help="submission window per run (default 30)")
+    parser.add_argument("--pods", type=int, default=40, help="pods per run (default 40, the demo's)")
+    parser.add_argument("--submit-seconds", type=float, default=20.0, help="submission window per run (default 20, the demo's)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "gpu_faults.json", help="JSON results")
     args = parser.parse_args()
     runs = []

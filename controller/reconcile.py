@@ -221,7 +221,10 @@ class Controller:
     def _evict(self, gpunodes: list[dict[str, Any]], pod_objs: Mapping[str, dict[str, Any]],
                report: CycleReport) -> None:
         """Evict the pods of failed devices that their controllers recreate (``controller.evictions``)."""
+        allowed = set(self.settings.namespace_list)
         for eviction in evictions(gpunodes, pod_objs):
+            if allowed and eviction.namespace not in allowed:
+                continue  # a scoped controller evicts only the pods it places
             try:
                 self.kube.evict_pod(eviction.namespace, eviction.name)
             except KubeError as exc:

@@ -26,7 +26,7 @@ reboot (everything but lifetime counters and a failed remapping starts afresh);
 a repair (a replaced GPU: its failure signals gone). They are injected by calling
 the methods, or, from another process, through an inbox file next to the state
 file (``<state file>.inbox``, JSON lines, see :func:`post_to_inbox`) that the
-backend reads whenever the agent asks for XID events.
+backend reads whenever a snapshot begins (``device_count``) and the agent asks for XID events.
 State is persisted to a JSON file after every change (write, fsync, rename), so
 an agent restarted on the same file sees the same GPUs, instances and processes.
 """
@@ -161,6 +161,8 @@ class SimulatedNvml:
 
     # ----------------------------------------------------------------- read side
     def device_count(self) -> int:
+        # Every snapshot starts here: faults posted by other processes take effect before it is read.
+        self.read_inbox()
         return len(self._gpus)
 
     def device_info(self, index: int) -> DeviceInfo:

@@ -13,6 +13,8 @@ Fixture API (see docs/controlplane.md):
 * ``private_control_plane`` -> a module's own control plane (no kube-scheduler)
 * ``controller_manager_plane`` -> a module's own control plane with kube-controller-manager
   (its default controllers; no kube-scheduler), built on demand like the others
+* ``controller_manager_scheduler_plane`` -> the same with kube-scheduler too (pods that
+  ReplicaSets create get bound)
 * ``control_plane`` -> :class:`gpupack.devcluster.controlplane.ControlPlane`
   (``.kubeconfig``, ``.server``, ``.ca`` to issue webhook serving certs,
   ``.admin_client()``, ``.serviceaccount_kubeconfig(name)``, ...)
@@ -59,8 +61,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     global _binaries, _build_error, _controller_manager_error
     e2e = [item for item in items if E2E_DIR in Path(str(item.path)).parents]
     # kube-controller-manager is optional: built only if a collected test needs it.
-    with_controller_manager = any(CONTROLLER_MANAGER_FIXTURE in getattr(item, "fixturenames", ())
-                                  for item in e2e)
+    with_controller_manager = any(name in getattr(item, "fixturenames", ())
+                                  for item in e2e for name in CONTROLLER_MANAGER_FIXTURES)
     for item in e2e:
         item.add_marker(pytest.mark.e2e)
     if not e2e or _skip_requested() or _binaries is not None or _build_error is not None:
@@ -150,18 +152,17 @@ def private_control_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]
 
 
 CONTROLLER_MANAGER_FIXTURE = "controller_manager_plane"
+CONTROLLER_MANAGER_FIXTURES = (CONTROLLER_MANAGER_FIXTURE, "controller_manager_scheduler_plane")
+"""Fixtures that need kube-controller-manager: built after collection only if a test uses one."""
 
 
-@pytest.fixture(scope="module")
-def controller_manager_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
-    """A control plane of the module's own with kube-controller-manager (default controllers,
-    no kube-scheduler); fails with the cause and fix when kube-controller-manager cannot be built."""
+def _plane_with_controller_manager(control_plane: ControlPlane, *, scheduler: bool) -> Iterator[ControlPlane]:
     from gpupack.devcluster.controlplane import ControlPlaneConfig
 
     if _controller_manager_error is not None:
         pytest.fail(f"cannot run this test: kube-controller-manager is unavailable.\n{_controller_manager_error}\n"
                     f"(set {SKIP_ENV}=1 only to skip the e2e tests on purpose)", pytrace=False)
-    config = ControlPlaneConfig(scheduler=False, controller_manager=True)
+    config = ControlPlaneConfig(scheduler=scheduler, controller_manager=True)
     try:
         own = ControlPlane(control_plane.binaries, config).start()
     except DevClusterError as exc:
@@ -170,6 +171,20 @@ def controller_manager_plane(control_plane: ControlPlane) -> Iterator[ControlPla
         yield own
     finally:
         own.stop()
+
+
+@pytest.fixture(scope="module")
+def controller_manager_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane of the module's own with kube-controller-manager (default controllers,
+    no kube-scheduler); fails with the cause and fix when kube-controller-manager cannot be built."""
+    yield from _plane_with_controller_manager(control_plane, scheduler=False)
+
+
+@pytest.fixture(scope="module")
+def controller_manager_scheduler_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane of the module's own with kube-controller-manager (default controllers) and
+    kube-scheduler (the shipped packing configuration): a ReplicaSet's pods are created and bound."""
+    yield from _plane_with_controller_manager(control_plane, scheduler=True)
 
 
 @pytest.fixture(scope="session")
