@@ -317,7 +317,11 @@ class Agent:
                                       health=self.health.health_by_device(), degraded=self.health.last.degraded,
                                       memory_signals=self.health.tracker.memory_seen)
         changed = status != self._last_status
-        if now - self._last_patch < self.s.min_patch_seconds and not (changed and generation != (self._last_status or {}).get("observedGeneration")):
+        # A new spec answered, or a fault begun or ended, is published at once: the controller and the
+        # webhook must stop using a failed device as soon as possible (node.health).
+        urgent = changed and (generation != (self._last_status or {}).get("observedGeneration")
+                              or _faults(status) != _faults(self._last_status or {}))
+        if now - self._last_patch < self.s.min_patch_seconds and not urgent:
             return
         if not changed and now - self._last_patch < self.s.heartbeat_seconds:
             return
@@ -325,3 +329,9 @@ class Agent:
         self.remember(self.kube.patch_gpunode_status(self.s.node_name, {**status, "heartbeatTime": format_time(now)}))
         self.metrics.patches.inc()
         self._last_status, self._last_patch = status, now
+
+
+def _faults(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The faults a GPUNode status reports, for telling whether they changed."""
+    return tuple((g.get("index"), i.get("giId") if i is not g else None, (i.get("health") or {}).get("reason"))
+                 for g in status.get("gpus") or [] for i in (g, *(g.get("instances") or [])) if i.get("health"))
