@@ -2,28 +2,30 @@
 
 ``List`` on ``/var/lib/kubelet/pod-resources/kubelet.sock`` (gRPC, service
 ``v1.PodResourcesLister``) answers for every pod the kubelet admitted, without
-``hostPID``. gpupack talks to it with grpcio's generic unary call and decodes the
-few fields it needs straight from the protobuf wire format (field numbers from
-the kubelet's ``api.proto``), so it needs neither generated stubs nor protobuf:
-
-    ListPodResourcesResponse { repeated PodResources pod_resources = 1; }
-    PodResources       { string name = 1; string namespace = 2; repeated ContainerResources containers = 3; }
-    ContainerResources { string name = 1; repeated ContainerDevices devices = 2; ... }
-    ContainerDevices   { string resource_name = 1; repeated string device_ids = 2; ... }
+``hostPID``. gpupack calls it through the client stub generated from the kubelet's
+``api.proto`` (``node.kubeletapi.podresources_v1_pb2_grpc``, see tools/proto/generate.py)
+and keeps, of each container's devices, the resource name and the device ids.
 
 Device ids are what the NVIDIA device plugin advertises: a GPU or MIG UUID, with
 ``::<n>`` appended for a time-sliced or MPS replica.
+
+Every failure (no socket, grpcio or protobuf missing or too old for the generated code,
+the call failing, timing out or answering something undecodable) is a
+``PodResourcesError``; the agent then falls back to what ``/proc`` says.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
 from sharing.keys import NVIDIA_PREFIX
 
+if TYPE_CHECKING:
+    from node.kubeletapi.podresources_v1_pb2 import ListPodResourcesResponse
+
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-LIST_METHOD = "/v1.PodResourcesLister/List"
 
 
 class PodResourcesError(Exception):
@@ -42,71 +44,12 @@ class PodDevices:
         return f"{self.namespace}/{self.name}"
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise PodResourcesError("truncated varint")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise PodResourcesError("varint too long")
-
-
-def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
-    """(field number, value) of one message: ints for varints, bytes for length-delimited."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-            yield number, value
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            if pos + length > len(data):
-                raise PodResourcesError("truncated field")
-            yield number, data[pos: pos + length]
-            pos += length
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise PodResourcesError(f"unsupported protobuf wire type {wire}")
-
-
-def decode_list_response(data: bytes) -> list[PodDevices]:
-    result: list[PodDevices] = []
-    for number, pod in _fields(data):
-        if number != 1 or not isinstance(pod, bytes):
-            continue
-        name = namespace = ""
-        containers: list[bytes] = []
-        for n, v in _fields(pod):
-            if n == 1 and isinstance(v, bytes):
-                name = v.decode()
-            elif n == 2 and isinstance(v, bytes):
-                namespace = v.decode()
-            elif n == 3 and isinstance(v, bytes):
-                containers.append(v)
-        for container in containers:
-            for n, device in _fields(container):
-                if n != 2 or not isinstance(device, bytes):
-                    continue
-                resource = ""
-                ids: list[str] = []
-                for dn, dv in _fields(device):
-                    if dn == 1 and isinstance(dv, bytes):
-                        resource = dv.decode()
-                    elif dn == 2 and isinstance(dv, bytes):
-                        ids.append(dv.decode())
-                result.append(PodDevices(namespace, name, resource, tuple(ids)))
-    return result
+def pod_devices(response: ListPodResourcesResponse) -> list[PodDevices]:
+    """One entry per container device group of each pod (a pod without devices yields none)."""
+    return [PodDevices(pod.namespace, pod.name, devices.resource_name, tuple(devices.device_ids))
+            for pod in response.pod_resources
+            for container in pod.containers
+            for devices in container.devices]
 
 
 def list_pod_devices(socket: Path = DEFAULT_SOCKET, timeout_s: float = 5.0) -> list[PodDevices]:
@@ -115,15 +58,19 @@ def list_pod_devices(socket: Path = DEFAULT_SOCKET, timeout_s: float = 5.0) -> l
         raise PodResourcesError(f"no kubelet PodResources socket at {socket}")
     try:
         import grpc  # type: ignore[import-untyped]
+
+        from node.kubeletapi import podresources_v1_pb2, podresources_v1_pb2_grpc
     except ImportError as exc:
-        raise PodResourcesError(f"grpcio not installed: {exc}") from exc
+        raise PodResourcesError(f"grpcio or protobuf not installed: {exc}") from exc
+    except Exception as exc:  # the generated code checks the runtime versions at import
+        raise PodResourcesError(f"grpcio or protobuf too old for the generated stubs: {exc}") from exc
     try:
         with grpc.insecure_channel(f"unix://{socket}") as channel:
-            call = channel.unary_unary(LIST_METHOD)  # no (de)serializers: raw protobuf bytes both ways
-            response = call(b"", timeout=timeout_s)
-    except grpc.RpcError as exc:
+            stub = podresources_v1_pb2_grpc.PodResourcesListerStub(channel)
+            response = stub.List(podresources_v1_pb2.ListPodResourcesRequest(), timeout=timeout_s)
+    except grpc.RpcError as exc:  # also an answer the stub cannot decode (StatusCode.INTERNAL)
         raise PodResourcesError(f"PodResources List failed: {exc}") from exc
-    return decode_list_response(bytes(response))
+    return pod_devices(response)
 
 
 def device_owners(pods: list[PodDevices]) -> dict[str, list[str]]:

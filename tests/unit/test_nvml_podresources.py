@@ -1,9 +1,15 @@
-"""The kubelet PodResources client: protobuf decoding and a real gRPC call over a unix socket."""
+"""The kubelet PodResources client, against a real gRPC server on a unix socket.
+
+The server is the generated ``PodResourcesListerServicer`` (what the kubelet implements),
+so the client's stub, the wire format and the conversion to ``PodDevices`` are all real;
+only what the server answers is scripted.
+"""
 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -11,37 +17,25 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 import pytest
 
-from node.podresources import (
-    LIST_METHOD, PodDevices, PodResourcesError, decode_list_response, device_owners, list_pod_devices,
-)
+from node.kubeletapi import podresources_v1_pb2 as pb
+from node.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
+from node.podresources import PodDevices, PodResourcesError, device_owners, list_pod_devices, pod_devices
+
+Pods = list[tuple[str, str, list[tuple[str, list[str]]]]]
+"""(name, namespace, [(resource, device ids)]) per pod, one container each."""
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes | str | int) -> bytes:
-    if isinstance(payload, int):
-        return _varint(number << 3) + _varint(payload)
-    data = payload.encode() if isinstance(payload, str) else payload
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
-
-
-def _response(pods: list[tuple[str, str, list[tuple[str, list[str]]]]]) -> bytes:
-    out = b""
+def _response(pods: Pods) -> pb.ListPodResourcesResponse:
+    response = pb.ListPodResourcesResponse()
     for name, namespace, devices in pods:
-        container = _field(1, "main") + _field(3, 4) + _field(3, 5)  # cpu_ids: varints to skip
+        pod = response.pod_resources.add(name=name, namespace=namespace)
+        # Fields the client ignores, filled so that it must skip them: exclusive CPUs, memory, NUMA.
+        container = pod.containers.add(name="main", cpu_ids=[4, 5])
+        container.memory.add(memory_type="memory", size=1 << 30)
         for resource, ids in devices:
-            device = _field(1, resource) + b"".join(_field(2, i) for i in ids) + _field(3, _field(1, b"numa"))
-            container += _field(2, device)
-        out += _field(1, _field(1, name) + _field(2, namespace) + _field(3, container))
-    return out
+            group = container.devices.add(resource_name=resource, device_ids=ids)
+            group.topology.nodes.add(ID=0)
+    return response
 
 
 SAMPLE = _response([
@@ -51,42 +45,97 @@ SAMPLE = _response([
 ])
 
 
-def test_decode_and_owners() -> None:
-    pods = decode_list_response(SAMPLE)
-    assert PodDevices("ml", "train", "nvidia.com/mig-3g.71gb", ("MIG-aaa",)) in pods
-    assert device_owners(pods) == {"MIG-aaa": ["ml/train"], "GPU-bbb": ["ds/notebook"]}
+class Kubelet(pb_grpc.PodResourcesListerServicer):
+    """Answers ``List`` with ``answer(request, context)``."""
+
+    def __init__(self, answer: Callable[[pb.ListPodResourcesRequest, Any], pb.ListPodResourcesResponse]) -> None:
+        self.answer = answer
+        self.calls = 0
+
+    def List(self, request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
+        self.calls += 1
+        return self.answer(request, context)
 
 
-@pytest.mark.parametrize("garbage", [b"\x0a\xff", b"\x0a\x05ab", b"\x0f"], ids=["bad-varint", "truncated", "wire-7"])
-def test_malformed_answers_are_errors_not_crashes(garbage: bytes) -> None:
-    with pytest.raises(PodResourcesError):
-        decode_list_response(garbage)
+def _serve(path: Path, handler: Any) -> Any:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    if isinstance(handler, pb_grpc.PodResourcesListerServicer):
+        pb_grpc.add_PodResourcesListerServicer_to_server(handler, server)
+    else:
+        server.add_generic_rpc_handlers((handler,))
+    server.add_insecure_port(f"unix://{path}")
+    server.start()
+    return server
 
 
 @pytest.fixture
-def kubelet_socket() -> Iterator[Path]:
+def socket_dir() -> Iterator[Path]:
     with tempfile.TemporaryDirectory() as tmp:  # short path: unix socket names are limited to ~100 bytes
-        path = Path(tmp) / "kubelet.sock"
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-        service, method = LIST_METHOD.strip("/").split("/")
-
-        def handle(request: bytes, _context: Any) -> bytes:
-            assert request == b""
-            return SAMPLE
-
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-            service, {method: grpc.unary_unary_rpc_method_handler(handle)}),))
-        server.add_insecure_port(f"unix://{path}")
-        server.start()
-        try:
-            yield path
-        finally:
-            server.stop(grace=None)
+        yield Path(tmp)
 
 
-def test_list_over_grpc(kubelet_socket: Path) -> None:
-    pods = list_pod_devices(kubelet_socket, timeout_s=5)
+def test_pod_devices_keeps_each_device_group_and_skips_pods_without_devices() -> None:
+    pods = pod_devices(SAMPLE)
+    assert pods == [
+        PodDevices("ml", "train", "nvidia.com/mig-3g.71gb", ("MIG-aaa",)),
+        PodDevices("ds", "notebook", "nvidia.com/gpu.shared", ("GPU-bbb::0", "GPU-bbb::3")),
+        PodDevices("ds", "notebook", "example.com/nic", ("eth9",)),
+    ]
+    assert device_owners(pods) == {"MIG-aaa": ["ml/train"], "GPU-bbb": ["ds/notebook"]}
+
+
+def test_list_over_grpc(socket_dir: Path) -> None:
+    kubelet = Kubelet(lambda request, _context: SAMPLE)
+    server = _serve(socket_dir / "kubelet.sock", kubelet)
+    try:
+        pods = list_pod_devices(socket_dir / "kubelet.sock", timeout_s=5)
+    finally:
+        server.stop(grace=None)
+    assert kubelet.calls == 1
     assert {p.key for p in pods} == {"ml/train", "ds/notebook"}
+    assert device_owners(pods) == {"MIG-aaa": ["ml/train"], "GPU-bbb": ["ds/notebook"]}
+
+
+def _raw(answer: bytes) -> Any:
+    """A handler that answers ``List`` with raw bytes, bypassing the generated serializer."""
+    return grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
+        "List": grpc.unary_unary_rpc_method_handler(lambda _request, _context: answer)})
+
+
+@pytest.mark.parametrize("garbage", [b"\x0a\xff", b"\x0a\x05ab", b"\x0f"], ids=["bad-varint", "truncated", "wire-7"])
+def test_malformed_answers_are_errors_not_crashes(socket_dir: Path, garbage: bytes) -> None:
+    server = _serve(socket_dir / "kubelet.sock", _raw(garbage))
+    try:
+        with pytest.raises(PodResourcesError, match=r"(?s)PodResources List failed.*deserializing"):
+            list_pod_devices(socket_dir / "kubelet.sock", timeout_s=5)
+    finally:
+        server.stop(grace=None)
+
+
+def _slow(_request: pb.ListPodResourcesRequest, _context: Any) -> pb.ListPodResourcesResponse:
+    time.sleep(2)
+    return SAMPLE
+
+
+def _refuse(_request: pb.ListPodResourcesRequest, context: Any) -> pb.ListPodResourcesResponse:
+    context.abort(grpc.StatusCode.PERMISSION_DENIED, "pod-resources: not allowed")
+    raise AssertionError("abort returns only by raising")
+
+
+@pytest.mark.parametrize("answer, timeout_s, match", [
+    (_slow, 0.2, "DEADLINE_EXCEEDED"),
+    (_refuse, 5.0, "PERMISSION_DENIED"),
+], ids=["timeout", "kubelet-refuses"])
+def test_a_failing_call_is_an_error_within_the_timeout(socket_dir: Path, answer: Any, timeout_s: float,
+                                                       match: str) -> None:
+    server = _serve(socket_dir / "kubelet.sock", Kubelet(answer))
+    try:
+        start = time.monotonic()
+        with pytest.raises(PodResourcesError, match=match):
+            list_pod_devices(socket_dir / "kubelet.sock", timeout_s=timeout_s)
+        assert time.monotonic() - start < timeout_s + 1.5
+    finally:
+        server.stop(grace=None)
 
 
 def test_missing_socket_is_a_clear_error(tmp_path: Path) -> None:
@@ -94,7 +143,15 @@ def test_missing_socket_is_a_clear_error(tmp_path: Path) -> None:
         list_pod_devices(tmp_path / "nope.sock")
 
 
-def test_agent_on_a_real_node_pins_what_the_kubelet_says_a_pod_holds() -> None:
+def test_a_stale_socket_nobody_listens_on_is_an_error(socket_dir: Path) -> None:
+    server = _serve(socket_dir / "kubelet.sock", Kubelet(lambda request, _context: SAMPLE))
+    server.stop(grace=None)  # the kubelet went away; its socket file may stay behind
+    (socket_dir / "kubelet.sock").touch()
+    with pytest.raises(PodResourcesError, match="UNAVAILABLE"):
+        list_pod_devices(socket_dir / "kubelet.sock", timeout_s=2)
+
+
+def test_agent_on_a_real_node_pins_what_the_kubelet_says_a_pod_holds(socket_dir: Path) -> None:
     """A GPU node (not simulated): PodResources names the pod on the 7g instance; it is not reshaped."""
     from mig.catalog import get_model
     from node.agent import Agent
@@ -113,28 +170,25 @@ def test_agent_on_a_real_node_pins_what_the_kubelet_says_a_pod_holds() -> None:
         def __getattr__(self, name: str) -> Any:
             return getattr(sim, name)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.sock"
-        answer = _response([("train", "ml", [("nvidia.com/mig-7g.141gb", [mig_uuid])])])
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(lambda _r, _c: answer)}),))
-        server.add_insecure_port(f"unix://{path}")
-        server.start()
-        try:
-            kube = FakeKube("n1")
-            kube.pods = [{"metadata": {"namespace": "ml", "name": "train", "uid": "u-train"},
-                          "spec": {"nodeName": "n1", "containers": [
-                              {"resources": {"limits": {"nvidia.com/mig-7g.141gb": "1"}}}]}}]
-            settings = AgentSettings(node_name="n1", idle_seconds=0.0, min_patch_seconds=0.01, metrics_port=0,
-                                     pod_resources_socket=str(path))
-            agent = Agent(settings, HardwareNvml(), kube, clock=Clock())  # type: ignore[arg-type]
+    path = socket_dir / "k.sock"
+    answer = _response([("train", "ml", [("nvidia.com/mig-7g.141gb", [mig_uuid])])])
+    kubelet = Kubelet(lambda _request, _context: answer)
+    server = _serve(path, kubelet)
+    try:
+        kube = FakeKube("n1")
+        kube.pods = [{"metadata": {"namespace": "ml", "name": "train", "uid": "u-train"},
+                      "spec": {"nodeName": "n1", "containers": [
+                          {"resources": {"limits": {"nvidia.com/mig-7g.141gb": "1"}}}]}}]
+        settings = AgentSettings(node_name="n1", idle_seconds=0.0, min_patch_seconds=0.01, metrics_port=0,
+                                 pod_resources_socket=str(path))
+        agent = Agent(settings, HardwareNvml(), kube, clock=Clock())  # type: ignore[arg-type]
+        agent.tick()
+        kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "1g.18gb"}] * 7}]})
+        for _ in range(3):
             agent.tick()
-            kube.set_spec({"gpus": [{"index": 0, "migEnabled": True, "layout": [{"profile": "1g.18gb"}] * 7}]})
-            for _ in range(3):
-                agent.tick()
-        finally:
-            server.stop(grace=None)
+    finally:
+        server.stop(grace=None)
+    assert kubelet.calls >= 1
     assert [i.profile for i in sim.gpu_instances(0)] == ["7g.141gb"]
     assert kube.gpunode is not None
     gpu0 = kube.gpunode["status"]["gpus"][0]["instances"][0]
