@@ -4,8 +4,9 @@ The built-in scenario, at fixed points of the submission window:
 
 1. (30 %) XID 94 (a contained ECC error) on a MIG instance in use on ``h100-a``: the
    instance is withdrawn, the pod on it gets an Event, its neighbours keep running;
-2. (45 %) a GPU of ``h100-b`` falls off the bus (XID 79, then ``GPU_IS_LOST``): the
-   GPU and its instances leave capacity until the node reboots;
+2. (45 %) the H100 with the most pods on it (either node) falls off the bus (XID 79,
+   then ``GPU_IS_LOST``): the GPU and its instances leave capacity until the node
+   reboots, and its pods keep their devices;
 3. (60 %) an uncorrected ECC burst on GPU 0 of the MPS node ``a100-a``: the device
    plugin keeps advertising it (it ignores ECC), so gpupack keeps new pods off the
    node (``gpupack.io/gpu-degraded``);
@@ -48,7 +49,7 @@ class Step:
 
 SCENARIO: tuple[Step, ...] = (
     Step(0.30, "xid-busy-instance", "h100-a"),  # or the other MIG node, whichever has a busy instance first
-    Step(0.45, "lose-gpu", "h100-b"),
+    Step(0.45, "lose-gpu", "h100-b"),  # the GPU with the most pods on either MIG node
     Step(0.60, "ecc", "a100-a", 0),
     Step(0.80, "acknowledge", "a100-a", 0),
 )
@@ -67,7 +68,6 @@ class FaultRecord:
     withdrawn: bool
     """The device plugin withdraws it (else gpupack marks the node degraded)."""
     posted: float
-    capacity_before: dict[str, int] = field(default_factory=dict)
     reported: float | None = None
     reported_wall: datetime | None = None
     planner: float | None = None
@@ -131,32 +131,35 @@ class FaultScenario:
                 return False
             node, gpu, inst = busy[0]
             step = Step(step.at, step.kind, node)
-        status = (gpunodes.get(step.node) or {}).get("status") or {}
-        capacity = _capacity(nodes.get(step.node, {}))
         if step.kind == "xid-busy-instance":
             post_to_inbox(self.state_files[step.node], {"op": "xid", "gpu": gpu, "xid": XID_CONTAINED_ECC,
                                                         "gi": inst["giId"]})
             what = (f"XID {XID_CONTAINED_ECC} on MIG instance {inst['profile']}@{inst['start']} of GPU {gpu} of "
                     f"{step.node} (used by {', '.join(inst['pods'])})")
-            self.records.append(FaultRecord(what, step.node, gpu, inst["giId"], (inst["profile"],), True, now,
-                                            capacity))
+            self.records.append(FaultRecord(what, step.node, gpu, inst["giId"], (inst["profile"],), True, now))
         elif step.kind == "lose-gpu":
-            # A GPU with pods on it, if one has any (their pods keep their devices, and no new pod gets one).
-            gpus = [g for g in status.get("gpus") or [] if not g.get("health")
+            # The healthy GPU with the most pods on it, on either MIG node (its pods keep their devices, and no
+            # new pod gets one); ties go to the step's node.
+            faulted = {(r.node, r.gpu) for r in self.records}
+            gpus = [(name, g) for name in sorted(gpunodes) if name.startswith("h100")
+                    for g in ((gpunodes.get(name) or {}).get("status") or {}).get("gpus") or []
+                    if (name, g["index"]) not in faulted and not g.get("health")
                     and not any(i.get("health") for i in g.get("instances") or [])]
             if not gpus:
                 return False
-            target = max(gpus, key=lambda g: (sum(1 for i in g.get("instances") or [] if i.get("inUse")),
-                                              len(g.get("instances") or []), g["index"]))
+            node, target = max(gpus, key=lambda ng: (sum(1 for i in ng[1].get("instances") or [] if i.get("inUse")),
+                                                     len(ng[1].get("instances") or []), ng[0] == step.node,
+                                                     ng[1]["index"]))
+            step = Step(step.at, step.kind, node)
             post_to_inbox(self.state_files[step.node], {"op": "lose", "gpu": target["index"]})
             profiles = tuple(i["profile"] for i in target.get("instances") or [])
             self.records.append(FaultRecord(f"GPU {target['index']} of {step.node} falls off the bus", step.node,
-                                            target["index"], None, profiles, True, now, capacity))
+                                            target["index"], None, profiles, True, now))
         elif step.kind == "ecc":
             assert step.gpu is not None
             post_to_inbox(self.state_files[step.node], {"op": "ecc", "gpu": step.gpu, "count": 2, "retire": True})
             self.records.append(FaultRecord(f"uncorrected ECC errors on GPU {step.gpu} of {step.node}", step.node,
-                                            step.gpu, None, (), False, now, capacity))
+                                            step.gpu, None, (), False, now))
         else:
             self._acknowledge(step, gpunodes, now)
         self.say(f"[{now:5.1f}s] FAULT: " + (self.records[-1].what if step.kind != "acknowledge" else
@@ -194,7 +197,7 @@ class FaultScenario:
             if not record.withdrawn:
                 off = ((node.get("metadata") or {}).get("labels") or {}).get(DEGRADED_LABEL) == "true"
             else:
-                off = _withdrawn_from(node, record)
+                off = _withdrawn_from(node, record, gpunode)
             if off:
                 record.advertised = now
 
@@ -306,26 +309,22 @@ def _health_shown(status: dict[str, Any], record: FaultRecord) -> bool:
     return False
 
 
-def _capacity(node: dict[str, Any]) -> dict[str, int]:
-    raw = (node.get("status") or {}).get("capacity") or {}
-    return {k: int(v) for k, v in raw.items() if k.startswith("nvidia.com/") and str(v).isdigit()}
-
-
-def _withdrawn_from(node: dict[str, Any], record: FaultRecord) -> bool:
+def _withdrawn_from(node: dict[str, Any], record: FaultRecord, gpunode: dict[str, Any]) -> bool:
     """The node no longer offers the device: a withheld MIG instance leaves allocatable (capacity stays);
-    a lost GPU's instances leave capacity."""
+    a lost GPU's instances leave capacity, which then holds no more of their profiles than the node's
+    other GPUs report (reshapes elsewhere may add instances of the same profiles meanwhile)."""
     status = node.get("status") or {}
     capacity = {k: int(v) for k, v in (status.get("capacity") or {}).items() if str(v).isdigit()}
     allocatable = {k: int(v) for k, v in (status.get("allocatable") or {}).items() if str(v).isdigit()}
     if record.gi is not None:
         resource = mig_resource(record.profiles[0])
         return allocatable.get(resource, 0) < capacity.get(resource, 0)
-    if not record.profiles:
-        return True
-    lost = sum(1 for _ in record.profiles)
-    before = sum(record.capacity_before.get(mig_resource(p), 0) for p in set(record.profiles))
-    after = sum(capacity.get(mig_resource(p), 0) for p in set(record.profiles))
-    return before - after >= min(lost, before)
+    others: dict[str, int] = {}
+    for g in (gpunode.get("status") or {}).get("gpus") or []:
+        if g.get("index") != record.gpu:
+            for i in g.get("instances") or []:
+                others[i["profile"]] = others.get(i["profile"], 0) + 1
+    return all(capacity.get(mig_resource(p), 0) <= others.get(p, 0) for p in set(record.profiles))
 
 
 def _after(record: FaultRecord, at: float | None) -> float | None:
