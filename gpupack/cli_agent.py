@@ -5,6 +5,9 @@
 SIMULATED NVML backend instead of the GPU driver, with ``--state-file`` so a
 restarted agent sees the same GPUs; add ``--emulate-device-plugin`` to advertise
 resources on the Node as the NVIDIA device plugin would (simulation only).
+``--backend dra`` runs the node on Dynamic Resource Allocation: no device plugin,
+the agent publishes the node's ResourceSlices (driver ``gpu.gpupack.io``,
+docs/dra.md); the default, ``device-plugin``, keeps the NVIDIA device plugin.
 Every option also has an environment variable ``GPUPACK_AGENT_<OPTION>``.
 
 ``gpupack agent snapshot`` prints what the NVML backend (real or simulated)
@@ -33,7 +36,7 @@ from mig.catalog import get_model
 from mig.errors import MigError
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import NvmlBackend
-from node.settings import LAYOUT_APPLY_MODES, AgentSettings
+from node.settings import BACKENDS, LAYOUT_APPLY_MODES, AgentSettings
 
 
 def _simulated(spec: str, state_file: str, seed: str, delay_s: float = 0.0) -> NvmlBackend:
@@ -77,7 +80,7 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
         "node_name": args.node, "mode": args.mode, "simulate": args.simulate, "state_file": args.state_file,
         "poll_seconds": args.poll_seconds, "idle_seconds": args.idle_seconds, "metrics_port": args.metrics_port,
         "emulate_device_plugin": True if args.emulate_device_plugin else None,
-        "heartbeat_seconds": args.heartbeat_seconds,
+        "heartbeat_seconds": args.heartbeat_seconds, "backend": args.backend,
     }
     try:
         settings = AgentSettings.from_env(**overrides)
@@ -173,6 +176,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "keep it well under the controller's --agent-stale-seconds)")
     p.add_argument("--emulate-device-plugin", action="store_true",
                    help="SIMULATION: advertise Node resources/labels as the NVIDIA device plugin and GFD would")
+    p.add_argument("--backend", default=None, choices=BACKENDS,
+                   help="who hands GPUs to containers: the NVIDIA device plugin (device-plugin, the default) or "
+                        "DRA, with the agent publishing the node's ResourceSlices (dra); one backend per node pool")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

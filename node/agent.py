@@ -21,7 +21,8 @@ asks which it got:
 - how a layout is applied (steps 3-4): ``node.layouts`` (NVML directly, or
   mig-manager), by ``--mode``;
 - how the GPUs are advertised (steps 2, 4, 5): ``node.advertising`` (the stock
-  device plugin, or its emulator on simulated nodes);
+  device plugin, or its emulator on simulated nodes; on a DRA node pool,
+  ``--backend dra``, the node's ResourceSlices instead);
 - which pod owns which device (step 1): ``node.process_owners`` (the kubelet's
   PodResources API and ``/proc``, or the simulator's process ids).
 
@@ -128,6 +129,9 @@ class Agent:
 
     def withheld(self, snapshot: NodeSnapshot) -> frozenset[str]:
         return self.health.withdrawn(snapshot)
+
+    def faulted(self) -> frozenset[tuple[int, int | None]]:
+        return frozenset(self.health.last.faults)
 
     def snapshot(self) -> NodeSnapshot:
         if self.backend is None:

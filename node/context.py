@@ -95,6 +95,12 @@ class AgentContext(Protocol):
         """Device UUIDs the device plugin withholds for faults in force (not allocatable)."""
         ...
 
+    def faulted(self) -> frozenset[tuple[int, int | None]]:
+        """Every fault in force (``node.health``) as ``(GPU index, None)`` for a GPU and ``(GPU index,
+        GPU-instance id)`` for one MIG instance, whether or not the device plugin would withdraw it:
+        what an advertiser that withdraws devices itself (DRA) must not offer."""
+        ...
+
     def snapshot(self) -> NodeSnapshot:
         """NVML as it is now."""
         ...

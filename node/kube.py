@@ -5,16 +5,22 @@ Credentials, error translation, retries and Events come from
 makes. Plain dicts in and out (the wire form), so the callers and their tests
 never see the client library's model classes. Every call that changes something
 is a JSON merge patch of fields the agent owns, or a read-modify-write guarded
-by ``resourceVersion`` (ConfigMaps), so concurrent writers cannot lose each
-other's changes.
+by ``resourceVersion`` (ConfigMaps, ResourceSlices), so concurrent writers cannot
+lose each other's changes.
+
+ResourceSlices (``resource.k8s.io/v1``, the ``dra`` backend) go through the
+client's ``ResourceV1Api`` with plain JSON bodies, read back raw
+(``_preload_content=False``): the object as the API server stores it, with no
+model class in between that could drop a field the client does not know.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, cast
 
-from kubernetes import watch
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
@@ -27,8 +33,18 @@ PLURAL = "gpunodes"
 __all__ = ["Kube", "KubeConfigError"]
 
 
+def _json(response: Any) -> dict[str, Any]:
+    """The body of a raw (``_preload_content=False``) answer."""
+    data = json.loads(response.data or b"{}")
+    return data if isinstance(data, dict) else {}
+
+
 class Kube(KubeClient):
     component = "gpupack-node-agent"
+
+    def __init__(self, api: client.ApiClient) -> None:
+        super().__init__(api)
+        self._resource = client.ResourceV1Api(api)
 
     # ------------------------------------------------------------------ GPUNode
     def get_gpunode(self, name: str) -> dict[str, Any] | None:
@@ -112,3 +128,32 @@ class Kube(KubeClient):
                         raise
         return len(pods.items)
 
+    # ----------------------------------------------------------- ResourceSlices
+    def list_resource_slices(self, node_name: str, driver: str) -> list[dict[str, Any]]:
+        """The ResourceSlices of ``driver`` whose ``spec.nodeName`` is ``node_name``, as stored."""
+        response = call(self._resource.list_resource_slice,
+                        field_selector=f"spec.nodeName={node_name},spec.driver={driver}",
+                        _preload_content=False, idempotent=True)
+        return [i for i in _json(response).get("items") or [] if isinstance(i, dict)]
+
+    def create_resource_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Create one slice (409 if the name is taken); the stored object."""
+        return _json(call(self._resource.create_resource_slice, cast(Any, dict(body)), _preload_content=False))
+
+    def replace_resource_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Replace one slice; ``body``'s ``metadata.resourceVersion`` guards it (409 if it changed meanwhile).
+        Not retried here: a lost answer to a write that landed would come back as a false conflict."""
+        return _json(call(self._resource.replace_resource_slice, name, cast(Any, dict(body)), _preload_content=False))
+
+    def patch_resource_slice(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        """JSON merge patch of one slice (put ``metadata.resourceVersion`` in ``patch`` to guard it)."""
+        return _json(call(self._resource.patch_resource_slice, name, dict(patch), _content_type=MERGE_PATCH,
+                          _preload_content=False))
+
+    def delete_resource_slice(self, name: str) -> None:
+        """Delete one slice; one already gone is not an error."""
+        try:
+            call(self._resource.delete_resource_slice, name, _preload_content=False, idempotent=True)
+        except KubeError as exc:
+            if not exc.not_found:
+                raise

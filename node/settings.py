@@ -11,11 +11,16 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from kube.settings import settings_from_env
+from sharing.dra.model import DraModelError
+from sharing.dra.share_policy import SharePolicy
 from sharing.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
 
 LayoutApplyMode = Literal["direct", "operator"]
 """How the agent applies a MIG layout: NVML directly, or through the GPU Operator's mig-manager."""
 LAYOUT_APPLY_MODES: tuple[LayoutApplyMode, ...] = ("direct", "operator")
+Backend = Literal["device-plugin", "dra"]
+"""Who hands the node's GPUs to containers (ARCHITECTURE.md, "Two backends, chosen per node pool")."""
+BACKENDS: tuple[Backend, ...] = ("device-plugin", "dra")
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,11 @@ class AgentSettings:
     mode: LayoutApplyMode = "direct"
     """``direct``: the agent calls NVML to reshape. ``operator``: it writes a mig-parted
     config and lets the GPU Operator's mig-manager apply it."""
+    backend: Backend = "device-plugin"
+    """``device-plugin``: the NVIDIA device plugin hands out GPUs (the agent writes its sharing
+    config and labels). ``dra``: gpupack's DRA driver ``gpu.gpupack.io`` does; the agent publishes
+    the node's ResourceSlices (``node.advertising.dra``) and writes no device-plugin config or
+    label. A GPU is owned by one backend, never both; the default keeps existing nodes as they are."""
     simulate: str = ""
     """``MODEL:COUNT`` to use the SIMULATED NVML backend (machines without GPUs)."""
     state_file: str = ""
@@ -50,7 +60,8 @@ class AgentSettings:
     """Label selector of the NVIDIA device-plugin pods (the GPU Operator's default)."""
     pause_device_plugin: bool = True
     """Set ``nvidia.com/gpu.deploy.device-plugin=false`` while reshaping, as mig-manager does,
-    so no pod is handed an instance that is about to be destroyed."""
+    so no pod is handed an instance that is about to be destroyed. Always off on the ``dra``
+    backend, where no device plugin runs (and its label is not the agent's to write)."""
     emulate_device_plugin: bool = False
     """SIMULATION: advertise resources on the Node as the device plugin and GFD would."""
     mig_parted_configmap: str = MIG_PARTED_CONFIGMAP
@@ -71,6 +82,24 @@ class AgentSettings:
     """Effect of the ``gpupack.io/gpu-unhealthy`` taint while every GPU of the node is unhealthy
     (``NoSchedule``, ``PreferNoSchedule``, ``NoExecute``, or ``none`` for no taint). ``NoSchedule``
     keeps CPU-only pods off too, as GPU nodes usually do; ``NoExecute`` also evicts running pods."""
+    dra_whole_gpu: bool = False
+    """``dra`` backend: also offer each MIG-enabled GPU as one whole device (kind ``gpu``, MIG
+    disabled when prepared). Off by default: turning MIG off needs an idle GPU and, on most
+    models, a GPU reset, and the ``7g`` placement already gives a claim the whole GPU's compute."""
+    dra_share_milli_step: int = 50
+    """``dra`` backend: the share unit of shared (MPS, time-sliced) GPUs in milli, 1..500 and a
+    divisor of 1000 (``sharing.dra.share_policy``; docs/dra.md says why 50)."""
+    dra_share_memory_step_mib: int = 1024
+    """``dra`` backend: the memory unit of shared GPUs in MiB (1 GiB: claims name whole GiB)."""
+    dra_resync_seconds: float = 300.0
+    """``dra`` backend: seconds between re-reads of the node's ResourceSlices from the API server,
+    which repair a slice someone else changed or deleted. Between them the agent compares with
+    what it last wrote, so a node whose GPUs do not change costs the API server nothing."""
+
+    def __post_init__(self) -> None:
+        if self.backend == "dra" and self.pause_device_plugin:
+            # No device plugin to pause: its label must stay untouched (one backend per GPU).
+            object.__setattr__(self, "pause_device_plugin", False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AgentSettings:
@@ -90,6 +119,31 @@ class AgentSettings:
                              "PreferNoSchedule, NoExecute, none")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port {self.metrics_port} out of range 0..65535")
+        self._validate_backend()
+
+    def _validate_backend(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.backend != "dra":
+            return
+        if self.emulate_device_plugin:
+            raise ValueError("emulate_device_plugin is for the device-plugin backend; the dra backend publishes "
+                             "ResourceSlices instead (a GPU is owned by one backend, never both)")
+        if self.mode != "direct":
+            raise ValueError("the dra backend needs mode direct: mig-manager (operator mode) applies whole-node "
+                             "configs and restarts the device plugin, while DRA claims create MIG instances one by one")
+        if self.dra_resync_seconds <= 0:
+            raise ValueError(f"dra_resync_seconds must be positive, got {self.dra_resync_seconds}")
+        if self.dra_share_memory_step_mib < 1:
+            raise ValueError(f"dra_share_memory_step_mib must be at least 1, got {self.dra_share_memory_step_mib}")
+        try:
+            self.dra_share_policy()
+        except DraModelError as exc:
+            raise ValueError(f"dra_share_milli_step: {exc}") from None
+
+    def dra_share_policy(self) -> SharePolicy:
+        """The request policy of shared GPUs on the ``dra`` backend (raises ``DraModelError`` when out of range)."""
+        return SharePolicy(milli_step=self.dra_share_milli_step, memory_step_bytes=self.dra_share_memory_step_mib * 2**20)
 
     def with_(self, **changes: Any) -> AgentSettings:
         return replace(self, **changes)

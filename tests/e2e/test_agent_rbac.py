@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
@@ -22,6 +22,9 @@ from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
 from kube.errors import KubeError
 from node.kube import Kube
+from sharing.dra import names, wire
+from sharing.dra.gpu_devices import shared_gpu
+from sharing.dra.slices import node_slices
 from sharing.keys import UNHEALTHY_TAINT, per_node_name
 
 POLICY = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "node-restriction-policy.yaml"
@@ -54,17 +57,18 @@ def _agent_on(control_plane: ControlPlane, core: client.CoreV1Api, sa: str, node
 
 
 def _test_agent(admin_client: Any, apply_manifests: Callable[..., list[dict[str, Any]]], prefix: str,
-                *manifests: Path) -> str:
-    """A new ServiceAccount bound to the node agent's ClusterRole, with the shipped ``manifests``
+                *manifests: Path, roles: tuple[str, ...] = ("gpupack-node-agent",)) -> str:
+    """A new ServiceAccount bound to the node agent's ClusterRoles ``roles``, with the shipped ``manifests``
     applied under new names and naming it instead of ``gpupack-node-agent``; its name."""
     core = client.CoreV1Api(admin_client)
     sa = f"{prefix}-{uuid.uuid4().hex[:6]}"
     core.create_namespaced_service_account("gpupack-system", client.V1ServiceAccount(
         metadata=client.V1ObjectMeta(name=sa)))
-    client.RbacAuthorizationV1Api(admin_client).create_cluster_role_binding(client.V1ClusterRoleBinding(
-        metadata=client.V1ObjectMeta(name=sa),
-        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name="gpupack-node-agent"),
-        subjects=[client.RbacV1Subject(kind="ServiceAccount", name=sa, namespace="gpupack-system")]))
+    for role in roles:
+        client.RbacAuthorizationV1Api(admin_client).create_cluster_role_binding(client.V1ClusterRoleBinding(
+            metadata=client.V1ObjectMeta(name=f"{sa}-{role}"),
+            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole", name=role),
+            subjects=[client.RbacV1Subject(kind="ServiceAccount", name=sa, namespace="gpupack-system")]))
     suffix = f"-{sa}"
     docs = [d for d in load_manifests(*manifests) if d["kind"] != "ConfigMap"]
     for doc in docs:
@@ -185,3 +189,86 @@ def test_agent_may_touch_only_its_own_nodes_entries_in_the_gpu_operator_namespac
     long_agent.patch_namespaced_config_map(config, operator_ns, {"data": {key: "version: v1\n"}})
     with pytest.raises(client.ApiException, match="only change its own node's entry"):
         long_agent.patch_namespaced_config_map(config, operator_ns, {"data": {f"gpupack-{other}": "replicas: 3\n"}})
+
+
+def _slice(node: str) -> dict[str, Any]:
+    """The one ResourceSlice of a node with one shared GPU, as the agent would publish it."""
+    (item,) = node_slices(node, [shared_gpu(0, f"GPU-{node}", "NVIDIA-H100-80GB-HBM3", 80 * 2**30, "mps")])
+    return dict(wire.slice_json(item))
+
+
+def test_agent_may_publish_only_its_own_nodes_resource_slices(
+    control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
+    apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
+) -> None:
+    """manifests/rbac/node-agent-dra.yaml lets the agent write ResourceSlices (cluster-scoped); the
+    policy gpupack-node-agent-own-slices keeps it to gpupack's driver on its own node."""
+    core = client.CoreV1Api(admin_client)
+    sa = _test_agent(admin_client, apply_manifests, "agent-dra", POLICY,
+                     roles=("gpupack-node-agent", "gpupack-node-agent-dra"))
+    own, other = _new_node(core), _new_node(core)
+    admin = Kube(admin_client)
+    theirs = admin.create_resource_slice(_slice(other))  # another node's agent published this
+    agent = _agent_on(control_plane, core, sa, own, tmp_path)
+    raw = client.ResourceV1Api(agent.api)
+    try:
+        attempts = iter(range(1, 1000))
+
+        def other_node_refused() -> KubeError | None:
+            # A new name each time: until the API server's policy cache has the policy, a create may land.
+            body = _slice(other)
+            body["metadata"]["name"] = f"{other}-probe-{next(attempts)}"
+            try:
+                agent.create_resource_slice(body)
+            except KubeError as exc:
+                return exc
+            admin.delete_resource_slice(body["metadata"]["name"])
+            return None
+
+        deadline = time.monotonic() + 30
+        denied = other_node_refused()
+        while denied is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+            denied = other_node_refused()
+        assert denied is not None, "the agent could publish a slice for another node"
+        assert denied.status == 403 and "only publish ResourceSlices of driver gpu.gpupack.io for its own node" in str(
+            denied), denied
+
+        # Its own node's slice: created (201), updated, re-stamped at a new generation, deleted.
+        mine = _slice(own)
+        created: Any = raw.create_resource_slice(cast(Any, mine), _preload_content=False)
+        assert created.status == 201
+        stored = agent.list_resource_slices(own, names.DRIVER)
+        assert [s["metadata"]["name"] for s in stored] == [mine["metadata"]["name"]]
+        mine["metadata"]["resourceVersion"] = stored[0]["metadata"]["resourceVersion"]
+        mine["spec"]["pool"]["generation"] = 2
+        replaced = agent.replace_resource_slice(mine["metadata"]["name"], mine)
+        agent.patch_resource_slice(mine["metadata"]["name"], {
+            "metadata": {"resourceVersion": replaced["metadata"]["resourceVersion"]},
+            "spec": {"pool": {"generation": 3}}})
+
+        # Another driver's slice on its own node, or any write to another node's slice: refused.
+        foreign = _slice(own)
+        foreign["metadata"]["name"] = f"{own}-gpu.example.com-000"
+        foreign["spec"]["driver"] = "gpu.example.com"
+        with pytest.raises(KubeError, match="for its own node") as refused:
+            agent.create_resource_slice(foreign)
+        assert refused.value.status == 403
+        with pytest.raises(KubeError, match="for its own node"):
+            agent.patch_resource_slice(theirs["metadata"]["name"], {"spec": {"pool": {"generation": 9}}})
+        with pytest.raises(KubeError, match="for its own node"):
+            agent.delete_resource_slice(theirs["metadata"]["name"])
+        assert admin.list_resource_slices(other, names.DRIVER)[0]["spec"]["pool"]["generation"] == 1
+        agent.delete_resource_slice(mine["metadata"]["name"])
+        assert agent.list_resource_slices(own, names.DRIVER) == []
+
+        # A token not bound to a pod (no node name) may publish nothing, not even for a node it names.
+        unbound = _token(core, sa, None)
+        path = write_kubeconfig(tmp_path / "unbound-dra.kubeconfig", kubeconfig_dict(
+            control_plane.server, control_plane.ca.cert_pem, "unbound", token=unbound))
+        with pytest.raises(KubeError, match="for its own node"):
+            Kube.connect(str(path)).create_resource_slice(_slice(own))
+    finally:
+        for node in (own, other):
+            for item in admin.list_resource_slices(node, names.DRIVER):
+                admin.delete_resource_slice(item["metadata"]["name"])

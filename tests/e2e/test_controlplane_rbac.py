@@ -62,6 +62,9 @@ MATRIX: tuple[tuple[str, str, str, str | None, str], ...] = tuple((*row, "") for
     ("rbac.authorization.k8s.io", "clusterroles", "", None),
     ("", "configmaps", "", OPERATOR_NS),
     ("", "pods", "", OPERATOR_NS),
+    ("resource.k8s.io", "resourceslices", "", None),
+    ("resource.k8s.io", "resourceclaims", "", "default"),
+    ("resource.k8s.io", "deviceclasses", "", None),
 )) + (
     ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"),
     ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"),
@@ -114,6 +117,10 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("", "pods", "", OPERATOR_NS, ""): {"list", "delete"},  # list: cluster-wide
         # manifests/rbac/node-agent-xid-table.yaml: the admin's XID table, by name, read only.
         ("", "configmaps", "", NS, XID_TABLE): {"get"},
+        # manifests/rbac/node-agent-dra.yaml: its node's ResourceSlices on a DRA node pool (cluster-scoped;
+        # the own-node policy in manifests/agent/node-restriction-policy.yaml narrows the writes), no
+        # deletecollection, and nothing of claims or DeviceClasses.
+        ("resource.k8s.io", "resourceslices", "", None, ""): READ | WRITE | {"delete"},
     },
 }
 # No pods/eviction for the controller above: only the opt-in grants it (and only that).
@@ -260,6 +267,11 @@ def _exercise(objs: dict[str, Any], core: dict[str, Any], name: str,
     assert _status_of(lambda: core["gpupack-node-agent"].read_namespaced_config_map(XID_TABLE, NS)) in (200, 404)
     assert _status_of(lambda: core["gpupack-node-agent"].read_namespaced_config_map("kube-root-ca.crt", NS)) == 403
     assert _status_of(lambda: core["gpupack-node-agent"].list_namespaced_config_map(NS)) == 403
+    # Only the node agent reads (and, on a DRA node pool, writes) ResourceSlices.
+    resource = {sa: client.ResourceV1Api(core[sa].api_client) for sa in EXPECTED}
+    for sa in EXPECTED:
+        listed = _status_of(lambda: resource[sa].list_resource_slice(_preload_content=False))
+        assert listed == (200 if sa == "gpupack-node-agent" else 403), sa
     # The default install's controller evicts nothing (manifests/gpu-fault-evictions is the opt-in).
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="any-pod", namespace="default"))
     assert _status_of(lambda: core["gpupack-controller"].create_namespaced_pod_eviction(

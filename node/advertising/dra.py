@@ -1,0 +1,177 @@
+"""The ``dra`` backend: the agent publishes its node's ResourceSlices (driver ``gpu.gpupack.io``).
+
+On a node pool run with Dynamic Resource Allocation (``--backend dra``) no
+device plugin hands out GPUs: kube-scheduler allocates ResourceClaims against
+the ResourceSlices the agent publishes, and gpupack's kubelet plugin prepares
+them. :class:`DraPublisher` is the agent's advertiser there
+(``node.context.Advertiser``). Each tick, ``publish``:
+
+1. decides what each GPU offers (``node.advertising.dra_offers``: MIG GPUs as
+   partitionable devices, others shared or whole by the spec's sharing mode;
+   faults withdrawn; new placements only where a SharingPolicy allows reshaping);
+2. builds the pool with ``sharing.dra`` (pool = node name, ``nodeName`` = node,
+   owned by the Node so the slices go with it) and checks it with the
+   validator, so nothing the API server would refuse is sent;
+3. compares it with what is published (``node.advertising.dra_pool``) and, only
+   if anything differs, writes it at the next pool generation.
+
+What is published is read from the API server when the agent starts, after a
+failed write and every ``dra_resync_seconds``; between those reads it is what
+the agent last wrote, so a steady node makes no API call at all for its slices.
+The outcome is the GPUNode condition ``ResourceSlicesPublished`` (slices,
+generation, devices by kind, what is withdrawn and why).
+
+No device plugin runs, so there is nothing to pause or restart around a
+reshape, no Node allocatable to re-advertise and no plugin health to forward:
+those hooks do nothing. The device-plugin label and sharing config are never
+written (``AgentSettings`` turns ``pause_device_plugin`` off on this backend).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from kube.errors import KubeError
+from node import conditions as C
+from node.advertising.dra_offers import NodeOffer, OfferRules, node_offer
+from node.advertising.dra_pool import Plan, Published, plan
+from node.context import AgentContext, JournalStore
+from node.journal import Journal
+from node.pods import PodUse
+from node.policy import ReshapeRules
+from node.settings import AgentSettings
+from node.snapshot import NodeSnapshot
+from sharing.crd import GPUNodeSpec
+from sharing.dra import names, validate
+from sharing.dra.model import ResourceSlice
+from sharing.dra.slices import node_slices
+
+log = logging.getLogger("gpupack.agent")
+SLICES_PUBLISHED = "ResourceSlicesPublished"
+"""The GPUNode condition of the ``dra`` backend (the device-plugin backend's is ``DevicePluginReady``)."""
+
+
+def reshape_blocked(rules: ReshapeRules, now: float) -> str | None:
+    """Why no new MIG placement may be offered at ``now`` (epoch seconds); None when they may."""
+    policy = rules.policy
+    if policy is None:
+        return "no SharingPolicy selects this node" + (f" ({'; '.join(rules.problems)})" if rules.problems else "")
+    if policy.static_layout is not None:
+        return f"SharingPolicy {', '.join(policy.names)} pins a static layout"
+    allowed, why = rules.may_start(now)
+    return None if allowed else why
+
+
+class DraPublisher:
+    """The node's ResourceSlices, written only when what they say changes (see the module doc)."""
+
+    def __init__(self, settings: AgentSettings) -> None:
+        self.share = settings.dra_share_policy()
+        self.whole_gpu = settings.dra_whole_gpu
+        self.resync_seconds = settings.dra_resync_seconds
+        self._published: dict[str, Published] | None = None
+        """The pool as the API server holds it, by slice name; None: read it before the next diff."""
+        self._read_at = -1e18
+        self.writes = 0
+        """API writes made to ResourceSlices (creates, replaces, patches, deletes), for tests and logs."""
+        self.last_plan: Plan | None = None
+
+    # ------------------------------------------------------------------ hooks without a device plugin
+    def allocate(self, ctx: AgentContext, snapshot: NodeSnapshot, uses: list[PodUse], labels: Mapping[str, str],
+                 replicas: int) -> bool:
+        return False  # kube-scheduler allocates claims; the kubelet plugin prepares them
+
+    def wait_paused(self, ctx: AgentContext) -> None:
+        return None
+
+    def restart(self, ctx: AgentContext, journal: Journal, store: JournalStore) -> Journal:
+        return journal
+
+    def readvertise(self, ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any]) -> bool:
+        return False  # the tick's publish writes the slices; the Node itself shows nothing of them
+
+    def health(self, ctx: AgentContext, withheld: frozenset[str], restart: bool) -> None:
+        return None  # publish reads every fault in force itself (ctx.faulted)
+
+    # ------------------------------------------------------------------ publish
+    def publish(self, ctx: AgentContext, snapshot: NodeSnapshot, node: Mapping[str, Any], spec: GPUNodeSpec | None,
+                labels: Mapping[str, str]) -> list[C.Cond]:
+        if snapshot.error is not None:
+            return [C.Cond(SLICES_PUBLISHED, "False", "NvmlUnavailable",
+                           f"{snapshot.error}; the node's ResourceSlices are left as published")]
+        if spec is None:
+            return [C.Cond(SLICES_PUBLISHED, "False", "SpecInvalid",
+                           "the GPUNode spec is invalid, so the sharing mode is unknown; "
+                           "the node's ResourceSlices are left as published")]
+        rules = OfferRules(sharing=spec.sharing.mode,
+                           allowed_profiles=ctx.rules.policy.allowed_profiles if ctx.rules.policy else None,
+                           reshape_blocked=reshape_blocked(ctx.rules, ctx.clock()),
+                           whole_gpu=self.whole_gpu, share=self.share)
+        offer = node_offer(snapshot, ctx.faulted(), rules)
+        uid = str((node.get("metadata") or {}).get("uid") or "") or None
+        wanted = node_slices(ctx.s.node_name, offer.gpus, generation=0, owner_uid=uid)
+        try:
+            validate.check(wanted)
+        except validate.InvalidSlices as exc:
+            log.error("ResourceSlices of %s not published: %s", ctx.s.node_name, exc)
+            return [C.Cond(SLICES_PUBLISHED, "False", "InvalidSlices", f"{exc}; nothing written")]
+        try:
+            generation = self._sync(ctx, wanted)
+        except KubeError as exc:
+            self._published = None  # the pool may be half-written: read it again before the next diff
+            log.warning("ResourceSlices of %s not published: %s", ctx.s.node_name, exc)
+            return [C.Cond(SLICES_PUBLISHED, "False", "PublishFailed", f"writing ResourceSlices failed: {exc}")]
+        blocked = rules.reshape_blocked if any(g.info.mig_enabled for g in snapshot.gpus) else None
+        return [C.Cond(SLICES_PUBLISHED, "True", "Published", describe(ctx.s.node_name, wanted, generation, offer, blocked))]
+
+    def _sync(self, ctx: AgentContext, wanted: tuple[ResourceSlice, ...]) -> int:
+        """Make the API server hold ``wanted``; the pool generation it is published at."""
+        now = ctx.clock()
+        if self._published is None or now - self._read_at >= self.resync_seconds:
+            listed = ctx.kube.list_resource_slices(ctx.s.node_name, names.DRIVER)
+            self._published = {p.name: p for p in map(Published.of, listed)}
+            self._read_at = now
+        todo = plan(wanted, self._published)
+        if todo is None:
+            return max((p.generation for p in self._published.values()), default=0)
+        self.last_plan = todo
+        published = dict(self._published)
+        self._published = None  # until every write below has landed
+        kube = ctx.kube
+        for body in todo.create:
+            published[body["metadata"]["name"]] = Published.of(kube.create_resource_slice(body))
+            self.writes += 1
+        for body in todo.replace:
+            published[body["metadata"]["name"]] = Published.of(kube.replace_resource_slice(body["metadata"]["name"], body))
+            self.writes += 1
+        for name, patch in todo.repool:
+            published[name] = Published.of(kube.patch_resource_slice(name, patch))
+            self.writes += 1
+        for name in todo.delete:
+            kube.delete_resource_slice(name)
+            published.pop(name, None)
+            self.writes += 1
+        self._published = published
+        log.info("ResourceSlices of %s at pool generation %d: %d created, %d rewritten, %d re-stamped, %d deleted",
+                 ctx.s.node_name, todo.generation, len(todo.create), len(todo.replace), len(todo.repool),
+                 len(todo.delete))
+        return todo.generation
+
+
+def describe(node: str, slices: tuple[ResourceSlice, ...], generation: int, offer: NodeOffer,
+             reshape_blocked: str | None = None) -> str:
+    """The condition's message: what is published, what is not, and why (``reshape_blocked``: why MIG
+    GPUs offer no new placements)."""
+    kinds = Counter(d.kind for s in slices for d in s.devices)
+    by_kind = ", ".join(f"{kinds[k]} {k}" for k in names.KINDS if kinds[k]) or "none"
+    parts = [f"{len(slices)} ResourceSlice(s) of pool {node} at generation {generation}: "
+             f"{offer.device_count} device(s) on {len(offer.gpus)} GPU(s) ({by_kind})"]
+    if reshape_blocked is not None:
+        parts.append(f"new MIG placements not offered: {reshape_blocked}")
+    if offer.withdrawn:
+        parts.append("withdrawn: " + ", ".join(offer.withdrawn))
+    parts.extend(offer.problems)
+    return "; ".join(parts)
