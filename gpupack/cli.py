@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "gpupack.cli_dev",
     "gpupack.cli_webhook",
     "gpupack.cli_agent",
+    "gpupack.cli_draplugin",
     "gpupack.cli_controller",
     "gpupack.cli_demo",
 )
