@@ -186,11 +186,12 @@ def render(data: dict[str, Any], ref: dict[tuple[str, str], dict[int, float]], o
                 f"{r['placed']} | {r['never_placed']} | {r['mean_wait_s']:.1f} | {r['reshapes']} |"
             )
     lines.append("")
-    # The product model's section is written by simulate_product.py: keep it.
+    # The product models' sections are written by simulate_product.py and simulate_dra.py: keep them.
+    from simulate_dra import dra_section, with_dra_section
     from simulate_product import product_section, with_product_section
 
-    previous = product_section(out / "RESULTS.md")
-    (out / "RESULTS.md").write_text(with_product_section("\n".join(lines), previous))
+    previous, previous_dra = product_section(out / "RESULTS.md"), dra_section(out / "RESULTS.md")
+    (out / "RESULTS.md").write_text(with_dra_section(with_product_section("\n".join(lines), previous), previous_dra))
     plot(runs, ref, workloads, out)
 
 

@@ -11,6 +11,13 @@ configuration manifests/ ships. ``--policy`` then names the packing engine's
 policy for the pods the engine places; ``--live-path scheduler`` models the
 earlier live path (fractional pods scored by kube-scheduler) for comparison.
 
+``--model product --backend dra`` applies the rules of the DRA backend instead
+(consumable capacity): a fractional pod claims its share rounded up to the
+request policy's step (``--share-unit``, default 50 milli) on any GPU with room,
+with no node-wide replica count; whole-GPU pods take GPUs with no share on
+them; the engine (``--policy``) places every GPU pod, kube-scheduler the
+CPU-only ones. ``--backend device-plugin`` (the default) is the model above.
+
 Prints the allocation ratio at each arrived-demand level (0..130 %), the number
 of failed pods and the median decision time per pod; ``--json`` prints the same
 as one JSON object. ``--seeds N`` runs the published seeds 42.. (N of them) and
@@ -29,12 +36,14 @@ import argparse
 import dataclasses
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_OK, UsageError, finite_float, non_negative_float
 from sharing.packing.mig_layouts import MIG_STRATEGIES, make_strategy
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
+from sharing.simulator.dra import DEFAULT_SHARE_UNIT, DraRun, check_share_unit, run_dra
 from sharing.simulator.mig_replay import replay_mig
 from sharing.simulator.product import LIVE_PATHS, ProductRun, run_product
 from sharing.simulator.replay import RunResult, SweepResult, summarise, sweep
@@ -43,6 +52,7 @@ from sharing.simulator.traces import TraceError, load_nodes, load_pods
 from sharing.simulator.workload import published_seeds
 
 SHARING_MODELS = ("fgd", "product")
+BACKENDS = ("device-plugin", "dra")
 
 TEXT_LEVELS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 125, 130)
 """Levels shown in the text table (the reference table's columns); JSON has every level."""
@@ -69,7 +79,17 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument(
         "--model", choices=SHARING_MODELS, default="fgd", dest="sharing_model",
-        help="fgd: the FGD paper's protocol (default); product: the live device-plugin rules (docs/simulator.md)",
+        help="fgd: the FGD paper's protocol (default); product: the live rules of --backend (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--backend", choices=BACKENDS, default=None,
+        help="with --model product: device-plugin (node-wide replicas; default) or dra (consumable capacity: "
+        "each pod's share rounded up to --share-unit, on any GPU)",
+    )
+    p.add_argument(
+        "--share-unit", type=int, default=None, metavar="MILLI",
+        help=f"with --backend dra: the step of the milli capacity's request policy (default {DEFAULT_SHARE_UNIT}; "
+        "must divide 1000 and be at most 500, as the API requires of a step: sharing.dra.share_policy)",
     )
     p.add_argument(
         "--live-path", choices=LIVE_PATHS, default="engine",
@@ -100,7 +120,27 @@ def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
     return (42 if args.seed is None else args.seed,)
 
 
+def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
+    """The backend the product model replays and, for DRA, its share unit; UsageError for a flag
+    that does not apply."""
+    if args.backend is not None and (args.sharing_model != "product" or args.mig):
+        raise UsageError("--backend applies to --model product only (the FGD protocol and --mig model no backend)")
+    backend: str = args.backend or "device-plugin"
+    if args.share_unit is not None and backend != "dra":
+        raise UsageError("--share-unit applies to --backend dra only (the device-plugin backend shares in replicas of 1000/r)")
+    if backend != "dra":
+        return backend, None
+    if args.live_path != "engine":
+        raise UsageError("--live-path applies to --backend device-plugin only: under DRA the engine places every GPU pod")
+    unit = DEFAULT_SHARE_UNIT if args.share_unit is None else args.share_unit
+    try:
+        return backend, check_share_unit(unit, "--share-unit")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
+    backend, share_unit = _backend(args)
     if args.mig:
         return run_mig(args)
     try:
@@ -123,11 +163,16 @@ def run(args: argparse.Namespace) -> int:
         except SchedulerConfigError as exc:
             raise UsageError(str(exc)) from None
         try:
-            runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate) for s in seeds]
+            if share_unit is not None:
+                dra_runs = [run_dra(nodes, trace.pods, policy, s, weights, share_unit, inflate=args.inflate) for s in seeds]
+                result = product_sweep(dra_runs, trace.workload)
+                extra = {"backend": backend, "share_unit": share_unit, **dra_extra(dra_runs)}
+            else:
+                runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate) for s in seeds]
+                result = product_sweep(runs, trace.workload)
+                extra = {"backend": backend, **product_extra(runs)}
         except ValueError as exc:
             raise UsageError(f"{args.nodes}: {exc}") from None
-        result = product_sweep(runs, trace.workload)
-        extra = product_extra(runs)
     else:
         if args.live_path != "engine":
             raise UsageError("--live-path applies to --model product only")
@@ -140,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def product_sweep(runs: list[ProductRun], workload: str) -> SweepResult:
+def product_sweep(runs: Sequence[ProductRun | DraRun], workload: str) -> SweepResult:
     """Product runs averaged by the protocol's own ``summarise`` (same keys, same means)."""
     return summarise(
         [RunResult(r.policy, r.seed, r.pods, r.failed_pods, r.alloc_at, r.decision_us_median, r.final_alloc_percent)
@@ -151,14 +196,26 @@ def product_sweep(runs: list[ProductRun], workload: str) -> SweepResult:
 
 def product_extra(runs: list[ProductRun]) -> dict[str, Any]:
     """What only the product model has: its live path, what the pods occupy, where capacity went."""
+    return {
+        "live_path": runs[0].live_path,
+        **_occupied_and_split(runs),
+        "node_modes": [r.node_modes for r in runs],
+    }
+
+
+def dra_extra(runs: list[DraRun]) -> dict[str, Any]:
+    """The DRA model's own keys: the same as the device-plugin model's, with GPU states for node modes
+    (the engine places every GPU pod: the live path is ``engine``)."""
+    return {"live_path": "engine", **_occupied_and_split(runs), "gpu_modes": [r.gpu_modes for r in runs]}
+
+
+def _occupied_and_split(runs: Sequence[ProductRun | DraRun]) -> dict[str, Any]:
     from sharing.simulator.metrics import mean_levels
 
     splits = [dataclasses.asdict(r.split) for r in runs]
     return {
-        "live_path": runs[0].live_path,
         "occupied_at": {str(k): v for k, v in mean_levels([r.occupied_at for r in runs]).items()},
         "capacity_split_percent": {k: round(sum(s[k] for s in splits) / len(splits), 2) for k in splits[0]},
-        "node_modes": [r.node_modes for r in runs],
     }
 
 
@@ -223,7 +280,12 @@ def as_json(result: SweepResult) -> dict[str, Any]:
 def as_text(result: SweepResult, sharing_model: str = "fgd", extra: dict[str, Any] | None = None) -> str:
     seeds = ", ".join(str(s) for s in result.seeds)
     extra = extra or {}
-    what = "FGD paper protocol" if sharing_model == "fgd" else f"product model, {extra.get('live_path')} live path"
+    if sharing_model == "fgd":
+        what = "FGD paper protocol"
+    elif extra.get("backend") == "dra":
+        what = f"product model, DRA backend (shares in {extra.get('share_unit')}-milli steps)"
+    else:
+        what = f"product model, {extra.get('live_path')} live path"
     occupied: dict[str, float | None] = extra.get("occupied_at", {})
     lines = [
         f"workload {result.workload}, policy {result.policy}, {what}, seeds {seeds} (mean over {len(result.seeds)})",

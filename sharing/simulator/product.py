@@ -1,7 +1,8 @@
 """The product model: a trace replayed under the live rules of the device-plugin backend.
 
 ``gpupack simulate --model product`` (the FGD paper's protocol is ``--model
-fgd``). What a fractional pod occupies, and who chooses its node, follow what
+fgd``; the DRA backend's rules, ``--backend dra``, are ``sharing.simulator.dra``).
+What a fractional pod occupies, and who chooses its node, follow what
 the live system does (docs/simulator.md, "Product model"):
 
 - **Node-wide replicas.** A node is fresh, whole or shared with ``r`` replicas
@@ -139,15 +140,7 @@ class ProductReplay:
     def _scheduler_pick(
         self, pod: PodSpec, nodes: IntArray, gpu_req: IntArray | None, gpu_alloc: IntArray | None, gpu_weight: int
     ) -> int:
-        """kube-scheduler's choice among ``nodes`` (MostAllocated; ``gpu_*`` per node in ``nodes``)."""
-        c = self.cluster
-        scores = most_allocated(
-            c.cpu_total[nodes] - c.cpu_free[nodes] + pod.cpu_milli, c.cpu_total[nodes],
-            c.mem_total[nodes] - c.mem_free[nodes] + pod.memory_mib, c.mem_total[nodes],
-            gpu_req, gpu_alloc, gpu_weight, self.weights,
-        )
-        tied = nodes[scores == scores.max()]
-        return int(tied[np.argmin(c.tie_rank[tied])])
+        return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight)
 
     def _by_scheduler(self, pod: PodSpec, candidates: BoolArray, gpu: tuple[IntArray, IntArray, int] | None) -> float | None:
         c = self.cluster
@@ -250,6 +243,28 @@ class ProductReplay:
         values, counts = np.unique(self.modes, return_counts=True)
         names = {FRESH: "fresh", WHOLE: "whole"}
         return {names.get(int(v), f"r{int(v)}"): int(n) for v, n in zip(values, counts)}
+
+
+def scheduler_pick(
+    cluster: ClusterState,
+    pod: PodSpec,
+    nodes: IntArray,
+    weights: MostAllocatedWeights,
+    gpu_req: IntArray | None = None,
+    gpu_alloc: IntArray | None = None,
+    gpu_weight: int = 0,
+) -> int:
+    """kube-scheduler's choice among ``nodes`` (MostAllocated; ``gpu_*`` per node in ``nodes``,
+    None for a pod that asks for no extended GPU resource); ties go to the lowest ``tie_rank``.
+    Every backend's model scores the pods gpupack does not place with it (CPU-only pods)."""
+    c = cluster
+    scores = most_allocated(
+        c.cpu_total[nodes] - c.cpu_free[nodes] + pod.cpu_milli, c.cpu_total[nodes],
+        c.mem_total[nodes] - c.mem_free[nodes] + pod.memory_mib, c.mem_total[nodes],
+        gpu_req, gpu_alloc, gpu_weight, weights,
+    )
+    tied = nodes[scores == scores.max()]
+    return int(tied[np.argmin(c.tie_rank[tied])])
 
 
 def as_whole(pod: PodSpec) -> PodSpec:

@@ -161,3 +161,61 @@ def test_product_model_refuses_a_gpu_type_openb_never_had(tmp_path: Path, files:
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,8,H100\n")
     result = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", "--model", "product")
     assert result.returncode == 2 and "unknown openb GPU type 'H100'" in result.stderr
+
+
+def test_dra_backend_json_says_which_backend_and_unit_ran(files: tuple[Path, Path]) -> None:
+    nodes, pods = files
+    base = ("simulate", "--nodes", nodes, "--pods", pods, "--policy", "gpupack", "--model", "product", "--json")
+    fgd = json.loads(gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "gpupack", "--json").stdout)
+    plugin = json.loads(gpupack(*base).stdout)
+    assert plugin["backend"] == "device-plugin" and "share_unit" not in plugin
+    result = gpupack(*base, "--backend", "dra", "--seeds", "2")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(fgd) <= set(data) and data["sharing_model"] == "product"
+    assert data["backend"] == "dra" and data["share_unit"] == 50 and data["live_path"] == "engine"
+    keys = list(data)
+    assert keys.index("backend") == keys.index("sharing_model") + 1
+    # Claims reserve at least what the pods ask for; the capacity split covers the cluster.
+    assert all(data["occupied_at"][k] >= v for k, v in data["alloc_at"].items() if v is not None)
+    split = data["capacity_split_percent"]
+    assert set(split) == {"requested", "share_rounding", "free_on_shared_gpus", "free_gpus"}
+    assert sum(split.values()) == pytest.approx(100.0, abs=0.1)
+    assert len(data["gpu_modes"]) == 2 and all(sum(m.values()) == 8 for m in data["gpu_modes"])
+    # The tiny trace's shares (250, 320, 470, 500, 650, 810) are multiples of 10 milli: exact at a step of 10.
+    fine = json.loads(gpupack(*base, "--backend", "dra", "--share-unit", "10").stdout)
+    assert fine["share_unit"] == 10 and fine["capacity_split_percent"]["share_rounding"] == 0.0
+
+
+def test_dra_backend_text_names_the_backend(files: tuple[Path, Path]) -> None:
+    nodes, pods = files
+    text = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", "--model", "product",
+                   "--backend", "dra", "--share-unit", "25")
+    assert text.returncode == 0, text.stderr
+    assert "product model, DRA backend (shares in 25-milli steps)" in text.stdout and "occupied %" in text.stdout
+    assert "share rounding" in text.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--backend", "dra"), "--backend applies to --model product only"),
+        (("--model", "fgd", "--backend", "device-plugin"), "--backend applies to --model product only"),
+        (("--model", "product", "--share-unit", "50"), "--share-unit applies to --backend dra only"),
+        (("--model", "product", "--backend", "device-plugin", "--share-unit", "50"), "--share-unit applies to --backend dra only"),
+        (("--model", "product", "--backend", "dra", "--share-unit", "300"), "--share-unit must divide 1000 milli"),
+        (("--model", "product", "--backend", "dra", "--share-unit", "0"), "--share-unit must be 1..500 milli"),
+        (("--model", "product", "--backend", "dra", "--share-unit", "2000"), "--share-unit must be 1..500 milli"),
+        (("--model", "product", "--backend", "dra", "--share-unit", "fifty"), "argument --share-unit: invalid int value"),
+        (("--model", "product", "--backend", "dra", "--live-path", "scheduler"), "--live-path applies to --backend device-plugin only"),
+        (("--model", "product", "--backend", "cuda"), "argument --backend: invalid choice: 'cuda'"),
+        (("--mig", "A100-80GB", "--backend", "dra"), "--backend applies to --model product only"),
+    ],
+    ids=["dra-without-product", "backend-with-fgd", "unit-without-backend", "unit-with-device-plugin", "unit-not-divisor",
+         "unit-zero", "unit-above-a-gpu", "unit-not-a-number", "dra-scheduler-path", "unknown-backend", "backend-with-mig"],
+)
+def test_backend_flags_exit_2_with_a_clear_message(files: tuple[Path, Path], args: tuple[str, ...], message: str) -> None:
+    nodes, pods = files
+    result = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", *args)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,255 @@
+"""The product model for the DRA backend: a trace replayed under the rules of consumable capacity.
+
+``gpupack simulate --model product --backend dra`` (the device-plugin backend's
+rules are ``sharing.simulator.product``). On a DRA node pool gpupack's driver
+publishes one device per GPU with ``allowMultipleAllocations`` and a ``milli``
+capacity whose request policy has a step (``share_unit``, 50 milli by
+default); the packing engine steers the allocator, so it chooses node and GPU
+(docs/simulator.md, "The DRA backend"):
+
+- **Exact shares, rounded to the request policy's step.** A fractional pod of
+  ``m`` milli claims ``ceil(m / unit) * unit`` milli of one GPU (``claimed_milli``),
+  on any GPU with that much capacity left: no node-wide ``r``, no split
+  between shared and whole-GPU nodes, and pods above half a GPU share too (a
+  600 and a 400 fit one GPU). A share rounded up to 1000 claims the whole GPU.
+- **Whole GPUs.** A whole-GPU pod (1000 milli per GPU, one or several GPUs)
+  claims GPUs with no share on them; a GPU taken whole takes no share.
+- **Who places what.** Every GPU pod is placed by the packing engine
+  (``--policy``), with the same replay machinery as the FGD protocol
+  (``sharing.packing.policy.schedule``): the difference to that protocol is
+  the rounding, and who places CPU-only pods (below). The pod the engine places, and the typical pods its
+  scorers measure fragmentation against, carry the rounded share, so FGD's
+  and gpupack's scores see what a GPU will really hold.
+- **CPU-only pods** ask gpupack for nothing: live, kube-scheduler places them
+  (``cpu_pods="scheduler"``, the default), scored as in the device-plugin
+  model (``sharing.simulator.product.scheduler_pick``, the weights
+  ``manifests/`` ships). ``cpu_pods="engine"`` gives them to the engine's
+  policy as the FGD protocol does: what gpupack would reach if it steered
+  them too (the issue's measurement of per-pod shares assumed it). With
+  ``share_unit=1`` and ``cpu_pods="engine"`` the model is the FGD protocol.
+- **openb's GPUs** map onto products as in every openb replay
+  (``sharing.simulator.openb_models``); none is MIG-capable, so MIG
+  placements (partitionable devices) are not exercised by this model, and a
+  node list with a MIG-capable type is refused. openb pods state no GPU
+  memory, so the device's memory capacity never binds.
+
+The protocol's other rules hold: the same seeded arrivals as every other model
+(``sharing.simulator.workload.build_workload``), pods never leave, a pod that
+fits nowhere is dropped, allocation counts the milli pods asked for and
+``occupied`` what their claims reserve.
+
+The step lives here until the DRA driver's request policy has one reading the
+simulator can call; the rule is the API's (``CapacityRequestPolicyRange``): a
+capacity request is rounded up to the next ``min + n * step``, here with
+``min = step = share_unit``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Literal
+
+import numpy as np
+
+from sharing.dra.model import DraModelError
+from sharing.dra.share_policy import DEFAULT_MILLI_STEP, SharePolicy
+from sharing.packing.cluster import BoolArray, ClusterState
+from sharing.packing.kube_scoring import MostAllocatedWeights
+from sharing.packing.policy import Policy, schedule
+from sharing.packing.registry import canonical_policy_name, make_policy
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
+from sharing.packing.typical import TypicalPods
+from sharing.simulator.metrics import alloc_by_level
+from sharing.simulator.openb_models import openb_gpu
+from sharing.simulator.product import scheduler_pick
+from sharing.simulator.replay import Clock, _continue_stream
+from sharing.simulator.workload import build_workload
+
+CpuPods = Literal["scheduler", "engine"]
+CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
+
+DEFAULT_SHARE_UNIT: Final = DEFAULT_MILLI_STEP
+"""The ``milli`` capacity's request-policy step, in milli of a GPU: the one the DRA device
+model publishes (``sharing.dra.share_policy``)."""
+
+
+def check_share_unit(unit: int, name: str = "the share unit") -> int:
+    """``unit`` when the DRA device model can publish it as its request-policy step
+    (``sharing.dra.share_policy.SharePolicy``: divides 1000, at most 500); ValueError saying
+    which rule ``name`` breaks otherwise."""
+    try:
+        SharePolicy(milli_step=unit)
+    except DraModelError as exc:
+        raise ValueError(str(exc).replace("the share unit", name, 1)) from None
+    return unit
+
+
+def claimed_milli(milli: int, unit: int) -> int:
+    """What a claim for ``milli`` of a GPU reserves: the request policy's rounding (the API's)."""
+    return SharePolicy(milli_step=unit).consumed_milli(milli)
+
+
+def as_claimed(pod: PodSpec, unit: int) -> PodSpec:
+    """``pod`` as its claim reserves it: a fractional share rounded up to ``unit``; others unchanged."""
+    if not pod.is_shared:
+        return pod
+    return replace(pod, gpu_milli=claimed_milli(pod.gpu_milli, unit))
+
+
+@dataclass(frozen=True)
+class DraCapacitySplit:
+    """Where a run's GPU capacity went at its end, in percent of all GPU milli (sums to 100)."""
+
+    requested: float
+    """Milli the placed pods asked for (the allocation figure)."""
+    share_rounding: float
+    """Reserved beyond the ask: shares rounded up to the request policy's step."""
+    free_on_shared_gpus: float
+    """Capacity left on GPUs that hold shares (no arriving pod fitted it, or its node's CPU or memory)."""
+    free_gpus: float
+    """GPUs with nothing on them (their node's CPU or memory taken, a GPU type no pod asked for, or nothing fitted)."""
+
+
+@dataclass(frozen=True)
+class DraRun:
+    """One seed's run under the DRA backend's rules."""
+
+    policy: str
+    seed: int
+    share_unit: int
+    cpu_pods: CpuPods
+    pods: int
+    failed_pods: int
+    alloc_at: dict[int, float | None]
+    occupied_at: dict[int, float | None]
+    decision_us_median: float
+    final_alloc_percent: float
+    split: DraCapacitySplit
+    gpu_modes: dict[str, int]
+    """GPUs per final state: ``shared`` (holds shares), ``whole`` (claimed whole), ``idle``."""
+
+
+class DraReplay:
+    """The cluster under consumable capacity, one pod at a time."""
+
+    def __init__(
+        self,
+        cluster: ClusterState,
+        policy: Policy,
+        weights: MostAllocatedWeights,
+        share_unit: int,
+        cpu_pods: CpuPods = "scheduler",
+    ) -> None:
+        if cpu_pods not in CPU_PODS:
+            raise ValueError(f"unknown placement of CPU-only pods {cpu_pods!r}; choose one of {', '.join(CPU_PODS)}")
+        self.cpu_pods = cpu_pods
+        self.cluster = cluster
+        self.policy = policy
+        self.weights = weights
+        self.share_unit = check_share_unit(share_unit)
+        self.whole: BoolArray = np.zeros(cluster.gpu_free.shape, dtype=bool)
+        """GPUs claimed whole (a claim of all of a device's capacity)."""
+
+    def place(self, pod: PodSpec) -> int | None:
+        """Place ``pod`` as the DRA path would; the GPU milli its claim reserves, or None (dropped)."""
+        c = self.cluster
+        if pod.gpu_count == 0 and self.cpu_pods == "scheduler":
+            nodes = np.flatnonzero(c.feasible(pod))
+            if nodes.size == 0:
+                return None
+            c.place(pod, scheduler_pick(c, pod, nodes, self.weights), ())
+            return 0
+        claim = as_claimed(pod, self.share_unit)
+        outcome = schedule(c, claim, self.policy)
+        if not isinstance(outcome, PodPlacement):
+            return None
+        if claim.is_whole:
+            self.whole[outcome.node, list(outcome.gpus)] = True
+        return claim.gpu_total_milli
+
+    def _shared_gpus(self) -> BoolArray:
+        c = self.cluster
+        out: BoolArray = c.gpu_present & (c.gpu_free < GPU_MILLI) & ~self.whole
+        return out
+
+    def split(self, requested_milli: int, occupied_milli: int) -> DraCapacitySplit:
+        c = self.cluster
+        total = float(c.total_gpus * GPU_MILLI)
+        idle = c.gpu_present & (c.gpu_free == GPU_MILLI)
+        return DraCapacitySplit(
+            requested=100.0 * requested_milli / total,
+            share_rounding=100.0 * (occupied_milli - requested_milli) / total,
+            free_on_shared_gpus=100.0 * float(c.gpu_free[self._shared_gpus()].sum()) / total,
+            free_gpus=100.0 * float(c.gpu_free[idle].sum()) / total,
+        )
+
+    def gpu_modes(self) -> dict[str, int]:
+        c = self.cluster
+        return {
+            "shared": int(self._shared_gpus().sum()),
+            "whole": int(self.whole.sum()),
+            "idle": int((c.gpu_present & (c.gpu_free == GPU_MILLI)).sum()),
+        }
+
+
+def run_dra(
+    nodes: Sequence[NodeSpec],
+    trace_pods: Sequence[PodSpec],
+    policy_name: str,
+    seed: int,
+    weights: MostAllocatedWeights,
+    share_unit: int = DEFAULT_SHARE_UNIT,
+    cpu_pods: CpuPods = "scheduler",
+    inflate: float = 1.3,
+    clock: Clock = time.perf_counter_ns,
+) -> DraRun:
+    """One (workload, seed, policy) run: the protocol's arrivals under the DRA backend's rules."""
+    name = canonical_policy_name(policy_name)
+    check_share_unit(share_unit)
+    ordered = sorted(nodes, key=lambda n: n.name)
+    for gpu_type in sorted({n.gpu_model for n in ordered if n.gpu_count}):
+        if openb_gpu(gpu_type).mig_capable:
+            raise ValueError(
+                f"GPU type {gpu_type!r} is MIG-capable: the DRA model replays consumable-capacity shares only, "
+                "not MIG placements"
+            )
+    total_gpus = sum(n.gpu_count for n in ordered)
+    workload = build_workload(trace_pods, len(ordered), total_gpus, seed, inflate)
+    # The scorers measure fragmentation against what the typical pods' claims reserve.
+    typical = TypicalPods.from_pods([as_claimed(p, share_unit) for p in workload.originals])
+    cluster = ClusterState(ordered, tie_rank=workload.tie_rank)
+    policy = make_policy(name, rng=_continue_stream(np.random.default_rng(seed), workload), typical=typical)
+    replay = DraReplay(cluster, policy, weights, share_unit, cpu_pods)
+    count = len(workload.pods)
+    arrived = np.zeros(count, dtype=np.int64)
+    used = np.zeros(count, dtype=np.int64)
+    occupied = np.zeros(count, dtype=np.int64)
+    times = np.zeros(count, dtype=np.int64)
+    demand = allocated = reserved = failed = 0
+    for i, pod in enumerate(workload.pods):
+        start = clock()
+        taken = replay.place(pod)
+        times[i] = clock() - start
+        demand += pod.gpu_total_milli
+        if taken is None:
+            failed += 1
+        else:
+            allocated += pod.gpu_total_milli
+            reserved += taken
+        arrived[i], used[i], occupied[i] = demand, allocated, reserved
+    return DraRun(
+        policy=name,
+        seed=seed,
+        share_unit=share_unit,
+        cpu_pods=cpu_pods,
+        pods=count,
+        failed_pods=failed,
+        alloc_at=alloc_by_level(arrived, used, total_gpus),
+        occupied_at=alloc_by_level(arrived, occupied, total_gpus),
+        decision_us_median=float(np.median(times)) / 1000.0,
+        final_alloc_percent=100.0 * allocated / (total_gpus * GPU_MILLI),
+        split=replay.split(allocated, reserved),
+        gpu_modes=replay.gpu_modes(),
+    )
