@@ -110,7 +110,7 @@ class FaultScenario:
         by_name = {g["metadata"]["name"]: g for g in gpunodes}
         node_objs = {n["metadata"]["name"]: n for n in nodes}
         while self.steps and now >= self.steps[0].at * self.submit_seconds:
-            if not self._inject(self.steps[0], now, by_name, node_objs):
+            if not self._inject(self.steps[0], now, by_name):
                 break  # not possible yet (no busy instance): try again at the next poll
             self.steps.pop(0)
         metrics = self._controller_metrics() if any(r.planner is None for r in self.records) else {}
@@ -120,8 +120,7 @@ class FaultScenario:
         self._count_destroyed(by_name)
 
     # ------------------------------------------------------------------ inject
-    def _inject(self, step: Step, now: float, gpunodes: dict[str, dict[str, Any]],
-                nodes: dict[str, dict[str, Any]]) -> bool:
+    def _inject(self, step: Step, now: float, gpunodes: dict[str, dict[str, Any]]) -> bool:
         if step.kind == "xid-busy-instance":
             busy = [(name, g["index"], i) for name in (step.node, *sorted(gpunodes)) if name.startswith("h100")
                     for g in ((gpunodes.get(name) or {}).get("status") or {}).get("gpus") or []

@@ -38,3 +38,22 @@ def test_demo_rejects_bad_input() -> None:
     run = subprocess.run([sys.executable, "-m", "gpupack", "demo", "--pods", "0"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert run.returncode == 2 and "--pods must be 1..500" in run.stderr
+
+
+def test_demo_with_faults_routes_around_them(control_plane: Any) -> None:
+    """``gpupack demo --fault``: an XID on a busy MIG instance, a lost GPU and an ECC burst (later acknowledged)
+    during the run; every fault is seen and excluded, no pod lands on a failed device, no instance in use on a
+    healthy GPU is destroyed, and the run exits 0."""
+    run = subprocess.run(
+        [sys.executable, "-m", "gpupack", "demo", "--json", "--fault", "--pods", "24", "--submit-seconds", "12",
+         "--seed", "7"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout)
+    assert summary["faults_injected"] == 3 and summary["faults_excluded"] == 3
+    assert summary["pods_placed_on_unhealthy"] == 0
+    assert summary["in_use_instances_destroyed"] == 0
+    assert summary["fault_to_excluded_seconds_p95"] is not None
+    assert {f["withdrawn_by_device_plugin"] for f in summary["faults"]} == {True, False}
+    assert "FAULT: XID 94 on MIG instance" in run.stderr and "acknowledges" in run.stderr
