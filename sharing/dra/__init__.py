@@ -16,5 +16,7 @@ Modules:
 * ``gpu_devices``: a shared GPU (MPS, time-slicing) and a whole GPU;
 * ``slices``: one node's devices split into the ResourceSlices of its pool;
 * ``validate``: the pure checks of what gpupack would publish;
-* ``wire``: to and from the API's JSON shapes; the DeviceClasses.
+* ``wire``: to and from the API's JSON shapes; the DeviceClasses;
+* ``claims``: the pod's side: the ResourceClaimTemplate a pod's gpupack requests become
+  on a DRA pool, and the check of a user's own claims against gpupack's DeviceClasses.
 """
