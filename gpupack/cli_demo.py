@@ -61,10 +61,7 @@ def run_demo(args: argparse.Namespace) -> int:
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="gpupack-demo-"))
     stack = Stack(workdir, keep=args.keep)
-    if args.fault:
-        from gpupack.demo.stack import _free_port
-
-        stack.controller_metrics_port = _free_port()
+    stack.controller_metrics = args.fault
     if args.keep:
         from gpupack.devcluster import state as cluster_state
 

@@ -83,8 +83,9 @@ class Stack:
     processes: list[ManagedProcess] = field(default_factory=list)
     admin: Any = None
     webhook_configs: list[str] = field(default_factory=list)
+    controller_metrics: bool = False
+    """Serve the controller's /metrics on a loopback port (``controller_metrics_port`` once started)."""
     controller_metrics_port: int = 0
-    """Serve the controller's /metrics on this loopback port (0: not served)."""
 
     # ------------------------------------------------------------ lifecycle
     def start(self, say: Any) -> None:
@@ -106,8 +107,12 @@ class Stack:
             self._agent(node)
         self._webhook()
         say("webhook: serving over TLS, registered with the API server")
+        if self.controller_metrics:
+            # Chosen now, after the control plane and the webhook hold their ports: a port chosen
+            # earlier and released could be handed to one of them (etcd once failed to bind that way).
+            self.controller_metrics_port = _free_port()
         self.start_controller("controller", *(("--metrics-port", str(self.controller_metrics_port))
-                                              if self.controller_metrics_port else ()))
+                                              if self.controller_metrics else ()))
         say("controller: running (leader-elected)")
         _wait("every GPUNode reported by its agent", self._all_reported, 60)
 
