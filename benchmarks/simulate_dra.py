@@ -40,6 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_sections import marked_section, with_marked_section  # noqa: E402
 from simulate_product import _trace, replay_arguments  # noqa: E402
 from sharing.simulator.dra import DEFAULT_SHARE_UNIT, check_share_unit, run_dra  # noqa: E402
 from sharing.simulator.replay import run_once  # noqa: E402
@@ -86,26 +87,13 @@ def _one(job: tuple[str, str, str, int, str, int]) -> dict[str, Any]:
 
 def dra_section(results: Path) -> str:
     """The marked DRA section of ``results`` (RESULTS.md), or "" when it has none."""
-    if not results.exists():
-        return ""
-    text = results.read_text()
-    if BEGIN not in text or END not in text:
-        return ""
-    return text[text.index(BEGIN) : text.index(END) + len(END)]
+    return marked_section(results, BEGIN, END)
 
 
 def with_dra_section(text: str, section: str) -> str:
     """``text`` with ``section`` replacing its marked DRA section, or inserted after the product
     model's section (after the title when there is none)."""
-    if not section:
-        return text
-    if BEGIN in text and END in text:
-        return text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-    if PRODUCT_END in text:
-        at = text.index(PRODUCT_END) + len(PRODUCT_END)
-        return f"{text[:at]}\n\n{section}\n\n{text[at:].lstrip(chr(10))}"
-    title, _, rest = text.partition("\n")
-    return f"{title}\n\n{section}\n{rest}"
+    return with_marked_section(text, section, BEGIN, END, after=PRODUCT_END)
 
 
 def _mean(values: list[float]) -> float:

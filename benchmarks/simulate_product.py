@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from results_sections import marked_section, with_marked_section  # noqa: E402
 from sharing.packing.kube_scoring import MostAllocatedWeights  # noqa: E402
 from sharing.packing.specs import NodeSpec, PodSpec  # noqa: E402
 from sharing.simulator.product import run_product  # noqa: E402
@@ -92,22 +93,12 @@ END = "<!-- product-model:end -->"
 
 def product_section(results: Path) -> str:
     """The marked section of ``results`` (RESULTS.md), or "" when it has none."""
-    if not results.exists():
-        return ""
-    text = results.read_text()
-    if BEGIN not in text or END not in text:
-        return ""
-    return text[text.index(BEGIN) : text.index(END) + len(END)]
+    return marked_section(results, BEGIN, END)
 
 
 def with_product_section(text: str, section: str) -> str:
     """``text`` (RESULTS.md) with ``section`` replacing its marked section, or inserted after the title."""
-    if not section:
-        return text
-    if BEGIN in text and END in text:
-        return text[: text.index(BEGIN)] + section + text[text.index(END) + len(END) :]
-    title, _, rest = text.partition("\n")
-    return f"{title}\n\n{section}\n{rest}"
+    return with_marked_section(text, section, BEGIN, END)
 
 
 def _mean(values: list[float]) -> float:
