@@ -1,7 +1,8 @@
 """Which pods to evict from failed GPUs, when the admin opts in (``--evict-on-gpu-fault``).
 
 A pod on a failed GPU or MIG instance (the ``pods`` the node agent recorded on the
-fault, ``GPUStatus.health`` / ``MigInstanceStatus.health``) is evicted through the
+fault, ``GPUStatus.health`` / ``MigInstanceStatus.health``, as the cycle's snapshot read them:
+``Snapshot.failed_devices``) is evicted through the
 Eviction API, which honours PodDisruptionBudgets, only when something will
 recreate it elsewhere: a controller owns it (a ReplicaSet, StatefulSet, Job, ...),
 and that controller is not a DaemonSet (its pod would come back to the same node).
@@ -17,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sharing.gpunode import read_gpunode
+from controller.view import FailedDevice
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 
@@ -40,32 +41,23 @@ def recreated_elsewhere(pod: Mapping[str, Any]) -> bool:
     return any(o.get("controller") is True and o.get("kind") != "DaemonSet" for o in owners)
 
 
-def evictions(gpunodes: Iterable[Mapping[str, Any]], pods: Mapping[str, Mapping[str, Any]]) -> list[Eviction]:
+def evictions(failed: Iterable[FailedDevice], pods: Mapping[str, Mapping[str, Any]]) -> list[Eviction]:
     """Pods (``namespace/name`` -> pod object) to evict: on a failed device of their node, running
     or pending there, not being deleted, and recreated elsewhere by their controller."""
     out: dict[str, Eviction] = {}
-    for obj in gpunodes:
-        reading = read_gpunode(obj)
-        if reading is None:
-            continue
-        for gpu in reading.gpus:
-            faults = [(f"GPU {gpu.index}", gpu.health)] + [
-                (f"MIG instance {i.profile}@{i.start} of GPU {gpu.index}", i.health) for i in gpu.instances]
-            for where, health in faults:
-                if health is None:
-                    continue
-                for key in health.pods:
-                    pod = pods.get(key)
-                    if pod is None or key in out:
-                        continue
-                    meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
-                    if spec.get("nodeName") != reading.name or meta.get("deletionTimestamp"):
-                        continue
-                    if _map(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
-                        continue
-                    if not recreated_elsewhere(pod):
-                        continue
-                    namespace, _, name = key.partition("/")
-                    out[key] = Eviction(namespace, name, reading.name,
-                                        f"{where} of {reading.name} failed ({health.reason}: {health.message})")
+    for device in failed:
+        for key in device.pods:
+            pod = pods.get(key)
+            if pod is None or key in out:
+                continue
+            meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
+            if spec.get("nodeName") != device.node or meta.get("deletionTimestamp"):
+                continue
+            if _map(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
+                continue
+            if not recreated_elsewhere(pod):
+                continue
+            namespace, _, name = key.partition("/")
+            out[key] = Eviction(namespace, name, device.node,
+                                f"{device.where} of {device.node} failed ({device.reason}: {device.message})")
     return [out[k] for k in sorted(out)]

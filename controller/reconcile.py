@@ -33,7 +33,7 @@ from controller.kube import Kube
 from controller.migplan import LayoutChange
 from controller.mig_configs import published_config
 from controller.metrics import ControllerMetrics, cluster_figures
-from controller.view import Node, Snapshot
+from controller.view import FailedDevice, Node, Snapshot
 from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
 from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings
@@ -110,7 +110,7 @@ class Controller:
         self._note_untrusted(snapshot.untrusted_pods)
         self._note_stale(snapshot)
         self._note_health(snapshot)
-        requests = snapshot.mig_config_requests
+        requests, failed = snapshot.mig_config_requests, snapshot.failed_devices
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
@@ -118,7 +118,7 @@ class Controller:
         self._publish_mig_configs(requests, report)
         self._release(result, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
-            self._evict(gpunodes, pod_objs, report)
+            self._evict(failed, pod_objs, report)
         if self.settings.feedback:
             self._feedback(snapshot, result, by_name, now, report)
         if self.settings.right_size:
@@ -218,11 +218,11 @@ class Controller:
             return
         self._fail(report, "mig-configs", f"{where} kept changing under us; trying again next cycle")
 
-    def _evict(self, gpunodes: list[dict[str, Any]], pod_objs: Mapping[str, dict[str, Any]],
+    def _evict(self, failed: tuple[FailedDevice, ...], pod_objs: Mapping[str, dict[str, Any]],
                report: CycleReport) -> None:
         """Evict the pods of failed devices that their controllers recreate (``controller.evictions``)."""
         allowed = set(self.settings.namespace_list)
-        for eviction in evictions(gpunodes, pod_objs):
+        for eviction in evictions(failed, pod_objs):
             if allowed and eviction.namespace not in allowed:
                 continue  # a scoped controller evicts only the pods it places
             try:

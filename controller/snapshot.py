@@ -19,7 +19,7 @@ from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
 from controller.podview import pod_from_object, read_pod, waiting_unschedulable, whole_gpus_requested
-from controller.view import Gpu, Node, Pod, Snapshot
+from controller.view import FailedDevice, Gpu, Node, Pod, Snapshot
 from kube.times import format_time, parse_time
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
@@ -242,4 +242,15 @@ def build_snapshot(
                     skipped_entries=tuple(s for r, _ in readings for s in r.skipped),
                     untrusted_pods=tuple(untrusted),
                     mig_config_requests=tuple((r.name, r.mig_config_request) for r, _ in readings
-                                              if r.mig_config_request is not None))
+                                              if r.mig_config_request is not None),
+                    failed_devices=tuple(f for r, _ in readings for f in _failed_devices(r)))
+
+
+def _failed_devices(reading: GpuNodeReading) -> list[FailedDevice]:
+    out: list[FailedDevice] = []
+    for gpu in reading.gpus:
+        faults = [(f"GPU {gpu.index}", gpu.health)] + [
+            (f"MIG instance {i.profile}@{i.start} of GPU {gpu.index}", i.health) for i in gpu.instances]
+        out.extend(FailedDevice(reading.name, where, h.reason, h.message, tuple(h.pods))
+                   for where, h in faults if h is not None)
+    return out

@@ -188,6 +188,19 @@ def _matches(expression: tuple[str, str, tuple[str, ...]], labels: dict[str, str
 
 
 @dataclass(frozen=True)
+class FailedDevice:
+    """A GPU or MIG instance with a fault, and the pods that used it when it failed (``GPUStatus.health``)."""
+
+    node: str
+    where: str
+    """For people: ``GPU 0`` or ``MIG instance 3g.40gb@4 of GPU 0``."""
+    reason: str
+    message: str
+    pods: tuple[str, ...]
+    """``namespace/name``."""
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Everything one planning cycle reads."""
 
@@ -206,6 +219,8 @@ class Snapshot:
     mig_config_requests: tuple[tuple[str, MigConfigRequest], ...] = ()
     """``(node, request)`` for each operator-mode agent waiting for its mig-parted config to be
     published into mig-manager's ConfigMap (``controller.mig_configs``)."""
+    failed_devices: tuple[FailedDevice, ...] = ()
+    """Every faulted GPU and MIG instance, for the opt-in eviction of their pods (``controller.evictions``)."""
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

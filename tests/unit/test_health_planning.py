@@ -198,3 +198,21 @@ def test_every_decision_keeps_pods_off_degraded_nodes() -> None:
     decision = decide(request, inventory.policy_for("team"), inventory)
     assert decision.terms and all(any(e.key == DEGRADED_LABEL and e.operator == "DoesNotExist" for e in term)
                                   for term in decision.terms)
+
+
+def test_pods_of_failed_devices_are_evicted_only_when_their_controller_recreates_them() -> None:
+    from controller.evictions import evictions
+
+    sick = dict(FAULT, pods=["team/rs-pod", "team/ds-pod", "team/bare", "team/elsewhere"])
+    snap = snapshot(gpunode("a", [mig_gpu(0, [("1g.10gb", 0, 1, True)], health=sick)]))
+    (device,) = snap.failed_devices
+    assert (device.node, device.where, device.reason) == ("a", "GPU 0", "Xid48")
+
+    def pod(name: str, node: str, owner: str | None) -> dict[str, Any]:
+        refs = [{"kind": owner, "name": "x", "controller": True}] if owner else []
+        return {"metadata": {"namespace": "team", "name": name, "ownerReferences": refs}, "spec": {"nodeName": node},
+                "status": {"phase": "Running"}}
+
+    pods = {"team/rs-pod": pod("rs-pod", "a", "ReplicaSet"), "team/ds-pod": pod("ds-pod", "a", "DaemonSet"),
+            "team/bare": pod("bare", "a", None), "team/elsewhere": pod("elsewhere", "b", "ReplicaSet")}
+    assert [e.key for e in evictions(snap.failed_devices, pods)] == ["team/rs-pod"]
