@@ -26,7 +26,7 @@ reboot (everything but lifetime counters and a failed remapping starts afresh);
 a repair (a replaced GPU: its failure signals gone). They are injected by calling
 the methods, or, from another process, through an inbox file next to the state
 file (``<state file>.inbox``, JSON lines, see :func:`post_to_inbox`) that the
-backend reads whenever a snapshot begins (``device_count``) and the agent asks for XID events.
+backend reads whenever a snapshot begins (``device_count``).
 State is persisted to a JSON file after every change (write, fsync, rename), so
 an agent restarted on the same file sees the same GPUs, instances and processes.
 """
@@ -256,7 +256,6 @@ class SimulatedNvml:
 
     # --------------------------------------------------------------- health side
     def xid_events(self) -> tuple[XidEvent, ...]:
-        self.read_inbox()
         events, self._xids = tuple(self._xids), []
         return events
 
