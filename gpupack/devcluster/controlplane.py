@@ -296,9 +296,7 @@ class ControlPlane:
         proc = self._launch("kube-scheduler", argv)
         url = components.scheduler_url(self.ports)
         # Its serving cert is self-signed in --cert-dir; /readyz is open to all.
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
+        insecure = _self_signed_context()
         wait_until(lambda: _http_ok(f"{url}/readyz", "ok", insecure),
                    f"kube-scheduler {url}/readyz", self.config.start_timeout_s, proc)
 
@@ -310,9 +308,7 @@ class ControlPlane:
         proc = self._launch(CONTROLLER_MANAGER, argv)
         url = components.controller_manager_url(self.ports)
         # Self-signed serving cert in --cert-dir, like kube-scheduler; /healthz is open to all.
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
+        insecure = _self_signed_context()
         wait_until(lambda: _http_ok(f"{url}/healthz", "ok", insecure),
                    f"kube-controller-manager {url}/healthz", self.config.start_timeout_s, proc)
 
@@ -326,6 +322,14 @@ def apiserver_ready(server: str, workdir: str | Path) -> bool:
     except (OSError, ssl.SSLError):
         return False
     return _http_ok(f"{server}/readyz", "ok", ctx)
+
+
+def _self_signed_context() -> ssl.SSLContext:
+    """For the health endpoints of components that serve a self-signed certificate of their own."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def _http_ok(url: str, expect: str, verify: ssl.SSLContext | bool = True) -> bool:

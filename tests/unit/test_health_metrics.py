@@ -9,7 +9,6 @@ them in tests/e2e/test_helm_chart.py).
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -26,6 +25,7 @@ from node.metrics import XID_KINDS, AgentMetrics
 from node.nvml.protocol import XidEvent
 from node.nvml.simulated import SimulatedNvml
 from node.snapshot import NodeSnapshot, read_snapshot
+from tests.unit.test_controller_helm import _generator
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "manifests" / "prometheus-rules"
@@ -252,14 +252,6 @@ def test_default_kustomization_leaves_the_rules_out() -> None:
         assert "prometheus-rules" not in text, overlay
     own = yaml.safe_load((RULES / "kustomization.yaml").read_text())
     assert own["kind"] == "Kustomization" and own["resources"] == ["gpu-health-rules.yaml"]
-
-
-def _generator() -> Any:
-    spec = importlib.util.spec_from_file_location("helm_generate", ROOT / "manifests" / "helm" / "generate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_chart_has_the_rules_behind_a_value_that_is_off_by_default() -> None:
