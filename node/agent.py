@@ -323,8 +323,8 @@ class Agent:
         changed = status != self._last_status
         # A new spec answered, or a fault begun or ended, is published at once: the controller and the
         # webhook must stop using a failed device as soon as possible (node.health).
-        urgent = changed and (generation != (self._last_status or {}).get("observedGeneration")
-                              or _faults(status) != _faults(self._last_status or {}))
+        began_or_ended = bool(self.health.last.began or self.health.last.ended)
+        urgent = changed and (generation != (self._last_status or {}).get("observedGeneration") or began_or_ended)
         if now - self._last_patch < self.s.min_patch_seconds and not urgent:
             return
         if not changed and now - self._last_patch < self.s.heartbeat_seconds:
@@ -334,8 +334,3 @@ class Agent:
         self.metrics.patches.inc()
         self._last_status, self._last_patch = status, now
 
-
-def _faults(status: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The faults a GPUNode status reports, for telling whether they changed."""
-    return tuple((g.get("index"), i.get("giId") if i is not g else None, (i.get("health") or {}).get("reason"))
-                 for g in status.get("gpus") or [] for i in (g, *(g.get("instances") or [])) if i.get("health"))

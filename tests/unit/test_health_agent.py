@@ -505,3 +505,17 @@ def test_a_restarted_agent_keeps_the_taint_while_every_gpu_is_lost() -> None:
     # Every GPU still lost after a restart: the taint stays.
     assert UNHEALTHY_TAINT in [t["key"] for t in kube.taints()]
     assert kube.cond("GpusHealthy")["reason"] == "AllGpusUnhealthy"
+
+
+def test_a_fault_is_published_at_once_despite_the_status_rate_limit() -> None:
+    # A long rate limit and a still clock: without a fault nothing more is written, a fault is written at once.
+    kube, sim, agent, clock = _mig_node(min_patch_seconds=3600.0)
+    _ticks(agent)
+    written = kube.status_patches
+    clock.t += 1
+    agent.tick()  # nothing changed on the node
+    assert kube.status_patches == written
+    sim.inject_xid(0, 94, gi_id=2)
+    agent.tick()
+    assert kube.status_patches == written + 1
+    assert _instance(kube, 0, 2).get("health") is not None
