@@ -34,7 +34,7 @@ from node.context import AgentContext
 from node.health.ack import read_acknowledgements
 from node.health.plugin import withdrawn_devices
 from node.health.signals import read_signals
-from node.health.tracker import DeviceKey, Fault, HealthReport, HealthTracker
+from node.health.tracker import DeviceKey, Fault, HealthReport, HealthTracker, pods_on
 from node.health.xids import XID_TABLE_CONFIGMAP, XID_TABLE_KEY, XidRule, XidTableError, merged, parse_overrides
 from node.nvml.protocol import XidEvent
 from node.snapshot import NodeSnapshot
@@ -120,7 +120,7 @@ class HealthMonitor:
         for event in report.application_xids:
             message = _xid_text(event, self.tracker.table)
             ctx.event("Warning", "XidApplicationError", message)
-            for pod in _pods_of_event(snapshot, event, pods_by_device):
+            for pod in pods_on(snapshot, (event.gpu_index, event.gi_id), pods_by_device):
                 self._pod_event(ctx, pod, "Warning", "XidApplicationError", message)
 
     def _pod_event(self, ctx: AgentContext, pod: str, type_: str, reason: str, message: str) -> None:
@@ -200,12 +200,3 @@ def _xid_text(event: XidEvent, table: Mapping[int, XidRule]) -> str:
     where = f"GPU {event.gpu_index}" + ("" if event.gi_id is None else f" (MIG instance {event.gi_id})")
     return f"XID {event.xid} on {where}: {rule.description if rule else 'an application error'}; the GPU stays healthy"
 
-
-def _pods_of_event(snapshot: NodeSnapshot, event: XidEvent, pods_by_device: Mapping[str, Sequence[str]]) -> list[str]:
-    gpu = snapshot.gpu(event.gpu_index)
-    if gpu is None:
-        return []
-    devices = [i.uuid for i in gpu.instances if event.gi_id is None or i.gi_id == event.gi_id]
-    if event.gi_id is None:
-        devices.append(gpu.info.uuid)
-    return sorted({p for d in devices for p in pods_by_device.get(d, ())})

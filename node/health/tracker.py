@@ -189,7 +189,7 @@ class HealthTracker:
         def raise_fault(key: DeviceKey, reason: str, message: str, recovery: HealthRecovery, xid: int | None,
                         withdrawn: bool) -> None:
             index = key[0]
-            pods = _pods_on(snapshot, key, pods_by_device)
+            pods = pods_on(snapshot, key, pods_by_device)
             fault = Fault(reason, message, now, recovery, withdrawn, signals.boot_id,
                           signals.reset_markers.get(index, ""), xid, pods)
             current = self.faults.get(key)
@@ -298,7 +298,8 @@ def _grew(now: int | None, before: int | None) -> int:
     return max(0, now - before)
 
 
-def _pods_on(snapshot: NodeSnapshot, key: DeviceKey, pods_by_device: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+def pods_on(snapshot: NodeSnapshot, key: DeviceKey, pods_by_device: Mapping[str, Sequence[str]]) -> tuple[str, ...]:
+    """The pods using a device: a MIG instance (``key`` names its GPU-instance id), or a GPU with its instances."""
     index, gi = key
     gpu = snapshot.gpu(index)
     if gpu is None:
