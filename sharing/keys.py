@@ -51,6 +51,10 @@ SIMULATED_LABEL: Final = "gpupack.io/simulated"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 """The well-known label the controller pins a released pod with."""
 
+BACKEND_LABEL: Final = "gpupack.io/backend"
+"""Node: the node pool's backend, ``dra`` or ``device-plugin`` (absent: ``device-plugin``); pod or
+namespace: the pool a pod of gpupack's goes to (``sharing.backend``)."""
+
 NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
 """Kubernetes' user-info extra of a token bound to a pod: the pod's node (a DaemonSet's own node)."""
 

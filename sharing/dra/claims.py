@@ -38,9 +38,8 @@ from sharing.dra.wire import SelectorJSON, quantity
 from sharing.modes import AllocationMode
 from sharing.options import fmt_bytes
 from sharing.request import AdmissionRefusal, Reason, parse_quantity
+from sharing.backend import POD_CLAIM  # the name of gpupack's entry in ``spec.resourceClaims`` (one claim per pod)
 
-POD_CLAIM: Final = "gpupack"
-"""The name of gpupack's entry in ``spec.resourceClaims`` (one claim per pod)."""
 TEMPLATE_PREFIX: Final = "gpupack-"
 HASH_LENGTH: Final = 10
 MANAGED_BY: Final = {"app.kubernetes.io/managed-by": "gpupack"}
