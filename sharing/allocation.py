@@ -13,7 +13,12 @@ the two cannot drift apart. The wire form is documented in docs/webhook.md:
                      "profile": "1g.10gb"}]}
 
 ``gpuModel``, ``replicas``, ``memoryBytes`` and ``profile`` are absent when not
-set; the JSON has sorted keys and no spaces, so the same decision always gives
+set. A pod bound for a DRA node pool (``sharing.backend``) adds ``"backend": "dra"``
+and ``"claim"``, the name of the ResourceClaim its ``spec.resourceClaims`` entry
+``gpupack`` references (created by the controller when it places the pod), and each
+container's ``resource`` is the name of its request in that claim (``gpu-<n>``),
+which the container's ``resources.claims`` names; ``backend`` is absent for the
+device-plugin backend; the JSON has sorted keys and no spaces, so the same decision always gives
 the same text (the webhook's reinvocation check compares it).
 """
 
@@ -26,6 +31,7 @@ from typing import Any, Final, get_args
 
 from mig.errors import RequestError
 from mig.units import parse_quantity
+from sharing.backend import DEFAULT_BACKEND, POD_CLAIM, Backend, is_backend
 from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, SHARED_RESOURCE, WHOLE_RESOURCE, mig_resource
 from sharing.lenient import as_list, as_map
 from sharing.lenient import is_int as _is_int
@@ -65,6 +71,9 @@ class Allocation:
     containers: tuple[ContainerAllocation, ...]
     gpu_model: str | None = None
     replicas: int | None = None
+    backend: Backend = DEFAULT_BACKEND
+    claim: str | None = None
+    """DRA backend: the ResourceClaim the pod references as ``gpupack``."""
 
     def to_annotation(self) -> str:
         """The annotation's text."""
@@ -84,6 +93,10 @@ class Allocation:
             record["gpuModel"] = self.gpu_model
         if self.replicas is not None:
             record["replicas"] = self.replicas
+        if self.backend != DEFAULT_BACKEND:
+            record["backend"] = self.backend
+        if self.claim is not None:
+            record["claim"] = self.claim
         return json.dumps(record, separators=(",", ":"), sort_keys=True)
 
     def mismatch(self, pod_spec: Mapping[str, Any]) -> str | None:
@@ -94,7 +107,11 @@ class Allocation:
         writes ``limits[resource] = 1`` for every container it records, in the resource
         of the record's mode. A record that claims GPUs the pod does not request (a
         forged one) must not make gpupack count capacity as taken or release the pod.
+        On the DRA backend the pod must reference the record's claim as ``gpupack`` and
+        every recorded container must name its request of that claim.
         """
+        if self.backend == "dra":
+            return self._claim_mismatch(pod_spec)
         for c in self.containers:
             expected = resource_for(self.mode, c.profile)
             if expected is None or c.resource != expected:
@@ -109,6 +126,21 @@ class Allocation:
                 requested = None
             if requested != 1:
                 return f"container {c.name!r} does not request {c.resource}: 1 (limits say {limit!r})"
+        return None
+
+    def _claim_mismatch(self, pod_spec: Mapping[str, Any]) -> str | None:
+        if not self.claim:
+            return "a DRA record names no claim"
+        entry = next((as_map(x) for x in as_list(pod_spec.get("resourceClaims")) if as_map(x).get("name") == POD_CLAIM), None)
+        if entry is None or entry.get("resourceClaimName") != self.claim:
+            return f"the pod does not reference ResourceClaim {self.claim!r} as {POD_CLAIM!r}"
+        for c in self.containers:
+            container = next((x for x in as_list(pod_spec.get(c.kind)) if as_map(x).get("name") == c.name), None)
+            if container is None:
+                return f"the pod has no {c.kind} container {c.name!r}"
+            claims = as_list(as_map(as_map(container).get("resources")).get("claims"))
+            if not any(as_map(x).get("name") == POD_CLAIM and as_map(x).get("request") == c.resource for x in claims):
+                return f"container {c.name!r} does not use request {c.resource!r} of claim {POD_CLAIM!r}"
         return None
 
     @classmethod
@@ -132,6 +164,9 @@ class Allocation:
             raise AllocationError(f"{ALLOCATION_ANNOTATION} has no containers")
         replicas, gpu_model, gated = raw.get("replicas"), raw.get("gpuModel"), raw.get("gated") is True
         existed = raw.get("capacityExisted")
+        backend, claim = raw.get("backend", DEFAULT_BACKEND), raw.get("claim")
+        if not is_backend(backend):
+            raise AllocationError(f"{ALLOCATION_ANNOTATION} backend {backend!r} is not a gpupack backend")
         return cls(
             mode=mode,
             gated=gated,
@@ -142,6 +177,8 @@ class Allocation:
             containers=tuple(_container(c, i) for i, c in enumerate(containers)),
             gpu_model=gpu_model if isinstance(gpu_model, str) else None,
             replicas=replicas if _is_int(replicas) else None,
+            backend=backend,
+            claim=claim if isinstance(claim, str) and claim else None,
         )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sharing.allocation import Allocation, AllocationError, ContainerAllocation
+from sharing.allocation import Allocation, AllocationError, ContainerAllocation, trusted_allocation
 from sharing.keys import ALLOCATION_ANNOTATION
 from sharing.patch import apply_patch
 from webhook.admission import review_pod
@@ -131,3 +131,46 @@ def test_a_resource_that_does_not_fit_the_mode_is_refused() -> None:
     assert "is not what mode 'mps' is given" in (wrong.mismatch(spec) or "")
     matching = Allocation("whole", False, True, "p", "r", (ContainerAllocation("c", "containers", 600, None, "nvidia.com/gpu"),))
     assert matching.mismatch(spec) is None
+
+
+# ------------------------------------------------------------------ the DRA backend's record
+
+def _dra_record(claim: str | None = "gpupack-pod-0123456789abcdef") -> Allocation:
+    return Allocation(
+        mode="mps", gated=True, capacity_existed=True, policy="p", reason="r",
+        containers=(ContainerAllocation("c", "containers", 300, None, "gpu-0"),), backend="dra", claim=claim,
+    )
+
+
+def _dra_spec(claim: str = "gpupack-pod-0123456789abcdef", request: str = "gpu-0") -> dict[str, object]:
+    return {
+        "resourceClaims": [{"name": "gpupack", "resourceClaimName": claim}],
+        "containers": [{"name": "c", "resources": {"claims": [{"name": "gpupack", "request": request}]}}],
+    }
+
+
+def test_a_dra_record_round_trips_with_its_backend_and_claim() -> None:
+    record = _dra_record()
+    text = record.to_annotation()
+    assert '"backend":"dra"' in text and '"claim":"gpupack-pod-0123456789abcdef"' in text
+    assert Allocation.from_annotation(text) == record
+
+
+def test_a_device_plugin_record_keeps_its_old_wire_form() -> None:
+    record = Allocation(mode="mps", gated=True, capacity_existed=True, policy="p", reason="r",
+                        containers=(ContainerAllocation("c", "containers", 300, None, "nvidia.com/gpu.shared"),))
+    assert "backend" not in record.to_annotation() and "claim" not in record.to_annotation()
+
+
+def test_a_dra_record_is_trusted_only_when_the_pod_references_its_claim_and_requests() -> None:
+    text = _dra_record().to_annotation()
+    assert trusted_allocation(text, _dra_spec())[1] is None
+    assert "does not reference ResourceClaim" in str(trusted_allocation(text, _dra_spec(claim="other"))[1])
+    assert "does not use request 'gpu-0'" in str(trusted_allocation(text, _dra_spec(request="gpu-1"))[1])
+    assert "names no claim" in str(trusted_allocation(_dra_record(claim=None).to_annotation(), _dra_spec())[1])
+
+
+def test_an_unknown_backend_is_refused_by_name() -> None:
+    text = _dra_record().to_annotation().replace('"dra"', '"kubevirt"')
+    with pytest.raises(AllocationError, match="backend 'kubevirt'"):
+        Allocation.from_annotation(text)
