@@ -11,6 +11,10 @@ GPU that falls off the bus, an ECC burst on the MPS node, later acknowledged)
 and reports how fast each was routed around (``gpupack.demo.faults``); the
 summary then adds ``faults_injected``, ``pods_placed_on_unhealthy``,
 ``in_use_instances_destroyed`` and ``fault_to_excluded_seconds_p95``.
+``--backend dra`` runs the same nodes as a DRA node pool (``gpupack.demo.stack``):
+pods ask the same way, each gets a ResourceClaim that kube-scheduler allocates
+on the device gpupack's engine chose, and the summary adds ``claims_allocated``
+(distinct claims of gpupack's driver seen allocated over the run).
 
 Exit codes: 0 = every admitted pod was scheduled, 1 = some were not (or the
 stack did not start), 2 = bad input.
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
+from sharing.backend import BACKENDS, DEFAULT_BACKEND
 
 
 def _say(quiet: bool) -> Any:
@@ -57,11 +62,15 @@ def run_demo(args: argparse.Namespace) -> int:
     from gpupack.demo.stack import DEMO_NAMESPACE, Stack
     from gpupack.demo.workload import stream
 
+    if args.fault and args.backend == "dra":
+        raise UsageError("--fault runs on the device-plugin backend only (its scenario checks what the device "
+                         "plugin withdraws); drop --fault or --backend dra")
     say = _say(args.json)
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="gpupack-demo-"))
     stack = Stack(workdir, keep=args.keep)
     stack.controller_metrics = args.fault
+    stack.backend = args.backend
     if args.keep:
         from gpupack.devcluster import state as cluster_state
 
@@ -79,6 +88,7 @@ def run_demo(args: argparse.Namespace) -> int:
     core = client.CoreV1Api(stack.admin)
     pods = stream(args.pods, args.submit_seconds, seed=args.seed)
     tracker = progress.Tracker()
+    claims = progress.ClaimCounter() if args.backend == "dra" else None
     submitted = rejected = finished = 0
     rejections: list[str] = []
     finish_at: dict[str, float] = {}
@@ -110,6 +120,8 @@ def run_demo(args: argparse.Namespace) -> int:
                 finish_at[pod.name] = pod.lifetime
         gpunodes, nodes, live = _lists(stack.admin)
         tracker.observe(gpunodes, live, datetime.now(timezone.utc))
+        if claims is not None:
+            claims.observe(_claims(stack.admin))
         if faults is not None:
             faults.bindings(live)
             faults.step(now_m, gpunodes, nodes, tracker.scheduled_at)
@@ -162,6 +174,9 @@ def run_demo(args: argparse.Namespace) -> int:
         "schedule_seconds_median_capacity_existed": _round(progress.percentile(direct, 50)),
         "seconds": round(time.monotonic() - began, 1),
     }
+    if claims is not None:
+        claims.observe(_claims(stack.admin))
+        summary["claims_allocated"] = claims.allocated
     ok = summary["pods_unscheduled"] == 0
     if faults is not None:
         summary.update(faults.summary())
@@ -197,6 +212,13 @@ def run_demo(args: argparse.Namespace) -> int:
     return EXIT_OK if ok else EXIT_NO
 
 
+def _claims(admin: Any) -> list[dict[str, Any]]:
+    from kubernetes import client
+
+    listed: Any = client.CustomObjectsApi(admin).list_cluster_custom_object("resource.k8s.io", "v1", "resourceclaims")
+    return list(listed.get("items") or [])
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
@@ -219,6 +241,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--seed", type=int, default=7, help="workload seed (default 7)")
     p.add_argument("--interval", type=positive_float, default=2.0, help="seconds between progress lines (default 2)")
     p.add_argument("--layouts", action="store_true", help="print every GPU's layout with each progress line")
+    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND,
+                   help="the nodes' backend: NVIDIA's device plugin (device-plugin, the default) or a DRA node pool "
+                        "(dra: kube-controller-manager joins, the agents publish ResourceSlices, each pod gets a "
+                        "ResourceClaim pinned to the device gpupack's engine chose; --json adds claims_allocated)")
     p.add_argument("--fault", action="store_true",
                    help="make GPUs fail during the run (an XID on a busy MIG instance, a lost GPU, an ECC burst, "
                         "an acknowledgement) and measure how the cluster routes around them")

@@ -18,7 +18,34 @@ from controller.snapshot import build_snapshot
 from kube.times import parse_time
 from sharing.allocation import Allocation, AllocationError, has_capacity_gate
 from sharing.keys import ALLOCATION_ANNOTATION
+from sharing.dra.names import DRIVER
 from sharing.packing.specs import GPU_MILLI
+
+
+@dataclass
+class ClaimCounter:
+    """The DRA demo's ``claims_allocated``: distinct ResourceClaims (by UID) with a device of gpupack's
+    driver seen allocated. A claim is deleted with its finished pod, so the count is accumulated
+    over every look, not read once at the end."""
+
+    seen: set[str] = field(default_factory=set)
+
+    def observe(self, claims: list[dict[str, Any]]) -> None:
+        from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
+
+        for obj in claims:
+            meta = obj.get("metadata") or {}
+            ref = ClaimRef(str(meta.get("uid") or ""), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            try:
+                devices = allocation_from_claim(obj, ref)
+            except ClaimError:
+                continue  # not allocated yet (or not readable): not counted
+            if any(d.driver == DRIVER for d in devices):
+                self.seen.add(ref.uid)
+
+    @property
+    def allocated(self) -> int:
+        return len(self.seen)
 
 
 @dataclass

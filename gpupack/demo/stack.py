@@ -6,6 +6,14 @@ cached). gpupack's own components run as the commands an operator would run
 each as a subprocess acting as its own ServiceAccount, so the demo exercises the
 RBAC the manifests grant. GPU nodes are Node objects without a kubelet; their
 agents use the SIMULATED NVML backend and emulate the NVIDIA device plugin.
+
+With ``backend="dra"`` the nodes form a DRA node pool (``gpupack.io/backend=dra``):
+kube-controller-manager joins the control plane (it garbage-collects a finished
+pod's ResourceClaim), gpupack's DeviceClasses are applied, and each agent runs
+with ``--backend dra``, publishing its node's ResourceSlices instead of
+advertising device-plugin resources. The H100 nodes' GPUs start with MIG on and
+no instance (dynamic MIG: a claim's placement is the instance); the A100 node
+shares its GPUs by MPS with exact per-claim shares.
 """
 
 from __future__ import annotations
@@ -24,12 +32,13 @@ from typing import Any
 import yaml
 from kubernetes import client
 
-from gpupack.devcluster.apply import apply_objects, gpupack_manifests
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
 from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.process import ManagedProcess
 from gpupack.devcluster.state import Component, DevClusterRecord
-from sharing.keys import DEPLOY_DEVICE_PLUGIN_LABEL, HOSTNAME_LABEL, MILLI_RESOURCE, OWN_PREFIX
+from sharing.backend import DEFAULT_BACKEND, Backend
+from sharing.keys import BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, HOSTNAME_LABEL, MILLI_RESOURCE, OWN_PREFIX
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "gpupack.io", "v1alpha1"
@@ -86,17 +95,23 @@ class Stack:
     controller_metrics: bool = False
     """Serve the controller's /metrics on a loopback port (``controller_metrics_port`` once started)."""
     controller_metrics_port: int = 0
+    backend: Backend = DEFAULT_BACKEND
+    """Which backend the demo's nodes run: the device plugin's, or a DRA node pool."""
 
     # ------------------------------------------------------------ lifecycle
     def start(self, say: Any) -> None:
         say("control plane: finding or building kube-apiserver, kube-scheduler, etcd (first run: minutes)")
         binaries = ensure_binaries(progress=sys.stderr)
+        dra = self.backend == "dra"
         self.plane = ControlPlane(binaries, ControlPlaneConfig(
-            workdir=self.workdir / "cluster", keep_workdir=self.keep, tie_to_parent=not self.keep))
+            workdir=self.workdir / "cluster", keep_workdir=self.keep, tie_to_parent=not self.keep,
+            controller_manager=dra))
         self.plane.start()
         say(f"control plane: up in {self.plane.startup_seconds or 0:.1f}s at {self.plane.server}")
         self.admin = self.plane.admin_client()
         apply_objects(self.admin, gpupack_manifests(), field_manager="gpupack-demo")
+        if dra:
+            apply_objects(self.admin, load_manifests(REPO / "manifests" / "dra"), field_manager="gpupack-demo")
         self._namespace()
         self._policy()
         self._nodes()
@@ -170,8 +185,10 @@ class Stack:
         core = client.CoreV1Api(self.admin)
         custom = client.CustomObjectsApi(self.admin)
         for node in self.nodes:
-            core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node.name, labels={
-                HOSTNAME_LABEL: node.name, DEMO_LABEL: "on", DEPLOY_DEVICE_PLUGIN_LABEL: "true"})))
+            # A DRA pool runs no NVIDIA device plugin: a GPU is owned by one backend, never both.
+            labels = {HOSTNAME_LABEL: node.name, DEMO_LABEL: "on", BACKEND_LABEL: self.backend,
+                      DEPLOY_DEVICE_PLUGIN_LABEL: "false" if self.backend == "dra" else "true"}
+            core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node.name, labels=labels)))
             res = {"cpu": "64", "memory": "512Gi", "pods": "110"}
             core.patch_node_status(node.name, {"status": {"capacity": res, "allocatable": res, "conditions": [
                 {"type": "Ready", "status": "True", "reason": "GpupackDemo", "message": "simulated node, no kubelet"}]}})
@@ -183,16 +200,18 @@ class Stack:
 
     def _agent(self, node: DemoNode) -> ManagedProcess:
         state = self.state_file(node.name)
-        if node.sharing != "none" and not state.exists():
+        if not state.exists() and (node.sharing != "none" or self.backend == "dra"):
             # A shared node's GPUs run with MIG off; changing MIG mode needs a GPU reset,
-            # so the simulated GPUs start that way, as a real node would be set up.
+            # so the simulated GPUs start that way, as a real node would be set up. On DRA
+            # the other GPUs start with MIG on: the plugin creates each claim's instance.
             from mig.catalog import get_model
             from node.nvml.simulated import SimulatedNvml
 
-            SimulatedNvml(get_model(node.model), node.gpus, state, seed=node.name, mig_enabled=False)
+            SimulatedNvml(get_model(node.model), node.gpus, state, seed=node.name, mig_enabled=node.sharing == "none")
+        advertising = ["--backend", "dra"] if self.backend == "dra" else ["--emulate-device-plugin"]
         return self._process(f"agent-{node.name}", [
             "agent", "run", "--node", node.name, "--simulate", node.simulate,
-            "--state-file", str(state), "--emulate-device-plugin",
+            "--state-file", str(state), *advertising,
             "--poll-seconds", "0.5", "--idle-seconds", "1", "--metrics-port", "0",
             "--kubeconfig", self._sa_kubeconfig("gpupack-node-agent"),
         ])
