@@ -20,6 +20,15 @@ With ``engine_places`` (the webhook's default, ``placement: engine``) every pod
 waits at the gate, so the cluster controller's packing engine chooses its node
 and kube-scheduler only binds it there; otherwise only pods whose capacity does
 not exist yet wait (``placement: scheduler``).
+
+``backend`` is the node pool the pod goes to (``sharing.pool_choice``): the
+decision is made over that pool's nodes only. On the DRA pool
+(``sharing.options``' DRA rules) each container's ``resource`` is the name of
+its request in the pod's ResourceClaim (``gpu-<n>``, :func:`sharing.dra.claims.request_name`),
+no MPS env is set (the kubelet plugin sets the limits from the claim), and the
+pod is always gated: the packing engine creates the claim pinned to the devices
+it chose. A DRA pool with no node yet still admits the pod, gated, in a mode
+that needs no GPU model (capacity may come); only MIG needs a model.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from sharing.allocation import Allocation, ContainerAllocation, resource_for
+from sharing.backend import DEFAULT_BACKEND, Backend
+from sharing.dra.claims import request_name
 from sharing.inventory import Inventory, AdmissionPolicy
 from sharing.keys import CAPACITY_GATE, DEGRADED_LABEL, SHARING_ANNOTATION
 from sharing.modes import MODES, AllocationMode, Mode
@@ -40,6 +51,8 @@ from sharing.options import (
     Role,
     Term,
     covering_profile,
+    dra_shared_option,
+    dra_wants_whole_gpus,
     fmt_bytes,
     mig_option,
     peak_devices,
@@ -86,6 +99,9 @@ class PodDecision:
     replicas: int | None = None
     capacity_exists: bool = True
     """False: the pod waits for capacity to be created, not only for the engine's choice."""
+    backend: Backend = DEFAULT_BACKEND
+    claim: str | None = None
+    """DRA pool: the ResourceClaim the pod references (named by the webhook, ``sharing.backend``)."""
 
     def allocation(self) -> Allocation:
         """The ``gpupack.io/allocation`` record of this decision (``sharing.allocation``)."""
@@ -101,6 +117,8 @@ class PodDecision:
             ),
             gpu_model=self.gpu_model,
             replicas=self.replicas,
+            backend=self.backend,
+            claim=self.claim,
         )
 
 
@@ -118,13 +136,15 @@ def _mps_env(milli: int, memory: int | None) -> tuple[tuple[str, str], ...]:
 
 def decide(
     request: PodRequest, policy: AdmissionPolicy, inventory: Inventory, *, engine_places: bool = False,
-    memo: DecisionMemo | None = None,
+    memo: DecisionMemo | None = None, backend: Backend = DEFAULT_BACKEND,
 ) -> PodDecision:
     """Decide one pod; raises :class:`AdmissionRefusal` for a pod to deny.
 
     ``engine_places``: gate the pod even when capacity exists, so that the controller's
     packing engine chooses its node (module docstring). ``memo``: the caller's memo for
-    ``inventory`` (:class:`DecisionMemo`), or None to work everything out afresh."""
+    ``inventory`` (:class:`DecisionMemo`), or None to work everything out afresh.
+    ``backend``: the pool the pod goes to; only its nodes count. The caller names the
+    claim of a DRA decision (``PodDecision.claim``)."""
     allowed = policy.allowed_modes
     if request.mode != "auto" and request.mode not in allowed:
         raise AdmissionRefusal(
@@ -143,17 +163,22 @@ def decide(
         (c.milli, c.memory_bytes if c.memory_bytes is not None else policy.default_memory_bytes)
         for c in request.containers
     ]
-    largest = inventory.max_gpu_memory_mib * _MIB
+    pool = inventory.pool(backend)
+    largest = pool.max_gpu_memory_mib * _MIB
     for c, (_, mem) in zip(request.containers, asks):
         if largest and mem is not None and mem > largest:
             raise AdmissionRefusal(
                 Reason.MEMORY_TOO_LARGE,
-                f"container {c.name!r} asks for {fmt_bytes(mem)} of GPU memory; the largest GPU in the "
-                f"cluster has {fmt_bytes(largest)}",
+                f"container {c.name!r} asks for {fmt_bytes(mem)} of GPU memory; the largest GPU in "
+                f"{_where(backend)} has {fmt_bytes(largest)}",
             )
     roles = tuple(role(c) for c in request.containers)
-    best = _choose(request.mode, tuple(asks), roles, policy, inventory, memo)
-    return _materialise(best, request, asks, policy, engine_places)
+    best = _choose(request.mode, tuple(asks), roles, policy, inventory, memo, backend)
+    return _materialise(best, request, asks, policy, engine_places or backend == "dra", backend)
+
+
+def _where(backend: Backend) -> str:
+    return "the DRA node pool" if backend == "dra" else "the cluster"
 
 
 class DecisionMemo:
@@ -210,17 +235,18 @@ def _choose(
     policy: AdmissionPolicy,
     inventory: Inventory,
     memo: DecisionMemo | None,
+    backend: Backend,
 ) -> Option:
     """The best option; remembered in ``memo`` when it belongs to ``inventory`` (a snapshot
     never changes once built, so neither does the answer)."""
     memo = _own_memo(memo, inventory)
     if memo is None:
-        return _choose_uncached(requested, list(asks), roles, policy, inventory)
-    key = (requested, asks, roles, policy)
+        return _choose_uncached(requested, list(asks), roles, policy, inventory.pool(backend), backend)
+    key = (backend, requested, asks, roles, policy)
     cached = memo.option(key)
     if cached is None:
         try:
-            cached = _choose_uncached(requested, list(asks), roles, policy, inventory)
+            cached = _choose_uncached(requested, list(asks), roles, policy, inventory.pool(backend), backend)
         except AdmissionRefusal as refusal:
             cached = refusal
         memo.remember(key, cached)
@@ -235,24 +261,30 @@ def _choose_uncached(
     roles: tuple[Role, ...],
     policy: AdmissionPolicy,
     inventory: Inventory,
+    backend: Backend,
 ) -> Option:
+    """``inventory``: the pool's (``Inventory.pool``)."""
     allowed = policy.allowed_modes
+    dra = backend == "dra"
+    where = _where(backend)
     modes: tuple[Mode, ...] = tuple(m for m in MODES if m == requested or (requested == "auto" and m in allowed))
     options: list[Option] = []
     failures: list[str] = []
     never_fits: list[str] = []
-    whole = wants_whole_gpus(asks, inventory)
+    whole = dra_wants_whole_gpus(asks, inventory) if dra else wants_whole_gpus(asks, inventory)
     for mode in modes:
         if mode == "mig":
             try:
-                options.append(mig_option(asks, roles, policy, inventory))
+                options.append(mig_option(asks, roles, policy, inventory, dra=dra))
             except NoMigOption as none:
                 if requested == "mig":
                     reason = Reason.POD_NEVER_FITS if none.never_fits else Reason.NO_MIG_MODEL
-                    raise AdmissionRefusal(reason, f"no GPU in the cluster can satisfy the mig request: {none.reason}"
+                    raise AdmissionRefusal(reason, f"no GPU in {where} can satisfy the mig request: {none.reason}"
                                            ) from None
                 failures.append(f"mig: {none.reason}")
                 never_fits += [none.reason] if none.never_fits else []
+        elif not whole and dra:
+            options.append(dra_shared_option(mode, asks, inventory))
         elif not whole:
             try:
                 options.append(shared_option(mode, asks, roles, inventory))
@@ -260,18 +292,19 @@ def _choose_uncached(
                 failures.append(never.reason)
                 never_fits.append(never.reason)
     if whole and any(m != "mig" for m in modes):
-        # MPS or time-slicing would need a GPU split into one replica: one whole-GPU option instead.
+        # MPS or time-slicing would need a GPU split into one replica (on the DRA pool: a share
+        # of all of it): one whole-GPU option instead.
         try:
-            options.append(whole_option(asks, roles, inventory))
+            options.append(whole_option(asks, roles, inventory, dra=dra))
         except NeverFits as never:
             failures.append(never.reason)
             never_fits.append(never.reason)
     if not options and never_fits and len(never_fits) == len(failures):
         raise AdmissionRefusal(
             Reason.POD_NEVER_FITS,
-            "no node in the cluster could ever hold this pod's GPU devices at once (" + "; ".join(failures) + ")",
+            f"no node in {where} could ever hold this pod's GPU devices at once (" + "; ".join(failures) + ")",
         )
-    if requested == "auto":
+    if requested == "auto" and not (dra and not inventory.nodes):
         # Shared modes with no compatible node are only a fallback when asked
         # for explicitly: auto never gates on a kind of node that does not exist.
         options = [o for o in options if o.mode == "mig" or o.waste != math.inf]
@@ -282,8 +315,13 @@ def _choose_uncached(
                 failures += [f"{m}: no node shares GPUs by {m} into replicas that fit" for m in modes if m != "mig"]
             raise AdmissionRefusal(
                 Reason.NO_COMPATIBLE_NODES,
-                "no GPU in the cluster can host this request in an allowed mode (" + "; ".join(failures) + ")",
+                f"no GPU in {where} can host this request in an allowed mode (" + "; ".join(failures) + ")",
             )
+    if not options:  # an empty DRA pool, and only MIG allowed: no model to choose a profile from
+        raise AdmissionRefusal(
+            Reason.NO_COMPATIBLE_NODES,
+            f"no GPU in {where} can host this request in an allowed mode (" + "; ".join(failures) + ")",
+        )
     return min(options, key=lambda o: (not o.has_capacity, o.waste, _RANK[o.mode]))
 
 
@@ -294,25 +332,31 @@ def _resource(mode: AllocationMode, profile: str | None) -> str:
 
 
 def _materialise(
-    best: Option, request: PodRequest, asks: list[tuple[int, int | None]], policy: AdmissionPolicy, engine_places: bool
+    best: Option, request: PodRequest, asks: list[tuple[int, int | None]], policy: AdmissionPolicy, engine_places: bool,
+    backend: Backend,
 ) -> PodDecision:
+    dra = backend == "dra"
     containers: list[ContainerDecision] = []
     for i, (c, (milli, mem)) in enumerate(zip(request.containers, asks)):
-        if best.mode == "mig":
-            profile = best.profiles[i].name
-            containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem,
-                                                _resource(best.mode, profile), profile))
-        else:
-            env = _mps_env(milli, mem) if best.mode == "mps" else ()
-            containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem,
-                                                _resource(best.mode, None), None, env))
+        profile = best.profiles[i].name if best.mode == "mig" else None
+        # On the DRA pool a container is given its request of the pod's claim, and the kubelet
+        # plugin sets MPS limits from what the claim consumed.
+        resource = request_name(i) if dra else _resource(best.mode, profile)
+        env = _mps_env(milli, mem) if best.mode == "mps" and not dra else ()
+        containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem, resource, profile, env))
     if best.mode == "mig":
         assert best.model is not None
         where = f"{', '.join(sorted({p.name for p in best.profiles}))} on {best.model.product}"
+    elif best.mode == "whole" and dra:
+        where = "a whole GPU per container (a container asks all of a GPU's compute or more memory than a share holds)"
     elif best.mode == "whole":
         where = "a whole GPU per container (more than a GPU split into two replicas holds)"
+    elif dra:
+        where = f"{best.mode} shares"
     else:
         where = f"{best.mode} replicas" + (f" (1/{best.replicas} GPU)" if best.replicas else "")
+    if dra:
+        where += " on the DRA node pool"
     if not best.has_capacity:
         gate = f"gated on {CAPACITY_GATE} until capacity exists"
     elif engine_places:
@@ -332,5 +376,6 @@ def _materialise(
         reason=reason,
         policy=policy.name,
         gpu_model=best.model.product if best.model else None,
-        replicas=best.replicas,
+        replicas=None if dra else best.replicas,
+        backend=backend,
     )

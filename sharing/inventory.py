@@ -11,16 +11,23 @@ product, memory, whether MIG is on and the MIG instances (profile, start,
 saying whether the node's device plugin shares full GPUs by MPS or
 time-slicing, and into how many replicas. Unknown or malformed entries are
 skipped, not fatal: one bad object must not take the front door down.
+
+Each node belongs to one backend's pool (``sharing.backend``): the ``Node``
+objects among the inputs carry the pool label, and a GPUNode whose Node is not
+among them (or has no label) is in the device plugin's pool.
+:meth:`Inventory.pool` is the snapshot of one pool's nodes, which is what a pod
+bound for that pool is decided against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Literal
 
 from mig.model import GpuModel
+from sharing.backend import DEFAULT_BACKEND, Backend, node_backend
 from sharing.crd import SharingPolicySpec, read_policies
 from sharing.gpunode import GpuNodeReading, GpuReading, read_gpunode
 from sharing.modes import MODES, Mode, NodeSharingMode
@@ -41,6 +48,8 @@ class NodeView:
     """Shared replicas already handed out, when the agent reports it (0 if unknown)."""
     degraded: bool = False
     """A GPU fault the device plugin keeps advertising: no new pod goes here, nothing is free."""
+    backend: Backend = DEFAULT_BACKEND
+    """The node pool it belongs to (its Node's ``gpupack.io/backend`` label)."""
 
     @cached_property
     def gpu_memory_mib(self) -> int:
@@ -135,6 +144,21 @@ class Inventory:
                 seen.setdefault(node.model.product, node.model)
         return tuple(seen[k] for k in sorted(seen))
 
+    def pool(self, backend: Backend) -> Inventory:
+        """This snapshot with only ``backend``'s nodes (itself when every node is of that pool).
+
+        Remembered per backend, so a pool's own cached views (largest GPU, MIG models) are
+        worked out once per snapshot, like the whole snapshot's."""
+        return self._pools[backend]
+
+    @cached_property
+    def _pools(self) -> dict[Backend, Inventory]:
+        pools: dict[Backend, Inventory] = {}
+        for backend in ("device-plugin", "dra"):
+            nodes = tuple(n for n in self.nodes if n.backend == backend)
+            pools[backend] = self if len(nodes) == len(self.nodes) else replace(self, nodes=nodes)
+        return pools
+
     def shared_nodes(self, mode: Literal["mps", "time-slicing"]) -> tuple[NodeView, ...]:
         return self._shared[mode]
 
@@ -153,8 +177,8 @@ def node_from_object(obj: Mapping[str, Any]) -> NodeView | None:
     return None if reading is None else node_view(reading)
 
 
-def node_view(reading: GpuNodeReading) -> NodeView:
-    """The webhook's view of one read GPUNode."""
+def node_view(reading: GpuNodeReading, backend: Backend = DEFAULT_BACKEND) -> NodeView:
+    """The webhook's view of one read GPUNode, in ``backend``'s pool."""
     sharing = reading.sharing
     return NodeView(
         name=reading.name,
@@ -165,16 +189,19 @@ def node_view(reading: GpuNodeReading) -> NodeView:
         gpus=reading.gpus,
         shared_in_use=sharing.in_use,
         degraded=reading.degraded,
+        backend=backend,
     )
 
 
 def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True, version: int = 0) -> Inventory:
-    """An :class:`Inventory` from a mix of ``GPUNode``, ``SharingPolicy`` and ``Namespace`` dicts.
+    """An :class:`Inventory` from a mix of ``GPUNode``, ``SharingPolicy``, ``Namespace`` and ``Node`` dicts.
 
     An object without ``kind`` is taken as a GPUNode (the ``--inventory`` file
-    is documented as a list of GPUNodes).
+    is documented as a list of GPUNodes). A ``Node`` contributes only its labels:
+    the pool of the GPUNode of the same name.
     """
-    nodes: list[NodeView] = []
+    readings: list[GpuNodeReading] = []
+    node_labels: dict[str, Mapping[str, str]] = {}
     skipped: list[str] = []
     policy_objects: list[Mapping[str, Any]] = []
     namespaces: dict[str, Mapping[str, str]] = {}
@@ -185,16 +212,19 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
         if kind == "GPUNode":
             reading = read_gpunode(obj)
             if reading is not None:
-                nodes.append(node_view(reading))
+                readings.append(reading)
                 skipped.extend(reading.skipped)
+        elif kind == "Node":
+            name, labels = _name_and_labels(obj)
+            if name is not None:
+                node_labels[name] = labels
         elif kind == "SharingPolicy":
             policy_objects.append(obj)
         elif kind == "Namespace":
-            metadata = obj.get("metadata") or {}
-            if isinstance(metadata, Mapping) and isinstance(metadata.get("name"), str):
-                labels = metadata.get("labels") or {}
-                namespaces[metadata["name"]] = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
-    nodes.sort(key=lambda n: n.name)
+            name, labels = _name_and_labels(obj)
+            if name is not None:
+                namespaces[name] = labels
+    nodes = sorted((node_view(r, node_backend(node_labels.get(r.name))) for r in readings), key=lambda n: n.name)
     entries = read_policies(policy_objects)
     return Inventory(
         nodes=tuple(nodes),
@@ -205,3 +235,11 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
         skipped_policies=tuple(f"SharingPolicy {p.name}: {p.problem}" for p in entries if p.spec is None),
         skipped_entries=tuple(skipped),
     )
+
+
+def _name_and_labels(obj: Mapping[str, Any]) -> tuple[str | None, Mapping[str, str]]:
+    metadata = obj.get("metadata") or {}
+    if not isinstance(metadata, Mapping) or not isinstance(metadata.get("name"), str):
+        return None, {}
+    labels = metadata.get("labels") or {}
+    return metadata["name"], {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}

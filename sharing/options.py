@@ -16,6 +16,16 @@ Shared (MPS/time-sliced) GPUs: a node sharing each GPU into ``r`` replicas gives
 a container ``1/r`` of a GPU's compute and memory, so it is compatible when
 ``r * milli <= 1000`` and ``memory <= gpu_memory / r``. Time-slicing isolates
 neither, but gpupack applies the same rule so that ``r`` co-located pods fit.
+
+On the DRA node pool (``dra=True``; the inventory is then the pool's,
+``Inventory.pool``) there are no replicas: a shared GPU gives each claim the
+share it asks, rounded by ``sharing.dra.share_policy.SharePolicy``, so any
+share up to a whole GPU fits and waste is only the rounding; ``whole`` is for
+containers asking a whole GPU (1000 milli, or more memory than a share may
+hold). MIG profiles are chosen as on the device plugin's pool; instances are
+created per claim (dynamic MIG), so a MIG-enabled GPU of the model is capacity.
+Every DRA option's affinity is the pool's label alone: the claim, not node
+labels, says which devices fit, and the packing engine pins it.
 """
 
 from __future__ import annotations
@@ -28,11 +38,12 @@ from typing import Any, Final, Literal
 
 from mig.fit import covering_profiles
 from mig.model import GpuModel, Profile
+from sharing.dra.share_policy import SharePolicy
 from sharing.inventory import Inventory, NodeView, AdmissionPolicy
 from sharing.replicas import MAX_REPLICAS, fits_replicas, needs_whole_gpu
 from sharing.modes import AllocationMode
 from sharing.request import MAX_MILLI, ContainerRequest
-from sharing.keys import PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL, WHOLE_RESOURCE
+from sharing.keys import BACKEND_LABEL, PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL, WHOLE_RESOURCE
 
 _GIB: Final = 1024**3
 _MIB: Final = 1024**2
@@ -53,6 +64,11 @@ class Expression:
 
 Term = tuple[Expression, ...]
 """Expressions ANDed; a pod's terms are ORed (Kubernetes nodeSelectorTerms)."""
+
+DRA_TERMS: Final[tuple[Term, ...]] = ((Expression(BACKEND_LABEL, "In", ("dra",)),),)
+"""The affinity of every option on the DRA node pool."""
+DRA_SHARES: Final = SharePolicy()
+"""How the DRA pool's shared GPUs round a claim (the node agent's default request policy)."""
 
 
 @dataclass(frozen=True)
@@ -157,9 +173,13 @@ def peak_devices(names: Sequence[str], roles: Sequence[Role]) -> dict[str, int]:
 
 
 def mig_option(
-    asks: list[tuple[int, int | None]], roles: tuple[Role, ...], policy: AdmissionPolicy, inventory: Inventory
+    asks: list[tuple[int, int | None]], roles: tuple[Role, ...], policy: AdmissionPolicy, inventory: Inventory,
+    *, dra: bool = False,
 ) -> Option:
-    """The least-waste MIG option (capacity that exists first); :class:`NoMigOption` says why there is none."""
+    """The least-waste MIG option (capacity that exists first); :class:`NoMigOption` says why there is none.
+
+    ``dra``: the DRA pool's rules (module docstring): capacity is a node of the model with a
+    healthy MIG-enabled GPU, where the claim's instance can be created."""
     options: list[Option] = []
     failures: list[str] = []
     never_fits: list[str] = []
@@ -185,7 +205,8 @@ def mig_option(
                 never_fits.append(model.product)
                 continue
             capacity = any(
-                node.model is model and all(node.free_instances(name) >= n for name, n in need.items())
+                node.model is model and (_dra_mig_room(node) if dra else
+                                         all(node.free_instances(name) >= n for name, n in need.items()))
                 for node in inventory.nodes
             )
             waste = sum(profile_waste(model, p, m, mem) for p, (m, mem) in zip(profiles, asks))
@@ -194,12 +215,16 @@ def mig_option(
             products = sorted(
                 m.product for m in models if all(m.has_profile(p.name) for p in profiles)
             )
-            terms = ((Expression(PRODUCT_LABEL, "In", tuple(products)),),)
+            terms = DRA_TERMS if dra else ((Expression(PRODUCT_LABEL, "In", tuple(products)),),)
             options.append(Option("mig", waste, capacity, terms, tuple(profiles), model))
     if not options:
-        raise NoMigOption("the cluster has no MIG-capable GPUs" if not models else "; ".join(failures),
+        raise NoMigOption("it has no MIG-capable GPUs" if not models else "; ".join(failures),
                           never_fits=bool(models) and len(never_fits) == len(failures))
     return min(options, key=lambda o: (not o.has_capacity, o.waste, o.model.product if o.model else ""))
+
+
+def _dra_mig_room(node: NodeView) -> bool:
+    return not node.degraded and any(g.mig_enabled and g.healthy for g in node.gpus)
 
 
 # --- MPS and time-slicing ------------------------------------------------------
@@ -265,8 +290,11 @@ def wants_whole_gpus(asks: list[tuple[int, int | None]], inventory: Inventory) -
     return any(needs_whole_gpu(milli, mem, gpu_bytes) for milli, mem in asks)
 
 
-def whole_option(asks: list[tuple[int, int | None]], roles: tuple[Role, ...], inventory: Inventory) -> Option:
-    """One ``nvidia.com/gpu`` per container, on a node that does not share its GPUs."""
+def whole_option(
+    asks: list[tuple[int, int | None]], roles: tuple[Role, ...], inventory: Inventory, *, dra: bool = False
+) -> Option:
+    """One ``nvidia.com/gpu`` per container, on a node that does not share its GPUs (``dra``: one
+    whole-GPU device per container, on the DRA pool, whose nodes publish them the same way)."""
     gpu_bytes = inventory.max_gpu_memory_mib * _MIB
     waste = sum(
         (1 - milli / MAX_MILLI) + (0.0 if mem is None or not gpu_bytes else 1 - mem / gpu_bytes) for milli, mem in asks
@@ -282,5 +310,35 @@ def whole_option(asks: list[tuple[int, int | None]], roles: tuple[Role, ...], in
         "whole",
         waste if whole_nodes else math.inf,
         bool(whole_nodes),
-        ((Expression(STRATEGY_LABEL, "NotIn", ("mps", "time-slicing")),),),
+        DRA_TERMS if dra else ((Expression(STRATEGY_LABEL, "NotIn", ("mps", "time-slicing")),),),
     )
+
+
+# --- shares on the DRA node pool -------------------------------------------------
+
+
+def dra_wants_whole_gpus(asks: list[tuple[int, int | None]], pool: Inventory) -> bool:
+    """A container asking a whole GPU's compute, or more memory than a share of the pool's largest
+    GPU may hold: it gets a whole-GPU device (the DRA pool's counterpart of :func:`wants_whole_gpus`)."""
+    largest = pool.max_gpu_memory_mib * _MIB
+    return any(milli >= MAX_MILLI or (largest and mem is not None and DRA_SHARES.consumed_memory(mem) >
+                                      DRA_SHARES.max_memory(largest)) for milli, mem in asks)
+
+
+def dra_shared_option(mode: Literal["mps", "time-slicing"], asks: list[tuple[int, int | None]], pool: Inventory) -> Option:
+    """Shares of ``mode`` on the DRA pool's nodes that share GPUs that way: any share fits a GPU,
+    so the waste is what rounding to the share unit adds."""
+    compatible: list[tuple[float, NodeView]] = []
+    for node in pool.nodes:
+        gpu_bytes = node.gpu_memory_mib * _MIB
+        if node.sharing != mode or not gpu_bytes or not _full_gpus(node):
+            continue
+        if all(DRA_SHARES.serves(gpu_bytes, milli, mem) for milli, mem in asks):
+            waste = sum((DRA_SHARES.consumed_milli(milli) - milli) / MAX_MILLI
+                        + (0.0 if mem is None else (DRA_SHARES.consumed_memory(mem) - mem) / gpu_bytes)
+                        for milli, mem in asks)
+            compatible.append((waste, node))
+    if not compatible:
+        return Option(mode, math.inf, False, DRA_TERMS)
+    room = any(not n.degraded and any(not g.mig_enabled and g.healthy for g in n.gpus) for _, n in compatible)
+    return Option(mode, min(w for w, _ in compatible), room, DRA_TERMS)

@@ -7,6 +7,13 @@ plugin's resource), add MPS env vars, AND the decision's node affinity into
 every existing required term, add the ``gpupack.io/capacity`` scheduling gate,
 and record the decision in the ``gpupack.io/allocation`` annotation.
 
+On the DRA node pool (``PodDecision.backend == "dra"``) the device plugin's
+resource and the MPS env are not added: the pod instead references its
+ResourceClaim in ``spec.resourceClaims`` as ``gpupack`` and each deciding
+container names its request of that claim in ``resources.claims``
+(docs/dra-pods.md); affinity, gate and annotation are as on the device
+plugin's pool.
+
 Each operation targets the smallest path that exists, so nothing else in the
 pod is touched, and works whether annotations/env/affinity are absent or
 present. Keys with ``/`` or ``~`` are escaped (``~1``, ``~0``) as RFC 6901 says.
@@ -22,6 +29,7 @@ import copy
 from typing import Any
 
 from sharing.allocation import has_capacity_gate
+from sharing.backend import POD_CLAIM
 from sharing.decision import PodDecision, Term
 from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, OWN_PREFIX
 
@@ -41,7 +49,9 @@ def _map(value: Any) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _resources_ops(container: dict[str, Any], base: str, resource: str) -> list[Operation]:
+def _resources_ops(container: dict[str, Any], base: str, resource: str | None) -> list[Operation]:
+    """Drop the ``gpupack.io/*`` requests and limits (no node advertises them) and ask for
+    ``resource`` instead (None: nothing instead, a claim serves the container)."""
     ops: list[Operation] = []
     resources = _map(container.get("resources")) or {}
     for field in ("limits", "requests"):
@@ -49,7 +59,10 @@ def _resources_ops(container: dict[str, Any], base: str, resource: str) -> list[
         if current is None:
             continue  # absent requests default to limits for extended resources
         updated = {k: v for k, v in current.items() if not k.startswith(OWN_PREFIX)}
-        updated[resource] = "1"
+        if resource is not None:
+            updated[resource] = "1"
+        elif updated == current:
+            continue
         ops.append({"op": "replace", "path": f"{base}/resources/{field}", "value": updated})
     return ops
 
@@ -69,6 +82,30 @@ def _env_ops(container: dict[str, Any], base: str, env: tuple[tuple[str, str], .
         elif current[at] != {"name": name, "value": value}:
             ops.append({"op": "replace", "path": f"{base}/env/{at}", "value": {"name": name, "value": value}})
     return ops
+
+
+def _append_ops(owner: dict[str, Any], path: str, field: str, entry: dict[str, str]) -> list[Operation]:
+    """Add ``entry`` to the list ``owner[field]`` at ``path``, creating the list when absent."""
+    current = owner.get(field)
+    if not isinstance(current, list):
+        return [{"op": "add", "path": f"{path}/{field}", "value": [entry]}]
+    if entry in current:
+        return []
+    return [{"op": "add", "path": f"{path}/{field}/-", "value": entry}]
+
+
+def _claim_ops(container: dict[str, Any], base: str, request: str) -> list[Operation]:
+    """The container uses ``request`` of the pod's claim ``gpupack``."""
+    resources = _map(container.get("resources"))
+    if resources is None:
+        return [{"op": "add", "path": f"{base}/resources", "value": {"claims": [{"name": POD_CLAIM, "request": request}]}}]
+    return _append_ops(resources, f"{base}/resources", "claims", {"name": POD_CLAIM, "request": request})
+
+
+def _pod_claim_ops(spec: dict[str, Any], claim: str | None) -> list[Operation]:
+    if not claim:
+        raise ValueError("a DRA decision names the ResourceClaim its pod references (PodDecision.claim)")
+    return _append_ops(spec, "/spec", "resourceClaims", {"name": POD_CLAIM, "resourceClaimName": claim})
 
 
 def merge_terms(existing: list[Any], ours: tuple[Term, ...]) -> list[dict[str, Any]]:
@@ -131,12 +168,15 @@ def _annotation_ops(pod: dict[str, Any], value: str) -> list[Operation]:
 def build_patch(pod: dict[str, Any], decision: PodDecision) -> list[Operation]:
     """The JSON Patch turning ``pod`` into what ``decision`` says."""
     spec = pod["spec"]
+    dra = decision.backend == "dra"
     ops: list[Operation] = []
     for c in decision.containers:
         container = spec[c.kind][c.index]
         base = f"/spec/{c.kind}/{c.index}"
-        ops += _resources_ops(container, base, c.resource)
-        ops += _env_ops(container, base, c.env)
+        ops += _resources_ops(container, base, None if dra else c.resource)
+        ops += _claim_ops(container, base, c.resource) if dra else _env_ops(container, base, c.env)
+    if dra:
+        ops += _pod_claim_ops(spec, decision.claim)
     ops += _affinity_ops(spec, decision.terms)
     if decision.gated:
         ops += _gate_ops(spec)

@@ -1,9 +1,10 @@
 """Admission as functions: an AdmissionReview dict in, an AdmissionReview dict out.
 
 ``mutate(review, inventory, settings)`` answers ``POST /mutate`` for pods and
-``validate(review, settings)`` answers ``POST /validate`` for SharingPolicy
-objects; the HTTP layer (``webhook.app``) only decodes bytes and encodes the
-answer. Both never raise: every input, however malformed, gets a well-formed
+``validate(review, inventory, settings)`` answers ``POST /validate`` for
+SharingPolicy objects and for ResourceClaims and ResourceClaimTemplates that
+ask for gpupack's devices (``webhook.claim_validation``); the HTTP layer
+(``webhook.app``) only decodes bytes and encodes the answer. Both never raise: every input, however malformed, gets a well-formed
 ``admission.k8s.io/v1`` AdmissionReview carrying the request's uid where one
 could be read, and either ``allowed: true`` (with a reason in
 ``status.message``) or ``allowed: false`` with a specific message. An
@@ -21,16 +22,20 @@ import base64
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
-from sharing.allocation import has_capacity_gate, trusted_allocation
+from sharing.backend import pod_claim_name
 from sharing.decision import DecisionMemo, PodDecision, decide, policy_for
+from sharing.dra.claims import names_gpupack_class
 from sharing.inventory import Inventory
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, SKIP_LABEL
+from sharing.keys import BACKEND_LABEL, CAPACITY_GATE, SKIP_LABEL
 from sharing.lenient import as_map
 from sharing.patch import build_patch
+from sharing.pool_choice import UnknownBackend, choose_pool
 from sharing.request import AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
+from webhook import claim_validation
+from webhook.forged_marks import refuse_forged_marks, refuse_taken_claim_name
 from webhook.jsonio import dumps
 from webhook.policy_validation import policy_problems
 from webhook.settings import WebhookSettings
@@ -112,15 +117,17 @@ def review_response(
     code: int = 403,
     patch: list[dict[str, Any]] | None = None,
     warnings: list[str] | None = None,
+    causes: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
+    """``causes``: a denial's causes, each with its own reason (default: one, ``reason``)."""
     response: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if patch:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(dumps(patch)).decode("ascii")
     if not allowed:
         response["status"] = {"code": code, "reason": STATUS_REASONS.get(code, "Forbidden"), "message": message}
-        if reason:
-            response["status"]["details"] = {"causes": [{"reason": reason, "message": message}]}
+        if causes or reason:
+            response["status"]["details"] = {"causes": causes or [{"reason": reason, "message": message}]}
     elif message:
         response["status"] = {"code": 200, "message": message}
     if warnings:
@@ -153,6 +160,8 @@ def review_pod(
         return _review_pod(uid, request, inventory, settings.placement == "engine", memo)
     except AdmissionRefusal as refusal:
         return _deny(uid, refusal.reason, refusal.message)
+    except UnknownBackend as bad:
+        return _deny(uid, bad.reason, bad.message)
     except Exception:  # never a 500: fail closed with a message that says so
         log.exception("unexpected error while deciding pod (uid %s)", uid)
         answer = review_response(
@@ -177,53 +186,37 @@ def _review_pod(
     if isinstance(labels, dict) and labels.get(SKIP_LABEL) == "true":
         return _allow(uid, f"gpupack: pod has label {SKIP_LABEL}=true; left untouched")
     if not pod_wants_gpupack(pod):
-        _refuse_forged_marks(pod)
+        refuse_forged_marks(pod)
         return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
     namespace = request.get("namespace")
     parsed = parse_pod(pod, namespace if isinstance(namespace, str) else "")
     if parsed is None:
         return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
+    refuse_taken_claim_name(pod)
     if not inventory.synced:
         raise AdmissionRefusal(
             Reason.INVENTORY_NOT_SYNCED, "gpupack webhook has not synced the GPU inventory yet; retry shortly"
         )
+    pool = choose_pool(labels if isinstance(labels, dict) else None, parsed.namespace, inventory)
     policy = policy_for(inventory, parsed.namespace, memo)
-    decision = decide(parsed, policy, inventory, engine_places=engine_places, memo=memo)
+    decision = decide(parsed, policy, inventory, engine_places=engine_places, memo=memo, backend=pool.backend)
+    warnings: list[str] = []
+    if pool.backend == "dra":
+        # Named now, from the review's uid: the pod may have only a generateName, and the
+        # controller creates the claim under this name when it places the pod.
+        decision = replace(decision, claim=pod_claim_name(uid))
+        if not inventory.pool("dra").nodes:
+            warnings.append(f"gpupack: the cluster has no node of the DRA pool ({BACKEND_LABEL}=dra) yet; "
+                            f"the pod waits at scheduling gate {CAPACITY_GATE} until one can hold it")
     patch = build_patch(pod, decision)
-    warnings = None
     if not decision.capacity_exists:
-        warnings = [
+        warnings.append(
             f"gpupack: no free {decision.mode} capacity fits this pod yet; it waits at scheduling gate "
             f"{CAPACITY_GATE} until gpupack creates it"
-        ]
-    answer = review_response(uid, True, message=f"gpupack: {decision.reason}", patch=patch, warnings=warnings)
-    return Answer(answer, "allowed", decision=decision)
-
-
-def _refuse_forged_marks(pod: dict[str, Any]) -> None:
-    """A pod that asks for no gpupack resource may carry gpupack's allocation and gate only as the
-    webhook left them (its own reinvocation): the record must match what the pod requests.
-
-    Anything else was written by the pod's creator: a forged allocation would make gpupack count
-    GPUs the pod does not use, and a bare gate would hold the pod forever.
-    """
-    annotations, spec = as_map(as_map(pod.get("metadata")).get("annotations")), as_map(pod.get("spec"))
-    text = annotations.get(ALLOCATION_ANNOTATION)
-    if text is None:
-        if has_capacity_gate(spec):
-            raise AdmissionRefusal(
-                Reason.FORGED_ALLOCATION,
-                f"scheduling gate {CAPACITY_GATE} is gpupack's; only its webhook adds it (ask for "
-                f"gpupack.io/gpu-milli instead of setting it by hand)",
-            )
-        return
-    _, distrust = trusted_allocation(text, spec)
-    if distrust is not None:
-        raise AdmissionRefusal(
-            Reason.FORGED_ALLOCATION,
-            f"annotation {ALLOCATION_ANNOTATION} is written by gpupack's webhook only, and this one does not "
-            f"describe the pod ({distrust}); remove it and ask for gpupack.io/gpu-milli instead",
         )
+    message = f"gpupack: {decision.reason} (pool: {pool.why})"
+    answer = review_response(uid, True, message=message, patch=patch, warnings=warnings or None)
+    return Answer(answer, "allowed", decision=decision)
 
 
 def mutate(review: Any, inventory: Inventory, settings: WebhookSettings) -> dict[str, Any]:
@@ -231,32 +224,60 @@ def mutate(review: Any, inventory: Inventory, settings: WebhookSettings) -> dict
     return review_pod(review, inventory, settings).review
 
 
-def review_policy(review: Any, settings: WebhookSettings) -> Answer:
-    """Answer a SharingPolicy review (create/update); the full :class:`Answer`."""
+def review_validation(review: Any, inventory: Inventory, settings: WebhookSettings) -> Answer:
+    """Answer a ``/validate`` review (create/update), by kind: a SharingPolicy, or a
+    ``resource.k8s.io`` ResourceClaim or ResourceClaimTemplate; the full :class:`Answer`."""
     try:
         uid, request = envelope(review)
     except BadReview as bad:
         return _deny(bad.uid, "MalformedReview", bad.message, code=400)
     try:
-        if not _resource_is(request, "gpupack.io", "SharingPolicy"):
-            return _allow(uid, "gpupack: not a SharingPolicy; nothing to validate")
-        if request.get("operation") not in ("CREATE", "UPDATE"):
+        if request.get("operation") not in ("CREATE", "UPDATE") or request.get("subResource"):
             return _allow(uid, "gpupack: nothing to validate")
-        problems, warnings = policy_problems(request.get("object"))
-        if problems:
-            message = "invalid SharingPolicy: " + "; ".join(problems)
-            return _deny(uid, "InvalidPolicy", message)
-        return Answer(
-            review_response(uid, True, message="gpupack: policy is valid", warnings=warnings or None), "allowed"
-        )
+        if _resource_is(request, "gpupack.io", "SharingPolicy"):
+            return _review_policy(uid, request)
+        kind = next((k for k in claim_validation.KINDS if _resource_is(request, claim_validation.GROUP, k)), None)
+        if kind is not None:
+            return _review_claim(uid, request, kind, inventory)
+        return _allow(uid, "gpupack: not a SharingPolicy, ResourceClaim or ResourceClaimTemplate; nothing to validate")
     except Exception:
-        log.exception("unexpected error while validating a policy (uid %s)", uid)
+        log.exception("unexpected error while validating an object (uid %s)", uid)
         answer = review_response(
             uid, False, message="gpupack webhook internal error; see the webhook's log", reason="InternalError"
         )
         return Answer(answer, "error", "InternalError")
 
 
-def validate(review: Any, settings: WebhookSettings) -> dict[str, Any]:
-    """``POST /validate``: the AdmissionReview answering a SharingPolicy review."""
-    return review_policy(review, settings).review
+def _review_policy(uid: str, request: dict[str, Any]) -> Answer:
+    problems, warnings = policy_problems(request.get("object"))
+    if problems:
+        message = "invalid SharingPolicy: " + "; ".join(problems)
+        return _deny(uid, "InvalidPolicy", message)
+    return Answer(review_response(uid, True, message="gpupack: policy is valid", warnings=warnings or None), "allowed")
+
+
+def _review_claim(uid: str, request: dict[str, Any], kind: str, inventory: Inventory) -> Answer:
+    obj = request.get("object")
+    if not isinstance(obj, dict):
+        return _deny(uid, "MalformedObject", f"request.object is not a {kind} object", code=400)
+    if not names_gpupack_class(obj):
+        return _allow(uid, f"gpupack: the {kind} names no gpupack DeviceClass; nothing to validate")
+    if request.get("operation") == "UPDATE" and claim_validation.same_spec(obj, request.get("oldObject")):
+        return _allow(uid, f"gpupack: the {kind}'s spec is unchanged; checked when it was created")
+    if not inventory.synced:
+        return _deny(uid, Reason.INVENTORY_NOT_SYNCED,
+                     "gpupack webhook has not synced the GPU inventory yet; retry shortly")
+    problems = claim_validation.claim_problems(obj, inventory)
+    if problems:
+        metadata = as_map(obj.get("metadata"))
+        name = f"{request.get('namespace') or metadata.get('namespace') or ''}/{metadata.get('name') or metadata.get('generateName') or ''}"
+        message = claim_validation.denial_message(kind, repr(name[:128]), problems)
+        answer = review_response(uid, False, message=message, reason="InvalidClaim",
+                                 causes=[{"reason": str(p.reason), "message": p.message} for p in problems])
+        return Answer(answer, "denied", "InvalidClaim")
+    return _allow(uid, f"gpupack: the {kind}'s gpupack requests can be served")
+
+
+def validate(review: Any, inventory: Inventory, settings: WebhookSettings) -> dict[str, Any]:
+    """``POST /validate``: the AdmissionReview answering a SharingPolicy, ResourceClaim or template review."""
+    return review_validation(review, inventory, settings).review

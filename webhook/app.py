@@ -3,7 +3,8 @@
 Routes:
 
 * ``POST /mutate`` - pods (AdmissionReview v1) -> ``admission.review_pod``
-* ``POST /validate`` - SharingPolicy objects -> ``admission.review_policy``
+* ``POST /validate`` - SharingPolicy objects, ResourceClaims and ResourceClaimTemplates ->
+  ``admission.review_validation`` (claims are checked against the inventory's DRA pool)
 * ``POST /authorize`` - SubjectAccessReview v1 (kube-apiserver's authorization webhook,
   ``manifests/hardened``) -> ``authorization.review_access``: a node agent's pod reads
 * ``GET /healthz`` - the process answers (liveness)
@@ -33,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from webhook.admission import Answer, review_pod, review_policy, review_response, uid_hint
+from webhook.admission import Answer, review_pod, review_response, review_validation, uid_hint
 from webhook.authorization import review_access
 from webhook.inventory_source import InventoryHolder
 from webhook.jsonio import JSONDecodeError, dumps, loads
@@ -214,7 +215,7 @@ def build_app(
     api.router.add_route("/authorize", post_only, methods=["GET", "PUT", "DELETE", "PATCH"])
     handlers = {
         "/mutate": admit("mutate", lambda review: _review_with_memo(review, holder, settings)),
-        "/validate": admit("validate", lambda review: review_policy(review, settings)),
+        "/validate": admit("validate", lambda review: review_validation(review, holder.current, settings)),
         "/authorize": authorize,
     }
     return AdmissionApp(api, handlers, settings.max_body_bytes)

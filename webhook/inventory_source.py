@@ -5,7 +5,10 @@ path reads without a lock (a Python attribute read is atomic, and a snapshot is
 never mutated, only replaced). The watch runs in background threads with the
 official Kubernetes client; this is the webhook's only module that talks to the
 API server, and it only lists and watches ``GPUNode``, ``SharingPolicy`` and
-``Namespace`` objects (namespace labels serve SharingPolicy namespace selectors).
+``Namespace`` objects (namespace labels serve SharingPolicy namespace selectors
+and the pool choice of ``sharing.pool_choice``), and the ``Node`` objects of
+the DRA node pool (``gpupack.io/backend=dra``: every other node is in the
+device plugin's pool, so only these need to be known).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import yaml
 
 from kube.backoff import Backoff
 from sharing.crd import GROUP, VERSION
+from sharing.keys import BACKEND_LABEL
 from sharing.decision import DecisionMemo
 from sharing.inventory import Inventory, build_inventory
 
@@ -91,7 +95,7 @@ def load_objects(path: str | Path) -> list[Mapping[str, Any]]:
     bad = [i for i, o in enumerate(objects) if not isinstance(o, dict)]
     if bad:
         raise InventoryError(f"inventory file {str(path)!r}: item {bad[0]} is not an object")
-    known = {"GPUNode", "SharingPolicy", "Namespace"}
+    known = {"GPUNode", "SharingPolicy", "Namespace", "Node"}
     for i, obj in enumerate(objects):
         kind = obj.get("kind", "GPUNode")
         if kind not in known:
@@ -154,15 +158,29 @@ class FileWatch:
         self._stop.set()
 
 
-class KubernetesWatch:
-    """List-then-watch of GPUNodes, SharingPolicies and Namespaces into a holder.
+DRA_NODES_SELECTOR = f"{BACKEND_LABEL}=dra"
+"""The Nodes the webhook watches. A node whose label changes away from ``dra`` leaves the
+selection, and the API server sends a DELETED event for it: it is then in the default pool."""
 
-    Synced once each of the three lists has completed; a watch that fails or
+
+def _kept(kind: str, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What the inventory needs of a watched object: all of it, except a Node's (its labels only;
+    a Node's status lists images and conditions the webhook would only hold in memory)."""
+    if kind != "Node":
+        return {**obj, "kind": kind}
+    metadata = obj.get("metadata") or {}
+    return {"kind": kind, "metadata": {"name": metadata.get("name"), "labels": metadata.get("labels") or {}}}
+
+
+class KubernetesWatch:
+    """List-then-watch of GPUNodes, SharingPolicies, Namespaces and the DRA pool's Nodes into a holder.
+
+    Synced once each of the four lists has completed; a watch that fails or
     expires re-lists (after a short back-off), so the view converges to what the
     API server holds. Threads are daemons: they end with the process.
     """
 
-    KINDS = ("GPUNode", "SharingPolicy", "Namespace")
+    KINDS = ("GPUNode", "SharingPolicy", "Namespace", "Node")
 
     def __init__(self, holder: InventoryHolder, api: ApiClient, *, resync_seconds: float = 300.0):
         self.holder = holder
@@ -186,6 +204,12 @@ class KubernetesWatch:
                 core.list_namespace(**kw)
                 if kw.get("watch")
                 else api.sanitize_for_serialization(core.list_namespace(**kw))  # type: ignore[no-untyped-call]
+            ),
+            "Node": lambda **kw: (
+                core.list_node(label_selector=DRA_NODES_SELECTOR, **kw)
+                if kw.get("watch")
+                else api.sanitize_for_serialization(  # type: ignore[no-untyped-call]
+                    core.list_node(label_selector=DRA_NODES_SELECTOR, **kw))
             ),
         }
         for kind, lister in listers.items():
@@ -211,7 +235,7 @@ class KubernetesWatch:
                 if backoff.succeeded():
                     log.info("watch of %s works again", kind)
                 items: dict[str, Mapping[str, Any]] = {
-                    o["metadata"]["name"]: {**o, "kind": kind} for o in listed.get("items") or []
+                    o["metadata"]["name"]: _kept(kind, o) for o in listed.get("items") or []
                 }
                 with self._lock:
                     self._objects[kind] = items
@@ -232,7 +256,7 @@ class KubernetesWatch:
                         if event["type"] == "DELETED":
                             self._objects[kind].pop(name, None)
                         else:
-                            self._objects[kind][name] = {**obj, "kind": kind}
+                            self._objects[kind][name] = _kept(kind, obj)
                     self._publish()
             except Exception as exc:  # noqa: BLE001 - keep watching whatever the API server does
                 pause, news = backoff.failed(f"{type(exc).__name__}: {exc}")

@@ -176,6 +176,13 @@ def template_name(spec: TemplateSpecJSON) -> str:
     return TEMPLATE_PREFIX + hashlib.sha256(canonical.encode()).hexdigest()[:HASH_LENGTH]
 
 
+def request_name(position: int) -> str:
+    """The name of the device request of a pod's ``position``-th GPU container (0-based, in the
+    order ``sharing.request`` lists them: init containers first): ``gpu-<position>``. The one
+    naming: templates here, the webhook's allocation record and the claims the controller makes."""
+    return f"gpu-{position}"
+
+
 def pod_claims(mode: AllocationMode, containers: Sequence[ContainerShape], policy: SharePolicy = SharePolicy()) -> PodClaims:
     """The claim template and pod patch data for a pod's GPU containers, in pod order.
 
@@ -184,7 +191,7 @@ def pod_claims(mode: AllocationMode, containers: Sequence[ContainerShape], polic
     """
     if not containers:
         raise DraModelError("a pod without GPU containers needs no claim")
-    requests = [device_request(f"gpu-{n}", mode, c, policy) for n, c in enumerate(containers)]
+    requests = [device_request(request_name(n), mode, c, policy) for n, c in enumerate(containers)]
     spec: TemplateSpecJSON = {"metadata": {"labels": dict(MANAGED_BY)}, "spec": {"devices": {"requests": requests}}}
     name = template_name(spec)
     return PodClaims(
@@ -231,10 +238,11 @@ def _specs(obj: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
     for request in requests if isinstance(requests, list) else []:
         if not isinstance(request, Mapping):
             continue
-        name = str(request.get("name", "?"))
+        name = str(request.get("name", "?"))[:64]
         if isinstance(request.get("exactly"), Mapping):
             found.append((f"request {name!r}", request["exactly"]))
-        for sub in request.get("firstAvailable") or []:
+        alternatives = request.get("firstAvailable")
+        for sub in alternatives if isinstance(alternatives, list) else []:
             if isinstance(sub, Mapping):
                 found.append((f"request {name + '/' + str(sub.get('name', '?'))!r}", sub))
     return found
@@ -276,13 +284,14 @@ def _check_memory(what: str, value: object, shared: bool, policy: SharePolicy, l
 def _check_request(where: str, exact: Mapping[str, Any], policy: SharePolicy, largest: int | None,
                    profiles: Collection[str]) -> list[ClaimProblem]:
     cls = exact.get("deviceClassName")
-    if cls not in GPUPACK_CLASSES:
+    if not isinstance(cls, str) or cls not in GPUPACK_CLASSES:
         return []
     problems: list[ClaimProblem] = []
     shared = cls == names.SHARED_CLASS
     capacity = exact.get("capacity")
     wanted = capacity.get("requests") if isinstance(capacity, Mapping) else None
     for key, value in (wanted.items() if isinstance(wanted, Mapping) else ()):
+        key = str(key)[:128]
         what = f"{where}: {key}"
         try:
             if key not in CAPACITIES_OF_CLASS[cls]:
@@ -318,6 +327,13 @@ def _check_request(where: str, exact: Mapping[str, Any], policy: SharePolicy, la
                     ClaimReason.UNKNOWN_PROFILE,
                     f"{where}: unknown MIG profile {profile!r}; valid profiles: {', '.join(sorted(profiles))}"))
     return problems
+
+
+def names_gpupack_class(obj: Mapping[str, Any]) -> bool:
+    """Whether any request of this ResourceClaim or template (alternatives too) names one of
+    gpupack's DeviceClasses: only those are :func:`check_claim`'s business."""
+    return any(isinstance(cls := exact.get("deviceClassName"), str) and cls in GPUPACK_CLASSES
+               for _, exact in _specs(obj))
 
 
 def check_claim(obj: Mapping[str, Any], *, policy: SharePolicy = SharePolicy(),

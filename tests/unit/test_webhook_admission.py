@@ -199,7 +199,7 @@ def policy_review(spec: dict[str, Any], operation: str = "CREATE") -> dict[str, 
 def test_example_policy_is_valid() -> None:
     obj = yaml.safe_load((ROOT / "examples" / "sharing-policy.yaml").read_text())
     review = make_review(obj, kind="SharingPolicy", group="gpupack.io", version="v1alpha1")
-    assert validate(review, SETTINGS)["response"]["allowed"]
+    assert validate(review, Inventory(), SETTINGS)["response"]["allowed"]
 
 
 @pytest.mark.parametrize(
@@ -215,15 +215,15 @@ def test_example_policy_is_valid() -> None:
     ids=["unknown-profile", "unknown-mode", "duplicate-mode", "memory-too-large", "unknown-field", "layout-outside-allowed"],
 )
 def test_invalid_policies_denied(spec: dict[str, Any], fragment: str) -> None:
-    out = validate(policy_review(spec), SETTINGS)["response"]
+    out = validate(policy_review(spec), Inventory(), SETTINGS)["response"]
     assert not out["allowed"] and fragment in out["status"]["message"], out["status"]["message"]
 
 
 def test_unknown_mig_config_is_a_warning_only() -> None:
-    out = validate(policy_review({"layout": {"mode": "static", "migConfig": "site-custom"}}), SETTINGS)["response"]
+    out = validate(policy_review({"layout": {"mode": "static", "migConfig": "site-custom"}}), Inventory(), SETTINGS)["response"]
     assert out["allowed"] and "site-custom" in out["warnings"][0]
 
 
 def test_policy_delete_and_other_kinds_pass() -> None:
-    assert validate(policy_review({"allowedProfiles": ["bad"]}, operation="DELETE"), SETTINGS)["response"]["allowed"]
-    assert validate(make_review(make_pod()), SETTINGS)["response"]["allowed"]
+    assert validate(policy_review({"allowedProfiles": ["bad"]}, operation="DELETE"), Inventory(), SETTINGS)["response"]["allowed"]
+    assert validate(make_review(make_pod()), Inventory(), SETTINGS)["response"]["allowed"]

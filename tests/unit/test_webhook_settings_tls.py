@@ -68,7 +68,7 @@ def test_missing_certificate_is_a_clear_error(tmp_path: Path) -> None:
 def test_inventory_file_errors(tmp_path: Path) -> None:
     bad = tmp_path / "inv.yaml"
     bad.write_text("- kind: Pod\n  metadata: {name: x}\n")
-    with pytest.raises(InventoryError, match="valid kinds: GPUNode, Namespace, SharingPolicy"):
+    with pytest.raises(InventoryError, match="valid kinds: GPUNode, Namespace, Node, SharingPolicy"):
         load_objects(bad)
     bad.write_text("[unclosed")
     with pytest.raises(InventoryError, match="not valid YAML"):

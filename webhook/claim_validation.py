@@ -1,0 +1,56 @@
+"""Checks on users' ResourceClaims and ResourceClaimTemplates that ask for gpupack's devices.
+
+``sharing.dra.claims.check_claim`` knows what gpupack's devices can never serve
+(a share above a whole GPU, an unknown MIG profile, more memory than any GPU
+has); this module gives it the cluster's bounds and turns its problems into
+one denial. The bounds are the DRA node pool's (``Inventory.pool``): only its
+devices serve claims. With no DRA node yet, memory is not bounded and any MIG
+profile of gpupack's catalog is accepted: the pool may still be filling, and a
+claim that no device serves only stays pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sharing.dra.claims import KNOWN_PROFILES, ClaimProblem, check_claim
+from sharing.inventory import Inventory
+
+GROUP: Final = "resource.k8s.io"
+KINDS: Final = ("ResourceClaim", "ResourceClaimTemplate")
+_MIB: Final = 1024**2
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the DRA pool's GPUs can serve."""
+
+    largest_gpu_memory_bytes: int | None
+    profiles: Collection[str]
+
+
+def bounds(inventory: Inventory) -> Bounds:
+    pool = inventory.pool("dra")
+    profiles = frozenset(p.name for m in pool.mig_models for p in m.profiles)
+    return Bounds(pool.max_gpu_memory_mib * _MIB or None, profiles or KNOWN_PROFILES)
+
+
+def claim_problems(obj: Mapping[str, Any], inventory: Inventory) -> tuple[ClaimProblem, ...]:
+    """Every reason gpupack's devices could never serve ``obj`` (a claim or a template)."""
+    b = bounds(inventory)
+    return check_claim(obj, largest_gpu_memory_bytes=b.largest_gpu_memory_bytes, profiles=b.profiles)
+
+
+def denial_message(kind: str, name: str, problems: tuple[ClaimProblem, ...]) -> str:
+    """One message naming each problem with its reason code."""
+    listed = "; ".join(f"[{p.reason}] {p.message}" for p in problems)
+    return f"{kind} {name} cannot be served by gpupack's devices: {listed}"
+
+
+def same_spec(obj: Mapping[str, Any], old: object) -> bool:
+    """An update that leaves the spec as it was (claims' and templates' specs are immutable, so
+    every update is one: finalizers, labels). It was checked at create; checking it again
+    against a changed inventory would refuse kube-scheduler's own metadata writes."""
+    return isinstance(old, Mapping) and old.get("spec") == obj.get("spec")
