@@ -22,6 +22,10 @@ from kube.client import JSON_PATCH, MERGE_PATCH, KubeClient, call
 from kube.errors import KubeError
 from sharing.crd import GROUP, VERSION
 
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+CLAIMS = "resourceclaims"
+
 
 def _items(response: Any) -> list[dict[str, Any]]:
     data = json.loads(response.data)
@@ -55,7 +59,28 @@ class Kube(KubeClient):
                            field_selector="status.phase!=Succeeded,status.phase!=Failed",
                            _preload_content=False, idempotent=True))
 
+    def list_resource_claims(self) -> list[dict[str, Any]]:
+        """Every ResourceClaim (the DRA pool's usage, ``controller.drausage``)."""
+        return _items(call(self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, CLAIMS,
+                           _preload_content=False, idempotent=True))
+
+    def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            out: Any = call(self._custom.get_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, namespace,
+                            CLAIMS, name, _preload_content=False, idempotent=True)
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+        return cast(dict[str, Any], json.loads(out.data))
+
     # ---------------------------------------------------------------- writing
+    def create_resource_claim(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Not retried: a lost answer would read as a conflict, which the caller resolves by reading
+        the claim back (``controller.draclaims.existing_pin``)."""
+        call(self._custom.create_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, namespace, CLAIMS,
+             dict(body), _preload_content=False)
+
     def patch_gpunode(self, name: str, body: Mapping[str, Any]) -> None:
         call(self._custom.patch_cluster_custom_object, GROUP, VERSION, "gpunodes", name, dict(body),
              _content_type=MERGE_PATCH, _preload_content=False, idempotent=True)

@@ -38,6 +38,7 @@ from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_chan
 from controller.sharedplan import SharedPlacer
 from controller.view import Node, Pod, Snapshot
 from mig.reach import plan_reconfiguration
+from sharing.backend import node_backend
 from sharing.keys import REPLICAS_LABEL, STRATEGY_LABEL
 from sharing.modes import NodeSharingMode
 from sharing.node_policy import NodePolicy
@@ -132,7 +133,7 @@ def recent_mix(pods: tuple[Pod, ...]) -> dict[str, float]:
     return mix
 
 
-def _allowed(pod: Pod, node: Node, labels: dict[str, str] | None = None) -> bool:
+def allowed_on(pod: Pod, node: Node, labels: dict[str, str] | None = None) -> bool:
     """The pod admits the node: its product, its nodeSelector and required affinity (pinning a pod
     to a node its own terms exclude would leave it unschedulable), and the node it is already
     pinned to, if any (a controller that crashed between pinning and lifting the gate must
@@ -149,7 +150,7 @@ def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharingMode, replicas:
     by ``mode`` into ``replicas`` (the webhook's terms name the sharing the pod needs, which
     an idle node about to be switched does not have yet)."""
     labels = {**node.label_map, STRATEGY_LABEL: mode, REPLICAS_LABEL: str(replicas if mode != "none" else 1)}
-    return _allowed(pod, node, labels)
+    return allowed_on(pod, node, labels)
 
 
 def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:
@@ -162,7 +163,7 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) ->
         policy = cycle.snapshot.policies.get(node.name)
         if node.model is None or policy is None or policy.static_layout is not None:
             continue
-        if not _allowed(pod, node):
+        if not allowed_on(pod, node):
             continue
         if not all(policy.allows_profile(p) for p in pod.profiles):
             continue
@@ -195,7 +196,7 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     need = Counter(pod.profiles)
     fitting = [
         n.name for n in cycle.snapshot.nodes
-        if _allowed(pod, n)
+        if allowed_on(pod, n)
         and all(cycle.free.mig_free(n.name)[p] >= k for p, k in need.items())
     ]
     if fitting:
@@ -204,7 +205,7 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
         return Release(pod.key, node, f"free {', '.join(sorted(pod.profiles))} on {node}")
     for n in cycle.snapshot.nodes:
         incoming = cycle.free.incoming_mig.get(n.name)
-        if incoming and _allowed(pod, n) and all(incoming[p] >= k for p, k in need.items()):
+        if incoming and allowed_on(pod, n) and all(incoming[p] >= k for p, k in need.items()):
             incoming.subtract(need)
             return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
     candidates = _mig_candidates(cycle, pod, claims)
@@ -267,13 +268,13 @@ def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[st
     """A ``whole`` pod: the engine's choice among nodes with free whole GPUs; else an idle
     shared node switched back to whole-GPU use (``sharing.packing.node_sharing``)."""
     need = pod.whole_gpus
-    fitting = [n for n in cycle.snapshot.nodes if cycle.free.whole[n.name] >= need and _allowed(pod, n)]
+    fitting = [n for n in cycle.snapshot.nodes if cycle.free.whole[n.name] >= need and allowed_on(pod, n)]
     node = placer.place_whole(pod, fitting, dict(cycle.free.whole))
     if node is not None:
         cycle.free.take_whole(node, need)
         return Release(pod.key, node, f"{need} whole GPU(s) on {node} (packing engine)")
     for n in cycle.snapshot.nodes:
-        if cycle.free.incoming_whole[n.name] >= need and _allowed(pod, n):
+        if cycle.free.incoming_whole[n.name] >= need and allowed_on(pod, n):
             cycle.free.incoming_whole[n.name] -= need
             return Wait(pod.key, f"capacity being created: {n.name} returning to whole GPUs (in flight)")
     for name, change in sorted(cycle.sharing.items()):
@@ -308,7 +309,7 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         cycle.free.take_shared(node, pod.shares)
         return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine)")
     for n in cycle.snapshot.nodes:
-        if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares and _allowed(pod, n)
+        if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares and allowed_on(pod, n)
                 and _shared_ok(pod, n, n.spec_replicas)):
             cycle.free.incoming_shared[n.name] -= pod.shares
             return Wait(pod.key, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
@@ -438,7 +439,11 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     # are planned elsewhere and its reshapes in flight do not hold its policy's budget.
     # A degraded node (a GPU fault the device plugin keeps advertising) is left out the same way:
     # the kubelet could hand a new pod the failing device.
-    snapshot = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if not n.stale and not n.degraded))
+    # The DRA node pool and its pods are controller.draplan's: kube-scheduler allocates devices
+    # there from ResourceSlices, and nothing this planner counts or writes applies to them.
+    snapshot = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if not n.stale and not n.degraded
+                                            and node_backend(n.label_map) != "dra"),
+                       pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
     cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot), budget, mig_mode_changes)
@@ -480,4 +485,4 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     )
 
 
-__all__ = ["LayoutChange", "Plan", "Release", "SharingChange", "Wait", "in_flight", "plan"]
+__all__ = ["LayoutChange", "Plan", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan"]

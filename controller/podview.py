@@ -165,4 +165,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
         uid=str(meta.get("uid") or ""),
         node_selector=tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())),
         terms=_terms(spec),
+        backend=allocation.backend,
+        claim=allocation.claim,
+        requests=tuple(c.resource for c in containers) if allocation.backend == "dra" else (),
     )

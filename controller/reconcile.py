@@ -8,7 +8,9 @@ the planner and the feedback loop, and applies the result:
 2. new layouts and sharing configs (``GPUNode.spec``), and the mig-parted configs
    agents in GPU Operator mode ask for, into mig-manager's ConfigMap
    (``controller.mig_configs``);
-3. released pods: pin (affinity), then lift the gate — two guarded patches;
+3. released pods: pin (affinity), then lift the gate — two guarded patches; on the DRA
+   node pool the pod's ResourceClaim, pinned to the engine's device, is created first
+   (``controller.dracycle``);
 4. replica changes from the feedback loop, right-size recommendations.
 
 Every write is independent: one failure is counted and logged, the rest of
@@ -22,11 +24,13 @@ import logging
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from controller.dracycle import DraCycle
+from controller.draplan import DraPlacement, DraPlan
 from controller.evictions import evictions
 from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas, right_size
 from controller.kube import Kube
@@ -42,6 +46,7 @@ from controller.policy_status import needs_write, policy_reports, status_for
 from controller.snapshot import build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle
 from kube.errors import KubeError
 from mig.migparted import MigConfigError
+from sharing.backend import node_backend
 from sharing.gpunode import MigConfigRequest
 from kube.times import format_time, parse_time
 from sharing.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
@@ -60,6 +65,8 @@ class CycleReport:
     evicted: list[str] = field(default_factory=list)
     """Pods evicted from failed GPUs this cycle (``--evict-on-gpu-fault``)."""
     errors: list[str] = field(default_factory=list)
+    dra: DraPlan = field(default_factory=DraPlan)
+    """The DRA pool's placements and waits (``controller.draplan``)."""
     replica_changes: list[tuple[str, int, int]] = field(default_factory=list)
     recommendations: int = 0
     allocation_ratio: float = 0.0
@@ -75,6 +82,7 @@ class Controller:
         self.kube = kube
         self.settings = settings
         self.metrics = metrics or ControllerMetrics()
+        self.dra = DraCycle(kube)
         self.clock = clock
         # Utilisation history per node for the feedback loop's peak-hold. In memory on
         # purpose: a new leader starts with an empty window, which only delays a change.
@@ -116,7 +124,13 @@ class Controller:
         report.plan = result
         self._apply_layouts(result, by_name, report)
         self._publish_mig_configs(requests, report)
-        self._release(result, pod_objs, now, report)
+        releases: list[tuple[Release, DraPlacement | None]] = [(r, None) for r in result.releases]
+        try:
+            report.dra = self.dra.plan(snapshot, now, self.settings.policy)
+        except KubeError as exc:
+            self._fail(report, "dra-claims", f"ResourceClaims not read, nothing placed on the DRA pool: {exc}")
+        releases += [(Release(p.pod, p.node, p.reason), p) for p in report.dra.placements]
+        self._release(releases, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
             self._evict(failed, pod_objs, report)
         if self.settings.feedback:
@@ -290,14 +304,16 @@ class Controller:
                 if not exc.not_found:  # deleted meanwhile: nothing to report on
                     self._fail(report, "policy-status", f"SharingPolicy {policy.name}: {exc}")
 
-    def _release(self, result: Plan, pods: Mapping[str, dict[str, Any]], now: datetime, report: CycleReport) -> None:
-        """Pin and ungate released pods, several at once: each pod is two independent round trips."""
-        todo = [(r, pods[r.pod]) for r in result.releases if r.pod in pods]
+    def _release(self, releases: Sequence[tuple[Release, DraPlacement | None]], pods: Mapping[str, dict[str, Any]],
+                 now: datetime, report: CycleReport) -> None:
+        """Pin and ungate released pods, several at once: each pod is two independent round trips
+        (three on the DRA pool: its ResourceClaim is created first, ``controller.dracycle``)."""
+        todo = [(r, pods[r.pod], dra) for r, dra in releases if r.pod in pods]
         if not todo:
             return
         with ThreadPoolExecutor(max_workers=max(1, min(self.settings.write_workers, len(todo)))) as pool:
             outcomes = list(pool.map(lambda item: self._release_one(*item), todo))
-        for (release, obj), error in zip(todo, outcomes):
+        for (_, obj, _), (release, error) in zip(todo, outcomes):
             if error is not None:
                 self._fail(report, "release", f"{release.pod}: {error}")
                 continue
@@ -308,8 +324,14 @@ class Controller:
                 self.metrics.wait.observe(max(0.0, (now - created).total_seconds()))
             log.info("released %s to %s (%s)", release.pod, release.node, release.reason)
 
-    def _release_one(self, release: Release, obj: Mapping[str, Any]) -> str | None:
+    def _release_one(self, release: Release, obj: Mapping[str, Any],
+                     dra: DraPlacement | None = None) -> tuple[Release, str | None]:
         namespace, name = release.pod.split("/", 1)
+        if dra is not None:
+            prepared = self.dra.prepare(dra, obj)
+            if isinstance(prepared, str):
+                return release, prepared
+            release = prepared
         try:
             parsed = pod_from_object(obj)
             if parsed is None or parsed.node != release.node:
@@ -318,8 +340,8 @@ class Controller:
             if ops:
                 self.kube.json_patch_pod(namespace, name, ops)
         except (KubeError, ValueError) as exc:
-            return str(exc)
-        return None
+            return release, str(exc)
+        return release, None
 
     def _feedback(self, snapshot: Snapshot, result: Plan, by_name: Mapping[str, dict[str, Any]], now: datetime,
                   report: CycleReport) -> None:
@@ -333,6 +355,8 @@ class Controller:
             policy = snapshot.policies.get(node.name)
             if policy is None or node.sharing == "none" or node.name in changing or not node.converged:
                 continue
+            if node_backend(node.label_map) == "dra":
+                continue  # replicas mean nothing on the DRA pool: every claim takes its own share
             if any(g.utilization_percent is None for g in node.full_gpus):
                 continue  # not measured (NVML cannot say, or the agent has not reported): no signal
             loads = self._held(node.name, _loads(node, pods_on[node.name]), now)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from mig.model import GpuModel, PlacedInstance
+from sharing.backend import DEFAULT_BACKEND, Backend
 from sharing.crd import labels_match
 from sharing.gpunode import MigConfigRequest
 from sharing.modes import AllocationMode, NodeSharingMode
@@ -143,6 +144,12 @@ class Pod:
     node_selector: tuple[tuple[str, str], ...] = ()
     terms: tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...] = ()
     """Required node affinity: terms ORed, each a tuple of (key, operator, values) ANDed."""
+    backend: Backend = DEFAULT_BACKEND
+    """``dra``: placed by ``controller.draplan`` on the DRA node pool, never by ``controller.planner``."""
+    claim: str | None = None
+    """DRA backend: the ResourceClaim the pod references (created by the controller when it places the pod)."""
+    requests: tuple[str, ...] = ()
+    """DRA backend: each GPU container's request in that claim (``gpu-<n>``), in record order."""
 
     def admits(self, labels: dict[str, str]) -> bool:
         """Whether the pod's nodeSelector and required node affinity allow a node with ``labels``."""

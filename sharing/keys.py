@@ -32,6 +32,8 @@ ALLOCATION_ANNOTATION: Final = "gpupack.io/allocation"
 """The webhook's decision (``sharing.allocation.Allocation``)."""
 CAPACITY_GATE: Final = "gpupack.io/capacity"
 """Scheduling gate held until the controller has capacity for the pod."""
+DRA_PINNED_ANNOTATION: Final = "gpupack.io/dra-pinned"
+"""ResourceClaim (DRA pool): the node and devices the controller pinned it to (``sharing.dra.pinned``)."""
 RECOMMENDED_MILLI_ANNOTATION: Final = "gpupack.io/recommended-gpu-milli"
 """The feedback loop's right-size recommendation."""
 

@@ -1,0 +1,260 @@
+"""Placing gated pods on the DRA node pool: the packing engine chooses node and device, per pod.
+
+kube-scheduler's DRA allocator takes the first device that fits; gpupack does
+not let it choose. For every gated DRA pod (oldest first, like
+``controller.planner``) this module picks the node and, for each GPU container,
+the device, and the controller pins the pod's ResourceClaim to exactly that
+device (``controller.draclaims``). Pure: a snapshot, the claims' holds
+(``controller.drausage``) and the time in, a :class:`DraPlan` out.
+
+* **Shares** (``mps``, ``time-slicing``): each container consumes its milli and
+  memory rounded by ``SharePolicy`` (what its claim will ask and the
+  allocator will count), on a GPU of a node whose GPUNode shares by the pod's
+  mode (MIG off), with that much milli and memory free. The node and GPU are
+  the choice of the ``sharing.packing`` policy named by ``--policy``, over a
+  ``ClusterState`` whose GPUs hold what the claims hold: the model the
+  simulator replays for the DRA backend (``sharing.simulator.dra``), so the
+  live choice is the measured one.
+* **Whole GPUs**: GPUs of an unshared node (``sharing: none``, MIG off) that no
+  claim holds, chosen by the same engine.
+* **MIG**: ``controller.dramig``.
+
+A pod whose claim already exists is not planned again: if the claim is the
+pod's (its ``ownerReferences`` name the pod's UID) and says where it was
+pinned, the pod is **adopted** (released to that node: the controller stopped
+between creating the claim and lifting the gate); if the name is taken by
+something else the pod is **refused** (it stays gated and an Event says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+
+from controller.dramig import MigGpu, mig_gpus, place_all
+from controller.drausage import ClaimConflict, DraUsage, own_pin
+from controller.planner import Wait, allowed_on
+from controller.view import Node, Pod, Snapshot
+from sharing.backend import node_backend
+from sharing.dra.pinned import Pinned, PinnedDevice
+from sharing.dra.share_policy import SharePolicy
+from sharing.packing.cluster import ClusterState
+from sharing.packing.policy import Policy, decide
+from sharing.packing.registry import make_policy
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
+from sharing.packing.typical import TypicalPods
+
+MiB = 2**20
+_BIG = 10**9
+"""CPU and memory of a node whose allocatable is unknown: they never limit the GPU choice."""
+
+
+@dataclass(frozen=True)
+class DraPlacement:
+    pod: str
+    node: str
+    pinned: Pinned
+    reason: str
+    adopted: bool = False
+    """The pod's claim exists already (pinned to ``node``): release the pod, create nothing."""
+
+
+@dataclass(frozen=True)
+class DraPlan:
+    placements: tuple[DraPlacement, ...] = ()
+    waiting: tuple[Wait, ...] = ()
+    refused: tuple[Wait, ...] = ()
+    """Pods whose claim name is taken by a claim that is not theirs: never released by gpupack."""
+
+
+def dra_nodes(snapshot: Snapshot) -> tuple[Node, ...]:
+    """The DRA pool the engine plans: nodes labelled ``gpupack.io/backend=dra`` whose agent reports."""
+    return tuple(n for n in snapshot.nodes if node_backend(n.label_map) == "dra" and not n.stale)
+
+
+class _Shares:
+    """The pool's MIG-off GPUs as the packing engine's cluster, with the claims' holds taken."""
+
+    def __init__(self, nodes: Sequence[Node], usage: DraUsage, pods: Sequence[Pod], policy_name: str,
+                 share: SharePolicy) -> None:
+        self.share = share
+        self.nodes = tuple(n for n in nodes if n.full_gpus and n.sharing == n.spec_sharing)
+        self.memory_free: dict[tuple[int, int], int] = {}
+        self.memory_max: dict[tuple[int, int], int] = {}
+        """The largest share of memory a GPU's request policy serves (whole units)."""
+        shapes = [s for p in pods if p.mode != "mig" for s in self._shapes(p, self._accepted(p))[:1]]
+        typical = TypicalPods.from_pods(shapes or [PodSpec("any", 0, 0, 1, GPU_MILLI // 2)])
+        self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical)
+        self.cluster: ClusterState | None = None
+        if not self.nodes:
+            return
+        self.cluster = ClusterState([NodeSpec(n.name, n.cpu_milli or _BIG, n.memory_mib or _BIG, len(n.full_gpus),
+                                              _key(n)) for n in self.nodes])
+        where = {(n.name, g.index): (i, j) for i, n in enumerate(self.nodes) for j, g in enumerate(n.full_gpus)}
+        for i, n in enumerate(self.nodes):
+            for j, g in enumerate(n.full_gpus):
+                self.memory_free[i, j] = g.memory_mib * MiB
+                self.memory_max[i, j] = share.max_memory(g.memory_mib * MiB)
+        for hold in usage.holds:
+            at = where.get((hold.node, hold.device.gpu))
+            if at is None or hold.device.kind == "mig":
+                continue
+            i, j = at
+            shared = hold.device.kind == "shared"
+            # A whole GPU's claim takes all of it; a hold past what is free (claims allocated before
+            # a GPU shrank, say) leaves nothing, never a negative.
+            milli = min(int(self.cluster.gpu_free[i, j]), hold.device.milli if shared else GPU_MILLI)
+            if milli > 0:
+                self.cluster.place(PodSpec(f"held/{hold.claim}", 0, 0, 1, milli), i, (j,))
+            self.memory_free[i, j] = max(0, self.memory_free[i, j] - hold.device.memory_bytes) if shared else 0
+
+    def _accepted(self, pod: Pod) -> tuple[str, ...]:
+        wanted = "none" if pod.mode == "whole" else pod.mode
+        return tuple(sorted({_key(n) for n in self.nodes if n.sharing == wanted
+                             and (not pod.products or n.product in pod.products)}))
+
+    def _shapes(self, pod: Pod, accepted: tuple[str, ...]) -> list[PodSpec]:
+        """The engine's pods: one whole-GPU pod of all containers, or one share per container."""
+        spec = "|".join(accepted)
+        if pod.mode == "whole":
+            return [PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, len(pod.milli), GPU_MILLI, accepted, spec)]
+        return [PodSpec(pod.key, pod.cpu_milli if k == 0 else 0, pod.memory_mib if k == 0 else 0, 1,
+                        min(GPU_MILLI, self.share.consumed_milli(m)), accepted, spec)
+                for k, m in enumerate(pod.milli)]
+
+    def _memory(self, pod: Pod, k: int) -> int:
+        return self.share.consumed_memory(pod.memory_bytes[k]) if pod.mode != "whole" else 0
+
+    def _gpu_for(self, node: int, share: PodSpec, memory: int, preferred: int | None) -> int | None:
+        """``preferred`` (the policy's GPU) when the share fits its milli and memory there, else the
+        best fit: the GPU with the least free milli that holds both."""
+        assert self.cluster is not None
+        free = self.cluster.gpu_free[node]
+        fits = [j for j in range(len(self.nodes[node].full_gpus))
+                if free[j] >= share.gpu_milli and self.memory_free[node, j] >= memory <= self.memory_max[node, j]]
+        if preferred in fits:
+            return preferred
+        return min(fits, key=lambda j: (int(free[j]), j)) if fits else None
+
+    def _fits(self, node: int, pod: Pod, shapes: list[PodSpec]) -> bool:
+        """Every container of the pod fits the node at once (shares: a best-fit trial, undone)."""
+        if pod.mode == "whole":
+            gpu_memory = min(g.memory_mib for g in self.nodes[node].full_gpus) * MiB
+            return all(m is None or m <= gpu_memory for m in pod.memory_bytes)
+        placed = self._commit(node, pod, shapes, None, use_policy=False)
+        if placed is None:
+            return False
+        self._undo(node, pod, shapes, placed)
+        return True
+
+    def _commit(self, node: int, pod: Pod, shapes: list[PodSpec], first: int | None, *,
+                use_policy: bool) -> list[int] | None:
+        """Each share's GPU on ``node`` (largest first), committed: container 0 on ``first`` and the
+        others on the policy's GPU when they fit there (else best fit). None, with nothing committed,
+        when one does not fit. The policy only ever sees the true cluster (its caches rely on it)."""
+        assert self.cluster is not None
+        gpus: dict[int, int] = {}
+        for k in sorted(range(len(shapes)), key=lambda k: (-shapes[k].gpu_milli, k)):
+            preferred = first if k == 0 else (
+                self.policy.choose_gpus(self.cluster, shapes[k], node)[0] if use_policy else None)
+            j = self._gpu_for(node, shapes[k], self._memory(pod, k), preferred)
+            if j is None:
+                self._undo(node, pod, shapes, gpus)
+                return None
+            self.cluster.place(shapes[k], node, (j,))
+            self.memory_free[node, j] -= self._memory(pod, k)
+            gpus[k] = j
+        return [gpus[k] for k in range(len(shapes))]
+
+    def _undo(self, node: int, pod: Pod, shapes: list[PodSpec], gpus: dict[int, int] | list[int]) -> None:
+        assert self.cluster is not None
+        for k, j in (gpus.items() if isinstance(gpus, dict) else enumerate(gpus)):
+            self.cluster.remove(PodPlacement(shapes[k], node, (j,)))
+            self.memory_free[node, j] += self._memory(pod, k)
+
+    def place(self, pod: Pod) -> tuple[Node, list[PinnedDevice]] | str:
+        """Where the engine puts ``pod``'s containers (committed), or why nowhere."""
+        if self.cluster is None:
+            return "no DRA node has a healthy GPU with MIG off"
+        for milli in pod.milli:
+            if pod.mode != "whole" and self.share.consumed_milli(milli) > GPU_MILLI:
+                return f"a share of {milli} milli rounds past a whole GPU"
+        accepted = self._accepted(pod)
+        if not accepted:
+            return f"no DRA node {'is unshared' if pod.mode == 'whole' else f'shares by {pod.mode}'}" + (
+                f" with {'/'.join(pod.products)}" if pod.products else "")
+        shapes = self._shapes(pod, accepted)
+        allowed = np.array([allowed_on(pod, n) and self._fits(i, pod, shapes) for i, n in enumerate(self.nodes)],
+                           dtype=bool)
+        outcome = decide(self.cluster, shapes[0], self.policy, allowed)
+        if not isinstance(outcome, PodPlacement):
+            return "; ".join(outcome.reasons)
+        node = self.nodes[outcome.node]
+        if pod.mode == "whole":
+            self.cluster.place(shapes[0], outcome.node, outcome.gpus)
+            return node, [PinnedDevice(r, "gpu", node.full_gpus[j].index) for r, j in zip(pod.requests, outcome.gpus)]
+        # The policy's GPUs first; if they split the pod badly, the best fit the trial found.
+        gpus = (self._commit(outcome.node, pod, shapes, outcome.gpus[0], use_policy=True)
+                or self._commit(outcome.node, pod, shapes, None, use_policy=False))
+        if gpus is None:  # the trial passed on this very state: cannot happen
+            return f"the engine's node {node.name} cannot hold every container"
+        return node, [PinnedDevice(r, "shared", node.full_gpus[j].index, shapes[k].gpu_milli, self._memory(pod, k))
+                      for k, (r, j) in enumerate(zip(pod.requests, gpus))]
+
+
+def _key(node: Node) -> str:
+    """The engine's GPU "model" of a node: how it offers its MIG-off GPUs, and its product."""
+    return f"{node.sharing}/{node.product}"
+
+
+def _mig(gpus: list[MigGpu], pod: Pod, nodes: Sequence[Node]) -> tuple[Node, list[PinnedDevice]] | str:
+    if len(pod.profiles) != len(pod.requests):
+        return "a MIG container names no profile"
+    allowed = {n.name for n in nodes if allowed_on(pod, n)}
+    picks = place_all([g for g in gpus if g.node in allowed], pod.profiles)
+    if picks is None:
+        return (f"no DRA GPU offers {', '.join(sorted(pod.profiles))} on one node now (free placements, "
+                "allowed profiles, policy window)")
+    node = next(n for n in nodes if n.name == picks[0][0].node)
+    return node, [PinnedDevice(r, "mig", g.index, profile=i.profile, start=i.placement.start)
+                  for r, (g, i) in zip(pod.requests, picks)]
+
+
+def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name: str = "gpupack",
+             share: SharePolicy = SharePolicy()) -> DraPlan:
+    """The DRA pool's placements for one cycle (see the module docstring)."""
+    nodes = dra_nodes(snapshot)
+    pods = [p for p in snapshot.pods if p.backend == "dra"]
+    waiting = sorted((p for p in pods if p.gated), key=lambda p: (p.created, p.key))
+    placements: list[DraPlacement] = []
+    waits: list[Wait] = []
+    refused: list[Wait] = []
+    todo: list[Pod] = []
+    for pod in waiting:
+        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        if record is None:
+            todo.append(pod)
+            continue
+        pinned = own_pin(record, pod.uid)
+        if isinstance(pinned, ClaimConflict):
+            (refused if pinned.foreign else waits).append(Wait(pod.key, pinned.why))
+        else:
+            placements.append(DraPlacement(pod.key, pinned.node, pinned,
+                                           f"claim {record.key} already pinned to {pinned.node}", True))
+    if not todo:
+        return DraPlan(tuple(placements), tuple(waits), tuple(refused))
+    shares = _Shares(nodes, usage, pods, policy_name, share)
+    mig = mig_gpus(nodes, usage.holds, snapshot.policies, now)
+    for pod in todo:
+        found = _mig(mig, pod, nodes) if pod.mode == "mig" else shares.place(pod)
+        if isinstance(found, str):
+            waits.append(Wait(pod.key, found))
+            continue
+        node, devices = found
+        what = ", ".join(d.device for d in devices)
+        placements.append(DraPlacement(pod.key, node.name, Pinned(node.name, tuple(devices)),
+                                       f"{what} on {node.name} (packing engine)"))
+    return DraPlan(tuple(placements), tuple(waits), tuple(refused))

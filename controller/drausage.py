@@ -1,0 +1,164 @@
+"""What the DRA pool's ResourceClaims hold: allocated by kube-scheduler, or promised by the controller.
+
+On a DRA node pool the devices in use are not in the GPUNode status: they are
+in ResourceClaims of driver ``gpu.gpupack.io``. Two kinds count (pure reading,
+raw API dicts in):
+
+* **allocated**: ``status.allocation.devices.results[]`` names the pool (= the
+  node), the device and, for a share, what it consumed
+  (``consumedCapacity``); the truth, whoever created the claim;
+* **promised**: a claim the controller created and kube-scheduler has not
+  allocated yet holds the devices its ``gpupack.io/dra-pinned`` annotation
+  names (``sharing.dra.pinned``); without counting them, a burst of pods in
+  consecutive cycles would be promised one device twice.
+
+Device names are read back through the names the node's GPUs can publish
+(``sharing.dra.names`` writes them; :func:`device_table` lists them per GPU of
+the node's model), so a name resolves to its GPU, profile and placement
+exactly, and a name gpupack never publishes is reported, not guessed at.
+Lenient like ``controller.snapshot``: a malformed claim or result is skipped
+and named in :attr:`DraUsage.problems`, never fatal to the cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.view import Node
+from mig.units import parse_quantity
+from sharing.dra import names
+from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice, PinnedError
+from sharing.lenient import as_list as _list
+from sharing.lenient import as_map as _map
+
+DeviceRef = tuple[names.DeviceKind, int, str | None, int | None]
+"""``(kind, GPU index, MIG profile, MIG start)`` of a device name."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """One request of a claim holding (or promised) one device of a node."""
+
+    claim: str
+    """``namespace/name``."""
+    node: str
+    device: PinnedDevice
+    allocated: bool
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """A claim as the cycle found it: whose it is and what the controller pinned it to."""
+
+    key: str
+    owners: tuple[str, ...]
+    """UIDs of the Pods in its ``ownerReferences``."""
+    pinned: Pinned | None
+    problem: str | None = None
+    """Why its pinned annotation could not be read (None: absent or read)."""
+
+
+@dataclass(frozen=True)
+class ClaimConflict:
+    """Why a pod cannot use the claim that exists under its claim's name."""
+
+    why: str
+    foreign: bool
+    """The claim is not the pod's (another pod's, or anyone's): gpupack must never release the pod onto it."""
+
+
+def own_pin(record: ClaimRecord, pod_uid: str) -> Pinned | ClaimConflict:
+    """Where the pod's existing claim was pinned, when it is the pod's (its owner is the pod's UID)."""
+    if not pod_uid or pod_uid not in record.owners:
+        return ClaimConflict(f"ResourceClaim {record.key} exists and is not this pod's (no ownerReference to it): "
+                             "gpupack does not release the pod", True)
+    if record.pinned is None:
+        return ClaimConflict(f"ResourceClaim {record.key} is this pod's but says no device "
+                             f"({record.problem or 'no ' + ANNOTATION + ' annotation'})", False)
+    return record.pinned
+
+
+@dataclass(frozen=True)
+class DraUsage:
+    holds: tuple[Hold, ...] = ()
+    claims: Mapping[str, ClaimRecord] = field(default_factory=dict)
+    """Every ResourceClaim of the cycle by ``namespace/name`` (gpupack's or not: a pod's claim
+    name may be taken by anyone)."""
+    problems: tuple[str, ...] = ()
+
+
+def device_table(node: Node) -> dict[str, DeviceRef]:
+    """Every device name the node's GPUs can publish, with what it names."""
+    table: dict[str, DeviceRef] = {}
+    for gpu in node.gpus:
+        table[names.shared_device_name(gpu.index)] = ("shared", gpu.index, None, None)
+        table[names.gpu_device_name(gpu.index)] = ("gpu", gpu.index, None, None)
+        if node.model is None:
+            continue
+        for profile in node.model.profiles:
+            for placement in profile.placements:
+                name = names.mig_device_name(gpu.index, profile.name, placement.start)
+                table[name] = ("mig", gpu.index, profile.name, placement.start)
+    return table
+
+
+def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]) -> DraUsage:
+    """The holds of ``claims`` on ``nodes`` (the DRA pool), and every claim's record."""
+    tables = {n.name: device_table(n) for n in nodes}
+    holds: list[Hold] = []
+    records: dict[str, ClaimRecord] = {}
+    problems: list[str] = []
+    for obj in claims:
+        meta = _map(obj.get("metadata"))
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        owners = tuple(str(_map(o).get("uid")) for o in _list(meta.get("ownerReferences"))
+                       if _map(o).get("kind") == "Pod" and _map(o).get("uid"))
+        pinned: Pinned | None = None
+        problem: str | None = None
+        text = _map(meta.get("annotations")).get(ANNOTATION)
+        if text is not None:
+            try:
+                pinned = Pinned.from_annotation(text)
+            except PinnedError as exc:
+                problem = str(exc)
+                problems.append(f"ResourceClaim {key}: {exc}")
+        records[key] = ClaimRecord(key, owners, pinned, problem)
+        results = _list(_map(_map(_map(obj.get("status")).get("allocation")).get("devices")).get("results"))
+        if results:
+            holds += _allocated(key, results, tables, problems)
+        elif pinned is not None and not meta.get("deletionTimestamp"):
+            # Not allocated yet: the promise holds until kube-scheduler allocates it or the claim goes.
+            holds += [Hold(key, pinned.node, d, False) for d in pinned.devices]
+    return DraUsage(tuple(holds), records, tuple(problems))
+
+
+def _allocated(key: str, results: list[Any], tables: Mapping[str, Mapping[str, DeviceRef]],
+               problems: list[str]) -> list[Hold]:
+    out: list[Hold] = []
+    for raw in results:
+        result = _map(raw)
+        if result.get("driver") != names.DRIVER or result.get("pool") not in tables:
+            continue  # another driver's device, or a node outside the pool the engine plans
+        node, device = str(result["pool"]), str(result.get("device"))
+        ref = tables[node].get(device)
+        if ref is None:
+            problems.append(f"ResourceClaim {key}: device {device!r} of {node} is none gpupack publishes there")
+            continue
+        kind, gpu, profile, start = ref
+        milli = memory = 0
+        if kind == "shared":
+            consumed = _map(result.get("consumedCapacity"))
+            try:
+                milli = int(parse_quantity(consumed.get(names.MILLI, 0)))
+                memory = int(parse_quantity(consumed.get(names.MEMORY, 0)))
+            except (ValueError, TypeError) as exc:  # mig.units raises RequestError, a ValueError
+                problems.append(f"ResourceClaim {key}: consumedCapacity of {device} on {node}: {exc}")
+                continue
+            if milli <= 0 or memory <= 0:
+                problems.append(f"ResourceClaim {key}: share of {device} on {node} records no consumedCapacity")
+                continue
+        request = str(result.get("request") or "")
+        out.append(Hold(key, node, PinnedDevice(request, kind, gpu, milli, memory, profile, start), True))
+    return out

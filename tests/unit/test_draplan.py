@@ -1,0 +1,275 @@
+"""The DRA pool's engine (controller.draplan, controller.dramig): tables, the simulator's choice, and
+random bursts that must never over-commit a GPU or overlap MIG placements."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.draplan import DraPlan, plan_dra
+from controller.drausage import read_usage
+from controller.view import Gpu, Node, Pod, Snapshot
+from mig.catalog import get_model
+from mig.geometry import validate_layout
+from mig.model import GpuModel, PlacedInstance, Placement
+from sharing.dra import names
+from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
+from sharing.dra.share_policy import GiB, SharePolicy
+from sharing.keys import BACKEND_LABEL
+from sharing.modes import AllocationMode, NodeSharingMode
+from sharing.node_policy import NodePolicy
+from sharing.packing.kube_scoring import MostAllocatedWeights
+from sharing.packing.cluster import ClusterState
+from sharing.packing.registry import make_policy
+from sharing.packing.specs import NodeSpec, PodSpec
+from sharing.packing.typical import TypicalPods
+from sharing.simulator.dra import DraReplay, as_claimed
+
+H100 = get_model("H100-80GB")
+NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
+DRA = ((BACKEND_LABEL, "dra"),)
+MiB = 2**20
+OPEN = NodePolicy(names=("p",), max_concurrent=2)
+
+
+def inst(profile: str, start: int) -> PlacedInstance:
+    size = next(p.size for p in H100.profile(profile).placements if p.start == start)
+    return PlacedInstance(profile, Placement(start, size))
+
+
+def gpu(index: int, *, mig: bool = False, instances: Sequence[PlacedInstance] = (), healthy: bool = True,
+        unhealthy: Sequence[PlacedInstance] = ()) -> Gpu:
+    return Gpu(index, H100.memory_mib, mig, tuple(instances), healthy=healthy, unhealthy_instances=tuple(unhealthy))
+
+
+def node(name: str, gpus: int | Sequence[Gpu] = 2, sharing: NodeSharingMode = "mps",
+         labels: tuple[tuple[str, str], ...] = DRA, model: GpuModel = H100) -> Node:
+    listed = tuple(gpu(i) for i in range(gpus)) if isinstance(gpus, int) else tuple(gpus)
+    return Node(name, model.product, model, labels, sharing, 1, listed, spec_sharing=sharing)
+
+
+def pod(name: str, mode: AllocationMode = "mps", milli: Sequence[int] = (300,),
+        memory: Sequence[int | None] | None = None, profiles: Sequence[str] = (), minutes: int = 0,
+        products: tuple[str, ...] = ()) -> Pod:
+    return Pod("team", name, mode, NOW - timedelta(minutes=60 - minutes), profiles=tuple(profiles),
+               milli=tuple(milli), memory_bytes=tuple(memory or [None] * len(milli)), gated=True,
+               uid=f"uid-{name}", backend="dra", claim=f"claim-{name}", products=products,
+               requests=tuple(f"gpu-{k}" for k in range(len(milli))),
+               terms=(((BACKEND_LABEL, "In", ("dra",)),),))
+
+
+def allocated(name: str, node_name: str, device: str, milli: int = 0, memory: int = 0) -> dict[str, Any]:
+    result: dict[str, Any] = {"request": "gpu-0", "driver": names.DRIVER, "pool": node_name, "device": device}
+    if milli:
+        result["consumedCapacity"] = {names.MILLI: str(milli), names.MEMORY: str(memory)}
+    return {"metadata": {"namespace": "other", "name": name},
+            "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def promised(name: str, pinned: Pinned, owner: str = "") -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": "team", "name": name, "annotations": {ANNOTATION: pinned.to_annotation()}}
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "x", "uid": owner}]
+    return {"metadata": meta}
+
+
+def pinned_share(gpu_index: int, milli: int, memory: int = GiB) -> PinnedDevice:
+    return PinnedDevice("gpu-0", "shared", gpu_index, milli, memory)
+
+
+def pinned_mig(gpu_index: int, profile: str, start: int) -> PinnedDevice:
+    return PinnedDevice("gpu-0", "mig", gpu_index, profile=profile, start=start)
+
+
+def run(nodes: Sequence[Node], pods: Sequence[Pod], claims: Sequence[dict[str, Any]] = (),
+        policies: dict[str, NodePolicy] | None = None, policy_name: str = "gpupack") -> DraPlan:
+    snapshot = Snapshot(tuple(nodes), tuple(pods), policies or {})
+    return plan_dra(snapshot, read_usage(claims, nodes), NOW, policy_name=policy_name)
+
+
+def devices(result: DraPlan) -> dict[str, list[str]]:
+    return {p.pod: [f"{p.node}/{d.device}" for d in p.pinned.devices] for p in result.placements}
+
+
+# ------------------------------------------------------------------ shares
+def test_a_share_is_rounded_by_the_share_policy_and_pinned_to_one_gpu() -> None:
+    result = run([node("a")], [pod("p", milli=(120,))])
+    (placement,) = result.placements
+    (device,) = placement.pinned.devices
+    assert (placement.node, device.kind, device.milli, device.memory_bytes) == ("a", "shared", 150, GiB)
+    assert device.request == "gpu-0" and not placement.adopted
+
+
+@pytest.mark.parametrize("kind", ["allocated", "promised"])
+def test_milli_held_by_claims_is_never_given_again(kind: str) -> None:
+    held = (allocated("c", "a", "gpu-0-shared", 900, GiB) if kind == "allocated"
+            else promised("c", Pinned("a", (pinned_share(0, 900),))))
+    result = run([node("a", 1), node("b", 1, labels=())], [pod("p", milli=(200,))], [held])
+    assert result.placements == () and "200 free milli" in result.waiting[0].reason
+    # Room for 100 is left: a 100-milli pod takes exactly that.
+    assert devices(run([node("a", 1)], [pod("q", milli=(100,))], [held])) == {"team/q": ["a/gpu-0-shared"]}
+
+
+def test_memory_held_counts_as_well_as_milli() -> None:
+    held = allocated("c", "a", "gpu-0-shared", 100, 60 * GiB)
+    result = run([node("a", 2)], [pod("p", milli=(100,), memory=(30 * GiB,))], [held])
+    assert devices(result) == {"team/p": ["a/gpu-1-shared"]}
+
+
+def test_a_share_goes_only_to_a_dra_node_sharing_by_its_mode() -> None:
+    nodes = [node("plugin", 2, labels=()), node("ts", 2, sharing="time-slicing"), node("whole", 2, sharing="none")]
+    result = run(nodes, [pod("p", "mps")])
+    assert result.placements == () and "shares by mps" in result.waiting[0].reason
+    assert [p.node for p in run(nodes, [pod("q", "time-slicing")]).placements] == ["ts"]
+
+
+def test_a_burst_in_one_cycle_never_over_commits_a_gpu() -> None:
+    pods = [pod(f"p{i}", milli=(400,), minutes=i) for i in range(6)]
+    result = run([node("a", 2)], pods)
+    per_gpu: dict[str, int] = defaultdict(int)
+    for p in result.placements:
+        for d in p.pinned.devices:
+            per_gpu[d.device] += d.milli
+    assert len(result.placements) == 4 and max(per_gpu.values()) <= 1000
+    assert [w.pod for w in result.waiting] == ["team/p4", "team/p5"]  # oldest first get the room
+
+
+def test_the_containers_of_a_pod_share_one_node() -> None:
+    result = run([node("a", 2), node("b", 2)], [pod("p", milli=(700, 700))])
+    (placement,) = result.placements
+    assert sorted(d.device for d in placement.pinned.devices) == ["gpu-0-shared", "gpu-1-shared"]
+
+
+def test_the_live_choice_is_the_simulators() -> None:
+    """Pod by pod, the live engine picks the node and GPU ``sharing.simulator.dra`` replays."""
+    nodes = [node(n, 4) for n in ("a", "b", "c")]
+    rng = np.random.default_rng(7)
+    pods = [pod(f"p{i:02d}", milli=(int(rng.integers(1, 1000)),), minutes=i) for i in range(30)]
+    live = run(nodes, pods)
+    key = f"mps/{H100.product}"
+    sims = [PodSpec(p.key, 0, 0, 1, p.milli[0], (key,), key) for p in pods]
+    cluster = ClusterState([NodeSpec(n.name, 10**9, 10**9, 4, key) for n in nodes])
+    policy = make_policy("gpupack", rng=np.random.default_rng(0),
+                         typical=TypicalPods.from_pods([as_claimed(s, 50) for s in sims]))
+    replay = DraReplay(cluster, policy, MostAllocatedWeights(1, 1, 1, 1), 50, cpu_pods="engine")
+    chosen = {p.pod: (p.node, p.pinned.devices[0].gpu) for p in live.placements}
+    for spec in sims:
+        before = cluster.gpu_free.copy()
+        if replay.place(spec) is None:
+            assert spec.name not in chosen
+            continue
+        (i, j), = np.argwhere(cluster.gpu_free != before)
+        assert chosen[spec.name] == (nodes[i].name, j), spec.name
+
+
+# ------------------------------------------------------------------ whole GPUs
+def test_a_whole_gpu_pod_takes_a_gpu_of_an_unshared_node_no_claim_holds() -> None:
+    nodes = [node("whole", 2, sharing="none"), node("mps", 2)]
+    result = run(nodes, [pod("w", "whole", milli=(1000,))], [allocated("c", "whole", "gpu-0")])
+    assert devices(result) == {"team/w": ["whole/gpu-1"]}
+    full = run(nodes, [pod("w", "whole", milli=(1000, 1000))], [allocated("c", "whole", "gpu-0")])
+    assert full.placements == () and "fully free" in full.waiting[0].reason
+
+
+# ------------------------------------------------------------------ MIG
+def mig_node(name: str, *gpus: Gpu) -> Node:
+    return node(name, list(gpus), sharing="none")
+
+
+def test_a_spare_instance_is_taken_before_a_new_placement() -> None:
+    spare = inst("1g.10gb", 6)
+    nodes = [mig_node("empty", gpu(0, mig=True)), mig_node("spare", gpu(0, mig=True, instances=[spare]))]
+    result = run(nodes, [pod("m", "mig", profiles=("1g.10gb",))], policies={"empty": OPEN, "spare": OPEN})
+    assert devices(result) == {"team/m": ["spare/gpu-0-mig-1g-10gb-6"]}
+
+
+def test_new_placements_need_a_policy_that_allows_the_profile() -> None:
+    nodes = [mig_node("a", gpu(0, mig=True))]
+    m = pod("m", "mig", profiles=("3g.40gb",))
+    assert run(nodes, [m]).placements == ()
+    assert run(nodes, [m], policies={"a": NodePolicy(names=("p",), allowed_profiles=frozenset({"1g.10gb"}))}).placements == ()
+    assert run(nodes, [m], policies={"a": NodePolicy(names=("p",), max_concurrent=0)}).placements == ()
+    assert devices(run(nodes, [m], policies={"a": OPEN})) == {"team/m": ["a/gpu-0-mig-3g-40gb-4"]}
+
+
+def test_held_promised_and_faulted_placements_are_never_overlapped() -> None:
+    nodes = [mig_node("a", gpu(0, mig=True, unhealthy=[inst("1g.10gb", 6)], instances=[inst("1g.10gb", 6)]),
+                      gpu(1, healthy=False, mig=True))]
+    claims = [allocated("c", "a", "gpu-0-mig-3g-40gb-0"),
+              promised("d", Pinned("a", (pinned_mig(0, "1g.10gb", 5),)))]
+    result = run(nodes, [pod(f"m{i}", "mig", profiles=("1g.10gb",), minutes=i) for i in range(3)], claims,
+                 policies={"a": OPEN})
+    got = [d for p in result.placements for d in p.pinned.devices]
+    assert [(d.gpu, d.start) for d in got] == [(0, 4)]  # 0-3 held, 5 promised, 6 faulted; GPU 1 faulted
+    assert len(result.waiting) == 2
+
+
+# ------------------------------------------------------------------ existing claims
+def test_an_existing_claim_is_adopted_only_when_it_is_the_pods() -> None:
+    pinned = Pinned("a", (pinned_share(1, 300),))
+    own = run([node("a")], [pod("p")], [promised("claim-p", pinned, owner="uid-p")])
+    assert [(p.pod, p.node, p.adopted) for p in own.placements] == [("team/p", "a", True)]
+    foreign = run([node("a")], [pod("p")], [promised("claim-p", pinned, owner="uid-other")])
+    assert foreign.placements == () and "not this pod's" in foreign.refused[0].reason
+    unreadable = promised("claim-p", pinned, owner="uid-p")
+    unreadable["metadata"]["annotations"][ANNOTATION] = "{"
+    broken = run([node("a")], [pod("p")], [unreadable])
+    assert broken.placements == () and broken.refused == () and "not JSON" in broken.waiting[0].reason
+
+
+# ------------------------------------------------------------------ properties
+BURST = st.lists(st.tuples(st.integers(1, 1000), st.sampled_from([None, 1, 10, 40, 79]), st.integers(1, 2)),
+                 min_size=1, max_size=14)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(BURST, min_size=1, max_size=3), st.sampled_from(["gpupack", "FGD", "BestFit"]))
+def test_random_bursts_never_over_commit_milli_or_memory(cycles: list[list[tuple[int, int | None, int]]],
+                                                          policy_name: str) -> None:
+    nodes = [node("a", 2), node("b", 3)]
+    claims: list[dict[str, Any]] = []
+    for c, burst in enumerate(cycles):
+        pods = [pod(f"c{c}p{i}", milli=(m,) * k, memory=((gib * GiB if gib else None),) * k, minutes=i)
+                for i, (m, gib, k) in enumerate(burst)]
+        result = run(nodes, pods, claims, policy_name=policy_name)
+        claims += [promised(f"claim-{p.pod}", p.pinned) for p in result.placements]
+    milli: dict[tuple[str, int], int] = defaultdict(int)
+    memory: dict[tuple[str, int], int] = defaultdict(int)
+    for hold in read_usage(claims, nodes).holds:
+        milli[hold.node, hold.device.gpu] += hold.device.milli
+        memory[hold.node, hold.device.gpu] += hold.device.memory_bytes
+    assert all(v <= 1000 for v in milli.values()), milli
+    assert all(v <= SharePolicy().max_memory(H100.memory_mib * MiB) for v in memory.values()), memory
+
+
+PROFILES = [p.name for p in H100.profiles]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.lists(st.sampled_from(PROFILES), min_size=1, max_size=2), min_size=1, max_size=8),
+                min_size=1, max_size=3),
+       st.lists(st.sampled_from(range(7)), max_size=2))
+def test_random_mig_bursts_never_overlap_placements(cycles: list[list[list[str]]], spare_starts: list[int]) -> None:
+    spares = sorted({inst("1g.10gb", s) for s in spare_starts})
+    nodes = [mig_node("a", gpu(0, mig=True, instances=spares), gpu(1, mig=True)), mig_node("b", gpu(0, mig=True))]
+    claims: list[dict[str, Any]] = []
+    for c, burst in enumerate(cycles):
+        pods = [pod(f"c{c}p{i}", "mig", milli=(100,) * len(ps), profiles=ps, minutes=i) for i, ps in enumerate(burst)]
+        result = run(nodes, pods, claims, policies={"a": OPEN, "b": OPEN})
+        claims += [promised(f"claim-{p.pod}", p.pinned) for p in result.placements]
+    layouts: dict[tuple[str, int], list[PlacedInstance]] = defaultdict(list)
+    for hold in read_usage(claims, nodes).holds:
+        d = hold.device
+        layouts[hold.node, d.gpu].append(inst(str(d.profile), int(d.start or 0)))
+    for (node_name, index), held in layouts.items():
+        existing = spares if (node_name, index) == ("a", 0) else []
+        unheld_spares = [s for s in existing if s not in held]
+        assert len(set(held)) == len(held), held
+        assert validate_layout(H100, held + unheld_spares) is None, (node_name, index, held)
