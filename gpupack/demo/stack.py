@@ -97,6 +97,8 @@ class Stack:
     controller_metrics_port: int = 0
     backend: Backend = DEFAULT_BACKEND
     """Which backend the demo's nodes run: the device plugin's, or a DRA node pool."""
+    controller_policy: str | None = None
+    """The controller's ``--policy`` (None: its default)."""
 
     # ------------------------------------------------------------ lifecycle
     def start(self, say: Any) -> None:
@@ -165,8 +167,12 @@ class Stack:
         core = client.CoreV1Api(self.admin)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
             name=DEMO_NAMESPACE, labels={DEMO_LABEL: "on"})))
-        core.create_namespaced_service_account(DEMO_NAMESPACE, client.V1ServiceAccount(
-            metadata=client.V1ObjectMeta(name="default")))
+        try:
+            core.create_namespaced_service_account(DEMO_NAMESPACE, client.V1ServiceAccount(
+                metadata=client.V1ObjectMeta(name="default")))
+        except client.ApiException as exc:
+            if exc.status != 409:  # kube-controller-manager (DRA demo) makes every namespace's default one
+                raise
 
     def _policy(self) -> None:
         client.CustomObjectsApi(self.admin).create_cluster_custom_object(GROUP, VERSION, "sharingpolicies", {
@@ -219,7 +225,8 @@ class Stack:
     def start_controller(self, name: str, *extra: str) -> ManagedProcess:
         return self._process(name, [
             "controller", "run", "--kubeconfig", self._sa_kubeconfig("gpupack-controller"), "--metrics-port", "0",
-            "--resync-seconds", "2", "--batch-seconds", "0.2", "--identity", name, "--lease-seconds", "6", *extra,
+            "--resync-seconds", "2", "--batch-seconds", "0.2", "--identity", name, "--lease-seconds", "6",
+            *(("--policy", self.controller_policy) if self.controller_policy else ()), *extra,
         ])
 
     def state_file(self, node: str) -> Path:

@@ -1,0 +1,178 @@
+"""Does the live DRA path place what the simulator's DRA model places? (issue 15, "Numbers")
+
+Runs the demo's stack as a DRA node pool (``Stack(backend="dra")``: real
+control plane with kube-scheduler and kube-controller-manager, the agents
+publishing ResourceSlices, the webhook, the controller) on shared nodes only,
+submits fractional pods **one at a time** and waits, for each, until its
+ResourceClaim is allocated or the controller has left it waiting; then replays
+the same pods, in the same order, through the simulator's DRA model
+(:class:`sharing.simulator.dra.DraReplay`, the one ``gpupack simulate --model
+product --backend dra`` runs) on the same nodes, and compares pod by pod.
+
+Why these conditions: the model's protocol has pods arrive one by one and
+never leave; submitting one at a time and never deleting is that protocol, so
+any difference is the live system's, not the arrival process's. Shared nodes
+only, because the DRA model replays consumable-capacity shares (openb has no
+MIG-capable GPU type); pods ask no GPU memory (the model has none; each claim
+takes the request policy's default, one unit), and no CPU.
+
+What is compared: which pods were placed (live: claim allocated; model: the
+replay placed it), the allocation (milli asked by placed pods over all GPU
+milli), and for pods placed by both, whether on the same node and GPU.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpupack.demo.stack import DEMO_NAMESPACE, DemoNode, Stack
+from gpupack.demo.workload import SHAPES, DemoPod
+from mig.catalog import get_model
+from sharing.allocation import Allocation
+from sharing.dra.share_policy import DEFAULT_MILLI_STEP
+from sharing.keys import ALLOCATION_ANNOTATION
+from sharing.packing.cluster import ClusterState
+from sharing.packing.registry import make_policy
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
+from sharing.packing.typical import TypicalPods
+from sharing.simulator.dra import DraReplay, as_claimed
+from sharing.simulator.scheduler_config import load_weights
+
+NODE_CPU_MILLI = 64_000
+NODE_MEMORY_MIB = 512 * 1024
+"""What the demo's Node objects report allocatable (``Stack._nodes``)."""
+
+DEFAULT_NODES: tuple[DemoNode, ...] = (
+    DemoNode("a100-a", "A100-80GB", 4, sharing="mps"),
+    DemoNode("a100-b", "A100-80GB", 4, sharing="mps"),
+    DemoNode("h100-a", "H100-80GB", 8, sharing="mps"),
+)
+
+Where = tuple[str, int]
+"""(node, GPU index)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    pods: int
+    placed_live: int
+    placed_model: int
+    placed_by_one_only: tuple[str, ...]
+    allocation_live: float
+    allocation_model: float
+    same_gpu: int
+    """Pods both placed on the same node and GPU."""
+    placed_by_both: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "pods": self.pods, "placed_live": self.placed_live, "placed_model": self.placed_model,
+            "placed_by_one_only": list(self.placed_by_one_only),
+            "allocation_live_percent": round(100 * self.allocation_live, 2),
+            "allocation_model_percent": round(100 * self.allocation_model, 2),
+            "same_gpu": self.same_gpu, "placed_by_both": self.placed_by_both,
+        }
+
+
+def shared_pods(count: int, seed: int) -> tuple[DemoPod, ...]:
+    """``count`` MPS pods with the demo's compute shapes (no memory ask), in a seeded order."""
+    rng = random.Random(seed)
+    shapes = [(milli, weight) for milli, memory, mode, weight in SHAPES if mode != "mig" and milli < GPU_MILLI]
+    millis = rng.choices([m for m, _ in shapes], [w for _, w in shapes], k=count)
+    return tuple(DemoPod(f"share-{i:03d}", m, None, "mps", 0.0, None) for i, m in enumerate(millis))
+
+
+def model_placements(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], policy: str,
+                     unit: int = DEFAULT_MILLI_STEP) -> dict[str, Where | None]:
+    """The DRA model's replay of ``pods`` in order: each pod's (node, GPU), or None when it fit nowhere."""
+    ordered = sorted(nodes, key=lambda n: n.name)
+    specs = [NodeSpec(n.name, NODE_CPU_MILLI, NODE_MEMORY_MIB, n.gpus, get_model(n.model).product) for n in ordered]
+    engine_pods = [PodSpec(p.name, 0, 0, 1, p.milli) for p in pods]
+    typical = TypicalPods.from_pods([as_claimed(p, unit) for p in engine_pods])
+    replay = DraReplay(ClusterState(specs), make_policy(policy, rng=np.random.default_rng(0), typical=typical),
+                       load_weights(), unit, cpu_pods="engine")
+    out: dict[str, Where | None] = {}
+    for pod in engine_pods:
+        before = replay.cluster.gpu_free.copy()
+        if replay.place(pod) is None:
+            out[pod.name] = None
+            continue
+        node, gpu = (int(x[0]) for x in np.nonzero(before != replay.cluster.gpu_free))
+        out[pod.name] = (ordered[node].name, gpu)
+    return out
+
+
+def _claim_device(admin: Any, pod: str) -> Where | None:
+    """Where ``pod``'s ResourceClaim was allocated (None: not yet)."""
+    from kubernetes import client
+
+    from sharing.dra.names import DRIVER
+
+    core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
+    obj: Any = core.read_namespaced_pod(pod, DEMO_NAMESPACE)
+    record = Allocation.from_annotation((obj.metadata.annotations or {}).get(ALLOCATION_ANNOTATION))
+    try:
+        claim: Any = custom.get_namespaced_custom_object("resource.k8s.io", "v1", DEMO_NAMESPACE, "resourceclaims",
+                                                         str(record.claim))
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None  # the engine has not placed it (yet)
+        raise
+    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    for result in results:
+        if result.get("driver") == DRIVER:
+            # gpu-<i>-shared: the one device a shared claim gets (sharing.dra.names)
+            return str(result["pool"]), int(str(result["device"]).split("-")[1])
+    return None
+
+
+def live_placements(workdir: Path, nodes: Sequence[DemoNode], pods: Sequence[DemoPod], policy: str,
+                    say: Callable[[str], None], settle_seconds: float = 8.0) -> dict[str, Where | None]:
+    """Submit ``pods`` one by one to a DRA demo stack; each pod's allocated (node, GPU), or None."""
+    from kubernetes import client
+
+    stack = Stack(workdir, backend="dra", nodes=tuple(nodes))
+    stack.controller_policy = policy
+    out: dict[str, Where | None] = {}
+    try:
+        stack.start(say)
+        core = client.CoreV1Api(stack.admin)
+        for i, pod in enumerate(pods):
+            manifest: Any = pod.manifest(DEMO_NAMESPACE)
+            core.create_namespaced_pod(DEMO_NAMESPACE, manifest)
+            # Wait for the claim's allocation. A pod the engine cannot place stays gated: after
+            # several controller cycles (resync 2 s) with no claim, it counts as not placed.
+            deadline = time.monotonic() + settle_seconds
+            where = None
+            while where is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+                where = _claim_device(stack.admin, pod.name)
+            out[pod.name] = where
+            say(f"[{i + 1}/{len(pods)}] {pod.name} ({pod.milli} milli) -> {where or 'not placed'}")
+    finally:
+        stack.stop()
+    return out
+
+
+def compare(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], live: dict[str, Where | None],
+            model: dict[str, Where | None]) -> Comparison:
+    total = sum(n.gpus for n in nodes) * GPU_MILLI
+    milli = {p.name: p.milli for p in pods}
+    both = [p.name for p in pods if live.get(p.name) and model.get(p.name)]
+    return Comparison(
+        pods=len(pods),
+        placed_live=sum(1 for p in pods if live.get(p.name)),
+        placed_model=sum(1 for p in pods if model.get(p.name)),
+        placed_by_one_only=tuple(p.name for p in pods if bool(live.get(p.name)) != bool(model.get(p.name))),
+        allocation_live=sum(milli[p] for p, w in live.items() if w) / total,
+        allocation_model=sum(milli[p] for p, w in model.items() if w) / total,
+        same_gpu=sum(1 for p in both if live[p] == model[p]),
+        placed_by_both=len(both),
+    )
