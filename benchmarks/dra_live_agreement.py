@@ -49,7 +49,8 @@ def main() -> int:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         model = model_placements(DEFAULT_NODES, pods, args.policy)
-        result = compare(DEFAULT_NODES, pods, live, model).as_json()
+        workload = model_placements(DEFAULT_NODES, pods, args.policy, typical="workload")
+        result = compare(DEFAULT_NODES, pods, live, model, workload).as_json()
         runs.append({"seed": seed, **result})
         print(json.dumps(runs[-1]), flush=True)
     report = {

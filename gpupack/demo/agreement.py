@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -70,6 +70,8 @@ class Comparison:
     same_gpu: int
     """Pods both placed on the same node and GPU."""
     placed_by_both: int
+    allocation_model_workload: float | None = None
+    """The model with the FGD protocol's typical pods (the whole run's), for reference."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,8 @@ class Comparison:
             "allocation_live_percent": round(100 * self.allocation_live, 2),
             "allocation_model_percent": round(100 * self.allocation_model, 2),
             "same_gpu": self.same_gpu, "placed_by_both": self.placed_by_both,
+            "allocation_model_workload_typical_percent": None if self.allocation_model_workload is None
+            else round(100 * self.allocation_model_workload, 2),
         }
 
 
@@ -89,17 +93,29 @@ def shared_pods(count: int, seed: int) -> tuple[DemoPod, ...]:
     return tuple(DemoPod(f"share-{i:03d}", m, None, "mps", 0.0, None) for i, m in enumerate(millis))
 
 
+TypicalRule = Literal["arrived", "workload"]
+
+
 def model_placements(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], policy: str,
-                     unit: int = DEFAULT_MILLI_STEP) -> dict[str, Where | None]:
-    """The DRA model's replay of ``pods`` in order: each pod's (node, GPU), or None when it fit nowhere."""
+                     unit: int = DEFAULT_MILLI_STEP, typical: TypicalRule = "arrived") -> dict[str, Where | None]:
+    """The DRA model's replay of ``pods`` in order: each pod's (node, GPU), or None when it fit nowhere.
+
+    ``typical`` is what the fragmentation-aware policies measure fragmentation against:
+    ``workload``, every pod of the run, known in advance (the FGD protocol, and the simulator's
+    openb figures); ``arrived``, the pods arrived so far, the live controller's rule (it knows
+    the pods that exist, ``controller.draplan``), so the policy is rebuilt before each pod.
+    """
     ordered = sorted(nodes, key=lambda n: n.name)
     specs = [NodeSpec(n.name, NODE_CPU_MILLI, NODE_MEMORY_MIB, n.gpus, get_model(n.model).product) for n in ordered]
     engine_pods = [PodSpec(p.name, 0, 0, 1, p.milli) for p in pods]
-    typical = TypicalPods.from_pods([as_claimed(p, unit) for p in engine_pods])
-    replay = DraReplay(ClusterState(specs), make_policy(policy, rng=np.random.default_rng(0), typical=typical),
+    everyone = TypicalPods.from_pods([as_claimed(p, unit) for p in engine_pods])
+    replay = DraReplay(ClusterState(specs), make_policy(policy, rng=np.random.default_rng(0), typical=everyone),
                        load_weights(), unit, cpu_pods="engine")
     out: dict[str, Where | None] = {}
-    for pod in engine_pods:
+    for k, pod in enumerate(engine_pods):
+        if typical == "arrived":
+            so_far = TypicalPods.from_pods([as_claimed(p, unit) for p in engine_pods[:k + 1]])
+            replay.policy = make_policy(policy, rng=np.random.default_rng(0), typical=so_far)
         before = replay.cluster.gpu_free.copy()
         if replay.place(pod) is None:
             out[pod.name] = None
@@ -161,18 +177,22 @@ def live_placements(workdir: Path, nodes: Sequence[DemoNode], pods: Sequence[Dem
     return out
 
 
-def compare(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], live: dict[str, Where | None],
-            model: dict[str, Where | None]) -> Comparison:
-    total = sum(n.gpus for n in nodes) * GPU_MILLI
+def allocation(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], placed: dict[str, Where | None]) -> float:
     milli = {p.name: p.milli for p in pods}
+    return sum(milli[p] for p, w in placed.items() if w) / (sum(n.gpus for n in nodes) * GPU_MILLI)
+
+
+def compare(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], live: dict[str, Where | None],
+            model: dict[str, Where | None], model_workload: dict[str, Where | None] | None = None) -> Comparison:
     both = [p.name for p in pods if live.get(p.name) and model.get(p.name)]
     return Comparison(
         pods=len(pods),
         placed_live=sum(1 for p in pods if live.get(p.name)),
         placed_model=sum(1 for p in pods if model.get(p.name)),
         placed_by_one_only=tuple(p.name for p in pods if bool(live.get(p.name)) != bool(model.get(p.name))),
-        allocation_live=sum(milli[p] for p, w in live.items() if w) / total,
-        allocation_model=sum(milli[p] for p, w in model.items() if w) / total,
+        allocation_live=allocation(nodes, pods, live),
+        allocation_model=allocation(nodes, pods, model),
         same_gpu=sum(1 for p in both if live[p] == model[p]),
         placed_by_both=len(both),
+        allocation_model_workload=None if model_workload is None else allocation(nodes, pods, model_workload),
     )

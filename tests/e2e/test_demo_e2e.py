@@ -57,3 +57,24 @@ def test_demo_with_faults_routes_around_them(control_plane: Any) -> None:
     assert summary["fault_to_excluded_seconds_p95"] is not None
     assert {f["withdrawn_by_device_plugin"] for f in summary["faults"]} == {True, False}
     assert "FAULT: XID 94 on MIG instance" in run.stderr and "acknowledges" in run.stderr
+
+
+def test_demo_on_a_dra_node_pool(control_plane: Any) -> None:
+    """``gpupack demo --backend dra``: the same pods on a DRA node pool; every admitted pod's claim is
+    allocated by kube-scheduler (MIG placements on the H100s, exact shares on the MPS node), and the
+    summary has the device-plugin demo's keys plus ``claims_allocated``."""
+    run = subprocess.run(
+        [sys.executable, "-m", "gpupack", "demo", "--json", "--backend", "dra", "--pods", "16", "--submit-seconds",
+         "4", "--seed", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout)
+    for key in KEYS:
+        assert key in summary, f"missing {key}"
+    admitted = summary["pods_submitted"] - summary["pods_rejected"]
+    assert summary["pods_scheduled"] == admitted > 0
+    # One claim per admitted pod, each seen allocated (finished pods' claims are counted before they go).
+    assert summary["claims_allocated"] == admitted
+    assert summary["gpus_reshaped"] == 0  # on DRA nothing is reshaped ahead: a claim's placement is its instance
+    assert 1.0 >= summary["occupied_ratio"] >= summary["allocation_ratio"] > 0.0
