@@ -8,8 +8,13 @@ in the chart behind values that are off by default: the GPU-health alert rules
 (``manifests/prometheus-rules``, ``prometheusRules.enabled``), which need the
 Prometheus Operator's CRD, and the controller's evictions from failed GPUs (the
 component ``manifests/gpu-fault-evictions``, ``controller.evictOnGpuFault``: its
-RBAC, and the setting the component patches into the controller's Deployment).
-Generating instead of hand-copying keeps the two from
+RBAC, and the setting the component patches into the controller's Deployment),
+and the DRA node pool (the component ``manifests/agent-dra``, ``dra.enabled``:
+the DRA agent and kubelet plugin DaemonSet and the plugin's RBAC; the node
+agent's admission policies and policy RBAC render when either agent does). The
+DeviceClasses (``manifests/dra``) are in the default install, as in kustomize,
+rendered only where the cluster serves ``resource.k8s.io/v1`` (the chart allows
+Kubernetes below 1.34). Generating instead of hand-copying keeps the two from
 drifting: ``tests/unit/test_controller_helm.py`` regenerates into a temporary
 directory and fails when the committed chart differs.
 
@@ -55,8 +60,13 @@ def _template(text: str, component: str | None = None, extra: dict[str, str] | N
     if not text.endswith("\n"):
         text += "\n"
     if component:
-        text = "{{- if .Values.%s.enabled }}\n%s{{- end }}\n" % (component, text)
+        text = _when(f".Values.{component}.enabled", text)
     return text
+
+
+def _when(condition: str, text: str) -> str:
+    """``text`` rendered only if the Go template ``condition`` holds."""
+    return "{{- if %s }}\n%s{{- end }}\n" % (condition, text)
 
 
 def _helm_literal(text: str) -> str:
@@ -131,6 +141,23 @@ def _extras() -> dict[str, dict[str, str]]:
             "            requests: {cpu: 20m, memory: 96Mi}\n            limits: {memory: 256Mi}\n":
                 "            {{- toYaml .Values.agent.resources | nindent 12 }}\n",
         },
+        # The DRA pool's agent shares the device-plugin agent's settings; each container has its resources.
+        "agent-dra/daemonset.yaml": {
+            '            - {name: GPUPACK_AGENT_IDLE_SECONDS, value: "300"}\n':
+                _quoted("GPUPACK_AGENT_IDLE_SECONDS", ".Values.agent.idleSeconds"),
+            "            - {name: GPUPACK_AGENT_UNHEALTHY_TAINT_EFFECT, value: NoSchedule}\n":
+                _quoted("GPUPACK_AGENT_UNHEALTHY_TAINT_EFFECT", ".Values.agent.unhealthyTaintEffect"),
+            "            - {name: GPUPACK_DRA_SHARE_MODE, value: mps}\n":
+                _quoted("GPUPACK_DRA_SHARE_MODE", ".Values.dra.shareMode"),
+            "            requests: {cpu: 20m, memory: 96Mi}\n            limits: {memory: 256Mi}\n"
+            "          volumeMounts:\n            - {name: pod-resources,":
+                "            {{- toYaml .Values.dra.agent.resources | nindent 12 }}\n"
+                "          volumeMounts:\n            - {name: pod-resources,",
+            "            requests: {cpu: 20m, memory: 96Mi}\n            limits: {memory: 256Mi}\n"
+            "          volumeMounts:\n            - {name: plugins-registry,":
+                "            {{- toYaml .Values.dra.plugin.resources | nindent 12 }}\n"
+                "          volumeMounts:\n            - {name: plugins-registry,",
+        },
     }
 
 
@@ -160,8 +187,22 @@ def render() -> dict[str, str]:
                     "{{- if and .Values.webhook.enabled .Values.webhook.certManager }}\n"
                     + _template(text) + "{{- end }}\n"
                 )
+            elif component == "agent" and entry != "daemonset.yaml":
+                # The own-node admission policies and the agent's RBAC hold for the DRA pool's agent
+                # too (the same ServiceAccount): a DRA-only install keeps them.
+                files[target] = _when("or .Values.agent.enabled .Values.dra.enabled",
+                                      _template(text, None, extras.get(source)))
             else:
                 files[target] = _template(text, component, extras.get(source))
+    # gpupack's DeviceClasses: in the default install (manifests/kustomization.yaml lists manifests/dra),
+    # where the API server serves them (resource.k8s.io/v1: Kubernetes 1.34 and later).
+    for entry in yaml.safe_load(_load("dra/kustomization.yaml"))["resources"]:
+        files[f"templates/dra-{Path(entry).stem}.yaml"] = _when(
+            '.Capabilities.APIVersions.Has "resource.k8s.io/v1"', _template(_load(f"dra/{entry}")))
+    # The DRA node pool: off by default, as in kustomize (manifests/agent-dra is opt-in).
+    for entry in yaml.safe_load(_load("agent-dra/kustomization.yaml"))["resources"]:
+        source = f"agent-dra/{entry}"
+        files[f"templates/agent-dra-{Path(entry).stem}.yaml"] = _template(_load(source), "dra", extras.get(source))
     # Optional, off by default as in kustomize (manifests/kustomization.yaml does not list them).
     # The component's Deployment patch is the env entry templated in _extras().
     for entry in yaml.safe_load(_load("gpu-fault-evictions/kustomization.yaml"))["resources"]:

@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import NotFoundError
 
-from gpupack.devcluster.apply import apply_objects
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests
 
 ROOT = Path(__file__).resolve().parents[2]
 CERT_MANAGER = {"Issuer", "Certificate"}
@@ -117,6 +117,9 @@ def test_install_applies_and_uninstall_keeps_gpus_and_workloads(admin_client: An
     assert kept["spec"]["gpus"][0]["layout"] == [{"profile": "3g.40gb"}]
     assert core.read_namespaced_pod("workload", namespace).metadata.name == "workload"
     custom.delete_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", name)
+    # Leave the shared control plane as later modules expect it: the uninstall also removed the
+    # admission policies of manifests/rbac that the session's gpupack_installed put there.
+    apply_objects(admin_client, [o for o in gpupack_manifests() if o["kind"] in order], field_manager="gpupack-e2e")
 
 
 def test_helm_rendering_applies_with_values(admin_client: Any, helm: Path) -> None:

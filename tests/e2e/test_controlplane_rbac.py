@@ -30,8 +30,8 @@ NS = "gpupack-system"
 OPERATOR_NS = "gpu-operator"  # the GPU Operator's namespace, where the agent has a Role
 RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 XID_TABLE = "gpupack-xid-table"  # node/health/xids.py XID_TABLE_CONFIGMAP, read by every agent
-# manifests/<dir>: kustomize Components an admin adds on purpose, not part of the default install.
-OPT_IN = ("gpu-fault-evictions",)
+# manifests/<dir>: components an admin adds on purpose, not part of the default install.
+OPT_IN = ("gpu-fault-evictions", "agent-dra")
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 READ = {"get", "list", "watch"}
 WRITE = {"create", "update", "patch"}
@@ -64,6 +64,8 @@ MATRIX: tuple[tuple[str, str, str, str | None, str], ...] = tuple((*row, "") for
     ("", "pods", "", OPERATOR_NS),
     ("resource.k8s.io", "resourceslices", "", None),
     ("resource.k8s.io", "resourceclaims", "", "default"),
+    ("resource.k8s.io", "resourceclaims", "status", "default"),
+    ("resource.k8s.io", "resourceclaimtemplates", "", "default"),
     ("resource.k8s.io", "deviceclasses", "", None),
 )) + (
     ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"),
@@ -97,6 +99,10 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         **EVENTS,
         # manifests/agent/rbac-gpu-operator.yaml: the only gpupack writer of mig-manager's config.
         ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"): {"get", "update"},
+        # DRA node pools: the claims of DRA pods (created once placed, deleted with their pod; not their
+        # status, not templates), and the published ResourceSlices, read only.
+        ("resource.k8s.io", "resourceclaims", "", "default", ""): {"create", "get", "list", "watch", "delete"},
+        ("resource.k8s.io", "resourceslices", "", None, ""): READ - {"get"},
     },
     "gpupack-node-agent": {
         ("gpupack.io", "gpunodes", "", None, ""): READ | {"create"},
@@ -123,10 +129,13 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("resource.k8s.io", "resourceslices", "", None, ""): READ | WRITE | {"delete"},
     },
 }
-# No pods/eviction for the controller above: only the opt-in grants it (and only that).
+# No pods/eviction for the controller above: only the opt-in grants it (and only that). The DRA node
+# pool's kubelet plugin reads the claims it prepares (it runs as gpupack-node-agent), nothing else.
 OPT_IN_EXPECTED: dict[str, dict[Key, set[str]]] = {
     "gpu-fault-evictions": {("", "pods", "eviction", "default", ""): {"create"}},
+    "agent-dra": {("resource.k8s.io", "resourceclaims", "", "default", ""): {"get"}},
 }
+OPT_IN_SUBJECTS = {"gpu-fault-evictions": "gpupack-controller", "agent-dra": "gpupack-node-agent"}
 
 
 def _allowed(admin: Any, sa: str, key: Key, verb: str) -> bool:
@@ -181,7 +190,7 @@ def test_authorizer_grants_exactly_the_table(
 @pytest.mark.parametrize("component", OPT_IN)
 def test_each_opt_in_grants_exactly_its_table(admin_client: Any, component: str) -> None:
     """The component's RBAC, applied under new names for a test-only account (so the shared control
-    plane's gpupack-controller keeps the default install's grants), adds exactly its table."""
+    plane's ServiceAccounts keep the default install's grants), adds exactly its table."""
     sa = f"opt-in-{uuid.uuid4().hex[:6]}"
     objects = [o for o in load_manifests(Path(MANIFESTS) / component) if o["kind"] in RBAC_KINDS]
     assert objects
@@ -189,7 +198,7 @@ def test_each_opt_in_grants_exactly_its_table(admin_client: Any, component: str)
         obj["metadata"]["name"] += f"-{sa}"
         if "roleRef" in obj:
             obj["roleRef"]["name"] += f"-{sa}"
-            assert [s["name"] for s in obj["subjects"]] == ["gpupack-controller"]
+            assert [s["name"] for s in obj["subjects"]] == [OPT_IN_SUBJECTS[component]]
             obj["subjects"] = [{"kind": "ServiceAccount", "name": sa, "namespace": NS}]
     apply_objects(admin_client, objects, field_manager="gpupack-e2e")
     try:
@@ -267,11 +276,12 @@ def _exercise(objs: dict[str, Any], core: dict[str, Any], name: str,
     assert _status_of(lambda: core["gpupack-node-agent"].read_namespaced_config_map(XID_TABLE, NS)) in (200, 404)
     assert _status_of(lambda: core["gpupack-node-agent"].read_namespaced_config_map("kube-root-ca.crt", NS)) == 403
     assert _status_of(lambda: core["gpupack-node-agent"].list_namespaced_config_map(NS)) == 403
-    # Only the node agent reads (and, on a DRA node pool, writes) ResourceSlices.
+    # The node agent reads (and, on a DRA node pool, writes) ResourceSlices, the controller reads them,
+    # the webhook not at all.
     resource = {sa: client.ResourceV1Api(core[sa].api_client) for sa in EXPECTED}
     for sa in EXPECTED:
         listed = _status_of(lambda: resource[sa].list_resource_slice(_preload_content=False))
-        assert listed == (200 if sa == "gpupack-node-agent" else 403), sa
+        assert listed == (403 if sa == "gpupack-webhook" else 200), sa
     # The default install's controller evicts nothing (manifests/gpu-fault-evictions is the opt-in).
     eviction = client.V1Eviction(metadata=client.V1ObjectMeta(name="any-pod", namespace="default"))
     assert _status_of(lambda: core["gpupack-controller"].create_namespaced_pod_eviction(

@@ -58,7 +58,9 @@ def _spaced(value: Any) -> Any:
 def test_helm_lint_is_clean(helm: Path, tmp_path: Path) -> None:
     for values in ([], ["--set", "webhook.certManager=false", "--set", "agent.podReadsByAuthorizer=true"],
                    ["--set", "prometheusRules.enabled=true", "--set", "prometheusRules.labels.release=kps"],
-                   ["--set", "controller.evictOnGpuFault=true", "--set", "agent.unhealthyTaintEffect=NoExecute"]):
+                   ["--set", "controller.evictOnGpuFault=true", "--set", "agent.unhealthyTaintEffect=NoExecute"],
+                   ["--set", "dra.enabled=true", "--set", "agent.enabled=false",
+                    "--set", "dra.shareMode=time-slicing"]):
         out = _helm(helm, "lint", "--strict", str(CHART), *values, home=tmp_path)
         assert out.returncode == 0, out.stdout + out.stderr
         assert "0 chart(s) failed" in out.stdout
@@ -71,15 +73,17 @@ def _kustomize(kustomize: Path, directory: Path) -> list[dict[str, Any]]:
     return _objects(built.stdout)
 
 
-def _with_component(kustomize: Path, tmp_path: Path, component: str) -> list[dict[str, Any]]:
-    """The default install with the kustomize Component ``manifests/<component>``, as an admin's own
-    kustomization lists them (kustomize wants relative paths; directories may be anywhere)."""
+def _with_component(kustomize: Path, tmp_path: Path, component: str, *,
+                    kind: str = "components") -> list[dict[str, Any]]:
+    """The default install with ``manifests/<component>``, as an admin's own kustomization lists it: a kustomize
+    Component under ``components``, or a kustomization of its own under ``resources`` (kustomize wants relative
+    paths; directories may be anywhere)."""
     directory = tmp_path / f"kustomization-{uuid.uuid4().hex[:6]}"
     directory.mkdir()
+    lists: dict[str, list[str]] = {"resources": [os.path.relpath(ROOT / "manifests", directory)]}
+    lists.setdefault(kind, []).append(os.path.relpath(ROOT / "manifests" / component, directory))
     (directory / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(ROOT / "manifests", directory)],
-        "components": [os.path.relpath(ROOT / "manifests" / component, directory)]}))
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", **lists}))
     return _kustomize(kustomize, directory)
 
 
@@ -153,6 +157,44 @@ def test_eviction_opt_in_renders_as_the_kustomize_component(helm: Path, kustomiz
     assert _controller_env(both)["GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT"] == "true"
 
 
+def test_dra_pool_renders_only_when_enabled_and_as_kustomize_builds_it(helm: Path, kustomize: Path,
+                                                                      tmp_path: Path) -> None:
+    """dra.enabled=true is manifests/agent-dra on top of the default install: the same objects (the plugin's
+    RBAC compared field by field) and values reaching its containers; off, none of them, while the DeviceClasses
+    are in both default builds. A DRA-only install (agent.enabled=false) keeps the node agent's own-node
+    policies, which confine the DRA agent's ResourceSlice writes."""
+    base = ["template", "gpupack", str(CHART), "--namespace", NS, "--kube-version", "1.37.2"]
+    on = _helm(helm, *base, "--set", "dra.enabled=true", "--set", "dra.shareMode=time-slicing",
+               "--set", "agent.idleSeconds=120", home=tmp_path)
+    assert on.returncode == 0, on.stderr
+    objects = _objects(on.stdout)
+    source_objects = _with_component(kustomize, tmp_path, "agent-dra", kind="resources")
+    _assert_same_objects(objects, source_objects)
+    default = _kustomize(kustomize, ROOT / "manifests")
+    added = sorted(set((o["kind"], o["metadata"]["name"]) for o in source_objects)
+                   - set((o["kind"], o["metadata"]["name"]) for o in default))
+    pool = [("ClusterRole", "gpupack-dra-plugin"), ("ClusterRoleBinding", "gpupack-dra-plugin"),
+            ("DaemonSet", "gpupack-node-agent-dra")]
+    assert added == pool
+    daemonset = next(o for o in objects
+                     if o["kind"] == "DaemonSet" and o["metadata"]["name"] == "gpupack-node-agent-dra")
+    containers = {c["name"]: c for c in daemonset["spec"]["template"]["spec"]["containers"]}
+    assert containers["agent"]["args"] == ["agent", "run", "--backend", "dra"]
+    env = {name: {e["name"]: e.get("value") for e in c["env"]} for name, c in containers.items()}
+    assert env["agent"]["GPUPACK_AGENT_IDLE_SECONDS"] == "120"
+    assert env["dra-plugin"]["GPUPACK_DRA_SHARE_MODE"] == "time-slicing"
+    off = _objects(_helm(helm, *base, home=tmp_path).stdout)
+    assert not [o for o in off if (o["kind"], o["metadata"]["name"]) in pool]
+    classes = sorted(o["metadata"]["name"] for o in off if o["kind"] == "DeviceClass")
+    assert classes == sorted(o["metadata"]["name"] for o in default if o["kind"] == "DeviceClass") and len(classes) == 3
+    only = _objects(_helm(helm, *base, "--set", "dra.enabled=true", "--set", "agent.enabled=false",
+                          home=tmp_path).stdout)
+    keys = {(o["kind"], o["metadata"]["name"]) for o in only}
+    assert ("DaemonSet", "gpupack-node-agent") not in keys and set(pool) <= keys
+    assert ("ValidatingAdmissionPolicy", "gpupack-node-agent-own-slices") in keys
+    assert ("ValidatingAdmissionPolicyBinding", "gpupack-node-agent-own-slices") in keys
+
+
 def test_alert_rules_render_only_when_enabled_and_as_kustomize_builds_them(helm: Path, kustomize: Path,
                                                                          tmp_path: Path) -> None:
     """The optional PrometheusRule (manifests/prometheus-rules): off by default, as in kustomize's default
@@ -201,7 +243,8 @@ def test_install_upgrade_uninstall(helm: Path, plane: ControlPlane, tmp_path: Pa
 
     assert rendered and all(exists(o) for o in rendered), [o["metadata"]["name"] for o in rendered if not exists(o)]
     kinds = {o["kind"] for o in rendered}
-    assert {"Deployment", "DaemonSet", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy"} <= kinds
+    assert {"Deployment", "DaemonSet", "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+            "DeviceClass"} <= kinds
     crds = client.ApiextensionsV1Api(admin)
     assert crds.read_custom_resource_definition("gpunodes.gpupack.io").spec.group == "gpupack.io"
     assert apps.read_namespaced_deployment("gpupack-controller", NS).spec.replicas == 2
@@ -211,13 +254,19 @@ def test_install_upgrade_uninstall(helm: Path, plane: ControlPlane, tmp_path: Pa
     evictions_binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
                          "metadata": {"name": "gpupack-controller-evictions"}}
     assert not exists(evictions_binding)
+    # The API server serves resource.k8s.io/v1, so Helm's capabilities install the DeviceClasses.
+    assert exists({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpupack-mig"}})
+    dra_pool = {"apiVersion": "apps/v1", "kind": "DaemonSet",
+                "metadata": {"name": "gpupack-node-agent-dra", "namespace": NS}}
+    assert not exists(dra_pool)
 
     # Upgrade: changed values reach the objects; a value that switches an object off removes it.
     out = _helm(helm, "upgrade", "gpupack", str(CHART), *INSTALL[:2], "--reuse-values",
                 "--set", "controller.batchSeconds=2", "--set", "webhook.replicas=3",
                 "--set", "agent.podReadsByAuthorizer=true", "--set", "controller.evictOnGpuFault=true",
-                kubeconfig=kube, home=tmp_path)
+                "--set", "dra.enabled=true", kubeconfig=kube, home=tmp_path)
     assert out.returncode == 0, out.stderr
+    assert exists(dra_pool)
     controller = apps.read_namespaced_deployment("gpupack-controller", NS)
     env = {e.name: e.value for e in controller.spec.template.spec.containers[0].env}
     assert env["GPUPACK_CONTROLLER_BATCH_SECONDS"] == "2"
@@ -236,7 +285,7 @@ def test_install_upgrade_uninstall(helm: Path, plane: ControlPlane, tmp_path: Pa
     assert out.returncode == 0, out.stderr
     left = [(o["kind"], o["metadata"]["name"]) for o in rendered if exists(o)]
     assert left == [], f"left behind after helm uninstall: {left}"
-    assert not exists(evictions_binding)  # switched on by the upgrade, gone with the release
+    assert not exists(evictions_binding) and not exists(dra_pool)  # switched on by the upgrade, gone with the release
     assert crds.read_custom_resource_definition("gpunodes.gpupack.io")  # crds/ stay, by Helm's design
     assert custom.get_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes", "kept")["spec"]["gpus"][0]["layout"] \
         == [{"profile": "3g.40gb"}]

@@ -56,3 +56,25 @@ def test_the_optional_parts_are_off_by_default_behind_their_values() -> None:
     deployment = (CHART / "templates" / "controller-deployment.yaml").read_text()
     assert "- {name: GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT, value: {{ .Values.controller.evictOnGpuFault | quote }}}" \
         in deployment
+
+
+def test_the_dra_pool_renders_only_with_dra_enabled_and_the_device_classes_only_where_served() -> None:
+    """manifests/agent-dra (opt-in in kustomize) is behind ``dra.enabled``, off by default; the node agent's
+    admission policies and RBAC render for either agent (a DRA-only install keeps its own-node policies);
+    the DeviceClasses need resource.k8s.io/v1, which the chart's kubeVersion does not promise.
+    tests/e2e/test_helm_chart.py renders both ways with real Helm."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["dra"]["enabled"] is False
+    templates = CHART / "templates"
+    dra = sorted(p.name for p in templates.glob("agent-dra-*.yaml"))
+    assert dra == ["agent-dra-daemonset.yaml", "agent-dra-rbac.yaml"]
+    for name in dra:
+        lines = (templates / name).read_text().splitlines()
+        assert lines[1] == "{{- if .Values.dra.enabled }}" and lines[-1] == "{{- end }}", name
+    either = "{{- if or .Values.agent.enabled .Values.dra.enabled }}"
+    for name in ("agent-node-restriction-policy.yaml", "agent-rbac-policies.yaml"):
+        assert (templates / name).read_text().splitlines()[1] == either, name
+    assert (templates / "agent-daemonset.yaml").read_text().splitlines()[1] == "{{- if .Values.agent.enabled }}"
+    classes = (templates / "dra-deviceclasses.yaml").read_text()
+    assert classes.splitlines()[1] == '{{- if .Capabilities.APIVersions.Has "resource.k8s.io/v1" }}'
+    assert classes.count("kind: DeviceClass") == 3
