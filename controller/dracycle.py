@@ -22,7 +22,7 @@ from typing import Any
 
 from controller.draclaims import ClaimBuildError, claim_body, existing_pin
 from controller.draplan import DraPlacement, DraPlan, dra_nodes, plan_dra
-from controller.drausage import ClaimConflict, read_usage
+from controller.drausage import ClaimConflict, Hold, read_usage
 from controller.kube import Kube
 from controller.planner import Release
 from controller.view import Snapshot
@@ -43,6 +43,8 @@ class DraCycle:
         self.kube = kube
         self.share = share
         self._problems: frozenset[str] = frozenset()
+        self.holds: tuple[Hold, ...] = ()
+        """What the DRA pool's claims held when the last cycle planned (for the cluster figures)."""
         self._refused: frozenset[str] = frozenset()
         # prepare() runs in the release's worker threads and may add to _refused.
         self._lock = threading.Lock()
@@ -52,8 +54,10 @@ class DraCycle:
         when the claims cannot be listed (nothing is placed on the pool then)."""
         nodes = dra_nodes(snapshot)
         if not nodes and not any(p.backend == "dra" and p.gated for p in snapshot.pods):
+            self.holds = ()
             return DraPlan()
         usage = read_usage(self.kube.list_resource_claims(), nodes)
+        self.holds = usage.holds
         problems = frozenset(usage.problems)
         for problem in sorted(problems - self._problems):
             log.warning("DRA usage: %s; left out", problem)

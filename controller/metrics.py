@@ -2,22 +2,46 @@
 
 Allocation ratio: allocated GPU capacity over all GPUs — a MIG instance a pod
 holds counts its compute slices over the GPU's, a taken shared replica counts
-``1/r`` of its GPU. Fragmentation: the share of *free* capacity that sits on
+``1/r`` of its GPU; on the DRA pool, what its ResourceClaims hold (a share its
+milli over 1000, a MIG placement its compute slices, a whole GPU all of it).
+Fragmentation: the share of *free* capacity that sits on
 partly allocated GPUs (free, but not usable by a whole-GPU or large request).
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram
 
 from controller.capacity import mig_claims, shared_claims, whole_pinned
-from controller.view import Snapshot
+from controller.drausage import Hold
+from controller.view import Node, Snapshot
+from sharing.backend import node_backend
+from sharing.packing.specs import GPU_MILLI
 
 
-def cluster_figures(snapshot: Snapshot) -> tuple[float, float, int]:
-    """(allocation ratio, fragmentation, GPUs) of the snapshot."""
+def _held(node: Node, device_holds: Sequence[Hold]) -> float:
+    """The fraction of one GPU of a DRA node that claims hold (``device_holds``: that GPU's)."""
+    used = 0.0
+    for hold in device_holds:
+        d = hold.device
+        if d.kind == "shared":
+            used += d.milli / GPU_MILLI
+        elif d.kind == "mig" and d.profile and node.model is not None:
+            used += node.model.profile(d.profile).compute_slices / node.model.compute_slices
+        else:
+            used += 1.0
+    return used
+
+
+def cluster_figures(snapshot: Snapshot, dra_holds: Sequence[Hold] = ()) -> tuple[float, float, int]:
+    """(allocation ratio, fragmentation, GPUs) of the snapshot; ``dra_holds``: what the DRA pool's
+    claims hold (``controller.drausage``), the one record of which device a DRA pod uses."""
+    held_on: defaultdict[tuple[str, int], list[Hold]] = defaultdict(list)
+    for hold in dra_holds:
+        held_on[hold.node, hold.device.gpu].append(hold)
     claims = mig_claims(snapshot.pods)
     shared = shared_claims(snapshot.pods)
     pinned = whole_pinned(snapshot.pods)
@@ -31,9 +55,12 @@ def cluster_figures(snapshot: Snapshot) -> tuple[float, float, int]:
         # Whole GPUs held by pods (any pod's nvidia.com/gpu, and gpupack's pinned ones);
         # which device each holds is the device plugin's business: count them in order.
         whole_left = node.whole_taken + pinned[node.name]
+        dra = node_backend(node.label_map) == "dra"
         for g in node.gpus:
             gpus += 1
-            if g.mig_enabled and node.model is not None:
+            if dra:
+                used = _held(node, held_on.get((node.name, g.index), ()))
+            elif g.mig_enabled and node.model is not None:
                 used = 0.0
                 for inst in g.instances:
                     if busy[inst.profile] > 0:

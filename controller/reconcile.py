@@ -137,7 +137,7 @@ class Controller:
             self._feedback(snapshot, result, by_name, now, report)
         if self.settings.right_size:
             self._right_size(snapshot, pod_objs, report)
-        ratio, frag, gpus = cluster_figures(snapshot)
+        ratio, frag, gpus = cluster_figures(snapshot, self.dra.holds)
         report.allocation_ratio, report.fragmentation = ratio, frag
         m = self.metrics
         m.allocation_ratio.set(ratio)

@@ -120,8 +120,9 @@ def run_demo(args: argparse.Namespace) -> int:
                 finish_at[pod.name] = pod.lifetime
         gpunodes, nodes, live = _lists(stack.admin)
         tracker.observe(gpunodes, live, datetime.now(timezone.utc))
-        if claims is not None:
-            claims.observe(_claims(stack.admin))
+        claim_objs = _claims(stack.admin) if claims is not None else None
+        if claims is not None and claim_objs is not None:
+            claims.observe(claim_objs)
         if faults is not None:
             faults.bindings(live)
             faults.step(now_m, gpunodes, nodes, tracker.scheduled_at)
@@ -132,7 +133,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 del finish_at[name]
                 finished += 1
         c = progress.counts(live)
-        now_figures = progress.figures(gpunodes, nodes, live)
+        now_figures = progress.figures(gpunodes, nodes, live, claim_objs)
         if now_m >= next_print:
             say(f"[{now_m:5.1f}s] submitted {submitted}  rejected {rejected}  admitted {c['admitted'] + finished}  "
                 f"gated {c['gated']}  pending {c['pending']}  scheduled {len(tracker.scheduled_at)}  "
@@ -155,7 +156,8 @@ def run_demo(args: argparse.Namespace) -> int:
     gpunodes, nodes, live = _lists(stack.admin)
     tracker.observe(gpunodes, live, datetime.now(timezone.utc))
     c = progress.counts(live)
-    end = progress.figures(gpunodes, nodes, live)
+    claim_objs = _claims(stack.admin) if claims is not None else None
+    end = progress.figures(gpunodes, nodes, live, claim_objs)
     reshape = tracker.latencies(gated=True)
     direct = tracker.latencies(gated=False)
     summary: dict[str, Any] = {
@@ -174,8 +176,8 @@ def run_demo(args: argparse.Namespace) -> int:
         "schedule_seconds_median_capacity_existed": _round(progress.percentile(direct, 50)),
         "seconds": round(time.monotonic() - began, 1),
     }
-    if claims is not None:
-        claims.observe(_claims(stack.admin))
+    if claims is not None and claim_objs is not None:
+        claims.observe(claim_objs)
         summary["claims_allocated"] = claims.allocated
     ok = summary["pods_unscheduled"] == 0
     if faults is not None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from controller.draplan import dra_nodes
+from controller.drausage import read_usage
 from controller.metrics import cluster_figures
 from controller.snapshot import build_snapshot
 from kube.times import parse_time
@@ -122,9 +124,12 @@ class Figures:
     fragmentation: float
 
 
-def figures(gpunodes: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> Figures:
+def figures(gpunodes: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
+            claims: list[dict[str, Any]] | None = None) -> Figures:
+    """``claims``: the ResourceClaims, on a DRA node pool (what each GPU holds is theirs to say)."""
     snapshot = build_snapshot(gpunodes, nodes, pods, [])
-    occupied, frag, gpus = cluster_figures(snapshot)
+    holds = read_usage(claims, dra_nodes(snapshot)).holds if claims else ()
+    occupied, frag, gpus = cluster_figures(snapshot, holds)
     # The webhook replaces gpupack.io/gpu-milli with the device plugin's resource and
     # keeps the ask in the allocation annotation, which pod_from_object reads into
     # Pod.milli (one entry per container; 1000 = a whole GPU). Only bound pods count,

@@ -283,3 +283,24 @@ def test_the_device_plugin_planner_never_uses_a_dra_node() -> None:
     both = FakeKube([gpunode("a", 2, sharing="none"), gpunode("plugin", 2, sharing="none")],
                     [node_object("a"), node_object("plugin", dra=False)], [pod])
     assert controller(both).cycle().plan.releases[0].node == "plugin"
+
+
+# ------------------------------------------------------------------ the cluster figures
+def test_a_dra_gpu_counts_what_its_claims_hold() -> None:
+    from controller.metrics import cluster_figures
+    from controller.view import Snapshot
+
+    node = node_from_objects(gpunode("a", 2), node_object("a"))
+    assert node is not None
+    claims: list[dict[str, Any]] = [
+        {"metadata": {"namespace": "n", "name": f"c{k}"}, "status": {"allocation": {"devices": {"results": [
+            {"request": "gpu-0", "driver": names.DRIVER, "pool": "a", "device": "gpu-1-shared",
+             "consumedCapacity": {names.MILLI: milli, names.MEMORY: "1Gi"}}]}}}}
+        for k, milli in enumerate(("250", "500"))
+    ]
+    holds = read_usage(claims, [node]).holds
+    ratio, fragmentation, gpus = cluster_figures(Snapshot(nodes=(node,), pods=()), holds)
+    assert gpus == 2
+    assert ratio == pytest.approx(0.75 / 2)  # GPU 1 holds 750 milli, GPU 0 nothing
+    assert fragmentation == pytest.approx(0.25 / 1.25)  # of 1.25 GPUs free, 0.25 is on the shared GPU
+    assert cluster_figures(Snapshot(nodes=(node,), pods=()))[0] == 0.0  # no claims: nothing held
