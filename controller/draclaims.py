@@ -7,7 +7,10 @@ created with:
 
 * one request per container exactly as ``sharing.dra.claims.device_request``
   builds it (DeviceClass, the sharing or profile selector, capacity rounded by
-  ``SharePolicy``), plus the CEL selectors of the chosen device
+  ``SharePolicy``) for the kind of device the engine chose: a MIG instance of
+  its profile, a share of the record's mode, or a whole GPU. The device, not
+  the record's mode alone, decides: a shared pod the engine placed on MIG (its
+  record's ``migFallback``) asks ``gpupack-mig``. Plus the CEL selectors of the chosen device
   (``PinnedDevice.selectors``): kube-scheduler, which allocates the claim when
   it schedules the pod on the node the pod is pinned to, can then only take
   that device;
@@ -33,9 +36,10 @@ from controller.drausage import ClaimConflict, own_pin, read_usage
 from sharing.allocation import Allocation, ContainerAllocation
 from sharing.dra import names
 from sharing.dra.claims import MANAGED_BY, DeviceRequestJSON, device_request
-from sharing.dra.pinned import ANNOTATION, Pinned
+from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import SharePolicy
 from sharing.lenient import as_map as _map
+from sharing.modes import AllocationMode
 
 
 class ClaimBuildError(ValueError):
@@ -44,10 +48,12 @@ class ClaimBuildError(ValueError):
 
 @dataclass(frozen=True)
 class _Shape:
-    """A recorded container as ``device_request`` reads it (``sharing.dra.claims.ContainerShape``)."""
+    """A recorded container as ``device_request`` reads it (``sharing.dra.claims.ContainerShape``),
+    with the profile of the MIG device chosen for it (None for other devices)."""
 
     container: ContainerAllocation
     index: int
+    profile: str | None
 
     @property
     def kind(self) -> Literal["containers", "initContainers"]:
@@ -61,20 +67,37 @@ class _Shape:
     def memory_bytes(self) -> int | None:
         return self.container.memory_bytes
 
-    @property
-    def profile(self) -> str | None:
-        return self.container.profile
+
+def _mode(allocation: Allocation, index: int, device: PinnedDevice) -> AllocationMode:
+    """The mode of the request for the chosen ``device`` of container ``index``: its kind says it; a
+    device the record does not allow that container (a MIG profile neither recorded nor its
+    fallback, a share for a pod not given one) is refused."""
+    container = allocation.containers[index]
+    if device.kind == "gpu":
+        return "whole"
+    if device.kind == "shared":
+        if allocation.mode not in ("mps", "time-slicing"):
+            raise ClaimBuildError(f"request {container.resource!r}: a share was chosen for a pod of mode "
+                                  f"{allocation.mode!r}")
+        return allocation.mode
+    recorded = container.profile if allocation.mode == "mig" else None
+    fallback = allocation.mig_fallback[index] if allocation.mig_fallback else None
+    if device.profile not in (recorded, fallback):
+        raise ClaimBuildError(f"request {container.resource!r}: MIG profile {device.profile!r} was chosen; the record "
+                              f"allows {recorded or fallback or 'no MIG instance'}")
+    return "mig"
 
 
 def claim_requests(allocation: Allocation, pinned: Pinned, share: SharePolicy) -> list[DeviceRequestJSON]:
-    """One request per recorded container, pinned to its chosen device."""
+    """One request per recorded container, pinned to its chosen device and asking for that kind of device."""
     chosen = {d.request: d for d in pinned.devices}
     requests: list[DeviceRequestJSON] = []
     for index, container in enumerate(allocation.containers):
         device = chosen.get(container.resource)
         if device is None:
             raise ClaimBuildError(f"request {container.resource!r} of container {container.name!r} has no chosen device")
-        request = device_request(container.resource, allocation.mode, _Shape(container, index), share)
+        mode = _mode(allocation, index, device)
+        request = device_request(container.resource, mode, _Shape(container, index, device.profile), share)
         request["exactly"]["selectors"] = [*request["exactly"].get("selectors", []), *device.selectors()]
         requests.append(request)
     return requests

@@ -18,6 +18,13 @@ device (``controller.draclaims``). Pure: a snapshot, the claims' holds
 * **Whole GPUs**: GPUs of an unshared node (``sharing: none``, MIG off) that no
   claim holds, chosen by the same engine.
 * **MIG**: ``controller.dramig``.
+* **A share's MIG fallback**: a shared pod the webhook decided for ``auto``
+  carries the pool's MIG option (``Pod.mig_fallback``, one profile per
+  container). When no shared GPU has room for it, it is tried as a MIG pod of
+  those profiles, by the same rules, at its own place in the oldest-first
+  order; its claim then asks for MIG instances (``controller.draclaims``
+  builds each request from the device chosen). Explicit modes and whole-GPU
+  pods never change.
 
 A pod whose claim already exists is not planned again: if the claim is the
 pod's (its ``ownerReferences`` name the pod's UID) and says where it was
@@ -210,13 +217,15 @@ def _key(node: Node) -> str:
     return f"{node.sharing}/{node.product}"
 
 
-def _mig(gpus: list[MigGpu], pod: Pod, nodes: Sequence[Node]) -> tuple[Node, list[PinnedDevice]] | str:
-    if len(pod.profiles) != len(pod.requests):
+def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...],
+         nodes: Sequence[Node]) -> tuple[Node, list[PinnedDevice]] | str:
+    """MIG instances of ``profiles`` (one per container) for ``pod`` on one node (committed), or why none."""
+    if len(profiles) != len(pod.requests):
         return "a MIG container names no profile"
     allowed = {n.name for n in nodes if allowed_on(pod, n)}
-    picks = place_all([g for g in gpus if g.node in allowed], pod.profiles)
+    picks = place_all([g for g in gpus if g.node in allowed], profiles)
     if picks is None:
-        return (f"no DRA GPU offers {', '.join(sorted(pod.profiles))} on one node now (free placements, "
+        return (f"no DRA GPU offers {', '.join(sorted(profiles))} on one node now (free placements, "
                 "allowed profiles, policy window)")
     node = next(n for n in nodes if n.name == picks[0][0].node)
     return node, [PinnedDevice(r, "mig", g.index, profile=i.profile, start=i.placement.start)
@@ -249,12 +258,17 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
     shares = _Shares(nodes, usage, pods, policy_name, share)
     mig = mig_gpus(nodes, usage.holds, snapshot.policies, now)
     for pod in todo:
-        found = _mig(mig, pod, nodes) if pod.mode == "mig" else shares.place(pod)
+        found = _mig(mig, pod, pod.profiles, nodes) if pod.mode == "mig" else shares.place(pod)
+        how = "packing engine"
+        if isinstance(found, str) and pod.mode != "mig" and pod.mig_fallback:
+            fallback = _mig(mig, pod, pod.mig_fallback, nodes)
+            how = f"packing engine; MIG fallback: {found}"
+            found = fallback if not isinstance(fallback, str) else f"{found}; MIG fallback: {fallback}"
         if isinstance(found, str):
             waits.append(Wait(pod.key, found))
             continue
         node, devices = found
         what = ", ".join(d.device for d in devices)
         placements.append(DraPlacement(pod.key, node.name, Pinned(node.name, tuple(devices)),
-                                       f"{what} on {node.name} (packing engine)"))
+                                       f"{what} on {node.name} ({how})"))
     return DraPlan(tuple(placements), tuple(waits), tuple(refused))

@@ -168,4 +168,5 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
         backend=allocation.backend,
         claim=allocation.claim,
         requests=tuple(c.resource for c in containers) if allocation.backend == "dra" else (),
+        mig_fallback=allocation.mig_fallback or (),
     )

@@ -150,6 +150,9 @@ class Pod:
     """DRA backend: the ResourceClaim the pod references (created by the controller when it places the pod)."""
     requests: tuple[str, ...] = ()
     """DRA backend: each GPU container's request in that claim (``gpu-<n>``), in record order."""
+    mig_fallback: tuple[str, ...] = ()
+    """DRA backend, a shared pod decided for ``auto``: per container the MIG profile the engine may
+    place it on when no shared GPU has room (``Allocation.mig_fallback``; empty: none)."""
 
     def admits(self, labels: dict[str, str]) -> bool:
         """Whether the pod's nodeSelector and required node affinity allow a node with ``labels``."""

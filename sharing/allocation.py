@@ -18,8 +18,12 @@ and ``"claim"``, the name of the ResourceClaim its ``spec.resourceClaims`` entry
 ``gpupack`` references (created by the controller when it places the pod), and each
 container's ``resource`` is the name of its request in that claim (``gpu-<n>``),
 which the container's ``resources.claims`` names; ``backend`` is absent for the
-device-plugin backend; the JSON has sorted keys and no spaces, so the same decision always gives
-the same text (the webhook's reinvocation check compares it).
+device-plugin backend. A DRA record of a shared mode that the webhook decided for an ``auto``
+pod may add ``"migFallback": ["3g.40gb", ...]``, per container (in ``containers`` order) the
+MIG profile the packing engine may place the pod on instead when no shared GPU has room
+(docs/dra-placement.md, "The mode of an auto pod"); absent otherwise. The JSON has sorted keys
+and no spaces, so the same decision always gives the same text (the webhook's reinvocation
+check compares it).
 """
 
 from __future__ import annotations
@@ -74,6 +78,9 @@ class Allocation:
     backend: Backend = DEFAULT_BACKEND
     claim: str | None = None
     """DRA backend: the ResourceClaim the pod references as ``gpupack``."""
+    mig_fallback: tuple[str, ...] | None = None
+    """DRA backend, shared modes decided for ``auto``: per container the MIG profile the engine may
+    place the pod on when no shared GPU has room (None: the mode is final)."""
 
     def to_annotation(self) -> str:
         """The annotation's text."""
@@ -97,6 +104,8 @@ class Allocation:
             record["backend"] = self.backend
         if self.claim is not None:
             record["claim"] = self.claim
+        if self.mig_fallback is not None:
+            record["migFallback"] = list(self.mig_fallback)
         return json.dumps(record, separators=(",", ":"), sort_keys=True)
 
     def mismatch(self, pod_spec: Mapping[str, Any]) -> str | None:
@@ -167,6 +176,7 @@ class Allocation:
         backend, claim = raw.get("backend", DEFAULT_BACKEND), raw.get("claim")
         if not is_backend(backend):
             raise AllocationError(f"{ALLOCATION_ANNOTATION} backend {backend!r} is not a gpupack backend")
+        fallback = _mig_fallback(raw.get("migFallback"), mode, backend, len(containers))
         return cls(
             mode=mode,
             gated=gated,
@@ -179,6 +189,7 @@ class Allocation:
             replicas=replicas if _is_int(replicas) else None,
             backend=backend,
             claim=claim if isinstance(claim, str) and claim else None,
+            mig_fallback=fallback,
         )
 
 
@@ -212,6 +223,18 @@ def trusted_allocation(text: object, pod_spec: Mapping[str, Any]) -> tuple[Alloc
 def has_capacity_gate(pod_spec: Mapping[str, Any]) -> bool:
     """Whether the pod waits at gpupack's scheduling gate."""
     return any(as_map(g).get("name") == CAPACITY_GATE for g in as_list(pod_spec.get("schedulingGates")))
+
+
+def _mig_fallback(raw: object, mode: AllocationMode, backend: Backend, containers: int) -> tuple[str, ...] | None:
+    """The record's ``migFallback``: None when absent; one profile per container, on a shared DRA record."""
+    if raw is None:
+        return None
+    where = f"{ALLOCATION_ANNOTATION} migFallback"
+    if not isinstance(raw, list) or len(raw) != containers or not all(isinstance(p, str) and p for p in raw):
+        raise AllocationError(f"{where} {raw!r} is not one MIG profile per container ({containers})")
+    if backend != "dra" or mode not in ("mps", "time-slicing"):
+        raise AllocationError(f"{where} belongs to a shared mode on the DRA pool, not to mode {mode!r} on {backend}")
+    return tuple(raw)
 
 
 def _container(raw: object, position: int) -> ContainerAllocation:

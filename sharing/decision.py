@@ -28,7 +28,11 @@ its request in the pod's ResourceClaim (``gpu-<n>``, :func:`sharing.dra.claims.r
 no MPS env is set (the kubelet plugin sets the limits from the claim), and the
 pod is always gated: the packing engine creates the claim pinned to the devices
 it chose. A DRA pool with no node yet still admits the pod, gated, in a mode
-that needs no GPU model (capacity may come); only MIG needs a model.
+that needs no GPU model (capacity may come); only MIG needs a model. Since the
+claim is created only when the engine places the pod, an ``auto`` pod decided
+a share there also records its MIG option, when the pool has one
+(``PodDecision.mig_fallback``): the engine places it on MIG instead when no
+shared GPU has room (docs/dra-placement.md, "The mode of an auto pod").
 """
 
 from __future__ import annotations
@@ -102,6 +106,9 @@ class PodDecision:
     backend: Backend = DEFAULT_BACKEND
     claim: str | None = None
     """DRA pool: the ResourceClaim the pod references (named by the webhook, ``sharing.backend``)."""
+    mig_fallback: tuple[str, ...] | None = None
+    """DRA pool, an ``auto`` pod decided a share: per container the profile of the pool's MIG
+    option, which the packing engine may place it on instead (``Allocation.mig_fallback``)."""
 
     def allocation(self) -> Allocation:
         """The ``gpupack.io/allocation`` record of this decision (``sharing.allocation``)."""
@@ -119,6 +126,7 @@ class PodDecision:
             replicas=self.replicas,
             backend=self.backend,
             claim=self.claim,
+            mig_fallback=self.mig_fallback,
         )
 
 
@@ -173,12 +181,21 @@ def decide(
                 f"{_where(backend)} has {fmt_bytes(largest)}",
             )
     roles = tuple(role(c) for c in request.containers)
-    best = _choose(request.mode, tuple(asks), roles, policy, inventory, memo, backend)
-    return _materialise(best, request, asks, policy, engine_places or backend == "dra", backend)
+    choice = _choose(request.mode, tuple(asks), roles, policy, inventory, memo, backend)
+    return _materialise(choice, request, asks, policy, engine_places or backend == "dra", backend)
 
 
 def _where(backend: Backend) -> str:
     return "the DRA node pool" if backend == "dra" else "the cluster"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The best option, and the MIG option the pool has for the request (None: none, or MIG was not
+    among the modes considered), which a DRA ``auto`` pod given a share may fall back to."""
+
+    best: Option
+    mig: Option | None = None
 
 
 class DecisionMemo:
@@ -196,7 +213,7 @@ class DecisionMemo:
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
         self._policies: dict[str, AdmissionPolicy] = {}
-        self._options: dict[tuple[object, ...], Option | AdmissionRefusal] = {}
+        self._options: dict[tuple[object, ...], Choice | AdmissionRefusal] = {}
 
     def policy_for(self, namespace: str) -> AdmissionPolicy:
         """``inventory.policy_for(namespace)``, remembered."""
@@ -207,11 +224,11 @@ class DecisionMemo:
             policy = self._policies[namespace] = self.inventory.policy_for(namespace)
         return policy
 
-    def option(self, key: tuple[object, ...]) -> Option | AdmissionRefusal | None:
+    def option(self, key: tuple[object, ...]) -> Choice | AdmissionRefusal | None:
         """The answer remembered for ``key``, if any."""
         return self._options.get(key)
 
-    def remember(self, key: tuple[object, ...], answer: Option | AdmissionRefusal) -> None:
+    def remember(self, key: tuple[object, ...], answer: Choice | AdmissionRefusal) -> None:
         if len(self._options) >= self.LIMIT:
             self._options.clear()
         self._options[key] = answer
@@ -236,8 +253,8 @@ def _choose(
     inventory: Inventory,
     memo: DecisionMemo | None,
     backend: Backend,
-) -> Option:
-    """The best option; remembered in ``memo`` when it belongs to ``inventory`` (a snapshot
+) -> Choice:
+    """The best option (and the MIG option); remembered in ``memo`` when it belongs to ``inventory`` (a snapshot
     never changes once built, so neither does the answer)."""
     memo = _own_memo(memo, inventory)
     if memo is None:
@@ -262,20 +279,22 @@ def _choose_uncached(
     policy: AdmissionPolicy,
     inventory: Inventory,
     backend: Backend,
-) -> Option:
+) -> Choice:
     """``inventory``: the pool's (``Inventory.pool``)."""
     allowed = policy.allowed_modes
     dra = backend == "dra"
     where = _where(backend)
     modes: tuple[Mode, ...] = tuple(m for m in MODES if m == requested or (requested == "auto" and m in allowed))
     options: list[Option] = []
+    mig: Option | None = None
     failures: list[str] = []
     never_fits: list[str] = []
     whole = dra_wants_whole_gpus(asks, inventory) if dra else wants_whole_gpus(asks, inventory)
     for mode in modes:
         if mode == "mig":
             try:
-                options.append(mig_option(asks, roles, policy, inventory, dra=dra))
+                mig = mig_option(asks, roles, policy, inventory, dra=dra)
+                options.append(mig)
             except NoMigOption as none:
                 if requested == "mig":
                     reason = Reason.POD_NEVER_FITS if none.never_fits else Reason.NO_MIG_MODEL
@@ -322,7 +341,7 @@ def _choose_uncached(
             Reason.NO_COMPATIBLE_NODES,
             f"no GPU in {where} can host this request in an allowed mode (" + "; ".join(failures) + ")",
         )
-    return min(options, key=lambda o: (not o.has_capacity, o.waste, _RANK[o.mode]))
+    return Choice(min(options, key=lambda o: (not o.has_capacity, o.waste, _RANK[o.mode])), mig)
 
 
 def _resource(mode: AllocationMode, profile: str | None) -> str:
@@ -332,10 +351,11 @@ def _resource(mode: AllocationMode, profile: str | None) -> str:
 
 
 def _materialise(
-    best: Option, request: PodRequest, asks: list[tuple[int, int | None]], policy: AdmissionPolicy, engine_places: bool,
-    backend: Backend,
+    choice: Choice, request: PodRequest, asks: list[tuple[int, int | None]], policy: AdmissionPolicy,
+    engine_places: bool, backend: Backend,
 ) -> PodDecision:
-    dra = backend == "dra"
+    best, dra = choice.best, backend == "dra"
+    fallback = _mig_fallback(choice, request.mode, backend)
     containers: list[ContainerDecision] = []
     for i, (c, (milli, mem)) in enumerate(zip(request.containers, asks)):
         profile = best.profiles[i].name if best.mode == "mig" else None
@@ -357,6 +377,8 @@ def _materialise(
         where = f"{best.mode} replicas" + (f" (1/{best.replicas} GPU)" if best.replicas else "")
     if dra:
         where += " on the DRA node pool"
+    if fallback is not None:
+        where += f" (or MIG {', '.join(fallback)} if no shared GPU has room when it is placed)"
     if not best.has_capacity:
         gate = f"gated on {CAPACITY_GATE} until capacity exists"
     elif engine_places:
@@ -378,4 +400,14 @@ def _materialise(
         gpu_model=best.model.product if best.model else None,
         replicas=None if dra else best.replicas,
         backend=backend,
+        mig_fallback=fallback,
     )
+
+
+def _mig_fallback(choice: Choice, requested: str, backend: Backend) -> tuple[str, ...] | None:
+    """Per container the profile of the pool's MIG option, for an ``auto`` pod given a share on the
+    DRA pool (its claim is created when the engine places it, so the engine may still choose MIG);
+    None otherwise: an explicit mode is final, and a whole-GPU or MIG pod has nothing to fall back to."""
+    if backend != "dra" or requested != "auto" or choice.best.mode not in ("mps", "time-slicing") or choice.mig is None:
+        return None
+    return tuple(p.name for p in choice.mig.profiles)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,8 @@ def _admitted(mode: str, milli: str) -> dict[str, object]:
     answer = review_pod(make_review(pod), inventory, WebhookSettings.from_env({}))
     assert answer.decision is not None, answer.review
     ops = json.loads(base64.b64decode(answer.review["response"]["patch"]))
-    return apply_patch(pod, ops)
+    patched: dict[str, object] = apply_patch(pod, ops)
+    return patched
 
 
 @pytest.mark.parametrize(("mode", "milli"), [("mig", "250"), ("mps", "250"), ("time-slicing", "250"), ("mps", "600")])
@@ -174,3 +176,34 @@ def test_an_unknown_backend_is_refused_by_name() -> None:
     text = _dra_record().to_annotation().replace('"dra"', '"kubevirt"')
     with pytest.raises(AllocationError, match="backend 'kubevirt'"):
         Allocation.from_annotation(text)
+
+
+# ------------------------------------------------------------------ a DRA share's MIG fallback
+def test_a_mig_fallback_round_trips_and_is_absent_when_not_set() -> None:
+    record = replace(_dra_record(), mig_fallback=("3g.40gb",))
+    text = record.to_annotation()
+    assert json.loads(text)["migFallback"] == ["3g.40gb"]
+    assert Allocation.from_annotation(text) == record
+    assert "migFallback" not in _dra_record().to_annotation()
+    assert Allocation.from_annotation(_dra_record().to_annotation()).mig_fallback is None  # records written before it
+
+
+def _fallback(value: object, **changes: object) -> str:
+    raw = json.loads(_dra_record().to_annotation())
+    raw.update(migFallback=value, **changes)
+    return json.dumps(raw)
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    (_fallback("3g.40gb"), "is not one MIG profile per container (1)"),
+    (_fallback(["3g.40gb", "1g.10gb"]), "is not one MIG profile per container (1)"),
+    (_fallback([""]), "is not one MIG profile per container"),
+    (_fallback([7]), "is not one MIG profile per container"),
+    (_fallback(["3g.40gb"], mode="mig"), "not to mode 'mig' on dra"),
+    (_fallback(["3g.40gb"], mode="whole"), "not to mode 'whole' on dra"),
+    (_fallback(["3g.40gb"], backend="device-plugin"), "not to mode 'mps' on device-plugin"),
+], ids=["not-a-list", "one-too-many", "empty-name", "not-a-name", "on-mig", "on-whole", "on-device-plugin"])
+def test_a_mig_fallback_is_one_profile_per_container_of_a_shared_dra_record(text: str, says: str) -> None:
+    with pytest.raises(AllocationError, match="migFallback") as caught:
+        Allocation.from_annotation(text)
+    assert says in str(caught.value)

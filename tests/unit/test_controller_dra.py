@@ -33,14 +33,15 @@ NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
 
 # ------------------------------------------------------------------ objects as the API holds them
 def dra_allocation(mode: AllocationMode, claim: str, milli: Sequence[int] = (300,),
-                   memory: Sequence[int | None] | None = None, profiles: Sequence[str | None] | None = None) -> Allocation:
+                   memory: Sequence[int | None] | None = None, profiles: Sequence[str | None] | None = None,
+                   fallback: tuple[str, ...] | None = None) -> Allocation:
     """The record the webhook writes on a DRA pod (``sharing.allocation``)."""
     memory = memory or [None] * len(milli)
     profiles = profiles or [None] * len(milli)
     containers = tuple(ContainerAllocation(f"c{k}", "containers", m, b, f"gpu-{k}", p)
                        for k, (m, b, p) in enumerate(zip(milli, memory, profiles)))
     return Allocation(mode=mode, gated=True, capacity_existed=True, policy="", reason="test", containers=containers,
-                      backend="dra", claim=claim)
+                      backend="dra", claim=claim, mig_fallback=fallback)
 
 
 def dra_pod(name: str, namespace: str, allocation: Allocation, uid: str | None = None,
@@ -142,6 +143,35 @@ def test_a_request_without_a_chosen_device_is_refused() -> None:
         claim_body(dra_pod("p", "team", allocation), allocation, MIXED, SharePolicy())
 
 
+def test_a_share_placed_on_mig_asks_the_mig_class_for_the_pinned_profile_and_placement() -> None:
+    allocation = dra_allocation("mps", "c", milli=(300, 200), memory=(30 * GiB, None), fallback=("3g.40gb", "1g.10gb"))
+    pinned = Pinned("m", (PinnedDevice("gpu-0", "mig", 1, profile="3g.40gb", start=4),
+                          PinnedDevice("gpu-1", "mig", 0, profile="1g.10gb", start=6)))
+    requests = claim_requests(allocation, pinned, SharePolicy())
+    for request, device, milli, memory in zip(requests, pinned.devices, (300, 200), (30 * GiB, None)):
+        plain = device_request(device.request, "mig", _Shape(milli, memory, profile=device.profile), SharePolicy())
+        assert request["exactly"]["deviceClassName"] == names.MIG_CLASS and "capacity" not in request["exactly"]
+        assert request["exactly"]["selectors"] == [*plain["exactly"]["selectors"], *device.selectors()]
+    assert '"1g.10gb"' in requests[1]["exactly"]["selectors"][0]["cel"]["expression"]  # the pinned profile
+    # The same record given a share still asks for one.
+    shared = claim_requests(allocation, MIXED, SharePolicy())
+    assert [r["exactly"]["deviceClassName"] for r in shared] == [names.SHARED_CLASS] * 2
+
+
+@pytest.mark.parametrize(("allocation", "device", "says"), [
+    (dra_allocation("mps", "c"), PinnedDevice("gpu-0", "mig", 0, profile="3g.40gb", start=4),
+     "MIG profile '3g.40gb' was chosen; the record allows no MIG instance"),
+    (dra_allocation("mps", "c", fallback=("1g.10gb",)), PinnedDevice("gpu-0", "mig", 0, profile="3g.40gb", start=4),
+     "the record allows 1g.10gb"),
+    (dra_allocation("mig", "c", profiles=("1g.10gb",)), PinnedDevice("gpu-0", "shared", 0, 300, GiB),
+     "a share was chosen for a pod of mode 'mig'"),
+], ids=["share-without-fallback", "another-profile", "share-for-mig"])
+def test_a_device_the_record_does_not_allow_is_refused(allocation: Allocation, device: PinnedDevice, says: str) -> None:
+    with pytest.raises(ClaimBuildError, match="'gpu-0'") as caught:
+        claim_requests(allocation, Pinned("a", (device,)), SharePolicy())
+    assert says in str(caught.value)
+
+
 # ------------------------------------------------------------------ the cycle against a fake API
 class FakeKube:
     """The calls ``Controller.cycle`` makes, over dicts; records writes."""
@@ -235,6 +265,27 @@ def test_a_claim_that_is_not_the_pods_stops_its_release_with_one_event() -> None
         assert report.released == [] and kube.pod_patches == []
     assert [(pod, reason) for pod, reason, _ in kube.events] == [("team/p", "ClaimNotOwned")]
     assert "not this pod's" in report.dra.refused[0].reason
+
+
+def test_a_cycle_places_an_auto_share_on_mig_when_the_shared_gpu_is_full() -> None:
+    spare = {"profile": "3g.40gb", "start": 4, "size": 4}
+    mig = gpunode("m", 1, sharing="none")
+    mig["status"]["gpus"][0].update(migEnabled=True, instances=[spare])
+    full = {"metadata": {"namespace": "other", "name": "held"}, "status": {"allocation": {"devices": {"results": [
+        {"request": "gpu-0", "driver": names.DRIVER, "pool": "a", "device": "gpu-0-shared",
+         "consumedCapacity": {names.MILLI: "900", names.MEMORY: "1Gi"}}]}}}}
+    allocation = dra_allocation("mps", "gpupack-pod-p", milli=(300,), memory=(30 * GiB,), fallback=("3g.40gb",))
+    kube = FakeKube([gpunode("a", 1), mig], [node_object("a"), node_object("m")],
+                    [dra_pod("p", "team", allocation, uid="uid-p")])
+    kube.claims["other/held"] = full
+    report = controller(kube).cycle()
+    assert report.errors == [] and report.released == ["team/p"]
+    claim = kube.claims["team/gpupack-pod-p"]
+    assert Pinned.from_annotation(claim["metadata"]["annotations"][ANNOTATION]) == Pinned(
+        "m", (PinnedDevice("gpu-0", "mig", 0, profile="3g.40gb", start=4),))
+    (request,) = claim["spec"]["devices"]["requests"]
+    assert request["exactly"]["deviceClassName"] == names.MIG_CLASS
+    assert pinned_node(kube.pod_patches[0][1]) == ["m"]
 
 
 def whole_plugin_pod() -> dict[str, Any]:

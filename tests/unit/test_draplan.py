@@ -57,12 +57,12 @@ def node(name: str, gpus: int | Sequence[Gpu] = 2, sharing: NodeSharingMode = "m
 
 def pod(name: str, mode: AllocationMode = "mps", milli: Sequence[int] = (300,),
         memory: Sequence[int | None] | None = None, profiles: Sequence[str] = (), minutes: int = 0,
-        products: tuple[str, ...] = ()) -> Pod:
+        products: tuple[str, ...] = (), fallback: Sequence[str] = ()) -> Pod:
     return Pod("team", name, mode, NOW - timedelta(minutes=60 - minutes), profiles=tuple(profiles),
                milli=tuple(milli), memory_bytes=tuple(memory or [None] * len(milli)), gated=True,
                uid=f"uid-{name}", backend="dra", claim=f"claim-{name}", products=products,
                requests=tuple(f"gpu-{k}" for k in range(len(milli))),
-               terms=(((BACKEND_LABEL, "In", ("dra",)),),))
+               terms=(((BACKEND_LABEL, "In", ("dra",)),),), mig_fallback=tuple(fallback))
 
 
 def allocated(name: str, node_name: str, device: str, milli: int = 0, memory: int = 0) -> dict[str, Any]:
@@ -211,6 +211,50 @@ def test_held_promised_and_faulted_placements_are_never_overlapped() -> None:
     assert len(result.waiting) == 2
 
 
+# ------------------------------------------------------------------ a share's MIG fallback
+MPS_AND_MIG = [node("mps", 1), mig_node("mig", gpu(0, mig=True))]
+FULL = allocated("c", "mps", "gpu-0-shared", 900, GiB)
+
+
+def test_a_share_with_a_fallback_goes_to_mig_when_no_shared_gpu_has_room() -> None:
+    result = run(MPS_AND_MIG, [pod("p", milli=(300,), fallback=("3g.40gb",))], [FULL], policies={"mig": OPEN})
+    assert devices(result) == {"team/p": ["mig/gpu-0-mig-3g-40gb-4"]}
+    (placement,) = result.placements
+    assert placement.pinned.devices[0].kind == "mig" and not placement.adopted
+    assert "MIG fallback: 1/1 nodes: no GPU with 300 free milli" in placement.reason  # why not a share
+
+
+def test_a_share_with_a_fallback_takes_a_shared_gpu_that_has_room() -> None:
+    result = run(MPS_AND_MIG, [pod("p", milli=(100,), fallback=("3g.40gb",))], [FULL], policies={"mig": OPEN})
+    assert devices(result) == {"team/p": ["mps/gpu-0-shared"]}
+    assert result.placements[0].pinned.devices[0].kind == "shared"
+
+
+def test_a_share_without_a_fallback_waits() -> None:
+    result = run(MPS_AND_MIG, [pod("p", milli=(300,))], [FULL], policies={"mig": OPEN})
+    assert result.placements == () and "MIG" not in result.waiting[0].reason
+
+
+def test_a_fallback_is_a_mig_pod_at_its_place_in_the_oldest_first_order() -> None:
+    # One GPU's worth of MIG room (7g.80gb): the older of the two pods gets it, whatever its mode.
+    pods = [pod("m", "mig", profiles=("7g.80gb",), minutes=1), pod("f", milli=(300,), fallback=("7g.80gb",), minutes=2)]
+    result = run(MPS_AND_MIG, pods, [FULL], policies={"mig": OPEN})
+    assert devices(result) == {"team/m": ["mig/gpu-0-mig-7g-80gb-0"]}
+    (wait,) = result.waiting
+    assert wait.pod == "team/f" and "MIG fallback: no DRA GPU offers 7g.80gb" in wait.reason
+    older_share = [pod("f", milli=(300,), fallback=("7g.80gb",), minutes=1),
+                   pod("m", "mig", profiles=("7g.80gb",), minutes=2)]
+    result = run(MPS_AND_MIG, older_share, [FULL], policies={"mig": OPEN})
+    assert devices(result) == {"team/f": ["mig/gpu-0-mig-7g-80gb-0"]}
+
+
+def test_the_containers_of_a_fallen_back_pod_share_one_node() -> None:
+    nodes = [node("mps", 1), mig_node("one", gpu(0, mig=True)), mig_node("two", gpu(0, mig=True), gpu(1, mig=True))]
+    result = run(nodes, [pod("p", milli=(300, 300), fallback=("7g.80gb", "7g.80gb"))], [FULL],
+                 policies={"one": OPEN, "two": OPEN})
+    assert devices(result) == {"team/p": ["two/gpu-0-mig-7g-80gb-0", "two/gpu-1-mig-7g-80gb-0"]}
+
+
 # ------------------------------------------------------------------ existing claims
 def test_an_existing_claim_is_adopted_only_when_it_is_the_pods() -> None:
     pinned = Pinned("a", (pinned_share(1, 300),))
@@ -253,15 +297,20 @@ PROFILES = [p.name for p in H100.profiles]
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.lists(st.lists(st.sampled_from(PROFILES), min_size=1, max_size=2), min_size=1, max_size=8),
+@given(st.lists(st.lists(st.tuples(st.lists(st.sampled_from(PROFILES), min_size=1, max_size=2), st.booleans()),
+                         min_size=1, max_size=8),
                 min_size=1, max_size=3),
        st.lists(st.sampled_from(range(7)), max_size=2))
-def test_random_mig_bursts_never_overlap_placements(cycles: list[list[list[str]]], spare_starts: list[int]) -> None:
+def test_random_mig_bursts_never_overlap_placements(cycles: list[list[tuple[list[str], bool]]],
+                                                    spare_starts: list[int]) -> None:
+    """MIG pods and shares falling back to MIG (the pool has no shared GPU) alike."""
     spares = sorted({inst("1g.10gb", s) for s in spare_starts})
     nodes = [mig_node("a", gpu(0, mig=True, instances=spares), gpu(1, mig=True)), mig_node("b", gpu(0, mig=True))]
     claims: list[dict[str, Any]] = []
     for c, burst in enumerate(cycles):
-        pods = [pod(f"c{c}p{i}", "mig", milli=(100,) * len(ps), profiles=ps, minutes=i) for i, ps in enumerate(burst)]
+        pods = [pod(f"c{c}p{i}", "mps", milli=(100,) * len(ps), fallback=ps, minutes=i) if share else
+                pod(f"c{c}p{i}", "mig", milli=(100,) * len(ps), profiles=ps, minutes=i)
+                for i, (ps, share) in enumerate(burst)]
         result = run(nodes, pods, claims, policies={"a": OPEN, "b": OPEN})
         claims += [promised(f"claim-{p.pod}", p.pinned) for p in result.placements]
     layouts: dict[tuple[str, int], list[PlacedInstance]] = defaultdict(list)

@@ -153,6 +153,36 @@ def test_mig_profiles_on_the_pools_mig_capable_gpus() -> None:
     assert "warnings" not in out  # dynamic MIG: a MIG-enabled GPU of the model is capacity
 
 
+MPS_AND_MIG_POOL = dra_cluster(gpunode("dra-mps"), gpunode("dra-mig", product=H100, sharing="none", mig=True))
+
+
+def test_an_auto_pod_given_a_share_records_the_pools_mig_option_for_the_engine() -> None:
+    patched, _ = admitted(make_pod(gpu_container("c", "450", "40Gi"), labels=DRA), MPS_AND_MIG_POOL)
+    allocation = record(patched)
+    # 40Gi is more than 4g.40gb's 40GB: the smallest H100 profile covering it is 7g.80gb.
+    assert (allocation.mode, allocation.mig_fallback) == ("mps", ("7g.80gb",))
+    assert "or MIG 7g.80gb if no shared GPU has room" in allocation.reason
+    text = patched["metadata"]["annotations"]["gpupack.io/allocation"]
+    assert trusted_allocation(text, patched["spec"])[0] == allocation
+
+
+def test_an_explicit_mode_or_a_pool_without_mig_records_no_fallback() -> None:
+    explicit, _ = admitted(make_pod(gpu_container("c", "450", "40Gi"), mode="mps", labels=DRA), MPS_AND_MIG_POOL)
+    assert (record(explicit).mode, record(explicit).mig_fallback) == ("mps", None)
+    l40s = dra_cluster(gpunode("dra-mps", product=L40S))  # no MIG-capable model: no MIG option
+    no_mig, _ = admitted(make_pod(gpu_container("c", "450", "40Gi"), labels=DRA), l40s)
+    assert (record(no_mig).mode, record(no_mig).mig_fallback) == ("mps", None)
+    on_mig, _ = admitted(make_pod(gpu_container("c", "250", "15Gi"), mode="mig", labels=DRA), MPS_AND_MIG_POOL)
+    assert (record(on_mig).mode, record(on_mig).mig_fallback) == ("mig", None)
+
+
+def test_the_fallback_has_one_profile_per_container_in_record_order() -> None:
+    pod = make_pod(gpu_container("app", "450", "40Gi"), init=[gpu_container("init", "100", "5Gi")], labels=DRA)
+    allocation = record(admitted(pod, MPS_AND_MIG_POOL)[0])
+    assert [c.name for c in allocation.containers] == ["init", "app"]
+    assert allocation.mig_fallback == ("1g.10gb", "7g.80gb")
+
+
 def test_the_decision_sees_only_the_dra_pools_nodes() -> None:
     # The device plugin's pool has an H100 MIG node; the DRA pool only L40Ss (no MIG) sharing by MPS.
     mixed = dra_cluster(gpunode("dra-mps", product=L40S), device_plugin=[gpunode("dp-mig", product=H100, sharing="none", mig=True)])
