@@ -2,9 +2,11 @@
 
 ``up`` builds the binaries the first time (progress on stderr), starts etcd,
 kube-apiserver and kube-scheduler (and kube-controller-manager with
+``--controller-manager``; and kwok with ``--kwok``, which implies
 ``--controller-manager``) in the background, applies gpupack's namespace, CRDs
 and RBAC (unless ``--bare``), and prints ``KUBECONFIG=<path>`` as its last
-line, so ``eval "$(gpupack dev cluster up | tail -1)"`` works.
+line, so ``eval "$(gpupack dev cluster up | tail -1)"`` works. Without the two
+options nothing more is built or started than before they existed.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def register(subparsers: Any) -> None:
     dev = subparsers.add_parser("dev", help="developer tooling: a local Kubernetes control plane")
     dev_sub = dev.add_subparsers(dest="dev_command", metavar="SUBCOMMAND")
     cluster = dev_sub.add_parser(
-        "cluster", help="run etcd + kube-apiserver + kube-scheduler (+ kube-controller-manager) on loopback"
+        "cluster", help="run etcd + kube-apiserver + kube-scheduler (+ kube-controller-manager, kwok) on loopback"
     )
     cluster_sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
 
@@ -39,6 +41,12 @@ def register(subparsers: Any) -> None:
                          "Deployments, PodDisruptionBudgets, garbage collection, namespace deletion, "
                          "ServiceAccounts and ResourceClaims (never node-lifecycle: the nodes have no "
                          "kubelet); built the first time it is asked for (a few minutes); off by default")
+    up.add_argument("--kwok", action="store_true",
+                    help="also run kwok, the kubelet of fake Nodes annotated kwok.x-k8s.io/node=fake "
+                         "(gpupack.devcluster.kwok.create_nodes makes them): they turn Ready and keep a "
+                         "Lease, pods bound to them run, and end Succeeded after the seconds in their "
+                         "gpupack.io/duration-seconds annotation (docs/kwok.md); implies "
+                         "--controller-manager; built the first time (3 to 5 minutes on 2 cores); off by default")
     up.set_defaults(handler=cmd_up)
 
     down = cluster_sub.add_parser("down", help="stop it and delete its data")
@@ -50,18 +58,21 @@ def register(subparsers: Any) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from gpupack.devcluster.apply import apply_objects, gpupack_manifests
-    from gpupack.devcluster.binaries import CONTROLLER_MANAGER, ensure_binaries
+    from gpupack.devcluster.binaries import CONTROLLER_MANAGER, KWOK, ensure_binaries
     from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 
     if args.port is not None and not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 1..65535")
+    controller_manager = args.controller_manager or args.kwok  # kwok's fleets want ReplicaSets, GC, ...
     directory, existing = _recorded_cluster()
     if existing is not None:
         if all(cluster_state.alive(c) for c in existing.components):
             print(f"already running: {existing.server} (stop it with `gpupack dev cluster down`)")
-            if args.controller_manager and CONTROLLER_MANAGER not in {c.name for c in existing.components}:
-                print("note: it runs without kube-controller-manager; `gpupack dev cluster down` first "
-                      "to start one with it", file=sys.stderr)
+            running = {c.name for c in existing.components}
+            for wanted, name in ((controller_manager, CONTROLLER_MANAGER), (args.kwok, KWOK)):
+                if wanted and name not in running:
+                    print(f"note: it runs without {name}; `gpupack dev cluster down` first "
+                          "to start one with it", file=sys.stderr)
             print(f"KUBECONFIG={existing.kubeconfig}")
             return EXIT_OK
         print("found a partly stopped cluster; cleaning it up", file=sys.stderr)
@@ -72,13 +83,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     # A failed earlier `up` may have left data behind; never start on stale etcd data.
     shutil.rmtree(directory / "cluster", ignore_errors=True)
     try:
-        binaries = ensure_binaries(progress=sys.stderr, controller_manager=args.controller_manager)
-        names = "etcd, kube-apiserver, kube-scheduler" + (
-            " and kube-controller-manager" if args.controller_manager else "")
-        print(f"starting {names} ...", file=sys.stderr)
+        if args.kwok:
+            binaries = ensure_binaries(progress=sys.stderr, controller_manager=True, kwok=True)
+        else:  # exactly as before --kwok existed
+            binaries = ensure_binaries(progress=sys.stderr, controller_manager=controller_manager)
+        names = ["etcd", "kube-apiserver", "kube-scheduler"]
+        names += [CONTROLLER_MANAGER] if controller_manager else []
+        names += [KWOK] if args.kwok else []
+        print(f"starting {', '.join(names[:-1])} and {names[-1]} ...", file=sys.stderr)
         plane = ControlPlane(binaries, ControlPlaneConfig(
             workdir=directory / "cluster", keep_workdir=True, apiserver_port=args.port,
-            controller_manager=args.controller_manager, tie_to_parent=False,
+            controller_manager=controller_manager, kwok=args.kwok, tie_to_parent=False,
         ))
         plane.start()
     except DevClusterError as exc:

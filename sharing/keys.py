@@ -37,6 +37,9 @@ DRA_PINNED_ANNOTATION: Final = "gpupack.io/dra-pinned"
 RECOMMENDED_MILLI_ANNOTATION: Final = "gpupack.io/recommended-gpu-milli"
 """The feedback loop's right-size recommendation."""
 
+DURATION_ANNOTATION: Final = "gpupack.io/duration-seconds"
+"""Pod (simulation: KWOK nodes): seconds after it starts when the pod completes (``gpupack.devcluster.kwok``)."""
+
 # ------------------------------------------------------------------ Node / GPUNode
 IDLE_SINCE_ANNOTATION: Final = "gpupack.io/idle-since"
 """GPUNode: since when the controller has seen the node idle."""

@@ -1,8 +1,9 @@
 """Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd, helm and kustomize.
 
-kube-controller-manager is optional: only a control plane started with it needs
-it (``ensure_binaries(controller_manager=True)`` builds it), so a cache built
-before it was added keeps serving the callers that need only the three.
+kube-controller-manager and kwok are optional: only a control plane started with
+them needs them (``ensure_binaries(controller_manager=True, kwok=True)`` builds
+them), so a cache built before they were added keeps serving the callers that
+need only the three, and ``gpupack dev cluster up`` without them builds nothing more.
 
 The builds themselves are ``tools/k8s/build.sh`` and ``tools/go-tool.sh`` (Go,
 pinned versions, cached by version under ``$GPUPACK_CACHE_DIR`` or
@@ -28,14 +29,15 @@ BUILD_SCRIPT = REPO_ROOT / "tools" / "k8s" / "build.sh"
 GO_TOOL_SCRIPT = REPO_ROOT / "tools" / "go-tool.sh"
 NAMES = ("etcd", "kube-apiserver", "kube-scheduler")  # every control plane needs these
 CONTROLLER_MANAGER = "kube-controller-manager"
-OPTIONAL_NAMES = (CONTROLLER_MANAGER,)  # built, and required, only when asked for
+KWOK = "kwok"  # sigs.k8s.io/kwok, from its own wrapper module tools/kwok
+OPTIONAL_NAMES = (CONTROLLER_MANAGER, KWOK)  # built, and required, only when asked for
 # build.sh exit status when Go is missing or too old.
 _EXIT_NO_TOOLCHAIN = 3
 
 
 @dataclass(frozen=True)
 class Binaries:
-    """Paths of the control-plane binaries: three always needed, kube-controller-manager optional."""
+    """Paths of the control-plane binaries: three always needed, kube-controller-manager and kwok optional."""
 
     bin_dir: Path
 
@@ -54,6 +56,10 @@ class Binaries:
     @property
     def kube_controller_manager(self) -> Path:
         return self.bin_dir / CONTROLLER_MANAGER
+
+    @property
+    def kwok(self) -> Path:
+        return self.bin_dir / KWOK
 
     def missing(self, optional: Sequence[str] = ()) -> list[str]:
         """The required binaries, and the ``optional`` ones asked for, that are not there."""
@@ -88,18 +94,18 @@ def cached_bin_dir() -> Path:
 
 
 def ensure_binaries(
-    progress: TextIO | None = None, build: bool = True, *, controller_manager: bool = False
+    progress: TextIO | None = None, build: bool = True, *, controller_manager: bool = False, kwok: bool = False
 ) -> Binaries:
     """The binaries, built first if they are not cached yet.
 
-    ``controller_manager``: kube-controller-manager is needed too (built if missing);
-    otherwise it is neither built nor required. Build progress streams to
-    ``progress`` (default stderr). Raises :class:`ToolchainMissing` or
-    :class:`BuildFailed` with the fix.
+    ``controller_manager``, ``kwok``: kube-controller-manager, kwok are needed too
+    (built if missing); otherwise they are neither built nor required. Build
+    progress streams to ``progress`` (default stderr). Raises
+    :class:`ToolchainMissing` or :class:`BuildFailed` with the fix.
     """
     binaries = Binaries(cached_bin_dir())
-    wanted = (*NAMES, *OPTIONAL_NAMES) if controller_manager else NAMES
-    optional = OPTIONAL_NAMES if controller_manager else ()
+    optional = optional_names(controller_manager=controller_manager, kwok=kwok)
+    wanted = (*NAMES, *optional)
     missing = binaries.missing(optional)
     if not missing:
         return binaries
@@ -137,6 +143,11 @@ def ensure_binaries(
             "\n".join(tail),
         )
     return binaries
+
+
+def optional_names(*, controller_manager: bool = False, kwok: bool = False) -> tuple[str, ...]:
+    """The optional binaries a control plane with these parts needs."""
+    return tuple(name for name, wanted in ((CONTROLLER_MANAGER, controller_manager), (KWOK, kwok)) if wanted)
 
 
 def ensure_helm(progress: TextIO | None = None) -> Path:

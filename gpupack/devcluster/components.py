@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from gpupack.devcluster import kwok
 from gpupack.devcluster.apply import MANIFESTS
 from gpupack.devcluster.binaries import Binaries
 
@@ -138,6 +139,9 @@ def scheduler_url(ports: dict[str, int]) -> str:
 # NotReady, taint them and evict their pods (see NODE_LIFECYCLE). The names are
 # the ones v1.37's `kube-controller-manager --help` lists under --controllers; it
 # also accepts the older short aliases (replicaset, garbagecollector, ...).
+# Not with kwok either: kwok renews its Nodes' Leases, so node-lifecycle would
+# leave those alone, but the Nodes that tests, benchmarks and agents write by hand
+# share the cluster, and it would taint them and evict their pods.
 DEFAULT_CONTROLLERS = (
     "replicaset-controller", "deployment-controller", "disruption-controller",
     "garbage-collector-controller", "serviceaccount-token-controller", "serviceaccount-controller",
@@ -195,3 +199,37 @@ def controller_manager_argv(
 
 def controller_manager_url(ports: dict[str, int]) -> str:
     return f"https://{HOST}:{ports['controller-manager']}"
+
+
+def kwok_argv(binaries: Binaries, workdir: Path, ports: dict[str, int]) -> list[str]:
+    """kwok (``ControlPlaneConfig(kwok=True)``): the kubelet of the Nodes annotated
+    ``kwok.x-k8s.io/node=fake`` and of their pods, following the stages in
+    ``kwok-config.yaml`` (written by ``kwok.write_config``). Its environment sets
+    ``KWOK_WORKDIR`` to the work dir (:func:`kwok_env`), so that a ``~/.kwok/kwok.yaml``
+    of the user's, which kwok would load as well, is not read."""
+    return [
+        str(binaries.kwok),
+        f"--kubeconfig={workdir / 'kwok.kubeconfig'}",
+        f"--config={kwok_config_path(workdir)}",
+        # Only the Nodes made for it: tests and benchmarks also write Nodes by hand.
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={kwok.MANAGED_ANNOTATION}={kwok.MANAGED_VALUE}",
+        f"--node-lease-duration-seconds={kwok.NODE_LEASE_SECONDS}",
+        f"--cidr={kwok.POD_CIDR}",
+        # Its HTTP server: /healthz answers once the controllers have started.
+        f"--server-address={HOST}:{ports['kwok']}",
+        # At INFO it logs every Lease renewal and status patch: 125 lines/s for 1,250 nodes.
+        "--v=WARN",
+    ]
+
+
+def kwok_env(workdir: Path) -> dict[str, str]:
+    return {"KWOK_WORKDIR": str(workdir / "kwok")}
+
+
+def kwok_config_path(workdir: Path) -> Path:
+    return workdir / "kwok-config.yaml"
+
+
+def kwok_url(ports: dict[str, int]) -> str:
+    return f"http://{HOST}:{ports['kwok']}"

@@ -1,4 +1,4 @@
-"""The local control plane on loopback: etcd, kube-apiserver, kube-scheduler, optionally kube-controller-manager.
+"""The local control plane on loopback: etcd, kube-apiserver, kube-scheduler; optionally kube-controller-manager, kwok.
 
     with ControlPlane(ensure_binaries()) as cp:
         api = cp.admin_client()
@@ -12,7 +12,10 @@ kube-scheduler (with gpupack's shipped packing configuration,
 ``manifests/scheduler/kube-scheduler-config.yaml``), then, only with
 ``ControlPlaneConfig(controller_manager=True)``, kube-controller-manager (its
 own client certificate, user ``system:kube-controller-manager``; the controllers
-in ``controllers``), waits for each to be ready, and writes an admin kubeconfig.
+in ``controllers``), then, only with ``ControlPlaneConfig(kwok=True)``, kwok (user
+``kwok-controller`` with the rights of ``tools/kwok/rbac.yaml``, the stages of
+``tools/kwok/stages``: see :mod:`gpupack.devcluster.kwok`), waits for each to be
+ready, and writes an admin kubeconfig.
 ``stop()`` stops them in reverse order and removes the work dir; it is
 idempotent and also runs at interpreter exit.
 
@@ -26,7 +29,9 @@ are never finalized after deletion, so tests use fresh namespaces instead of
 deleting them. With the controller-manager, ReplicaSets get pods, PDBs get a
 status, owned objects are garbage-collected and deleted namespaces go away;
 the API server's flags stay the same, and node-lifecycle never runs (the Nodes
-have no kubelet: it would taint and evict).
+have no kubelet: it would taint and evict). With kwok, the Nodes annotated
+``kwok.x-k8s.io/node=fake`` behave as if they had one (Ready, a renewed Lease, pods
+that run and finish); other Nodes stay as they are written.
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ from typing import Any
 
 import httpx
 
-from gpupack.devcluster import clients, components, kubeconfig, pki
-from gpupack.devcluster.binaries import CONTROLLER_MANAGER, Binaries
+from gpupack.devcluster import clients, components, kubeconfig, kwok, pki
+from gpupack.devcluster.apply import apply_objects
+from gpupack.devcluster.binaries import CONTROLLER_MANAGER, KWOK, Binaries
 from gpupack.devcluster.errors import DevClusterError
 from gpupack.devcluster.state import Component, DevClusterRecord
 from gpupack.devcluster.process import ManagedProcess, check_port_free, free_port, wait_until
@@ -70,6 +76,9 @@ class ControlPlaneConfig:
     """Also run kube-controller-manager (off by default: start-up time, and most tests need no controllers)."""
     controllers: tuple[str, ...] = components.DEFAULT_CONTROLLERS
     """kube-controller-manager's ``--controllers`` (only with ``controller_manager``); never node-lifecycle."""
+    kwok: bool = False
+    """Also run kwok: the kubelet of KWOK Nodes (:mod:`gpupack.devcluster.kwok`); off by default. It
+    needs no kube-controller-manager; ``gpupack dev cluster up --kwok`` runs both."""
     authorization_config: Path | None = None
     """kube-apiserver's ``--authorization-config`` (default: ``--authorization-mode=RBAC``)."""
     start_timeout_s: float = field(default_factory=_default_timeout)  # GPUPACK_START_TIMEOUT
@@ -127,9 +136,11 @@ class ControlPlane:
         began = time.monotonic()
         atexit.register(self.stop)
         try:
+            # Before anything starts: a missing binary is a fix to name, not a half-started cluster.
             if self.config.controller_manager:
-                # Before anything starts: a missing binary is a fix to name, not a half-started cluster.
                 self.binaries.require(CONTROLLER_MANAGER)
+            if self.config.kwok:
+                self.binaries.require(KWOK)
             self._pick_ports()
             self._write_pki()
             self._start_etcd()
@@ -138,6 +149,8 @@ class ControlPlane:
                 self._start_scheduler()
             if self.config.controller_manager:
                 self._start_controller_manager()
+            if self.config.kwok:
+                self._start_kwok()
         except BaseException:
             self.stop()
             raise
@@ -154,7 +167,8 @@ class ControlPlane:
 
     def stop_component(self, name: str) -> None:
         """Stop one component alone (an outage, for fault benchmarks): ``etcd`` (its data stays),
-        ``kube-apiserver``, ``kube-scheduler`` or ``kube-controller-manager``; the others keep running."""
+        ``kube-apiserver``, ``kube-scheduler``, ``kube-controller-manager`` or ``kwok``; the others keep
+        running."""
         proc = next((p for p in self.processes if p.name == name), None)
         if proc is None:
             raise RuntimeError(f"{name} is not running")
@@ -165,7 +179,7 @@ class ControlPlane:
         """Start a stopped component again on the same ports, PKI and data, and wait until it is ready."""
         starters = {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver,
                     "kube-scheduler": self._start_scheduler,
-                    CONTROLLER_MANAGER: self._start_controller_manager}
+                    CONTROLLER_MANAGER: self._start_controller_manager, KWOK: self._start_kwok}
         if name not in starters:
             raise ValueError(f"unknown component {name!r}; one of {', '.join(starters)}")
         if any(p.name == name for p in self.processes):
@@ -236,6 +250,8 @@ class ControlPlane:
         }
         if cfg.controller_manager:
             self.ports["controller-manager"] = free_port()
+        if cfg.kwok:
+            self.ports["kwok"] = free_port()
 
     def _write_pki(self) -> None:
         d = self.workdir / "pki"
@@ -267,10 +283,15 @@ class ControlPlane:
                     self.server, self.ca.cert_pem, CONTROLLER_MANAGER_USER,
                     client_cert_pem=kcm.cert_pem, client_key_pem=kcm.key_pem,
                 ))
+        if self.config.kwok:
+            pair = self.ca.issue(kwok.USER, client=True)
+            kubeconfig.write_kubeconfig(self.workdir / "kwok.kubeconfig", kubeconfig.kubeconfig_dict(
+                self.server, self.ca.cert_pem, kwok.USER, client_cert_pem=pair.cert_pem, client_key_pem=pair.key_pem,
+            ))
 
-    def _launch(self, name: str, argv: list[str]) -> ManagedProcess:
+    def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
         proc = ManagedProcess(name, argv, self.log_dir / f"{name}.log",
-                              tie_to_parent=self.config.tie_to_parent)
+                              tie_to_parent=self.config.tie_to_parent, env=env)
         proc.start()
         self.processes.append(proc)
         return proc
@@ -311,6 +332,20 @@ class ControlPlane:
         insecure = _self_signed_context()
         wait_until(lambda: _http_ok(f"{url}/healthz", "ok", insecure),
                    f"kube-controller-manager {url}/healthz", self.config.start_timeout_s, proc)
+
+    def _start_kwok(self) -> None:
+        if not self.config.kwok:  # no port, certificate or kubeconfig was made for it
+            raise RuntimeError("kwok is not part of this control plane: start it with ControlPlaneConfig(kwok=True)")
+        # Its rights first: kwok gives up if it cannot list what it manages.
+        with self.admin_client() as admin:
+            apply_objects(admin, kwok.rbac())
+        kwok.write_config(components.kwok_config_path(self.workdir))
+        argv = components.kwok_argv(self.binaries, self.workdir, self.ports)
+        proc = self._launch(KWOK, argv, components.kwok_env(self.workdir))
+        url = components.kwok_url(self.ports)
+        # Plain HTTP on loopback; /healthz answers once its controllers have started.
+        wait_until(lambda: _http_ok(f"{url}/healthz", "ok"),
+                   f"kwok {url}/healthz", self.config.start_timeout_s, proc)
 
 
 def apiserver_ready(server: str, workdir: str | Path) -> bool:

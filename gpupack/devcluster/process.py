@@ -20,7 +20,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,6 +81,7 @@ class ManagedProcess:
     argv: Sequence[str]
     log_path: Path
     tie_to_parent: bool = True
+    env: Mapping[str, str] | None = None  # set on top of this process's environment
     popen: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -96,6 +97,7 @@ class ManagedProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env={**os.environ, **self.env} if self.env else None,
                 preexec_fn=_die_with_parent if self.tie_to_parent else None,
             )
 

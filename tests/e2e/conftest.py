@@ -15,6 +15,8 @@ Fixture API (see docs/controlplane.md):
   (its default controllers; no kube-scheduler), built on demand like the others
 * ``controller_manager_scheduler_plane`` -> the same with kube-scheduler too (pods that
   ReplicaSets create get bound)
+* ``kwok_plane`` -> a module's own control plane with kube-scheduler, kube-controller-manager and
+  kwok (``gpupack dev cluster up --kwok``); kwok is built on demand (docs/kwok.md)
 * ``control_plane`` -> :class:`gpupack.devcluster.controlplane.ControlPlane`
   (``.kubeconfig``, ``.server``, ``.ca`` to issue webhook serving certs,
   ``.admin_client()``, ``.serviceaccount_kubeconfig(name)``, ...)
@@ -185,6 +187,32 @@ def controller_manager_scheduler_plane(control_plane: ControlPlane) -> Iterator[
     """A control plane of the module's own with kube-controller-manager (default controllers) and
     kube-scheduler (the shipped packing configuration): a ReplicaSet's pods are created and bound."""
     yield from _plane_with_controller_manager(control_plane, scheduler=True)
+
+
+@pytest.fixture(scope="module")
+def kwok_plane(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """A control plane of the module's own with kube-scheduler, kube-controller-manager and kwok, as
+    ``gpupack dev cluster up --kwok`` runs them. kwok is built here if it is not cached yet
+    (``tools/k8s/build.sh kwok``, minutes, streamed; CI builds it before the tests); fails with the
+    cause and fix when it cannot be built."""
+    from gpupack.devcluster.controlplane import ControlPlaneConfig
+
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    try:
+        with capture.global_and_fixture_disabled():
+            binaries = ensure_binaries(progress=sys.stderr, controller_manager=True, kwok=True)
+    except DevClusterError as exc:
+        pytest.fail(f"cannot run this test: kwok is unavailable.\n{exc}\n"
+                    f"(set {SKIP_ENV}=1 only to skip the e2e tests on purpose)", pytrace=False)
+    config = ControlPlaneConfig(scheduler=True, controller_manager=True, kwok=True)
+    try:
+        own = ControlPlane(binaries, config).start()
+    except DevClusterError as exc:
+        pytest.fail(f"the control plane with kwok did not start:\n{exc}", pytrace=False)
+    try:
+        yield own
+    finally:
+        own.stop()
 
 
 @pytest.fixture(scope="session")
