@@ -16,7 +16,12 @@ earlier live path (fractional pods scored by kube-scheduler) for comparison.
 request policy's step (``--share-unit``, default 50 milli) on any GPU with room,
 with no node-wide replica count; whole-GPU pods take GPUs with no share on
 them; the engine (``--policy``) places every GPU pod, kube-scheduler the
-CPU-only ones. ``--backend device-plugin`` (the default) is the model above.
+CPU-only ones. FGD and gpupack measure fragmentation against ``--typical``
+pods: ``present`` (the default), the live controller's rule, the GPU pods that
+exist when a pod arrives (rebuilt at most every ``--typical-every`` arrivals,
+the pods one planning cycle sees); ``workload``, the FGD protocol's, every pod
+of the run known in advance. ``--backend device-plugin`` (the default) is the
+model above.
 
 Prints the allocation ratio at each arrived-demand level (0..130 %), the number
 of failed pods and the median decision time per pod; ``--json`` prints the same
@@ -43,7 +48,15 @@ from typing import Any
 from gpupack.cli import EXIT_OK, UsageError, finite_float, non_negative_float
 from sharing.packing.mig_layouts import MIG_STRATEGIES, make_strategy
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
-from sharing.simulator.dra import DEFAULT_SHARE_UNIT, DraRun, check_share_unit, run_dra
+from sharing.simulator.dra import (
+    DEFAULT_SHARE_UNIT,
+    DEFAULT_TYPICAL_EVERY,
+    TYPICAL_RULES,
+    DraRun,
+    TypicalRule,
+    check_share_unit,
+    run_dra,
+)
 from sharing.simulator.mig_replay import replay_mig
 from sharing.simulator.product import LIVE_PATHS, ProductRun, run_product
 from sharing.simulator.replay import RunResult, SweepResult, summarise, sweep
@@ -92,6 +105,18 @@ def register(subparsers: Any) -> None:
         "must divide 1000 and be at most 500, as the API requires of a step: sharing.dra.share_policy)",
     )
     p.add_argument(
+        "--typical", choices=TYPICAL_RULES, default=None,
+        help="with --backend dra: the typical pods FGD and gpupack measure fragmentation against: present (the GPU "
+        "pods that exist when a pod arrives, as the live controller builds them; default) or workload (every pod "
+        "of the run, known in advance, as the FGD protocol does)",
+    )
+    p.add_argument(
+        "--typical-every", type=int, default=None, metavar="K",
+        help=f"with --typical present: rebuild the typical pods at most every K arrivals, the pods one planning "
+        f"cycle plans together (default {DEFAULT_TYPICAL_EVERY}; 1 rebuilds before every pod that changes them, "
+        "some 20 minutes a gpupack run on openb)",
+    )
+    p.add_argument(
         "--live-path", choices=LIVE_PATHS, default="engine",
         help="with --model product: engine (every fractional pod placed by the packing engine; default) "
         "or scheduler (fractional pods scored by kube-scheduler, as gpupack's earlier live path did, here with "
@@ -120,6 +145,17 @@ def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
     return (42 if args.seed is None else args.seed,)
 
 
+def _typical(args: argparse.Namespace) -> tuple[TypicalRule, int]:
+    """The DRA model's typical-pods rule and arrivals per rebuild; UsageError for a K that cannot be."""
+    rule: TypicalRule = args.typical or "present"
+    if args.typical_every is not None and rule != "present":
+        raise UsageError("--typical-every applies to --typical present only (the workload rule builds its typical pods once)")
+    every = DEFAULT_TYPICAL_EVERY if args.typical_every is None else args.typical_every
+    if every < 1:
+        raise UsageError(f"--typical-every must be at least 1, got {every}")
+    return rule, every
+
+
 def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
     """The backend the product model replays and, for DRA, its share unit; UsageError for a flag
     that does not apply."""
@@ -128,6 +164,10 @@ def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
     backend: str = args.backend or "device-plugin"
     if args.share_unit is not None and backend != "dra":
         raise UsageError("--share-unit applies to --backend dra only (the device-plugin backend shares in replicas of 1000/r)")
+    for flag, value in (("--typical", args.typical), ("--typical-every", args.typical_every)):
+        if value is not None and backend != "dra":
+            raise UsageError(f"{flag} applies to --backend dra only (the FGD protocol and the device-plugin model "
+                             "measure fragmentation against the whole run's pods)")
     if backend != "dra":
         return backend, None
     if args.live_path != "engine":
@@ -164,9 +204,12 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         try:
             if share_unit is not None:
-                dra_runs = [run_dra(nodes, trace.pods, policy, s, weights, share_unit, inflate=args.inflate) for s in seeds]
+                rule, every = _typical(args)
+                dra_runs = [run_dra(nodes, trace.pods, policy, s, weights, share_unit, inflate=args.inflate,
+                                    typical=rule, typical_every=every) for s in seeds]
                 result = product_sweep(dra_runs, trace.workload)
-                extra = {"backend": backend, "share_unit": share_unit, **dra_extra(dra_runs)}
+                extra = {"backend": backend, "share_unit": share_unit, "typical": rule,
+                         **({"typical_every": every} if rule == "present" else {}), **dra_extra(dra_runs)}
             else:
                 runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate) for s in seeds]
                 result = product_sweep(runs, trace.workload)
@@ -283,7 +326,9 @@ def as_text(result: SweepResult, sharing_model: str = "fgd", extra: dict[str, An
     if sharing_model == "fgd":
         what = "FGD paper protocol"
     elif extra.get("backend") == "dra":
-        what = f"product model, DRA backend (shares in {extra.get('share_unit')}-milli steps)"
+        pods = ("the pods present, rebuilt at most every "
+                f"{extra.get('typical_every')} arrivals" if extra.get("typical") == "present" else "the whole run's pods")
+        what = f"product model, DRA backend (shares in {extra.get('share_unit')}-milli steps), typical pods: {pods}"
     else:
         what = f"product model, {extra.get('live_path')} live path"
     occupied: dict[str, float | None] = extra.get("occupied_at", {})

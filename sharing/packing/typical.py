@@ -11,7 +11,7 @@ counts of that prefix to probabilities. Memory is not part of the key.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +21,9 @@ from sharing.packing.specs import GPU_MILLI, PodSpec
 
 COVERAGE_PERCENT = 95
 """Share of pods the kept prefix must cover (the published simulator's threshold)."""
+
+FgdKey = tuple[int, int, int, str]
+"""A request key: ``(cpu milli, gpu milli, gpu count, gpu spec)`` (``PodSpec.fgd_key``)."""
 
 
 def parse_gpu_spec(spec: str) -> tuple[str, ...]:
@@ -46,12 +49,17 @@ class TypicalPods:
 
     @classmethod
     def from_pods(cls, pods: Iterable[PodSpec], coverage_percent: int = COVERAGE_PERCENT) -> TypicalPods:
-        counts = Counter(p.fgd_key for p in pods)
+        return cls.from_counts(Counter(p.fgd_key for p in pods), coverage_percent)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[FgdKey, int], coverage_percent: int = COVERAGE_PERCENT) -> TypicalPods:
+        """The table of pods counted per request key (``PodSpec.fgd_key``): what ``from_pods``
+        builds, for a caller that keeps the counts as pods arrive (``TypicalCounts``)."""
         total = sum(counts.values())
         if total == 0:
             raise ValueError("typical pods need at least one pod")
         ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
-        kept: list[tuple[tuple[int, int, int, str], int]] = []
+        kept: list[tuple[FgdKey, int]] = []
         cumulative = 0
         for key, count in ordered:
             kept.append((key, count))
@@ -104,3 +112,35 @@ class TypicalPods:
             for m, model in enumerate(models):
                 out[m, k] = not allowed or model in allowed
         return out
+
+
+class TypicalCounts:
+    """The typical pods of the pods counted so far, kept as pods arrive.
+
+    A rule that measures fragmentation against the pods that exist now (the
+    live controller's: ``controller.draplan``) needs a new table as each pod
+    arrives; counting the keys once, here, spares recounting every pod each
+    time. ``table()`` equals ``TypicalPods.from_pods`` of the pods added.
+    """
+
+    def __init__(self, coverage_percent: int = COVERAGE_PERCENT) -> None:
+        self.coverage_percent = coverage_percent
+        self._counts: Counter[FgdKey] = Counter()
+
+    def __len__(self) -> int:
+        """Pods counted."""
+        return self._counts.total()
+
+    def add(self, pod: PodSpec) -> None:
+        self._counts[pod.fgd_key] += 1
+
+    def table(self) -> TypicalPods:
+        """The table of the pods counted (ValueError when none is)."""
+        return TypicalPods.from_counts(self._counts, self.coverage_percent)
+
+
+def same_table(a: TypicalPods, b: TypicalPods) -> bool:
+    """Whether ``a`` and ``b`` hold the same keys with the same probabilities: all a policy reads
+    (``covered_pods`` and ``total_pods`` only describe the source)."""
+    return (a.cpu_milli, a.gpu_milli, a.gpu_count, a.gpu_spec, a.probability) == (
+        b.cpu_milli, b.gpu_milli, b.gpu_count, b.gpu_spec, b.probability)

@@ -26,7 +26,26 @@ default); the packing engine steers the allocator, so it chooses node and GPU
   ``manifests/`` ships). ``cpu_pods="engine"`` gives them to the engine's
   policy as the FGD protocol does: what gpupack would reach if it steered
   them too (the issue's measurement of per-pod shares assumed it). With
-  ``share_unit=1`` and ``cpu_pods="engine"`` the model is the FGD protocol.
+  ``share_unit=1``, ``cpu_pods="engine"`` and ``typical="workload"`` the
+  model is the FGD protocol.
+- **Typical pods.** FGD and gpupack measure fragmentation against typical
+  pods (``sharing.packing.typical``). ``typical="present"`` (the default) is
+  the live controller's rule (``controller.draplan`` builds them, every
+  planning cycle, from the DRA GPU pods that exist: placed and pending, each
+  pod's first claimed share, no CPU-only pod): here the GPU pods arrived so
+  far and the arriving one, as claimed (the protocol's pods never leave, and
+  a dropped pod stays pending live, so it counts too). The policy is rebuilt
+  only when the table (its keys and probabilities) changes, which is nearly
+  every GPU pod, and gpupack's rebuild solves its LP of packing prices again
+  (``sharing.packing.dual_prices``); so ``typical_every=K`` (default
+  ``DEFAULT_TYPICAL_EVERY``) rebuilds it at most once per K arrivals, from
+  every GPU pod up to the end of that batch. That is the controller's
+  batching: it plans all the pods pending in a cycle with one policy built
+  from all of them, so K is the pods that arrive per planning cycle
+  (``typical_every=1``: one pod per cycle, as at openb's own pace and in the
+  demo's agreement runs; docs/simulator.md, "The DRA backend", says what K
+  changes). ``typical="workload"`` is the FGD protocol's rule: the whole
+  run's pods, known in advance.
 - **openb's GPUs** map onto products as in every openb replay
   (``sharing.simulator.openb_models``); none is MIG-capable, so MIG
   placements (partitionable devices) are not exercised by this model, and a
@@ -60,7 +79,7 @@ from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.policy import Policy, schedule
 from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
-from sharing.packing.typical import TypicalPods
+from sharing.packing.typical import TypicalCounts, TypicalPods, same_table
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.openb_models import openb_gpu
 from sharing.simulator.product import scheduler_pick
@@ -69,6 +88,22 @@ from sharing.simulator.workload import build_workload
 
 CpuPods = Literal["scheduler", "engine"]
 CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
+
+TypicalRule = Literal["present", "workload"]
+TYPICAL_RULES: Final[tuple[TypicalRule, ...]] = ("present", "workload")
+"""``present``: the GPU pods that exist when a pod is placed (the live controller's rule, the
+default); ``workload``: every pod of the run, known in advance (the FGD protocol's)."""
+
+DEFAULT_TYPICAL_EVERY: Final = 50
+"""Arrivals per rebuild of the ``present`` rule's typical pods at most: the pods one planning
+cycle of the live controller plans with one policy (module docstring, "Typical pods")."""
+
+TYPICAL_POLICIES: Final = ("FGD", "gpupack")
+"""The policies that read typical pods (``sharing.packing.registry.make_policy``); the others
+are never rebuilt."""
+
+NO_GPU_POD: Final = PodSpec("no-gpu-pod-yet", 0, 0, 1, GPU_MILLI // 2)
+"""The typical pod before any GPU pod exists: the live controller's (``controller.draplan``)."""
 
 DEFAULT_SHARE_UNIT: Final = DEFAULT_MILLI_STEP
 """The ``milli`` capacity's request-policy step, in milli of a GPU: the one the DRA device
@@ -129,6 +164,47 @@ class DraRun:
     split: DraCapacitySplit
     gpu_modes: dict[str, int]
     """GPUs per final state: ``shared`` (holds shares), ``whole`` (claimed whole), ``idle``."""
+    typical: TypicalRule
+    typical_every: int
+    """Arrivals per rebuild at most under ``present`` (1: before every pod whose arrival changes the table)."""
+    policy_builds: int
+    """Policies built in the run (1 under ``workload`` and for policies that read no typical pods)."""
+
+
+class PresentTypical:
+    """The live controller's typical pods as a run's pods arrive (``typical="present"``).
+
+    ``advance(i)`` before arrival ``i``: at the start of each batch of ``every``
+    arrivals it counts the batch's GPU pods, as claimed, and says whether the
+    table changed; ``table`` is then the typical pods of every GPU pod up to
+    the batch's end (``NO_GPU_POD`` while there is none).
+    """
+
+    def __init__(self, pods: Sequence[PodSpec], share_unit: int, every: int = 1) -> None:
+        if every < 1:
+            raise ValueError(f"typical_every must be at least 1, got {every}")
+        self._pods = pods
+        self._unit = share_unit
+        self.every = every
+        self._counts = TypicalCounts()
+        self._counted = 0
+        self.table = TypicalPods.from_pods([NO_GPU_POD])
+
+    def advance(self, i: int) -> bool:
+        if i < self._counted:
+            return False
+        end = min(len(self._pods), (i // self.every + 1) * self.every)
+        for pod in self._pods[self._counted:end]:
+            if pod.gpu_count:
+                self._counts.add(as_claimed(pod, self._unit))
+        self._counted = end
+        if not len(self._counts):
+            return False
+        table = self._counts.table()
+        if same_table(table, self.table):
+            return False
+        self.table = table
+        return True
 
 
 class DraReplay:
@@ -204,10 +280,15 @@ def run_dra(
     cpu_pods: CpuPods = "scheduler",
     inflate: float = 1.3,
     clock: Clock = time.perf_counter_ns,
+    typical: TypicalRule = "present",
+    typical_every: int = DEFAULT_TYPICAL_EVERY,
 ) -> DraRun:
-    """One (workload, seed, policy) run: the protocol's arrivals under the DRA backend's rules."""
+    """One (workload, seed, policy) run: the protocol's arrivals under the DRA backend's rules,
+    FGD and gpupack measuring fragmentation against the ``typical`` rule's pods (module docstring)."""
     name = canonical_policy_name(policy_name)
     check_share_unit(share_unit)
+    if typical not in TYPICAL_RULES:
+        raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
     ordered = sorted(nodes, key=lambda n: n.name)
     for gpu_type in sorted({n.gpu_model for n in ordered if n.gpu_count}):
         if openb_gpu(gpu_type).mig_capable:
@@ -218,10 +299,16 @@ def run_dra(
     total_gpus = sum(n.gpu_count for n in ordered)
     workload = build_workload(trace_pods, len(ordered), total_gpus, seed, inflate)
     # The scorers measure fragmentation against what the typical pods' claims reserve.
-    typical = TypicalPods.from_pods([as_claimed(p, share_unit) for p in workload.originals])
+    present = PresentTypical(workload.pods, share_unit, typical_every)
+    if typical == "workload":
+        table = TypicalPods.from_pods([as_claimed(p, share_unit) for p in workload.originals])
+    else:
+        table = present.table
+    tracked = typical == "present" and name in TYPICAL_POLICIES
     cluster = ClusterState(ordered, tie_rank=workload.tie_rank)
-    policy = make_policy(name, rng=_continue_stream(np.random.default_rng(seed), workload), typical=typical)
-    replay = DraReplay(cluster, policy, weights, share_unit, cpu_pods)
+    rng = _continue_stream(np.random.default_rng(seed), workload)
+    replay = DraReplay(cluster, make_policy(name, rng=rng, typical=table), weights, share_unit, cpu_pods)
+    builds = 1
     count = len(workload.pods)
     arrived = np.zeros(count, dtype=np.int64)
     used = np.zeros(count, dtype=np.int64)
@@ -230,6 +317,10 @@ def run_dra(
     demand = allocated = reserved = failed = 0
     for i, pod in enumerate(workload.pods):
         start = clock()
+        if tracked and present.advance(i):
+            # Live, the policy is built anew each planning cycle; its cost is part of the decision.
+            replay.policy = make_policy(name, rng=rng, typical=present.table)
+            builds += 1
         taken = replay.place(pod)
         times[i] = clock() - start
         demand += pod.gpu_total_milli
@@ -252,4 +343,7 @@ def run_dra(
         final_alloc_percent=100.0 * allocated / (total_gpus * GPU_MILLI),
         split=replay.split(allocated, reserved),
         gpu_modes=replay.gpu_modes(),
+        typical=typical,
+        typical_every=typical_every,
+        policy_builds=builds,
     )

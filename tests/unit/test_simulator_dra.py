@@ -207,10 +207,10 @@ TRACE = [gpu_pod(f"p{i:02d}", m, cpu=2000) for i, m in enumerate([1000, 500, 250
 TRACE += [gpu_pod("multi", 1000, count=2, cpu=4000), PodSpec("cpu-a", 8000, 4096), PodSpec("cpu-b", 16000, 8192)]
 
 
-def test_exact_shares_with_the_engine_placing_every_pod_are_the_fgd_protocol() -> None:
+def test_exact_shares_engine_cpu_pods_and_the_workloads_typical_pods_are_the_fgd_protocol() -> None:
     cluster = nodes([2, 2, 4, 1], cpu=24_000)
     for policy in ("gpupack", "FGD", "Random"):
-        exact = run_dra(cluster, TRACE, policy, 7, WEIGHTS, share_unit=1, cpu_pods="engine")
+        exact = run_dra(cluster, TRACE, policy, 7, WEIGHTS, share_unit=1, cpu_pods="engine", typical="workload")
         protocol = run_once(cluster, TRACE, policy, 7)
         assert exact.alloc_at == protocol.alloc_at and exact.failed_pods == protocol.failed_pods
 
