@@ -41,9 +41,10 @@ from kubernetes import client
 
 from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
 from gpupack.devcluster.binaries import Binaries, ensure_binaries, ensure_helm, ensure_kustomize
-from gpupack.devcluster.controlplane import ControlPlane
+from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.errors import DevClusterError
 from gpupack.devcluster.state import Component, alive
+from tests.e2e.planes import own_plane
 
 SKIP_ENV = "GPUPACK_SKIP_E2E"
 E2E_DIR = Path(__file__).resolve().parent
@@ -144,8 +145,6 @@ def kustomize() -> Path:
 def private_control_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     """A control plane of the module's own, without kube-scheduler, for tests that stop its parts or
     install what the shared one already holds (``control_plane`` for its binaries only)."""
-    from gpupack.devcluster.controlplane import ControlPlaneConfig
-
     own = ControlPlane(control_plane.binaries, ControlPlaneConfig(scheduler=False)).start()
     try:
         yield own
@@ -159,20 +158,11 @@ CONTROLLER_MANAGER_FIXTURES = (CONTROLLER_MANAGER_FIXTURE, "controller_manager_s
 
 
 def _plane_with_controller_manager(control_plane: ControlPlane, *, scheduler: bool) -> Iterator[ControlPlane]:
-    from gpupack.devcluster.controlplane import ControlPlaneConfig
-
     if _controller_manager_error is not None:
         pytest.fail(f"cannot run this test: kube-controller-manager is unavailable.\n{_controller_manager_error}\n"
                     f"(set {SKIP_ENV}=1 only to skip the e2e tests on purpose)", pytrace=False)
-    config = ControlPlaneConfig(scheduler=scheduler, controller_manager=True)
-    try:
-        own = ControlPlane(control_plane.binaries, config).start()
-    except DevClusterError as exc:
-        pytest.fail(f"the control plane with kube-controller-manager did not start:\n{exc}", pytrace=False)
-    try:
-        yield own
-    finally:
-        own.stop()
+    yield from own_plane(control_plane.binaries, ControlPlaneConfig(scheduler=scheduler, controller_manager=True),
+                         "kube-controller-manager")
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +185,6 @@ def kwok_plane(control_plane: ControlPlane, request: pytest.FixtureRequest) -> I
     ``gpupack dev cluster up --kwok`` runs them. kwok is built here if it is not cached yet
     (``tools/k8s/build.sh kwok``, minutes, streamed; CI builds it before the tests); fails with the
     cause and fix when it cannot be built."""
-    from gpupack.devcluster.controlplane import ControlPlaneConfig
 
     capture = request.config.pluginmanager.getplugin("capturemanager")
     try:
@@ -204,15 +193,7 @@ def kwok_plane(control_plane: ControlPlane, request: pytest.FixtureRequest) -> I
     except DevClusterError as exc:
         pytest.fail(f"cannot run this test: kwok is unavailable.\n{exc}\n"
                     f"(set {SKIP_ENV}=1 only to skip the e2e tests on purpose)", pytrace=False)
-    config = ControlPlaneConfig(scheduler=True, controller_manager=True, kwok=True)
-    try:
-        own = ControlPlane(binaries, config).start()
-    except DevClusterError as exc:
-        pytest.fail(f"the control plane with kwok did not start:\n{exc}", pytrace=False)
-    try:
-        yield own
-    finally:
-        own.stop()
+    yield from own_plane(binaries, ControlPlaneConfig(scheduler=True, controller_manager=True, kwok=True), "kwok")
 
 
 @pytest.fixture(scope="session")

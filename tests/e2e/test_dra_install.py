@@ -34,6 +34,7 @@ from gpupack.devcluster.errors import DevClusterError
 from sharing.backend import node_backend
 from sharing.dra import wire
 from sharing.keys import BACKEND_LABEL
+from tests.e2e.planes import own_plane
 from tests.e2e.waiting import wait_for
 
 TIMEOUT_S = 90.0
@@ -59,15 +60,11 @@ def daemonset_plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     (not among the dev cluster's defaults). Never node-lifecycle: the Nodes here have no kubelet."""
     try:
         binaries = ensure_binaries(controller_manager=True)  # cached after the first build
-        config = ControlPlaneConfig(scheduler=False, controller_manager=True,
-                                    controllers=(*DEFAULT_CONTROLLERS, "daemonset-controller"))
-        own = ControlPlane(binaries, config).start()
     except DevClusterError as exc:
-        pytest.fail(f"the control plane with kube-controller-manager did not start:\n{exc}", pytrace=False)
-    try:
-        yield own
-    finally:
-        own.stop()
+        pytest.fail(f"kube-controller-manager is unavailable:\n{exc}", pytrace=False)
+    config = ControlPlaneConfig(scheduler=False, controller_manager=True,
+                                controllers=(*DEFAULT_CONTROLLERS, "daemonset-controller"))
+    yield from own_plane(binaries, config, "kube-controller-manager's DaemonSet controller")
 
 
 @pytest.fixture(scope="module")
