@@ -40,6 +40,7 @@ from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, SHARED_RESOURCE, 
 from sharing.lenient import as_list, as_map
 from sharing.lenient import is_int as _is_int
 from sharing.modes import ALLOCATION_MODES, AllocationMode
+from sharing.records import json_record
 from sharing.request import ContainerKind
 
 VERSION: Final = "v1"
@@ -155,14 +156,7 @@ class Allocation:
     @classmethod
     def from_annotation(cls, text: object) -> Allocation:
         """The record in ``text``; :class:`AllocationError` naming the first problem otherwise."""
-        if not isinstance(text, str):
-            raise AllocationError(f"{ALLOCATION_ANNOTATION} is not a string")
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise AllocationError(f"{ALLOCATION_ANNOTATION} is not JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise AllocationError(f"{ALLOCATION_ANNOTATION} is not a JSON object")
+        raw = json_record(text, ALLOCATION_ANNOTATION, AllocationError)
         if raw.get("version", VERSION) != VERSION:
             raise AllocationError(f"{ALLOCATION_ANNOTATION} version {raw.get('version')!r} is not {VERSION!r}")
         mode = raw.get("mode")

@@ -32,6 +32,7 @@ from typing import Any, Final
 from sharing.dra import names
 from sharing.dra.wire import SelectorJSON
 from sharing.keys import DRA_PINNED_ANNOTATION
+from sharing.records import json_record
 
 ANNOTATION: Final = DRA_PINNED_ANNOTATION
 VERSION: Final = "v1"
@@ -107,14 +108,7 @@ class Pinned:
     @classmethod
     def from_annotation(cls, text: object) -> Pinned:
         """The record in ``text``; :class:`PinnedError` naming the first problem otherwise."""
-        if not isinstance(text, str):
-            raise PinnedError(f"{ANNOTATION} is not a string")
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise PinnedError(f"{ANNOTATION} is not JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise PinnedError(f"{ANNOTATION} is not a JSON object")
+        raw = json_record(text, ANNOTATION, PinnedError)
         if raw.get("version") != VERSION:
             raise PinnedError(f"{ANNOTATION} version {raw.get('version')!r} is not {VERSION!r}")
         node, devices = raw.get("node"), raw.get("devices")
