@@ -303,7 +303,11 @@ def _choose_uncached(
                 failures.append(f"mig: {none.reason}")
                 never_fits += [none.reason] if none.never_fits else []
         elif not whole and dra:
-            options.append(dra_shared_option(mode, asks, inventory))
+            try:
+                options.append(dra_shared_option(mode, asks, inventory))
+            except NeverFits as never:
+                failures.append(never.reason)
+                never_fits.append(never.reason)
         elif not whole:
             try:
                 options.append(shared_option(mode, asks, roles, inventory))

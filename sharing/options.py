@@ -329,15 +329,28 @@ def dra_shared_option(mode: Literal["mps", "time-slicing"], asks: list[tuple[int
     """Shares of ``mode`` on the DRA pool's nodes that share GPUs that way: any share fits a GPU,
     so the waste is what rounding to the share unit adds."""
     compatible: list[tuple[float, NodeView]] = []
+    too_small: list[str] = []
     for node in pool.nodes:
         gpu_bytes = node.gpu_memory_mib * _MIB
         if node.sharing != mode or not gpu_bytes or not _full_gpus(node):
             continue
         if all(DRA_SHARES.serves(gpu_bytes, milli, mem) for milli, mem in asks):
+            # All of a pod's shares are on one node: more than its GPUs hold in total can never fit
+            # (a necessary condition only, so no pod that some packing would hold is refused).
+            gpus = _full_gpus(node)
+            milli_total = sum(DRA_SHARES.consumed_milli(m) for m, _ in asks)
+            memory_total = sum(DRA_SHARES.consumed_memory(mem) for _, mem in asks)
+            if milli_total > gpus * MAX_MILLI or memory_total > gpus * DRA_SHARES.max_memory(gpu_bytes):
+                too_small.append(f"{node.name} shares {gpus} GPU(s), the pod's {len(asks)} shares take "
+                                 f"{milli_total} milli and {fmt_bytes(memory_total)}")
+                continue
             waste = sum((DRA_SHARES.consumed_milli(milli) - milli) / MAX_MILLI
                         + (0.0 if mem is None else (DRA_SHARES.consumed_memory(mem) - mem) / gpu_bytes)
                         for milli, mem in asks)
             compatible.append((waste, node))
+    if not compatible and too_small:
+        raise NeverFits(f"{mode}: no node of the DRA pool has GPUs enough for all of the pod's shares at once "
+                        f"({'; '.join(too_small[:3])})")
     if not compatible:
         return Option(mode, math.inf, False, DRA_TERMS)
     room = any(not n.degraded and any(not g.mig_enabled and g.healthy for g in n.gpus) for _, n in compatible)

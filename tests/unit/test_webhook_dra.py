@@ -271,3 +271,19 @@ def test_a_device_plugin_record_with_a_gpupack_claim_entry_is_denied() -> None:
     pod["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu.shared": "1"}
     status = denied(pod, MPS_POOL)
     assert "is not a DRA one" in status["message"]
+
+
+# ------------------------------------------------------------------ shares that never fit one node
+def test_shares_more_than_any_node_holds_at_once_are_refused_as_never_fitting() -> None:
+    """All of a pod's shares land on one node: three 700-milli MPS containers need more than the pool's
+    node of two GPUs holds in total, so no placement could ever exist and the pod is refused, not left
+    waiting; two of them fit (one per GPU) and are admitted."""
+    three = make_pod(*(gpu_container(f"c{i}", "700") for i in range(3)), labels=DRA, mode="mps")
+    status = denied(three, MPS_POOL)
+    assert status["details"]["causes"][0]["reason"] == "PodNeverFits"
+    assert "2100 milli" in status["message"] and "dra-mps shares 2 GPU(s)" in status["message"]
+    two = make_pod(*(gpu_container(f"c{i}", "700") for i in range(2)), labels=DRA, mode="mps")
+    patched, _ = admitted(two, MPS_POOL)
+    assert record(patched).mode == "mps"
+    # A bigger node in the pool makes the three-share pod possible again.
+    assert record(admitted(three, dra_cluster(gpunode("dra-mps"), gpunode("dra-big", gpus=4)))[0]).mode == "mps"
