@@ -19,7 +19,6 @@ shares its GPUs by MPS with exact per-claim shares.
 from __future__ import annotations
 
 import base64
-import copy
 import socket
 import ssl
 import sys
@@ -29,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from kubernetes import client
 
-from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests, local_webhook_config
 from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.process import ManagedProcess
@@ -266,16 +264,12 @@ class Stack:
         _wait("the webhook to be ready", ready, 60, proc)
         bundle = base64.b64encode(ca).decode()
         registration = client.AdmissionregistrationV1Api(self.admin)
-        for fname, path in (("mutating.yaml", "/mutate"), ("validating.yaml", "/validate")):
-            config = copy.deepcopy(yaml.safe_load((REPO / "manifests" / "webhook" / fname).read_text()))
-            config["metadata"].pop("annotations", None)  # no cert-manager: the caBundle is set here
-            for hook in config["webhooks"]:
-                hook["clientConfig"] = {"url": url + path, "caBundle": bundle}
-            if fname == "mutating.yaml":
-                registration.create_mutating_webhook_configuration(config)
-            else:
-                registration.create_validating_webhook_configuration(config)
-            self.webhook_configs.append(config["metadata"]["name"])
+        # Typed as Any: the client's stubs want its model classes; it sends plain dicts as they are.
+        mutating: Any = local_webhook_config("mutating", url, bundle)
+        registration.create_mutating_webhook_configuration(mutating)
+        validating: Any = local_webhook_config("validating", url, bundle)
+        registration.create_validating_webhook_configuration(validating)
+        self.webhook_configs += [mutating["metadata"]["name"], validating["metadata"]["name"]]
         self._wait_mutating()
 
     def _wait_mutating(self) -> None:

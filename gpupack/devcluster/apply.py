@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from kubernetes.dynamic import DynamicClient
@@ -47,6 +47,24 @@ def load_manifests(*paths: Path | str) -> list[Manifest]:
                 raise ValueError(f"{file}: a document without apiVersion/kind: {str(doc)[:80]}")
             docs.append(doc)
     return docs
+
+
+_WEBHOOK_CONFIGS = {"mutating": ("mutating.yaml", "/mutate"), "validating": ("validating.yaml", "/validate")}
+
+
+def local_webhook_config(kind: Literal["mutating", "validating"], url: str, ca_bundle: str,
+                         name: str | None = None) -> Manifest:
+    """The shipped webhook configuration of ``kind`` (``manifests/webhook``) for a webhook served
+    outside the cluster: every hook calls ``url`` plus the kind's path and trusts ``ca_bundle``
+    (base64) itself, where a cluster has cert-manager inject it; renamed ``name`` if given."""
+    file, path = _WEBHOOK_CONFIGS[kind]
+    config: Manifest = yaml.safe_load((MANIFESTS / "webhook" / file).read_text())
+    config["metadata"].pop("annotations", None)  # cert-manager's injection request: the bundle is set here
+    if name is not None:
+        config["metadata"]["name"] = name
+    for hook in config["webhooks"]:
+        hook["clientConfig"] = {"url": url + path, "caBundle": ca_bundle}
+    return config
 
 
 def gpupack_manifests() -> list[Manifest]:

@@ -15,48 +15,31 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpupack.devcluster.apply import local_webhook_config
 from sharing.backend import CLAIM_PREFIX
 from tests.e2e.test_webhook_e2e import Webhook
 from tests.e2e.waiting import wait_for
 from webhook.testing import gpu_container, make_pod
 
-ROOT = Path(__file__).resolve().parents[2]
 SELECT_LABEL = "gpupack-e2e-dra-webhook"
 GROUP, VERSION = "gpupack.io", "v1alpha1"
 A100 = "NVIDIA-A100-SXM4-80GB"
-CLAIM_RULE = {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],
-              "resources": ["resourceclaims", "resourceclaimtemplates"], "scope": "Namespaced"}
-"""The rule the validating webhook needs for claims (docs/dra-pods.md); added here when the shipped
-configuration does not have it yet."""
 
 
-def _narrowed(config: dict[str, Any], url: str, ca_bundle: str, suffix: str) -> dict[str, Any]:
-    config = copy.deepcopy(config)
-    config["metadata"]["name"] = f"gpupack-e2e-dra-{suffix}"
-    config["metadata"].pop("annotations", None)  # no cert-manager here: caBundle set directly
+def _narrowed(kind: Literal["mutating", "validating"], hook: Webhook, suffix: str) -> dict[str, Any]:
+    """The shipped configuration, called at ``hook``, for this module's namespaces only."""
+    config = local_webhook_config(kind, hook.url, hook.ca_bundle, f"gpupack-e2e-dra-{suffix}")
     for wh in config["webhooks"]:
-        wh["clientConfig"] = {"url": url, "caBundle": ca_bundle}
         if any(r.get("scope") != "Cluster" for r in wh["rules"]):
             selector = wh.setdefault("namespaceSelector", {}).setdefault("matchExpressions", [])
             selector.append({"key": SELECT_LABEL, "operator": "In", "values": ["on"]})
     return config
-
-
-def _validating(hook: Webhook, suffix: str) -> dict[str, Any]:
-    shipped = yaml.safe_load((ROOT / "manifests" / "webhook" / "validating.yaml").read_text())
-    if not any("resourceclaims" in r.get("resources", ()) for wh in shipped["webhooks"] for r in wh["rules"]):
-        shipped["webhooks"].append({
-            "name": "resourceclaims.gpupack.io", "admissionReviewVersions": ["v1"], "rules": [CLAIM_RULE],
-            "failurePolicy": "Fail", "sideEffects": "None", "timeoutSeconds": 5,
-        })
-    return _narrowed(shipped, hook.url + "/validate", hook.ca_bundle, suffix)
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +54,8 @@ def dra_webhook(
     suffix = uuid.uuid4().hex[:6]
     node_name = f"e2e-dra-{suffix}"
     hook = Webhook(tmp_path_factory.mktemp("dra-webhook"), sa_kubeconfig("gpupack-webhook"))
-    mutating = _narrowed(yaml.safe_load((ROOT / "manifests" / "webhook" / "mutating.yaml").read_text()),
-                         hook.url + "/mutate", hook.ca_bundle, suffix)
-    validating = _validating(hook, suffix)
+    mutating = _narrowed("mutating", hook, suffix)
+    validating = _narrowed("validating", hook, suffix)
     try:
         core.create_node({"metadata": {"name": node_name, "labels": {"gpupack.io/backend": "dra"}}})
         gpunode = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": {"name": node_name},

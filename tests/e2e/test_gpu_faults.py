@@ -30,7 +30,6 @@ Only waits with generous deadlines; no timing assertions.
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import ssl
 import subprocess
@@ -43,11 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests, local_webhook_config
 from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.process import ManagedProcess, free_port
 from mig.catalog import get_model
@@ -359,10 +357,8 @@ class Webhook:
                 return False
 
         wait_for("the webhook ready", ready, WAIT_S, interval_s=0.5)
-        config = copy.deepcopy(yaml.safe_load((ROOT / "manifests" / "webhook" / "mutating.yaml").read_text()))
-        config["metadata"] = {"name": f"gpupack-faults-{h.run}"}
+        config = local_webhook_config("mutating", self.url, base64.b64encode(ca).decode(), f"gpupack-faults-{h.run}")
         hook = config["webhooks"][0]
-        hook["clientConfig"] = {"url": self.url + "/mutate", "caBundle": base64.b64encode(ca).decode()}
         hook["namespaceSelector"]["matchExpressions"].append(
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [h.namespace]})
         self.registration = client.AdmissionregistrationV1Api(h.admin)

@@ -29,6 +29,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from gpupack.devcluster.apply import local_webhook_config
 from gpupack.devcluster.process import free_port
 from tests.e2e.waiting import wait_for
 from tests.processes import stop_process
@@ -102,13 +103,8 @@ def webhook(
     created: list[str] = []
     hook = Webhook(tmp_path_factory.mktemp("webhook-e2e"), sa_kubeconfig("gpupack-webhook"))
     suffix = uuid.uuid4().hex[:6]
-    mutating = yaml.safe_load((ROOT / "manifests" / "webhook" / "mutating.yaml").read_text())
-    validating = yaml.safe_load((ROOT / "manifests" / "webhook" / "validating.yaml").read_text())
-    for config, path in ((mutating, "/mutate"), (validating, "/validate")):
-        config["metadata"]["name"] = f"gpupack-e2e-{suffix}"
-        config["metadata"].pop("annotations", None)  # no cert-manager here: caBundle set directly
-        for wh in config["webhooks"]:
-            wh["clientConfig"] = {"url": hook.url + path, "caBundle": hook.ca_bundle}
+    mutating = local_webhook_config("mutating", hook.url, hook.ca_bundle, f"gpupack-e2e-{suffix}")
+    validating = local_webhook_config("validating", hook.url, hook.ca_bundle, f"gpupack-e2e-{suffix}")
     # Only namespaces this module labels; the shipped exclusions stay in force too.
     mutating["webhooks"][0]["namespaceSelector"]["matchExpressions"].append(
         {"key": SELECT_LABEL, "operator": "In", "values": ["on"]}
