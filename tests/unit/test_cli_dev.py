@@ -37,19 +37,24 @@ def test_a_command_group_that_fails_to_import_is_an_error_not_a_gap(monkeypatch:
         cli.build_parser()
 
 
-@pytest.mark.parametrize("flags, wanted", [([], False), (["--controller-manager"], True)], ids=["default", "flag"])
-def test_up_asks_for_the_controller_manager_only_with_the_flag(
-    flags: list[str], wanted: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("flags, wanted", [
+    pytest.param([], {"controller_manager": False}, id="default"),
+    pytest.param(["--controller-manager"], {"controller_manager": True}, id="controller-manager"),
+    pytest.param(["--kwok"], {"controller_manager": True, "kwok": True}, id="kwok-implies-controller-manager"),
+])
+def test_up_asks_for_optional_parts_only_with_their_flags(
+    flags: list[str], wanted: dict[str, bool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``up --controller-manager`` needs (and builds) kube-controller-manager; plain ``up`` does not."""
+    """``up --controller-manager`` needs (and builds) kube-controller-manager, ``up --kwok`` kwok and
+    kube-controller-manager; plain ``up`` neither."""
     import gpupack.devcluster.binaries as binaries
     from gpupack.devcluster.errors import BuildFailed
 
-    asked: list[bool] = []
+    asked: list[dict[str, bool]] = []
 
-    def ensure(progress: object = None, build: bool = True, *, controller_manager: bool = False) -> None:
-        asked.append(controller_manager)
+    def ensure(progress: object = None, build: bool = True, **parts: bool) -> None:
+        asked.append(parts)
         raise BuildFailed("no binaries in this test", "none needed")
 
     monkeypatch.setenv("GPUPACK_DEVCLUSTER_DIR", str(tmp_path))

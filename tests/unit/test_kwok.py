@@ -263,29 +263,6 @@ def test_a_missing_kwok_is_needed_only_when_asked_for(tmp_path: Path, monkeypatc
     assert not plane.processes and not plane.workdir.exists()
 
 
-@pytest.mark.parametrize("flags, wanted", [
-    pytest.param([], {"controller_manager": False}, id="default"),
-    pytest.param(["--kwok"], {"controller_manager": True, "kwok": True}, id="kwok-implies-controller-manager"),
-])
-def test_up_asks_for_kwok_only_with_the_flag(
-    flags: list[str], wanted: dict[str, bool], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    import gpupack.devcluster.binaries as binaries
-
-    asked: list[dict[str, bool]] = []
-
-    def ensure(progress: object = None, build: bool = True, **parts: bool) -> None:
-        asked.append(parts)
-        raise BuildFailed("no binaries in this test", "none needed")
-
-    monkeypatch.setenv("GPUPACK_DEVCLUSTER_DIR", str(tmp_path))
-    monkeypatch.setattr(binaries, "ensure_binaries", ensure)
-    assert main(["dev", "cluster", "up", *flags]) == 1
-    assert asked == [wanted]
-    assert "no binaries in this test" in capsys.readouterr().err
-
-
 def test_up_help_describes_the_kwok_flag(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("COLUMNS", "1000")
     with pytest.raises(SystemExit):
