@@ -129,6 +129,8 @@ def _claim_device(admin: Any, pod: str) -> Where | None:
     """Where ``pod``'s ResourceClaim was allocated (None: not yet)."""
     from kubernetes import client
 
+    from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
+    from node.draplugin.devices import parse_device_name
     from sharing.dra.names import DRIVER
 
     core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
@@ -141,11 +143,14 @@ def _claim_device(admin: Any, pod: str) -> Where | None:
         if exc.status == 404:
             return None  # the engine has not placed it (yet)
         raise
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-    for result in results:
-        if result.get("driver") == DRIVER:
-            # gpu-<i>-shared: the one device a shared claim gets (sharing.dra.names)
-            return str(result["pool"]), int(str(result["device"]).split("-")[1])
+    meta = claim.get("metadata") or {}
+    try:
+        devices = allocation_from_claim(claim, ClaimRef(str(meta.get("uid")), DEMO_NAMESPACE, str(record.claim)))
+    except ClaimError:
+        return None  # not allocated yet
+    for device in devices:
+        if device.driver == DRIVER:
+            return device.pool, parse_device_name(device.device).gpu
     return None
 
 
