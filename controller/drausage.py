@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.view import Node
-from mig.units import parse_quantity
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice, PinnedError
+from sharing.dra.results import ResultError, read_result
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 
@@ -137,11 +137,15 @@ def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]) -> Dr
 def _allocated(key: str, results: list[Any], tables: Mapping[str, Mapping[str, DeviceRef]],
                problems: list[str]) -> list[Hold]:
     out: list[Hold] = []
-    for raw in results:
-        result = _map(raw)
-        if result.get("driver") != names.DRIVER or result.get("pool") not in tables:
+    for index, raw in enumerate(results):
+        if _map(raw).get("driver") != names.DRIVER or _map(raw).get("pool") not in tables:
             continue  # another driver's device, or a node outside the pool the engine plans
-        node, device = str(result["pool"]), str(result.get("device"))
+        try:
+            result = read_result(raw, f"ResourceClaim {key}: status.allocation.devices.results[{index}]")
+        except ResultError as exc:
+            problems.append(str(exc))
+            continue
+        node, device = result.pool, result.device
         ref = tables[node].get(device)
         if ref is None:
             problems.append(f"ResourceClaim {key}: device {device!r} of {node} is none gpupack publishes there")
@@ -149,16 +153,9 @@ def _allocated(key: str, results: list[Any], tables: Mapping[str, Mapping[str, D
         kind, gpu, profile, start = ref
         milli = memory = 0
         if kind == "shared":
-            consumed = _map(result.get("consumedCapacity"))
-            try:
-                milli = int(parse_quantity(consumed.get(names.MILLI, 0)))
-                memory = int(parse_quantity(consumed.get(names.MEMORY, 0)))
-            except (ValueError, TypeError) as exc:  # mig.units raises RequestError, a ValueError
-                problems.append(f"ResourceClaim {key}: consumedCapacity of {device} on {node}: {exc}")
-                continue
+            milli, memory = result.consumed.get(names.MILLI, 0), result.consumed.get(names.MEMORY, 0)
             if milli <= 0 or memory <= 0:
                 problems.append(f"ResourceClaim {key}: share of {device} on {node} records no consumedCapacity")
                 continue
-        request = str(result.get("request") or "")
-        out.append(Hold(key, node, PinnedDevice(request, kind, gpu, milli, memory, profile, start), True))
+        out.append(Hold(key, node, PinnedDevice(result.request, kind, gpu, milli, memory, profile, start), True))
     return out

@@ -15,12 +15,10 @@ the kubelet as that claim's error; it never stops the other claims of a call.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import Any, NotRequired, Protocol, TypedDict
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from mig.errors import MigError
-from mig.units import parse_quantity
+from sharing.dra.results import AllocatedDevice, ResultError, read_result
 
 
 class ClaimError(Exception):
@@ -37,36 +35,6 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"ResourceClaim {self.namespace}/{self.name} (UID {self.uid})"
-
-
-@dataclass(frozen=True)
-class AllocatedDevice:
-    """One ``DeviceRequestAllocationResult``; quantities in ``consumed`` as integers (milli, bytes)."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    share_id: str | None = None
-    consumed: Mapping[str, int] = field(default_factory=dict)
-    admin_access: bool = False
-
-    @property
-    def base_request(self) -> str:
-        """The claim's request a container names: ``gpu`` for a ``firstAvailable`` subrequest ``gpu/big``."""
-        return self.request.split("/", 1)[0]
-
-
-class DeviceResultJSON(TypedDict):
-    """``status.allocation.devices.results[]`` of a ``resource.k8s.io/v1`` ResourceClaim (fields read here)."""
-
-    request: str
-    driver: str
-    pool: str
-    device: str
-    adminAccess: NotRequired[bool]
-    shareID: NotRequired[str]
-    consumedCapacity: NotRequired[dict[str, str]]
 
 
 class ClaimSource(Protocol):
@@ -98,29 +66,7 @@ def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef) -> tuple[Allo
 
 
 def _result(raw: object, claim: ClaimRef, index: int) -> AllocatedDevice:
-    where = f"{claim}: status.allocation.devices.results[{index}]"
-    if not isinstance(raw, Mapping):
-        raise ClaimError(f"{where} is not an object")
-    values: dict[str, str] = {}
-    for key in ("request", "driver", "pool", "device"):
-        value = raw.get(key)
-        if not isinstance(value, str) or not value:
-            raise ClaimError(f"{where}.{key} is missing or not a string")
-        values[key] = value
-    share_id = raw.get("shareID")
-    if share_id is not None and not isinstance(share_id, str):
-        raise ClaimError(f"{where}.shareID is not a string")
-    consumed_raw = raw.get("consumedCapacity") or {}
-    if not isinstance(consumed_raw, Mapping):
-        raise ClaimError(f"{where}.consumedCapacity is not an object")
-    consumed: dict[str, int] = {}
-    for name, text in consumed_raw.items():
-        try:
-            amount = parse_quantity(text)
-        except MigError as exc:
-            raise ClaimError(f"{where}.consumedCapacity[{name}]: {exc}") from None
-        if amount < 0 or amount != amount.to_integral_value() or amount > Decimal(2**62):
-            raise ClaimError(f"{where}.consumedCapacity[{name}] = {text!r} is not a whole, non-negative amount")
-        consumed[str(name)] = int(amount)
-    return AllocatedDevice(values["request"], values["driver"], values["pool"], values["device"], share_id or None,
-                           consumed, raw.get("adminAccess") is True)
+    try:
+        return read_result(raw, f"{claim}: status.allocation.devices.results[{index}]")
+    except ResultError as exc:
+        raise ClaimError(str(exc)) from None

@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from node.draplugin.claims import AllocatedDevice, ClaimError, ClaimRef, allocation_from_claim
+from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
+from sharing.dra.results import AllocatedDevice
 
 
 class FileClaimSource:

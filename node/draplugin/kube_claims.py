@@ -12,7 +12,8 @@ from typing import Any
 
 from kube.client import KubeClient, call
 from kube.errors import KubeError
-from node.draplugin.claims import AllocatedDevice, ClaimError, ClaimRef, allocation_from_claim
+from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
+from sharing.dra.results import AllocatedDevice
 
 GROUP = "resource.k8s.io"
 VERSION = "v1"

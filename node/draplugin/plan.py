@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from node.draplugin.claims import AllocatedDevice, ClaimError
+from node.draplugin.claims import ClaimError
+from sharing.dra.results import AllocatedDevice
 from node.draplugin.devices import DeviceNameError, parse_device_name, resolve_profile
 from node.draplugin.journal import DeviceRecord
 from node.draplugin.mps import mps_limits

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from node.draplugin.claims import AllocatedDevice, ClaimError, ClaimRef, allocation_from_claim
+from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
+from sharing.dra.results import AllocatedDevice
 from node.draplugin.file_claims import FileClaimSource
 
 REF = ClaimRef("uid-1", "ml", "train")

@@ -15,7 +15,8 @@ import pytest
 from mig.catalog import get_model
 from mig.model import Placement
 from node.draplugin import cdi
-from node.draplugin.claims import AllocatedDevice, ClaimError, ClaimRef, allocation_from_claim
+from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
+from sharing.dra.results import AllocatedDevice
 from node.draplugin.journal import ClaimJournal
 from node.draplugin.prepare import ClaimPreparer
 from node.draplugin.settings import ShareMode
