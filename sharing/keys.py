@@ -41,6 +41,9 @@ DURATION_ANNOTATION: Final = "gpupack.io/duration-seconds"
 """Pod (simulation: KWOK nodes): seconds after it starts when the pod completes (``gpupack.devcluster.kwok``)."""
 
 # ------------------------------------------------------------------ Node / GPUNode
+SIMULATED_GPUS_ANNOTATION: Final = "gpupack.io/simulated-gpus"
+"""Node (simulation: KWOK nodes): ``MODEL:COUNT``, the simulated GPUs ``gpupack agent fleet`` serves the
+node with (a MIG catalog model or an openb GPU type, as ``gpupack agent run --simulate`` takes)."""
 IDLE_SINCE_ANNOTATION: Final = "gpupack.io/idle-since"
 """GPUNode: since when the controller has seen the node idle."""
 REPLICAS_CHANGED_ANNOTATION: Final = "gpupack.io/replicas-changed-at"
