@@ -130,7 +130,7 @@ def _claim_device(admin: Any, pod: str) -> Where | None:
     from kubernetes import client
 
     from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
-    from node.draplugin.devices import parse_device_name
+    from sharing.dra.names import parse_device_name
     from sharing.dra.names import DRIVER
 
     core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)

@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from node.draplugin.claims import ClaimError
 from sharing.dra.results import AllocatedDevice
-from node.draplugin.devices import DeviceNameError, parse_device_name, resolve_profile
+from sharing.dra.names import DeviceNameError, parse_device_name, resolve_profile
 from node.draplugin.journal import DeviceRecord
 from node.draplugin.mps import mps_limits
 from node.draplugin.settings import ShareMode

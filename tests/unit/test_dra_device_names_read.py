@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mig.catalog import all_models
-from node.draplugin.devices import DeviceName, DeviceNameError, parse_device_name, resolve_profile
+from sharing.dra.names import DeviceName, DeviceNameError, parse_device_name, resolve_profile
 from sharing.dra.names import gpu_device_name, mig_device_name, shared_device_name
 
 
