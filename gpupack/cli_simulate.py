@@ -28,6 +28,14 @@ of failed pods and the median decision time per pod; ``--json`` prints the same
 as one JSON object. ``--seeds N`` runs the published seeds 42.. (N of them) and
 reports means.
 
+``--max-nodes K`` replays onto a seeded sample of K of the node list's nodes
+and scales the arrivals to the sample's GPU capacity as the protocol does for
+the whole cluster (``--inflate`` times it); each seed draws its own sample, and
+the seed's sample and arrival sequence are those ``gpupack replay --max-nodes K``
+replays (``sharing.simulator.arrivals.plan_run``, the one source of both). K
+at least the node count runs the whole cluster; ``--json`` says which, with
+``max_nodes``, ``cluster_nodes``, ``nodes_used`` and ``gpus_used`` (per seed).
+
 ``--mig MODEL`` replays the trace's GPU pods with their creation and deletion
 times onto ``--mig-gpus`` MIG-capable GPUs of MODEL instead, under a layout
 strategy (``--policy`` static-balanced, static-1g, static-whole, greedy,
@@ -48,6 +56,8 @@ from typing import Any
 from gpupack.cli import EXIT_OK, UsageError, finite_float, non_negative_float
 from sharing.packing.mig_layouts import MIG_STRATEGIES, make_strategy
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
+from sharing.packing.specs import NodeSpec
+from sharing.simulator.arrivals import check_max_nodes, sample_nodes
 from sharing.simulator.dra import (
     DEFAULT_SHARE_UNIT,
     DEFAULT_TYPICAL_EVERY,
@@ -90,6 +100,13 @@ def register(subparsers: Any) -> None:
     seeds.add_argument("--seeds", type=int, metavar="N", help="N runs with the published seeds 42, 43, ... and report means")
     p.add_argument("--inflate", type=finite_float, default=1.3, help="arrived demand as a multiple of GPU capacity (default 1.3)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument(
+        "--max-nodes", type=int, default=None, metavar="K",
+        help="replay onto a seeded sample of K nodes (each seed its own), the arrivals scaled to the sample's GPU "
+        "capacity as the protocol does for the whole cluster; the same sample and arrival sequence as "
+        "'gpupack replay --max-nodes K' for that seed. K at least the node count: the whole cluster "
+        "(default: the whole cluster; not with --mig)",
+    )
     p.add_argument(
         "--model", choices=SHARING_MODELS, default="fgd", dest="sharing_model",
         help="fgd: the FGD paper's protocol (default); product: the live rules of --backend (docs/simulator.md)",
@@ -179,8 +196,28 @@ def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
         raise UsageError(str(exc)) from None
 
 
+def _node_sample(args: argparse.Namespace, nodes: Sequence[NodeSpec], seeds: Sequence[int]) -> dict[str, Any]:
+    """What the runs replay onto, for the output: ``max_nodes``, ``cluster_nodes``, ``nodes_used`` and
+    ``gpus_used`` (one per seed: each seed draws its own sample); UsageError for a sample without GPUs."""
+    samples = [sample_nodes(nodes, s, args.max_nodes) for s in seeds]
+    gpus = [sum(n.gpu_count for n in sample) for sample in samples]
+    for seed, count in zip(seeds, gpus):
+        if count == 0:
+            raise UsageError(f"{args.nodes}: the seed-{seed} sample of {args.max_nodes} node(s) has no GPUs; "
+                             "raise --max-nodes")
+    return {"max_nodes": args.max_nodes, "cluster_nodes": len(nodes), "nodes_used": len(samples[0]), "gpus_used": gpus}
+
+
 def run(args: argparse.Namespace) -> int:
     backend, share_unit = _backend(args)
+    if args.max_nodes is not None:
+        if args.mig:
+            raise UsageError("--max-nodes does not apply to --mig: the MIG replay runs on a synthetic cluster of "
+                             "--mig-gpus GPUs, not on the node list")
+        try:
+            check_max_nodes(args.max_nodes)
+        except ValueError as exc:
+            raise UsageError(f"--max-nodes: {exc}") from None
     if args.mig:
         return run_mig(args)
     try:
@@ -197,6 +234,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if sum(n.gpu_count for n in nodes) == 0:
         raise UsageError(f"{args.nodes}: the node list has no GPUs")
+    sampled = _node_sample(args, nodes, seeds)
+    k = args.max_nodes
     if args.sharing_model == "product":
         try:
             weights = load_weights()
@@ -206,12 +245,13 @@ def run(args: argparse.Namespace) -> int:
             if share_unit is not None:
                 rule, every = _typical(args)
                 dra_runs = [run_dra(nodes, trace.pods, policy, s, weights, share_unit, inflate=args.inflate,
-                                    typical=rule, typical_every=every) for s in seeds]
+                                    typical=rule, typical_every=every, max_nodes=k) for s in seeds]
                 result = product_sweep(dra_runs, trace.workload)
                 extra = {"backend": backend, "share_unit": share_unit, "typical": rule,
                          **({"typical_every": every} if rule == "present" else {}), **dra_extra(dra_runs)}
             else:
-                runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate) for s in seeds]
+                runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate, max_nodes=k)
+                        for s in seeds]
                 result = product_sweep(runs, trace.workload)
                 extra = {"backend": backend, **product_extra(runs)}
         except ValueError as exc:
@@ -219,8 +259,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         if args.live_path != "engine":
             raise UsageError("--live-path applies to --model product only")
-        result = sweep(nodes, trace.pods, trace.workload, policy, seeds, args.inflate)
+        try:
+            result = sweep(nodes, trace.pods, trace.workload, policy, seeds, args.inflate, max_nodes=k)
+        except ValueError as exc:
+            raise UsageError(f"{args.nodes}: {exc}") from None
         extra = {}
+    extra = {**extra, **sampled}
     if args.json:
         print(json.dumps({**as_json(result), "sharing_model": args.sharing_model, **extra}, indent=2))
     else:
@@ -343,6 +387,13 @@ def as_text(result: SweepResult, sharing_model: str = "fgd", extra: dict[str, An
             held = occupied.get(str(level))
             line += f"  {'-' if held is None else f'{held:.2f}':>10}"
         lines.append(line)
+    if extra.get("max_nodes") is not None:
+        if extra["nodes_used"] < extra["cluster_nodes"]:
+            gpus = ", ".join(str(g) for g in extra["gpus_used"])
+            lines.append(f"nodes: a seeded sample of {extra['nodes_used']} of {extra['cluster_nodes']} per seed "
+                         f"(GPUs: {gpus}), arrivals scaled to its capacity")
+        else:
+            lines.append(f"nodes: all {extra['cluster_nodes']} (--max-nodes {extra['max_nodes']} is at least the node count)")
     if "capacity_split_percent" in extra:
         parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in extra["capacity_split_percent"].items())
         lines.append(f"capacity at the end (% of GPU milli): {parts}")

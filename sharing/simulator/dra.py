@@ -53,7 +53,7 @@ default); the packing engine steers the allocator, so it chooses node and GPU
   memory, so the device's memory capacity never binds.
 
 The protocol's other rules hold: the same seeded arrivals as every other model
-(``sharing.simulator.workload.build_workload``), pods never leave, a pod that
+(``sharing.simulator.arrivals.plan_run``), pods never leave, a pod that
 fits nowhere is dropped, allocation counts the milli pods asked for and
 ``occupied`` what their claims reserve.
 
@@ -84,7 +84,7 @@ from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.openb_models import openb_gpu
 from sharing.simulator.product import scheduler_pick
 from sharing.simulator.replay import Clock, _continue_stream
-from sharing.simulator.workload import build_workload
+from sharing.simulator.arrivals import plan_run
 
 CpuPods = Literal["scheduler", "engine"]
 CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
@@ -282,22 +282,25 @@ def run_dra(
     clock: Clock = time.perf_counter_ns,
     typical: TypicalRule = "present",
     typical_every: int = DEFAULT_TYPICAL_EVERY,
+    max_nodes: int | None = None,
 ) -> DraRun:
     """One (workload, seed, policy) run: the protocol's arrivals under the DRA backend's rules,
-    FGD and gpupack measuring fragmentation against the ``typical`` rule's pods (module docstring)."""
+    FGD and gpupack measuring fragmentation against the ``typical`` rule's pods (module docstring),
+    on the seed's sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``)."""
     name = canonical_policy_name(policy_name)
     check_share_unit(share_unit)
     if typical not in TYPICAL_RULES:
         raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
-    ordered = sorted(nodes, key=lambda n: n.name)
-    for gpu_type in sorted({n.gpu_model for n in ordered if n.gpu_count}):
+    for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
         if openb_gpu(gpu_type).mig_capable:
             raise ValueError(
                 f"GPU type {gpu_type!r} is MIG-capable: the DRA model replays consumable-capacity shares only, "
                 "not MIG placements"
             )
-    total_gpus = sum(n.gpu_count for n in ordered)
-    workload = build_workload(trace_pods, len(ordered), total_gpus, seed, inflate)
+    plan = plan_run(nodes, trace_pods, seed, inflate, max_nodes)
+    ordered = sorted(plan.nodes, key=lambda n: n.name)
+    total_gpus = plan.gpus
+    workload = plan.workload
     # The scorers measure fragmentation against what the typical pods' claims reserve.
     present = PresentTypical(workload.pods, share_unit, typical_every)
     if typical == "workload":

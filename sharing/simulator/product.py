@@ -63,7 +63,7 @@ from sharing.replicas import largest_replicas, replica_milli, takes_whole_gpu
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.openb_models import openb_gpu
 from sharing.simulator.replay import Clock, _continue_stream
-from sharing.simulator.workload import build_workload
+from sharing.simulator.arrivals import plan_run
 
 LivePath = Literal["engine", "scheduler"]
 LIVE_PATHS: Final[tuple[LivePath, ...]] = ("engine", "scheduler")
@@ -289,19 +289,22 @@ def run_product(
     inflate: float = 1.3,
     clock: Clock = time.perf_counter_ns,
     policy_factory: Callable[[str, np.random.Generator, TypicalPods], Policy] | None = None,
+    max_nodes: int | None = None,
 ) -> ProductRun:
-    """One (workload, seed, policy) run: the protocol's arrivals under the live rules.
+    """One (workload, seed, policy) run: the protocol's arrivals under the live rules, on the seed's
+    sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``).
 
     ``policy_factory`` builds the engine's policy instead of the registry (an
     ablation, as ``benchmarks/product_ablation.py`` runs); ``policy_name`` still
     names the registered policy the run reports."""
     name = canonical_policy_name(policy_name)
-    ordered = sorted(nodes, key=lambda n: n.name)
-    for gpu_type in sorted({n.gpu_model for n in ordered if n.gpu_count}):
+    for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
         if openb_gpu(gpu_type).mig_capable:
             raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: the product model replays MPS sharing only")
-    total_gpus = sum(n.gpu_count for n in ordered)
-    workload = build_workload(trace_pods, len(ordered), total_gpus, seed, inflate)
+    plan = plan_run(nodes, trace_pods, seed, inflate, max_nodes)
+    ordered = sorted(plan.nodes, key=lambda n: n.name)
+    total_gpus = plan.gpus
+    workload = plan.workload
     typical = TypicalPods.from_pods(engine_view(workload.originals, live_path))
     cluster = ClusterState(ordered, tie_rank=workload.tie_rank)
     rng = np.random.default_rng(seed)

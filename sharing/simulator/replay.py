@@ -19,7 +19,7 @@ from sharing.packing.policy import schedule
 from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.typical import TypicalPods
 from sharing.simulator.metrics import alloc_by_level, mean_levels
-from sharing.simulator.workload import build_workload
+from sharing.simulator.arrivals import plan_run
 
 Clock = Callable[[], int]
 """Nanosecond counter (``time.perf_counter_ns`` by default)."""
@@ -58,12 +58,15 @@ def run_once(
     seed: int,
     inflate: float = 1.3,
     clock: Clock = time.perf_counter_ns,
+    max_nodes: int | None = None,
 ) -> RunResult:
-    """One (workload, seed, policy) run of the published protocol."""
+    """One (workload, seed, policy) run of the published protocol, on the seed's sample of
+    ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``)."""
     name = canonical_policy_name(policy_name)
-    ordered = sorted(nodes, key=lambda n: n.name)
-    total_gpus = sum(n.gpu_count for n in ordered)
-    workload = build_workload(trace_pods, len(ordered), total_gpus, seed, inflate)
+    plan = plan_run(nodes, trace_pods, seed, inflate, max_nodes)
+    ordered = sorted(plan.nodes, key=lambda n: n.name)
+    total_gpus = plan.gpus
+    workload = plan.workload
     typical = TypicalPods.from_pods(workload.originals)
     cluster = ClusterState(ordered, tie_rank=workload.tie_rank)
     # The generator continues after the workload draws, as in the published run.
@@ -109,9 +112,13 @@ def sweep(
     seeds: Sequence[int],
     inflate: float = 1.3,
     clock: Clock = time.perf_counter_ns,
+    max_nodes: int | None = None,
 ) -> SweepResult:
-    """Run every seed and average allocation per level, failures and decision time."""
-    return summarise(tuple(run_once(nodes, trace_pods, policy_name, s, inflate, clock) for s in seeds), workload_name)
+    """Run every seed (each on its own sample of ``max_nodes`` nodes when given) and average
+    allocation per level, failures and decision time."""
+    return summarise(
+        tuple(run_once(nodes, trace_pods, policy_name, s, inflate, clock, max_nodes) for s in seeds), workload_name
+    )
 
 
 def summarise(runs: Sequence[RunResult], workload_name: str) -> SweepResult:

@@ -37,7 +37,9 @@ def test_json_has_the_documented_keys(files: tuple[Path, Path]) -> None:
     result = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "fgd", "--seeds", "3", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert set(data) == {"policy", "workload", "seeds", "alloc_at", "failed_pods", "decision_us_median", "sharing_model"}
+    assert set(data) == {"policy", "workload", "seeds", "alloc_at", "failed_pods", "decision_us_median", "sharing_model",
+                         "max_nodes", "cluster_nodes", "nodes_used", "gpus_used"}
+    assert data["max_nodes"] is None and data["nodes_used"] == data["cluster_nodes"] == 4 and data["gpus_used"] == [8] * 3
     assert data["policy"] == "FGD" and data["workload"] == "openb_pod_list_tiny" and data["seeds"] == [42, 43, 44]
     assert set(data["alloc_at"]) == {str(level) for level in range(131)}
     assert all(v is None or 0 <= v <= 100 for v in data["alloc_at"].values())

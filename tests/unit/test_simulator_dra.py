@@ -17,6 +17,7 @@ from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.node_sharing import WHOLE
 from sharing.packing.specs import NodeSpec, PodSpec
 from sharing.packing.typical import TypicalPods
+from sharing.simulator.arrivals import RunPlan
 from sharing.simulator.dra import DraReplay, as_claimed, check_share_unit, claimed_milli, run_dra
 from sharing.simulator.openb_models import OpenbGpu
 from sharing.simulator.product import ProductReplay, run_product
@@ -219,13 +220,14 @@ def test_the_same_seed_gives_the_same_arrivals_under_both_backends(monkeypatch: 
     seen: dict[str, Workload] = {}
 
     def spy(module: Any, key: str) -> None:
-        real = module.build_workload
+        real = module.plan_run
 
-        def wrapped(*args: Any, **kwargs: Any) -> Workload:
-            seen[key] = real(*args, **kwargs)
-            return seen[key]
+        def wrapped(*args: Any, **kwargs: Any) -> RunPlan:
+            plan: RunPlan = real(*args, **kwargs)
+            seen[key] = plan.workload
+            return plan
 
-        monkeypatch.setattr(module, "build_workload", wrapped)
+        monkeypatch.setattr(module, "plan_run", wrapped)
 
     spy(dra, "dra")
     spy(product, "device-plugin")

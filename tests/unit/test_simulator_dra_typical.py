@@ -20,6 +20,7 @@ from sharing.packing.policy import Policy, schedule
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import NodeSpec, PodPlacement, PodSpec
 from sharing.packing.typical import TypicalCounts, TypicalPods, same_table
+from sharing.simulator.arrivals import RunPlan
 from sharing.simulator.dra import NO_GPU_POD, DraReplay, PresentTypical, as_claimed, run_dra
 from sharing.simulator.replay import _continue_stream
 from sharing.simulator.workload import Workload, build_workload
@@ -162,7 +163,8 @@ def test_present_and_workload_place_differently_when_the_future_pods_differ(
     """
     trace = (gpu_pod("big", 600, cpu=100), *(gpu_pod(f"s{i:02d}", 300, cpu=100) for i in range(20)))
     cluster = nodes([1, 1])
-    monkeypatch.setattr(dra, "build_workload", lambda *args: Workload(0, trace, (0, 1), trace, 0, 0))
+    monkeypatch.setattr(dra, "plan_run", lambda nodes, *args: RunPlan(
+        tuple(nodes), Workload(0, trace, (0, 1), trace, 0, 0), None, len(nodes)))
     where: dict[str, dict[str, int | None]] = {}
     for rule in dra.TYPICAL_RULES:
         decisions.clear()
