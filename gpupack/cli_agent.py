@@ -2,8 +2,9 @@
 
 ``gpupack agent run --node NAME`` runs the agent against the cluster in
 ``--kubeconfig`` (or in-cluster config). ``--simulate MODEL:COUNT`` uses the
-SIMULATED NVML backend instead of the GPU driver, with ``--state-file`` so a
-restarted agent sees the same GPUs; add ``--emulate-device-plugin`` to advertise
+SIMULATED NVML backend instead of the GPU driver (MODEL: a MIG catalog model
+such as H200, or an openb GPU type without MIG such as T4 or V100M32), with
+``--state-file`` so a restarted agent sees the same GPUs; add ``--emulate-device-plugin`` to advertise
 resources on the Node as the NVIDIA device plugin would (simulation only).
 ``--backend dra`` runs the node on Dynamic Resource Allocation: no device plugin,
 the agent publishes the node's ResourceSlices (driver ``gpu.gpupack.io``,
@@ -32,15 +33,15 @@ from dataclasses import asdict
 from typing import Any
 
 from gpupack.cli import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
-from mig.catalog import get_model
-from mig.errors import MigError
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import NvmlBackend
 from node.settings import BACKENDS, LAYOUT_APPLY_MODES, AgentSettings
+from sharing.simulator.openb_models import OPENB_GPUS
 
 
 def _simulated(spec: str, state_file: str, seed: str, delay_s: float = 0.0) -> NvmlBackend:
-    from node.nvml.simulated import SimulatedNvml
+    """``--simulate MODEL:COUNT``: parse it, then ``node.nvml.simulated.simulated_backend`` builds it."""
+    from node.nvml.simulated import simulated_backend
 
     model_name, sep, count_text = spec.rpartition(":")
     if not sep or not model_name:
@@ -52,13 +53,9 @@ def _simulated(spec: str, state_file: str, seed: str, delay_s: float = 0.0) -> N
     if not 1 <= count <= 16:
         raise UsageError(f"--simulate {spec!r}: GPU count must be 1..16")
     try:
-        model = get_model(model_name)
-    except MigError as exc:
-        raise UsageError(str(exc)) from None
-    try:
         delays = {"create": delay_s, "destroy": delay_s} if delay_s > 0 else None
-        return SimulatedNvml(model, count, state_file or None, seed=seed, delays=delays)
-    except ValueError as exc:
+        return simulated_backend(model_name, count, state_file or None, seed, delays=delays)
+    except ValueError as exc:  # an unknown model (listing the valid ones) or a mismatched state file
         raise UsageError(str(exc)) from None
 
 
@@ -164,7 +161,9 @@ def _snapshot(args: argparse.Namespace) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--node", default=None, help="Node (and GPUNode) name this agent serves")
     p.add_argument("--simulate", default=None, metavar="MODEL:COUNT",
-                   help="use the SIMULATED NVML backend with COUNT GPUs of MODEL (e.g. H200:2)")
+                   help="use the SIMULATED NVML backend with COUNT (1..16) GPUs of MODEL: a MIG-capable catalog "
+                        "model (e.g. H200:2) or an openb GPU type without MIG, by type or product, any case "
+                        f"({', '.join(OPENB_GPUS)}; e.g. T4:8 or Tesla-V100-SXM2-32GB:4)")
     p.add_argument("--state-file", default=None, help="simulated backend: JSON state file (survives restarts)")
     p.add_argument("--mode", default=None, choices=LAYOUT_APPLY_MODES, help="direct (NVML) or operator (mig-manager); default direct")
     p.add_argument("--poll-seconds", type=positive_float, default=None, help="seconds between NVML reads (default 5)")

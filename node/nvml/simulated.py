@@ -1,4 +1,9 @@
-"""SIMULATED NVML: N GPUs of one catalog model for machines without GPUs.
+"""SIMULATED NVML: N GPUs of one product for machines without GPUs.
+
+The product is a MIG-capable model of ``mig/``'s catalog, or a GPU without MIG
+(``node.nvml.products.PlainGpu``: openb's GPU types, named and sized by the same
+mapping as the trace simulator's product model); :func:`simulated_backend` builds
+either from a name.
 
 This is a simulation, named so everywhere it surfaces (``kind = "simulated"``,
 published in ``GPUNode`` status). It enforces the placement rules of ``mig/``
@@ -8,7 +13,9 @@ answers with NVML's real error codes:
 * ``IN_USE`` destroying an instance with a running process;
 * ``INSUFFICIENT_RESOURCES`` when slices are taken or the profile's count is reached;
 * ``INVALID_ARGUMENT`` for a placement the profile does not offer or an unknown id;
-* ``NOT_SUPPORTED`` for MIG calls on a GPU whose MIG mode is off;
+* ``NOT_SUPPORTED`` for MIG calls on a GPU whose MIG mode is off, and for every MIG
+  call on a GPU without MIG (profiles, instances, create, destroy, and a MIG-mode
+  change either way: such a GPU has no MIG mode to set);
 * ``RESET_REQUIRED`` while a MIG-mode change is pending (needs a GPU reset);
 * ``NOT_FOUND`` for an unknown GPU-instance id.
 
@@ -48,6 +55,7 @@ from mig.geometry import can_add
 from mig.model import GpuModel, PlacedInstance, Placement
 from node.nvml import errors
 from node.nvml.errors import NvmlError
+from node.nvml.products import PlainGpu, SimulatedProduct, resolve_product
 from node.nvml.protocol import (
     DeviceInfo,
     GpuInstance,
@@ -127,21 +135,28 @@ class SimulatedNvml:
 
     def __init__(
         self,
-        model: GpuModel,
+        model: SimulatedProduct,
         count: int,
         state_file: Path | str | None = None,
         *,
         seed: str = "gpupack-sim",
-        mig_enabled: bool = True,
+        mig_enabled: bool | None = None,
         delays: Mapping[str, float] | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        """``mig_enabled``: the GPUs' MIG mode at first start (default: on where the GPU has MIG)."""
         if count < 1:
             raise ValueError(f"simulated GPU count must be at least 1, got {count}")
         unknown = set(delays or {}) - set(OPERATIONS)
         if unknown:
             raise ValueError(f"unknown operation(s) {sorted(unknown)} in delays; valid: {', '.join(OPERATIONS)}")
-        self.model = model
+        self.model: SimulatedProduct = model
+        self._mig_model: GpuModel | None = model if isinstance(model, GpuModel) else None
+        self._pci_device_id = model.pci_device_id if isinstance(model, PlainGpu) else model.pci_device_ids[0]
+        if mig_enabled is None:
+            mig_enabled = self._mig_model is not None
+        elif mig_enabled and self._mig_model is None:
+            raise ValueError(f"{model.display_name} has no MIG: its MIG mode cannot be enabled")
         self._path = Path(state_file) if state_file is not None else None
         self._delays = dict(delays or {})
         self._sleep = sleep
@@ -171,10 +186,10 @@ class SimulatedNvml:
             index=gpu.index,
             uuid=gpu.uuid,
             name=self.model.display_name,
-            pci_device_id=self.model.pci_device_ids[0],
+            pci_device_id=self._pci_device_id,
             pci_bus_id=f"00000000:{0x17 + gpu.index:02X}:00.0",
             memory_total_mib=self.model.memory_mib,
-            mig_capable=True,
+            mig_capable=self._mig_model is not None,
             mig_enabled=gpu.mig_enabled,
             mig_pending=gpu.mig_pending,
         )
@@ -182,18 +197,18 @@ class SimulatedNvml:
 
     def instance_profiles(self, index: int) -> tuple[InstanceProfile, ...]:
         gpu = self._enter("instance_profiles", index)
-        self._require_mig(gpu)
+        model = self._require_mig(gpu)
         profiles = tuple(
             InstanceProfile(p.name, p.profile_id, p.nvml_index, p.compute_slices, p.memory_mib, p.max_count, p.placements)
-            for p in self.model.profiles
+            for p in model.profiles
         )
         return self._leave("instance_profiles", index, profiles)
 
     def gpu_instances(self, index: int) -> tuple[GpuInstance, ...]:
         gpu = self._enter("gpu_instances", index)
-        self._require_mig(gpu)
+        model = self._require_mig(gpu)
         result = tuple(
-            GpuInstance(i.gi_id, self.model.profile(i.profile).profile_id, i.profile, Placement(i.start, i.size), i.uuid)
+            GpuInstance(i.gi_id, model.profile(i.profile).profile_id, i.profile, Placement(i.start, i.size), i.uuid)
             for i in sorted(gpu.instances, key=lambda i: (i.start, i.gi_id))
         )
         return self._leave("gpu_instances", index, result)
@@ -216,17 +231,17 @@ class SimulatedNvml:
     # ---------------------------------------------------------------- write side
     def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> GpuInstance:
         gpu = self._enter("create", index)
-        self._require_mig(gpu)
-        profile = next((p for p in self.model.profiles if p.profile_id == profile_id), None)
+        model = self._require_mig(gpu)
+        profile = next((p for p in model.profiles if p.profile_id == profile_id), None)
         if profile is None:
-            raise NvmlError(errors.INVALID_ARGUMENT, f"no GPU-instance profile id {profile_id} on {self.model.product}")
+            raise NvmlError(errors.INVALID_ARGUMENT, f"no GPU-instance profile id {profile_id} on {model.product}")
         if placement not in profile.placements:
             raise NvmlError(
                 errors.INVALID_ARGUMENT,
                 f"placement {placement} not offered for {profile.name}; possible: {', '.join(map(str, profile.placements))}",
             )
         existing = [PlacedInstance(i.profile, Placement(i.start, i.size)) for i in gpu.instances]
-        reason = can_add(self.model, existing, PlacedInstance(profile.name, placement))
+        reason = can_add(model, existing, PlacedInstance(profile.name, placement))
         if reason is not None:
             raise NvmlError(errors.INSUFFICIENT_RESOURCES, reason)
         gpu.created_total += 1
@@ -390,8 +405,13 @@ class SimulatedNvml:
         self._save()
 
     def set_mig_mode(self, index: int, enabled: bool) -> None:
-        """Request a MIG-mode change: pending until ``reset_gpu``, as on hardware."""
-        self._gpu(index).mig_pending = enabled
+        """Request a MIG-mode change: pending until ``reset_gpu``, as on hardware.
+
+        A GPU without MIG has no MIG mode: ``NOT_SUPPORTED``, as ``nvmlDeviceSetMigMode`` answers there."""
+        gpu = self._gpu(index)
+        if self._mig_model is None:
+            raise NvmlError(errors.NOT_SUPPORTED, f"GPU {index} ({self.model.display_name}) does not support MIG")
+        gpu.mig_pending = enabled
         self._save()
 
     def reset_gpu(self, index: int) -> None:
@@ -453,11 +473,15 @@ class SimulatedNvml:
                 return fault
         return None
 
-    def _require_mig(self, gpu: _Gpu) -> None:
+    def _require_mig(self, gpu: _Gpu) -> GpuModel:
+        """The GPU's MIG model, when MIG calls may be made on it now; NVML's error otherwise."""
+        if self._mig_model is None:
+            raise NvmlError(errors.NOT_SUPPORTED, f"GPU {gpu.index} ({self.model.display_name}) does not support MIG")
         if gpu.mig_enabled != gpu.mig_pending:
             raise NvmlError(errors.RESET_REQUIRED, f"GPU {gpu.index} has a pending MIG-mode change; reset it first")
         if not gpu.mig_enabled:
             raise NvmlError(errors.NOT_SUPPORTED, f"MIG mode is disabled on GPU {gpu.index}")
+        return self._mig_model
 
     def _save(self) -> None:
         if self._path is None:
@@ -490,6 +514,23 @@ class SimulatedNvml:
         if len(gpus) != count:
             raise ValueError(f"simulated NVML state file {self._path} holds {len(gpus)} GPUs, not {count}")
         return gpus
+
+
+def simulated_backend(
+    model_name: str,
+    count: int,
+    state_file: Path | str | None = None,
+    seed: str = "gpupack-sim",
+    *,
+    mig_enabled: bool | None = None,
+    delays: Mapping[str, float] | None = None,
+) -> SimulatedNvml:
+    """``count`` simulated GPUs of the product ``model_name`` names: a MIG catalog model (``H200``,
+    ``A100-80GB``, ...) or else an openb GPU type or its product (``T4``, ``Tesla-V100-SXM2-16GB``,
+    case-insensitive; ``node.nvml.products.resolve_product``). ``ValueError`` for an unknown name
+    (listing the valid ones), a bad count or a state file that does not match."""
+    return SimulatedNvml(resolve_product(model_name), count, state_file, seed=seed, mig_enabled=mig_enabled,
+                         delays=delays)
 
 
 def _uuid(prefix: str, *parts: str) -> str:
