@@ -25,11 +25,14 @@ def desired_layouts(spec: GPUNodeSpec, snapshot: NodeSnapshot) -> tuple[dict[int
             problems[g.index] = f"no such GPU on this node ({len(snapshot.gpus)} GPU(s))"
         elif not g.mig_enabled:
             desired[g.index] = None
+        elif not gpu.info.mig_capable:
+            # Said before the MIG-mode check would call it a mode change needing a reset: no reset helps.
+            problems[g.index] = f"GPU {g.index} ({gpu.info.name}) is not MIG-capable; it can only be shared or whole"
         elif g.layout is not None:
             desired[g.index] = [i.profile for i in g.layout]
         elif g.mig_config is not None:
             if gpu.model is None:
-                problems[g.index] = "not MIG-capable"
+                problems[g.index] = "not MIG-capable"  # MIG-capable, but no profile table known
                 continue
             try:
                 desired[g.index] = layout_for(builtin_config(g.mig_config), gpu.model, g.index)

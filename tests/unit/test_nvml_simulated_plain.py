@@ -314,7 +314,8 @@ def test_an_agent_refuses_mig_on_a_gpu_without_it() -> None:
         agent.tick()
     assert kube.gpunode is not None
     applied = next(c for c in kube.gpunode["status"]["conditions"] if c["type"] == "LayoutApplied")
-    assert applied["status"] == "False"
+    assert applied["status"] == "False" and "is not MIG-capable" in applied["message"]
+    assert "reset" not in applied["message"]
     assert sim.device_info(0).mig_enabled is False and kube.node["status"]["allocatable"] == {WHOLE_RESOURCE: "1"}
 
 
