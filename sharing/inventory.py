@@ -2,8 +2,9 @@
 
 Built from the raw ``GPUNode`` and ``SharingPolicy`` objects (dicts, as the
 API server or a YAML file gives them) once per change, never per request: the
-webhook swaps in a new :class:`Inventory` when a watch event arrives and reads
-the current one on the request path without any API call or lock.
+webhook swaps in a new :class:`Inventory` when a watch event changes what it
+holds (``sharing.inventory_parts`` keeps it one object at a time) and reads the
+current one on the request path without any API call or lock.
 
 What a GPUNode reports (group ``gpupack.io/v1alpha1``): ``status.gpus[]`` with
 product, memory, whether MIG is on and the MIG instances (profile, start,
@@ -21,15 +22,17 @@ bound for that pool is decided against.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any
 
 from mig.model import GpuModel
 from sharing.backend import DEFAULT_BACKEND, Backend, node_backend
-from sharing.crd import SharingPolicySpec, read_policies
+from sharing.crd import PolicyEntry, SharingPolicySpec, read_policies
 from sharing.gpunode import GpuNodeReading, GpuReading, read_gpunode
+from sharing.inventory_index import NodeIndex
 from sharing.modes import MODES, Mode, NodeSharingMode
 
 
@@ -43,7 +46,10 @@ class NodeView:
     sharing: NodeSharingMode
     replicas: int
     gpus: tuple[GpuReading, ...]
-    """As the one GPUNode reader reads them (``sharing.gpunode``)."""
+    """As the one GPUNode reader reads them (``sharing.gpunode``), less what admission never
+    reads: the utilisation sample and the layout refusal (both None here). Every agent's
+    heartbeat moves the sample; a view without it stays equal, so a heartbeat publishes no new
+    snapshot (``sharing.inventory_parts``)."""
     shared_in_use: int = 0
     """Shared replicas already handed out, when the agent reports it (0 if unknown)."""
     degraded: bool = False
@@ -51,20 +57,38 @@ class NodeView:
     backend: Backend = DEFAULT_BACKEND
     """The node pool it belongs to (its Node's ``gpupack.io/backend`` label)."""
 
+    # What decisions read of a node, worked out once per node: a view kept by watches
+    # (``sharing.inventory_parts``) carries an unchanged node's view, and these with it,
+    # into the next snapshot.
+
     @cached_property
     def gpu_memory_mib(self) -> int:
         return max((g.memory_mib for g in self.gpus), default=self.model.memory_mib if self.model else 0)
 
-    def free_instances(self, profile: str) -> int:
-        """Unused healthy MIG instances of ``profile`` on healthy MIG-enabled GPUs of this node."""
-        if self.degraded:
-            return 0
-        return sum(
-            1 for g in self.gpus if g.mig_enabled and g.healthy
-            for i in g.instances if i.profile == profile and not i.in_use and i.healthy
-        )
+    @cached_property
+    def full_gpus(self) -> int:
+        """GPUs not in MIG mode."""
+        return sum(1 for g in self.gpus if not g.mig_enabled)
 
-    @property
+    @cached_property
+    def free_by_profile(self) -> tuple[tuple[str, int], ...]:
+        """Unused healthy MIG instances per profile (sorted by profile) on healthy MIG-enabled GPUs
+        of this node; none on a degraded node."""
+        if self.degraded:
+            return ()
+        return tuple(sorted(Counter(i.profile for g in self.gpus if g.mig_enabled and g.healthy
+                                    for i in g.instances if not i.in_use and i.healthy).items()))
+
+    def free_instances(self, profile: str) -> int:
+        """Unused healthy MIG instances of ``profile`` (:attr:`free_by_profile`)."""
+        return next((n for p, n in self.free_by_profile if p == profile), 0)
+
+    @cached_property
+    def mig_room(self) -> bool:
+        """The node could hold a new MIG instance created for a claim (the DRA pool's MIG capacity)."""
+        return not self.degraded and any(g.mig_enabled and g.healthy for g in self.gpus)
+
+    @cached_property
     def shared_free(self) -> int:
         """Shared replicas not yet handed out on healthy GPUs (all of them when usage is not reported)."""
         if self.degraded:
@@ -136,6 +160,19 @@ class Inventory:
         return max((n.gpu_memory_mib for n in self.nodes), default=0)
 
     @cached_property
+    def index(self) -> NodeIndex:
+        """The nodes grouped for the decision's questions (``sharing.inventory_index``), once per snapshot."""
+        return NodeIndex(self.nodes)
+
+    def prepare(self) -> Inventory:
+        """Work out now what the decisions read of every pool (the pools, their largest GPU, MIG models
+        and index), so that the first decision against a new snapshot does not; itself."""
+        for backend in ("device-plugin", "dra"):
+            pool = self.pool(backend)
+            _ = pool.max_gpu_memory_mib, pool.mig_models, pool.index
+        return self
+
+    @cached_property
     def mig_models(self) -> tuple[GpuModel, ...]:
         """MIG-capable models present in the cluster, in a stable order."""
         seen: dict[str, GpuModel] = {}
@@ -159,13 +196,6 @@ class Inventory:
             pools[backend] = self if len(nodes) == len(self.nodes) else replace(self, nodes=nodes)
         return pools
 
-    def shared_nodes(self, mode: Literal["mps", "time-slicing"]) -> tuple[NodeView, ...]:
-        return self._shared[mode]
-
-    @cached_property
-    def _shared(self) -> dict[str, tuple[NodeView, ...]]:
-        return {m: tuple(n for n in self.nodes if n.sharing == m and n.replicas >= 1) for m in ("mps", "time-slicing")}
-
 
 # --- building from raw objects ------------------------------------------------
 
@@ -186,11 +216,18 @@ def node_view(reading: GpuNodeReading, backend: Backend = DEFAULT_BACKEND) -> No
         model=reading.model,
         sharing=sharing.mode,
         replicas=sharing.replicas if sharing.mode != "none" else 0,
-        gpus=reading.gpus,
+        gpus=tuple(_admission_gpu(g) for g in reading.gpus),
         shared_in_use=sharing.in_use,
         degraded=reading.degraded,
         backend=backend,
     )
+
+
+def _admission_gpu(gpu: GpuReading) -> GpuReading:
+    """``gpu`` without what admission never reads (see :attr:`NodeView.gpus`)."""
+    if gpu.gpu_percent is None and gpu.layout_refusal is None:
+        return gpu
+    return replace(gpu, gpu_percent=None, layout_refusal=None)
 
 
 def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True, version: int = 0) -> Inventory:
@@ -198,11 +235,14 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
 
     An object without ``kind`` is taken as a GPUNode (the ``--inventory`` file
     is documented as a list of GPUNodes). A ``Node`` contributes only its labels:
-    the pool of the GPUNode of the same name.
+    the pool of the GPUNode of the same name. ``skipped_entries`` come in the nodes'
+    order (by name), whatever the order of ``objects``.
+
+    This reads every object: a view kept by watches applies each change with
+    ``sharing.inventory_parts.InventoryParts`` instead, which assembles the same snapshot.
     """
     readings: list[GpuNodeReading] = []
     node_labels: dict[str, Mapping[str, str]] = {}
-    skipped: list[str] = []
     policy_objects: list[Mapping[str, Any]] = []
     namespaces: dict[str, Mapping[str, str]] = {}
     for obj in objects:
@@ -213,31 +253,40 @@ def build_inventory(objects: Iterable[Mapping[str, Any]], *, synced: bool = True
             reading = read_gpunode(obj)
             if reading is not None:
                 readings.append(reading)
-                skipped.extend(reading.skipped)
         elif kind == "Node":
-            name, labels = _name_and_labels(obj)
+            name, labels = name_and_labels(obj)
             if name is not None:
                 node_labels[name] = labels
         elif kind == "SharingPolicy":
             policy_objects.append(obj)
         elif kind == "Namespace":
-            name, labels = _name_and_labels(obj)
+            name, labels = name_and_labels(obj)
             if name is not None:
                 namespaces[name] = labels
-    nodes = sorted((node_view(r, node_backend(node_labels.get(r.name))) for r in readings), key=lambda n: n.name)
-    entries = read_policies(policy_objects)
+    readings.sort(key=lambda r: r.name)
+    nodes = [node_view(r, node_backend(node_labels.get(r.name))) for r in readings]
+    skipped = [line for r in readings for line in r.skipped]
+    policies, skipped_policies = policy_fields(read_policies(policy_objects))
     return Inventory(
         nodes=tuple(nodes),
-        policies=tuple((p.name, p.spec) for p in entries if p.spec is not None),
+        policies=policies,
         namespace_labels=namespaces,
         synced=synced,
         version=version,
-        skipped_policies=tuple(f"SharingPolicy {p.name}: {p.problem}" for p in entries if p.spec is None),
+        skipped_policies=skipped_policies,
         skipped_entries=tuple(skipped),
     )
 
 
-def _name_and_labels(obj: Mapping[str, Any]) -> tuple[str | None, Mapping[str, str]]:
+def policy_fields(entries: Iterable[PolicyEntry]) -> tuple[tuple[tuple[str, SharingPolicySpec], ...], tuple[str, ...]]:
+    """:attr:`Inventory.policies` and :attr:`Inventory.skipped_policies` from read policies (by name)."""
+    entries = list(entries)
+    return (tuple((p.name, p.spec) for p in entries if p.spec is not None),
+            tuple(f"SharingPolicy {p.name}: {p.problem}" for p in entries if p.spec is None))
+
+
+def name_and_labels(obj: Mapping[str, Any]) -> tuple[str | None, Mapping[str, str]]:
+    """A Node's or Namespace's name (None when it has none) and labels (strings)."""
     metadata = obj.get("metadata") or {}
     if not isinstance(metadata, Mapping) or not isinstance(metadata.get("name"), str):
         return None, {}

@@ -40,6 +40,7 @@ from mig.fit import covering_profiles
 from mig.model import GpuModel, Profile
 from sharing.dra.share_policy import SharePolicy
 from sharing.inventory import Inventory, NodeView, AdmissionPolicy
+from sharing.inventory_index import SharedGroup
 from sharing.replicas import MAX_REPLICAS, fits_replicas, needs_whole_gpu
 from sharing.modes import AllocationMode
 from sharing.request import MAX_MILLI, ContainerRequest
@@ -110,10 +111,6 @@ def mig_could_fit(model: GpuModel, need: Mapping[str, int], gpus: int) -> bool:
     if any(n > gpus * model.profile(name).max_count for name, n in need.items()):
         return False
     return sum(n * model.profile(name).compute_slices for name, n in need.items()) <= gpus * model.compute_slices
-
-
-def _full_gpus(node: NodeView) -> int:
-    return sum(1 for g in node.gpus if not g.mig_enabled)
 
 
 def _most_replicas(asks: Sequence[tuple[int, int | None]], gpu_bytes: int) -> int:
@@ -197,18 +194,15 @@ def mig_option(
             profiles.append(profile)
         else:
             need = peak_devices([p.name for p in profiles], roles)
-            hosts = [len(node.gpus) for node in inventory.nodes if node.model is model]
+            hosts = inventory.index.mig_host_gpus(model.product)
             if not any(mig_could_fit(model, need, gpus) for gpus in hosts):
                 asked = ", ".join(f"{n} x {name}" for name, n in sorted(need.items()))
                 failures.append(f"{model.product}: the pod holds {asked} at once, more than any node of "
                                 f"{max(hosts, default=0)} such GPUs can ever hold")
                 never_fits.append(model.product)
                 continue
-            capacity = any(
-                node.model is model and (_dra_mig_room(node) if dra else
-                                         all(node.free_instances(name) >= n for name, n in need.items()))
-                for node in inventory.nodes
-            )
+            capacity = (inventory.index.mig_room(model.product) if dra else
+                        inventory.index.mig_free(model.product, need))
             waste = sum(profile_waste(model, p, m, mem) for p, (m, mem) in zip(profiles, asks))
             # Any product with the same profile names can host the pod: the name
             # fixes compute and memory slices, and the resource name is the same.
@@ -223,10 +217,6 @@ def mig_option(
     return min(options, key=lambda o: (not o.has_capacity, o.waste, o.model.product if o.model else ""))
 
 
-def _dra_mig_room(node: NodeView) -> bool:
-    return not node.degraded and any(g.mig_enabled and g.healthy for g in node.gpus)
-
-
 # --- MPS and time-slicing ------------------------------------------------------
 
 
@@ -236,16 +226,17 @@ def shared_option(
     roles: tuple[Role, ...],
     inventory: Inventory,
 ) -> Option:
-    compatible: list[tuple[float, NodeView]] = []
-    for node in inventory.shared_nodes(mode):
-        r, gpu_bytes = node.replicas, node.gpu_memory_mib * _MIB
+    # Node by node, grouped (``sharing.inventory_index``): the nodes of a group fit alike and waste alike.
+    compatible: list[tuple[float, SharedGroup]] = []
+    for group in inventory.index.shared_groups(mode):
+        r, gpu_bytes = group.replicas, group.gpu_memory_mib * _MIB
         if gpu_bytes == 0:
             continue
         if all(fits_replicas(r, milli, mem, gpu_bytes) for milli, mem in asks):
             waste = sum(
                 (1 / r - milli / MAX_MILLI) + (0.0 if mem is None else 1 / r - mem / gpu_bytes) for milli, mem in asks
             )
-            compatible.append((waste, node))
+            compatible.append((waste, group))
     if not compatible:
         # No node shares GPUs this way (or none finely enough) yet: the pod
         # waits at the gate; the controller narrows the affinity once it has
@@ -257,14 +248,17 @@ def shared_option(
             ((Expression(STRATEGY_LABEL, "In", (mode,)),),),
         )
     replicas_needed = peak_devices([SHARED_RESOURCE] * len(asks), roles)[SHARED_RESOURCE]
-    most = max((_full_gpus(n) * _most_replicas(asks, n.gpu_memory_mib * _MIB) for n in inventory.nodes), default=0)
+    most = max((full * _most_replicas(asks, mib * _MIB) for full, mib in inventory.index.full_gpu_shapes), default=0)
     if replicas_needed > most:
         raise NeverFits(f"{mode}: the pod holds {replicas_needed} replicas at once; no node could ever "
                         f"offer more than {most} (its full GPUs, each split as finely as the pod's asks allow)")
-    with_room = [(w, n) for w, n in compatible if n.shared_free >= replicas_needed]
+    with_room = [(w, g) for w, g in compatible if g.most_free >= replicas_needed]
     pool = with_room or compatible
-    waste, best = min(pool, key=lambda wn: (wn[0], wn[1].name))
-    pairs = sorted({(n.product, n.replicas) for _, n in pool})
+    # The best node: least waste, then first by name (among the nodes with room, when any has).
+    waste = min(w for w, _ in pool)
+    tied = [g for w, g in pool if w == waste]
+    best = tied[0] if len(tied) == 1 else min(tied, key=lambda g: g.first_name(replicas_needed if with_room else 0))
+    pairs = sorted({(g.product, g.replicas) for _, g in pool})
     terms = tuple(
         (
             Expression(STRATEGY_LABEL, "In", (mode,)),
@@ -300,10 +294,10 @@ def whole_option(
         (1 - milli / MAX_MILLI) + (0.0 if mem is None or not gpu_bytes else 1 - mem / gpu_bytes) for milli, mem in asks
     )
     needed = peak_devices([WHOLE_RESOURCE] * len(asks), roles)[WHOLE_RESOURCE]
-    most = max((_full_gpus(n) for n in inventory.nodes), default=0)
+    most = inventory.index.most_full_gpus
     if most and needed > most:
         raise NeverFits(f"whole: the pod holds {needed} whole GPUs at once; the largest node has {most}")
-    whole_nodes = [n for n in inventory.nodes if n.sharing == "none" and any(not g.mig_enabled for g in n.gpus)]
+    whole_nodes = inventory.index.has_whole_gpu_nodes
     # As for shared modes: with no node of the kind, the option is only a fallback for an
     # explicit mode (the pod waits for an idle shared node to be switched back).
     return Option(
@@ -332,12 +326,12 @@ def dra_shared_option(mode: Literal["mps", "time-slicing"], asks: list[tuple[int
     too_small: list[str] = []
     for node in pool.nodes:
         gpu_bytes = node.gpu_memory_mib * _MIB
-        if node.sharing != mode or not gpu_bytes or not _full_gpus(node):
+        if node.sharing != mode or not gpu_bytes or not node.full_gpus:
             continue
         if all(DRA_SHARES.serves(gpu_bytes, milli, mem) for milli, mem in asks):
             # All of a pod's shares are on one node: more than its GPUs hold in total can never fit
             # (a necessary condition only, so no pod that some packing would hold is refused).
-            gpus = _full_gpus(node)
+            gpus = node.full_gpus
             milli_total = sum(DRA_SHARES.consumed_milli(m) for m, _ in asks)
             memory_total = sum(DRA_SHARES.consumed_memory(mem) for _, mem in asks)
             if milli_total > gpus * MAX_MILLI or memory_total > gpus * DRA_SHARES.max_memory(gpu_bytes):

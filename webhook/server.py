@@ -14,7 +14,8 @@ from typing import Any
 import uvicorn
 from kube.client import api_client
 from webhook.app import AdmissionApp, build_app
-from webhook.inventory_source import FileWatch, InventoryHolder, KubernetesWatch, load_file
+from webhook.inventory_source import FileWatch, InventoryHolder, load_file
+from webhook.inventory_watch import KubernetesWatch
 from webhook.metrics import Metrics
 from webhook.settings import WebhookSettings
 from webhook.tls import ReloadingTLS
@@ -50,7 +51,7 @@ def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvi
         on_startup = FileWatch(holder, settings.inventory_file, every=2.0).start
     else:
         # Credentials load now, so a bad kubeconfig is reported before the server starts.
-        watch = KubernetesWatch(holder, api_client(kubeconfig), resync_seconds=settings.resync_seconds)
+        watch = KubernetesWatch.from_api(holder, api_client(kubeconfig), settings)
         on_startup = watch.start
     app = build_app(holder, settings, metrics, tls, on_startup)
     config = uvicorn.Config(

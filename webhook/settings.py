@@ -60,8 +60,15 @@ class WebhookSettings:
     """Log every request line. Off by default: the webhook sees every pod create, and
     the metrics carry the same information at a fraction of the cost."""
     resync_seconds: float = 300.0
-    """Restart the GPUNode/SharingPolicy watch with a fresh list this often (s), so a
-    missed event cannot leave the inventory view stale for long."""
+    """How long (s) one watch request of the inventory's informers lasts (``kube.informer``);
+    the next one resumes from the last version seen, with no list. A watch resumed from its
+    version misses no event; renewing it bounds how long a connection that died silently
+    goes unnoticed. A list is made only at start, after ``410 Gone`` and after a failure (at
+    fleet size a list of every GPUNode is the costly request)."""
+    inventory_coalesce_seconds: float = 0.2
+    """Least time (s) between two inventory snapshots the watches publish
+    (``webhook.inventory_watch.COALESCE_SECONDS`` says why 0.2). A change after a quiet moment
+    is published at once; 0 publishes every change that matters (heartbeats never publish)."""
     placement: str = "engine"
     """Who chooses a gpupack pod's node. ``engine``: every gpupack pod waits at the
     ``gpupack.io/capacity`` gate and the cluster controller's packing engine pins it to
@@ -79,6 +86,8 @@ class WebhookSettings:
                              "(at least 1024; default 3 MiB)")
         if self.tls_reload_seconds <= 0 or self.resync_seconds <= 0 or self.request_read_seconds <= 0:
             raise ValueError("tls_reload_seconds, resync_seconds and request_read_seconds must be greater than 0")
+        if self.inventory_coalesce_seconds < 0:
+            raise ValueError(f"inventory_coalesce_seconds must be 0 or more, got {self.inventory_coalesce_seconds}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {self.max_connections}")
         if self.placement not in PLACEMENTS:

@@ -8,7 +8,8 @@ import pytest
 
 from sharing.inventory import Inventory, build_inventory
 from sharing.pool_choice import UnknownBackend, choose_pool
-from webhook.inventory_source import DRA_NODES_SELECTOR, _kept, load_objects
+from webhook.inventory_source import load_objects
+from webhook.inventory_watch import DRA_NODES_SELECTOR, kept
 
 A100 = "NVIDIA-A100-SXM4-80GB"
 
@@ -66,12 +67,14 @@ def test_inventory_file_may_hold_nodes(tmp_path: Any) -> None:
 
 
 def test_the_watch_keeps_only_a_nodes_name_and_labels() -> None:
-    watched = {"metadata": {"name": "n0", "labels": {"gpupack.io/backend": "dra"}, "uid": "u"},
+    watched = {"metadata": {"name": "n0", "labels": {"gpupack.io/backend": "dra"}, "uid": "u", "resourceVersion": "7"},
                "status": {"images": [{"names": ["x"] * 50}]}}
-    kept = _kept("Node", watched)
-    assert kept == {"kind": "Node", "metadata": {"name": "n0", "labels": {"gpupack.io/backend": "dra"}}}
-    assert build_inventory([kept, gpunode("n0")]).nodes[0].backend == "dra"
-    assert _kept("GPUNode", {"metadata": {"name": "n0"}, "status": {"x": 1}})["status"] == {"x": 1}
+    node = kept("Node", watched)
+    assert node == {"kind": "Node", "metadata": {"name": "n0", "labels": {"gpupack.io/backend": "dra"},
+                                                 "resourceVersion": "7"}}
+    assert build_inventory([node, gpunode("n0")]).nodes[0].backend == "dra"
+    assert kept("GPUNode", {"metadata": {"name": "n0", "managedFields": [{}]}, "status": {"x": 1}}) == {
+        "kind": "GPUNode", "metadata": {"name": "n0"}, "status": {"x": 1}}
     assert DRA_NODES_SELECTOR == "gpupack.io/backend=dra"
 
 
