@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any, cast
 
 from kubernetes import client
 
 from kube.client import JSON_PATCH, MERGE_PATCH, KubeClient, call
 from kube.errors import KubeError
+from kube.informer import Lister
 from sharing.crd import GROUP, VERSION
 
 RESOURCE_GROUP = "resource.k8s.io"
@@ -27,9 +29,21 @@ RESOURCE_VERSION = "v1"
 CLAIMS = "resourceclaims"
 
 
+UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
+
+
 def _items(response: Any) -> list[dict[str, Any]]:
     data = json.loads(response.data)
     return [i for i in data.get("items") or [] if isinstance(i, dict)]
+
+
+def _body(response: Any) -> dict[str, Any] | None:
+    """The object a write answered with (None when the answer is not one)."""
+    try:
+        data = json.loads(response.data)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 class Kube(KubeClient):
@@ -42,6 +56,18 @@ class Kube(KubeClient):
         self._coord = client.CoordinationV1Api(api)
 
     # ---------------------------------------------------------------- reading
+    def listers(self) -> dict[str, Lister]:
+        """The list calls :class:`kube.informer.Informer` caches follow, by what they list
+        (the same selections as the ``list_*`` methods below)."""
+        custom, core = self._custom, self._core
+        return {
+            "gpunodes": partial(custom.list_cluster_custom_object, GROUP, VERSION, "gpunodes"),
+            "sharingpolicies": partial(custom.list_cluster_custom_object, GROUP, VERSION, "sharingpolicies"),
+            "nodes": core.list_node,
+            "pods": partial(core.list_pod_for_all_namespaces, field_selector=UNFINISHED_PODS),
+            "resourceclaims": partial(custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, CLAIMS),
+        }
+
     def list_gpunodes(self) -> list[dict[str, Any]]:
         return _items(call(self._custom.list_cluster_custom_object, GROUP, VERSION, "gpunodes",
                            _preload_content=False, idempotent=True))
@@ -55,8 +81,7 @@ class Kube(KubeClient):
 
     def list_pods(self) -> list[dict[str, Any]]:
         """Pods not yet finished (the API server filters by phase)."""
-        return _items(call(self._core.list_pod_for_all_namespaces,
-                           field_selector="status.phase!=Succeeded,status.phase!=Failed",
+        return _items(call(self._core.list_pod_for_all_namespaces, field_selector=UNFINISHED_PODS,
                            _preload_content=False, idempotent=True))
 
     def list_resource_claims(self) -> list[dict[str, Any]]:
@@ -81,23 +106,27 @@ class Kube(KubeClient):
         call(self._custom.create_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, namespace, CLAIMS,
              dict(body), _preload_content=False)
 
-    def patch_gpunode(self, name: str, body: Mapping[str, Any]) -> None:
-        call(self._custom.patch_cluster_custom_object, GROUP, VERSION, "gpunodes", name, dict(body),
-             _content_type=MERGE_PATCH, _preload_content=False, idempotent=True)
+    # Writes answer with the object as the API server holds it afterwards (None when the answer
+    # is not one), so a cache that has not seen the write yet can be read past
+    # (``controller.caches``).
+    def patch_gpunode(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        return _body(call(self._custom.patch_cluster_custom_object, GROUP, VERSION, "gpunodes", name, dict(body),
+                          _content_type=MERGE_PATCH, _preload_content=False, idempotent=True))
 
-    def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> None:
+    def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any] | None:
         """Merge-patch a SharingPolicy's status subresource."""
-        call(self._custom.patch_cluster_custom_object_status, GROUP, VERSION, "sharingpolicies", name,
-             {"status": dict(status)}, _content_type=MERGE_PATCH, _preload_content=False, idempotent=True)
+        return _body(call(self._custom.patch_cluster_custom_object_status, GROUP, VERSION, "sharingpolicies", name,
+                          {"status": dict(status)}, _content_type=MERGE_PATCH, _preload_content=False,
+                          idempotent=True))
 
-    def json_patch_pod(self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]) -> None:
+    def json_patch_pod(self, namespace: str, name: str, ops: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         """A guarded JSON patch: not retried, since a lost answer would read as a failed ``test``."""
-        call(self._core.patch_namespaced_pod, name, namespace, [dict(o) for o in ops],
-             _content_type=JSON_PATCH, _preload_content=False)
+        return _body(call(self._core.patch_namespaced_pod, name, namespace, [dict(o) for o in ops],
+                          _content_type=JSON_PATCH, _preload_content=False))
 
-    def merge_patch_pod(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
-        call(self._core.patch_namespaced_pod, name, namespace, dict(body),
-             _content_type=MERGE_PATCH, _preload_content=False, idempotent=True)
+    def merge_patch_pod(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        return _body(call(self._core.patch_namespaced_pod, name, namespace, dict(body),
+                          _content_type=MERGE_PATCH, _preload_content=False, idempotent=True))
 
     def evict_pod(self, namespace: str, name: str) -> None:
         """The Eviction API (honours PodDisruptionBudgets: 429 while one forbids it)."""

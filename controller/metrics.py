@@ -131,6 +131,12 @@ class ControllerMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10), registry=r,
         )
         self.leader = Gauge("gpupack_controller_leader", "1 while this replica holds the lease.", registry=r)
+        self.cycle_triggers = PromCounter(
+            "gpupack_controller_cycle_triggers", "Cycles run, by what started them: a change in the watch caches "
+            "(change) or the resync interval without one (resync).", ["trigger"], registry=r)
+        self.reread = Gauge("gpupack_controller_snapshot_reread_objects", "Objects the last cycle read afresh because "
+                            "they changed (the rest came from the snapshot cache).", ["kind"], registry=r)
+        self.cached = Gauge("gpupack_controller_cached_objects", "Objects held in the watch caches.", ["kind"], registry=r)
         self.recommendations = Gauge("gpupack_rightsize_recommendations", "Pods with a right-size recommendation.", registry=r)
         self.recommended_savings = Gauge(
             "gpupack_rightsize_savings_milli", "Sum over pods of requested minus recommended gpu-milli.", registry=r,

@@ -24,6 +24,14 @@ For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
 Capacity planned in this cycle is reused by the next pods of the same cycle
 (batching), so a burst of demand reshapes as few GPUs as possible. Nodes with
 a static layout policy are brought to it (idle GPUs only) before any demand.
+
+Cost: a cycle with nothing waiting (and no static layout or whole-GPU demand to
+serve) returns at once. Otherwise a pod is placed by looking at candidates, not
+at every node: MIG best fit comes from the ledger's per-profile index
+(:class:`controller.capacity.MigIndex`), capacity in flight and free whole GPUs
+from the names of the nodes that have some, and what depends only on the cycle
+(nodes an idle switch could go to) or on a pod's shape (the replica counts it
+fits) is computed once. The plans are the ones a scan of every node gives.
 """
 
 from __future__ import annotations
@@ -88,8 +96,9 @@ class _Cycle:
     mig_mode_changes: bool = False
     demand: Counter[str] = field(default_factory=Counter)
     """MIG profiles the cycle's waiting pods still need (the layout engine's ``missing``)."""
-    recent: dict[str, float] = field(default_factory=dict)
-    """Recent request mix, decayed per arrival as the simulator does."""
+    recent: dict[str, float] | None = None
+    """Recent request mix, decayed per arrival as the simulator does (made when a reshape is
+    first considered: it sorts every MIG pod)."""
     layouts: dict[tuple[str, int], LayoutChange] = field(default_factory=dict)
     sharing: dict[str, SharingChange] = field(default_factory=dict)
     planned_shares: Counter[str] = field(default_factory=Counter)
@@ -100,6 +109,23 @@ class _Cycle:
     """The cycle's waiting pods, oldest first."""
     current: int = 0
     """Index in ``waiting`` of the pod being planned: the ones after it are still to come."""
+    by_name: dict[str, Node] = field(default_factory=dict)
+    position: dict[str, int] = field(default_factory=dict)
+    """Each node's place in ``snapshot.nodes``: loops over an index keep the snapshot's order."""
+    switchable: list[tuple[Node, NodePolicy]] | None = None
+    """Nodes that may be split into replicas this cycle as far as nothing but the pod and the
+    policy budget is concerned (:func:`_switchable`); made on first use."""
+    returnable: list[Node] | None = None
+    """Shared nodes that may return to whole-GPU use as far as nothing but the pod, the budget
+    and the GPUs needed is concerned (:func:`_idle_shared_nodes`); made on first use."""
+    own_size: dict[tuple[object, ...], int] = field(default_factory=dict)
+    """:func:`_own_size` by pod shape and node bounds: pods of one shape ask the same question."""
+    own_sizes: dict[tuple[object, ...], dict[str, int]] = field(default_factory=dict)
+    """:func:`_own_sizes` by pod shape."""
+
+    def in_order(self, names: set[str]) -> list[Node]:
+        """The nodes named, in the snapshot's order."""
+        return [self.by_name[n] for n in sorted(names, key=self.position.__getitem__) if n in self.by_name]
 
 
 def _idle_enough(idle_since: datetime | None, now: datetime, seconds: int) -> bool:
@@ -194,16 +220,16 @@ def _merge(old: LayoutChange | None, new: LayoutChange) -> LayoutChange:
 
 def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Release | Wait:
     need = Counter(pod.profiles)
-    fitting = [
-        n.name for n in cycle.snapshot.nodes
-        if allowed_on(pod, n)
-        and all(cycle.free.mig_free(n.name)[p] >= k for p, k in need.items())
-    ]
-    if fitting:
-        node = min(fitting, key=lambda name: (sum(cycle.free.mig_free(name).values()), name))
+    node: str | None
+    if need:
+        node = cycle.free.best_mig(need, lambda name: allowed_on(pod, cycle.by_name[name]))
+    else:  # nothing to look up in the index: every node the pod admits fits
+        fitting = [n.name for n in cycle.snapshot.nodes if allowed_on(pod, n)]
+        node = min(fitting, key=lambda name: (sum(cycle.free.mig_free(name).values()), name)) if fitting else None
+    if node is not None:
         cycle.free.take_mig(node, pod.profiles)
         return Release(pod.key, node, f"free {', '.join(sorted(pod.profiles))} on {node}")
-    for n in cycle.snapshot.nodes:
+    for n in cycle.in_order(cycle.free.incoming_mig_nodes):
         incoming = cycle.free.incoming_mig.get(n.name)
         if incoming and allowed_on(pod, n) and all(incoming[p] >= k for p, k in need.items()):
             incoming.subtract(need)
@@ -216,6 +242,8 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     change = best_change(extend_only, pod.profiles)
     if change is None:
         policies = cycle.snapshot.policies
+        if cycle.recent is None:
+            cycle.recent = recent_mix(cycle.snapshot.pods)
         change = engine_reshape(candidates, pod.profiles, cycle.demand, cycle.recent,
                                 lambda node, profile: policies[node].allows_profile(profile))
     if change is None:
@@ -230,30 +258,32 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     cycle.layouts[key] = _merge(cycle.layouts.get(key), change)
     # Instances about to be destroyed are no longer free; the new ones beyond this
     # pod's are capacity in flight for the next pods of the cycle.
-    free = cycle.free.mig.setdefault(change.node, Counter())
-    free.subtract(Counter(i.profile for i in change.destroy))
-    cycle.free.mig[change.node] = +free
+    cycle.free.destroy_mig(change.node, (i.profile for i in change.destroy))
     spare = Counter(i.profile for i in change.create) - Counter(pod.profiles)
-    cycle.free.incoming_mig.setdefault(change.node, Counter()).update(spare)
+    cycle.free.add_incoming_mig(change.node, spare)
     return Wait(pod.key, f"capacity being created: {change.reason}")
 
 
 def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod | None) -> list[Node]:
     """Shared nodes that may return to whole-GPU use now: converged, policy window open and
     budget left, every GPU idle long enough, no replica claimed, at least ``gpus`` GPUs."""
-    out = []
-    for node in cycle.snapshot.nodes:
-        policy = cycle.snapshot.policies.get(node.name)
-        if policy is None or node.name in cycle.sharing or not _open(policy, cycle):
-            continue
-        if node.spec_sharing == "none" or not node.converged or taken[node.name] or len(node.full_gpus) < gpus:
-            continue
-        if any(g.mig_enabled for g in node.gpus) or (pod is not None and not _allowed_after_switch(pod, node, "none", 1)):
-            continue
-        if node.faulted:
-            continue
-        if all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
-            out.append(node)
+    if cycle.returnable is None:
+        cycle.returnable = []
+        for node in cycle.snapshot.nodes:
+            policy = cycle.snapshot.policies.get(node.name)
+            if policy is None or not policy.window_open(cycle.now):
+                continue
+            if node.spec_sharing == "none" or not node.converged or taken[node.name]:
+                continue
+            if any(g.mig_enabled for g in node.gpus) or node.faulted:
+                continue
+            if all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
+                cycle.returnable.append(node)
+    out = [
+        node for node in cycle.returnable
+        if node.name not in cycle.sharing and _open(cycle.snapshot.policies.get(node.name), cycle)
+        and len(node.full_gpus) >= gpus and (pod is None or _allowed_after_switch(pod, node, "none", 1))
+    ]
     return sorted(out, key=lambda n: (len(n.full_gpus), n.name))
 
 
@@ -268,12 +298,15 @@ def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[st
     """A ``whole`` pod: the engine's choice among nodes with free whole GPUs; else an idle
     shared node switched back to whole-GPU use (``sharing.packing.node_sharing``)."""
     need = pod.whole_gpus
-    fitting = [n for n in cycle.snapshot.nodes if cycle.free.whole[n.name] >= need and allowed_on(pod, n)]
+    # Free whole GPUs only decrease during a cycle: the nodes that had some are the candidates.
+    nodes = cycle.in_order(cycle.free.whole_nodes) if need > 0 else cycle.snapshot.nodes
+    fitting = [n for n in nodes if cycle.free.whole[n.name] >= need and allowed_on(pod, n)]
     node = placer.place_whole(pod, fitting, dict(cycle.free.whole))
     if node is not None:
         cycle.free.take_whole(node, need)
         return Release(pod.key, node, f"{need} whole GPU(s) on {node} (packing engine)")
-    for n in cycle.snapshot.nodes:
+    incoming = cycle.in_order(cycle.free.incoming_whole_nodes) if need > 0 else cycle.snapshot.nodes
+    for n in incoming:
         if cycle.free.incoming_whole[n.name] >= need and allowed_on(pod, n):
             cycle.free.incoming_whole[n.name] -= need
             return Wait(pod.key, f"capacity being created: {n.name} returning to whole GPUs (in flight)")
@@ -295,7 +328,42 @@ def _own_size(cycle: _Cycle, pod: Pod, node: Node) -> int:
     the device plugin's without one), 0 when none fits."""
     policy = cycle.snapshot.policies.get(node.name)
     top, bottom = (policy.max_replicas, policy.min_replicas) if policy is not None else (MAX_REPLICAS, 1)
-    return next((r for r in range(top, bottom - 1, -1) if _shared_ok(pod, node, r)), 0)
+    memory = max((g.memory_mib for g in node.gpus), default=0)
+    key = (pod.milli, pod.memory_bytes, memory, top, bottom)
+    size = cycle.own_size.get(key)
+    if size is None:
+        size = cycle.own_size[key] = next((r for r in range(top, bottom - 1, -1) if _shared_ok(pod, node, r)), 0)
+    return size
+
+
+def _own_sizes(cycle: _Cycle, pod: Pod, placer: SharedPlacer) -> dict[str, int]:
+    """:func:`_own_size` of every shared node, once per pod shape and cycle (never changed by its users)."""
+    key = (pod.milli, pod.memory_bytes)
+    sizes = cycle.own_sizes.get(key)
+    if sizes is None:
+        sizes = cycle.own_sizes[key] = {n.name: _own_size(cycle, pod, n) for n in placer.nodes}
+    return sizes
+
+
+def _switchable(cycle: _Cycle, taken: Counter[str]) -> list[tuple[Node, NodePolicy]]:
+    """Nodes an idle split could go to, judged on everything that does not change within the
+    cycle (the policy's budget and the nodes switched this cycle do, and are checked per pod)."""
+    if cycle.switchable is None:
+        cycle.switchable = []
+        for node in cycle.snapshot.nodes:
+            policy = cycle.snapshot.policies.get(node.name)
+            if policy is None or not policy.window_open(cycle.now):
+                continue
+            if not node.converged or not node.gpus or any(g.mig_enabled for g in node.gpus) or taken[node.name]:
+                continue
+            if node.faulted:
+                continue  # a GPU with a fault is never shared (node.health)
+            if cycle.whole_busy[node.name]:
+                continue
+            if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
+                continue
+            cycle.switchable.append((node, policy))
+    return cycle.switchable
 
 
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
@@ -303,34 +371,25 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
     # A policy that splits before it wastes (sharing.packing.node_sharing, rule 2) first takes
     # only replicas of the pod's own size, and a larger one only when no idle node may be split.
     split_first = splits_before_wasting(placer.policy)
-    own = {n.name: _own_size(cycle, pod, n) for n in placer.nodes} if split_first else None
+    own = _own_sizes(cycle, pod, placer) if split_first else None
     node = placer.place(pod, dict(cycle.free.shared), own_size=own)
     if node is not None:
         cycle.free.take_shared(node, pod.shares)
         return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine)")
-    for n in cycle.snapshot.nodes:
+    incoming = cycle.in_order(cycle.free.incoming_shared_nodes) if pod.shares > 0 else cycle.snapshot.nodes
+    for n in incoming:
         if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares and allowed_on(pod, n)
                 and _shared_ok(pod, n, n.spec_replicas)):
             cycle.free.incoming_shared[n.name] -= pod.shares
             return Wait(pod.key, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
     for name, change in sorted(cycle.sharing.items()):
-        target = cycle.snapshot.node(name)
-        assert target is not None
+        target = cycle.by_name[name]
         if change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas):
             cycle.planned_shares[name] -= pod.shares
             return Wait(pod.key, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
     idle: list[tuple[Node, int]] = []
-    for node_ in cycle.snapshot.nodes:
-        policy = cycle.snapshot.policies.get(node_.name)
-        if node_.name in cycle.sharing or not _open(policy, cycle) or policy is None:
-            continue
-        if not node_.converged or not node_.gpus or any(g.mig_enabled for g in node_.gpus) or taken[node_.name]:
-            continue
-        if node_.faulted:
-            continue  # a GPU with a fault is never shared (node.health)
-        if cycle.whole_busy[node_.name]:
-            continue
-        if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node_.gpus):
+    for node_, policy in _switchable(cycle, taken):
+        if node_.name in cycle.sharing or not _open(policy, cycle):
             continue
         fitting = [
             r for r in range(policy.max_replicas, policy.min_replicas - 1, -1)
@@ -446,12 +505,17 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                        pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
-    cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot), budget, mig_mode_changes)
     waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=lambda p: (p.created, p.key))
-    cycle.demand = Counter(prof for p in waiting_pods if p.mode == "mig" for prof in p.profiles)
-    cycle.recent = recent_mix(snapshot.pods)
-    _static_layouts(cycle)
+    if not waiting_pods and snapshot.whole_waiting <= 0 and not any(
+            p.static_layout is not None for p in snapshot.policies.values()):
+        # Nothing waits and no policy pins a layout: every step below would find nothing to do.
+        return Plan()
     claims = mig_claims(snapshot.pods)
+    cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot, claims), budget, mig_mode_changes)
+    cycle.by_name = {n.name: n for n in snapshot.nodes}
+    cycle.position = {n.name: i for i, n in enumerate(snapshot.nodes)}
+    cycle.demand = Counter(prof for p in waiting_pods if p.mode == "mig" for prof in p.profiles)
+    _static_layouts(cycle)
     taken = shared_claims(snapshot.pods)
     placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name)
     cycle.whole_busy = whole_pinned(snapshot.pods) + Counter({n.name: n.whole_taken for n in snapshot.nodes})

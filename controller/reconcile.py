@@ -1,8 +1,11 @@
 """One controller cycle against the API: read, plan, write, measure.
 
 ``Controller.cycle`` lists GPUNodes, Nodes, pods and SharingPolicies (through
-:class:`controller.kube.Kube`, the only API door), builds the snapshot, runs
-the planner and the feedback loop, and applies the result:
+:class:`controller.kube.Kube`, the only API door; in ``controller run`` a
+:class:`controller.caches.CachedKube` answers from watch caches), builds the
+snapshot (re-reading only the objects that changed since the last cycle,
+:class:`controller.snapshot_cache.SnapshotCache`), runs the planner and the
+feedback loop, and applies the result:
 
 1. the per-GPU idle record (an annotation on each GPUNode);
 2. new layouts and sharing configs (``GPUNode.spec``), and the mig-parted configs
@@ -43,7 +46,8 @@ from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings
 from controller.podview import pod_from_object
 from controller.policy_status import needs_write, policy_reports, status_for
-from controller.snapshot import build_snapshot, busy_gpus, encode_idle, idle_record, scoped, update_idle
+from controller.snapshot import busy_by_node, encode_idle, idle_record, scoped, update_idle
+from controller.snapshot_cache import SnapshotCache
 from kube.errors import KubeError
 from mig.migparted import MigConfigError
 from sharing.backend import node_backend
@@ -84,6 +88,8 @@ class Controller:
         self.metrics = metrics or ControllerMetrics()
         self.dra = DraCycle(kube)
         self.clock = clock
+        self.snapshots = SnapshotCache()
+        """Each object's reading, kept while the object does not change."""
         # Utilisation history per node for the feedback loop's peak-hold. In memory on
         # purpose: a new leader starts with an empty window, which only delays a change.
         self._history: dict[str, list[tuple[datetime, list[float]]]] = {}
@@ -109,15 +115,18 @@ class Controller:
         by_name = {str((g.get("metadata") or {}).get("name")): g for g in gpunodes}
         pod_objs = {f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}": p for p in pods}
         stale_after = self.settings.agent_stale_seconds
-        snapshot = build_snapshot(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after)
+        snapshot = self.snapshots.build(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after)
         if self._idle(snapshot, by_name, now, report):
             # The idle record is input to the planner: plan on what was just written.
-            snapshot = build_snapshot(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after)
+            gpunodes = [by_name.get(str((g.get("metadata") or {}).get("name")), g) for g in gpunodes]
+            snapshot = self.snapshots.build(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after)
         self._policy_status(policies, snapshot, now, report)
         self._note_skipped(snapshot.skipped_entries)
         self._note_untrusted(snapshot.untrusted_pods)
         self._note_stale(snapshot)
         self._note_health(snapshot)
+        self.metrics.reread.labels("gpunodes").set(self.snapshots.parsed_nodes)
+        self.metrics.reread.labels("pods").set(self.snapshots.parsed_pods)
         requests, failed = snapshot.mig_config_requests, snapshot.failed_devices
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
@@ -152,22 +161,39 @@ class Controller:
 
     # ------------------------------------------------------------------ steps
     def _idle(self, snapshot: Snapshot, by_name: dict[str, dict[str, Any]], now: datetime, report: CycleReport) -> bool:
-        changed = False
+        """Write each GPUNode's idle record where it changed; ``by_name`` gets a copy of each
+        written GPUNode showing it (the objects read are shared with the caches: never changed)."""
+        busy = busy_by_node(snapshot.nodes, snapshot.pods)
+        todo: list[tuple[str, str]] = []
         for node in snapshot.nodes:
             obj = by_name.get(node.name)
             if obj is None:
                 continue
             before = idle_record(obj)
-            after = update_idle(before, busy_gpus(node, snapshot.pods), now)
-            if after == before:
-                continue
-            value = encode_idle(after)
+            after = update_idle(before, busy[node.name], now)
+            if after != before:
+                todo.append((node.name, encode_idle(after)))
+
+        def write(item: tuple[str, str]) -> str | None:
+            name, value = item
             try:
-                self.kube.patch_gpunode(node.name, {"metadata": {"annotations": {IDLE_SINCE_ANNOTATION: value}}})
+                self.kube.patch_gpunode(name, {"metadata": {"annotations": {IDLE_SINCE_ANNOTATION: value}}})
             except KubeError as exc:
-                self._fail(report, "idle-record", f"{node.name}: {exc}")
+                return str(exc)
+            return None
+
+        # In parallel: a new leader writes every node's record in its first cycle (1,250 round trips).
+        with ThreadPoolExecutor(max_workers=max(1, min(self.settings.write_workers, len(todo)))) as pool:
+            outcomes = list(pool.map(write, todo)) if todo else []
+        changed = False
+        for (name, value), error in zip(todo, outcomes):
+            if error is not None:
+                self._fail(report, "idle-record", f"{name}: {error}")
                 continue
-            obj.setdefault("metadata", {}).setdefault("annotations", {})[IDLE_SINCE_ANNOTATION] = value
+            obj = by_name[name]
+            meta = obj.get("metadata") or {}
+            annotations = {**(meta.get("annotations") or {}), IDLE_SINCE_ANNOTATION: value}
+            by_name[name] = {**obj, "metadata": {**meta, "annotations": annotations}}
             changed = True
         return changed
 
@@ -394,6 +420,7 @@ class Controller:
             if p.mode != "mig" and p.bound and p.node is not None:
                 per_node.setdefault(p.node, []).append(p.key)
         count = savings = 0
+        by_key = {p.key: p for p in snapshot.pods}
         for node in snapshot.nodes:
             keys = per_node.get(node.name, [])
             measured = [g.utilization_percent for g in node.full_gpus if g.utilization_percent is not None]
@@ -401,7 +428,7 @@ class Controller:
                 continue
             per_pod_milli = 10.0 * sum(measured) / len(keys)
             for key in keys:
-                pod = next(p for p in snapshot.pods if p.key == key)
+                pod = by_key[key]
                 rec = right_size(max(pod.milli), [per_pod_milli])
                 if rec is None:
                     continue

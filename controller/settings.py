@@ -30,6 +30,14 @@ class ControllerSettings:
     MIG partitioner batches 10-60 s, which is most of its pod-to-running time."""
     resync_seconds: float = 10.0
     """Plan even without events this often: idle timers and windows expire silently."""
+    min_cycle_seconds: float = 0.5
+    """At most one cycle per this long, however often the watch caches change: in a large
+    cluster something changes every few milliseconds (pods arriving, agents reporting), and
+    each cycle plans every change since the previous one at once. With ``batch_seconds``, the
+    delay a change waits for its cycle is at most about the sum of the two."""
+    cache_sync_seconds: float = 60.0
+    """How long the first cycle waits for the watch caches' first lists; a cache not listed
+    by then is read by direct lists until it is (a cluster of thousands of pods lists in seconds)."""
     policy: str = "gpupack"
     """Packing policy of ``sharing.packing`` used to place shared pods."""
     metrics_port: int = 8080
@@ -88,6 +96,8 @@ class ControllerSettings:
     def validate(self) -> None:
         if self.batch_seconds < 0 or self.resync_seconds <= 0:
             raise ValueError("batch_seconds must be >= 0 and resync_seconds > 0")
+        if self.min_cycle_seconds < 0 or self.cache_sync_seconds < 0:
+            raise ValueError("min_cycle_seconds and cache_sync_seconds must be >= 0")
         if not 1 <= self.write_workers <= 64:
             raise ValueError(f"write_workers must be 1..64, got {self.write_workers}")
         if not self.agent_stale_seconds > 0:

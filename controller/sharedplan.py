@@ -18,11 +18,17 @@ whole-GPU nodes in use and idle ones (:meth:`SharedPlacer.place_whole`).
 
 The device plugin, not gpupack, picks the GPU inside the node, so the
 engine's GPU choice is only used to keep the cluster state consistent.
+
+A cycle asks the same questions of many pods of few shapes, so the answers that
+depend only on a pod's shape (the keys it accepts, the nodes its selector and
+affinity admit) are computed once per shape and cycle, as arrays over the
+shared nodes: placing a pod costs a few array operations, not a loop over nodes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +69,13 @@ class SharedPlacer:
     def __init__(self, nodes: Sequence[Node], free: dict[str, int], workload: Sequence[Pod], policy_name: str = "gpupack") -> None:
         self.nodes = tuple(n for n in nodes if n.sharing != "none" and n.full_gpus and n.name in free)
         self.keys = tuple(sorted({node_key(n) for n in self.nodes}))
+        self._names = [n.name for n in self.nodes]
+        self._replicas = np.array([n.replicas for n in self.nodes], dtype=np.int64)
+        # (mode, product, replicas, GPU memory) -> the nodes' key: all ``accepted`` looks at.
+        self._kinds = sorted({(n.sharing, n.product, n.replicas, max((g.memory_mib for g in n.full_gpus), default=0),
+                               node_key(n)) for n in self.nodes})
+        self._accepted: dict[tuple[object, ...], tuple[str, ...]] = {}
+        self._admitted: dict[tuple[object, ...], np.ndarray[Any, np.dtype[np.bool_]]] = {}
         self.cluster: ClusterState | None = None
         shapes = [engine_pod(p, self.keys) for p in workload if p.mode != "mig"] or [
             PodSpec("any", 0, 0, 1, GPU_MILLI // 2, self.keys, "|".join(self.keys))
@@ -84,14 +97,26 @@ class SharedPlacer:
                     self.cluster.place(PodSpec(f"claimed/{n.name}/{g}", 0, 0, 1, milli), i, (g,))
 
     def accepted(self, pod: Pod) -> tuple[str, ...]:
-        out = []
-        for n in self.nodes:
-            if n.sharing != pod.mode or (pod.products and n.product not in pod.products):
-                continue
-            if not pod.fits_replicas(n.replicas, max((g.memory_mib for g in n.full_gpus), default=0)):
-                continue
-            out.append(node_key(n))
-        return tuple(sorted(set(out)))
+        shape = (pod.mode, pod.products, pod.milli, pod.memory_bytes)
+        found = self._accepted.get(shape)
+        if found is None:
+            out = []
+            for sharing, product, replicas, memory, key in self._kinds:
+                if sharing != pod.mode or (pod.products and product not in pod.products):
+                    continue
+                if not pod.fits_replicas(replicas, memory):
+                    continue
+                out.append(key)
+            found = self._accepted[shape] = tuple(sorted(set(out)))
+        return found
+
+    def _admits(self, pod: Pod) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Which shared nodes the pod's nodeSelector and required affinity admit (by its terms)."""
+        shape = (pod.node_selector, pod.terms)
+        found = self._admitted.get(shape)
+        if found is None:
+            found = self._admitted[shape] = np.array([pod.admits(n.label_map) for n in self.nodes], dtype=bool)
+        return found
 
     def place(self, pod: Pod, free: dict[str, int], own_size: dict[str, int] | None = None) -> str | None:
         """The node the engine picks for ``pod`` among nodes with free replicas; commits it.
@@ -106,17 +131,18 @@ class SharedPlacer:
         spec = engine_pod(pod, accepted)
         # Nodes without enough free replicas (or other than the one a half-released pod
         # is pinned to) are masked out; the state itself stays true for the policy's cache.
-        allowed = np.array([
-            free.get(n.name, 0) >= pod.shares and (pod.node is None or pod.node == n.name) and pod.admits(n.label_map)
-            for n in self.nodes
-        ], dtype=bool)
-        replicas = np.array([n.replicas for n in self.nodes], dtype=np.int64)
+        room = np.fromiter((free.get(name, 0) for name in self._names), dtype=np.int64, count=len(self._names))
+        allowed = (room >= pod.shares) & self._admits(pod)
+        if pod.node is not None:
+            allowed &= np.array([name == pod.node for name in self._names], dtype=bool)
+        replicas = self._replicas
         candidates = allowed & self.cluster.feasible(spec)
         if own_size is None:
             nearest = waste_first(candidates, replicas)
         else:
             # A node missing from own_size (or with 0: the pod fits no split of it) is never exact.
-            sizes = np.array([own_size.get(n.name, 0) or _NEVER for n in self.nodes], dtype=np.int64)
+            sizes = np.fromiter((own_size.get(name, 0) or _NEVER for name in self._names), dtype=np.int64,
+                                count=len(self._names))
             nearest = exact_replicas(candidates, replicas, sizes)
         outcome = decide(self.cluster, spec, self.policy, nearest)
         if not isinstance(outcome, PodPlacement):

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -29,11 +29,12 @@ from sharing.keys import ALLOCATION_ANNOTATION, IDLE_SINCE_ANNOTATION
 from sharing.lenient import as_int as _int
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
-from sharing.node_policy import policies_for_nodes
+from sharing.node_policy import NodePolicy, policies_for_nodes
 
 __all__ = [
-    "build_snapshot", "busy_gpus", "encode_idle", "format_time",
-    "idle_record", "node_from_objects", "parse_time", "pod_from_object", "refused_gpus", "scoped", "update_idle",
+    "NodeParse", "PodParse", "assemble", "build_snapshot", "busy_by_node", "busy_gpus", "encode_idle", "format_time",
+    "idle_record", "merge_policies", "node_from_objects", "parse_node", "parse_pod", "parse_time", "pod_from_object",
+    "refused_gpus", "scoped", "update_idle",
 ]
 
 
@@ -171,9 +172,17 @@ def _with_heartbeat(node: Node, reading: GpuNodeReading, now: datetime | None, s
 
 def busy_gpus(node: Node, pods: Iterable[Pod]) -> dict[int, bool]:
     """Which GPUs of ``node`` count as busy for the idle record."""
+    return busy_by_node((node,), pods)[node.name]
+
+
+def busy_by_node(nodes: Iterable[Node], pods: Iterable[Pod]) -> dict[str, dict[int, bool]]:
+    """:func:`busy_gpus` of every node, the pods' claims counted once for all of them."""
     pod_list = tuple(pods)
-    claims = mig_claims(pod_list).get(node.name, Counter())
-    shared = shared_claims(pod_list)[node.name]
+    mig, taken = mig_claims(pod_list), shared_claims(pod_list)
+    return {node.name: _busy(node, mig.get(node.name, Counter()), taken[node.name]) for node in nodes}
+
+
+def _busy(node: Node, claims: Counter[str], shared: int) -> dict[int, bool]:
     reported = Counter(i.profile for g in node.gpus for i in g.in_use)
     unreported = {p for p, n in claims.items() if n > reported[p]}
     out: dict[int, bool] = {}
@@ -195,6 +204,96 @@ def scoped(snapshot: Snapshot, namespaces: Iterable[str]) -> Snapshot:
     return Snapshot(snapshot.nodes, pods, snapshot.policies, snapshot.whole_waiting)
 
 
+@dataclass(frozen=True)
+class NodeParse:
+    """What one GPUNode (with its Node) reads as, before the cycle's clock and pods are applied.
+
+    A function of the two objects alone, so a cache may keep it while neither changes
+    (``controller.snapshot_cache``)."""
+
+    reading: GpuNodeReading
+    node: Node
+    failed: tuple[FailedDevice, ...]
+
+
+def parse_node(gpunode: Mapping[str, Any], node: Mapping[str, Any] | None) -> NodeParse | None:
+    reading = read_gpunode(gpunode)
+    if reading is None:
+        return None
+    return NodeParse(reading, _node(reading, gpunode, node), tuple(_failed_devices(reading)))
+
+
+@dataclass(frozen=True)
+class PodParse:
+    """What one pod object contributes to a snapshot: a function of the object alone."""
+
+    pod: Pod | None
+    untrusted: str | None
+    """``namespace/name: why`` when the pod's allocation is ignored."""
+    whole_gpus: int = 0
+    """``nvidia.com/gpu`` it holds (any pod, gpupack's or not)."""
+    bound: str | None = None
+    """The node it is bound to, when it holds whole GPUs."""
+    whole_waiting: bool = False
+    """Its whole GPUs are demand kube-scheduler found no node for (not gpupack's, Unschedulable)."""
+
+
+def parse_pod(obj: Mapping[str, Any]) -> PodParse:
+    pod, distrust = read_pod(obj)
+    untrusted = None
+    if pod is None and distrust is not None:
+        meta = _map(obj.get("metadata"))
+        untrusted = f"{meta.get('namespace')}/{meta.get('name')}: {distrust}"
+    gpus = whole_gpus_requested(obj)
+    if not gpus:
+        return PodParse(pod, untrusted)
+    bound = _map(obj.get("spec")).get("nodeName")
+    if isinstance(bound, str) and bound:
+        return PodParse(pod, untrusted, gpus, bound)
+    waiting = (ALLOCATION_ANNOTATION not in _map(_map(obj.get("metadata")).get("annotations"))
+               and waiting_unschedulable(obj))
+    return PodParse(pod, untrusted, gpus, None, waiting)
+
+
+PolicyMerge = Callable[[tuple[Node, ...]], dict[str, NodePolicy]]
+"""The merged policy of each node a SharingPolicy selects, given the cycle's nodes."""
+
+
+def merge_policies(policies: Iterable[Mapping[str, Any]]) -> PolicyMerge:
+    """:data:`PolicyMerge` of the SharingPolicy objects; an invalid policy is left out here
+    (``controller.policy_status`` reports why on the policy)."""
+    specs = [(p.name, p.spec) for p in read_policies(policies) if p.spec is not None]
+    return lambda nodes: policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in nodes))
+
+
+def assemble(
+    nodes: Iterable[NodeParse], pods: Iterable[PodParse], merge: PolicyMerge, *,
+    now: datetime | None = None, stale_after_s: float | None = None,
+) -> Snapshot:
+    """The snapshot of parsed GPUNodes (in their list order) and pods (in theirs)."""
+    parsed = tuple(nodes)
+    pod_parses = tuple(pods)
+    whole_taken: Counter[str] = Counter()
+    whole_waiting = 0
+    for one in pod_parses:
+        if one.bound is not None:
+            whole_taken[one.bound] += one.whole_gpus
+        elif one.whole_waiting:
+            whole_waiting += one.whole_gpus
+    built = (_with_heartbeat(n.node, n.reading, now, stale_after_s) for n in parsed)
+    node_list = tuple(sorted(
+        (n if n.whole_taken == whole_taken[n.name] else replace(n, whole_taken=whole_taken[n.name]) for n in built),
+        key=lambda n: n.name,
+    ))
+    return Snapshot(nodes=node_list, pods=tuple(p.pod for p in pod_parses if p.pod is not None),
+                    policies=merge(node_list), whole_waiting=whole_waiting,
+                    skipped_entries=tuple(s for n in parsed for s in n.reading.skipped),
+                    untrusted_pods=tuple(p.untrusted for p in pod_parses if p.untrusted is not None),
+                    mig_config_requests=tuple((n.reading.name, n.reading.mig_config_request) for n in parsed
+                                              if n.reading.mig_config_request is not None),
+                    failed_devices=tuple(f for n in parsed for f in n.failed))
+
+
 def build_snapshot(
     gpunodes: Iterable[Mapping[str, Any]],
     nodes: Iterable[Mapping[str, Any]],
@@ -204,46 +303,17 @@ def build_snapshot(
     now: datetime | None = None,
     stale_after_s: float | None = None,
 ) -> Snapshot:
-    """The cycle's snapshot; policies that fail validation are ignored (the webhook rejects them at the door).
+    """The cycle's snapshot, every object read afresh (``controller.snapshot_cache`` keeps the
+    readings of objects that did not change); policies that fail validation are ignored (the
+    webhook rejects them at the door).
 
     With ``now`` and ``stale_after_s`` (the controller's ``agent_stale_seconds``), a node whose
     agent's heartbeat is older than that is marked stale."""
     node_objs = {str(_map(n.get("metadata")).get("name")): n for n in nodes}
-    readings = [(r, g) for g in gpunodes if (r := read_gpunode(g)) is not None]
-    built = [_with_heartbeat(_node(r, g, node_objs.get(r.name)), r, now, stale_after_s) for r, g in readings]
-    raw_pods = tuple(pods)
-    whole_taken: Counter[str] = Counter()
-    whole_waiting = 0
-    for obj in raw_pods:
-        gpus = whole_gpus_requested(obj)
-        if not gpus:
-            continue
-        bound = _map(obj.get("spec")).get("nodeName")
-        if isinstance(bound, str) and bound:
-            whole_taken[bound] += gpus
-        elif ALLOCATION_ANNOTATION not in _map(_map(obj.get("metadata")).get("annotations")) and waiting_unschedulable(obj):
-            whole_waiting += gpus
-    node_list = tuple(sorted(
-        (replace(n, whole_taken=whole_taken[n.name]) for n in built), key=lambda n: n.name
-    ))
-    pod_list: list[Pod] = []
-    untrusted: list[str] = []
-    for obj in raw_pods:
-        pod, distrust = read_pod(obj)
-        if pod is not None:
-            pod_list.append(pod)
-        elif distrust is not None:
-            meta = _map(obj.get("metadata"))
-            untrusted.append(f"{meta.get('namespace')}/{meta.get('name')}: {distrust}")
-    # An invalid policy is left out here; controller.policy_status reports why on the policy.
-    specs = [(p.name, p.spec) for p in read_policies(policies) if p.spec is not None]
-    merged = policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in node_list))
-    return Snapshot(nodes=node_list, pods=tuple(pod_list), policies=merged, whole_waiting=whole_waiting,
-                    skipped_entries=tuple(s for r, _ in readings for s in r.skipped),
-                    untrusted_pods=tuple(untrusted),
-                    mig_config_requests=tuple((r.name, r.mig_config_request) for r, _ in readings
-                                              if r.mig_config_request is not None),
-                    failed_devices=tuple(f for r, _ in readings for f in _failed_devices(r)))
+    parsed = [p for g in gpunodes
+              if (p := parse_node(g, node_objs.get(str(_map(g.get("metadata")).get("name"))))) is not None]
+    return assemble(parsed, (parse_pod(obj) for obj in pods), merge_policies(policies),
+                    now=now, stale_after_s=stale_after_s)
 
 
 def _failed_devices(reading: GpuNodeReading) -> list[FailedDevice]:

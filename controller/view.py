@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime
 
 from mig.model import GpuModel, PlacedInstance
@@ -59,14 +60,15 @@ class Gpu:
         """The GPU or one of its instances has a fault: never reshaped, shared or switched."""
         return not self.healthy or bool(self.unhealthy_instances)
 
-    @property
+    @cached_property
     def offered(self) -> Counter[str]:
         """Profiles of the instances that count as capacity: the healthy ones on a healthy GPU.
 
         A faulted instance still in use counts nowhere although its pod's claim still counts:
         that is how kube-scheduler sees it too (the device plugin takes the device out of
         allocatable while the pod's request stays), so the free count here is the one the
-        scheduler will find, and a released pod is never left Unschedulable."""
+        scheduler will find, and a released pod is never left Unschedulable. Computed once per
+        GPU (a GPU reading outlives cycles, ``controller.snapshot_cache``): never change it."""
         return Counter(i.profile for i in self.instances if self.healthy and i not in self.unhealthy_instances)
 
 

@@ -1,7 +1,9 @@
 """``gpupack controller ...``: the cluster controller (Deployment entry point) and a dry run.
 
 ``gpupack controller run`` watches the cluster in ``--kubeconfig`` (or the
-in-cluster config) and plans while it holds the leader Lease.
+in-cluster config) into caches and plans while it holds the leader Lease: a
+cycle when the caches change (at most one per ``--min-cycle-seconds``) and one
+every ``--resync-seconds`` anyway.
 ``gpupack controller plan`` runs one planning cycle against the cluster and
 prints the plan as JSON without writing anything.
 Every option of ``run`` is also an environment variable ``GPUPACK_CONTROLLER_<OPTION>``.
@@ -25,6 +27,7 @@ def _settings(args: argparse.Namespace) -> Any:
 
     overrides = {
         "batch_seconds": args.batch_seconds, "resync_seconds": args.resync_seconds, "policy": args.policy,
+        "min_cycle_seconds": args.min_cycle_seconds, "cache_sync_seconds": args.cache_sync_seconds,
         "metrics_port": args.metrics_port, "identity": args.identity, "lease_seconds": args.lease_seconds,
         "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "log_level": args.log_level,
         "feedback": False if args.no_feedback else None,
@@ -45,8 +48,8 @@ def _run(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf").setLevel(logging.WARNING)
-    # kopf only wakes the planning loop; its watch retries log every attempt while the API server is
-    # down, and the loop already reports the outage once (kube.backoff).
+    # kopf hosts the process and watches SharingPolicies; its watch retries log every attempt while the
+    # API server is down, and the loop already reports the outage once (kube.backoff).
     logging.getLogger("kopf._cogs.clients").setLevel(logging.CRITICAL)
     try:
         return run(settings, args.kubeconfig)
@@ -86,7 +89,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
     p.add_argument("--policy", help="packing policy for shared pods (default gpupack)")
     p.add_argument("--batch-seconds", type=non_negative_float, help="wait this long after a change for more (default 0.5)")
-    p.add_argument("--resync-seconds", type=positive_float, help="plan at least this often (default 10)")
+    p.add_argument("--resync-seconds", type=positive_float,
+                   help="plan at least this often, even when the watch caches saw no change (default 10)")
+    p.add_argument("--min-cycle-seconds", type=non_negative_float,
+                   help="plan at most once per this long, however often the cluster changes: each cycle plans "
+                        "every change since the previous one (default 0.5)")
+    p.add_argument("--cache-sync-seconds", type=non_negative_float,
+                   help="how long the first cycle waits for the watch caches' first lists; until a cache has "
+                        "listed, its kind is read by direct lists (default 60)")
     p.add_argument("--metrics-port", type=int, help="Prometheus port, 0 = off (default 8080)")
     p.add_argument("--identity", help="leader-election identity (default host-pid)")
     p.add_argument("--lease-seconds", type=positive_float, help="leader lease duration (default 15)")

@@ -66,3 +66,23 @@ def test_failed_cycles_back_off_and_log_once(caplog: pytest.LogCaptureFixture) -
     assert any("planning cycles work again" in r.getMessage() for r in caplog.records)
     assert controller.metrics.registry.get_sample_value(
         "gpupack_controller_reconcile_errors_total", {"stage": "cycle"}) == 5
+
+
+def test_kopf_watches_only_sharing_policies_and_their_events_wake_the_loop() -> None:
+    """kopf hosts the controller; pods and GPUNodes are watched by the caches alone (one watch each)."""
+    from controller.operator import build_registry
+
+    class Waker:
+        woken = 0
+
+        def wake(self) -> None:
+            self.woken += 1
+
+    waker = Waker()
+    registry = build_registry(waker)  # type: ignore[arg-type]
+    handlers = registry._watching.get_all_handlers()  # noqa: SLF001 - what kopf will watch
+    watched = {(h.selector.group, h.selector.any_name) for h in handlers}
+    assert watched == {("gpupack.io", "sharingpolicies")}
+    for handler in handlers:
+        handler.fn()
+    assert waker.woken == len(handlers) == 1
