@@ -195,7 +195,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     old_name = sub.add_parser("inventory")  # no help: left out of the listing, kept for old scripts
     _common(old_name)
     old_name.set_defaults(handler=_deprecated_inventory)
-    from gpupack import cli_agent_health
+    from gpupack import cli_agent_fleet, cli_agent_health
 
+    cli_agent_fleet.register(sub, open_backend)
     cli_agent_health.register(sub)
     parser.set_defaults(handler=lambda _args: (parser.print_help(), EXIT_BAD_INPUT)[1])

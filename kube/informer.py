@@ -138,9 +138,16 @@ class Informer:
         self._stop.set()
         response = self._response
         if response is not None:
+            # End a watch blocked reading a quiet stream. ``shutdown`` (urllib3 2.3+) shuts the socket
+            # down, which wakes the reading thread; ``close`` from this thread would wait on the lock
+            # the blocked read holds (TLS), so it is left to the reader.
+            shutdown = getattr(response, "shutdown", None)
             try:
-                response.close()  # ends a watch blocked on a quiet stream
-            except Exception:  # noqa: BLE001 - closing is best effort; the thread is a daemon anyway
+                if shutdown is not None:
+                    shutdown()
+                else:
+                    response.close()
+            except Exception:  # noqa: BLE001 - best effort; the thread is a daemon anyway
                 pass
         with self._changed:
             self._changed.notify_all()

@@ -38,6 +38,7 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -70,6 +71,17 @@ EVENT_REPEAT_SECONDS = 600.0
 MAX_BACKOFF_SECONDS = 15.0
 """The longest pause between attempts while the API server or NVML fails: the agent notices
 an outage has ended within about this long."""
+
+
+@dataclass(frozen=True)
+class Pause:
+    """What :meth:`Agent.step` asks for before the next step."""
+
+    seconds: float
+    """How long to wait (0: go again at once)."""
+    on_change: bool
+    """A change of this node's GPUNode (its spec, a health acknowledgement) may end the wait early. False
+    while backing off after a failure or while a reshape is under way (short, fixed pauses)."""
 
 
 class Agent:
@@ -263,24 +275,37 @@ class Agent:
             self.event("Warning", "SharingPolicyIgnored", problem)
         return rules
 
+    def step(self) -> Pause:
+        """One tick with the loop's failure handling: what ``run_forever`` does before it waits, and what
+        a host of many agents (``node.fleet``) calls. A failing tick backs off (:class:`kube.backoff.Backoff`),
+        logged once per change; the answer says how long to wait and whether a change of the GPUNode may
+        end the wait early."""
+        try:
+            wait = self.tick()
+        except Exception as exc:  # noqa: BLE001 - back off and retry; never crash-loop the DaemonSet
+            return Pause(self._failed(exc), on_change=False)
+        self._recovered()
+        if self._latest_generation != self._processed_generation:
+            return Pause(0.0, on_change=False)  # the spec changed while we worked: go again now
+        if wait < self.s.poll_seconds or not self._rv:
+            return Pause(wait, on_change=False)
+        return Pause(wait, on_change=True)
+
     def run_forever(self, stop: Callable[[], bool] = lambda: False) -> None:
-        """Tick until ``stop``; a failing tick or wait backs off (:class:`kube.backoff.Backoff`), logged once per change."""
+        """:meth:`step` until ``stop``, waiting as each step says (a GPUNode watch ends a wait early)."""
         while not stop():
+            pause = self.step()
+            if stop():
+                break
             try:
-                wait = self.tick()
-                self._recovered()
-                if stop():
-                    break
-                if self._latest_generation != self._processed_generation:
-                    continue  # the spec changed while we worked: go again now
-                if wait < self.s.poll_seconds or not self._rv:
-                    self.sleep(wait)
-                else:
-                    self.kube.wait_gpunode_change(self.s.node_name, self._rv, wait)
-            except Exception as exc:  # noqa: BLE001 - back off and retry; never crash-loop the DaemonSet
-                pause = self._failed(exc)
+                if pause.on_change:
+                    self.kube.wait_gpunode_change(self.s.node_name, self._rv, pause.seconds)
+                elif pause.seconds > 0:
+                    self.sleep(pause.seconds)
+            except Exception as exc:  # noqa: BLE001 - a failed watch backs off like a failed tick
+                seconds = self._failed(exc)
                 if not stop():
-                    self.sleep(pause)
+                    self.sleep(seconds)
 
     def _failed(self, exc: Exception) -> float:
         """Count and (once per change of state) log a failed attempt; returns the pause before the next."""

@@ -31,7 +31,7 @@ from kubernetes import client
 
 from gpupack.devcluster.apply import REPO_ROOT, Manifest, load_manifests
 from gpupack.devcluster.errors import StartFailed
-from sharing.keys import HOSTNAME_LABEL
+from sharing.keys import HOSTNAME_LABEL, SIMULATED_GPUS_ANNOTATION
 
 KWOK_DIR = REPO_ROOT / "tools" / "kwok"
 STAGES_DIR = KWOK_DIR / "stages"
@@ -101,11 +101,13 @@ def node_manifest(
     pods: int = 110,
     extended: Mapping[str, Quantity] | None = None,
     labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
     address: str | None = None,
 ) -> Manifest:
     """A Node kwok manages: capacity and allocatable both ``cpu``, ``memory``, ``pods`` and the
     ``extended`` resources (``{"nvidia.com/gpu": 8}``), the usual kubelet labels plus ``labels``,
-    and ``address`` (if given) as its InternalIP.
+    kwok's annotation plus ``annotations`` (:func:`simulated_gpus` makes a node ``gpupack agent
+    fleet`` serves), and ``address`` (if given) as its InternalIP.
 
     ValueError for a bad name, a non-positive ``pods``, or cpu/memory/pods given in ``extended``.
     """
@@ -136,11 +138,19 @@ def node_manifest(
                 MANAGED_ANNOTATION: MANAGED_VALUE,
                 **(labels or {}),
             },
-            "annotations": {MANAGED_ANNOTATION: MANAGED_VALUE},
+            "annotations": {**(annotations or {}), MANAGED_ANNOTATION: MANAGED_VALUE},
         },
         # A kubelet registers its Node with its capacity; the API server keeps status on create.
         "status": status,
     }
+
+
+def simulated_gpus(model: str, count: int) -> dict[str, str]:
+    """The annotation that has ``gpupack agent fleet`` serve a node with ``count`` simulated GPUs of
+    ``model`` (as ``agent run --simulate MODEL:COUNT`` takes them): pass it as ``annotations``."""
+    if not model or ":" in model or not 1 <= count <= 16:
+        raise ValueError(f"simulated GPUs {model!r}:{count}: a model name and 1..16 GPUs")
+    return {SIMULATED_GPUS_ANNOTATION: f"{model}:{count}"}
 
 
 def node_address(number: int) -> str:

@@ -151,3 +151,48 @@ def test_the_thread_lists_again_after_a_failure_and_wait_changed_wakes() -> None
         assert informer.lists >= 2
     finally:
         informer.stop()
+
+
+def test_stop_ends_a_watch_blocked_on_a_quiet_stream() -> None:
+    """A real HTTP stream on loopback that sends its headers and then nothing: stop() must wake the reader."""
+    import socket
+
+    import urllib3
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        held.append(conn)  # and say nothing more
+
+    import threading
+
+    threading.Thread(target=serve, daemon=True).start()
+    pool = urllib3.PoolManager()
+
+    def lister(**kw: Any) -> Any:
+        if kw.get("watch"):
+            return pool.request("GET", f"http://127.0.0.1:{port}/watch", preload_content=False)
+        return Answer(json.dumps(listing("1")).encode())
+
+    informer = Informer("pods", lister)
+    informer.start()
+    assert informer.wait_synced(10)
+    for _ in range(100):
+        if informer._response is not None:  # noqa: SLF001 - the watch is open and blocked
+            break
+        threading.Event().wait(0.05)
+    stopper = threading.Thread(target=informer.stop, daemon=True)  # a stop() that blocks fails, not hangs
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive()
+    assert informer._thread is not None  # noqa: SLF001
+    informer._thread.join(10)  # noqa: SLF001
+    assert not informer._thread.is_alive()  # noqa: SLF001
+    listener.close()
