@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import combinations
 from typing import Literal
 
@@ -120,39 +121,53 @@ class GpuCandidate:
     """Idle long enough (and no unreported users) for unused instances to go."""
 
 
+@lru_cache(maxsize=16384)
+def _change_on(model: GpuModel, mig_enabled: bool, current: tuple[PlacedInstance, ...],
+               in_use: tuple[PlacedInstance, ...], needed: tuple[str, ...], may_destroy: bool,
+               ) -> tuple[tuple[int, int, int, int], ChangeKind, tuple[PlacedInstance, ...], tuple[PlacedInstance, ...]] | None:
+    """The change creating ``needed`` on one GPU in this state, and the state's part of its rank; None
+    if there is none. Pure and cached: at fleet size thousands of GPUs share a handful of layouts (most
+    are empty or alike), so each distinct state is searched once, not once per GPU and waiting pod."""
+    if mig_enabled:
+        found = minimal_change(model, current, in_use, needed, may_destroy=may_destroy)
+        if found is None:
+            return None
+        target, destroyed = found
+        kind: ChangeKind = "reshape" if destroyed else "extend"
+    else:
+        if not may_destroy:
+            return None  # turning MIG on needs an idle GPU
+        placed = place_new(model, (), needed)
+        if placed is None:
+            return None
+        target, destroyed, kind = placed, (), "enable"
+    rank = (_KIND_RANK[kind], len(destroyed), free_slices(model, current) if mig_enabled else model.memory_slices,
+            -usable_value(model, target))
+    return rank, kind, target, destroyed
+
+
 def best_change(candidates: Sequence[GpuCandidate], needed: Sequence[str]) -> LayoutChange | None:
     """The cheapest, best-fitting, least fragmenting change that creates ``needed`` on one GPU."""
-    scored: list[tuple[tuple[int, int, int, int, str, int], LayoutChange]] = []
+    wanted = tuple(sorted(needed))
+    best: tuple[tuple[int, int, int, int, str, int], GpuCandidate, ChangeKind, tuple[PlacedInstance, ...],
+                tuple[PlacedInstance, ...]] | None = None
     for c in candidates:
         if not all(c.model.has_profile(n) for n in needed):
             continue
-        if c.mig_enabled:
-            found = minimal_change(c.model, c.current, c.in_use, needed, may_destroy=c.may_destroy)
-            if found is None:
-                continue
-            target, destroyed = found
-            kind: ChangeKind = "reshape" if destroyed else "extend"
-        else:
-            if not c.may_destroy:
-                continue  # turning MIG on needs an idle GPU
-            placed = place_new(c.model, (), needed)
-            if placed is None:
-                continue
-            target, destroyed, kind = placed, (), "enable"
-        created = tuple(i for i in target if i not in c.current)
-        key = (
-            _KIND_RANK[kind],
-            len(destroyed),
-            free_slices(c.model, c.current) if c.mig_enabled else c.model.memory_slices,
-            -usable_value(c.model, target),
-            c.node,
-            c.index,
-        )
-        why = f"{kind} GPU {c.index} of {c.node} for {', '.join(sorted(needed))}"
-        scored.append((key, LayoutChange(c.node, c.index, kind, target, destroyed, created, why)))
-    if not scored:
+        found = _change_on(c.model, c.mig_enabled, tuple(sorted(c.current)), tuple(sorted(c.in_use)), wanted,
+                           c.may_destroy)
+        if found is None:
+            continue
+        rank, kind, target, destroyed = found
+        key = (*rank, c.node, c.index)
+        if best is None or key < best[0]:
+            best = (key, c, kind, target, destroyed)
+    if best is None:
         return None
-    return min(scored, key=lambda kv: kv[0])[1]
+    _, c, kind, target, destroyed = best
+    created = tuple(i for i in target if i not in c.current)
+    why = f"{kind} GPU {c.index} of {c.node} for {', '.join(sorted(needed))}"
+    return LayoutChange(c.node, c.index, kind, target, destroyed, created, why)
 
 
 _ENGINE = GpupackStrategy()
