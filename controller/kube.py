@@ -24,6 +24,7 @@ from kube.errors import KubeError
 from kube.informer import Lister
 from sharing.crd import GROUP, VERSION
 
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 CLAIMS = "resourceclaims"
@@ -127,6 +128,12 @@ class Kube(KubeClient):
     def merge_patch_pod(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         return _body(call(self._core.patch_namespaced_pod, name, namespace, dict(body),
                           _content_type=MERGE_PATCH, _preload_content=False, idempotent=True))
+
+    def patch_pod_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A strategic-merge patch of the pod's ``status`` subresource (conditions merge by type, so
+        kube-scheduler's own stay as they are)."""
+        return _body(call(self._core.patch_namespaced_pod_status, name, namespace, dict(body),
+                          _content_type=STRATEGIC_MERGE_PATCH, _preload_content=False, idempotent=True))
 
     def evict_pod(self, namespace: str, name: str) -> None:
         """The Eviction API (honours PodDisruptionBudgets: 429 while one forbids it)."""

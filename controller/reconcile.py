@@ -41,6 +41,7 @@ from controller.migplan import LayoutChange
 from controller.mig_configs import published_config
 from controller.metrics import ControllerMetrics, cluster_figures
 from controller.view import FailedDevice, Node, Snapshot
+from controller.wait_status import placement_patches
 from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
 from controller.planner import Plan, Release, plan
 from controller.settings import ControllerSettings
@@ -140,6 +141,7 @@ class Controller:
             self._fail(report, "dra-claims", f"ResourceClaims not read, nothing placed on the DRA pool: {exc}")
         releases += [(Release(p.pod, p.node, p.reason), p) for p in report.dra.placements]
         self._release(releases, pod_objs, now, report)
+        self._placement_status(result, snapshot, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
             self._evict(failed, pod_objs, report)
         if self.settings.feedback:
@@ -160,6 +162,16 @@ class Controller:
         return report
 
     # ------------------------------------------------------------------ steps
+    def _placement_status(self, result: Plan, snapshot: Snapshot, pod_objs: Mapping[str, Mapping[str, Any]],
+                          now: datetime, report: CycleReport) -> None:
+        """Say why each gated pod waits (``controller.wait_status``): one write when the reason changes."""
+        for patch in placement_patches(result, snapshot, pod_objs, now):
+            try:
+                self.kube.patch_pod_status(patch.namespace, patch.name, patch.body)
+            except KubeError as exc:
+                if not exc.not_found:  # deleted meanwhile: nothing to say
+                    self._fail(report, "placement-status", f"{patch.key}: {exc}")
+
     def _idle(self, snapshot: Snapshot, by_name: dict[str, dict[str, Any]], now: datetime, report: CycleReport) -> bool:
         """Write each GPUNode's idle record where it changed; ``by_name`` gets a copy of each
         written GPUNode showing it (the objects read are shared with the caches: never changed)."""

@@ -21,6 +21,7 @@ from gpupack import __version__
 COMMAND_MODULES: tuple[str, ...] = (
     "gpupack.cli_mig",
     "gpupack.cli_simulate",
+    "gpupack.cli_replay",
     "gpupack.cli_dev",
     "gpupack.cli_webhook",
     "gpupack.cli_agent",

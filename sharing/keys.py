@@ -36,6 +36,8 @@ DRA_PINNED_ANNOTATION: Final = "gpupack.io/dra-pinned"
 """ResourceClaim (DRA pool): the node and devices the controller pinned it to (``sharing.dra.pinned``)."""
 RECOMMENDED_MILLI_ANNOTATION: Final = "gpupack.io/recommended-gpu-milli"
 """The feedback loop's right-size recommendation."""
+PLACEMENT_CONDITION: Final = "gpupack.io/Placement"
+"""Pod condition type: the controller's word on a gated pod it has not placed (``sharing.placement_status``)."""
 
 DURATION_ANNOTATION: Final = "gpupack.io/duration-seconds"
 """Pod (simulation: KWOK nodes): seconds after it starts when the pod completes (``gpupack.devcluster.kwok``)."""

@@ -45,6 +45,7 @@ MATRIX: tuple[tuple[str, str, str, str | None, str], ...] = tuple((*row, "") for
     ("gpupack.io", "sharingpolicies", "status", None),
     ("", "pods", "", "default"),
     ("", "pods", "eviction", "default"),
+    ("", "pods", "status", "default"),
     ("", "nodes", "", None),
     ("", "nodes", "status", None),
     ("", "namespaces", "", None),
@@ -92,6 +93,7 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("gpupack.io", "sharingpolicies", "status", None, ""): {"get", "update", "patch"},
         ("", "pods", "", "default", ""): READ | {"update", "patch"},
         ("", "pods", "", OPERATOR_NS, ""): READ | {"update", "patch"},  # cluster-wide; fields: a policy
+        ("", "pods", "status", "default", ""): {"patch"},  # the gpupack.io/Placement condition
         ("", "nodes", "", None, ""): READ,
         ("", "namespaces", "", None, ""): READ,
         ("coordination.k8s.io", "leases", "", NS, ""): READ | WRITE,

@@ -264,3 +264,38 @@ def test_a_cache_that_has_not_seen_a_release_does_not_release_the_pod_again(monk
     caches.informers["pods"].apply({"type": "MODIFIED", "object": server["pod"]})
     assert controller.cycle().released == [] and len(writes) == 2
     assert len(kube.written) == 1  # the GPUNode's idle record: its watch event has not come yet
+
+
+def test_a_pod_that_cannot_be_placed_is_told_why_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cycle writes the gpupack.io/Placement condition (controller.wait_status) through the status
+    subresource, and a second cycle, its cache not yet showing the write, writes nothing again."""
+    from controller.reconcile import Controller
+    from controller.settings import ControllerSettings
+    from sharing.placement_status import read_placement
+
+    pod = gated_pod()
+    node = one_gpu_node()
+    node["status"]["gpus"][0]["instances"][0]["inUse"] = True  # the only 1g.10gb is taken
+    node["status"]["gpus"][0]["instances"][0]["pods"] = ["other/q"]
+    caches = synced(ClusterCaches({"gpunodes": lister(node), "nodes": lister(), "pods": lister(pod),
+                                   "sharingpolicies": lister()}), "gpunodes", "nodes", "pods", "sharingpolicies")
+    kube = cached_kube(caches)
+    status_writes: list[dict[str, Any]] = []
+
+    def patch_pod_status(self: Kube, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        status_writes.append(body)
+        out = json.loads(json.dumps(pod))
+        out["status"]["conditions"] = body["status"]["conditions"]
+        out["metadata"]["resourceVersion"] = str(30 + len(status_writes))
+        return out
+
+    monkeypatch.setattr(Kube, "patch_pod_status", patch_pod_status)
+    monkeypatch.setattr(Kube, "patch_gpunode", lambda self, name, body: None)
+    controller = Controller(kube, ControllerSettings(feedback=False, right_size=False))
+    first = controller.cycle()
+    assert first.released == [] and first.errors == [] and len(status_writes) == 1
+    (written,) = kube.list_pods()
+    said = read_placement(written)
+    assert said is not None and not said.placed and said.message
+    controller.cycle()
+    assert len(status_writes) == 1  # the same word is not written twice

@@ -180,6 +180,7 @@ class FakeKube:
         self.gpunodes, self.nodes, self.pods = gpunodes, nodes, pods
         self.claims: dict[str, dict[str, Any]] = {}
         self.pod_patches: list[tuple[str, list[dict[str, Any]]]] = []
+        self.status_patches: list[tuple[str, dict[str, Any]]] = []
         self.events: list[tuple[str, str, str]] = []
         self.claim_list_error: KubeError | None = None
         self.lost_create_answers = 0
@@ -201,6 +202,9 @@ class FakeKube:
 
     def json_patch_pod(self, namespace: str, name: str, ops: list[dict[str, Any]]) -> None:
         self.pod_patches.append((f"{namespace}/{name}", ops))
+
+    def patch_pod_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self.status_patches.append((f"{namespace}/{name}", body))
 
     def event(self, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((f"{involved['namespace']}/{involved['name']}", reason, message))

@@ -1,0 +1,122 @@
+"""Live replays of openb workloads against the simulator's product model (issue 16 item 4; a script, not a test).
+
+Runs ``gpupack replay --json`` (the real stack on KWOK nodes: docs/replay.md) for each workload on the
+seed's sample of ``--max-nodes`` nodes, and tabulates the live allocation at 130 % arrived demand beside
+the product model's and the FGD protocol's on the same plan, the pods never placed (and who said so),
+creation-to-bound latency, and what each run cost.
+
+    python benchmarks/replay.py                                  # default and gpushare40, 200 nodes, seed 42
+    python benchmarks/replay.py --max-nodes 50 --workloads default
+    python benchmarks/replay.py --traces ../shared/traces/openb --seed 43
+
+Writes benchmarks/replay.json (``--out``) and benchmarks/replay.md (``--markdown``); one PNG per workload
+beside them (``replay_<workload>.png``). A 200-node run takes 20-40 minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT.parent / "shared" / "traces" / "openb"
+
+
+def run_one(traces: Path, workload: str, seed: int, max_nodes: int, plot: Path, timeout_s: float) -> dict[str, Any]:
+    """One ``gpupack replay --json`` run; its report plus the wall time."""
+    with tempfile.TemporaryDirectory(prefix="gpupack-replay-bench-") as work:
+        began = time.monotonic()
+        run = subprocess.run(
+            [sys.executable, "-m", "gpupack", "replay", "--nodes", str(traces / "openb_node_list_gpu_node.csv"),
+             "--pods", str(traces / f"openb_pod_list_{workload}.csv"), "--seed", str(seed),
+             "--max-nodes", str(max_nodes), "--json", "--plot", str(plot), "--workdir", work],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True, timeout=timeout_s, check=False,
+        )
+        wall = time.monotonic() - began
+    if not run.stdout.strip():
+        raise RuntimeError(f"{workload}: gpupack replay exited {run.returncode} without a report")
+    report: dict[str, Any] = json.loads(run.stdout)
+    report["exit_code"] = run.returncode
+    report["wall_seconds"] = round(wall, 1)
+    return report
+
+
+def _cell(value: float | None, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def markdown(reports: list[dict[str, Any]], command: str, machine: str) -> str:
+    lines = [
+        "# Live replay of openb against the product model",
+        "",
+        "`gpupack replay` (docs/replay.md) submits the protocol's arrivals one at a time to the real stack: "
+        "kube-apiserver, etcd, kube-scheduler (the shipped configuration), kwok playing the kubelet of one KWOK "
+        "Node per sampled openb node, `gpupack agent fleet` serving their simulated GPUs with the emulated NVIDIA "
+        "device plugin, the webhook over TLS and the controller. The product model and the FGD protocol run on "
+        "the same plan (nodes, pods, order).",
+        "",
+        f"Machine: {machine}.",
+        "",
+        f"    {command}",
+        "",
+        "| workload | nodes (GPUs) | pods | live at 130 % | product model | live − model | FGD protocol | never placed live (by) | never placed, model | bound p50 / p95 s | run |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|",
+    ]
+    for r in reports:
+        at = r["alloc_at_130"]
+        by = ", ".join(f"{k} {v}" for k, v in r["unplaceable_by"].items()) or "none"
+        lines.append(
+            f"| {r['workload'].removeprefix('openb_pod_list_')} | {r['nodes_used']} ({r['gpus_used']}) | "
+            f"{r['pods_submitted']} | {_cell(at['live'])} | {_cell(at['simulated'])} | "
+            f"{_cell(at['live_minus_simulated'], '{:+.2f}')} | {_cell(at['fgd'])} | "
+            f"{r['pods_unplaceable'] + r['pods_timed_out']} ({by}) | {r['simulated_failed_pods']} | "
+            f"{_cell(r['bound_seconds_p50'])} / {_cell(r['bound_seconds_p95'])} | {r['wall_seconds'] / 60:.1f} min |")
+    lines += ["", "Costs during the submissions (CPU seconds, peak RSS MiB; API requests of every client by verb):", "",
+              "| workload | controller | webhook | agent fleet | API requests |", "|---|---|---|---|---|"]
+    for r in reports:
+        c = r["components"]
+        cells = [f"{c[n]['cpu_seconds']:.1f} s, {c[n]['peak_rss_mib']:.0f} MiB" for n in ("controller", "webhook", "agents")]
+        verbs = ", ".join(f"{k} {v}" for k, v in r["api_requests"].items())
+        lines.append(f"| {r['workload'].removeprefix('openb_pod_list_')} | {' | '.join(cells)} | {verbs} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--traces", type=Path, default=TRACES, help=f"the openb traces (default {TRACES})")
+    parser.add_argument("--workloads", nargs="+", default=["default", "gpushare40"])
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--max-nodes", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=3 * 3600.0, help="per run, seconds (default 3 h)")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "replay.json")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "benchmarks" / "replay.md")
+    args = parser.parse_args()
+    if not (args.traces / "openb_node_list_gpu_node.csv").is_file():
+        parser.error(f"no openb traces in {args.traces} (docs/simulator.md, 'Getting the traces')")
+    reports = []
+    for workload in args.workloads:
+        print(f"{workload}: replaying {args.max_nodes} nodes, seed {args.seed} ...", file=sys.stderr, flush=True)
+        plot = args.out.with_name(f"replay_{workload}.png")
+        reports.append(run_one(args.traces, workload, args.seed, args.max_nodes, plot, args.timeout))
+        at = reports[-1]["alloc_at_130"]
+        print(f"{workload}: live {at['live']}, product model {at['simulated']}, FGD {at['fgd']} "
+              f"({reports[-1]['wall_seconds'] / 60:.1f} min)", file=sys.stderr, flush=True)
+    command = "python benchmarks/replay.py " + " ".join(sys.argv[1:])
+    machine = f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}"
+    slim = [{k: v for k, v in r.items() if k != "pods"} for r in reports]
+    args.out.write_text(json.dumps({"command": command, "machine": machine, "runs": slim}, indent=2) + "\n")
+    args.markdown.write_text(markdown(reports, command, machine))
+    print(markdown(reports, command, machine))
+    return 0 if all(r["exit_code"] == 0 for r in reports) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Why gated pods wait, as the pod status the controller writes (``sharing.placement_status``).
+
+Pure: a cycle's :class:`~controller.planner.Plan`, its snapshot, the raw pod
+objects it read and the time in; the status patches to write out. One reading
+of the planner's outcome, no parsing of its prose:
+
+* a gated pod the plan leaves waiting is ``NoCapacity`` when the cycle is
+  **quiet**: it plans no layout or sharing change anywhere, and every node has
+  converged (its agent has applied the last spec: no GPU reshaping, sharing
+  status equal to spec). Nothing is being created, so nothing this controller
+  does will place the pod until something in the cluster changes;
+* otherwise ``WaitingForCapacity``: a change planned now or still in flight may
+  give it room (the planner does not say which change is whose, and need not:
+  once everything is quiet the verdict is exact);
+* a released pod that carries a ``False`` condition gets ``Placed``; one
+  released in the cycle that first saw it gets nothing (no write).
+
+Pods kube-scheduler places (ungated: whole GPUs asked directly, and pods the
+planner only reports Unschedulable) are left to kube-scheduler's own
+``PodScheduled`` condition, and DRA pool pods to ``controller.draplan``.
+Nothing is written when the condition already says the same (reason and
+message), so a pod that waits costs one write, not one per cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from controller.planner import Plan
+from controller.view import Snapshot
+from kube.times import format_time
+from sharing.placement_status import NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, placement_patch
+
+
+@dataclass(frozen=True)
+class StatusPatch:
+    """One strategic-merge patch of a pod's ``status`` subresource."""
+
+    namespace: str
+    name: str
+    body: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def quiet(plan: Plan, snapshot: Snapshot) -> bool:
+    """The cycle plans no change and nothing is in flight on any node (module docstring)."""
+    if plan.layouts or plan.sharing:
+        return False
+    return all(
+        n.converged and n.sharing == n.spec_sharing and n.replicas == n.spec_replicas for n in snapshot.nodes
+    )
+
+
+def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping[str, Any]],
+                      now: datetime) -> list[StatusPatch]:
+    """The pod status patches for one cycle. ``pods``: the raw pod objects the cycle read, by
+    ``namespace/name`` (pods missing there are skipped: deleted meanwhile)."""
+    gated = {p.key for p in snapshot.pods if p.gated}
+    reason = NO_CAPACITY if quiet(plan, snapshot) else WAITING_FOR_CAPACITY
+    out: list[StatusPatch] = []
+    for wait in plan.waiting:
+        obj = pods.get(wait.pod)
+        if wait.pod not in gated or obj is None:
+            continue
+        body = placement_patch(obj, reason, wait.reason, format_time(now))
+        if body is not None:
+            out.append(_patch(wait.pod, body))
+    for release in plan.releases:
+        obj = pods.get(release.pod)
+        if obj is None:
+            continue
+        body = placement_patch(obj, PLACED, f"released to {release.node}: {release.reason}", format_time(now))
+        if body is not None:
+            out.append(_patch(release.pod, body))
+    return out
+
+
+def _patch(key: str, body: dict[str, Any]) -> StatusPatch:
+    namespace, name = key.split("/", 1)
+    return StatusPatch(namespace, name, body)

@@ -1,0 +1,7 @@
+"""``gpupack replay``: an openb trace through the real stack on KWOK nodes, beside the simulator (docs/replay.md).
+
+Modules: ``mapping`` (trace rows as Nodes and pods), ``stack`` (the control plane, agents, webhook and
+controller), ``runner`` (submitting one pod at a time), ``outcome`` (bound or never placed, from the pod),
+``fallback`` (TEMPORARY rule while the controller does not say why a pod waits), ``figures``, ``costs``,
+``progress`` and ``report``.
+"""

@@ -1,0 +1,76 @@
+"""The replay's figures: live allocation per arrived-demand level, beside both simulator models on the same plan.
+
+The live figure is computed exactly as the simulator computes its own
+(``sharing.simulator.metrics.alloc_by_level``, the function ``run_product``
+calls): after every attempt, in arrival order, the GPU milli arrived so far
+(never-placed pods included) and the GPU milli of the pods bound so far (a
+pod bound is its request allocated: ``gpu_milli`` times ``gpu_count``, the
+protocol's accounting), over the plan's GPUs. ``simulated_alloc_at`` is the
+product model (``sharing.simulator.product.run_product``) and
+``fgd_alloc_at`` the FGD paper's protocol (``sharing.simulator.replay.run_once``),
+each run on the same node list, trace, seed, inflation and node sample, so on
+the same plan (``sharing.simulator.arrivals.plan_run``) and with the policy the
+live controller runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
+from sharing.simulator.metrics import alloc_by_level
+from sharing.simulator.product import run_product
+from sharing.simulator.replay import run_once
+from sharing.simulator.scheduler_config import load_weights
+
+Levels = dict[int, float | None]
+
+
+def live_alloc_at(pods: Sequence[PodSpec], bound: Sequence[bool], total_gpus: int) -> Levels:
+    """Allocation % per arrived-demand level of attempts ``pods`` (arrival order) with outcomes ``bound``."""
+    if len(pods) != len(bound):
+        raise ValueError(f"{len(pods)} pods but {len(bound)} outcomes")
+    demand = np.cumsum([p.gpu_total_milli for p in pods], dtype=np.int64)
+    used = np.cumsum([p.gpu_total_milli if b else 0 for p, b in zip(pods, bound)], dtype=np.int64)
+    return alloc_by_level(demand, used, total_gpus)
+
+
+def final_alloc_percent(pods: Sequence[PodSpec], bound: Sequence[bool], total_gpus: int) -> float:
+    """GPU milli of the bound pods over all GPU milli, in percent, at the end of the run."""
+    return 100.0 * sum(p.gpu_total_milli for p, b in zip(pods, bound) if b) / (total_gpus * GPU_MILLI)
+
+
+@dataclass(frozen=True)
+class ModelFigures:
+    """Both simulator models on the replay's plan."""
+
+    product_alloc_at: Levels
+    product_failed_pods: int
+    fgd_alloc_at: Levels
+    fgd_failed_pods: int
+
+
+def model_figures(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy: str, seed: int,
+                  inflate: float, max_nodes: int | None) -> ModelFigures:
+    """The product model and the FGD protocol on the plan the replay submits (module docstring)."""
+    product = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes)
+    fgd = run_once(nodes, trace_pods, policy, seed, inflate, max_nodes=max_nodes)
+    return ModelFigures(product.alloc_at, product.failed_pods, fgd.alloc_at, fgd.failed_pods)
+
+
+def level_at(levels: Levels, level: int) -> float | None:
+    """The value at ``level``, or else at the highest level below it that has one (a run whose
+    arrivals stop short of 130 % has nothing at 130)."""
+    for at in range(level, -1, -1):
+        value = levels.get(at)
+        if value is not None:
+            return value
+    return None
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (linear interpolation, numpy's default); None for no values."""
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None

@@ -1,0 +1,87 @@
+"""What became of one submitted pod, read from the Pod object alone: bound, unplaceable, or not yet known.
+
+* **bound**: ``spec.nodeName`` is set (kube-scheduler bound it; on KWOK it then runs).
+* **unplaceable**, said by whoever places the pod:
+
+  - a gated pod (``gpupack.io/capacity``: every fractional pod, placed by
+    gpupack's packing engine): the controller's placement condition says
+    ``NoCapacity`` (``sharing.placement_status``);
+  - an ungated pod of kube-scheduler's (whole GPUs asked as ``nvidia.com/gpu``,
+    CPU-only pods): ``PodScheduled=False`` with reason ``Unschedulable``. A pod
+    the controller released (it carries gpupack's allocation record) that
+    kube-scheduler then finds no room for is not judged here: the controller
+    plans it again, so it is left waiting.
+
+* otherwise **waiting**.
+
+:func:`classify` is pure; the replay's temporary rule for a controller that does
+not write the placement condition yet lives in ``gpupack.replay.fallback``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from sharing.allocation import has_capacity_gate
+from sharing.keys import ALLOCATION_ANNOTATION
+from sharing.placement_status import read_placement
+
+Outcome = Literal["bound", "unplaceable", "waiting"]
+Decider = Literal["scheduler", "controller", "fallback-cycles", "released-unschedulable", "admission", "timeout"]
+"""Who declared a pod never placed: kube-scheduler (Unschedulable), the controller (NoCapacity), the
+replay's temporary cycle rule, kube-scheduler for a pod the controller had released (after
+``released_unschedulable_s``: ``gpupack.replay.runner``), the webhook (refused at admission), or the
+replay's per-pod time limit."""
+
+UNSCHEDULABLE: Final = "Unschedulable"
+
+
+def _spec(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = pod.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def bound_node(pod: Mapping[str, Any]) -> str | None:
+    node = _spec(pod).get("nodeName")
+    return node if isinstance(node, str) and node else None
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    return has_capacity_gate(_spec(pod))
+
+
+def has_allocation(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return isinstance(annotations, Mapping) and ALLOCATION_ANNOTATION in annotations
+
+
+def unschedulable(pod: Mapping[str, Any]) -> bool:
+    """kube-scheduler's ``PodScheduled=False, reason Unschedulable``."""
+    status = pod.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    if not isinstance(conditions, list):
+        return False
+    return any(isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False"
+               and c.get("reason") == UNSCHEDULABLE for c in conditions)
+
+
+def released_unschedulable(pod: Mapping[str, Any]) -> bool:
+    """A pod of gpupack's the controller released (ungated) that kube-scheduler finds no room for: the
+    controller pinned it to a node that cannot take it. Transient while the node's advertised resources
+    catch up with a change the controller waited for; lasting when the node lacks what the pod asks
+    beside its GPU (CPU, memory), which the controller's packing engine does not count today."""
+    return not gated(pod) and has_allocation(pod) and unschedulable(pod) and not bound_node(pod)
+
+
+def classify(pod: Mapping[str, Any]) -> tuple[Outcome, Decider | None]:
+    """The pod's outcome so far, and who decided it when it is ``unplaceable`` (module docstring)."""
+    if bound_node(pod):
+        return "bound", None
+    if gated(pod):
+        status = read_placement(pod)
+        return ("unplaceable", "controller") if status is not None and status.unplaceable else ("waiting", None)
+    if unschedulable(pod) and not has_allocation(pod):
+        return "unplaceable", "scheduler"
+    return "waiting", None

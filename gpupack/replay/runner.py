@@ -1,0 +1,270 @@
+"""A live replay: the plan's pods submitted one at a time to the real stack, each until it is placed or not.
+
+**Order and waiting.** The pods are those of ``sharing.simulator.arrivals.plan_run``
+for the node list, pod list, seed, inflation and node sample, in its order, so
+the replay submits exactly what ``gpupack simulate`` replays. Every pod's
+outcome could depend on the one before it (they share the cluster), so they go
+strictly one at a time: a pod is created only after the previous one is
+
+* **bound** (``spec.nodeName`` set, seen by the replay's watch), or
+* **never placed**: refused at admission (the webhook's answer), declared
+  unplaceable by the component that places it (``gpupack.replay.outcome``:
+  kube-scheduler's ``Unschedulable``, the controller's ``NoCapacity``; or,
+  only while the controller does not write that condition, the temporary
+  cycle rule of ``gpupack.replay.fallback``), or still undecided after
+  ``pod_timeout_s`` (counted apart, ``pods_timed_out``).
+
+A pod never placed is **deleted** at once, as the protocol drops it: left
+pending it could be placed later, when capacity created for a later pod
+happens to fit it, which the protocol never does, and it would stay in every
+controller cycle's list of waiting pods.
+
+**Latency** (``bound_seconds``): from just before the replay's create call to
+the moment its watch saw ``spec.nodeName`` (monotonic clock, so sub-second,
+unlike ``creationTimestamp``); it includes admission, the controller's cycle,
+any node switch and kube-scheduler's binding.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+from kubernetes import client
+
+from gpupack.replay.costs import ComponentCost, component_cost, delta, requests_by_verb, sample_all
+from gpupack.replay.fallback import CycleCount, gpunode_state
+from gpupack.replay.figures import live_alloc_at
+from gpupack.replay.mapping import REPLAY_LABEL, kube_node_name, replay_pod
+from gpupack.replay.outcome import Decider, bound_node, classify, gated, released_unschedulable
+from gpupack.replay.progress import ProgressBar
+from gpupack.replay.stack import NAMESPACE, ReplayStack
+from kube.informer import Informer
+from sharing.packing.specs import GPU_MILLI, PodSpec
+from sharing.placement_status import read_placement
+from sharing.simulator.arrivals import RunPlan
+
+GROUP, VERSION = "gpupack.io", "v1alpha1"
+
+Result = Literal["bound", "unplaceable", "timeout"]
+
+
+@dataclass(frozen=True)
+class PodResult:
+    name: str
+    pod: PodSpec
+    result: Result
+    decider: Decider | None = None
+    node: str | None = None
+    bound_seconds: float | None = None
+    message: str = ""
+    decided_seconds: float = 0.0
+    """From the create call to the verdict (bound, or declared never placed)."""
+
+
+@dataclass
+class LiveRun:
+    """What a live replay measured."""
+
+    plan: RunPlan
+    results: list[PodResult] = field(default_factory=list)
+    components: dict[str, ComponentCost] = field(default_factory=dict)
+    api_requests: dict[str, int] = field(default_factory=dict)
+    replay_requests: dict[str, int] = field(default_factory=dict)
+    """The replay's own requests (creates, deletes, its watches' lists), included in ``api_requests``."""
+    agents: str = ""
+    setup_seconds: float = 0.0
+    submit_seconds: float = 0.0
+
+    @property
+    def bound(self) -> list[bool]:
+        return [r.result == "bound" for r in self.results]
+
+
+def submission_order(plan: RunPlan) -> list[str]:
+    """The names of the pods the replay creates, in the order it creates them."""
+    return [kube_node_name(p.name) for p in plan.workload.pods]
+
+
+class _Requests:
+    """Counts the replay's own API requests by verb."""
+
+    def __init__(self) -> None:
+        self.by_verb: dict[str, int] = {}
+
+    def add(self, verb: str, n: int = 1) -> None:
+        self.by_verb[verb] = self.by_verb.get(verb, 0) + n
+
+
+def _apiserver_requests(admin: Any) -> dict[str, float]:
+    method, url, headers, _, _ = admin.param_serialize("GET", "/metrics", header_params={"Accept": "text/plain"})
+    response = admin.call_api(method, url, header_params=headers)
+    response.read()
+    return requests_by_verb(response.data.decode("utf-8"))
+
+
+@dataclass
+class Replayer:
+    stack: ReplayStack
+    plan: RunPlan
+    pod_timeout_s: float = 120.0
+    fallback_cycles: int = 3
+    released_unschedulable_s: float = 3.0
+    """How long a pod the controller released may stay Unschedulable before it counts as never placed."""
+    progress: ProgressBar | None = None
+    say: Callable[[str], None] = lambda _: None
+    run_id: str = "run"
+    _bound_at: dict[str, float] = field(default_factory=dict)
+
+    def run(self) -> LiveRun:
+        admin = self.stack.admin
+        core = client.CoreV1Api(admin)
+        custom = client.CustomObjectsApi(admin)
+        mine = _Requests()
+        pods = Informer("pods", partial(core.list_namespaced_pod, NAMESPACE, label_selector=f"{REPLAY_LABEL}={self.run_id}"))
+        gpunodes = Informer("gpunodes", partial(custom.list_cluster_custom_object, GROUP, VERSION, "gpunodes"))
+        pods.listeners.append(self._watched)
+        for informer in (pods, gpunodes):
+            informer.start()
+            if not informer.wait_synced(60):
+                raise RuntimeError(f"the replay's {informer.name} watch did not sync in 60 s")
+        live = LiveRun(plan=self.plan, agents=self.stack.agents, setup_seconds=self.stack.setup_seconds)
+        procs = self.stack.processes()
+        before = {name: sample_all(pids) for name, pids in procs.items()}
+        requests_before = _apiserver_requests(admin)
+        lists_before = pods.lists + gpunodes.lists
+        began = time.monotonic()
+        try:
+            for pod in self.plan.workload.pods:
+                started = time.monotonic()
+                result = self._one(core, pods, gpunodes, pod, mine)
+                live.results.append(replace(result, decided_seconds=time.monotonic() - started))
+                self._show(live)
+        finally:
+            live.submit_seconds = time.monotonic() - began
+            requests_after = _apiserver_requests(admin)
+            after = {name: sample_all(self.stack.processes()[name]) for name in procs}
+            live.components = {name: component_cost(before[name], after[name]) for name in procs}
+            mine.add("LIST", pods.lists + gpunodes.lists - lists_before)
+            pods.stop()
+            gpunodes.stop()
+            live.api_requests = delta(requests_before, requests_after)
+            live.replay_requests = {k: v for k, v in sorted(mine.by_verb.items()) if v}
+            if self.progress is not None:
+                self.progress.close()
+        return live
+
+    def _watched(self, kind: str, obj: Any) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        if kind != "DELETED" and bound_node(obj) and name not in self._bound_at:
+            self._bound_at[name] = time.monotonic()
+
+    def _show(self, live: LiveRun) -> None:
+        if self.progress is None:
+            return
+        done = len(live.results)
+        bound = sum(1 for r in live.results if r.result == "bound")
+        milli = sum(r.pod.gpu_total_milli for r in live.results if r.result == "bound")
+        self.progress.update(done, bound, done - bound, 100.0 * milli / (self.plan.gpus * GPU_MILLI))
+
+    def _one(self, core: Any, pods: Informer, gpunodes: Informer, pod: PodSpec, mine: _Requests) -> PodResult:
+        name = kube_node_name(pod.name)
+        key = f"{NAMESPACE}/{name}"
+        started = time.monotonic()
+        mine.add("POST")
+        try:
+            core.create_namespaced_pod(NAMESPACE, replay_pod(pod, NAMESPACE, self.run_id))
+        except client.ApiException as exc:
+            if exc.status is not None and 400 <= exc.status < 500 and exc.status != 409:
+                return PodResult(name, pod, "unplaceable", "admission", message=_api_message(exc))
+            raise
+        rule = CycleCount(self.fallback_cycles)
+        unschedulable_since: float | None = None
+        seen = pods.version
+        deadline = started + self.pod_timeout_s
+        while True:
+            obj = pods.get(key)
+            if obj is not None:
+                outcome, decider = classify(obj)
+                if outcome == "bound":
+                    at = self._bound_at.get(name, time.monotonic())
+                    return PodResult(name, pod, "bound", node=bound_node(obj), bound_seconds=max(0.0, at - started))
+                if outcome == "unplaceable":
+                    self._delete(core, name, mine)
+                    status = read_placement(obj)
+                    return PodResult(name, pod, "unplaceable", decider, message=status.message if status else "")
+                if gated(obj) and read_placement(obj) is None and self._fallback(rule, gpunodes):
+                    self._delete(core, name, mine)
+                    return PodResult(name, pod, "unplaceable", "fallback-cycles")
+                if not released_unschedulable(obj):
+                    unschedulable_since = None
+                elif unschedulable_since is None:
+                    unschedulable_since = time.monotonic()
+                elif time.monotonic() - unschedulable_since >= self.released_unschedulable_s:
+                    self._delete(core, name, mine)
+                    return PodResult(name, pod, "unplaceable", "released-unschedulable",
+                                     message=_scheduler_message(obj))
+            now = time.monotonic()
+            if now >= deadline:
+                self._delete(core, name, mine)
+                self.say(f"{name}: neither bound nor declared unplaceable after {self.pod_timeout_s:.0f}s")
+                return PodResult(name, pod, "timeout", "timeout")
+            seen = pods.wait_changed(seen, min(0.25, max(0.0, deadline - now)))
+
+    def _fallback(self, rule: CycleCount, gpunodes: Informer) -> bool:
+        cycles = self.stack.controller_cycles()
+        if cycles is None:
+            return False
+        converged, fingerprint = gpunode_state(gpunodes.items())
+        return rule.observe(cycles, converged, fingerprint)
+
+    def _delete(self, core: Any, name: str, mine: _Requests) -> None:
+        mine.add("DELETE")
+        try:
+            core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+        except client.ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def _scheduler_message(obj: Any) -> str:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "PodScheduled":
+            return str(cond.get("message") or "")
+    return ""
+
+
+def _api_message(exc: client.ApiException) -> str:
+    import json
+
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return str(exc.reason or exc)
+    return str(body.get("message") or exc.reason or exc)
+
+
+def run_live(workdir: Path, plan: RunPlan, *, policy: str = "gpupack", pod_timeout_s: float = 120.0,
+             fallback_cycles: int = 3, keep_logs: bool = False, progress: bool = True,
+             say: Callable[[str], None] = lambda _: None, run_id: str = "run") -> LiveRun:
+    """Start the stack on the plan's nodes, replay the plan's pods, stop the stack; what was measured."""
+    stack = ReplayStack(workdir, plan.nodes, policy=policy, keep_logs=keep_logs)
+    try:
+        stack.start(say)
+        bar = ProgressBar(len(plan.workload.pods)) if progress else None
+        return Replayer(stack, plan, pod_timeout_s=pod_timeout_s, fallback_cycles=fallback_cycles, progress=bar,
+                        say=say, run_id=run_id).run()
+    finally:
+        stack.stop()
+
+
+def live_levels(live: LiveRun) -> dict[int, float | None]:
+    return live_alloc_at([r.pod for r in live.results], live.bound, live.plan.gpus)
+
+
+def pods_of(results: Sequence[PodResult], result: Result) -> int:
+    return sum(1 for r in results if r.result == result)

@@ -1,0 +1,260 @@
+"""The live stack a replay runs on: control plane with kwok, KWOK nodes, the agent fleet, webhook, controller.
+
+Built from the pieces ``gpupack demo`` starts (``gpupack.demo.stack.Stack``:
+the control plane of ``gpupack.devcluster``, gpupack's manifests, the webhook
+served over TLS and registered with the shipped configurations, the controller
+as its own ServiceAccount), with three differences:
+
+* the control plane runs **kwok** (``ControlPlaneConfig(kwok=True)``), and the
+  nodes are KWOK Nodes made from the node list (``gpupack.replay.mapping``);
+* the GPUs of every node are served by **one** ``gpupack agent fleet`` process
+  (simulated NVML + emulated NVIDIA device plugin per node, as ``agent run
+  --simulate --emulate-device-plugin`` gives one node), run with the admin
+  kubeconfig as docs/agent-fleet.md says (it watches cluster-wide). Where this checkout's
+  ``gpupack agent`` has no ``fleet`` command yet, each node gets its own
+  ``gpupack agent run`` process instead (TEMPORARY; fine for a few dozen nodes);
+* the controller runs with ``--no-feedback`` (simulated GPUs report 0 % busy,
+  and the feedback loop would raise replica counts beyond what the product
+  model knows), a 0.5 s resync, 0.1 s batching and a Prometheus port (the
+  replay reads its cycle count: ``gpupack.replay.fallback``).
+
+One SharingPolicy selects the replay's nodes: any replica count 1..8 (the
+device plugin's), every node may change at once (``maxConcurrent`` = nodes),
+no idle time before a change (``idleSeconds: 0``: in the protocol a node is
+switched the moment a pod needs it, and nothing ever leaves a node idle
+again), no window.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from gpupack.demo.stack import DEMO_NAMESPACE, GROUP, VERSION, Stack
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests
+from gpupack.devcluster.binaries import ensure_binaries
+from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
+from gpupack.devcluster.kwok import wait_ready
+from gpupack.devcluster.process import free_port
+from gpupack.replay.mapping import REPLAY_LABEL, kube_node_name, replay_node
+from sharing.keys import MILLI_RESOURCE, PRODUCT_LABEL, SHARING_ANNOTATION, WHOLE_RESOURCE
+from sharing.packing.specs import NodeSpec
+
+NAMESPACE = DEMO_NAMESPACE
+"""Where the replay's pods go: the demo's namespace, which ``Stack`` creates with its default
+ServiceAccount and probes the webhook in."""
+POLICY_NAME = "openb-replay"
+AGENT_TOKEN_SECONDS = 86_400
+SETUP_SECONDS_PER_NODE = 0.5
+"""Setup time allowed per node, on top of a minute, for the agents to report and advertise."""
+
+
+class _OpenbStack(Stack):
+    """The demo's stack, its webhook probe asking for an MPS share.
+
+    ``Stack._wait_mutating`` probes with an ``auto`` pod, which the webhook refuses on a
+    cluster with neither MIG-capable GPUs nor a shared node yet (auto never gates on a kind
+    of node that does not exist): every openb cluster at the start of a replay. The replay's
+    fractional pods ask for MPS, and so does its probe (a dry run, created nowhere)."""
+
+    def _wait_mutating(self) -> None:
+        core = client.CoreV1Api(self.admin)
+        probe: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "probe", "annotations": {SHARING_ANNOTATION: "mps"}}, "spec": {"containers": [
+                {"name": "c", "image": "example.com/app:1", "resources": {"limits": {MILLI_RESOURCE: "100"}}}]}}
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                pod: Any = core.create_namespaced_pod(NAMESPACE, probe, dry_run="All")
+            except client.ApiException:
+                pod = None
+            if pod is not None and MILLI_RESOURCE not in (pod.spec.containers[0].resources.limits or {}):
+                return
+            time.sleep(0.2)
+        raise RuntimeError("timed out after 60s waiting for the mutating webhook to be called by the API server")
+
+
+def fleet_available() -> bool:
+    """Whether this checkout's ``gpupack agent`` has the ``fleet`` command."""
+    done = subprocess.run([sys.executable, "-m", "gpupack", "agent", "fleet", "--help"],
+                          capture_output=True, text=True, check=False)
+    return done.returncode == 0
+
+
+def fleet_argv(help_text: str, kubeconfig: str, state_dir: Path) -> list[str]:
+    """``gpupack agent fleet`` for the replay's nodes: the options its ``--help`` offers, of those the
+    replay sets (its nodes only, state files in the work dir, no start-up stagger)."""
+    argv = ["agent", "fleet", "--kubeconfig", kubeconfig]
+    wanted = {"--selector": f"{REPLAY_LABEL}=on", "--state-dir": str(state_dir), "--stagger-seconds": "0"}
+    for flag, value in wanted.items():
+        if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text):
+            argv += [flag, value]
+    return argv
+
+
+def policy_object(nodes: int) -> dict[str, Any]:
+    """The SharingPolicy selecting the replay's nodes (module docstring)."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": POLICY_NAME},
+        "spec": {
+            "nodeSelector": {"matchLabels": {REPLAY_LABEL: "on"}},
+            "reshaping": {"maxConcurrent": max(1, nodes), "idleSeconds": 0},
+            "replicas": {"min": 1, "max": 8},
+        },
+    }
+
+
+def node_advertised(node: dict[str, Any], gpus: int) -> bool:
+    """The Node offers ``gpus`` whole GPUs and carries the product label: its agent serves it."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return PRODUCT_LABEL in labels and str(allocatable.get(WHOLE_RESOURCE, "0")) == str(gpus)
+
+
+@dataclass
+class ReplayStack:
+    """Start with :meth:`start`, stop with :meth:`stop`."""
+
+    workdir: Path
+    nodes: Sequence[NodeSpec]
+    policy: str = "gpupack"
+    keep: bool = False
+    keep_logs: bool = False
+    """Keep the control plane's work dir (its components' logs) after :meth:`stop`."""
+    stack: Stack = field(init=False)
+    agents: str = ""
+    """``fleet`` or ``per-node`` (the temporary fallback)."""
+    controller_metrics_port: int = 0
+    setup_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.stack = _OpenbStack(self.workdir, keep=self.keep, nodes=())
+        self.stack.controller_policy = self.policy
+
+    @property
+    def admin(self) -> Any:
+        return self.stack.admin
+
+    def processes(self) -> dict[str, list[int]]:
+        """The pids of gpupack's components: ``controller``, ``webhook`` and ``agents``."""
+        out: dict[str, list[int]] = {"controller": [], "webhook": [], "agents": []}
+        for proc in self.stack.processes:
+            if proc.pid is None:
+                continue
+            group = "controller" if proc.name == "controller" else "webhook" if proc.name == "webhook" else "agents"
+            out[group].append(proc.pid)
+        return out
+
+    def start(self, say: Callable[[str], None]) -> None:
+        began = time.monotonic()
+        say("control plane: finding or building kube-apiserver, kube-scheduler, etcd, kwok (first run: minutes)")
+        binaries = ensure_binaries(progress=sys.stderr, kwok=True)
+        plane = ControlPlane(binaries, ControlPlaneConfig(workdir=self.workdir / "cluster", keep_workdir=self.keep or self.keep_logs,
+                                                          tie_to_parent=not self.keep, kwok=True))
+        self.stack.plane = plane
+        plane.start()
+        say(f"control plane: up in {plane.startup_seconds or 0:.1f}s at {plane.server}")
+        self.stack.admin = plane.admin_client()
+        apply_objects(self.stack.admin, gpupack_manifests(), field_manager="gpupack-replay")
+        # NOTE: Stack._namespace and Stack._webhook are the demo's private steps; they should become
+        # public (see docs/replay.md, "Pieces reused").
+        self.stack._namespace()
+        client.CustomObjectsApi(self.admin).create_cluster_custom_object(
+            GROUP, VERSION, "sharingpolicies", policy_object(len(self.nodes)))
+        core = client.CoreV1Api(self.admin)
+        for number, node in enumerate(self.nodes):
+            core.create_node(body=replay_node(node, number))  # type: ignore[arg-type]  # a dict body is sent as is
+        names = [kube_node_name(n.name) for n in self.nodes]
+        wait_ready(self.admin, names, timeout_s=60 + SETUP_SECONDS_PER_NODE * len(names))
+        say(f"nodes: {len(names)} KWOK nodes Ready ({sum(n.gpu_count for n in self.nodes)} GPUs)")
+        self._agents(say)
+        self.stack._webhook()
+        say("webhook: serving over TLS, registered with the API server")
+        self.controller_metrics_port = free_port()
+        self.stack.start_controller("controller", "--no-feedback", "--metrics-port", str(self.controller_metrics_port),
+                                    "--resync-seconds", "0.5", "--batch-seconds", "0.1")
+        say("controller: running (leader-elected; --no-feedback)")
+        self._wait_advertised(say)
+        self.setup_seconds = time.monotonic() - began
+
+    def _agents(self, say: Callable[[str], None]) -> None:
+        plane = self.stack.plane
+        assert plane is not None
+        state = self.workdir / "nvml"
+        state.mkdir(parents=True, exist_ok=True)
+        if fleet_available():
+            help_text = subprocess.run([sys.executable, "-m", "gpupack", "agent", "fleet", "--help"],
+                                       capture_output=True, text=True, check=False).stdout
+            # The fleet watches Nodes, GPUNodes, bound pods, SharingPolicies and the XID table
+            # cluster-wide, beyond one agent's RBAC: it runs as the admin (docs/agent-fleet.md).
+            self.stack._process("fleet", fleet_argv(help_text, str(plane.kubeconfig), state))
+            self.agents = "fleet"
+            say("agents: one 'gpupack agent fleet' process serving every node")
+            return
+        # TEMPORARY: no fleet command in this checkout: one agent process per GPU node, each as the
+        # agent's ServiceAccount, with a day's token (a long replay outlives the default hour).
+        kubeconfig = str(plane.serviceaccount_kubeconfig("gpupack-node-agent", seconds=AGENT_TOKEN_SECONDS))
+        self.agents = "per-node"
+        for node in self.nodes:
+            if node.gpu_count == 0:
+                continue
+            name = kube_node_name(node.name)
+            self.stack._process(f"agent-{name}", [
+                "agent", "run", "--node", name, "--simulate", f"{node.gpu_model}:{node.gpu_count}",
+                "--state-file", str(state / f"{name}.json"), "--emulate-device-plugin",
+                "--poll-seconds", "0.5", "--metrics-port", "0", "--kubeconfig", kubeconfig,
+            ])
+        say("agents: no 'gpupack agent fleet' here; one 'gpupack agent run' per GPU node (TEMPORARY)")
+
+    def _wait_advertised(self, say: Callable[[str], None]) -> None:
+        """Until every GPU node's agent has reported its GPUs (GPUNode status) and advertised them on
+        the Node as the device plugin would."""
+        core = client.CoreV1Api(self.admin)
+        custom = client.CustomObjectsApi(self.admin)
+        want = {kube_node_name(n.name): n.gpu_count for n in self.nodes if n.gpu_count}
+        deadline = time.monotonic() + 60 + SETUP_SECONDS_PER_NODE * len(want)
+        while True:
+            nodes = {n["metadata"]["name"]: n for n in
+                     (self.admin.sanitize_for_serialization(o) for o in core.list_node(label_selector=f"{REPLAY_LABEL}=on").items)}
+            listed: Any = custom.list_cluster_custom_object(GROUP, VERSION, "gpunodes")
+            reported = {g["metadata"]["name"] for g in listed.get("items", [])
+                        if len((g.get("status") or {}).get("gpus") or []) == want.get(g["metadata"]["name"], -1)}
+            missing = [name for name, gpus in want.items()
+                       if name not in reported or not node_advertised(nodes.get(name, {}), gpus)]
+            if not missing:
+                say(f"agents: all {len(want)} GPU nodes reported and advertised")
+                return
+            self._check_processes()
+            if time.monotonic() > deadline:
+                shown = ", ".join(sorted(missing)[:5]) + (" ..." if len(missing) > 5 else "")
+                raise RuntimeError(f"{len(missing)} GPU node(s) not served by an agent in time: {shown}; "
+                                   f"logs in {self.workdir / 'logs'}")
+            time.sleep(1.0)
+
+    def _check_processes(self) -> None:
+        for proc in self.stack.processes:
+            if not proc.running():
+                raise RuntimeError(f"{proc.name} exited; log: {proc.log_path}")
+
+    def controller_cycles(self) -> int | None:
+        """Planning cycles the controller has completed (its metrics); None when not readable."""
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.controller_metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            return None
+        match = re.search(r"^gpupack_controller_cycle_seconds_count\s+(\S+)", text, re.MULTILINE)
+        return int(float(match.group(1))) if match else None
+
+    def stop(self) -> None:
+        self.stack.stop()

@@ -1,0 +1,121 @@
+"""``gpupack replay`` end to end on a CI-sized fleet: a synthetic openb-like trace (60 nodes, 250 pods
+written in tmp_path), ``--max-nodes 50`` (about 280 pods arrive), through the real stack (control plane
+with kwok, KWOK nodes, the agent fleet on simulated GPUs, the webhook over TLS, the controller,
+kube-scheduler). One replay, shared by the tests below.
+
+Asserts what the issue asks of a replay: every pod ends bound or declared never placed (none left to
+the per-pod time limit), in the order ``gpupack simulate`` replays for the seed; API requests and every
+component's CPU time and peak RSS are measured; and the live allocation at 130 % arrived demand agrees
+with the simulator's product model on the same plan within 0.5 points. That last one does not hold
+yet, for reasons of the live stack the replay found (docs/replay.md, "What the replay found"): it is
+marked ``xfail(strict=True)`` until they are fixed. 2.5 minutes on a 2-core machine (measured with
+the controller writing its placement condition; setup about a minute, then a pod bound takes well
+under a second and one never placed one to three).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpupack.replay.runner import submission_order
+from sharing.simulator.arrivals import plan_run
+from sharing.simulator.traces import load_nodes, load_pods
+
+ROOT = Path(__file__).resolve().parents[2]
+
+NODE_SHAPES = (  # (type, GPUs, CPU milli, memory MiB, weight): openb's node kinds, fewer of the large ones
+    ("T4", 2, 64_000, 262_144, 10), ("P100", 2, 64_000, 262_144, 4), ("A10", 1, 32_000, 131_072, 3),
+    ("V100M16", 4, 64_000, 262_144, 2), ("G2", 8, 96_000, 786_432, 1), ("G3", 4, 96_000, 786_432, 1),
+    ("V100M32", 4, 96_000, 786_432, 1),
+)
+
+def synthetic_trace(tmp_path: Path, nodes: int = 60, pods: int = 250, seed: int = 5) -> tuple[Path, Path]:
+    """An openb-like node list and pod list (no gpu_spec: see docs/replay.md, "Known differences")."""
+    rng = random.Random(seed)
+    node_rows = ["sn,cpu_milli,memory_mib,gpu,model"]
+    for i in range(nodes):
+        kind, gpus, cpu, mem, _ = rng.choices(NODE_SHAPES, [s[4] for s in NODE_SHAPES])[0]
+        node_rows.append(f"openb-node-{i:04d},{cpu},{mem},{gpus},{kind}")
+    pod_rows = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"]
+    for i in range(pods):
+        draw = rng.random()
+        if draw < 0.12:
+            gpus, milli = 0, 0
+        elif draw < 0.6:
+            gpus, milli = 1, rng.choice([50, 100, 200, 250, 300, 400, 500])
+        elif draw < 0.7:
+            gpus, milli = 1, rng.choice([600, 750, 900])
+        elif draw < 0.94:
+            gpus, milli = 1, 1000
+        else:
+            gpus, milli = rng.choice([2, 4]), 1000
+        cpu = rng.choice([1000, 2000, 4000, 6000, 8000, 16000])
+        pod_rows.append(f"openb-pod-{i:04d},{cpu},{rng.choice([2048, 4096, 8192, 16384, 32768])},{gpus},{milli},")
+    node_file, pod_file = tmp_path / "openb_node_list_gpu_node.csv", tmp_path / "openb_pod_list_synthetic.csv"
+    node_file.write_text("\n".join(node_rows) + "\n")
+    pod_file.write_text("\n".join(pod_rows) + "\n")
+    return node_file, pod_file
+
+
+@pytest.fixture(scope="module")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One replay of the synthetic trace (``--max-nodes 50``, seed 42), shared by the tests below."""
+    tmp_path = tmp_path_factory.mktemp("replay")
+    nodes, pods = synthetic_trace(tmp_path)
+    plot = tmp_path / "replay.png"
+    run = subprocess.run(
+        [sys.executable, "-m", "gpupack", "replay", "--nodes", str(nodes), "--pods", str(pods), "--seed", "42",
+         "--max-nodes", "50", "--json", "--plot", str(plot), "--workdir", str(tmp_path / "work")],
+        cwd=ROOT, capture_output=True, text=True, timeout=840,
+    )
+    logs = tmp_path / "work" / "logs"
+    assert run.returncode == 0, run.stderr[-3000:] + "".join(
+        f"\n--- {p.name} ---\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.glob("*.log")))
+    report: dict[str, Any] = json.loads(run.stdout)
+    plan = plan_run(load_nodes(nodes), load_pods(pods).pods, 42, 1.3, 50)
+    return {"report": report, "plan": plan, "stderr": run.stderr, "plot": plot}
+
+
+@pytest.mark.timeout(900)
+def test_every_pod_is_bound_or_declared_never_placed_in_the_protocols_order(replayed: dict[str, Any]) -> None:
+    report, plan = replayed["report"], replayed["plan"]
+    assert [p["name"] for p in report["pods"]] == submission_order(plan)
+    assert report["nodes_used"] == 50 and report["gpus_used"] == plan.gpus
+    assert report["pods_submitted"] == len(plan.workload.pods) > 150
+    assert report["pods_timed_out"] == 0
+    assert report["pods_bound"] + report["pods_unplaceable"] == report["pods_submitted"]
+    assert all(p["result"] in ("bound", "unplaceable") for p in report["pods"])
+    assert report["pods_unplaceable"] > 0  # 130 % of capacity arrives: some pods never fit
+    assert report["alloc_at_130"]["live"] is not None and report["alloc_at_130"]["simulated"] is not None
+    assert replayed["plot"].stat().st_size > 0
+    assert "pods" in replayed["stderr"]  # the progress bar (stderr is not a terminal: one line per step)
+
+
+@pytest.mark.timeout(900)
+def test_the_costs_are_measured(replayed: dict[str, Any]) -> None:
+    report = replayed["report"]
+    assert report["api_requests"] and sum(report["api_requests"].values()) > report["pods_submitted"]
+    assert report["api_requests_by_replay"]["POST"] == report["pods_submitted"]
+    for name in ("controller", "webhook", "agents"):
+        assert report["components"][name]["cpu_seconds"] > 0, name
+        assert report["components"][name]["peak_rss_mib"] > 0, name
+    assert report["bound_seconds_p95"] >= report["bound_seconds_p50"] > 0
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the live stack does not yet do what the product model does (docs/replay.md, 'What the replay found'): "
+    "the webhook pins a share to the replica count and product of the shared nodes that exist at admission, "
+    "the planner switches node after node for one pod when its affinity needs the new sharing labels, and the "
+    "packing engine does not count the CPU and memory of the pods already on a node. Remove this mark when the "
+    "replay agrees (strict: an unexpected pass fails, so the mark cannot outlive the fix)."))
+@pytest.mark.timeout(900)
+def test_the_live_allocation_agrees_with_the_product_model(replayed: dict[str, Any]) -> None:
+    at = replayed["report"]["alloc_at_130"]
+    assert abs(at["live"] - at["simulated"]) <= 0.5, at
