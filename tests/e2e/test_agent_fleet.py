@@ -32,6 +32,7 @@ from node.fleet import Fleet, FleetSettings, fleet_configmaps
 from node.fleet_kube import ApiCounts, FleetCaches, SharedKube, counting_api_client, reads, writes
 from node.settings import AgentSettings
 from sharing.keys import HOSTNAME_LABEL, SIMULATED_GPUS_ANNOTATION
+from tests.e2e.waiting import wait_for
 
 WAIT_S = 90.0
 FLEET_SIZE = 50
@@ -42,14 +43,8 @@ TIMES = {"heartbeatTime", "lastTransitionTime", "lastHeartbeatTime", "since", "t
 
 
 def _eventually(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s:.0f}s: {what}")
-        time.sleep(0.5)
+    """Poll ``probe`` (``tests.e2e.waiting.wait_for``, every 0.5 s) with this module's patience."""
+    return wait_for(what, probe, timeout_s, interval_s=0.5)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from gpupack.devcluster import kwok
 from gpupack.devcluster.clients import api_client
 from gpupack.devcluster.controlplane import ControlPlane
 from sharing.keys import DURATION_ANNOTATION
+from tests.e2e.waiting import wait_for
 
 WAIT_S = 90.0  # generous: the 2-core CI machine runs other components too
 LEASE_NAMESPACE = "kube-node-lease"
@@ -53,15 +53,8 @@ def namespace(api: Any) -> str:
 
 
 def _eventually(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s:.0f}s: {what}")
-        time.sleep(0.5)
+    """Poll ``probe`` (``tests.e2e.waiting.wait_for``, every 0.5 s) with this module's patience."""
+    return wait_for(what, probe, timeout_s, interval_s=0.5)
 
 
 def _pod(name: str, selector: dict[str, str], annotations: dict[str, str] | None = None,
