@@ -140,6 +140,10 @@ class FreeCapacity:
     """Nodes that had free whole GPUs when the ledger was made (``whole`` only decreases)."""
     incoming_whole_nodes: set[str] = field(default_factory=set)
     incoming_shared_nodes: set[str] = field(default_factory=set)
+    room: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Node -> (CPU milli, memory MiB) not requested by any pod: kube-scheduler binds a pod only
+    where its own requests fit, so a node without room for a pod is no place for it whatever
+    GPUs it has free. Nodes whose allocatable is unknown are absent (no limit)."""
 
     @classmethod
     def of(cls, snapshot: Snapshot, claims: dict[str, Counter[str]] | None = None) -> FreeCapacity:
@@ -181,6 +185,8 @@ class FreeCapacity:
                 ledger.whole[node.name] = whole
             elif node.spec_sharing == "none":
                 ledger.incoming_whole[node.name] = whole
+            if node.free_cpu_milli is not None and node.free_memory_mib is not None:
+                ledger.room[node.name] = (node.free_cpu_milli, node.free_memory_mib)
         ledger.incoming_mig_nodes = {n for n, c in ledger.incoming_mig.items() if c}
         ledger.whole_nodes = {n for n, c in ledger.whole.items() if c > 0}
         ledger.incoming_whole_nodes = {n for n, c in ledger.incoming_whole.items() if c > 0}
@@ -217,6 +223,17 @@ class FreeCapacity:
         free.subtract(need)
         if self.mig_index is not None:
             self.mig_index.touched(node)
+
+    def fits(self, node: str, pod: Pod) -> bool:
+        """The pod's CPU and memory requests fit in what the node has left."""
+        room = self.room.get(node)
+        return room is None or (pod.cpu_milli <= room[0] and pod.memory_mib <= room[1])
+
+    def take_room(self, node: str, pod: Pod) -> None:
+        """A pod released to ``node`` holds its CPU and memory there from now on."""
+        room = self.room.get(node)
+        if room is not None:
+            self.room[node] = (room[0] - pod.cpu_milli, room[1] - pod.memory_mib)
 
     def take_whole(self, node: str, gpus: int) -> None:
         if self.whole[node] < gpus:

@@ -189,7 +189,7 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) ->
         policy = cycle.snapshot.policies.get(node.name)
         if node.model is None or policy is None or policy.static_layout is not None:
             continue
-        if not allowed_on(pod, node):
+        if not allowed_on(pod, node) or not cycle.free.fits(node.name, pod):
             continue
         if not all(policy.allows_profile(p) for p in pod.profiles):
             continue
@@ -222,16 +222,16 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     need = Counter(pod.profiles)
     node: str | None
     if need:
-        node = cycle.free.best_mig(need, lambda name: allowed_on(pod, cycle.by_name[name]))
+        node = cycle.free.best_mig(need, lambda name: allowed_on(pod, cycle.by_name[name]) and cycle.free.fits(name, pod))
     else:  # nothing to look up in the index: every node the pod admits fits
-        fitting = [n.name for n in cycle.snapshot.nodes if allowed_on(pod, n)]
+        fitting = [n.name for n in cycle.snapshot.nodes if allowed_on(pod, n) and cycle.free.fits(n.name, pod)]
         node = min(fitting, key=lambda name: (sum(cycle.free.mig_free(name).values()), name)) if fitting else None
     if node is not None:
         cycle.free.take_mig(node, pod.profiles)
         return Release(pod.key, node, f"free {', '.join(sorted(pod.profiles))} on {node}")
     for n in cycle.in_order(cycle.free.incoming_mig_nodes):
         incoming = cycle.free.incoming_mig.get(n.name)
-        if incoming and allowed_on(pod, n) and all(incoming[p] >= k for p, k in need.items()):
+        if incoming and allowed_on(pod, n) and cycle.free.fits(n.name, pod) and all(incoming[p] >= k for p, k in need.items()):
             incoming.subtract(need)
             return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
     candidates = _mig_candidates(cycle, pod, claims)
@@ -282,7 +282,8 @@ def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod |
     out = [
         node for node in cycle.returnable
         if node.name not in cycle.sharing and _open(cycle.snapshot.policies.get(node.name), cycle)
-        and len(node.full_gpus) >= gpus and (pod is None or _allowed_after_switch(pod, node, "none", 1))
+        and len(node.full_gpus) >= gpus
+        and (pod is None or (_allowed_after_switch(pod, node, "none", 1) and cycle.free.fits(node.name, pod)))
     ]
     return sorted(out, key=lambda n: (len(n.full_gpus), n.name))
 
@@ -300,18 +301,19 @@ def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[st
     need = pod.whole_gpus
     # Free whole GPUs only decrease during a cycle: the nodes that had some are the candidates.
     nodes = cycle.in_order(cycle.free.whole_nodes) if need > 0 else cycle.snapshot.nodes
-    fitting = [n for n in nodes if cycle.free.whole[n.name] >= need and allowed_on(pod, n)]
+    fitting = [n for n in nodes if cycle.free.whole[n.name] >= need and allowed_on(pod, n) and cycle.free.fits(n.name, pod)]
     node = placer.place_whole(pod, fitting, dict(cycle.free.whole))
     if node is not None:
         cycle.free.take_whole(node, need)
         return Release(pod.key, node, f"{need} whole GPU(s) on {node} (packing engine)")
     incoming = cycle.in_order(cycle.free.incoming_whole_nodes) if need > 0 else cycle.snapshot.nodes
     for n in incoming:
-        if cycle.free.incoming_whole[n.name] >= need and allowed_on(pod, n):
+        if cycle.free.incoming_whole[n.name] >= need and allowed_on(pod, n) and cycle.free.fits(n.name, pod):
             cycle.free.incoming_whole[n.name] -= need
             return Wait(pod.key, f"capacity being created: {n.name} returning to whole GPUs (in flight)")
     for name, change in sorted(cycle.sharing.items()):
-        if change.mode == "none" and cycle.planned_whole[name] >= need:
+        if change.mode == "none" and cycle.planned_whole[name] >= need and cycle.free.fits(name, pod) \
+                and _allowed_after_switch(pod, cycle.by_name[name], "none", 1):
             cycle.planned_whole[name] -= need
             return Wait(pod.key, f"capacity being created: {name} returning to whole GPUs")
     idle = _idle_shared_nodes(cycle, taken, need, pod)
@@ -378,18 +380,23 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine)")
     incoming = cycle.in_order(cycle.free.incoming_shared_nodes) if pod.shares > 0 else cycle.snapshot.nodes
     for n in incoming:
-        if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares and allowed_on(pod, n)
+        # Judged on the labels the node will carry once its switch is done: its current ones
+        # may not name the sharing the pod's terms ask for yet, and judged on those the pod
+        # would never count this capacity and another idle node would be split for it.
+        if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares
+                and _allowed_after_switch(pod, n, n.spec_sharing, n.spec_replicas) and cycle.free.fits(n.name, pod)
                 and _shared_ok(pod, n, n.spec_replicas)):
             cycle.free.incoming_shared[n.name] -= pod.shares
             return Wait(pod.key, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
     for name, change in sorted(cycle.sharing.items()):
         target = cycle.by_name[name]
-        if change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas):
+        if (change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas)
+                and _allowed_after_switch(pod, target, change.mode, change.replicas) and cycle.free.fits(name, pod)):
             cycle.planned_shares[name] -= pod.shares
             return Wait(pod.key, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
     idle: list[tuple[Node, int]] = []
     for node_, policy in _switchable(cycle, taken):
-        if node_.name in cycle.sharing or not _open(policy, cycle):
+        if node_.name in cycle.sharing or not _open(policy, cycle) or not cycle.free.fits(node_.name, pod):
             continue
         fitting = [
             r for r in range(policy.max_replicas, policy.min_replicas - 1, -1)
@@ -517,7 +524,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     cycle.demand = Counter(prof for p in waiting_pods if p.mode == "mig" for prof in p.profiles)
     _static_layouts(cycle)
     taken = shared_claims(snapshot.pods)
-    placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name)
+    placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name, room=cycle.free.room)
     cycle.whole_busy = whole_pinned(snapshot.pods) + Counter({n.name: n.whole_taken for n in snapshot.nodes})
     releases: list[Release] = []
     waiting: list[Wait] = []
@@ -537,6 +544,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
             # Ungated: kube-scheduler places it; the capacity is only held for it this cycle.
             outcome = Wait(pod.key, f"capacity exists on {outcome.node}; kube-scheduler retries the pod")
         if isinstance(outcome, Release):
+            cycle.free.take_room(outcome.node, pod)
             releases.append(outcome)
         else:
             waiting.append(outcome)

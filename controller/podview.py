@@ -18,7 +18,7 @@ from sharing.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PRODUCT_LABEL, W
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 
-__all__ = ["pod_from_object", "read_pod", "waiting_unschedulable", "whole_gpus_requested"]
+__all__ = ["pod_from_object", "read_pod", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:
@@ -71,18 +71,41 @@ def _terms(spec: Mapping[str, Any]) -> tuple[tuple[tuple[str, str, tuple[str, ..
     return tuple(out)
 
 
+_UNITS: dict[str, tuple[int, int]] = {"cpu": (1000, 1), "memory": (1, 1024 * 1024)}
+"""Resource -> (multiply, divide): CPU in milli, memory in MiB."""
+
+
+def _quantity(container: Any, resource: str) -> int:
+    value = _map(_map(_map(container).get("resources")).get("requests")).get(resource)
+    if value is None:
+        return 0
+    times, over = _UNITS[resource]
+    try:
+        return max(0, int(parse_quantity(value) * times / over))
+    except (ValueError, TypeError, ArithmeticError):
+        return 0
+
+
 def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
-    cpu = mem = 0
-    for c in _list(spec.get("containers")):
-        req = _map(_map(_map(c).get("resources")).get("requests"))
-        try:
-            if "cpu" in req:
-                cpu += int(parse_quantity(req["cpu"]) * 1000)
-            if "memory" in req:
-                mem += int(parse_quantity(req["memory"]) / (1024 * 1024))
-        except ValueError:
-            continue
-    return cpu, mem
+    """CPU milli and memory MiB the pod requests as kube-scheduler counts them (NodeResourcesFit):
+    per resource the larger of its app containers together and its largest init container,
+    plus the pod's ``overhead``; an unreadable quantity counts as 0."""
+    out: list[int] = []
+    for resource in ("cpu", "memory"):
+        app = sum(_quantity(c, resource) for c in _list(spec.get("containers")))
+        init = max((_quantity(c, resource) for c in _list(spec.get("initContainers"))), default=0)
+        overhead = _quantity({"resources": {"requests": _map(spec.get("overhead"))}}, resource)
+        out.append(max(app, init) + overhead)
+    return out[0], out[1]
+
+
+def resources_held(obj: Mapping[str, Any]) -> tuple[int, int]:
+    """CPU milli and memory MiB a pod holds on its node (:func:`_requests`); 0 for finished pods.
+    A terminating pod still holds them: kube-scheduler counts it until it is gone."""
+    spec, status = _map(obj.get("spec")), _map(obj.get("status"))
+    if status.get("phase") in ("Succeeded", "Failed"):
+        return 0, 0
+    return _requests(spec)
 
 
 def whole_gpus_requested(obj: Mapping[str, Any]) -> int:

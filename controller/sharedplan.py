@@ -27,7 +27,7 @@ shared nodes: placing a pod costs a few array operations, not a loop over nodes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -66,7 +66,13 @@ def engine_pod(pod: Pod, accepted: tuple[str, ...]) -> PodSpec:
 class SharedPlacer:
     """One planning cycle's engine state over the shared nodes."""
 
-    def __init__(self, nodes: Sequence[Node], free: dict[str, int], workload: Sequence[Pod], policy_name: str = "gpupack") -> None:
+    def __init__(self, nodes: Sequence[Node], free: dict[str, int], workload: Sequence[Pod], policy_name: str = "gpupack",
+                 room: Mapping[str, tuple[int, int]] | None = None) -> None:
+        """``room``: node -> CPU milli and memory MiB its pods leave (``FreeCapacity.room``, read
+        live, so pods released elsewhere this cycle count); without it, the nodes' own."""
+        self.room: Mapping[str, tuple[int, int]] = room if room is not None else {
+            n.name: (n.free_cpu_milli, n.free_memory_mib) for n in nodes
+            if n.free_cpu_milli is not None and n.free_memory_mib is not None}
         self.nodes = tuple(n for n in nodes if n.sharing != "none" and n.full_gpus and n.name in free)
         self.keys = tuple(sorted({node_key(n) for n in self.nodes}))
         self._names = [n.name for n in self.nodes]
@@ -83,7 +89,7 @@ class SharedPlacer:
         self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=TypicalPods.from_pods(shapes))
         if not self.nodes:
             return
-        specs = [_spec(n, node_key(n)) for n in self.nodes]
+        specs = [_spec(n, node_key(n), self.room) for n in self.nodes]
         self.cluster = ClusterState(specs)
         for i, n in enumerate(self.nodes):
             share = GPU_MILLI // n.replicas
@@ -160,7 +166,7 @@ class SharedPlacer:
         candidates = [n for n in sorted(nodes, key=lambda n: n.name) if free.get(n.name, 0) >= pod.whole_gpus]
         if not candidates:
             return None
-        cluster = ClusterState([_spec(n, "gpu") for n in candidates])
+        cluster = ClusterState([_spec(n, "gpu", self.room) for n in candidates])
         for i, n in enumerate(candidates):
             used = len(n.full_gpus) - free[n.name]
             for g in range(min(used, len(n.full_gpus))):
@@ -176,11 +182,14 @@ class SharedPlacer:
         if not idle:
             return None
         ordered = sorted(idle, key=lambda c: c[0].name)
-        cluster = ClusterState([_spec(n, n.product or "gpu") for n, _ in ordered])
+        cluster = ClusterState([_spec(n, n.product or "gpu", self.room) for n, _ in ordered])
         replicas = np.array([r for _, r in ordered], dtype=np.int64)
         chosen = switch_for(self.policy, cluster, engine_pod(pod, ()), np.ones(len(ordered), dtype=bool), replicas)
         return None if chosen is None else ordered[chosen]
 
 
-def _spec(node: Node, key: str) -> NodeSpec:
-    return NodeSpec(node.name, node.cpu_milli or _BIG_CPU, node.memory_mib or _BIG_CPU, len(node.full_gpus), key)
+def _spec(node: Node, key: str, room: Mapping[str, tuple[int, int]]) -> NodeSpec:
+    """The engine's node: its GPUs, and the CPU and memory its pods leave (``room``; a node
+    whose allocatable is unknown never limits the choice)."""
+    cpu, memory = room.get(node.name, (_BIG_CPU, _BIG_CPU))
+    return NodeSpec(node.name, max(0, cpu), max(0, memory), len(node.full_gpus), key)

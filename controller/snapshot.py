@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
-from controller.podview import pod_from_object, read_pod, waiting_unschedulable, whole_gpus_requested
+from controller.podview import pod_from_object, read_pod, resources_held, waiting_unschedulable, whole_gpus_requested
 from controller.view import FailedDevice, Gpu, Node, Pod, Snapshot
 from kube.times import format_time, parse_time
 from mig.model import PlacedInstance, Placement
@@ -236,6 +236,10 @@ class PodParse:
     """The node it is bound to, when it holds whole GPUs."""
     whole_waiting: bool = False
     """Its whole GPUs are demand kube-scheduler found no node for (not gpupack's, Unschedulable)."""
+    held_on: str | None = None
+    """The node whose CPU and memory it holds: bound there, or (gpupack's) pinned there."""
+    cpu_milli: int = 0
+    memory_mib: int = 0
 
 
 def parse_pod(obj: Mapping[str, Any]) -> PodParse:
@@ -244,15 +248,18 @@ def parse_pod(obj: Mapping[str, Any]) -> PodParse:
     if pod is None and distrust is not None:
         meta = _map(obj.get("metadata"))
         untrusted = f"{meta.get('namespace')}/{meta.get('name')}: {distrust}"
+    bound_to = _map(obj.get("spec")).get("nodeName")
+    bound = bound_to if isinstance(bound_to, str) and bound_to else None
+    held_on = pod.node if pod is not None and not pod.gated else bound
+    cpu, memory = resources_held(obj) if held_on is not None else (0, 0)
     gpus = whole_gpus_requested(obj)
     if not gpus:
-        return PodParse(pod, untrusted)
-    bound = _map(obj.get("spec")).get("nodeName")
-    if isinstance(bound, str) and bound:
-        return PodParse(pod, untrusted, gpus, bound)
+        return PodParse(pod, untrusted, held_on=held_on, cpu_milli=cpu, memory_mib=memory)
+    if bound is not None:
+        return PodParse(pod, untrusted, gpus, bound, held_on=held_on, cpu_milli=cpu, memory_mib=memory)
     waiting = (ALLOCATION_ANNOTATION not in _map(_map(obj.get("metadata")).get("annotations"))
                and waiting_unschedulable(obj))
-    return PodParse(pod, untrusted, gpus, None, waiting)
+    return PodParse(pod, untrusted, gpus, None, waiting, held_on=held_on, cpu_milli=cpu, memory_mib=memory)
 
 
 PolicyMerge = Callable[[tuple[Node, ...]], dict[str, NodePolicy]]
@@ -274,15 +281,20 @@ def assemble(
     parsed = tuple(nodes)
     pod_parses = tuple(pods)
     whole_taken: Counter[str] = Counter()
+    cpu_used: Counter[str] = Counter()
+    memory_used: Counter[str] = Counter()
     whole_waiting = 0
     for one in pod_parses:
         if one.bound is not None:
             whole_taken[one.bound] += one.whole_gpus
         elif one.whole_waiting:
             whole_waiting += one.whole_gpus
+        if one.held_on is not None:
+            cpu_used[one.held_on] += one.cpu_milli
+            memory_used[one.held_on] += one.memory_mib
     built = (_with_heartbeat(n.node, n.reading, now, stale_after_s) for n in parsed)
     node_list = tuple(sorted(
-        (n if n.whole_taken == whole_taken[n.name] else replace(n, whole_taken=whole_taken[n.name]) for n in built),
+        (_with_usage(n, whole_taken[n.name], cpu_used[n.name], memory_used[n.name]) for n in built),
         key=lambda n: n.name,
     ))
     return Snapshot(nodes=node_list, pods=tuple(p.pod for p in pod_parses if p.pod is not None),
@@ -292,6 +304,12 @@ def assemble(
                     mig_config_requests=tuple((n.reading.name, n.reading.mig_config_request) for n in parsed
                                               if n.reading.mig_config_request is not None),
                     failed_devices=tuple(f for n in parsed for f in n.failed))
+
+
+def _with_usage(node: Node, whole: int, cpu: int, memory: int) -> Node:
+    if (node.whole_taken, node.cpu_used_milli, node.memory_used_mib) == (whole, cpu, memory):
+        return node  # a reading outlives cycles (controller.snapshot_cache): copy only on change
+    return replace(node, whole_taken=whole, cpu_used_milli=cpu, memory_used_mib=memory)
 
 
 def build_snapshot(

@@ -92,6 +92,10 @@ class Node:
     observed_generation: int = 0
     whole_taken: int = 0
     """``nvidia.com/gpu`` requested by the pods bound to the node, gpupack's or not."""
+    cpu_used_milli: int = 0
+    memory_used_mib: int = 0
+    """CPU and memory requested by the pods bound to the node, gpupack's or not, and by gpupack's
+    pods pinned there and not bound yet: what kube-scheduler will count as taken."""
     silent_seconds: float | None = None
     """How long ago its agent last wrote the status (``status.heartbeatTime``); None: unknown."""
     stale: bool = False
@@ -111,6 +115,15 @@ class Node:
     @property
     def faulted(self) -> bool:
         return any(g.faulted for g in self.gpus)
+
+    @property
+    def free_cpu_milli(self) -> int | None:
+        """Allocatable CPU not requested by its pods; None when the allocatable is unknown."""
+        return self.cpu_milli - self.cpu_used_milli if self.cpu_milli else None
+
+    @property
+    def free_memory_mib(self) -> int | None:
+        return self.memory_mib - self.memory_used_mib if self.memory_mib else None
 
     @property
     def converged(self) -> bool:

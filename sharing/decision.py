@@ -38,14 +38,14 @@ shared GPU has room (docs/dra-placement.md, "The mode of an auto pod").
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from sharing.allocation import Allocation, ContainerAllocation, resource_for
 from sharing.backend import DEFAULT_BACKEND, Backend
 from sharing.dra.claims import request_name
 from sharing.inventory import Inventory, AdmissionPolicy
-from sharing.keys import CAPACITY_GATE, DEGRADED_LABEL, SHARING_ANNOTATION
+from sharing.keys import CAPACITY_GATE, DEGRADED_LABEL, SHARING_ANNOTATION, STRATEGY_LABEL
 from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
     Expression,
@@ -359,6 +359,13 @@ def _materialise(
     engine_places: bool, backend: Backend,
 ) -> PodDecision:
     best, dra = choice.best, backend == "dra"
+    engine_chooses_split = engine_places and not dra and best.mode in ("mps", "time-slicing")
+    if engine_chooses_split:
+        # The packing engine chooses the node, and with it the split (any replica count the
+        # pod fits, on any product its own affinity allows). Terms naming the splits and
+        # products that share now would hold the pod to them for good: a gated pod's
+        # affinity may be tightened (the controller pins it) but never loosened.
+        best = replace(best, terms=((Expression(STRATEGY_LABEL, "In", (best.mode,)),),), replicas=None)
     fallback = _mig_fallback(choice, request.mode, backend)
     containers: list[ContainerDecision] = []
     for i, (c, (milli, mem)) in enumerate(zip(request.containers, asks)):
@@ -377,6 +384,8 @@ def _materialise(
         where = "a whole GPU per container (more than a GPU split into two replicas holds)"
     elif dra:
         where = f"{best.mode} shares"
+    elif engine_chooses_split:
+        where = f"{best.mode} replicas (the packing engine chooses the node and its split)"
     else:
         where = f"{best.mode} replicas" + (f" (1/{best.replicas} GPU)" if best.replicas else "")
     if dra:

@@ -485,3 +485,65 @@ def test_reshapes_in_flight_on_a_stale_node_do_not_hold_the_policy_budget() -> N
     held = run([node("a", gpu(0, FULL_7G)), replace(reshaping, stale=False)], [mig_pod("p", "3g.40gb")],
                policy=one_at_a_time)
     assert held.layouts == ()  # a live agent's reshape in flight does hold it
+
+
+# --- CPU and memory the node's pods already hold ---------------------------------
+
+
+def with_cpu(n: Node, allocatable: int, used: int) -> Node:
+    return replace(n, cpu_milli=allocatable, memory_mib=64 * 1024, cpu_used_milli=used, memory_used_mib=0)
+
+
+def test_a_shared_pod_is_never_released_to_a_node_its_cpu_does_not_fit() -> None:
+    """kube-scheduler would keep such a pod Unschedulable on the node it is pinned to: the
+    engine counts the CPU every pod on the node asks, gpupack's or not."""
+    crowded = with_cpu(plain("crowded", 2, sharing="mps", replicas=4), allocatable=8000, used=7800)
+    roomy = with_cpu(plain("roomy", 2, sharing="mps", replicas=4), allocatable=8000, used=0)
+    pod = replace(shared_pod("p", milli=250), cpu_milli=500)
+    assert [(r.pod, r.node) for r in run([crowded, roomy], [pod], policy=None).releases] == [("team/p", "roomy")]
+    assert run([crowded], [pod], policy=None).releases == ()
+    small = replace(pod, cpu_milli=200)
+    assert [r.node for r in run([crowded], [small], policy=None).releases] == ["crowded"]
+
+
+def test_pods_released_in_one_cycle_use_up_the_nodes_cpu() -> None:
+    node_ = with_cpu(plain("n", 1, sharing="mps", replicas=4), allocatable=1000, used=0)
+    pods = [replace(shared_pod(f"p{i}", milli=250), cpu_milli=400) for i in range(3)]
+    result = run([node_], pods, policy=None)
+    assert [r.pod for r in result.releases] == ["team/p0", "team/p1"]
+
+
+def test_whole_and_mig_pods_go_only_where_their_cpu_fits() -> None:
+    full = with_cpu(plain("full", 2), allocatable=4000, used=4000)
+    free = with_cpu(plain("free", 2), allocatable=4000, used=1000)
+    wants = replace(whole_pod("w"), cpu_milli=1000)
+    assert [r.node for r in run([full, free], [wants]).releases] == ["free"]
+    one_g = inst("1g.10gb", 6, 1)
+    mig_full = with_cpu(node("a", gpu(0, (one_g,))), allocatable=4000, used=4000)
+    mig_free = with_cpu(node("b", gpu(0, (one_g,))), allocatable=4000, used=0)
+    mig = replace(mig_pod("m"), cpu_milli=100)
+    assert [r.node for r in run([mig_full, mig_free], [mig]).releases] == ["b"]
+    assert run([mig_full], [mig], policy=None).releases == ()
+
+
+def test_an_idle_node_without_cpu_for_the_pod_is_not_split_for_it() -> None:
+    idle_full = with_cpu(plain("a-full", 2), allocatable=4000, used=4000)
+    idle_free = with_cpu(plain("b-free", 2), allocatable=4000, used=0)
+    pod = replace(shared_pod("p", milli=300), cpu_milli=1000)
+    policy = NodePolicy(names=("p",), max_concurrent=2, idle_seconds=0)
+    (change,) = run([idle_full, idle_free], [pod], policy).sharing
+    assert change.node == "b-free"
+    assert run([idle_full], [pod], policy).sharing == ()
+
+
+def test_a_node_switching_for_a_pod_counts_as_its_capacity_on_the_labels_it_will_have() -> None:
+    """A pod whose terms ask for MPS waits for the split in flight; no further idle node is
+    split for it on every cycle until the first one reports."""
+    labels = (("nvidia.com/gpu.sharing-strategy", "none"), ("nvidia.com/gpu.replicas", "1"))
+    switching = replace(plain("a-switching", 2), labels=labels, spec_sharing="mps", spec_replicas=4, generation=2,
+                        observed_generation=1)
+    idle = replace(plain("b-idle", 2), labels=labels)
+    wants_mps = replace(shared_pod("p", milli=250), terms=((("nvidia.com/gpu.sharing-strategy", "In", ("mps",)),),))
+    result = run([switching, idle], [wants_mps], NodePolicy(names=("p",), max_concurrent=4, idle_seconds=0))
+    assert result.sharing == () and result.releases == ()
+    assert "a-switching" in result.waiting[0].reason and "in flight" in result.waiting[0].reason

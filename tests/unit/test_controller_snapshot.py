@@ -212,3 +212,35 @@ def test_a_silent_agent_makes_its_node_stale() -> None:
     assert {n.name: n.stale for n in snap.nodes} == {"fresh": False, "silent": True, "old-agent": False}
     assert {n.name: n.silent_seconds for n in snap.nodes} == {"fresh": 30.0, "silent": 600.0, "old-agent": None}
     assert not any(n.stale for n in build_snapshot(objs, [], [], []).nodes)  # no clock, no judgement
+
+
+def test_cpu_and_memory_used_count_every_pod_holding_the_node() -> None:
+    """As kube-scheduler counts them: bound pods (gpupack's or not), gpupack's pods pinned and
+    released but not bound yet, the larger of the app containers together and the largest
+    init container, plus the overhead; finished and gated pods hold nothing."""
+    def plain_pod(name: str, node: str | None, phase: str = "Running", **spec: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"containers": [
+            {"name": "a", "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}},
+            {"name": "b", "resources": {"requests": {"cpu": "250m"}}}], **spec}
+        if node:
+            body["nodeName"] = node
+        return {"metadata": {"name": name, "namespace": "ml"}, "spec": body, "status": {"phase": phase}}
+
+    big_init = plain_pod("init", "n1", initContainers=[{"name": "i", "resources": {"requests": {"cpu": "3"}}}],
+                         overhead={"cpu": "100m", "memory": "64Mi"})
+    pods = [
+        plain_pod("cpu-only", "n1"),                   # 1250m, 2048Mi
+        big_init,                                      # 3000m + 100m, 2048Mi + 64Mi
+        plain_pod("done", "n1", phase="Succeeded"),    # nothing
+        plain_pod("pending", None, phase="Pending"),   # nothing
+        plain_pod("odd", "n1", containers=[{"name": "c", "resources": {"requests": {"cpu": "lots"}}}]),
+        pod("pinned", gated=False, pinned="n1"),       # gpupack's, released to n1: 500m, 1024Mi
+        pod("gated", gated=True, pinned="n1"),         # still gated: not placed yet
+        pod("elsewhere", gated=False, node="n2"),
+    ]
+    snapshot = build_snapshot([gpunode("n1"), gpunode("n2")], [], pods, [])
+    n1, n2 = snapshot.node("n1"), snapshot.node("n2")
+    assert n1 is not None and n2 is not None
+    assert (n1.cpu_used_milli, n1.memory_used_mib) == (1250 + 3100 + 500, 2048 + 2112 + 1024)
+    assert (n2.cpu_used_milli, n2.memory_used_mib) == (500, 1024)
+    assert n1.free_cpu_milli is None  # no Node object: allocatable unknown, so no limit

@@ -367,6 +367,22 @@ def test_engine_placement_gates_pods_whose_capacity_exists(engine_places: bool) 
     assert ("packing engine chooses its node" in decision.reason) is engine_places
 
 
+def test_under_engine_placement_a_shared_pods_affinity_names_only_its_mode(example: Inventory) -> None:
+    """The engine chooses the node and with it the split, so the webhook's terms must not hold the
+    pod to the splits and products that share now (a gated pod's affinity can never be widened)."""
+    request = parse_pod(make_pod(gpu_container("c", "250", "16Gi"), mode="mps"), "default")
+    assert request is not None
+    by_scheduler = decide(request, example.policy_for("default"), example, engine_places=False)
+    assert "nvidia.com/gpu.replicas" in {e.key for e in by_scheduler.terms[0]} and by_scheduler.replicas == 4
+    by_engine = decide(request, example.policy_for("default"), example, engine_places=True)
+    assert [[e.to_dict() for e in term] for term in by_engine.terms] == [[
+        {"key": "nvidia.com/gpu.sharing-strategy", "operator": "In", "values": ["mps"]},
+        {"key": "gpupack.io/gpu-degraded", "operator": "DoesNotExist"}]]
+    assert by_engine.replicas is None and by_engine.gated and by_engine.capacity_exists
+    assert Allocation.from_annotation(by_engine.allocation().to_annotation()).replicas is None
+    assert "packing engine chooses the node and its split" in by_engine.reason
+
+
 # --- pods that no node could ever hold are refused, not gated forever ------------------------------
 
 
