@@ -17,7 +17,8 @@ file written before the fleet starts, as a real node is set up) and a node label
 agent fleet`` process serves every node, ``gpupack webhook serve`` is registered
 over TLS as the mutating/validating webhook, ``gpupack controller run`` plans
 (``--no-feedback``: simulated GPUs report 0 % busy; its default 10 s resync and
-0.5 s batching). The pieces are ``gpupack.replay.stack``'s and the demo's.
+0.5 s batching). The pieces are the demo's ``Stack``'s public steps, as ``gpupack.replay.stack``
+uses them (its webhook probe asking for an MPS share: ``probe_sharing="mps"``).
 
 **What runs (``--floor``).** The same control plane and KWOK fleet, the Nodes
 advertising ``nvidia.com/gpu: 8`` themselves, no gpupack component: plain pods
@@ -289,19 +290,18 @@ class Bench:
     def _start_gpupack(self) -> None:
         from kubernetes import client
 
-        from gpupack.demo.stack import GROUP, VERSION
+        from gpupack.demo.stack import GROUP, VERSION, Stack
         from gpupack.devcluster import kwok
         from gpupack.devcluster.apply import apply_objects, gpupack_manifests
         from gpupack.devcluster.binaries import ensure_binaries
         from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
         from gpupack.devcluster.process import free_port
         from gpupack.replay.mapping import REPLAY_LABEL
-        from gpupack.replay.stack import _OpenbStack
         from node.nvml.simulated import simulated_backend
         from sharing.keys import BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL
 
-        # The replay's stack: its webhook probe asks for an MPS share, which needs no shared node yet.
-        self.stack = _OpenbStack(self.workdir, nodes=())
+        # As the replay's: its webhook probe asks for an MPS share, which needs no shared node yet.
+        self.stack = Stack(self.workdir, nodes=(), probe_sharing="mps")
         binaries = ensure_binaries(progress=sys.stderr, kwok=True)
         self.plane = ControlPlane(binaries, ControlPlaneConfig(workdir=self.workdir / "cluster", kwok=True))
         self.stack.plane = self.plane
@@ -309,7 +309,7 @@ class Bench:
         _say(f"control plane: up in {self.plane.startup_seconds or 0:.1f}s")
         self.admin = self.stack.admin = self.plane.admin_client()
         apply_objects(self.admin, gpupack_manifests(), field_manager="fleet-steady")
-        self.stack._namespace()
+        self.stack.create_namespace()
         custom = client.CustomObjectsApi(self.admin)
         for pool in ("mig", "mps"):
             custom.create_cluster_custom_object(GROUP, VERSION, "sharingpolicies", {
@@ -335,9 +335,9 @@ class Bench:
         kubeconfig = str(self.plane.kubeconfig)
         self.fleet_port = free_port()
         fleet_began = time.monotonic()
-        self.stack._process("fleet", ["agent", "fleet", "--kubeconfig", kubeconfig, "--selector", f"{REPLAY_LABEL}=on",
-                                      "--state-dir", str(state), "--metrics-port", str(self.fleet_port)])
-        self.stack._webhook()
+        self.stack.start_process("fleet", ["agent", "fleet", "--kubeconfig", kubeconfig, "--selector", f"{REPLAY_LABEL}=on",
+                                           "--state-dir", str(state), "--metrics-port", str(self.fleet_port)])
+        self.stack.start_webhook()
         _say("webhook: serving over TLS, registered with the API server")
         self.stack.start_controller("controller", "--no-feedback", "--metrics-port", str(free_port()),
                                     "--resync-seconds", "10", "--batch-seconds", "0.5")

@@ -24,6 +24,7 @@ import ssl
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.process import ManagedProcess
 from gpupack.devcluster.state import Component, DevClusterRecord
 from sharing.backend import DEFAULT_BACKEND, Backend
-from sharing.keys import BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, HOSTNAME_LABEL, MILLI_RESOURCE, OWN_PREFIX
+from sharing.keys import (
+    BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, HOSTNAME_LABEL, MILLI_RESOURCE, OWN_PREFIX, SHARING_ANNOTATION,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GROUP, VERSION = "gpupack.io", "v1alpha1"
@@ -70,6 +73,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def probe_pod(sharing: str | None) -> dict[str, Any]:
+    """The pod ``Stack._wait_mutating`` dry-runs: one container asking for a tenth of a GPU in
+    ``gpupack.io/gpu-milli``, with ``sharing`` as its ``gpupack.io/sharing`` annotation (None: none)."""
+    metadata: dict[str, Any] = {"name": "probe"}
+    if sharing is not None:
+        metadata["annotations"] = {SHARING_ANNOTATION: sharing}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"containers": [
+        {"name": "c", "image": "example.com/app:1", "resources": {"limits": {MILLI_RESOURCE: "100"}}}]}}
+
+
+def webhook_mutated(limits: Mapping[str, Any] | None) -> bool:
+    """Whether the probe's limits, as the API server returned them, show the webhook's mutation: every
+    mutation drops the ``gpupack.io/...`` resources (no node advertises them), whatever the sharing
+    mode, so none is left (``MILLI_RESOURCE`` among them)."""
+    return not any(k.startswith(OWN_PREFIX) for k in (limits or {}))
+
+
 def _wait(what: str, check: Any, timeout_s: float, proc: ManagedProcess | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -97,6 +117,11 @@ class Stack:
     """Which backend the demo's nodes run: the device plugin's, or a DRA node pool."""
     controller_policy: str | None = None
     """The controller's ``--policy`` (None: its default)."""
+    probe_sharing: str | None = None
+    """The ``gpupack.io/sharing`` annotation of the dry-run pod that ``_wait_mutating`` creates to see
+    that the API server calls the mutating webhook; None asks nothing, i.e. ``auto``. An openb replay
+    sets ``"mps"``: the webhook refuses ``auto`` on a cluster with neither MIG GPUs nor shared nodes
+    (auto never gates on a kind of node that does not exist)."""
 
     # ------------------------------------------------------------ lifecycle
     def start(self, say: Any) -> None:
@@ -112,7 +137,7 @@ class Stack:
         apply_objects(self.admin, gpupack_manifests(), field_manager="gpupack-demo")
         if dra:
             apply_objects(self.admin, load_manifests(REPO / "manifests" / "dra"), field_manager="gpupack-demo")
-        self._namespace()
+        self.create_namespace()
         self._policy()
         self._nodes()
         described = [f"{n.name} ({n.gpus} x {n.model}" + (f", {n.sharing} x{n.replicas})" if n.sharing != "none" else ")")
@@ -120,7 +145,7 @@ class Stack:
         say("nodes: " + ", ".join(described))
         for node in self.nodes:
             self._agent(node)
-        self._webhook()
+        self.start_webhook()
         say("webhook: serving over TLS, registered with the API server")
         if self.controller_metrics:
             # Chosen now, after the control plane and the webhook hold their ports: a port chosen
@@ -154,14 +179,16 @@ class Stack:
         assert self.plane is not None
         return str(self.plane.serviceaccount_kubeconfig(name))
 
-    def _process(self, name: str, argv: list[str]) -> ManagedProcess:
+    def start_process(self, name: str, argv: list[str]) -> ManagedProcess:
+        """``python -m gpupack ARGV`` as ``name``, logging to ``logs/NAME.log``; stopped by :meth:`stop`."""
         proc = ManagedProcess(name, [sys.executable, "-m", "gpupack", *argv], self.workdir / "logs" / f"{name}.log",
                               tie_to_parent=not self.keep)
         proc.start()
         self.processes.append(proc)
         return proc
 
-    def _namespace(self) -> None:
+    def create_namespace(self) -> None:
+        """The demo's namespace (labelled ``gpupack.io/demo=on``) and its default ServiceAccount."""
         core = client.CoreV1Api(self.admin)
         core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(
             name=DEMO_NAMESPACE, labels={DEMO_LABEL: "on"})))
@@ -213,7 +240,7 @@ class Stack:
 
             SimulatedNvml(get_model(node.model), node.gpus, state, seed=node.name, mig_enabled=node.sharing == "none")
         advertising = ["--backend", "dra"] if self.backend == "dra" else ["--emulate-device-plugin"]
-        return self._process(f"agent-{node.name}", [
+        return self.start_process(f"agent-{node.name}", [
             "agent", "run", "--node", node.name, "--simulate", node.simulate,
             "--state-file", str(state), *advertising,
             "--poll-seconds", "0.5", "--idle-seconds", "1", "--metrics-port", "0",
@@ -221,7 +248,7 @@ class Stack:
         ])
 
     def start_controller(self, name: str, *extra: str) -> ManagedProcess:
-        return self._process(name, [
+        return self.start_process(name, [
             "controller", "run", "--kubeconfig", self._sa_kubeconfig("gpupack-controller"), "--metrics-port", "0",
             "--resync-seconds", "2", "--batch-seconds", "0.2", "--identity", name, "--lease-seconds", "6",
             *(("--policy", self.controller_policy) if self.controller_policy else ()), *extra,
@@ -237,7 +264,9 @@ class Stack:
                 proc.stop(grace_s=5.0)
                 self.processes.remove(proc)
 
-    def _webhook(self) -> None:
+    def start_webhook(self) -> None:
+        """Serve the webhook over TLS, register it with the API server, and wait until the API server
+        calls it (:attr:`probe_sharing`)."""
         from webhook.certs import make_self_signed
 
         tls = self.workdir / "webhook-tls"
@@ -247,7 +276,7 @@ class Stack:
             (tls / fname).write_bytes(data)
         port = _free_port()
         url = f"https://127.0.0.1:{port}"
-        proc = self._process("webhook", [
+        proc = self.start_process("webhook", [
             "webhook", "serve", "--tls-cert", str(tls / "tls.crt"), "--tls-key", str(tls / "tls.key"),
             "--host", "127.0.0.1", "--port", str(port), "--kubeconfig", self._sa_kubeconfig("gpupack-webhook"),
             "--log-level", "warning",
@@ -275,15 +304,14 @@ class Stack:
     def _wait_mutating(self) -> None:
         """The API server picks up webhook registrations asynchronously: dry-run until one is mutated."""
         core = client.CoreV1Api(self.admin)
-        probe: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe"}, "spec": {"containers": [
-            {"name": "c", "image": "example.com/app:1", "resources": {"limits": {MILLI_RESOURCE: "100"}}}]}}
+        probe: Any = probe_pod(self.probe_sharing)  # a dict body is sent as is
 
         def mutated() -> bool:
             try:
                 pod: Any = core.create_namespaced_pod(DEMO_NAMESPACE, probe, dry_run="All")
             except client.ApiException:
                 return False
-            return not any(k.startswith(OWN_PREFIX) for k in (pod.spec.containers[0].resources.limits or {}))
+            return webhook_mutated(pod.spec.containers[0].resources.limits)
 
         _wait("the mutating webhook to be called by the API server", mutated, 60)
 

@@ -2,6 +2,5 @@
 
 Modules: ``mapping`` (trace rows as Nodes and pods), ``stack`` (the control plane, agents, webhook and
 controller), ``runner`` (submitting one pod at a time), ``outcome`` (bound or never placed, from the pod),
-``fallback`` (TEMPORARY rule while the controller does not say why a pod waits), ``figures``, ``costs``,
-``progress`` and ``report``.
+``figures``, ``costs``, ``progress`` and ``report``.
 """

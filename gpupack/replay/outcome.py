@@ -14,8 +14,7 @@
 
 * otherwise **waiting**.
 
-:func:`classify` is pure; the replay's temporary rule for a controller that does
-not write the placement condition yet lives in ``gpupack.replay.fallback``.
+:func:`classify` is pure.
 """
 
 from __future__ import annotations
@@ -28,9 +27,9 @@ from sharing.keys import ALLOCATION_ANNOTATION
 from sharing.placement_status import read_placement
 
 Outcome = Literal["bound", "unplaceable", "waiting"]
-Decider = Literal["scheduler", "controller", "fallback-cycles", "released-unschedulable", "admission", "timeout"]
-"""Who declared a pod never placed: kube-scheduler (Unschedulable), the controller (NoCapacity), the
-replay's temporary cycle rule, kube-scheduler for a pod the controller had released (after
+Decider = Literal["scheduler", "controller", "released-unschedulable", "admission", "timeout"]
+"""Who declared a pod never placed: kube-scheduler (Unschedulable), the controller (NoCapacity),
+kube-scheduler for a pod the controller had released (after
 ``released_unschedulable_s``: ``gpupack.replay.runner``), the webhook (refused at admission), or the
 replay's per-pod time limit."""
 

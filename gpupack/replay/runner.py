@@ -9,10 +9,8 @@ strictly one at a time: a pod is created only after the previous one is
 * **bound** (``spec.nodeName`` set, seen by the replay's watch), or
 * **never placed**: refused at admission (the webhook's answer), declared
   unplaceable by the component that places it (``gpupack.replay.outcome``:
-  kube-scheduler's ``Unschedulable``, the controller's ``NoCapacity``; or,
-  only while the controller does not write that condition, the temporary
-  cycle rule of ``gpupack.replay.fallback``), or still undecided after
-  ``pod_timeout_s`` (counted apart, ``pods_timed_out``).
+  kube-scheduler's ``Unschedulable``, the controller's ``NoCapacity``), or
+  still undecided after ``pod_timeout_s`` (counted apart, ``pods_timed_out``).
 
 A pod never placed is **deleted** at once, as the protocol drops it: left
 pending it could be placed later, when capacity created for a later pod
@@ -37,18 +35,15 @@ from typing import Any, Literal
 from kubernetes import client
 
 from gpupack.replay.costs import ComponentCost, component_cost, delta, requests_by_verb, sample_all
-from gpupack.replay.fallback import CycleCount, gpunode_state
 from gpupack.replay.figures import live_alloc_at
 from gpupack.replay.mapping import REPLAY_LABEL, kube_node_name, replay_pod
-from gpupack.replay.outcome import Decider, bound_node, classify, gated, released_unschedulable
+from gpupack.replay.outcome import Decider, bound_node, classify, released_unschedulable
 from gpupack.replay.progress import ProgressBar
 from gpupack.replay.stack import NAMESPACE, ReplayStack
 from kube.informer import Informer
 from sharing.packing.specs import GPU_MILLI, PodSpec
 from sharing.placement_status import read_placement
 from sharing.simulator.arrivals import RunPlan
-
-GROUP, VERSION = "gpupack.io", "v1alpha1"
 
 Result = Literal["bound", "unplaceable", "timeout"]
 
@@ -112,7 +107,6 @@ class Replayer:
     stack: ReplayStack
     plan: RunPlan
     pod_timeout_s: float = 120.0
-    fallback_cycles: int = 3
     released_unschedulable_s: float = 3.0
     """How long a pod the controller released may stay Unschedulable before it counts as never placed."""
     progress: ProgressBar | None = None
@@ -123,25 +117,22 @@ class Replayer:
     def run(self) -> LiveRun:
         admin = self.stack.admin
         core = client.CoreV1Api(admin)
-        custom = client.CustomObjectsApi(admin)
         mine = _Requests()
         pods = Informer("pods", partial(core.list_namespaced_pod, NAMESPACE, label_selector=f"{REPLAY_LABEL}={self.run_id}"))
-        gpunodes = Informer("gpunodes", partial(custom.list_cluster_custom_object, GROUP, VERSION, "gpunodes"))
         pods.listeners.append(self._watched)
-        for informer in (pods, gpunodes):
-            informer.start()
-            if not informer.wait_synced(60):
-                raise RuntimeError(f"the replay's {informer.name} watch did not sync in 60 s")
+        pods.start()
+        if not pods.wait_synced(60):
+            raise RuntimeError("the replay's pods watch did not sync in 60 s")
         live = LiveRun(plan=self.plan, agents=self.stack.agents, setup_seconds=self.stack.setup_seconds)
         procs = self.stack.processes()
         before = {name: sample_all(pids) for name, pids in procs.items()}
         requests_before = _apiserver_requests(admin)
-        lists_before = pods.lists + gpunodes.lists
+        lists_before = pods.lists
         began = time.monotonic()
         try:
             for pod in self.plan.workload.pods:
                 started = time.monotonic()
-                result = self._one(core, pods, gpunodes, pod, mine)
+                result = self._one(core, pods, pod, mine)
                 live.results.append(replace(result, decided_seconds=time.monotonic() - started))
                 self._show(live)
         finally:
@@ -149,9 +140,8 @@ class Replayer:
             requests_after = _apiserver_requests(admin)
             after = {name: sample_all(self.stack.processes()[name]) for name in procs}
             live.components = {name: component_cost(before[name], after[name]) for name in procs}
-            mine.add("LIST", pods.lists + gpunodes.lists - lists_before)
+            mine.add("LIST", pods.lists - lists_before)
             pods.stop()
-            gpunodes.stop()
             live.api_requests = delta(requests_before, requests_after)
             live.replay_requests = {k: v for k, v in sorted(mine.by_verb.items()) if v}
             if self.progress is not None:
@@ -171,7 +161,7 @@ class Replayer:
         milli = sum(r.pod.gpu_total_milli for r in live.results if r.result == "bound")
         self.progress.update(done, bound, done - bound, 100.0 * milli / (self.plan.gpus * GPU_MILLI))
 
-    def _one(self, core: Any, pods: Informer, gpunodes: Informer, pod: PodSpec, mine: _Requests) -> PodResult:
+    def _one(self, core: Any, pods: Informer, pod: PodSpec, mine: _Requests) -> PodResult:
         name = kube_node_name(pod.name)
         key = f"{NAMESPACE}/{name}"
         started = time.monotonic()
@@ -182,7 +172,6 @@ class Replayer:
             if exc.status is not None and 400 <= exc.status < 500 and exc.status != 409:
                 return PodResult(name, pod, "unplaceable", "admission", message=_api_message(exc))
             raise
-        rule = CycleCount(self.fallback_cycles)
         unschedulable_since: float | None = None
         seen = pods.version
         deadline = started + self.pod_timeout_s
@@ -197,9 +186,6 @@ class Replayer:
                     self._delete(core, name, mine)
                     status = read_placement(obj)
                     return PodResult(name, pod, "unplaceable", decider, message=status.message if status else "")
-                if gated(obj) and read_placement(obj) is None and self._fallback(rule, gpunodes):
-                    self._delete(core, name, mine)
-                    return PodResult(name, pod, "unplaceable", "fallback-cycles")
                 if not released_unschedulable(obj):
                     unschedulable_since = None
                 elif unschedulable_since is None:
@@ -214,13 +200,6 @@ class Replayer:
                 self.say(f"{name}: neither bound nor declared unplaceable after {self.pod_timeout_s:.0f}s")
                 return PodResult(name, pod, "timeout", "timeout")
             seen = pods.wait_changed(seen, min(0.25, max(0.0, deadline - now)))
-
-    def _fallback(self, rule: CycleCount, gpunodes: Informer) -> bool:
-        cycles = self.stack.controller_cycles()
-        if cycles is None:
-            return False
-        converged, fingerprint = gpunode_state(gpunodes.items())
-        return rule.observe(cycles, converged, fingerprint)
 
     def _delete(self, core: Any, name: str, mine: _Requests) -> None:
         mine.add("DELETE")
@@ -249,14 +228,14 @@ def _api_message(exc: client.ApiException) -> str:
 
 
 def run_live(workdir: Path, plan: RunPlan, *, policy: str = "gpupack", pod_timeout_s: float = 120.0,
-             fallback_cycles: int = 3, keep_logs: bool = False, progress: bool = True,
+             keep_logs: bool = False, progress: bool = True,
              say: Callable[[str], None] = lambda _: None, run_id: str = "run") -> LiveRun:
     """Start the stack on the plan's nodes, replay the plan's pods, stop the stack; what was measured."""
     stack = ReplayStack(workdir, plan.nodes, policy=policy, keep_logs=keep_logs)
     try:
         stack.start(say)
         bar = ProgressBar(len(plan.workload.pods)) if progress else None
-        return Replayer(stack, plan, pod_timeout_s=pod_timeout_s, fallback_cycles=fallback_cycles, progress=bar,
+        return Replayer(stack, plan, pod_timeout_s=pod_timeout_s, progress=bar,
                         say=say, run_id=run_id).run()
     finally:
         stack.stop()

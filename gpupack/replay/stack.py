@@ -1,22 +1,23 @@
 """The live stack a replay runs on: control plane with kwok, KWOK nodes, the agent fleet, webhook, controller.
 
-Built from the pieces ``gpupack demo`` starts (``gpupack.demo.stack.Stack``:
+Built from the public steps of ``gpupack demo``'s stack (``gpupack.demo.stack.Stack``:
+``create_namespace``, ``start_webhook``, ``start_process``, ``start_controller``;
 the control plane of ``gpupack.devcluster``, gpupack's manifests, the webhook
 served over TLS and registered with the shipped configurations, the controller
-as its own ServiceAccount), with three differences:
+as its own ServiceAccount), its webhook probe asking for an MPS share
+(``probe_sharing="mps"``: the webhook refuses ``auto`` on a cluster with neither
+MIG GPUs nor a shared node yet, every openb cluster at the start of a replay),
+with three differences:
 
 * the control plane runs **kwok** (``ControlPlaneConfig(kwok=True)``), and the
   nodes are KWOK Nodes made from the node list (``gpupack.replay.mapping``);
 * the GPUs of every node are served by **one** ``gpupack agent fleet`` process
   (simulated NVML + emulated NVIDIA device plugin per node, as ``agent run
   --simulate --emulate-device-plugin`` gives one node), run with the admin
-  kubeconfig as docs/agent-fleet.md says (it watches cluster-wide). Where this checkout's
-  ``gpupack agent`` has no ``fleet`` command yet, each node gets its own
-  ``gpupack agent run`` process instead (TEMPORARY; fine for a few dozen nodes);
+  kubeconfig as docs/agent-fleet.md says (it watches cluster-wide);
 * the controller runs with ``--no-feedback`` (simulated GPUs report 0 % busy,
   and the feedback loop would raise replica counts beyond what the product
-  model knows), a 0.5 s resync, 0.1 s batching and a Prometheus port (the
-  replay reads its cycle count: ``gpupack.replay.fallback``).
+  model knows), a 0.5 s resync and 0.1 s batching.
 
 One SharingPolicy selects the replay's nodes: any replica count 1..8 (the
 device plugin's), every node may change at once (``maxConcurrent`` = nodes),
@@ -27,8 +28,6 @@ again), no window.
 
 from __future__ import annotations
 
-import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,61 +42,23 @@ from gpupack.devcluster.apply import apply_objects, gpupack_manifests
 from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.kwok import wait_ready
-from gpupack.devcluster.process import free_port
 from gpupack.replay.mapping import REPLAY_LABEL, kube_node_name, replay_node
-from sharing.keys import MILLI_RESOURCE, PRODUCT_LABEL, SHARING_ANNOTATION, WHOLE_RESOURCE
+from sharing.keys import PRODUCT_LABEL, WHOLE_RESOURCE
 from sharing.packing.specs import NodeSpec
 
 NAMESPACE = DEMO_NAMESPACE
 """Where the replay's pods go: the demo's namespace, which ``Stack`` creates with its default
 ServiceAccount and probes the webhook in."""
 POLICY_NAME = "openb-replay"
-AGENT_TOKEN_SECONDS = 86_400
 SETUP_SECONDS_PER_NODE = 0.5
 """Setup time allowed per node, on top of a minute, for the agents to report and advertise."""
 
 
-class _OpenbStack(Stack):
-    """The demo's stack, its webhook probe asking for an MPS share.
-
-    ``Stack._wait_mutating`` probes with an ``auto`` pod, which the webhook refuses on a
-    cluster with neither MIG-capable GPUs nor a shared node yet (auto never gates on a kind
-    of node that does not exist): every openb cluster at the start of a replay. The replay's
-    fractional pods ask for MPS, and so does its probe (a dry run, created nowhere)."""
-
-    def _wait_mutating(self) -> None:
-        core = client.CoreV1Api(self.admin)
-        probe: Any = {"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": "probe", "annotations": {SHARING_ANNOTATION: "mps"}}, "spec": {"containers": [
-                {"name": "c", "image": "example.com/app:1", "resources": {"limits": {MILLI_RESOURCE: "100"}}}]}}
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                pod: Any = core.create_namespaced_pod(NAMESPACE, probe, dry_run="All")
-            except client.ApiException:
-                pod = None
-            if pod is not None and MILLI_RESOURCE not in (pod.spec.containers[0].resources.limits or {}):
-                return
-            time.sleep(0.2)
-        raise RuntimeError("timed out after 60s waiting for the mutating webhook to be called by the API server")
-
-
-def fleet_available() -> bool:
-    """Whether this checkout's ``gpupack agent`` has the ``fleet`` command."""
-    done = subprocess.run([sys.executable, "-m", "gpupack", "agent", "fleet", "--help"],
-                          capture_output=True, text=True, check=False)
-    return done.returncode == 0
-
-
-def fleet_argv(help_text: str, kubeconfig: str, state_dir: Path) -> list[str]:
-    """``gpupack agent fleet`` for the replay's nodes: the options its ``--help`` offers, of those the
-    replay sets (its nodes only, state files in the work dir, no start-up stagger)."""
-    argv = ["agent", "fleet", "--kubeconfig", kubeconfig]
-    wanted = {"--selector": f"{REPLAY_LABEL}=on", "--state-dir": str(state_dir), "--stagger-seconds": "0"}
-    for flag, value in wanted.items():
-        if re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text):
-            argv += [flag, value]
-    return argv
+def fleet_argv(kubeconfig: str, state_dir: Path) -> list[str]:
+    """``gpupack agent fleet`` for the replay's nodes: its nodes only, state files in the work dir, no
+    start-up stagger."""
+    return ["agent", "fleet", "--kubeconfig", kubeconfig, "--selector", f"{REPLAY_LABEL}=on",
+            "--state-dir", str(state_dir), "--stagger-seconds", "0"]
 
 
 def policy_object(nodes: int) -> dict[str, Any]:
@@ -130,13 +91,12 @@ class ReplayStack:
     keep_logs: bool = False
     """Keep the control plane's work dir (its components' logs) after :meth:`stop`."""
     stack: Stack = field(init=False)
-    agents: str = ""
-    """``fleet`` or ``per-node`` (the temporary fallback)."""
-    controller_metrics_port: int = 0
+    agents: str = "fleet"
+    """What serves the nodes' GPUs: always ``fleet`` (one ``gpupack agent fleet`` process)."""
     setup_seconds: float = 0.0
 
     def __post_init__(self) -> None:
-        self.stack = _OpenbStack(self.workdir, keep=self.keep, nodes=())
+        self.stack = Stack(self.workdir, keep=self.keep, nodes=(), probe_sharing="mps")
         self.stack.controller_policy = self.policy
 
     @property
@@ -164,9 +124,7 @@ class ReplayStack:
         say(f"control plane: up in {plane.startup_seconds or 0:.1f}s at {plane.server}")
         self.stack.admin = plane.admin_client()
         apply_objects(self.stack.admin, gpupack_manifests(), field_manager="gpupack-replay")
-        # NOTE: Stack._namespace and Stack._webhook are the demo's private steps; they should become
-        # public (see docs/replay.md, "Pieces reused").
-        self.stack._namespace()
+        self.stack.create_namespace()
         client.CustomObjectsApi(self.admin).create_cluster_custom_object(
             GROUP, VERSION, "sharingpolicies", policy_object(len(self.nodes)))
         core = client.CoreV1Api(self.admin)
@@ -176,11 +134,9 @@ class ReplayStack:
         wait_ready(self.admin, names, timeout_s=60 + SETUP_SECONDS_PER_NODE * len(names))
         say(f"nodes: {len(names)} KWOK nodes Ready ({sum(n.gpu_count for n in self.nodes)} GPUs)")
         self._agents(say)
-        self.stack._webhook()
+        self.stack.start_webhook()
         say("webhook: serving over TLS, registered with the API server")
-        self.controller_metrics_port = free_port()
-        self.stack.start_controller("controller", "--no-feedback", "--metrics-port", str(self.controller_metrics_port),
-                                    "--resync-seconds", "0.5", "--batch-seconds", "0.1")
+        self.stack.start_controller("controller", "--no-feedback", "--resync-seconds", "0.5", "--batch-seconds", "0.1")
         say("controller: running (leader-elected; --no-feedback)")
         self._wait_advertised(say)
         self.setup_seconds = time.monotonic() - began
@@ -190,29 +146,10 @@ class ReplayStack:
         assert plane is not None
         state = self.workdir / "nvml"
         state.mkdir(parents=True, exist_ok=True)
-        if fleet_available():
-            help_text = subprocess.run([sys.executable, "-m", "gpupack", "agent", "fleet", "--help"],
-                                       capture_output=True, text=True, check=False).stdout
-            # The fleet watches Nodes, GPUNodes, bound pods, SharingPolicies and the XID table
-            # cluster-wide, beyond one agent's RBAC: it runs as the admin (docs/agent-fleet.md).
-            self.stack._process("fleet", fleet_argv(help_text, str(plane.kubeconfig), state))
-            self.agents = "fleet"
-            say("agents: one 'gpupack agent fleet' process serving every node")
-            return
-        # TEMPORARY: no fleet command in this checkout: one agent process per GPU node, each as the
-        # agent's ServiceAccount, with a day's token (a long replay outlives the default hour).
-        kubeconfig = str(plane.serviceaccount_kubeconfig("gpupack-node-agent", seconds=AGENT_TOKEN_SECONDS))
-        self.agents = "per-node"
-        for node in self.nodes:
-            if node.gpu_count == 0:
-                continue
-            name = kube_node_name(node.name)
-            self.stack._process(f"agent-{name}", [
-                "agent", "run", "--node", name, "--simulate", f"{node.gpu_model}:{node.gpu_count}",
-                "--state-file", str(state / f"{name}.json"), "--emulate-device-plugin",
-                "--poll-seconds", "0.5", "--metrics-port", "0", "--kubeconfig", kubeconfig,
-            ])
-        say("agents: no 'gpupack agent fleet' here; one 'gpupack agent run' per GPU node (TEMPORARY)")
+        # The fleet watches Nodes, GPUNodes, bound pods, SharingPolicies and the XID table
+        # cluster-wide, beyond one agent's RBAC: it runs as the admin (docs/agent-fleet.md).
+        self.stack.start_process("fleet", fleet_argv(str(plane.kubeconfig), state))
+        say("agents: one 'gpupack agent fleet' process serving every node")
 
     def _wait_advertised(self, say: Callable[[str], None]) -> None:
         """Until every GPU node's agent has reported its GPUs (GPUNode status) and advertised them on
@@ -243,18 +180,6 @@ class ReplayStack:
         for proc in self.stack.processes:
             if not proc.running():
                 raise RuntimeError(f"{proc.name} exited; log: {proc.log_path}")
-
-    def controller_cycles(self) -> int | None:
-        """Planning cycles the controller has completed (its metrics); None when not readable."""
-        import urllib.request
-
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.controller_metrics_port}/metrics", timeout=5) as r:
-                text = r.read().decode()
-        except OSError:
-            return None
-        match = re.search(r"^gpupack_controller_cycle_seconds_count\s+(\S+)", text, re.MULTILINE)
-        return int(float(match.group(1))) if match else None
 
     def stop(self) -> None:
         self.stack.stop()

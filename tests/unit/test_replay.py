@@ -1,9 +1,10 @@
 """``gpupack replay`` without a cluster: the trace's rows as Nodes and pods, reading a pod's outcome, the
-temporary cycle rule, the figures and costs, the JSON shape, bad input, and the arrival sequence it
-shares with ``gpupack simulate``."""
+figures and costs, the JSON shape, bad input, the stack's pieces (the fleet's argv, the webhook probe),
+and the arrival sequence it shares with ``gpupack simulate``."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from pathlib import Path
@@ -11,12 +12,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 import sharing.simulator.product as product
-from gpupack.cli import main
+from gpupack.cli import build_parser, main
+from gpupack.demo.stack import probe_pod, webhook_mutated
 from gpupack.replay import runner
 from gpupack.replay.costs import ComponentCost, ProcessSample, component_cost, delta, requests_by_verb, sample
-from gpupack.replay.fallback import CycleCount, gpunode_state
 from gpupack.replay.figures import ModelFigures, level_at, live_alloc_at, model_figures, percentile
 from gpupack.replay.mapping import NODE_POD_CAPACITY, REPLAY_LABEL, replay_node, replay_pod
 from gpupack.replay.outcome import classify, released_unschedulable
@@ -24,13 +26,18 @@ from gpupack.replay.progress import ProgressBar, bar_line
 from gpupack.replay.report import as_json, as_text
 from gpupack.replay.runner import LiveRun, PodResult, submission_order
 from gpupack.replay.stack import fleet_argv, node_advertised, policy_object
+from sharing.inventory import build_inventory
 from sharing.keys import (
     MILLI_RESOURCE, PLACEMENT_CONDITION, PRODUCT_LABEL, SHARING_ANNOTATION, SIMULATED_GPUS_ANNOTATION, WHOLE_RESOURCE,
 )
 from sharing.packing.specs import NodeSpec, PodSpec
+from sharing.patch import apply_patch
 from sharing.simulator.arrivals import RunPlan, plan_run
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.traces import load_nodes, load_pods
+from webhook.admission import mutate
+from webhook.settings import WebhookSettings
+from webhook.testing import make_review
 
 NODES_CSV = """sn,cpu_milli,memory_mib,gpu,model
 openb-node-0000,64000,262144,2,T4
@@ -151,27 +158,6 @@ def test_a_released_pod_kube_scheduler_finds_no_room_for_is_told_apart() -> None
     assert not released_unschedulable({"spec": {}, "status": {"conditions": [UNSCHEDULABLE]}})  # not gpupack's
 
 
-# ------------------------------------------------------------------ the temporary cycle rule
-
-
-def gpunode(name: str, generation: int, observed: int) -> dict[str, Any]:
-    return {"metadata": {"name": name, "generation": generation}, "status": {"observedGeneration": observed}}
-
-
-def test_cycle_rule_needs_quiet_cycles_and_restarts_on_any_change() -> None:
-    quiet = gpunode_state([gpunode("a", 1, 1), gpunode("b", 3, 3)])
-    assert quiet == (True, (("a", 1), ("b", 3)))
-    rule = CycleCount(3)
-    assert not rule.observe(10, *quiet)
-    assert not rule.observe(12, *quiet)
-    switching = gpunode_state([gpunode("a", 2, 1), gpunode("b", 3, 3)])
-    assert not rule.observe(13, *switching)  # a change in flight holds the count
-    switched = gpunode_state([gpunode("a", 2, 2), gpunode("b", 3, 3)])
-    assert not rule.observe(14, *switched)  # a new generation restarts it
-    assert not rule.observe(16, *switched)
-    assert rule.observe(17, *switched)
-
-
 # ------------------------------------------------------------------ figures and costs
 
 
@@ -236,13 +222,36 @@ def test_progress_bar_on_a_terminal_and_in_a_log() -> None:
 # ------------------------------------------------------------------ the stack's pieces
 
 
-def test_fleet_argv_uses_only_the_options_the_fleet_offers() -> None:
-    full = "usage: gpupack agent fleet [--kubeconfig K] [--selector SELECTOR] [--state-dir D] [--stagger-seconds S]"
-    assert fleet_argv(full, "k.conf", Path("/s")) == [
+def test_fleet_argv_serves_the_replays_nodes_from_the_work_dir_without_stagger() -> None:
+    assert fleet_argv("k.conf", Path("/s")) == [
         "agent", "fleet", "--kubeconfig", "k.conf", "--selector", f"{REPLAY_LABEL}=on", "--state-dir", "/s",
         "--stagger-seconds", "0"]
-    assert fleet_argv("usage: gpupack agent fleet [--kubeconfig K]", "k.conf", Path("/s")) == [
-        "agent", "fleet", "--kubeconfig", "k.conf"]
+
+
+def test_fleet_argv_parses_as_the_fleet_command() -> None:
+    args = build_parser().parse_args(fleet_argv("k.conf", Path("/s")))
+    assert (args.command, args.agent_command) == ("agent", "fleet")
+    assert (args.kubeconfig, args.selector, args.state_dir, args.stagger_seconds) == (
+        "k.conf", f"{REPLAY_LABEL}=on", "/s", 0.0)
+
+
+@pytest.mark.parametrize("sharing, inventory_file, mutated", [
+    ("mps", None, True),  # the replay's probe: an openb cluster at the start, no MIG GPU nor shared node
+    (None, None, False),  # the demo's auto probe there: refused, why the replay asks for mps
+    (None, "examples/inventory.yaml", True),  # the demo's, on a cluster with MIG GPUs
+], ids=["mps-on-empty", "auto-on-empty", "auto-on-mig"])
+def test_the_webhook_probe_sees_a_mutation_in_any_mode(sharing: str | None, inventory_file: str | None,
+                                                       mutated: bool) -> None:
+    root = Path(__file__).resolve().parents[2]
+    inventory = build_inventory(yaml.safe_load((root / inventory_file).read_text()) if inventory_file else [])
+    probe = probe_pod(sharing)
+    assert (probe["metadata"].get("annotations") or {}).get(SHARING_ANNOTATION) == sharing
+    assert not webhook_mutated(probe["spec"]["containers"][0]["resources"]["limits"])
+    answer = mutate(make_review(probe), inventory, WebhookSettings())["response"]
+    assert answer["allowed"] == mutated
+    if mutated:
+        pod = apply_patch(probe, json.loads(base64.b64decode(answer["patch"])))
+        assert webhook_mutated(pod["spec"]["containers"][0]["resources"]["limits"])
 
 
 def test_policy_and_advertised() -> None:
