@@ -524,7 +524,8 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     cycle.demand = Counter(prof for p in waiting_pods if p.mode == "mig" for prof in p.profiles)
     _static_layouts(cycle)
     taken = shared_claims(snapshot.pods)
-    placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name, room=cycle.free.room)
+    placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name, room=cycle.free.room,
+                          plain=snapshot.plain_gpu_pods)
     cycle.whole_busy = whole_pinned(snapshot.pods) + Counter({n.name: n.whole_taken for n in snapshot.nodes})
     releases: list[Release] = []
     waiting: list[Wait] = []

@@ -18,7 +18,7 @@ from sharing.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PRODUCT_LABEL, W
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 
-__all__ = ["pod_from_object", "read_pod", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
+__all__ = ["pod_from_object", "read_pod", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:
@@ -40,7 +40,8 @@ def _pinned_node(spec: Mapping[str, Any]) -> str | None:
     return pinned.pop() if len(pinned) == 1 else None
 
 
-def _products(spec: Mapping[str, Any]) -> tuple[str, ...]:
+def required_products(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """GPU products a pod's required node affinity names (``nvidia.com/gpu.product In``); empty: any."""
     terms = _list(
         _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
             "nodeSelectorTerms"
@@ -177,7 +178,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
         profiles=tuple(c.profile for c in containers if c.profile) if mode == "mig" else (),
         milli=tuple(c.milli for c in containers),
         memory_bytes=tuple(c.memory_bytes for c in containers),
-        products=_products(spec),
+        products=required_products(spec),
         replicas=replicas,
         gated=gated,
         unschedulable=unschedulable,

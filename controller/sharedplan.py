@@ -4,23 +4,26 @@ The live controller must place pods with the engine the simulator measures, so
 shared nodes become ``sharing.packing`` nodes: a GPU split into ``r`` replicas
 is a GPU of 1000 milli whose free milli is its free replicas times ``1000 // r``;
 a pod asks its own compute milli (what it will really use, so the
-fragmentation gradient sees the true shape of the demand). The node's GPU
-"model" key is ``mode/replicas/product``, and a pod accepts exactly the keys of
-its mode, the replica counts its request fits and the products its affinity
-allows: the engine's model filter then does the compatibility check.
+fragmentation gradient sees the true shape of the demand). A node's GPU model
+key is its product and a pod accepts the products its affinity allows, as the
+simulator keys a node by its GPU type; which nodes share in the pod's mode into
+replicas its request fits is a mask per pod shape. So the policy measures
+fragmentation against the same typical pods, over the same GPUs, as the
+simulator's product model: the GPU pods that exist (:func:`typical_pods`).
 
 The node-wide replica rules are ``sharing.packing.node_sharing``'s, the ones
 the simulator's product model replays: a pod goes to the shared nodes with the
 largest replica count it fits (waste first), the policy chooses among them,
 the idle node to split when none has room is the policy's choice too
 (:meth:`SharedPlacer.switch`), and so is where a whole-GPU pod goes among
-whole-GPU nodes in use and idle ones (:meth:`SharedPlacer.place_whole`).
+whole-GPU nodes in use and idle ones (:meth:`SharedPlacer.place_whole`). Ties
+go to the first node by name.
 
 The device plugin, not gpupack, picks the GPU inside the node, so the
 engine's GPU choice is only used to keep the cluster state consistent.
 
 A cycle asks the same questions of many pods of few shapes, so the answers that
-depend only on a pod's shape (the keys it accepts, the nodes its selector and
+depend only on a pod's shape (the splits it fits, the nodes its selector and
 affinity admit) are computed once per shape and cycle, as arrays over the
 shared nodes: placing a pod costs a few array operations, not a loop over nodes.
 """
@@ -32,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from controller.view import Node, Pod
+from controller.view import Node, PlainGpuPod, Pod
 from sharing.packing.cluster import ClusterState
 from sharing.packing.node_sharing import exact_replicas, place_whole, switch_for, waste_first
 from sharing.packing.policy import Policy, decide
@@ -42,54 +45,69 @@ from sharing.packing.typical import TypicalPods
 
 _BIG_CPU = 10**9  # nodes whose allocatable is unknown: CPU never limits the GPU choice
 _NEVER = 10**6  # a replica count no node has
+ANY_GPU = "gpu"
+"""The engine's GPU model key of a node whose product is unknown."""
+NO_GPU_POD_YET = PodSpec("no-gpu-pod-yet", 0, 0, 1, GPU_MILLI // 2)
+"""The typical pod while no GPU pod exists (the simulator's product model starts the same way)."""
 
 
-def node_key(node: Node) -> str:
-    return f"{node.sharing}/{node.replicas}/{node.product}"
+def gpu_key(node: Node) -> str:
+    """The engine's GPU model key of a node: its product, as the simulator keys a node by its GPU type."""
+    return node.product or ANY_GPU
 
 
-def engine_pod(pod: Pod, accepted: tuple[str, ...]) -> PodSpec:
+def engine_pod(pod: Pod) -> PodSpec:
+    """The pod as the packing engine sees it: its CPU and memory, its GPUs (a ``whole`` pod asks
+    whole GPUs), and the products its own affinity allows (empty: any)."""
+    products = tuple(sorted(pod.products))
     if pod.mode == "whole":
-        return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, max(1, pod.whole_gpus), GPU_MILLI, accepted, "|".join(accepted))
+        return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, max(1, pod.whole_gpus), GPU_MILLI, products,
+                       "|".join(products))
     milli = max(1, min(GPU_MILLI - 1, max(pod.milli, default=1)))
-    return PodSpec(
-        name=pod.key,
-        cpu_milli=pod.cpu_milli,
-        memory_mib=pod.memory_mib,
-        gpu_count=1,
-        gpu_milli=milli,
-        gpu_models=accepted,
-        gpu_spec="|".join(accepted),
-    )
+    return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, 1, milli, products, "|".join(products))
+
+
+def plain_gpu_pod(pod: PlainGpuPod) -> PodSpec:
+    """A pod asking ``nvidia.com/gpu`` itself (not gpupack's), as the packing engine sees it."""
+    products = tuple(sorted(pod.products))
+    return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, max(1, pod.gpus), GPU_MILLI, products, "|".join(products))
+
+
+def typical_pods(pods: Sequence[Pod], plain: Sequence[PlainGpuPod] = ()) -> TypicalPods:
+    """FGD's typical pods, from the GPU pods that exist (``present``, the rule the simulator's
+    product model replays): gpupack's shared and whole-GPU pods and the pods asking
+    ``nvidia.com/gpu`` themselves, placed or waiting. MIG pods are not the engine's."""
+    shapes = [engine_pod(p) for p in pods if p.mode != "mig"] + [plain_gpu_pod(p) for p in plain]
+    return TypicalPods.from_pods(shapes or [NO_GPU_POD_YET])
 
 
 class SharedPlacer:
-    """One planning cycle's engine state over the shared nodes."""
+    """One planning cycle's engine state over the shared nodes.
+
+    Nodes are keyed by GPU product (:func:`gpu_key`) and a pod accepts the products its affinity
+    allows, as in the simulator; which shared nodes a pod's mode, replica rule and GPU memory fit
+    is a mask per pod shape (:meth:`fits_split`), so the policy measures fragmentation against the
+    same typical pods over the same GPUs as the product model does."""
 
     def __init__(self, nodes: Sequence[Node], free: dict[str, int], workload: Sequence[Pod], policy_name: str = "gpupack",
-                 room: Mapping[str, tuple[int, int]] | None = None) -> None:
+                 room: Mapping[str, tuple[int, int]] | None = None, plain: Sequence[PlainGpuPod] = ()) -> None:
         """``room``: node -> CPU milli and memory MiB its pods leave (``FreeCapacity.room``, read
-        live, so pods released elsewhere this cycle count); without it, the nodes' own."""
+        live, so pods released elsewhere this cycle count); without it, the nodes' own.
+        ``workload`` and ``plain``: the GPU pods that exist (:func:`typical_pods`)."""
         self.room: Mapping[str, tuple[int, int]] = room if room is not None else {
             n.name: (n.free_cpu_milli, n.free_memory_mib) for n in nodes
             if n.free_cpu_milli is not None and n.free_memory_mib is not None}
         self.nodes = tuple(n for n in nodes if n.sharing != "none" and n.full_gpus and n.name in free)
-        self.keys = tuple(sorted({node_key(n) for n in self.nodes}))
         self._names = [n.name for n in self.nodes]
         self._replicas = np.array([n.replicas for n in self.nodes], dtype=np.int64)
-        # (mode, product, replicas, GPU memory) -> the nodes' key: all ``accepted`` looks at.
-        self._kinds = sorted({(n.sharing, n.product, n.replicas, max((g.memory_mib for g in n.full_gpus), default=0),
-                               node_key(n)) for n in self.nodes})
-        self._accepted: dict[tuple[object, ...], tuple[str, ...]] = {}
+        self._kinds = [(n.sharing, n.replicas, max((g.memory_mib for g in n.full_gpus), default=0)) for n in self.nodes]
+        self._fits: dict[tuple[object, ...], np.ndarray[Any, np.dtype[np.bool_]]] = {}
         self._admitted: dict[tuple[object, ...], np.ndarray[Any, np.dtype[np.bool_]]] = {}
         self.cluster: ClusterState | None = None
-        shapes = [engine_pod(p, self.keys) for p in workload if p.mode != "mig"] or [
-            PodSpec("any", 0, 0, 1, GPU_MILLI // 2, self.keys, "|".join(self.keys))
-        ]
-        self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=TypicalPods.from_pods(shapes))
+        self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical_pods(workload, plain))
         if not self.nodes:
             return
-        specs = [_spec(n, node_key(n), self.room) for n in self.nodes]
+        specs = [_spec(n, gpu_key(n), self.room) for n in self.nodes]
         self.cluster = ClusterState(specs)
         for i, n in enumerate(self.nodes):
             share = GPU_MILLI // n.replicas
@@ -102,18 +120,14 @@ class SharedPlacer:
                     milli = GPU_MILLI if on_gpu == n.replicas else on_gpu * share
                     self.cluster.place(PodSpec(f"claimed/{n.name}/{g}", 0, 0, 1, milli), i, (g,))
 
-    def accepted(self, pod: Pod) -> tuple[str, ...]:
-        shape = (pod.mode, pod.products, pod.milli, pod.memory_bytes)
-        found = self._accepted.get(shape)
+    def fits_split(self, pod: Pod) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Which shared nodes share in the pod's mode into replicas its request fits (``sharing.replicas``)."""
+        shape = (pod.mode, pod.milli, pod.memory_bytes)
+        found = self._fits.get(shape)
         if found is None:
-            out = []
-            for sharing, product, replicas, memory, key in self._kinds:
-                if sharing != pod.mode or (pod.products and product not in pod.products):
-                    continue
-                if not pod.fits_replicas(replicas, memory):
-                    continue
-                out.append(key)
-            found = self._accepted[shape] = tuple(sorted(set(out)))
+            found = self._fits[shape] = np.array(
+                [mode == pod.mode and pod.fits_replicas(replicas, memory) for mode, replicas, memory in self._kinds],
+                dtype=bool)
         return found
 
     def _admits(self, pod: Pod) -> np.ndarray[Any, np.dtype[np.bool_]]:
@@ -131,16 +145,15 @@ class SharedPlacer:
         pod's own size; ``node_sharing.exact_replicas``); without it, waste first."""
         if self.cluster is None:
             return None
-        accepted = self.accepted(pod)
-        if not accepted:
-            return None
-        spec = engine_pod(pod, accepted)
+        spec = engine_pod(pod)
         # Nodes without enough free replicas (or other than the one a half-released pod
         # is pinned to) are masked out; the state itself stays true for the policy's cache.
         room = np.fromiter((free.get(name, 0) for name in self._names), dtype=np.int64, count=len(self._names))
-        allowed = (room >= pod.shares) & self._admits(pod)
+        allowed = (room >= pod.shares) & self._admits(pod) & self.fits_split(pod)
         if pod.node is not None:
             allowed &= np.array([name == pod.node for name in self._names], dtype=bool)
+        if not allowed.any():
+            return None
         replicas = self._replicas
         candidates = allowed & self.cluster.feasible(spec)
         if own_size is None:
@@ -166,7 +179,7 @@ class SharedPlacer:
         candidates = [n for n in sorted(nodes, key=lambda n: n.name) if free.get(n.name, 0) >= pod.whole_gpus]
         if not candidates:
             return None
-        cluster = ClusterState([_spec(n, "gpu", self.room) for n in candidates])
+        cluster = ClusterState([_spec(n, gpu_key(n), self.room) for n in candidates])
         for i, n in enumerate(candidates):
             used = len(n.full_gpus) - free[n.name]
             for g in range(min(used, len(n.full_gpus))):
@@ -174,7 +187,7 @@ class SharedPlacer:
         # A node with every GPU free is idle (it could still be split into replicas),
         # the simulator's "fresh"; one with a GPU taken is a whole-GPU node in use.
         idle = np.array([free[n.name] >= len(n.full_gpus) for n in candidates], dtype=bool)
-        outcome = place_whole(self.policy, cluster, engine_pod(pod, ()), ~idle, idle)
+        outcome = place_whole(self.policy, cluster, engine_pod(pod), ~idle, idle)
         return candidates[outcome.node].name if isinstance(outcome, PodPlacement) else None
 
     def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]]) -> tuple[Node, int] | None:
@@ -182,9 +195,9 @@ class SharedPlacer:
         if not idle:
             return None
         ordered = sorted(idle, key=lambda c: c[0].name)
-        cluster = ClusterState([_spec(n, n.product or "gpu", self.room) for n, _ in ordered])
+        cluster = ClusterState([_spec(n, gpu_key(n), self.room) for n, _ in ordered])
         replicas = np.array([r for _, r in ordered], dtype=np.int64)
-        chosen = switch_for(self.policy, cluster, engine_pod(pod, ()), np.ones(len(ordered), dtype=bool), replicas)
+        chosen = switch_for(self.policy, cluster, engine_pod(pod), cluster.feasible(engine_pod(pod)), replicas)
         return None if chosen is None else ordered[chosen]
 
 

@@ -18,8 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
-from controller.podview import pod_from_object, read_pod, resources_held, waiting_unschedulable, whole_gpus_requested
-from controller.view import FailedDevice, Gpu, Node, Pod, Snapshot
+from controller.podview import (
+    pod_from_object, read_pod, required_products, resources_held, waiting_unschedulable, whole_gpus_requested,
+)
+from controller.view import FailedDevice, Gpu, Node, PlainGpuPod, Pod, Snapshot
 from kube.times import format_time, parse_time
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
@@ -201,7 +203,7 @@ def scoped(snapshot: Snapshot, namespaces: Iterable[str]) -> Snapshot:
     if not allowed:
         return snapshot
     pods = tuple(p for p in snapshot.pods if p.namespace in allowed or not (p.gated or p.unschedulable))
-    return Snapshot(snapshot.nodes, pods, snapshot.policies, snapshot.whole_waiting)
+    return replace(snapshot, pods=pods)
 
 
 @dataclass(frozen=True)
@@ -240,6 +242,8 @@ class PodParse:
     """The node whose CPU and memory it holds: bound there, or (gpupack's) pinned there."""
     cpu_milli: int = 0
     memory_mib: int = 0
+    plain: PlainGpuPod | None = None
+    """Set for a pod that asks ``nvidia.com/gpu`` itself (not gpupack's), not finished."""
 
 
 def parse_pod(obj: Mapping[str, Any]) -> PodParse:
@@ -255,11 +259,17 @@ def parse_pod(obj: Mapping[str, Any]) -> PodParse:
     gpus = whole_gpus_requested(obj)
     if not gpus:
         return PodParse(pod, untrusted, held_on=held_on, cpu_milli=cpu, memory_mib=memory)
+    meta = _map(obj.get("metadata"))
+    theirs = ALLOCATION_ANNOTATION not in _map(meta.get("annotations"))
+    plain = None
+    if theirs:
+        requested_cpu, requested_memory = resources_held(obj)
+        plain = PlainGpuPod(f"{meta.get('namespace')}/{meta.get('name')}", gpus, requested_cpu, requested_memory,
+                            required_products(_map(obj.get("spec"))))
     if bound is not None:
-        return PodParse(pod, untrusted, gpus, bound, held_on=held_on, cpu_milli=cpu, memory_mib=memory)
-    waiting = (ALLOCATION_ANNOTATION not in _map(_map(obj.get("metadata")).get("annotations"))
-               and waiting_unschedulable(obj))
-    return PodParse(pod, untrusted, gpus, None, waiting, held_on=held_on, cpu_milli=cpu, memory_mib=memory)
+        return PodParse(pod, untrusted, gpus, bound, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain)
+    waiting = theirs and waiting_unschedulable(obj)
+    return PodParse(pod, untrusted, gpus, None, waiting, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain)
 
 
 PolicyMerge = Callable[[tuple[Node, ...]], dict[str, NodePolicy]]
@@ -303,6 +313,7 @@ def assemble(
                     untrusted_pods=tuple(p.untrusted for p in pod_parses if p.untrusted is not None),
                     mig_config_requests=tuple((n.reading.name, n.reading.mig_config_request) for n in parsed
                                               if n.reading.mig_config_request is not None),
+                    plain_gpu_pods=tuple(p.plain for p in pod_parses if p.plain is not None),
                     failed_devices=tuple(f for n in parsed for f in n.failed))
 
 

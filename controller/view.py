@@ -213,6 +213,19 @@ def _matches(expression: tuple[str, str, tuple[str, ...]], labels: dict[str, str
 
 
 @dataclass(frozen=True)
+class PlainGpuPod:
+    """A pod that asks ``nvidia.com/gpu`` itself (not gpupack's), placed or waiting: kube-scheduler
+    places it, and the packing engine counts it among the GPU pods that exist (its typical pods)."""
+
+    key: str
+    gpus: int
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    products: tuple[str, ...] = ()
+    """GPU products its required affinity allows (empty: any)."""
+
+
+@dataclass(frozen=True)
 class FailedDevice:
     """A GPU or MIG instance with a fault, and the pods that used it when it failed (``GPUStatus.health``)."""
 
@@ -244,6 +257,8 @@ class Snapshot:
     mig_config_requests: tuple[tuple[str, MigConfigRequest], ...] = ()
     """``(node, request)`` for each operator-mode agent waiting for its mig-parted config to be
     published into mig-manager's ConfigMap (``controller.mig_configs``)."""
+    plain_gpu_pods: tuple[PlainGpuPod, ...] = ()
+    """Pods asking ``nvidia.com/gpu`` themselves, not finished (:class:`PlainGpuPod`)."""
     failed_devices: tuple[FailedDevice, ...] = ()
     """Every faulted GPU and MIG instance, for the opt-in eviction of their pods (``controller.evictions``)."""
 

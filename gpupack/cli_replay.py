@@ -73,9 +73,10 @@ def _plan(args: argparse.Namespace, nodes: Any, trace: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpupack.replay.figures import model_figures
+    from gpupack.replay.figures import follow_live, model_figures
     from gpupack.replay.report import as_json, as_text, plot
     from gpupack.replay.runner import pods_of, run_live
+    from gpupack.replay.mapping import kube_node_name
     from sharing.packing.registry import canonical_policy_name
     from sharing.simulator.traces import workload_name
 
@@ -106,8 +107,12 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - the stack failed: say which part, keep its logs
         print(f"gpupack: error: the replay's stack failed: {exc} (logs under {workdir / 'logs'})", file=sys.stderr)
         return EXIT_NO
+    trace_name = {kube_node_name(n.name): n.name for n in plan.nodes}
+    following = follow_live(nodes, trace.pods, policy, args.seed, args.inflate, args.max_nodes,
+                            [trace_name[r.node] if r.result == "bound" and r.node else None for r in live.results]) \
+        if len(live.results) == len(plan.workload.pods) else None
     report = as_json(live, models, workload=workload_name(Path(args.pods)), policy=policy, inflate=args.inflate,
-                     seconds=time.monotonic() - began)
+                     seconds=time.monotonic() - began, following=following)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

@@ -123,13 +123,13 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--typical", choices=TYPICAL_RULES, default=None,
-        help="with --backend dra: the typical pods FGD and gpupack measure fragmentation against: present (the GPU "
+        help="with --model product: the typical pods FGD and gpupack measure fragmentation against: present (the GPU "
         "pods that exist when a pod arrives, as the live controller builds them; default) or workload (every pod "
         "of the run, known in advance, as the FGD protocol does)",
     )
     p.add_argument(
         "--typical-every", type=int, default=None, metavar="K",
-        help=f"with --typical present: rebuild the typical pods at most every K arrivals, the pods one planning "
+        help=f"with --backend dra and --typical present: rebuild the typical pods at most every K arrivals, the pods one planning "
         f"cycle plans together (default {DEFAULT_TYPICAL_EVERY}; 1 rebuilds before every pod that changes them, "
         "some 20 minutes a gpupack run on openb)",
     )
@@ -181,10 +181,12 @@ def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
     backend: str = args.backend or "device-plugin"
     if args.share_unit is not None and backend != "dra":
         raise UsageError("--share-unit applies to --backend dra only (the device-plugin backend shares in replicas of 1000/r)")
-    for flag, value in (("--typical", args.typical), ("--typical-every", args.typical_every)):
-        if value is not None and backend != "dra":
-            raise UsageError(f"{flag} applies to --backend dra only (the FGD protocol and the device-plugin model "
-                             "measure fragmentation against the whole run's pods)")
+    if args.typical is not None and args.sharing_model != "product":
+        raise UsageError("--typical applies to --model product only (the FGD protocol measures fragmentation against "
+                         "the whole run's pods)")
+    if args.typical_every is not None and backend != "dra":
+        raise UsageError("--typical-every applies to --backend dra only (the device-plugin model rebuilds the typical "
+                         "pods before every GPU pod, as the live controller does for a replay's one pod at a time)")
     if backend != "dra":
         return backend, None
     if args.live_path != "engine":
@@ -250,10 +252,11 @@ def run(args: argparse.Namespace) -> int:
                 extra = {"backend": backend, "share_unit": share_unit, "typical": rule,
                          **({"typical_every": every} if rule == "present" else {}), **dra_extra(dra_runs)}
             else:
-                runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate, max_nodes=k)
-                        for s in seeds]
+                rule = args.typical or "present"
+                runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate, max_nodes=k,
+                                    typical=rule) for s in seeds]
                 result = product_sweep(runs, trace.workload)
-                extra = {"backend": backend, **product_extra(runs)}
+                extra = {"backend": backend, "typical": rule, **product_extra(runs)}
         except ValueError as exc:
             raise UsageError(f"{args.nodes}: {exc}") from None
     else:

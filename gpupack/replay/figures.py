@@ -11,6 +11,14 @@ product model (``sharing.simulator.product.run_product``) and
 each run on the same node list, trace, seed, inflation and node sample, so on
 the same plan (``sharing.simulator.arrivals.plan_run``) and with the policy the
 live controller runs.
+
+The product model breaks kube-scheduler's ties by a seeded rank where the live
+kube-scheduler samples among equal scores, so a live run and the model can part
+ways on a tie and end a point or two apart on a small cluster with neither
+wrong. :func:`follow_live` separates that from a real difference: the product
+model again, its ties broken the live run's way pod by pod
+(``run_product(follow=...)``); every pod it still places elsewhere is a
+decision the live system made that the model's rules would not.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import numpy as np
 
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
 from sharing.simulator.metrics import alloc_by_level
-from sharing.simulator.product import run_product
+from sharing.simulator.product import Divergence, run_product
 from sharing.simulator.replay import run_once
 from sharing.simulator.scheduler_config import load_weights
 
@@ -59,6 +67,23 @@ def model_figures(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], poli
     product = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes)
     fgd = run_once(nodes, trace_pods, policy, seed, inflate, max_nodes=max_nodes)
     return ModelFigures(product.alloc_at, product.failed_pods, fgd.alloc_at, fgd.failed_pods)
+
+
+@dataclass(frozen=True)
+class Following:
+    """The product model run along a live run's choices (module docstring)."""
+
+    alloc_at: Levels
+    divergences: tuple[Divergence, ...]
+
+
+def follow_live(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy: str, seed: int, inflate: float,
+                max_nodes: int | None, live_nodes: Sequence[str | None]) -> Following:
+    """The product model on the replay's plan, ties broken toward ``live_nodes`` (per pod in arrival
+    order, the trace name of the node it was bound to, or None)."""
+    run = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes,
+                      follow=live_nodes)
+    return Following(run.alloc_at, run.divergences)
 
 
 def level_at(levels: Levels, level: int) -> float | None:

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from gpupack.replay.figures import Levels, ModelFigures, final_alloc_percent, level_at, percentile
+from gpupack.replay.figures import Following, Levels, ModelFigures, final_alloc_percent, level_at, percentile
 from gpupack.replay.runner import LiveRun, live_levels, pods_of
 
 TABLE_LEVELS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)
@@ -21,8 +21,12 @@ def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
+FIRST_DIVERGENCES = 10
+"""Divergences listed one by one in the report (all are counted)."""
+
+
 def as_json(live: LiveRun, models: ModelFigures, *, workload: str, policy: str, inflate: float,
-            seconds: float) -> dict[str, Any]:
+            seconds: float, following: Following | None = None) -> dict[str, Any]:
     """The documented JSON object (docs/replay.md lists every key)."""
     plan = live.plan
     levels = live_levels(live)
@@ -56,6 +60,13 @@ def as_json(live: LiveRun, models: ModelFigures, *, workload: str, policy: str, 
         "pods_timed_out": pods_of(live.results, "timeout"),
         "unplaceable_by": dict(sorted(Counter(str(r.decider) for r in never).items())),
         "simulated_failed_pods": models.product_failed_pods,
+        **({"model_following_live": {
+            "pods": len(live.results),
+            "divergences": len(following.divergences),
+            "alloc_at_130": level_at(following.alloc_at, 130),
+            "first_divergences": [{"index": d.index, "pod": d.pod, "live": d.live, "model": d.model}
+                                  for d in following.divergences[:FIRST_DIVERGENCES]],
+        }} if following is not None else {}),
         "fgd_failed_pods": models.fgd_failed_pods,
         "bound_seconds_p50": _round(percentile(bound_seconds, 50)),
         "bound_seconds_p95": _round(percentile(bound_seconds, 95)),
@@ -103,6 +114,7 @@ def as_text(report: dict[str, Any]) -> str:
         f"never placed ({', '.join(f'{k} {v}' for k, v in report['unplaceable_by'].items()) or 'none'})"
         + (f", {report['pods_timed_out']} timed out" if report["pods_timed_out"] else "")
         + f"; the product model never placed {report['simulated_failed_pods']}",
+        *([_following_line(report["model_following_live"])] if "model_following_live" in report else []),
         f"creation to bound: p50 {_cell(report['bound_seconds_p50'])} s, p95 {_cell(report['bound_seconds_p95'])} s",
         "",
         f"{'component':<11} {'CPU s':>8} {'peak RSS MiB':>13} {'processes':>10}",
@@ -119,6 +131,17 @@ def as_text(report: dict[str, Any]) -> str:
         f"total {seconds['total']:.0f} s",
     ]
     return "\n".join(lines)
+
+
+def _following_line(following: dict[str, Any]) -> str:
+    n = following["divergences"]
+    head = (f"the product model with its ties broken the live run's way places {n} of {following['pods']} pods "
+            f"otherwise")
+    if n == 0:
+        return head + " (every live decision is one the model's rules make; it then allocates " \
+            f"{_cell(following['alloc_at_130'])} as live does)"
+    first = following["first_divergences"][0]
+    return head + f" (first: #{first['index']} {first['pod']}, live {first['live']}, model {first['model']})"
 
 
 def plot(report: dict[str, Any], path: Path) -> None:

@@ -13,11 +13,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from sharing.packing.specs import GPU_MILLI, PodSpec
+
+TypicalRule = Literal["present", "workload"]
+TYPICAL_RULES: Final[tuple[TypicalRule, ...]] = ("present", "workload")
+"""``present``: the GPU pods that exist when a pod is placed (the live controller's rule, the
+default); ``workload``: every pod of the run, known in advance (the FGD protocol's)."""
 
 COVERAGE_PERCENT = 95
 """Share of pods the kept prefix must cover (the published simulator's threshold)."""
@@ -133,6 +139,10 @@ class TypicalCounts:
 
     def add(self, pod: PodSpec) -> None:
         self._counts[pod.fgd_key] += 1
+
+    def counts(self) -> Counter[FgdKey]:
+        """A copy of the counts per request key."""
+        return Counter(self._counts)
 
     def table(self) -> TypicalPods:
         """The table of the pods counted (ValueError when none is)."""

@@ -79,6 +79,8 @@ from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.policy import Policy, schedule
 from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
+from sharing.packing.typical import TYPICAL_RULES as TYPICAL_RULES  # re-exported: the simulator's CLI reads it here
+from sharing.packing.typical import TypicalRule as TypicalRule
 from sharing.packing.typical import TypicalCounts, TypicalPods, same_table
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.openb_models import openb_gpu
@@ -89,10 +91,6 @@ from sharing.simulator.arrivals import plan_run
 CpuPods = Literal["scheduler", "engine"]
 CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
 
-TypicalRule = Literal["present", "workload"]
-TYPICAL_RULES: Final[tuple[TypicalRule, ...]] = ("present", "workload")
-"""``present``: the GPU pods that exist when a pod is placed (the live controller's rule, the
-default); ``workload``: every pod of the run, known in advance (the FGD protocol's)."""
 
 DEFAULT_TYPICAL_EVERY: Final = 50
 """Arrivals per rebuild of the ``present`` rule's typical pods at most: the pods one planning

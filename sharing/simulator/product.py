@@ -58,7 +58,7 @@ from sharing.packing.node_sharing import (
 )
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
-from sharing.packing.typical import TypicalPods
+from sharing.packing.typical import TYPICAL_RULES, TypicalCounts, TypicalPods, TypicalRule, same_table
 from sharing.replicas import largest_replicas, replica_milli, takes_whole_gpu
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.openb_models import openb_gpu
@@ -101,18 +101,40 @@ class ProductRun:
     split: CapacitySplit
     node_modes: dict[str, int]
     """Nodes per final state: ``fresh``, ``whole``, ``r2``, ``r3``, ..."""
+    divergences: tuple[Divergence, ...] = ()
+    """Run that follows a live run (``follow``): the pods whose live outcome the model would not
+    choose even when its ties fall the live run's way (empty: it can make every live choice)."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A pod the model places other than the live run did, with its ties broken toward the live choice."""
+
+    index: int
+    """Position in the arrival order."""
+    pod: str
+    live: str | None
+    """The node the live run bound it to (None: never placed)."""
+    model: str | None
 
 
 class ProductReplay:
     """The cluster under the live rules, one pod at a time."""
 
-    def __init__(self, cluster: ClusterState, policy: Policy, weights: MostAllocatedWeights, live_path: LivePath) -> None:
+    def __init__(self, cluster: ClusterState, policy: Policy, weights: MostAllocatedWeights, live_path: LivePath,
+                 scheduler_rank: IntArray | None = None) -> None:
+        """``scheduler_rank``: how kube-scheduler's ties between equally scored nodes fall (it
+        samples among them live; default the cluster's ``tie_rank``, which the engine's ties
+        follow: the first node by name, as the live controller's engine breaks them)."""
         if live_path not in LIVE_PATHS:
             raise ValueError(f"unknown live path {live_path!r}; choose one of {', '.join(LIVE_PATHS)}")
         self.cluster = cluster
         self.policy = policy
         self.weights = weights
         self.live_path = live_path
+        self.scheduler_rank: IntArray = cluster.tie_rank if scheduler_rank is None else scheduler_rank
+        self.last_node: int | None = None
+        """The node :meth:`place` last placed a pod on (None: it dropped the pod)."""
         self.modes: IntArray = np.full(len(cluster), FRESH, dtype=np.int64)
         """FRESH, WHOLE, or the node's replica count."""
         self.used: IntArray = np.zeros((len(cluster), cluster.width), dtype=np.int64)
@@ -126,7 +148,9 @@ class ProductReplay:
 
     # ------------------------------------------------------------------ placing
     def place(self, pod: PodSpec) -> float | None:
-        """Place ``pod`` as the live system would; the GPU milli it occupies, or None (dropped)."""
+        """Place ``pod`` as the live system would; the GPU milli it occupies, or None (dropped).
+        ``last_node`` is then the node it went to."""
+        self.last_node = None
         if pod.gpu_count == 0:
             return self._by_scheduler(pod, self.cluster.feasible(pod), None)
         if not pod.is_shared:
@@ -140,7 +164,7 @@ class ProductReplay:
     def _scheduler_pick(
         self, pod: PodSpec, nodes: IntArray, gpu_req: IntArray | None, gpu_alloc: IntArray | None, gpu_weight: int
     ) -> int:
-        return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight)
+        return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight, self.scheduler_rank)
 
     def _by_scheduler(self, pod: PodSpec, candidates: BoolArray, gpu: tuple[IntArray, IntArray, int] | None) -> float | None:
         c = self.cluster
@@ -154,9 +178,11 @@ class ProductReplay:
             node = self._scheduler_pick(pod, nodes, gpu_req[nodes], gpu_alloc[nodes], gpu_weight)
         if pod.gpu_count == 0:
             c.place(pod, node, ())
+            self.last_node = node
             return 0.0
         free = np.flatnonzero(c.gpu_free[node] == GPU_MILLI)[: pod.gpu_count]
         c.place(pod, node, tuple(int(g) for g in free))
+        self.last_node = node
         self.modes[node] = WHOLE
         return float(pod.gpu_total_milli)
 
@@ -171,6 +197,7 @@ class ProductReplay:
         if not isinstance(outcome, PodPlacement):
             return None
         self.cluster.place(pod, outcome.node, outcome.gpus)
+        self.last_node = outcome.node
         self.modes[outcome.node] = WHOLE
         return float(pod.gpu_total_milli)
 
@@ -223,6 +250,7 @@ class ProductReplay:
         # The engine sees a replica-split GPU as 1000 milli of which (free replicas) * 1000 // r are free.
         taken = int(c.gpu_free[node, gpu] - (r - self.used[node, gpu]) * GPU_MILLI // r)
         c.place(PodSpec(pod.name, pod.cpu_milli, pod.memory_mib, 1, taken), node, (gpu,))
+        self.last_node = node
         return replica_milli(r)
 
     # ------------------------------------------------------------------ summary
@@ -253,9 +281,11 @@ def scheduler_pick(
     gpu_req: IntArray | None = None,
     gpu_alloc: IntArray | None = None,
     gpu_weight: int = 0,
+    rank: IntArray | None = None,
 ) -> int:
     """kube-scheduler's choice among ``nodes`` (MostAllocated; ``gpu_*`` per node in ``nodes``,
-    None for a pod that asks for no extended GPU resource); ties go to the lowest ``tie_rank``.
+    None for a pod that asks for no extended GPU resource); ties go to the lowest ``rank`` (default the
+    cluster's ``tie_rank``).
     Every backend's model scores the pods gpupack does not place with it (CPU-only pods)."""
     c = cluster
     scores = most_allocated(
@@ -264,7 +294,37 @@ def scheduler_pick(
         gpu_req, gpu_alloc, gpu_weight, weights,
     )
     tied = nodes[scores == scores.max()]
-    return int(tied[np.argmin(c.tie_rank[tied])])
+    return int(tied[np.argmin((c.tie_rank if rank is None else rank)[tied])])
+
+
+class PresentPods:
+    """The ``present`` rule's typical pods: the GPU pods placed so far and the arriving one, as the
+    engine sees them (:func:`engine_view`). Live, the controller builds its policy each cycle from
+    the GPU pods that exist (``controller.sharedplan.typical_pods``); a replay submits one pod at a
+    time and deletes a pod never placed, so those are the placed ones and the one waiting."""
+
+    def __init__(self, live_path: LivePath) -> None:
+        self.live_path = live_path
+        self._counts = TypicalCounts()
+
+    def _view(self, pod: PodSpec) -> PodSpec:
+        return engine_view([pod], self.live_path)[0]
+
+    def placed(self, pod: PodSpec) -> None:
+        if pod.gpu_count:
+            self._counts.add(self._view(pod))
+
+    def with_arriving(self, pod: PodSpec) -> TypicalPods:
+        """The table with ``pod`` counted too (a CPU-only pod adds nothing)."""
+        counts = self._counts.counts()
+        if pod.gpu_count:
+            view = self._view(pod)
+            counts[view.fgd_key] += 1
+        return TypicalPods.from_counts(counts) if counts else TypicalPods.from_pods([NO_GPU_POD_YET])
+
+
+NO_GPU_POD_YET: Final = PodSpec("no-gpu-pod-yet", 0, 0, 1, GPU_MILLI // 2)
+"""The typical pod while no GPU pod exists (the live controller's: ``controller.sharedplan``)."""
 
 
 def as_whole(pod: PodSpec) -> PodSpec:
@@ -290,14 +350,29 @@ def run_product(
     clock: Clock = time.perf_counter_ns,
     policy_factory: Callable[[str, np.random.Generator, TypicalPods], Policy] | None = None,
     max_nodes: int | None = None,
+    typical: TypicalRule = "present",
+    follow: Sequence[str | None] | None = None,
 ) -> ProductRun:
     """One (workload, seed, policy) run: the protocol's arrivals under the live rules, on the seed's
     sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``).
+
+    ``typical``: what FGD and gpupack measure fragmentation against (module docstring, "Typical
+    pods"): ``present``, the live controller's rule, or ``workload``, the FGD protocol's.
+
+    ``follow``: a live run's outcome per pod in arrival order (the node name it was bound to, or
+    None), to check the live system against the model. Before each pod the live node is ranked
+    first among equals, for the engine and for kube-scheduler alike, so wherever the live choice
+    is one the model's rules score best the model makes it too and the two runs stay in the same
+    state; every pod placed otherwise is a :class:`Divergence` (then the states differ, and later
+    pods are judged from the model's). A live run that follows the model's rules has none, and
+    its allocation is the model's own.
 
     ``policy_factory`` builds the engine's policy instead of the registry (an
     ablation, as ``benchmarks/product_ablation.py`` runs); ``policy_name`` still
     names the registered policy the run reports."""
     name = canonical_policy_name(policy_name)
+    if typical not in TYPICAL_RULES:
+        raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
     for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
         if openb_gpu(gpu_type).mig_capable:
             raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: the product model replays MPS sharing only")
@@ -305,12 +380,19 @@ def run_product(
     ordered = sorted(plan.nodes, key=lambda n: n.name)
     total_gpus = plan.gpus
     workload = plan.workload
-    typical = TypicalPods.from_pods(engine_view(workload.originals, live_path))
-    cluster = ClusterState(ordered, tie_rank=workload.tie_rank)
+    present = PresentPods(live_path)
+    table = TypicalPods.from_pods(engine_view(workload.originals, live_path)) if typical == "workload" else None
+
+    def build(table: TypicalPods) -> Policy:
+        return make_policy(name, rng=stream, typical=table) if policy_factory is None else policy_factory(name, stream, table)
+
+    # The engine's ties go to the first node by name, as the live controller's do; kube-scheduler's
+    # fall by the seeded rank (it samples among equal scores live).
+    cluster = ClusterState(ordered)
     rng = np.random.default_rng(seed)
     stream = _continue_stream(rng, workload)
-    policy = make_policy(name, rng=stream, typical=typical) if policy_factory is None else policy_factory(name, stream, typical)
-    replay = ProductReplay(cluster, policy, weights, live_path)
+    policy = build(table if table is not None else present.with_arriving(workload.pods[0]))
+    replay = ProductReplay(cluster, policy, weights, live_path, scheduler_rank=np.asarray(workload.tie_rank, dtype=np.int64))
     count = len(workload.pods)
     arrived = np.zeros(count, dtype=np.int64)
     used = np.zeros(count, dtype=np.int64)
@@ -318,16 +400,40 @@ def run_product(
     times = np.zeros(count, dtype=np.int64)
     demand = allocated = failed = 0
     reserved = 0.0
+    if follow is not None and len(follow) != len(workload.pods):
+        raise ValueError(f"follow: {len(follow)} outcomes for {len(workload.pods)} pods")
+    position = {n.name: i for i, n in enumerate(ordered)}
+    engine_rank, scheduler_rank = cluster.tie_rank.copy(), replay.scheduler_rank.copy()
+    divergences: list[Divergence] = []
+    current = None if table is not None else present.with_arriving(workload.pods[0])
     for i, pod in enumerate(workload.pods):
+        live_node = None if follow is None else follow[i]
+        if follow is not None:
+            cluster.tie_rank[:], replay.scheduler_rank[:] = engine_rank, scheduler_rank
+            if live_node is not None:
+                if live_node not in position:
+                    raise ValueError(f"follow: pod {pod.name} was bound to {live_node!r}, not a node of the run")
+                cluster.tie_rank[position[live_node]] = replay.scheduler_rank[position[live_node]] = -1
         start = clock()
+        if current is not None and pod.gpu_count:
+            now = present.with_arriving(pod)
+            if not same_table(now, current):
+                # Live, the policy is built anew each planning cycle from the pods that exist.
+                current = now
+                replay.policy = build(now)
         taken = replay.place(pod)
         times[i] = clock() - start
+        if follow is not None:
+            model_node = None if replay.last_node is None else ordered[replay.last_node].name
+            if model_node != live_node:
+                divergences.append(Divergence(i, pod.name, live_node, model_node))
         demand += pod.gpu_total_milli
         if taken is None:
             failed += 1
         else:
             allocated += pod.gpu_total_milli
             reserved += taken
+            present.placed(pod)
         arrived[i], used[i], occupied[i] = demand, allocated, round(reserved)
     return ProductRun(
         policy=name,
@@ -341,4 +447,5 @@ def run_product(
         final_alloc_percent=100.0 * allocated / (total_gpus * GPU_MILLI),
         split=replay.split(allocated, reserved),
         node_modes=replay.node_modes(),
+        divergences=tuple(divergences),
     )

@@ -547,3 +547,18 @@ def test_a_node_switching_for_a_pod_counts_as_its_capacity_on_the_labels_it_will
     result = run([switching, idle], [wants_mps], NodePolicy(names=("p",), max_concurrent=4, idle_seconds=0))
     assert result.sharing == () and result.releases == ()
     assert "a-switching" in result.waiting[0].reason and "in flight" in result.waiting[0].reason
+
+
+def test_the_engines_typical_pods_are_the_gpu_pods_that_exist() -> None:
+    """The rule the product model replays (``present``): gpupack's shared and whole-GPU pods and the
+    pods asking ``nvidia.com/gpu`` themselves, each as the engine sees it, keyed by product."""
+    from controller.sharedplan import typical_pods
+    from controller.view import PlainGpuPod
+
+    pods = [replace(shared_pod("a", milli=200), cpu_milli=1000, products=("Tesla-T4",)),
+            replace(whole_pod("w", gpus=2), cpu_milli=3000), mig_pod("m")]
+    table = typical_pods(pods, [PlainGpuPod("ml/p", 4, 8000)])
+    keys = set(zip(table.cpu_milli, table.gpu_milli, table.gpu_count, table.gpu_spec))
+    assert keys == {(1000, 200, 1, "Tesla-T4"), (3000, 1000, 2, ""), (8000, 1000, 4, "")}  # no MIG pod
+    assert set(zip(typical_pods([]).gpu_milli, typical_pods([]).gpu_count)) == {(500, 1)}  # none yet
+

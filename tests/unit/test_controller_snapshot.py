@@ -244,3 +244,23 @@ def test_cpu_and_memory_used_count_every_pod_holding_the_node() -> None:
     assert (n1.cpu_used_milli, n1.memory_used_mib) == (1250 + 3100 + 500, 2048 + 2112 + 1024)
     assert (n2.cpu_used_milli, n2.memory_used_mib) == (500, 1024)
     assert n1.free_cpu_milli is None  # no Node object: allocatable unknown, so no limit
+
+
+def test_pods_asking_whole_gpus_themselves_are_the_engines_gpu_pods_too() -> None:
+    """Pods asking ``nvidia.com/gpu`` that are not gpupack's, placed or waiting, are among the GPU
+    pods that exist, which the packing engine measures fragmentation against."""
+    def whole(name: str, node: str | None, phase: str = "Running", products: list[str] | None = None) -> dict[str, Any]:
+        spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {
+            "requests": {"cpu": "4"}, "limits": {"nvidia.com/gpu": "2"}}}]}
+        if node:
+            spec["nodeName"] = node
+        if products:
+            spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": products}]}]}}}
+        return {"metadata": {"name": name, "namespace": "ml"}, "spec": spec, "status": {"phase": phase}}
+
+    pods = [whole("bound", "n1"), whole("waiting", None, "Pending", ["Tesla-T4"]), whole("done", "n1", "Succeeded"),
+            pod("gpupack-pod", gated=False, node="n1")]
+    snapshot = build_snapshot([gpunode("n1")], [], pods, [])
+    assert [(p.key, p.gpus, p.cpu_milli, p.products) for p in snapshot.plain_gpu_pods] == [
+        ("ml/bound", 2, 4000, ()), ("ml/waiting", 2, 4000, ("Tesla-T4",))]

@@ -181,3 +181,26 @@ def test_every_openb_gpu_type_maps_to_a_product_without_mig() -> None:
     assert openb_gpu("T4").memory_mib == 16 * 1024
     with pytest.raises(ValueError, match="unknown openb GPU type"):
         openb_gpu("H100")
+
+
+def test_present_typical_pods_are_the_placed_gpu_pods_and_the_arriving_one() -> None:
+    """The live controller's rule (``controller.sharedplan.typical_pods``): the GPU pods that exist,
+    as the engine sees them (above half a GPU: a whole GPU); CPU-only pods are not GPU pods."""
+    from sharing.simulator.product import PresentPods
+
+    present = PresentPods("engine")
+    first = present.with_arriving(gpu_pod("a", 200))
+    assert list(zip(first.gpu_milli, first.probability)) == [(200, 1.0)]
+    present.placed(gpu_pod("a", 200))
+    present.placed(PodSpec("cpu-only", 4000, 0))
+    table = present.with_arriving(gpu_pod("b", 700))
+    assert sorted(zip(table.gpu_milli, table.probability)) == [(200, 0.5), (1000, 0.5)]
+    assert present.with_arriving(PodSpec("cpu-only", 1000, 0)).gpu_milli == (200,)
+
+
+def test_an_unknown_typical_rule_is_refused() -> None:
+    from sharing.simulator.product import run_product
+
+    with pytest.raises(ValueError, match="unknown typical-pods rule 'future'"):
+        run_product([NodeSpec("n", 1000, 1000, 1, "T4")], [gpu_pod("a", 100)], "gpupack", 42, WEIGHTS,
+                    typical="future")  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from gpupack.cli import build_parser, main
 from gpupack.demo.stack import probe_pod, webhook_mutated
 from gpupack.replay import runner
 from gpupack.replay.costs import ComponentCost, ProcessSample, component_cost, delta, requests_by_verb, sample
-from gpupack.replay.figures import ModelFigures, level_at, live_alloc_at, model_figures, percentile
+from gpupack.replay.figures import ModelFigures, follow_live, level_at, live_alloc_at, model_figures, percentile
 from gpupack.replay.mapping import NODE_POD_CAPACITY, REPLAY_LABEL, replay_node, replay_pod
 from gpupack.replay.outcome import classify, released_unschedulable
 from gpupack.replay.progress import ProgressBar, bar_line
@@ -374,3 +374,63 @@ def test_bad_files_exit_2_naming_the_file(files: tuple[Path, Path], tmp_path: Pa
     bad.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,32000,65536,4,H800\n")
     assert main(["replay", "--nodes", str(bad), "--pods", str(files[1])]) == 2
     assert "unknown openb GPU type 'H800'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ following a live run
+
+
+def _model_choices(nodes: list[NodeSpec], pods: list[PodSpec], seed: int, max_nodes: int | None) -> list[str | None]:
+    """The product model's own node per pod, read by following a run that made no choice."""
+    plan = plan_run(nodes, pods, seed, 1.3, max_nodes)
+    silent = product.run_product(nodes, pods, "gpupack", seed, load_weights_(), "engine", 1.3, max_nodes=max_nodes,
+                                 follow=[None] * len(plan.workload.pods))
+    chosen: dict[int, str | None] = {d.index: d.model for d in silent.divergences}
+    return [chosen.get(i) for i in range(len(plan.workload.pods))]
+
+
+def load_weights_() -> Any:
+    from sharing.simulator.scheduler_config import load_weights
+
+    return load_weights()
+
+
+def test_the_model_follows_a_run_that_made_its_own_choices(files: tuple[Path, Path]) -> None:
+    nodes, trace = load_nodes(files[0]), load_pods(files[1])
+    choices = _model_choices(nodes, trace.pods, 42, None)
+    assert any(choices) and None in choices  # some placed, some never placed
+    following = follow_live(nodes, trace.pods, "gpupack", 42, 1.3, None, choices)
+    assert following.divergences == ()
+    alone = product.run_product(nodes, trace.pods, "gpupack", 42, load_weights_(), "engine", 1.3)
+    assert following.alloc_at == alone.alloc_at
+
+
+def test_a_live_choice_the_models_rules_never_make_is_a_divergence(files: tuple[Path, Path]) -> None:
+    nodes, trace = load_nodes(files[0]), load_pods(files[1])
+    choices = _model_choices(nodes, trace.pods, 42, None)
+    plan = plan_run(nodes, trace.pods, 42, 1.3, None)
+    # A whole-GPU pod bound to the 1-GPU A10 node although the model gives it another: not a tie,
+    # so the model places it its own way and says so.
+    index, pod = next((i, p) for i, p in enumerate(plan.workload.pods)
+                      if p.gpu_count == 4 and choices[i] is not None)
+    moved = list(choices)
+    moved[index] = "openb-node-0005"
+    following = follow_live(nodes, trace.pods, "gpupack", 42, 1.3, None, moved)
+    assert following.divergences[0].index == index and following.divergences[0].pod == pod.name
+    assert following.divergences[0].live == "openb-node-0005" and following.divergences[0].model == choices[index]
+    with pytest.raises(ValueError, match="not a node of the run"):
+        follow_live(nodes, trace.pods, "gpupack", 42, 1.3, None, ["nowhere"] * len(plan.workload.pods))
+
+
+def test_the_report_says_whether_the_model_follows_the_live_run(files: tuple[Path, Path]) -> None:
+    nodes, trace = load_nodes(files[0]), load_pods(files[1])
+    plan = plan_run(nodes, trace.pods, 42, 1.3, None)
+    models = model_figures(nodes, trace.pods, "gpupack", 42, 1.3, None)
+    choices = _model_choices(nodes, trace.pods, 42, None)
+    following = follow_live(nodes, trace.pods, "gpupack", 42, 1.3, None, choices)
+    report = as_json(fake_run(plan), models, workload="tiny", policy="gpupack", inflate=1.3, seconds=1.0,
+                     following=following)
+    assert report["model_following_live"]["divergences"] == 0
+    assert report["model_following_live"]["pods"] == len(plan.workload.pods)
+    assert "every live decision is one the model's rules make" in as_text(report)
+    assert "model_following_live" not in as_json(fake_run(plan), models, workload="tiny", policy="gpupack",
+                                                  inflate=1.3, seconds=1.0)
