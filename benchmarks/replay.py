@@ -10,7 +10,7 @@ creation-to-bound latency, and what each run cost.
     python benchmarks/replay.py --traces ../shared/traces/openb --seed 43
 
 Writes benchmarks/replay.json (``--out``) and benchmarks/replay.md (``--markdown``); one PNG per workload
-beside them (``replay_<workload>.png``). A 200-node run takes 20-40 minutes on a 2-core machine.
+beside them (``replay_<workload>.png``). A 200-node run takes about 10 minutes on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -53,6 +53,11 @@ def _cell(value: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _following(report: dict[str, Any]) -> str:
+    following = report.get("model_following_live")
+    return "-" if following is None else f"{following['divergences']} of {following['pods']}"
+
+
 def markdown(reports: list[dict[str, Any]], command: str, machine: str) -> str:
     lines = [
         "# Live replay of openb against the product model",
@@ -61,14 +66,16 @@ def markdown(reports: list[dict[str, Any]], command: str, machine: str) -> str:
         "kube-apiserver, etcd, kube-scheduler (the shipped configuration), kwok playing the kubelet of one KWOK "
         "Node per sampled openb node, `gpupack agent fleet` serving their simulated GPUs with the emulated NVIDIA "
         "device plugin, the webhook over TLS and the controller. The product model and the FGD protocol run on "
-        "the same plan (nodes, pods, order).",
+        "the same plan (nodes, pods, order). *Live decisions the model would not make*: the product model run "
+        "again with its ties broken the live run's way (`model_following_live`); 0 means every live decision is "
+        "one the model's rules make, and what remains between live and model is how kube-scheduler's ties fell.",
         "",
         f"Machine: {machine}.",
         "",
         f"    {command}",
         "",
-        "| workload | nodes (GPUs) | pods | live at 130 % | product model | live − model | FGD protocol | never placed live (by) | never placed, model | bound p50 / p95 s | run |",
-        "|---|---|---:|---:|---:|---:|---:|---|---:|---|---:|",
+        "| workload | nodes (GPUs) | pods | live at 130 % | product model | live − model | live decisions the model would not make | FGD protocol | never placed live (by) | never placed, model | bound p50 / p95 s | run |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|",
     ]
     for r in reports:
         at = r["alloc_at_130"]
@@ -76,7 +83,7 @@ def markdown(reports: list[dict[str, Any]], command: str, machine: str) -> str:
         lines.append(
             f"| {r['workload'].removeprefix('openb_pod_list_')} | {r['nodes_used']} ({r['gpus_used']}) | "
             f"{r['pods_submitted']} | {_cell(at['live'])} | {_cell(at['simulated'])} | "
-            f"{_cell(at['live_minus_simulated'], '{:+.2f}')} | {_cell(at['fgd'])} | "
+            f"{_cell(at['live_minus_simulated'], '{:+.2f}')} | {_following(r)} | {_cell(at['fgd'])} | "
             f"{r['pods_unplaceable'] + r['pods_timed_out']} ({by}) | {r['simulated_failed_pods']} | "
             f"{_cell(r['bound_seconds_p50'])} / {_cell(r['bound_seconds_p95'])} | {r['wall_seconds'] / 60:.1f} min |")
     lines += ["", "Costs during the submissions (CPU seconds, peak RSS MiB; API requests of every client by verb):", "",

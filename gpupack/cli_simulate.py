@@ -129,7 +129,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument(
         "--typical-every", type=int, default=None, metavar="K",
-        help=f"with --backend dra and --typical present: rebuild the typical pods at most every K arrivals, the pods one planning "
+        help=f"with --model product and --typical present: rebuild the typical pods at most every K arrivals, the pods one planning "
         f"cycle plans together (default {DEFAULT_TYPICAL_EVERY}; 1 rebuilds before every pod that changes them, "
         "some 20 minutes a gpupack run on openb)",
     )
@@ -163,7 +163,7 @@ def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
 
 
 def _typical(args: argparse.Namespace) -> tuple[TypicalRule, int]:
-    """The DRA model's typical-pods rule and arrivals per rebuild; UsageError for a K that cannot be."""
+    """The product model's typical-pods rule and arrivals per rebuild; UsageError for a K that cannot be."""
     rule: TypicalRule = args.typical or "present"
     if args.typical_every is not None and rule != "present":
         raise UsageError("--typical-every applies to --typical present only (the workload rule builds its typical pods once)")
@@ -184,9 +184,8 @@ def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
     if args.typical is not None and args.sharing_model != "product":
         raise UsageError("--typical applies to --model product only (the FGD protocol measures fragmentation against "
                          "the whole run's pods)")
-    if args.typical_every is not None and backend != "dra":
-        raise UsageError("--typical-every applies to --backend dra only (the device-plugin model rebuilds the typical "
-                         "pods before every GPU pod, as the live controller does for a replay's one pod at a time)")
+    if args.typical_every is not None and args.sharing_model != "product":
+        raise UsageError("--typical-every applies to --model product only")
     if backend != "dra":
         return backend, None
     if args.live_path != "engine":
@@ -252,11 +251,12 @@ def run(args: argparse.Namespace) -> int:
                 extra = {"backend": backend, "share_unit": share_unit, "typical": rule,
                          **({"typical_every": every} if rule == "present" else {}), **dra_extra(dra_runs)}
             else:
-                rule = args.typical or "present"
+                rule, every = _typical(args)
                 runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate, max_nodes=k,
-                                    typical=rule) for s in seeds]
+                                    typical=rule, typical_every=every) for s in seeds]
                 result = product_sweep(runs, trace.workload)
-                extra = {"backend": backend, "typical": rule, **product_extra(runs)}
+                extra = {"backend": backend, "typical": rule, **({"typical_every": every} if rule == "present" else {}),
+                         **product_extra(runs)}
         except ValueError as exc:
             raise UsageError(f"{args.nodes}: {exc}") from None
     else:

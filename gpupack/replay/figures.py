@@ -10,7 +10,9 @@ product model (``sharing.simulator.product.run_product``) and
 ``fgd_alloc_at`` the FGD paper's protocol (``sharing.simulator.replay.run_once``),
 each run on the same node list, trace, seed, inflation and node sample, so on
 the same plan (``sharing.simulator.arrivals.plan_run``) and with the policy the
-live controller runs.
+live controller runs. The product model rebuilds its typical pods before every
+pod (``typical_every=1``): the replay submits one pod at a time, so each
+planning cycle sees the pods placed so far and that one.
 
 The product model breaks kube-scheduler's ties by a seeded rank where the live
 kube-scheduler samples among equal scores, so a live run and the model can part
@@ -64,7 +66,8 @@ class ModelFigures:
 def model_figures(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy: str, seed: int,
                   inflate: float, max_nodes: int | None) -> ModelFigures:
     """The product model and the FGD protocol on the plan the replay submits (module docstring)."""
-    product = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes)
+    product = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes,
+                          typical_every=1)
     fgd = run_once(nodes, trace_pods, policy, seed, inflate, max_nodes=max_nodes)
     return ModelFigures(product.alloc_at, product.failed_pods, fgd.alloc_at, fgd.failed_pods)
 
@@ -82,7 +85,7 @@ def follow_live(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy
     """The product model on the replay's plan, ties broken toward ``live_nodes`` (per pod in arrival
     order, the trace name of the node it was bound to, or None)."""
     run = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes,
-                      follow=live_nodes)
+                      follow=live_nodes, typical_every=1)
     return Following(run.alloc_at, run.divergences)
 
 

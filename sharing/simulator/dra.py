@@ -84,6 +84,7 @@ from sharing.packing.typical import TypicalRule as TypicalRule
 from sharing.packing.typical import TypicalCounts, TypicalPods, same_table
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.openb_models import openb_gpu
+from sharing.simulator.product import DEFAULT_TYPICAL_EVERY as DEFAULT_TYPICAL_EVERY  # one batch rule, re-exported
 from sharing.simulator.product import scheduler_pick
 from sharing.simulator.replay import Clock, _continue_stream
 from sharing.simulator.arrivals import plan_run
@@ -92,9 +93,6 @@ CpuPods = Literal["scheduler", "engine"]
 CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
 
 
-DEFAULT_TYPICAL_EVERY: Final = 50
-"""Arrivals per rebuild of the ``present`` rule's typical pods at most: the pods one planning
-cycle of the live controller plans with one policy (module docstring, "Typical pods")."""
 
 TYPICAL_POLICIES: Final = ("FGD", "gpupack")
 """The policies that read typical pods (``sharing.packing.registry.make_policy``); the others

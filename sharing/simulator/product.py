@@ -65,6 +65,10 @@ from sharing.simulator.openb_models import openb_gpu
 from sharing.simulator.replay import Clock, _continue_stream
 from sharing.simulator.arrivals import plan_run
 
+DEFAULT_TYPICAL_EVERY: Final = 50
+"""Arrivals one planning cycle plans with one policy under the ``present`` rule (the DRA model's
+``sharing.simulator.dra.DEFAULT_TYPICAL_EVERY`` too): the policy is rebuilt once per batch."""
+
 LivePath = Literal["engine", "scheduler"]
 LIVE_PATHS: Final[tuple[LivePath, ...]] = ("engine", "scheduler")
 
@@ -314,12 +318,12 @@ class PresentPods:
         if pod.gpu_count:
             self._counts.add(self._view(pod))
 
-    def with_arriving(self, pod: PodSpec) -> TypicalPods:
-        """The table with ``pod`` counted too (a CPU-only pod adds nothing)."""
+    def with_arriving(self, pods: Sequence[PodSpec]) -> TypicalPods:
+        """The table with the arriving ``pods`` counted too (CPU-only pods add nothing)."""
         counts = self._counts.counts()
-        if pod.gpu_count:
-            view = self._view(pod)
-            counts[view.fgd_key] += 1
+        for pod in pods:
+            if pod.gpu_count:
+                counts[self._view(pod).fgd_key] += 1
         return TypicalPods.from_counts(counts) if counts else TypicalPods.from_pods([NO_GPU_POD_YET])
 
 
@@ -352,12 +356,16 @@ def run_product(
     max_nodes: int | None = None,
     typical: TypicalRule = "present",
     follow: Sequence[str | None] | None = None,
+    typical_every: int = DEFAULT_TYPICAL_EVERY,
 ) -> ProductRun:
     """One (workload, seed, policy) run: the protocol's arrivals under the live rules, on the seed's
     sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``).
 
     ``typical``: what FGD and gpupack measure fragmentation against (module docstring, "Typical
     pods"): ``present``, the live controller's rule, or ``workload``, the FGD protocol's.
+    ``typical_every``: under ``present``, the arrivals one planning cycle plans with one policy (the
+    policy is rebuilt at the start of each batch, from the pods placed so far and the batch's GPU
+    pods: a cycle sees every pod pending in it); 1 for a replay, which submits one pod at a time.
 
     ``follow``: a live run's outcome per pod in arrival order (the node name it was bound to, or
     None), to check the live system against the model. Before each pod the live node is ranked
@@ -373,6 +381,8 @@ def run_product(
     name = canonical_policy_name(policy_name)
     if typical not in TYPICAL_RULES:
         raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
+    if typical_every < 1:
+        raise ValueError(f"typical_every must be at least 1, got {typical_every}")
     for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
         if openb_gpu(gpu_type).mig_capable:
             raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: the product model replays MPS sharing only")
@@ -391,7 +401,12 @@ def run_product(
     cluster = ClusterState(ordered)
     rng = np.random.default_rng(seed)
     stream = _continue_stream(rng, workload)
-    policy = build(table if table is not None else present.with_arriving(workload.pods[0]))
+    current: TypicalPods | None = None
+    if table is None:
+        current = present.with_arriving(workload.pods[:typical_every])
+        policy = build(current)
+    else:
+        policy = build(table)
     replay = ProductReplay(cluster, policy, weights, live_path, scheduler_rank=np.asarray(workload.tie_rank, dtype=np.int64))
     count = len(workload.pods)
     arrived = np.zeros(count, dtype=np.int64)
@@ -405,7 +420,6 @@ def run_product(
     position = {n.name: i for i, n in enumerate(ordered)}
     engine_rank, scheduler_rank = cluster.tie_rank.copy(), replay.scheduler_rank.copy()
     divergences: list[Divergence] = []
-    current = None if table is not None else present.with_arriving(workload.pods[0])
     for i, pod in enumerate(workload.pods):
         live_node = None if follow is None else follow[i]
         if follow is not None:
@@ -415,8 +429,8 @@ def run_product(
                     raise ValueError(f"follow: pod {pod.name} was bound to {live_node!r}, not a node of the run")
                 cluster.tie_rank[position[live_node]] = replay.scheduler_rank[position[live_node]] = -1
         start = clock()
-        if current is not None and pod.gpu_count:
-            now = present.with_arriving(pod)
+        if current is not None and i % typical_every == 0 and any(p.gpu_count for p in workload.pods[i:i + typical_every]):
+            now = present.with_arriving(workload.pods[i:i + typical_every])
             if not same_table(now, current):
                 # Live, the policy is built anew each planning cycle from the pods that exist.
                 current = now

@@ -189,13 +189,13 @@ def test_present_typical_pods_are_the_placed_gpu_pods_and_the_arriving_one() -> 
     from sharing.simulator.product import PresentPods
 
     present = PresentPods("engine")
-    first = present.with_arriving(gpu_pod("a", 200))
+    first = present.with_arriving([gpu_pod("a", 200)])
     assert list(zip(first.gpu_milli, first.probability)) == [(200, 1.0)]
     present.placed(gpu_pod("a", 200))
     present.placed(PodSpec("cpu-only", 4000, 0))
-    table = present.with_arriving(gpu_pod("b", 700))
+    table = present.with_arriving([gpu_pod("b", 700), PodSpec("cpu", 100, 0)])
     assert sorted(zip(table.gpu_milli, table.probability)) == [(200, 0.5), (1000, 0.5)]
-    assert present.with_arriving(PodSpec("cpu-only", 1000, 0)).gpu_milli == (200,)
+    assert present.with_arriving([PodSpec("cpu-only", 1000, 0)]).gpu_milli == (200,)
 
 
 def test_an_unknown_typical_rule_is_refused() -> None:

@@ -218,11 +218,11 @@ def test_the_cli_runs_the_present_rule_by_default_and_says_so_in_json(simulate: 
     ("args", "message"),
     [
         (("--model", "fgd", "--typical", "present"), "--typical applies to --model product only"),
-        (("--backend", "device-plugin", "--typical-every", "5"), "--typical-every applies to --backend dra only"),
+        (("--model", "fgd", "--typical-every", "5"), "--typical-every applies to --model product only"),
         (("--backend", "dra", "--typical", "workload", "--typical-every", "5"), "applies to --typical present only"),
         (("--backend", "dra", "--typical-every", "0"), "--typical-every must be at least 1, got 0"),
     ],
-    ids=["rule-without-product", "every-with-device-plugin", "every-with-workload", "every-zero"],
+    ids=["rule-without-product", "every-without-product", "every-with-workload", "every-zero"],
 )
 def test_the_cli_refuses_typical_flags_that_do_not_apply(
         simulate: Callable[..., tuple[int, str, str]], args: tuple[str, ...], message: str) -> None:
