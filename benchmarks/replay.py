@@ -53,6 +53,11 @@ def _cell(value: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _draws(report: dict[str, Any]) -> str:
+    draws = [v for v in report.get("simulated_draws_at_130", []) if v is not None]
+    return f" ({min(draws):.2f}–{max(draws):.2f})" if len(draws) > 1 else ""
+
+
 def _following(report: dict[str, Any]) -> str:
     following = report.get("model_following_live")
     return "-" if following is None else f"{following['divergences']} of {following['pods']}"
@@ -66,7 +71,8 @@ def markdown(reports: list[dict[str, Any]], command: str, machine: str) -> str:
         "kube-apiserver, etcd, kube-scheduler (the shipped configuration), kwok playing the kubelet of one KWOK "
         "Node per sampled openb node, `gpupack agent fleet` serving their simulated GPUs with the emulated NVIDIA "
         "device plugin, the webhook over TLS and the controller. The product model and the FGD protocol run on "
-        "the same plan (nodes, pods, order). *Live decisions the model would not make*: the product model run "
+        "the same plan (nodes, pods, order); the product model's figure is the mean of its draws of "
+        "kube-scheduler's random ties (their range in brackets), as a live run is one draw of them. *Live decisions the model would not make*: the product model run "
         "again with its ties broken the live run's way (`model_following_live`); 0 means every live decision is "
         "one the model's rules make, and what remains between live and model is how kube-scheduler's ties fell.",
         "",
@@ -82,7 +88,7 @@ def markdown(reports: list[dict[str, Any]], command: str, machine: str) -> str:
         by = ", ".join(f"{k} {v}" for k, v in r["unplaceable_by"].items()) or "none"
         lines.append(
             f"| {r['workload'].removeprefix('openb_pod_list_')} | {r['nodes_used']} ({r['gpus_used']}) | "
-            f"{r['pods_submitted']} | {_cell(at['live'])} | {_cell(at['simulated'])} | "
+            f"{r['pods_submitted']} | {_cell(at['live'])} | {_cell(at['simulated'])}{_draws(r)} | "
             f"{_cell(at['live_minus_simulated'], '{:+.2f}')} | {_following(r)} | {_cell(at['fgd'])} | "
             f"{r['pods_unplaceable'] + r['pods_timed_out']} ({by}) | {r['simulated_failed_pods']} | "
             f"{_cell(r['bound_seconds_p50'])} / {_cell(r['bound_seconds_p95'])} | {r['wall_seconds'] / 60:.1f} min |")
@@ -118,7 +124,10 @@ def main() -> int:
               f"({reports[-1]['wall_seconds'] / 60:.1f} min)", file=sys.stderr, flush=True)
     command = "python benchmarks/replay.py " + " ".join(sys.argv[1:])
     machine = f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}"
-    slim = [{k: v for k, v in r.items() if k != "pods"} for r in reports]
+    # Per pod only its node (None: never placed), in submission order: enough to follow the run again
+    # with a later model (gpupack.replay.figures.follow_live) without replaying it.
+    slim = [{**{k: v for k, v in r.items() if k != "pods"}, "pod_nodes": [p["node"] for p in r["pods"]]}
+            for r in reports]
     args.out.write_text(json.dumps({"command": command, "machine": machine, "runs": slim}, indent=2) + "\n")
     args.markdown.write_text(markdown(reports, command, machine))
     print(markdown(reports, command, machine))

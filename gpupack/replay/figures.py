@@ -14,10 +14,10 @@ live controller runs. The product model rebuilds its typical pods before every
 pod (``typical_every=1``): the replay submits one pod at a time, so each
 planning cycle sees the pods placed so far and that one.
 
-The product model breaks kube-scheduler's ties by a seeded rank where the live
-kube-scheduler samples among equal scores, so a live run and the model can part
-ways on a tie and end a point or two apart on a small cluster with neither
-wrong. :func:`follow_live` separates that from a real difference: the product
+kube-scheduler breaks ties between equally scored nodes at random, live and in
+the product model alike, so a live run and one model run can part ways on a
+tie and end a point apart on a small cluster with neither wrong: the product
+model's figure is the mean of :data:`DEFAULT_DRAWS` draws of those ties. :func:`follow_live` separates that from a real difference: the product
 model again, its ties broken the live run's way pod by pod
 (``run_product(follow=...)``); every pod it still places elsewhere is a
 decision the live system made that the model's rules would not.
@@ -53,23 +53,45 @@ def final_alloc_percent(pods: Sequence[PodSpec], bound: Sequence[bool], total_gp
     return 100.0 * sum(p.gpu_total_milli for p, b in zip(pods, bound) if b) / (total_gpus * GPU_MILLI)
 
 
+DEFAULT_DRAWS = 5
+"""Draws of kube-scheduler's random ties the product model's figure is the mean of."""
+
+
 @dataclass(frozen=True)
 class ModelFigures:
     """Both simulator models on the replay's plan."""
 
     product_alloc_at: Levels
-    product_failed_pods: int
+    """Mean over the draws of kube-scheduler's ties, per level."""
+    product_failed_pods: float
     fgd_alloc_at: Levels
     fgd_failed_pods: int
+    product_draws_at_130: tuple[float | None, ...] = ()
+    """Each draw's figure at 130 % (or the highest level reached)."""
+
+
+def mean_levels(runs: Sequence[Levels]) -> Levels:
+    """Per level the mean of ``runs`` (None where any run has none)."""
+    out: Levels = {}
+    for level in runs[0]:
+        values = [r.get(level) for r in runs]
+        out[level] = None if any(v is None for v in values) else round(sum(v for v in values if v is not None) / len(values), 2)
+    return out
 
 
 def model_figures(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy: str, seed: int,
-                  inflate: float, max_nodes: int | None) -> ModelFigures:
-    """The product model and the FGD protocol on the plan the replay submits (module docstring)."""
-    product = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes,
-                          typical_every=1)
+                  inflate: float, max_nodes: int | None, draws: int = DEFAULT_DRAWS) -> ModelFigures:
+    """The product model and the FGD protocol on the plan the replay submits (module docstring).
+
+    Live, kube-scheduler breaks ties between equally scored nodes at random, so one live run is one
+    draw of them; the product model's figure is the mean of ``draws`` draws (``scheduler_draw``)."""
+    if draws < 1:
+        raise ValueError(f"draws must be at least 1, got {draws}")
+    runs = [run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes,
+                        typical_every=1, scheduler_draw=d) for d in range(draws)]
     fgd = run_once(nodes, trace_pods, policy, seed, inflate, max_nodes=max_nodes)
-    return ModelFigures(product.alloc_at, product.failed_pods, fgd.alloc_at, fgd.failed_pods)
+    return ModelFigures(mean_levels([r.alloc_at for r in runs]), round(sum(r.failed_pods for r in runs) / draws, 1),
+                        fgd.alloc_at, fgd.failed_pods, tuple(level_at(r.alloc_at, 130) for r in runs))
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,7 @@ def as_json(live: LiveRun, models: ModelFigures, *, workload: str, policy: str, 
         "pods_timed_out": pods_of(live.results, "timeout"),
         "unplaceable_by": dict(sorted(Counter(str(r.decider) for r in never).items())),
         "simulated_failed_pods": models.product_failed_pods,
+        "simulated_draws_at_130": list(models.product_draws_at_130),
         **({"model_following_live": {
             "pods": len(live.results),
             "divergences": len(following.divergences),
@@ -109,6 +110,8 @@ def as_text(report: dict[str, Any]) -> str:
     lines += [
         "",
         f"at 130 % (or the highest level reached): live {_cell(at['live'])}, product model {_cell(at['simulated'])} "
+        f"(mean of {len(report['simulated_draws_at_130'])} draws of kube-scheduler's ties: "
+        f"{', '.join(_cell(v) for v in report['simulated_draws_at_130'])}) "
         f"(live - model {'-' if diff is None else f'{diff:+.2f}'}), FGD protocol {_cell(at['fgd'])}",
         f"pods: {report['pods_submitted']} submitted, {report['pods_bound']} bound, {report['pods_unplaceable']} "
         f"never placed ({', '.join(f'{k} {v}' for k, v in report['unplaceable_by'].items()) or 'none'})"

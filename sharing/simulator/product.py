@@ -65,6 +65,10 @@ from sharing.simulator.openb_models import openb_gpu
 from sharing.simulator.replay import Clock, _continue_stream
 from sharing.simulator.arrivals import plan_run
 
+SCHEDULER_TIES_STREAM: Final = 0x6B7562
+"""Second word of the seed of the generator kube-scheduler's ties are drawn from (a stream apart
+from the arrivals' and the policy's, so drawing ties changes neither)."""
+
 DEFAULT_TYPICAL_EVERY: Final = 50
 """Arrivals one planning cycle plans with one policy under the ``present`` rule (the DRA model's
 ``sharing.simulator.dra.DEFAULT_TYPICAL_EVERY`` too): the policy is rebuilt once per batch."""
@@ -126,10 +130,12 @@ class ProductReplay:
     """The cluster under the live rules, one pod at a time."""
 
     def __init__(self, cluster: ClusterState, policy: Policy, weights: MostAllocatedWeights, live_path: LivePath,
-                 scheduler_rank: IntArray | None = None) -> None:
-        """``scheduler_rank``: how kube-scheduler's ties between equally scored nodes fall (it
-        samples among them live; default the cluster's ``tie_rank``, which the engine's ties
-        follow: the first node by name, as the live controller's engine breaks them)."""
+                 scheduler_rank: IntArray | None = None, scheduler_ties: np.random.Generator | None = None) -> None:
+        """``scheduler_ties``: kube-scheduler's ties between equally scored nodes fall at random, as
+        live (it samples one of them uniformly); without it, by ``scheduler_rank`` (default the
+        cluster's ``tie_rank``, which the engine's ties follow: the first node by name, as the live
+        controller's engine breaks them). A node ranked below 0 wins its ties either way (how a
+        run follows a live one)."""
         if live_path not in LIVE_PATHS:
             raise ValueError(f"unknown live path {live_path!r}; choose one of {', '.join(LIVE_PATHS)}")
         self.cluster = cluster
@@ -137,6 +143,7 @@ class ProductReplay:
         self.weights = weights
         self.live_path = live_path
         self.scheduler_rank: IntArray = cluster.tie_rank if scheduler_rank is None else scheduler_rank
+        self.scheduler_ties = scheduler_ties
         self.last_node: int | None = None
         """The node :meth:`place` last placed a pod on (None: it dropped the pod)."""
         self.modes: IntArray = np.full(len(cluster), FRESH, dtype=np.int64)
@@ -168,7 +175,8 @@ class ProductReplay:
     def _scheduler_pick(
         self, pod: PodSpec, nodes: IntArray, gpu_req: IntArray | None, gpu_alloc: IntArray | None, gpu_weight: int
     ) -> int:
-        return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight, self.scheduler_rank)
+        return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight, self.scheduler_rank,
+                              self.scheduler_ties)
 
     def _by_scheduler(self, pod: PodSpec, candidates: BoolArray, gpu: tuple[IntArray, IntArray, int] | None) -> float | None:
         c = self.cluster
@@ -286,10 +294,12 @@ def scheduler_pick(
     gpu_alloc: IntArray | None = None,
     gpu_weight: int = 0,
     rank: IntArray | None = None,
+    ties: np.random.Generator | None = None,
 ) -> int:
     """kube-scheduler's choice among ``nodes`` (MostAllocated; ``gpu_*`` per node in ``nodes``,
-    None for a pod that asks for no extended GPU resource); ties go to the lowest ``rank`` (default the
-    cluster's ``tie_rank``).
+    None for a pod that asks for no extended GPU resource); ties go to a node drawn uniformly by ``ties``
+    (kube-scheduler's own rule) or, without it, to the lowest ``rank`` (default the cluster's
+    ``tie_rank``); a tied node ranked below 0 wins either way.
     Every backend's model scores the pods gpupack does not place with it (CPU-only pods)."""
     c = cluster
     scores = most_allocated(
@@ -298,7 +308,10 @@ def scheduler_pick(
         gpu_req, gpu_alloc, gpu_weight, weights,
     )
     tied = nodes[scores == scores.max()]
-    return int(tied[np.argmin((c.tie_rank if rank is None else rank)[tied])])
+    ranks = (c.tie_rank if rank is None else rank)[tied]
+    if ties is None or tied.size == 1 or ranks.min() < 0:
+        return int(tied[np.argmin(ranks)])
+    return int(tied[ties.integers(tied.size)])
 
 
 class PresentPods:
@@ -357,6 +370,7 @@ def run_product(
     typical: TypicalRule = "present",
     follow: Sequence[str | None] | None = None,
     typical_every: int = DEFAULT_TYPICAL_EVERY,
+    scheduler_draw: int = 0,
 ) -> ProductRun:
     """One (workload, seed, policy) run: the protocol's arrivals under the live rules, on the seed's
     sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``).
@@ -366,6 +380,8 @@ def run_product(
     ``typical_every``: under ``present``, the arrivals one planning cycle plans with one policy (the
     policy is rebuilt at the start of each batch, from the pods placed so far and the batch's GPU
     pods: a cycle sees every pod pending in it); 1 for a replay, which submits one pod at a time.
+    ``scheduler_draw``: which of the seed's draws of kube-scheduler's random ties (0, 1, ...): the
+    same arrivals and policy, another way its ties fall, as another live run of the same plan.
 
     ``follow``: a live run's outcome per pod in arrival order (the node name it was bound to, or
     None), to check the live system against the model. Before each pod the live node is ranked
@@ -397,7 +413,7 @@ def run_product(
         return make_policy(name, rng=stream, typical=table) if policy_factory is None else policy_factory(name, stream, table)
 
     # The engine's ties go to the first node by name, as the live controller's do; kube-scheduler's
-    # fall by the seeded rank (it samples among equal scores live).
+    # fall at random, as it samples among equal scores, from a generator of the seed's own.
     cluster = ClusterState(ordered)
     rng = np.random.default_rng(seed)
     stream = _continue_stream(rng, workload)
@@ -407,7 +423,8 @@ def run_product(
         policy = build(current)
     else:
         policy = build(table)
-    replay = ProductReplay(cluster, policy, weights, live_path, scheduler_rank=np.asarray(workload.tie_rank, dtype=np.int64))
+    replay = ProductReplay(cluster, policy, weights, live_path, scheduler_rank=np.asarray(workload.tie_rank, dtype=np.int64),
+                           scheduler_ties=np.random.default_rng([seed, SCHEDULER_TIES_STREAM, scheduler_draw]))
     count = len(workload.pods)
     arrived = np.zeros(count, dtype=np.int64)
     used = np.zeros(count, dtype=np.int64)

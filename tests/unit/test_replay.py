@@ -339,17 +339,43 @@ def test_json_shape_and_summary(files: tuple[Path, Path]) -> None:
 
 
 def test_model_figures_are_the_simulators_on_the_same_plan(files: tuple[Path, Path]) -> None:
+    """The product model's figure is the mean of its draws of kube-scheduler's ties, each a run of the
+    simulator on the replay's plan with typical pods rebuilt per pod (one pod at a time, as submitted)."""
     nodes, trace = load_nodes(files[0]), load_pods(files[1])
-    models = model_figures(nodes, trace.pods, "gpupack", 43, 1.3, 4)
+    models = model_figures(nodes, trace.pods, "gpupack", 43, 1.3, 4, draws=3)
     from sharing.simulator.replay import run_once
     from sharing.simulator.scheduler_config import load_weights
 
-    assert models == ModelFigures(
-        product.run_product(nodes, trace.pods, "gpupack", 43, load_weights(), "engine", 1.3, max_nodes=4).alloc_at,
-        product.run_product(nodes, trace.pods, "gpupack", 43, load_weights(), "engine", 1.3, max_nodes=4).failed_pods,
-        run_once(nodes, trace.pods, "gpupack", 43, 1.3, max_nodes=4).alloc_at,
-        run_once(nodes, trace.pods, "gpupack", 43, 1.3, max_nodes=4).failed_pods,
-    )
+    runs = [product.run_product(nodes, trace.pods, "gpupack", 43, load_weights(), "engine", 1.3, max_nodes=4,
+                                typical_every=1, scheduler_draw=d) for d in range(3)]
+    assert models.product_draws_at_130 == tuple(level_at(r.alloc_at, 130) for r in runs)
+    for level, value in models.product_alloc_at.items():
+        values = [r.alloc_at[level] for r in runs]
+        assert value == (None if None in values else round(sum(v for v in values if v is not None) / 3, 2))
+    assert models.product_failed_pods == round(sum(r.failed_pods for r in runs) / 3, 1)
+    fgd = run_once(nodes, trace.pods, "gpupack", 43, 1.3, max_nodes=4)
+    assert (models.fgd_alloc_at, models.fgd_failed_pods) == (fgd.alloc_at, fgd.failed_pods)
+    with pytest.raises(ValueError, match="draws must be at least 1"):
+        model_figures(nodes, trace.pods, "gpupack", 43, 1.3, 4, draws=0)
+
+
+def test_kube_schedulers_ties_are_drawn_at_random_and_each_draw_is_repeatable(tmp_path: Path) -> None:
+    (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+        f"openb-node-{i:04d},64000,262144,4,T4\n" for i in range(6)))  # alike: kube-scheduler's pods tie
+    (tmp_path / "pods.csv").write_text(PODS_CSV)
+    nodes, trace = load_nodes(tmp_path / "nodes.csv"), load_pods(tmp_path / "pods.csv")
+    from sharing.simulator.scheduler_config import load_weights
+
+    pods = len(plan_run(nodes, trace.pods, 42, 1.3, None).workload.pods)
+
+    def draw(d: int) -> tuple[tuple[int, str | None], ...]:
+        """Where the model put each pod (its divergences from a run that chose nothing)."""
+        run = product.run_product(nodes, trace.pods, "gpupack", 42, load_weights(), "engine", 1.3, typical_every=1,
+                                  scheduler_draw=d, follow=[None] * pods)
+        return tuple((d_.index, d_.model) for d_ in run.divergences)
+
+    assert draw(1) == draw(1)
+    assert len({draw(d) for d in range(8)}) > 1  # two nodes of a kind tie: the draws part there
 
 
 # ------------------------------------------------------------------ bad input
