@@ -1,6 +1,7 @@
 """The product model on the openb traces: what the live device-plugin backend allocates.
 
-    python benchmarks/simulate_product.py                    # 13 workloads x 10 seeds (about 25 min on 2 cores)
+    python benchmarks/simulate_product.py                    # 13 workloads x 10 seeds (about 45 min on 2 cores)
+    python benchmarks/simulate_product.py --seeds 3          # seeds 42-44, the README's figures (about 15 min)
     python benchmarks/simulate_product.py --workloads default --seeds 2 --jobs 1
 
 For each workload of the README's table it runs ``gpupack simulate --model
@@ -203,8 +204,11 @@ def write_section(data: dict[str, Any], results: Path | None) -> None:
         "the weights shipped now. The FGD-protocol column is gpupack under the paper's protocol (the table below): "
         "not something the live device-plugin backend can reach. Workloads marked * were never looked at while "
         "gpupack's switch choice and the kube-scheduler weights were chosen; gpupack's rule for whole-GPU pods "
-        "was chosen looking at all 13 with seeds 42-44, and seeds 45-51 alone give the same margins within "
-        "0.4 points (docs/simulator.md, \"Product model results\").",
+        "was chosen looking at all 13 with seeds 42-44. The model's rules as the live controller applies them: "
+        "FGD's and gpupack's typical pods are the GPU pods present (rebuilt every 50 arrivals, a planning "
+        "cycle's batch), the engine's ties go to the first node by name, kube-scheduler's fall at random (one "
+        "draw per seed); `gpupack replay` checks them against the live stack decision by decision "
+        "(docs/replay.md, \"Agreement\").",
         "",
         render(data),
         END,
