@@ -19,7 +19,7 @@ from gpupack.cli import build_parser, main
 from gpupack.demo.stack import probe_pod, webhook_mutated
 from gpupack.replay import runner
 from gpupack.replay.costs import ComponentCost, ProcessSample, component_cost, delta, requests_by_verb, sample
-from gpupack.replay.figures import ModelFigures, follow_live, level_at, live_alloc_at, model_figures, percentile
+from gpupack.replay.figures import follow_live, level_at, live_alloc_at, model_figures, percentile
 from gpupack.replay.mapping import NODE_POD_CAPACITY, REPLAY_LABEL, replay_node, replay_pod
 from gpupack.replay.outcome import classify, released_unschedulable
 from gpupack.replay.progress import ProgressBar, bar_line
