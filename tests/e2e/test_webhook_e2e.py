@@ -199,7 +199,13 @@ def test_mps_request_stored_with_shared_resource_and_limits(admin_client: Any, g
         {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "25"},
         {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=16384M"},
     ]
-    assert allocation(stored)["mode"] == "mps" and allocation(stored)["replicas"] == 4
+    # placement: engine (the default): the engine chooses the node and with it the split, so the record
+    # names no replica count and the affinity only the mode (a gated pod's terms are never widened).
+    assert allocation(stored)["mode"] == "mps" and "replicas" not in allocation(stored)
+    terms = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert [e["key"] for t in terms for e in t["matchExpressions"]] == [
+        "nvidia.com/gpu.sharing-strategy", "gpupack.io/gpu-degraded"]
 
 
 def test_time_slicing_request_stored(admin_client: Any, gpu_namespace: str) -> None:
