@@ -185,8 +185,8 @@ class FreeCapacity:
                 ledger.whole[node.name] = whole
             elif node.spec_sharing == "none":
                 ledger.incoming_whole[node.name] = whole
-            if node.free_cpu_milli is not None and node.free_memory_mib is not None:
-                ledger.room[node.name] = (node.free_cpu_milli, node.free_memory_mib)
+            if node.room is not None:
+                ledger.room[node.name] = node.room
         ledger.incoming_mig_nodes = {n for n, c in ledger.incoming_mig.items() if c}
         ledger.whole_nodes = {n for n, c in ledger.whole.items() if c > 0}
         ledger.incoming_whole_nodes = {n for n, c in ledger.incoming_whole.items() if c > 0}

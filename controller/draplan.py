@@ -52,7 +52,7 @@ from sharing.packing.cluster import ClusterState
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
-from sharing.packing.typical import TypicalPods
+from sharing.packing.typical import NO_GPU_POD, TypicalPods
 
 MiB = 2**20
 _BIG = 10**9
@@ -93,7 +93,7 @@ class _Shares:
         self.memory_max: dict[tuple[int, int], int] = {}
         """The largest share of memory a GPU's request policy serves (whole units)."""
         shapes = [s for p in pods if p.mode != "mig" for s in self._shapes(p, self._accepted(p))[:1]]
-        typical = TypicalPods.from_pods(shapes or [PodSpec("any", 0, 0, 1, GPU_MILLI // 2)])
+        typical = TypicalPods.from_pods(shapes or [NO_GPU_POD])
         self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical)
         self.cluster: ClusterState | None = None
         if not self.nodes:

@@ -171,6 +171,12 @@ def allowed_on(pod: Pod, node: Node, labels: dict[str, str] | None = None) -> bo
     )
 
 
+def _can_take(cycle: _Cycle, pod: Pod, node: Node) -> bool:
+    """The pod admits the node (:func:`allowed_on`) and its CPU and memory requests fit in what the
+    node's pods, and those released to it this cycle, leave (``FreeCapacity.fits``)."""
+    return allowed_on(pod, node) and cycle.free.fits(node.name, pod)
+
+
 def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharingMode, replicas: int) -> bool:
     """``_allowed`` judged on the labels GPU feature discovery gives the node once it shares
     by ``mode`` into ``replicas`` (the webhook's terms name the sharing the pod needs, which
@@ -189,7 +195,7 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) ->
         policy = cycle.snapshot.policies.get(node.name)
         if node.model is None or policy is None or policy.static_layout is not None:
             continue
-        if not allowed_on(pod, node) or not cycle.free.fits(node.name, pod):
+        if not _can_take(cycle, pod, node):
             continue
         if not all(policy.allows_profile(p) for p in pod.profiles):
             continue
@@ -222,16 +228,16 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     need = Counter(pod.profiles)
     node: str | None
     if need:
-        node = cycle.free.best_mig(need, lambda name: allowed_on(pod, cycle.by_name[name]) and cycle.free.fits(name, pod))
+        node = cycle.free.best_mig(need, lambda name: _can_take(cycle, pod, cycle.by_name[name]))
     else:  # nothing to look up in the index: every node the pod admits fits
-        fitting = [n.name for n in cycle.snapshot.nodes if allowed_on(pod, n) and cycle.free.fits(n.name, pod)]
+        fitting = [n.name for n in cycle.snapshot.nodes if _can_take(cycle, pod, n)]
         node = min(fitting, key=lambda name: (sum(cycle.free.mig_free(name).values()), name)) if fitting else None
     if node is not None:
         cycle.free.take_mig(node, pod.profiles)
         return Release(pod.key, node, f"free {', '.join(sorted(pod.profiles))} on {node}")
     for n in cycle.in_order(cycle.free.incoming_mig_nodes):
         incoming = cycle.free.incoming_mig.get(n.name)
-        if incoming and allowed_on(pod, n) and cycle.free.fits(n.name, pod) and all(incoming[p] >= k for p, k in need.items()):
+        if incoming and _can_take(cycle, pod, n) and all(incoming[p] >= k for p, k in need.items()):
             incoming.subtract(need)
             return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
     candidates = _mig_candidates(cycle, pod, claims)
@@ -301,14 +307,14 @@ def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[st
     need = pod.whole_gpus
     # Free whole GPUs only decrease during a cycle: the nodes that had some are the candidates.
     nodes = cycle.in_order(cycle.free.whole_nodes) if need > 0 else cycle.snapshot.nodes
-    fitting = [n for n in nodes if cycle.free.whole[n.name] >= need and allowed_on(pod, n) and cycle.free.fits(n.name, pod)]
+    fitting = [n for n in nodes if cycle.free.whole[n.name] >= need and _can_take(cycle, pod, n)]
     node = placer.place_whole(pod, fitting, dict(cycle.free.whole))
     if node is not None:
         cycle.free.take_whole(node, need)
         return Release(pod.key, node, f"{need} whole GPU(s) on {node} (packing engine)")
     incoming = cycle.in_order(cycle.free.incoming_whole_nodes) if need > 0 else cycle.snapshot.nodes
     for n in incoming:
-        if cycle.free.incoming_whole[n.name] >= need and allowed_on(pod, n) and cycle.free.fits(n.name, pod):
+        if cycle.free.incoming_whole[n.name] >= need and _can_take(cycle, pod, n):
             cycle.free.incoming_whole[n.name] -= need
             return Wait(pod.key, f"capacity being created: {n.name} returning to whole GPUs (in flight)")
     for name, change in sorted(cycle.sharing.items()):

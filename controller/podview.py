@@ -76,8 +76,8 @@ _UNITS: dict[str, tuple[int, int]] = {"cpu": (1000, 1), "memory": (1, 1024 * 102
 """Resource -> (multiply, divide): CPU in milli, memory in MiB."""
 
 
-def _quantity(container: Any, resource: str) -> int:
-    value = _map(_map(_map(container).get("resources")).get("requests")).get(resource)
+def _quantity(requests: Any, resource: str) -> int:
+    value = _map(requests).get(resource)
     if value is None:
         return 0
     times, over = _UNITS[resource]
@@ -87,15 +87,19 @@ def _quantity(container: Any, resource: str) -> int:
         return 0
 
 
+def _container_requests(container: Any) -> Any:
+    return _map(_map(container).get("resources")).get("requests")
+
+
 def _requests(spec: Mapping[str, Any]) -> tuple[int, int]:
     """CPU milli and memory MiB the pod requests as kube-scheduler counts them (NodeResourcesFit):
     per resource the larger of its app containers together and its largest init container,
     plus the pod's ``overhead``; an unreadable quantity counts as 0."""
     out: list[int] = []
     for resource in ("cpu", "memory"):
-        app = sum(_quantity(c, resource) for c in _list(spec.get("containers")))
-        init = max((_quantity(c, resource) for c in _list(spec.get("initContainers"))), default=0)
-        overhead = _quantity({"resources": {"requests": _map(spec.get("overhead"))}}, resource)
+        app = sum(_quantity(_container_requests(c), resource) for c in _list(spec.get("containers")))
+        init = max((_quantity(_container_requests(c), resource) for c in _list(spec.get("initContainers"))), default=0)
+        overhead = _quantity(spec.get("overhead"), resource)
         out.append(max(app, init) + overhead)
     return out[0], out[1]
 

@@ -41,14 +41,12 @@ from sharing.packing.node_sharing import exact_replicas, place_whole, switch_for
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
-from sharing.packing.typical import TypicalPods
+from sharing.packing.typical import NO_GPU_POD, TypicalPods
 
 _BIG_CPU = 10**9  # nodes whose allocatable is unknown: CPU never limits the GPU choice
 _NEVER = 10**6  # a replica count no node has
 ANY_GPU = "gpu"
 """The engine's GPU model key of a node whose product is unknown."""
-NO_GPU_POD_YET = PodSpec("no-gpu-pod-yet", 0, 0, 1, GPU_MILLI // 2)
-"""The typical pod while no GPU pod exists (the simulator's product model starts the same way)."""
 
 
 def gpu_key(node: Node) -> str:
@@ -56,21 +54,23 @@ def gpu_key(node: Node) -> str:
     return node.product or ANY_GPU
 
 
+def _engine_spec(key: str, cpu_milli: int, memory_mib: int, gpus: int, milli: int, products: tuple[str, ...]) -> PodSpec:
+    accepted = tuple(sorted(products))
+    return PodSpec(key, cpu_milli, memory_mib, gpus, milli, accepted, "|".join(accepted))
+
+
 def engine_pod(pod: Pod) -> PodSpec:
     """The pod as the packing engine sees it: its CPU and memory, its GPUs (a ``whole`` pod asks
     whole GPUs), and the products its own affinity allows (empty: any)."""
-    products = tuple(sorted(pod.products))
     if pod.mode == "whole":
-        return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, max(1, pod.whole_gpus), GPU_MILLI, products,
-                       "|".join(products))
+        return _engine_spec(pod.key, pod.cpu_milli, pod.memory_mib, max(1, pod.whole_gpus), GPU_MILLI, pod.products)
     milli = max(1, min(GPU_MILLI - 1, max(pod.milli, default=1)))
-    return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, 1, milli, products, "|".join(products))
+    return _engine_spec(pod.key, pod.cpu_milli, pod.memory_mib, 1, milli, pod.products)
 
 
 def plain_gpu_pod(pod: PlainGpuPod) -> PodSpec:
     """A pod asking ``nvidia.com/gpu`` itself (not gpupack's), as the packing engine sees it."""
-    products = tuple(sorted(pod.products))
-    return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, max(1, pod.gpus), GPU_MILLI, products, "|".join(products))
+    return _engine_spec(pod.key, pod.cpu_milli, pod.memory_mib, max(1, pod.gpus), GPU_MILLI, pod.products)
 
 
 def typical_pods(pods: Sequence[Pod], plain: Sequence[PlainGpuPod] = ()) -> TypicalPods:
@@ -78,7 +78,7 @@ def typical_pods(pods: Sequence[Pod], plain: Sequence[PlainGpuPod] = ()) -> Typi
     product model replays): gpupack's shared and whole-GPU pods and the pods asking
     ``nvidia.com/gpu`` themselves, placed or waiting. MIG pods are not the engine's."""
     shapes = [engine_pod(p) for p in pods if p.mode != "mig"] + [plain_gpu_pod(p) for p in plain]
-    return TypicalPods.from_pods(shapes or [NO_GPU_POD_YET])
+    return TypicalPods.from_pods(shapes or [NO_GPU_POD])
 
 
 class SharedPlacer:
@@ -95,8 +95,7 @@ class SharedPlacer:
         live, so pods released elsewhere this cycle count); without it, the nodes' own.
         ``workload`` and ``plain``: the GPU pods that exist (:func:`typical_pods`)."""
         self.room: Mapping[str, tuple[int, int]] = room if room is not None else {
-            n.name: (n.free_cpu_milli, n.free_memory_mib) for n in nodes
-            if n.free_cpu_milli is not None and n.free_memory_mib is not None}
+            n.name: n.room for n in nodes if n.room is not None}
         self.nodes = tuple(n for n in nodes if n.sharing != "none" and n.full_gpus and n.name in free)
         self._names = [n.name for n in self.nodes]
         self._replicas = np.array([n.replicas for n in self.nodes], dtype=np.int64)

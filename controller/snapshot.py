@@ -248,23 +248,22 @@ class PodParse:
 
 def parse_pod(obj: Mapping[str, Any]) -> PodParse:
     pod, distrust = read_pod(obj)
+    meta = _map(obj.get("metadata"))
     untrusted = None
     if pod is None and distrust is not None:
-        meta = _map(obj.get("metadata"))
         untrusted = f"{meta.get('namespace')}/{meta.get('name')}: {distrust}"
     bound_to = _map(obj.get("spec")).get("nodeName")
     bound = bound_to if isinstance(bound_to, str) and bound_to else None
     held_on = pod.node if pod is not None and not pod.gated else bound
-    cpu, memory = resources_held(obj) if held_on is not None else (0, 0)
     gpus = whole_gpus_requested(obj)
+    theirs = bool(gpus) and ALLOCATION_ANNOTATION not in _map(meta.get("annotations"))
+    requested = resources_held(obj) if held_on is not None or theirs else (0, 0)
+    cpu, memory = requested if held_on is not None else (0, 0)
     if not gpus:
         return PodParse(pod, untrusted, held_on=held_on, cpu_milli=cpu, memory_mib=memory)
-    meta = _map(obj.get("metadata"))
-    theirs = ALLOCATION_ANNOTATION not in _map(meta.get("annotations"))
     plain = None
     if theirs:
-        requested_cpu, requested_memory = resources_held(obj)
-        plain = PlainGpuPod(f"{meta.get('namespace')}/{meta.get('name')}", gpus, requested_cpu, requested_memory,
+        plain = PlainGpuPod(f"{meta.get('namespace')}/{meta.get('name')}", gpus, *requested,
                             required_products(_map(obj.get("spec"))))
     if bound is not None:
         return PodParse(pod, untrusted, gpus, bound, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain)

@@ -117,13 +117,12 @@ class Node:
         return any(g.faulted for g in self.gpus)
 
     @property
-    def free_cpu_milli(self) -> int | None:
-        """Allocatable CPU not requested by its pods; None when the allocatable is unknown."""
-        return self.cpu_milli - self.cpu_used_milli if self.cpu_milli else None
-
-    @property
-    def free_memory_mib(self) -> int | None:
-        return self.memory_mib - self.memory_used_mib if self.memory_mib else None
+    def room(self) -> tuple[int, int] | None:
+        """Allocatable CPU milli and memory MiB not requested by its pods; None when the allocatable
+        is unknown (then CPU and memory never limit where a pod goes)."""
+        if not self.cpu_milli or not self.memory_mib:
+            return None
+        return self.cpu_milli - self.cpu_used_milli, self.memory_mib - self.memory_used_mib
 
     @property
     def converged(self) -> bool:

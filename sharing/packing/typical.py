@@ -25,6 +25,10 @@ TYPICAL_RULES: Final[tuple[TypicalRule, ...]] = ("present", "workload")
 """``present``: the GPU pods that exist when a pod is placed (the live controller's rule, the
 default); ``workload``: every pod of the run, known in advance (the FGD protocol's)."""
 
+NO_GPU_POD: Final = PodSpec("no-gpu-pod-yet", 0, 0, 1, GPU_MILLI // 2)
+"""The typical pod while no GPU pod exists yet (under the ``present`` rule a table needs one): half a
+GPU, no CPU. The live controller's engines and the simulator's models all start from it."""
+
 COVERAGE_PERCENT = 95
 """Share of pods the kept prefix must cover (the published simulator's threshold)."""
 

@@ -81,6 +81,7 @@ from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.typical import TYPICAL_RULES as TYPICAL_RULES  # re-exported: the simulator's CLI reads it here
 from sharing.packing.typical import TypicalRule as TypicalRule
+from sharing.packing.typical import NO_GPU_POD as NO_GPU_POD  # re-exported: its tests read it here
 from sharing.packing.typical import TypicalCounts, TypicalPods, same_table
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.openb_models import openb_gpu
@@ -97,9 +98,6 @@ CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
 TYPICAL_POLICIES: Final = ("FGD", "gpupack")
 """The policies that read typical pods (``sharing.packing.registry.make_policy``); the others
 are never rebuilt."""
-
-NO_GPU_POD: Final = PodSpec("no-gpu-pod-yet", 0, 0, 1, GPU_MILLI // 2)
-"""The typical pod before any GPU pod exists: the live controller's (``controller.draplan``)."""
 
 DEFAULT_SHARE_UNIT: Final = DEFAULT_MILLI_STEP
 """The ``milli`` capacity's request-policy step, in milli of a GPU: the one the DRA device

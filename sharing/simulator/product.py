@@ -58,7 +58,7 @@ from sharing.packing.node_sharing import (
 )
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
-from sharing.packing.typical import TYPICAL_RULES, TypicalCounts, TypicalPods, TypicalRule, same_table
+from sharing.packing.typical import NO_GPU_POD, TYPICAL_RULES, TypicalCounts, TypicalPods, TypicalRule, same_table
 from sharing.replicas import largest_replicas, replica_milli, takes_whole_gpu
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.openb_models import openb_gpu
@@ -130,19 +130,17 @@ class ProductReplay:
     """The cluster under the live rules, one pod at a time."""
 
     def __init__(self, cluster: ClusterState, policy: Policy, weights: MostAllocatedWeights, live_path: LivePath,
-                 scheduler_rank: IntArray | None = None, scheduler_ties: np.random.Generator | None = None) -> None:
+                 scheduler_ties: np.random.Generator | None = None) -> None:
         """``scheduler_ties``: kube-scheduler's ties between equally scored nodes fall at random, as
-        live (it samples one of them uniformly); without it, by ``scheduler_rank`` (default the
-        cluster's ``tie_rank``, which the engine's ties follow: the first node by name, as the live
-        controller's engine breaks them). A node ranked below 0 wins its ties either way (how a
-        run follows a live one)."""
+        live (it samples one of them uniformly); without it, by the cluster's ``tie_rank``, as the
+        engine's do. A node whose ``tie_rank`` is below 0 wins its ties either way (how a run
+        follows a live one)."""
         if live_path not in LIVE_PATHS:
             raise ValueError(f"unknown live path {live_path!r}; choose one of {', '.join(LIVE_PATHS)}")
         self.cluster = cluster
         self.policy = policy
         self.weights = weights
         self.live_path = live_path
-        self.scheduler_rank: IntArray = cluster.tie_rank if scheduler_rank is None else scheduler_rank
         self.scheduler_ties = scheduler_ties
         self.last_node: int | None = None
         """The node :meth:`place` last placed a pod on (None: it dropped the pod)."""
@@ -175,8 +173,7 @@ class ProductReplay:
     def _scheduler_pick(
         self, pod: PodSpec, nodes: IntArray, gpu_req: IntArray | None, gpu_alloc: IntArray | None, gpu_weight: int
     ) -> int:
-        return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight, self.scheduler_rank,
-                              self.scheduler_ties)
+        return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight, self.scheduler_ties)
 
     def _by_scheduler(self, pod: PodSpec, candidates: BoolArray, gpu: tuple[IntArray, IntArray, int] | None) -> float | None:
         c = self.cluster
@@ -293,13 +290,12 @@ def scheduler_pick(
     gpu_req: IntArray | None = None,
     gpu_alloc: IntArray | None = None,
     gpu_weight: int = 0,
-    rank: IntArray | None = None,
     ties: np.random.Generator | None = None,
 ) -> int:
     """kube-scheduler's choice among ``nodes`` (MostAllocated; ``gpu_*`` per node in ``nodes``,
     None for a pod that asks for no extended GPU resource); ties go to a node drawn uniformly by ``ties``
-    (kube-scheduler's own rule) or, without it, to the lowest ``rank`` (default the cluster's
-    ``tie_rank``); a tied node ranked below 0 wins either way.
+    (kube-scheduler's own rule) or, without it, to the lowest ``tie_rank``; a tied node ranked below 0
+    wins either way.
     Every backend's model scores the pods gpupack does not place with it (CPU-only pods)."""
     c = cluster
     scores = most_allocated(
@@ -308,7 +304,7 @@ def scheduler_pick(
         gpu_req, gpu_alloc, gpu_weight, weights,
     )
     tied = nodes[scores == scores.max()]
-    ranks = (c.tie_rank if rank is None else rank)[tied]
+    ranks = c.tie_rank[tied]
     if ties is None or tied.size == 1 or ranks.min() < 0:
         return int(tied[np.argmin(ranks)])
     return int(tied[ties.integers(tied.size)])
@@ -337,11 +333,7 @@ class PresentPods:
         for pod in pods:
             if pod.gpu_count:
                 counts[self._view(pod).fgd_key] += 1
-        return TypicalPods.from_counts(counts) if counts else TypicalPods.from_pods([NO_GPU_POD_YET])
-
-
-NO_GPU_POD_YET: Final = PodSpec("no-gpu-pod-yet", 0, 0, 1, GPU_MILLI // 2)
-"""The typical pod while no GPU pod exists (the live controller's: ``controller.sharedplan``)."""
+        return TypicalPods.from_counts(counts) if counts else TypicalPods.from_pods([NO_GPU_POD])
 
 
 def as_whole(pod: PodSpec) -> PodSpec:
@@ -423,7 +415,7 @@ def run_product(
         policy = build(current)
     else:
         policy = build(table)
-    replay = ProductReplay(cluster, policy, weights, live_path, scheduler_rank=np.asarray(workload.tie_rank, dtype=np.int64),
+    replay = ProductReplay(cluster, policy, weights, live_path,
                            scheduler_ties=np.random.default_rng([seed, SCHEDULER_TIES_STREAM, scheduler_draw]))
     count = len(workload.pods)
     arrived = np.zeros(count, dtype=np.int64)
@@ -435,16 +427,16 @@ def run_product(
     if follow is not None and len(follow) != len(workload.pods):
         raise ValueError(f"follow: {len(follow)} outcomes for {len(workload.pods)} pods")
     position = {n.name: i for i, n in enumerate(ordered)}
-    engine_rank, scheduler_rank = cluster.tie_rank.copy(), replay.scheduler_rank.copy()
+    by_name = cluster.tie_rank.copy()
     divergences: list[Divergence] = []
     for i, pod in enumerate(workload.pods):
         live_node = None if follow is None else follow[i]
         if follow is not None:
-            cluster.tie_rank[:], replay.scheduler_rank[:] = engine_rank, scheduler_rank
+            cluster.tie_rank[:] = by_name
             if live_node is not None:
                 if live_node not in position:
                     raise ValueError(f"follow: pod {pod.name} was bound to {live_node!r}, not a node of the run")
-                cluster.tie_rank[position[live_node]] = replay.scheduler_rank[position[live_node]] = -1
+                cluster.tie_rank[position[live_node]] = -1  # first among equals, for the engine and kube-scheduler
         start = clock()
         if current is not None and i % typical_every == 0 and any(p.gpu_count for p in workload.pods[i:i + typical_every]):
             now = present.with_arriving(workload.pods[i:i + typical_every])

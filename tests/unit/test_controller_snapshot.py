@@ -243,7 +243,7 @@ def test_cpu_and_memory_used_count_every_pod_holding_the_node() -> None:
     assert n1 is not None and n2 is not None
     assert (n1.cpu_used_milli, n1.memory_used_mib) == (1250 + 3100 + 500, 2048 + 2112 + 1024)
     assert (n2.cpu_used_milli, n2.memory_used_mib) == (500, 1024)
-    assert n1.free_cpu_milli is None  # no Node object: allocatable unknown, so no limit
+    assert n1.room is None  # no Node object: allocatable unknown, so no limit
 
 
 def test_pods_asking_whole_gpus_themselves_are_the_engines_gpu_pods_too() -> None:
