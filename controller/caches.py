@@ -24,10 +24,9 @@ Node whose labels or allocatable changed.
 watch brings it, and a cycle started in between would see the pod still gated
 (and release it again, or hand its capacity to another pod) or a GPU's old
 layout (and plan it again). :class:`CachedKube` keeps the object each write
-answered with and reads it instead of the cache's copy while the cache shows a
-version from before the write; once the cache shows the written version, or any
-other (a later write of someone else's, which includes ours), or drops the
-object, the kept copy is forgotten. Guarded pod patches (``test`` ops) are built
+answered with (``kube.written.WrittenObjects``, the one implementation the agent
+fleet uses too) and reads it instead of the cache's copy while the cache shows a
+version from before the write. Guarded pod patches (``test`` ops) are built
 from what is read, so they hold against the object the write produced.
 
 **Leader only.** The caches start when this replica first leads
@@ -44,13 +43,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from controller.kube import Kube
 from kube.informer import Informer, object_key, wait_all_synced
+from kube.written import WrittenObjects
 from sharing.lenient import as_map as _map
 
 log = logging.getLogger("gpupack.controller")
@@ -186,65 +184,6 @@ class ClusterCaches:
             informer.stop()
 
 
-# -------------------------------------------------------------- read your writes
-@dataclass
-class _Written:
-    versions: frozenset[str]
-    """Versions of the object up to (not including) the one written: while the cache shows
-    one of them, it has not seen the write."""
-    obj: dict[str, Any]
-    at: float
-
-
-def _version(obj: Mapping[str, Any] | None) -> str:
-    return str(_map(_map(obj).get("metadata")).get("resourceVersion") or "") if obj is not None else ""
-
-
-class Written:
-    """The objects the controller wrote that its caches may not show yet, per kind and key."""
-
-    def __init__(self, ttl_s: float = 120.0, clock: Callable[[], float] = time.monotonic) -> None:
-        self.ttl_s = ttl_s
-        """A written copy is forgotten after this long whatever the cache shows (an object whose
-        watch event never comes is listed again by its informer long before)."""
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._entries: dict[tuple[str, str], _Written] = {}
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._entries)
-
-    def wrote(self, kind: str, key: str, seen: Mapping[str, Any] | None, answer: Mapping[str, Any] | None) -> None:
-        """Record that ``answer`` is what the object ``seen`` in the cache became by our write."""
-        if answer is None or not _version(answer):
-            return
-        with self._lock:
-            before = self._entries.get((kind, key))
-            versions = {_version(seen)} | ({_version(before.obj)} | before.versions if before is not None else set())
-            versions.discard("")
-            versions.discard(_version(answer))
-            self._entries[(kind, key)] = _Written(frozenset(versions), dict(answer), self.clock())
-
-    def read(self, kind: str, cache: Informer, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``items`` (the cache's objects) with our written copies where the cache lags behind them."""
-        with self._lock:
-            mine = [(key, entry) for (k, key), entry in self._entries.items() if k == kind]
-            if not mine:
-                return items
-            now = self.clock()
-            newer: dict[str, dict[str, Any]] = {}
-            for key, entry in mine:
-                current = cache.get(key)
-                if current is not None and _version(current) in entry.versions and now - entry.at < self.ttl_s:
-                    newer[key] = entry.obj
-                else:
-                    del self._entries[(kind, key)]  # the cache has caught up (or the object is gone)
-        if not newer:
-            return items
-        return [newer.get(object_key(o), o) for o in items]
-
-
 # ---------------------------------------------------------------- the seam
 class CachedKube(Kube):
     """:class:`Kube` whose ``list_*`` reads come from :class:`ClusterCaches` once they have listed."""
@@ -252,7 +191,10 @@ class CachedKube(Kube):
     def __init__(self, api: Any, caches: ClusterCaches | None = None) -> None:
         super().__init__(api)
         self.caches = caches or ClusterCaches(self.listers())
-        self.written = Written()
+        self.written = WrittenObjects()
+        """What the controller wrote that its caches may not show yet (read past the cache)."""
+        for kind, informer in self.caches.informers.items():
+            self.written.follow(kind, informer)
         self.listed_directly = 0
         """Reads answered by a direct list because the cache had not listed yet."""
 
@@ -260,7 +202,7 @@ class CachedKube(Kube):
         if not self.caches.synced(kind):
             return None
         informer = self.caches.informers[kind]
-        return self.written.read(kind, informer, informer.items())
+        return self.written.overlay(kind, informer, informer.items())
 
     def _read(self, kind: str, direct: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
         cached = self._cached(kind)
@@ -292,7 +234,7 @@ class CachedKube(Kube):
     def _note(self, kind: str, key: str, answer: dict[str, Any] | None) -> dict[str, Any] | None:
         informer = self.caches.informers.get(kind)
         if informer is not None and kind in self.caches.started:
-            self.written.wrote(kind, key, informer.get(key), answer)
+            self.written.wrote(kind, informer.get(key), answer, key=key)
         return answer
 
     def patch_gpunode(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -314,4 +256,4 @@ class CachedKube(Kube):
         return self._note("pods", f"{namespace}/{name}", None if answer is None else keep_pod(answer))
 
 
-__all__ = ["CachedKube", "ClusterCaches", "KEEP", "Written", "keep_node", "keep_pod"]
+__all__ = ["CachedKube", "ClusterCaches", "KEEP", "keep_node", "keep_pod"]

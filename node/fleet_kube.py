@@ -15,8 +15,9 @@ Reads and writes:
   caches are made) come from the caches; pods are indexed by ``spec.nodeName`` by
   an informer listener, so a read costs no scan;
 - **read your writes**: the caches lag the agent's own writes by a watch event. The
-  object a write returns is kept as an overlay until the cache holds that version or
-  a newer one (resourceVersions compared as integers, as etcd's revisions are): an
+  object a write returns is kept as an overlay until the cache shows any version but
+  the ones before the write (``kube.written.WrittenObjects``, which the controller
+  uses too): an
   agent that just created its GPUNode, or wrote a reshape's journal into its status,
   reads it back at once, as it would from the API server;
 - **wake-ups**: :attr:`SharedKube.wake` is told the node whose objects changed in a
@@ -54,6 +55,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency; exercised only
 from kube.client import MERGE_PATCH, api_client, call
 from kube.errors import KubeError
 from kube.informer import DELETED, Informer, object_key
+from kube.written import WrittenObjects
 from node.kube import PLURAL, Kube
 from sharing.crd import GROUP, VERSION
 
@@ -254,8 +256,8 @@ class SharedKube(Kube):
         self.wake: Callable[[str | None], None] = lambda _node: None
         """Told the node whose agent should tick because something it reads changed (None: every node)."""
         self._lock = threading.Condition()
-        self._written: dict[tuple[str, str], dict[str, Any]] = {}
-        """(``nodes`` or ``gpunodes``, name) -> the object the newest write returned, until the cache has it."""
+        self.written = WrittenObjects()
+        """Per ``nodes`` or ``gpunodes`` and name, the object the newest write returned, until the cache has it."""
         self._seen: dict[tuple[str, str], object] = {}
         """(kind, name) -> the parts of the object an agent acts on, as last seen or written."""
         self._pods: dict[str, dict[str, dict[str, Any]]] = {}
@@ -269,10 +271,8 @@ class SharedKube(Kube):
     def _changed(self, kind: str, trigger: Callable[[Mapping[str, Any]], object], event: str,
                  obj: Mapping[str, Any]) -> None:
         key = (kind, object_key(obj))
+        self.written.observe(kind, event, obj)  # before the wake-up below, so the agent reads the cache's copy
         with self._lock:
-            written = self._written.get(key)
-            if written is not None and (event == DELETED or _rv(obj) >= _rv(written)):
-                del self._written[key]  # the cache has caught up with the write (or the object went)
             if event == DELETED:
                 self._seen.pop(key, None)
                 news = True
@@ -300,18 +300,14 @@ class SharedKube(Kube):
             self.wake(name)
 
     def _newest(self, kind: str, informer: Informer, name: str) -> dict[str, Any] | None:
-        cached = informer.get(name)
-        with self._lock:
-            written = self._written.get((kind, name))
-        newest = written if written is not None and _rv(written) > _rv(cached) else cached
+        newest = self.written.newest(kind, name, informer.get(name))
         return _copy(newest) if newest is not None else None  # the agent's to change; the cache's never
 
     def _wrote(self, kind: str, obj: dict[str, Any], trigger: Callable[[Mapping[str, Any]], object]) -> None:
         name = object_key(obj)
+        informer = self.caches.nodes if kind == "nodes" else self.caches.gpunodes
+        self.written.wrote(kind, informer.get(name), obj)
         with self._lock:
-            if _rv(obj) > max(_rv(self.caches.nodes.get(name) if kind == "nodes" else self.caches.gpunodes.get(name)),
-                              _rv(self._written.get((kind, name)))):
-                self._written[(kind, name)] = obj
             self._seen[(kind, name)] = trigger(obj)  # its echo from the watch is no news
 
     # ------------------------------------------------------------------ reads

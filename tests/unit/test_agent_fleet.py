@@ -293,7 +293,7 @@ def test_an_agent_reads_its_own_writes_before_the_cache_has_them() -> None:
     kube.patch_gpunode_status("n1", {"reconfiguration": {"phase": "Destroying"}})
     assert kube.get_gpunode("n1")["status"]["reconfiguration"]["phase"] == "Destroying"  # type: ignore[index]
     kube.catch_up()
-    assert kube._written == {}  # the cache caught up: the overlay is gone
+    assert len(kube.written) == 0  # the cache caught up: the overlay is gone
     assert kube.get_gpunode("n1")["status"]["reconfiguration"]["phase"] == "Destroying"  # type: ignore[index]
 
 

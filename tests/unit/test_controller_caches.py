@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from controller.caches import CachedKube, ClusterCaches, Written, keep_node, keep_pod
+from controller.caches import CachedKube, ClusterCaches, keep_node, keep_pod
 from controller.kube import Kube
 from kube.informer import Informer
 
@@ -120,63 +120,6 @@ def test_heartbeats_and_node_status_noise_wake_no_cycle() -> None:
     pods.apply({"type": "ADDED", "object": obj("p", "4", "ns")})
     nodes.apply({"type": "DELETED", "object": node("n1", "5", {"a": "2"})})
     assert woken == ["gpunodes", "nodes", "pods", "nodes"]
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def informer_of(*items: dict[str, Any]) -> Informer:
-    informer = Informer("pods", lister(*items))
-    informer.relist()
-    return informer
-
-
-def names_and_versions(items: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    return [(o["metadata"]["name"], o["metadata"]["resourceVersion"]) for o in items]
-
-
-def test_a_write_is_read_until_the_cache_shows_it() -> None:
-    cache = informer_of(obj("p", "1", "ns"), obj("q", "1", "ns"))
-    written = Written()
-    written.wrote("pods", "ns/p", cache.get("ns/p"), obj("p", "2", "ns", spec={"pinned": True}))
-    assert names_and_versions(written.read("pods", cache, cache.items())) == [("p", "2"), ("q", "1")]
-    cache.apply({"type": "MODIFIED", "object": obj("p", "2", "ns", spec={"pinned": True})})
-    assert names_and_versions(written.read("pods", cache, cache.items())) == [("p", "2"), ("q", "1")]
-    assert len(written) == 0  # caught up: forgotten
-
-
-def test_two_writes_in_a_row_are_read_past_an_intermediate_cache() -> None:
-    cache = informer_of(obj("p", "1", "ns"))
-    written = Written()
-    written.wrote("pods", "ns/p", cache.get("ns/p"), obj("p", "2", "ns"))  # pin
-    written.wrote("pods", "ns/p", cache.get("ns/p"), obj("p", "3", "ns"))  # ungate
-    cache.apply({"type": "MODIFIED", "object": obj("p", "2", "ns")})  # the watch brought the pin only
-    assert names_and_versions(written.read("pods", cache, cache.items())) == [("p", "3")]
-
-
-def test_someone_elses_later_write_or_a_deletion_ends_the_written_copy() -> None:
-    cache = informer_of(obj("p", "1", "ns"), obj("q", "1", "ns"))
-    written = Written()
-    written.wrote("pods", "ns/p", cache.get("ns/p"), obj("p", "2", "ns"))
-    written.wrote("pods", "ns/q", cache.get("ns/q"), obj("q", "2", "ns"))
-    cache.apply({"type": "MODIFIED", "object": obj("p", "9", "ns")})  # the kubelet, after our write
-    cache.apply({"type": "DELETED", "object": obj("q", "1", "ns")})
-    assert names_and_versions(written.read("pods", cache, cache.items())) == [("p", "9")]
-    assert len(written) == 0
-
-
-def test_a_written_copy_expires() -> None:
-    cache = informer_of(obj("p", "1", "ns"))
-    clock = Clock()
-    written = Written(ttl_s=60, clock=clock)
-    written.wrote("pods", "ns/p", cache.get("ns/p"), obj("p", "2", "ns"))
-    clock.now = 61
-    assert names_and_versions(written.read("pods", cache, cache.items())) == [("p", "1")]
 
 
 def test_cached_kube_remembers_its_writes(monkeypatch: pytest.MonkeyPatch) -> None:
