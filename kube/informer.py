@@ -8,8 +8,11 @@ server's load grows with what changes, not with the size of the cluster.
 
 How it converges:
 
-1. **list** (one request, read raw: no client model classes at thousands of
-   objects), replacing the cache; what the list shows changed since the cache's
+1. **list** (read raw: no client model classes at thousands of objects), in
+   pages of :data:`PAGE_SIZE` objects (``limit`` and ``continue``, as client-go's
+   pager does), so neither the API server nor this process builds one answer of
+   every pod of a large cluster; the pages form one consistent list (the first
+   page's snapshot), replacing the cache; what the list shows changed since the cache's
    previous contents is told to the listeners as ``ADDED``/``MODIFIED``/``DELETED``;
 2. **watch** from the list's ``resourceVersion``, with bookmarks, applying each
    event; a watch that ends after its ``timeout_seconds`` resumes from the last
@@ -41,6 +44,10 @@ Listener = Callable[[str, Mapping[str, Any]], None]
 """Called with the event type (``ADDED``, ``MODIFIED``, ``DELETED``) and the object, on the informer's thread."""
 
 ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
+
+PAGE_SIZE = 500
+"""Objects per list request (client-go's pager default). A continue token that expired between
+pages fails the list, which is listed again from the start after the usual back-off."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -77,13 +84,14 @@ class Informer:
 
     def __init__(
         self, name: str, lister: Lister, *, keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
-        watch_seconds: float = 300.0, max_backoff_s: float = 30.0,
+        watch_seconds: float = 300.0, max_backoff_s: float = 30.0, page_size: int = PAGE_SIZE,
     ) -> None:
         self.name = name
         """What the cache holds, for logs (``pods``, ``gpunodes``)."""
         self._lister = lister
         self._keep = keep or (lambda obj: obj)
         self._watch_seconds = watch_seconds
+        self._page_size = page_size
         self._backoff = Backoff(base_s=min(1.0, max_backoff_s), max_s=max_backoff_s)
         self._objects: dict[str, dict[str, Any]] = {}
         self._resource_version = ""
@@ -96,6 +104,8 @@ class Informer:
         """Changes applied so far (a list that changed nothing adds none)."""
         self.lists = 0
         """Lists made (the first one, and one after each expired or failed watch)."""
+        self.list_requests = 0
+        """List requests made: a list of more than one page makes several."""
         self.listeners: list[Listener] = []
 
     # ------------------------------------------------------------------ reading
@@ -176,14 +186,27 @@ class Informer:
                     log.info("watch of %s works again", self.name)
 
     def relist(self) -> None:
-        """One list, replacing the cache (what changed is told to the listeners)."""
-        response = self._lister(_preload_content=False)
-        data = json.loads(response.data or b"{}")
+        """One list, in pages, replacing the cache (what changed is told to the listeners)."""
         fresh: dict[str, dict[str, Any]] = {}
-        for raw in data.get("items") or []:
-            if isinstance(raw, dict):
-                obj = self._keep(raw)
-                fresh[object_key(obj)] = obj
+        token, version = "", ""
+        while True:
+            paging: dict[str, Any] = {"limit": self._page_size} if self._page_size > 0 else {}
+            if token:
+                paging["_continue"] = token
+            response = self._lister(_preload_content=False, **paging)
+            self.list_requests += 1
+            data = json.loads(response.data or b"{}")
+            for raw in data.get("items") or []:
+                if isinstance(raw, dict):
+                    obj = self._keep(raw)
+                    fresh[object_key(obj)] = obj
+            meta = data.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or version)
+            token, previous = str(meta.get("continue") or ""), token
+            if not token:
+                break
+            if token == previous:
+                raise RuntimeError(f"list of {self.name}: the API server answered the same continue token twice")
         events: list[tuple[str, dict[str, Any]]] = []
         with self._changed:
             for key, obj in fresh.items():
@@ -194,7 +217,7 @@ class Informer:
                     events.append((MODIFIED, obj))
             events.extend((DELETED, old) for key, old in self._objects.items() if key not in fresh)
             self._objects = fresh
-            self._resource_version = str((data.get("metadata") or {}).get("resourceVersion") or "")
+            self._resource_version = version
             self.lists += 1
             if events:
                 self.version += 1

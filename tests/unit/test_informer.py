@@ -196,3 +196,24 @@ def test_stop_ends_a_watch_blocked_on_a_quiet_stream() -> None:
     informer._thread.join(10)  # noqa: SLF001
     assert not informer._thread.is_alive()  # noqa: SLF001
     listener.close()
+
+
+def test_a_list_is_read_in_pages_and_watched_from_its_snapshot() -> None:
+    first = {"metadata": {"resourceVersion": "20", "continue": "page-2"}, "items": [pod("a", "5"), pod("b", "6")]}
+    second = {"metadata": {"resourceVersion": "20"}, "items": [pod("c", "7")]}
+    lister = ScriptedLister([first, second], [[]])
+    informer = Informer("pods", lister, page_size=2)
+    informer.relist()
+    assert sorted(object_key(o) for o in informer.items()) == ["ns/a", "ns/b", "ns/c"]
+    assert informer.list_requests == 2 and informer.lists == 1
+    assert [(c.get("limit"), c.get("_continue")) for c in lister.calls] == [(2, None), (2, "page-2")]
+    informer.watch_once()
+    assert lister.calls[-1]["resource_version"] == "20"
+
+
+def test_a_list_whose_continue_token_never_moves_fails_instead_of_looping() -> None:
+    stuck = {"metadata": {"resourceVersion": "20", "continue": "again"}, "items": [pod("a", "5")]}
+    informer = Informer("pods", ScriptedLister([stuck, stuck], []), page_size=1)
+    with pytest.raises(RuntimeError, match="same continue token"):
+        informer.relist()
+    assert not informer.synced and informer.items() == []  # nothing half-listed was kept
