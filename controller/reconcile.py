@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from controller.dracycle import DraCycle
 from controller.draplan import DraPlacement, DraPlan
@@ -41,9 +41,9 @@ from controller.migplan import LayoutChange
 from controller.mig_configs import published_config
 from controller.metrics import ControllerMetrics, cluster_figures
 from controller.view import FailedDevice, Node, Snapshot
-from controller.wait_status import placement_patches
+from controller.wait_status import StatusPatch, placement_patches
 from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
-from controller.planner import Plan, Release, plan
+from controller.planner import Plan, Release, SharingChange, plan
 from controller.settings import ControllerSettings
 from controller.podview import pod_from_object
 from controller.policy_status import needs_write, policy_reports, status_for
@@ -57,6 +57,9 @@ from kube.times import format_time, parse_time
 from sharing.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
 
 log = logging.getLogger("gpupack.controller")
+
+_Item = TypeVar("_Item")
+_Outcome = TypeVar("_Outcome")
 
 
 def utcnow() -> datetime:
@@ -164,13 +167,29 @@ class Controller:
     # ------------------------------------------------------------------ steps
     def _placement_status(self, result: Plan, snapshot: Snapshot, pod_objs: Mapping[str, Mapping[str, Any]],
                           now: datetime, report: CycleReport) -> None:
-        """Say why each gated pod waits (``controller.wait_status``): one write when the reason changes."""
-        for patch in placement_patches(result, snapshot, pod_objs, now):
+        """Say why each gated pod waits (``controller.wait_status``): one write when the reason changes.
+        Pods arriving at 20/s each get one, so they are written ``write_workers`` at a time."""
+        patches = list(placement_patches(result, snapshot, pod_objs, now))
+
+        def write(patch: StatusPatch) -> str | None:
             try:
                 self.kube.patch_pod_status(patch.namespace, patch.name, patch.body)
             except KubeError as exc:
-                if not exc.not_found:  # deleted meanwhile: nothing to say
-                    self._fail(report, "placement-status", f"{patch.key}: {exc}")
+                return None if exc.not_found else str(exc)  # deleted meanwhile: nothing to say
+            return None
+
+        for patch, error in zip(patches, self._each(write, patches)):
+            if error is not None:
+                self._fail(report, "placement-status", f"{patch.key}: {error}")
+
+    def _each(self, write: Callable[[_Item], _Outcome], items: Sequence[_Item]) -> list[_Outcome]:
+        """``write`` for every item, ``write_workers`` round trips at a time; the outcomes in order.
+        Items must be independent: at most one write per object (two answers of one object racing
+        would leave the read-your-writes overlay with the older)."""
+        if len(items) <= 1:
+            return [write(item) for item in items]
+        with ThreadPoolExecutor(max_workers=min(self.settings.write_workers, len(items))) as pool:
+            return list(pool.map(write, items))
 
     def _idle(self, snapshot: Snapshot, by_name: dict[str, dict[str, Any]], now: datetime, report: CycleReport) -> bool:
         """Write each GPUNode's idle record where it changed; ``by_name`` gets a copy of each
@@ -195,8 +214,7 @@ class Controller:
             return None
 
         # In parallel: a new leader writes every node's record in its first cycle (1,250 round trips).
-        with ThreadPoolExecutor(max_workers=max(1, min(self.settings.write_workers, len(todo)))) as pool:
-            outcomes = list(pool.map(write, todo)) if todo else []
+        outcomes = self._each(write, todo)
         changed = False
         for (name, value), error in zip(todo, outcomes):
             if error is not None:
@@ -210,24 +228,40 @@ class Controller:
         return changed
 
     def _apply_layouts(self, result: Plan, by_name: Mapping[str, dict[str, Any]], report: CycleReport) -> None:
+        """Write the planned MIG layouts, then the sharing switches: each a patch of one GPUNode's spec,
+        the nodes of each step in parallel (one write per node and step)."""
         per_node: dict[str, list[LayoutChange]] = {}
         for change in result.layouts:
             per_node.setdefault(change.node, []).append(change)
-        for name, changes in sorted(per_node.items()):
-            obj = by_name.get(name, {})
+        layouts = sorted(per_node.items())
+
+        def write_layout(item: tuple[str, list[LayoutChange]]) -> str | None:
+            name, changes = item
             try:
-                self.kube.patch_gpunode(name, {"spec": {"gpus": gpus_spec(obj, changes)}})
+                self.kube.patch_gpunode(name, {"spec": {"gpus": gpus_spec(by_name.get(name, {}), changes)}})
             except KubeError as exc:
-                self._fail(report, "layout", f"{name}: {exc}")
+                return str(exc)
+            return None
+
+        for (name, changes), error in zip(layouts, self._each(write_layout, layouts)):
+            if error is not None:
+                self._fail(report, "layout", f"{name}: {error}")
                 continue
             for change in changes:
                 self.metrics.reshapes.labels(change.kind).inc()
                 log.info("layout: %s", change.reason)
-        for sharing in result.sharing:
+
+        def write_sharing(sharing: SharingChange) -> str | None:
             try:
                 self.kube.patch_gpunode(sharing.node, {"spec": {"sharing": sharing_spec(sharing)}})
             except KubeError as exc:
-                self._fail(report, "sharing", f"{sharing.node}: {exc}")
+                return str(exc)
+            return None
+
+        switches = list(result.sharing)
+        for sharing, error in zip(switches, self._each(write_sharing, switches)):
+            if error is not None:
+                self._fail(report, "sharing", f"{sharing.node}: {error}")
                 continue
             self.metrics.sharing_changes.labels("demand").inc()
             log.info("sharing: %s -> %s x%d (%s)", sharing.node, sharing.mode, sharing.replicas, sharing.reason)
@@ -349,8 +383,7 @@ class Controller:
         todo = [(r, pods[r.pod], dra) for r, dra in releases if r.pod in pods]
         if not todo:
             return
-        with ThreadPoolExecutor(max_workers=max(1, min(self.settings.write_workers, len(todo)))) as pool:
-            outcomes = list(pool.map(lambda item: self._release_one(*item), todo))
+        outcomes = self._each(lambda item: self._release_one(*item), todo)
         for (_, obj, _), (release, error) in zip(todo, outcomes):
             if error is not None:
                 self._fail(report, "release", f"{release.pod}: {error}")
