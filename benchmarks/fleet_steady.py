@@ -57,6 +57,7 @@ the fleet's Prometheus endpoint) per node per minute. Progress on stderr every
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import random
@@ -534,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="share of the fractional pods that ask for MIG (the rest MPS); 0: MPS only")
     parser.add_argument("--floor", action="store_true", help="no gpupack: plain pods, nodes advertise nvidia.com/gpu")
     parser.add_argument("--json", help="add this run's result to FILE (keyed by mode and size)")
-    parser.add_argument("--workdir", default="", help="work dir (default: a temporary one, removed)")
+    parser.add_argument("--workdir", default="", help="keep the control plane's data and every component's log here (made if missing; default: a temporary folder, removed)")
     args = parser.parse_args(argv)
     import signal
     import tempfile
@@ -545,8 +546,13 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM stops everything as Ctrl-C does; SIGINT too where a shell started us with it ignored.
     signal.signal(signal.SIGTERM, interrupted)
     signal.signal(signal.SIGINT, interrupted)
-    with tempfile.TemporaryDirectory(prefix="fleet-steady-", dir=args.workdir or None) as tmp:
-        bench = Bench(args, Path(tmp))
+    with contextlib.ExitStack() as scope:
+        if args.workdir:
+            workdir = Path(args.workdir)
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(scope.enter_context(tempfile.TemporaryDirectory(prefix="fleet-steady-")))
+        bench = Bench(args, workdir)
         try:
             bench.start()
             _say(f"setup: {bench.setup_s:.0f}s; load: {args.rate}/s for {args.minutes} min")

@@ -3,9 +3,14 @@
 Pinning a gated pod: Kubernetes lets a *gated* pod's required node affinity be
 tightened (KEP-3838: expressions may be added to existing terms; a pod without
 required affinity may get one), never loosened. So the hostname expression is
-ANDed into every existing term, guarded by ``test`` ops on the gate, and the
-gate is removed in a second patch, also guarded: if anyone changed the gates
-meanwhile, the patch fails instead of releasing a pod it should not.
+ANDed into every existing term and the gate removed in the same patch
+(:func:`release_ops`), guarded by a ``test`` op on the gates: if anyone changed
+them meanwhile, the patch fails instead of releasing a pod it should not. One
+patch is enough because the API server checks the tightening against the pod
+as it was (gated); it is atomic, so no pod is ever left pinned but gated, and it
+is one write per pod, not two (the 10,000-GPU steady state is bound by the API
+server's writes). A pod pinned by an earlier controller and still gated is only
+ungated.
 """
 
 from __future__ import annotations
@@ -63,6 +68,15 @@ def ungate_ops(pod: Mapping[str, Any]) -> list[Op]:
     ops: list[Op] = [{"op": "test", "path": "/spec/schedulingGates", "value": gates}]
     ops.append({"op": "replace", "path": "/spec/schedulingGates", "value": rest} if rest else {"op": "remove", "path": "/spec/schedulingGates"})
     return ops
+
+
+def release_ops(pod: Mapping[str, Any], node: str, pinned: bool) -> list[Op]:
+    """One guarded JSON patch that pins ``pod`` to ``node`` (unless already ``pinned`` there) and
+    removes gpupack's gate; ``[]`` when there is nothing to do."""
+    ungate = ungate_ops(pod)
+    if pinned:
+        return ungate
+    return pin_ops(pod, node) + ungate[1:]  # pin_ops starts with the same test op on the gates
 
 
 def gpus_spec(gpunode: Mapping[str, Any], changes: list[LayoutChange]) -> list[dict[str, Any]]:

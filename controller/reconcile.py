@@ -42,7 +42,7 @@ from controller.mig_configs import published_config
 from controller.metrics import ControllerMetrics, cluster_figures
 from controller.view import FailedDevice, Node, Snapshot
 from controller.wait_status import StatusPatch, placement_patches
-from controller.patches import gpus_spec, pin_ops, sharing_spec, ungate_ops
+from controller.patches import gpus_spec, release_ops, sharing_spec
 from controller.planner import Plan, Release, SharingChange, plan
 from controller.settings import ControllerSettings
 from controller.podview import pod_from_object
@@ -378,8 +378,8 @@ class Controller:
 
     def _release(self, releases: Sequence[tuple[Release, DraPlacement | None]], pods: Mapping[str, dict[str, Any]],
                  now: datetime, report: CycleReport) -> None:
-        """Pin and ungate released pods, several at once: each pod is two independent round trips
-        (three on the DRA pool: its ResourceClaim is created first, ``controller.dracycle``)."""
+        """Pin and ungate released pods, several at once: each pod is one round trip (two on the DRA
+        pool: its ResourceClaim is created first, ``controller.dracycle``)."""
         todo = [(r, pods[r.pod], dra) for r, dra in releases if r.pod in pods]
         if not todo:
             return
@@ -405,9 +405,7 @@ class Controller:
             release = prepared
         try:
             parsed = pod_from_object(obj)
-            if parsed is None or parsed.node != release.node:
-                self.kube.json_patch_pod(namespace, name, pin_ops(obj, release.node))
-            ops = ungate_ops(obj)
+            ops = release_ops(obj, release.node, pinned=parsed is not None and parsed.node == release.node)
             if ops:
                 self.kube.json_patch_pod(namespace, name, ops)
         except (KubeError, ValueError) as exc:

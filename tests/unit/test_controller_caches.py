@@ -162,7 +162,7 @@ def one_gpu_node() -> dict[str, Any]:
 
 
 def patched(pod: dict[str, Any], ops: list[dict[str, Any]], version: str) -> dict[str, Any]:
-    """The pod after the controller's pin or ungate patch (the ops it writes, applied)."""
+    """The pod after the controller's release patch (the ops it writes, applied)."""
     out = json.loads(json.dumps(pod))
     for op in ops:
         if op["op"] == "remove" and op["path"] == "/spec/schedulingGates":
@@ -198,14 +198,14 @@ def test_a_cache_that_has_not_seen_a_release_does_not_release_the_pod_again(monk
     monkeypatch.setattr(Kube, "patch_gpunode", patch_gpunode)
     controller = Controller(kube, ControllerSettings(feedback=False, right_size=False))
     first = controller.cycle()
-    assert first.released == ["team/p"] and len(writes) == 2  # pinned, then ungated
+    assert first.released == ["team/p"] and len(writes) == 1  # pinned and ungated in one patch
     # The watch has not brought either write back: the cache still shows the gated pod.
     assert caches.informers["pods"].get("team/p") == pod
     second = controller.cycle()
-    assert second.released == [] and second.errors == [] and len(writes) == 2
+    assert second.released == [] and second.errors == [] and len(writes) == 1
     # Once the cache shows the write, it is read from the cache again.
     caches.informers["pods"].apply({"type": "MODIFIED", "object": server["pod"]})
-    assert controller.cycle().released == [] and len(writes) == 2
+    assert controller.cycle().released == [] and len(writes) == 1
     assert len(kube.written) == 1  # the GPUNode's idle record: its watch event has not come yet
 
 

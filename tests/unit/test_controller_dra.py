@@ -247,8 +247,8 @@ def test_a_cycle_creates_the_pinned_claim_then_pins_and_ungates_the_pod() -> Non
     claim = kube.claims["team/gpupack-pod-p"]
     pinned = Pinned.from_annotation(claim["metadata"]["annotations"][ANNOTATION])
     assert pinned.node == "a"  # the plugin node, though it has GPUs, is not the DRA pool's
-    (pin, ungate) = kube.pod_patches
-    assert pinned_node(pin[1]) == ["a"] and ungate[1][-1] == {"op": "remove", "path": "/spec/schedulingGates"}
+    (release,) = kube.pod_patches  # pinned and ungated in one patch
+    assert pinned_node(release[1]) == ["a"] and release[1][-1] == {"op": "remove", "path": "/spec/schedulingGates"}
     assert report.plan.releases == ()  # the device-plugin planner never saw the DRA pod
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from controller.migplan import LayoutChange
-from controller.patches import gpus_spec, pin_ops, ungate_ops
+from controller.patches import gpus_spec, pin_ops, release_ops, ungate_ops
 from mig.model import PlacedInstance, Placement
 from sharing.patch import apply_patch
 
@@ -70,6 +70,23 @@ def test_ungate_keeps_other_controllers_gates() -> None:
     alone = apply_patch(pod(None), [o for o in ungate_ops(pod(None)) if o["op"] != "test"])
     assert "schedulingGates" not in alone["spec"]
     assert ungate_ops(pod(None, gates=[other])) == []
+
+
+def test_a_release_is_one_guarded_patch_that_pins_and_ungates() -> None:
+    other = {"name": "example.com/quota"}
+    before = pod(None, gates=[other, GATE])
+    ops = release_ops(before, "n1", pinned=False)
+    assert [o["op"] for o in ops].count("test") == 1 and ops[0]["path"] == "/spec/schedulingGates"
+    out = apply_patch(before, [o for o in ops if o["op"] != "test"])
+    assert terms(out) == [{"matchExpressions": [HOST]}]
+    assert out["spec"]["schedulingGates"] == [other]
+
+
+def test_a_pod_already_pinned_there_is_only_ungated_and_an_ungated_one_needs_nothing() -> None:
+    assert release_ops(pod(None), "n1", pinned=True) == ungate_ops(pod(None))
+    with pytest.raises(ValueError, match="not gated"):
+        release_ops(pod(None, gates=[]), "n1", pinned=False)
+    assert release_ops(pod(None, gates=[]), "n1", pinned=True) == []
 
 
 def test_gpus_spec_replaces_only_changed_gpus() -> None:
