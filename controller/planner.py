@@ -122,6 +122,8 @@ class _Cycle:
     """:func:`_own_size` by pod shape and node bounds: pods of one shape ask the same question."""
     own_sizes: dict[tuple[object, ...], dict[str, int]] = field(default_factory=dict)
     """:func:`_own_sizes` by pod shape."""
+    last_of_shape: dict[str, dict[tuple[object, ...], tuple[int, Pod]]] | None = None
+    """Per sharing mode and pod shape, the last waiting pod of that shape and its index (:func:`_kept_for_later`)."""
 
     def in_order(self, names: set[str]) -> list[Node]:
         """The nodes named, in the snapshot's order."""
@@ -353,6 +355,20 @@ def _own_sizes(cycle: _Cycle, pod: Pod, placer: SharedPlacer) -> dict[str, int]:
     return sizes
 
 
+def _kept_for_later(cycle: _Cycle, mode: str, node: Node) -> bool:
+    """Whether a pod still to come this cycle, of ``mode``, has ``node``'s current split as its own
+    size. An idle node split for a burst (``_replicas_for_demand``) is then kept for the burst
+    rather than split again for the first pod of another size, which, with a backlog, split the
+    same nodes back and forth while both sizes waited."""
+    if cycle.last_of_shape is None:
+        cycle.last_of_shape = {}
+        for index, waiting in enumerate(cycle.waiting):
+            if waiting.shares > 0:
+                cycle.last_of_shape.setdefault(waiting.mode, {})[(waiting.milli, waiting.memory_bytes)] = (index, waiting)
+    return any(index > cycle.current and _own_size(cycle, later, node) == node.replicas
+               for index, later in cycle.last_of_shape.get(mode, {}).values())
+
+
 def _switchable(cycle: _Cycle, taken: Counter[str]) -> list[tuple[Node, NodePolicy]]:
     """Nodes an idle split could go to, judged on everything that does not change within the
     cycle (the policy's budget and the nodes switched this cycle do, and are checked per pod)."""
@@ -410,6 +426,8 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         ]
         if not fitting or (node_.sharing == pod.mode and node_.replicas == fitting[0]):
             continue
+        if node_.sharing == pod.mode and _kept_for_later(cycle, pod.mode, node_):
+            continue
         idle.append((node_, fitting[0]))
     # The engine's policy chooses which idle node to split (sharing.packing.node_sharing).
     best = placer.switch(pod, idle)
@@ -426,6 +444,14 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
     fitting = [r for r in range(largest, policy.min_replicas - 1, -1)
                if _shared_ok(pod, chosen, r) and _allowed_after_switch(pod, chosen, mode, r)]
     replicas = _replicas_for_demand(cycle, pod, chosen, mode, fitting)
+    if chosen.sharing == mode and chosen.replicas == replicas:
+        # The demand wants the split the node has: a switch would change nothing, and the pod
+        # would wait on it for ever. It takes a replica as the nodes are.
+        node = placer.place(pod, dict(cycle.free.shared))
+        if node is not None:
+            cycle.free.take_shared(node, pod.shares)
+            return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine; the waiting pods keep the splits)")
+        return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits")
     cycle.budget[policy.names] -= 1
     cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
     cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares

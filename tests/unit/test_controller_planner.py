@@ -460,6 +460,37 @@ def test_a_switched_node_gets_the_replica_count_that_serves_the_waiting_burst() 
     assert alone[0].replicas == 8  # a lone pod: the most replicas it fits (least waste)
 
 
+
+def test_an_idle_split_the_waiting_burst_asks_for_is_not_split_again_for_another_size() -> None:
+    """A node split into 3 for a burst of 300-milli pods, idle until they land: the 100-milli pod
+    ahead of them in the queue used to split it into 8 (and the burst back into 3, cycle after
+    cycle). It is kept for the burst; the small pod splits a fresh node, or takes a 333-milli
+    replica when none may be split (the fresh node's count is the demand's: 3 serves all five)."""
+    split = plain("split", 2, sharing="mps", replicas=3)
+    burst = [shared_pod("a-first", milli=100)] + [
+        replace(shared_pod(f"b{i}", milli=300), created=NOW - timedelta(minutes=29)) for i in range(4)]
+    policy = NodePolicy(names=("p",), max_concurrent=2, idle_seconds=0)
+    with_fresh = run([split, plain("fresh", 2)], burst, policy)
+    assert [c.node for c in with_fresh.sharing] == ["fresh"]
+    assert sorted(r.pod for r in with_fresh.releases if r.node == "split") == [f"team/b{i}" for i in range(4)]
+    alone = run([split], burst, policy)
+    assert alone.sharing == ()
+    assert sorted(r.pod for r in alone.releases) == ["team/a-first", *(f"team/b{i}" for i in range(4))]
+    # With no 300-milli pod waiting, the idle split is revisited for the pod's own size.
+    (change,) = run([split], burst[:1], policy).sharing
+    assert (change.node, change.replicas) == ("split", 8)
+
+
+def test_a_switch_to_the_split_a_node_already_has_is_never_planned() -> None:
+    """Demand that wants a node's current split (a 100-milli pod ahead of 300-milli ones, the node
+    already split in 3 and no 300-milli pod said to want it) gives the pod a replica, not a
+    switch that changes nothing and that it would wait on."""
+    split = plain("split", 1, sharing="mps", replicas=3)
+    burst = [shared_pod("a-first", milli=100)] + [
+        replace(shared_pod(f"b{i}", milli=300), created=NOW - timedelta(minutes=29)) for i in range(2)]
+    result = run([split], burst, NodePolicy(names=("p",), max_concurrent=1, idle_seconds=0))
+    assert result.sharing == () and "team/a-first" in {r.pod for r in result.releases}
+
 # --- a node whose agent is silent takes no part in planning -----------------------------------------
 
 
