@@ -18,21 +18,29 @@ of the planner's outcome, no parsing of its prose:
 Pods kube-scheduler places (ungated: whole GPUs asked directly, and pods the
 planner only reports Unschedulable) are left to kube-scheduler's own
 ``PodScheduled`` condition, and DRA pool pods to ``controller.draplan``.
-Nothing is written when the condition already says the same (reason and
-message), so a pod that waits costs one write, not one per cycle.
+Nothing is written when the condition already gives the same reason and
+message; a new message alone (the planner names another node being switched,
+say) is written at most every :data:`MESSAGE_REFRESH_SECONDS`. With a backlog
+of pods, messages that changed every cycle had the controller rewrite every
+waiting pod's condition every cycle: a write per pod per cycle, which stretched
+cycles to a minute in the fleet's steady-state run. A pod that waits costs one
+write, and one a minute while its message changes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Final
 
 from controller.planner import Plan
 from controller.view import Snapshot
-from kube.times import format_time
-from sharing.placement_status import NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, placement_patch
+from kube.times import format_time, parse_time
+from sharing.placement_status import NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, placement_patch, read_placement
+
+MESSAGE_REFRESH_SECONDS: Final = 60
+"""A waiting pod's condition is rewritten for a new message (same reason) at most this often."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
         obj = pods.get(wait.pod)
         if wait.pod not in gated or obj is None:
             continue
-        body = placement_patch(obj, reason, wait.reason, format_time(now))
+        body = placement_patch(obj, reason, wait.reason, format_time(now), new_message_due=_message_due(obj, now))
         if body is not None:
             out.append(_patch(wait.pod, body))
     for release in plan.releases:
@@ -79,6 +87,14 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
         if body is not None:
             out.append(_patch(release.pod, body))
     return out
+
+
+def _message_due(pod: Mapping[str, Any], now: datetime) -> bool:
+    """Whether the pod's condition may be rewritten for a new message alone: its last write (the
+    cycle that judged, ``lastProbeTime``) is :data:`MESSAGE_REFRESH_SECONDS` old, or unreadable."""
+    previous = read_placement(pod)
+    probed = parse_time(previous.probed_at) if previous is not None and previous.probed_at else None
+    return probed is None or now - probed >= timedelta(seconds=MESSAGE_REFRESH_SECONDS)
 
 
 def _patch(key: str, body: dict[str, Any]) -> StatusPatch:

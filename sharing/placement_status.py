@@ -28,8 +28,10 @@ reason                    status  meaning
 (``metav1.Time``, to the second); ``lastTransitionTime`` moves only when
 ``status`` changes. The controller writes the condition through the pod's
 ``status`` subresource (a strategic-merge patch keyed by condition type, so
-kube-scheduler's own conditions stay as they are), and only when the reason or
-message changes, so a pod that waits costs one write, not one per cycle.
+kube-scheduler's own conditions stay as they are), and only when the reason
+changes, or the message does and the caller says a new message is due (the
+controller: at most once a minute per pod), so a pod that waits costs one
+write, not one per cycle, even while the planner's words about it change.
 
 A trace replay (``gpupack replay``) reads ``NoCapacity`` as "this pod cannot be
 placed in the current cluster": in the protocol nothing ever leaves, so nothing
@@ -135,13 +137,15 @@ def placement_condition(reason: PlacementReason, message: str, now: str,
 
 
 def placement_patch(pod: Mapping[str, Any], reason: PlacementReason, message: str,
-                    now: str) -> dict[str, Any] | None:
+                    now: str, *, new_message_due: bool = True) -> dict[str, Any] | None:
     """The strategic-merge patch of ``pod``'s ``status`` subresource that records ``reason``, or None
-    when the pod already says exactly that (same reason and message: nothing to write), or when it
-    would record ``Placed`` on a pod that never had a placement condition (nothing to correct)."""
+    when the pod already says that (same reason, and the same message or ``new_message_due``
+    False: the caller rate-limits message-only changes), or when it would record ``Placed`` on a
+    pod that never had a placement condition (nothing to correct)."""
     previous = read_placement(pod)
     if previous is None and reason == PLACED:
         return None
-    if previous is not None and previous.reason == reason and previous.message == message[:MESSAGE_LIMIT]:
+    if previous is not None and previous.reason == reason and (
+            previous.message == message[:MESSAGE_LIMIT] or not new_message_due):
         return None
     return {"status": {"conditions": [dict(placement_condition(reason, message, now, previous))]}}

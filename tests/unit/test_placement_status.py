@@ -144,3 +144,20 @@ def test_a_release_marks_placed_only_a_pod_that_was_told_to_wait() -> None:
 def test_pods_gone_since_the_cycle_read_them_are_skipped() -> None:
     snapshot = Snapshot((node("a"),), (pod("p"),))
     assert placement_patches(Plan(waiting=(Wait("ns/p", "nothing"),)), snapshot, {}, NOW) == []
+
+
+def test_a_new_message_alone_is_written_at_most_once_a_minute() -> None:
+    """With a backlog the planner's words about a waiting pod change every cycle (another node
+    switching); rewriting them every cycle was a write per waiting pod per cycle."""
+    said = with_patch(pod_object("p"), placement_patch(pod_object("p"), WAITING_FOR_CAPACITY, "a switching", T(NOW)))
+    snapshot = Snapshot((node("a", generation=2, observed=1),), (pod("p"),))
+    plan = Plan(waiting=(Wait("ns/p", "b switching"),))
+    assert placement_patches(plan, snapshot, {"ns/p": said}, NOW + timedelta(seconds=59)) == []
+    [patch] = placement_patches(plan, snapshot, {"ns/p": said}, NOW + timedelta(seconds=60))
+    assert patch.body["status"]["conditions"][0]["message"] == "b switching"
+    # A new reason is written at once, whatever the time.
+    quiet_plan = Plan(waiting=(Wait("ns/p", "nothing fits"),))
+    [now_quiet] = placement_patches(quiet_plan, Snapshot((node("a"),), (pod("p"),)), {"ns/p": said},
+                                    NOW + timedelta(seconds=1))
+    assert now_quiet.body["status"]["conditions"][0]["reason"] == NO_CAPACITY
+    assert placement_patch(said, WAITING_FOR_CAPACITY, "c switching", T(NOW), new_message_due=False) is None
