@@ -11,7 +11,9 @@ of the planner's outcome, no parsing of its prose:
   does will place the pod until something in the cluster changes;
 * otherwise ``WaitingForCapacity``: a change planned now or still in flight may
   give it room (the planner does not say which change is whose, and need not:
-  once everything is quiet the verdict is exact);
+  once everything is quiet the verdict is exact); said only of a pod at least
+  :data:`WAITING_SAID_AFTER_SECONDS` old, as most pods waiting for capacity
+  being created get it within seconds;
 * a released pod that carries a ``False`` condition gets ``Placed``; one
   released in the cycle that first saw it gets nothing (no write).
 
@@ -38,6 +40,11 @@ from controller.planner import Plan
 from controller.view import Snapshot
 from kube.times import format_time, parse_time
 from sharing.placement_status import NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, placement_patch, read_placement
+
+WAITING_SAID_AFTER_SECONDS: Final = 10
+"""A pod first gets ``WaitingForCapacity`` once it is this old: one released sooner gets no condition at
+all (and so no ``Placed`` either), two writes saved per pod in a busy cluster. ``NoCapacity`` is said at
+once: it is the verdict a user, and ``gpupack replay``, acts on."""
 
 MESSAGE_REFRESH_SECONDS: Final = 60
 """A waiting pod's condition is rewritten for a new message (same reason) at most this often."""
@@ -69,13 +76,17 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
                       now: datetime) -> list[StatusPatch]:
     """The pod status patches for one cycle. ``pods``: the raw pod objects the cycle read, by
     ``namespace/name`` (pods missing there are skipped: deleted meanwhile)."""
-    gated = {p.key for p in snapshot.pods if p.gated}
+    gated = {p.key: p for p in snapshot.pods if p.gated}
     reason = NO_CAPACITY if quiet(plan, snapshot) else WAITING_FOR_CAPACITY
+    young = now - timedelta(seconds=WAITING_SAID_AFTER_SECONDS)
     out: list[StatusPatch] = []
     for wait in plan.waiting:
         obj = pods.get(wait.pod)
-        if wait.pod not in gated or obj is None:
+        waiting = gated.get(wait.pod)
+        if waiting is None or obj is None:
             continue
+        if reason == WAITING_FOR_CAPACITY and waiting.created > young and read_placement(obj) is None:
+            continue  # capacity is being created, and most pods get it within seconds: nothing to say yet
         body = placement_patch(obj, reason, wait.reason, format_time(now), new_message_due=_message_due(obj, now))
         if body is not None:
             out.append(_patch(wait.pod, body))

@@ -161,3 +161,17 @@ def test_a_new_message_alone_is_written_at_most_once_a_minute() -> None:
                                     NOW + timedelta(seconds=1))
     assert now_quiet.body["status"]["conditions"][0]["reason"] == NO_CAPACITY
     assert placement_patch(said, WAITING_FOR_CAPACITY, "c switching", T(NOW), new_message_due=False) is None
+
+
+def test_a_pod_seconds_old_is_not_told_it_waits_for_capacity_being_created_but_is_told_none_exists() -> None:
+    from dataclasses import replace
+
+    young = replace(pod("p"), created=NOW - timedelta(seconds=3))
+    busy = Snapshot((node("a", generation=2, observed=1),), (young,))
+    plan = Plan(waiting=(Wait("ns/p", "capacity being created"),))
+    assert placement_patches(plan, busy, objects("p"), NOW) == []  # most such pods are placed within seconds
+    [later] = placement_patches(plan, busy, objects("p"), NOW + timedelta(seconds=8))
+    assert later.body["status"]["conditions"][0]["reason"] == WAITING_FOR_CAPACITY
+    [verdict] = placement_patches(Plan(waiting=(Wait("ns/p", "nothing fits"),)), Snapshot((node("a"),), (young,)),
+                                  objects("p"), NOW)
+    assert verdict.body["status"]["conditions"][0]["reason"] == NO_CAPACITY
