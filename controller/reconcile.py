@@ -35,12 +35,12 @@ from typing import Any, TypeVar
 from controller.dracycle import DraCycle
 from controller.draplan import DraPlacement, DraPlan
 from controller.evictions import evictions
-from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas, right_size
+from controller.feedback import FeedbackSettings, GpuLoad, Recommendation, decide_replicas, right_size
 from controller.kube import Kube
 from controller.migplan import LayoutChange
 from controller.mig_configs import published_config
 from controller.metrics import ControllerMetrics, cluster_figures
-from controller.view import FailedDevice, Node, Snapshot
+from controller.view import FailedDevice, Node, Pod, Snapshot
 from controller.wait_status import StatusPatch, placement_patches
 from controller.patches import gpus_spec, release_ops, sharing_spec
 from controller.planner import Plan, Release, SharingChange, plan
@@ -464,6 +464,7 @@ class Controller:
                 per_node.setdefault(p.node, []).append(p.key)
         count = savings = 0
         by_key = {p.key: p for p in snapshot.pods}
+        todo: list[tuple[Pod, Recommendation]] = []
         for node in snapshot.nodes:
             keys = per_node.get(node.name, [])
             measured = [g.utilization_percent for g in node.full_gpus if g.utilization_percent is not None]
@@ -479,15 +480,25 @@ class Controller:
                 savings += rec.requested_milli - rec.recommended_milli
                 obj = pods.get(key) or {}
                 current = ((obj.get("metadata") or {}).get("annotations") or {}).get(RECOMMENDED_MILLI_ANNOTATION)
-                if current == str(rec.recommended_milli):
-                    continue
-                namespace, name = key.split("/", 1)
-                try:
-                    self.kube.merge_patch_pod(namespace, name, {"metadata": {"annotations": {RECOMMENDED_MILLI_ANNOTATION: str(rec.recommended_milli)}}})
-                    self.kube.event({"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace, "uid": pod.uid},
-                                    "Normal", "RightSize", f"{MILLI_RESOURCE} {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
-                except KubeError as exc:
-                    self._fail(report, "right-size", f"{key}: {exc}")
+                if current != str(rec.recommended_milli):
+                    todo.append((pod, rec))
+
+        def write(item: tuple[Pod, Recommendation]) -> str | None:
+            pod, rec = item
+            try:
+                self.kube.merge_patch_pod(pod.namespace, pod.name, {"metadata": {"annotations": {
+                    RECOMMENDED_MILLI_ANNOTATION: str(rec.recommended_milli)}}})
+                self.kube.event({"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                                 "uid": pod.uid}, "Normal", "RightSize",
+                                f"{MILLI_RESOURCE} {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
+            except KubeError as exc:
+                return str(exc)
+            return None
+
+        # A write and an event per new pod with a recommendation: in parallel, as the releases.
+        for (pod, _), error in zip(todo, self._each(write, todo)):
+            if error is not None:
+                self._fail(report, "right-size", f"{pod.key}: {error}")
         report.recommendations = count
         self.metrics.recommendations.set(count)
         self.metrics.recommended_savings.set(savings)
