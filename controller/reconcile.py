@@ -29,7 +29,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from controller.dracycle import DraCycle
@@ -150,7 +150,7 @@ class Controller:
         if self.settings.feedback:
             self._feedback(snapshot, result, by_name, now, report)
         if self.settings.right_size:
-            self._right_size(snapshot, pod_objs, report)
+            self._right_size(snapshot, pod_objs, now, report)
         ratio, frag, gpus = cluster_figures(snapshot, self.dra.holds)
         report.allocation_ratio, report.fragmentation = ratio, frag
         m = self.metrics
@@ -456,11 +456,16 @@ class Controller:
         self._history[node] = history
         return [GpuLoad(max(b[i] for _, b in history if i < len(b)), g.pods) for i, g in enumerate(loads)]
 
-    def _right_size(self, snapshot: Snapshot, pods: Mapping[str, dict[str, Any]], report: CycleReport) -> None:
-        """Shared pods only: per-pod use is estimated as the node's busy time split evenly over its pods."""
+    def _right_size(self, snapshot: Snapshot, pods: Mapping[str, dict[str, Any]], now: datetime,
+                    report: CycleReport) -> None:
+        """Shared pods only: per-pod use is estimated as the node's busy time split evenly over its pods.
+        A pod is judged once it has existed a whole ``feedback_window_seconds``: before, its peak over
+        the window is not known, and at a fleet's churn a recommendation (an annotation and an
+        event) for every pod seconds old was two writes per pod that said nothing yet."""
+        judged_before = now - timedelta(seconds=self.settings.feedback_window_seconds)
         per_node: dict[str, list[str]] = {}
         for p in snapshot.pods:
-            if p.mode != "mig" and p.bound and p.node is not None:
+            if p.mode != "mig" and p.bound and p.node is not None and p.created <= judged_before:
                 per_node.setdefault(p.node, []).append(p.key)
         count = savings = 0
         by_key = {p.key: p for p in snapshot.pods}
