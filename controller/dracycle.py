@@ -28,7 +28,7 @@ from controller.planner import Release
 from controller.view import Snapshot
 from kube.errors import KubeError
 from sharing.allocation import trusted_allocation
-from sharing.dra.share_policy import SharePolicy
+from sharing.dra.share_policy import SHARES, SharePolicy
 from sharing.keys import ALLOCATION_ANNOTATION
 from sharing.lenient import as_map as _map
 
@@ -39,7 +39,7 @@ REFUSED_REASON = "ClaimNotOwned"
 class DraCycle:
     """The DRA steps of the cycle, and what they logged already (so each problem is logged once)."""
 
-    def __init__(self, kube: Kube, share: SharePolicy = SharePolicy()) -> None:
+    def __init__(self, kube: Kube, share: SharePolicy = SHARES) -> None:
         self.kube = kube
         self.share = share
         self._problems: frozenset[str] = frozenset()

@@ -47,7 +47,7 @@ from controller.planner import Wait, allowed_on
 from controller.view import Node, Pod, Snapshot
 from sharing.backend import node_backend
 from sharing.dra.pinned import Pinned, PinnedDevice
-from sharing.dra.share_policy import SharePolicy
+from sharing.dra.share_policy import SHARES, SharePolicy
 from sharing.packing.cluster import ClusterState
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
@@ -233,7 +233,7 @@ def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...],
 
 
 def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name: str = "gpupack",
-             share: SharePolicy = SharePolicy()) -> DraPlan:
+             share: SharePolicy = SHARES) -> DraPlan:
     """The DRA pool's placements for one cycle (see the module docstring)."""
     nodes = dra_nodes(snapshot)
     pods = [p for p in snapshot.pods if p.backend == "dra"]

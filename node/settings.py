@@ -6,13 +6,13 @@ reads ``GPUPACK_AGENT_<FIELD>`` (upper case); the CLI overrides on top.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from kube.settings import settings_from_env
-from sharing.dra.model import DraModelError
-from sharing.dra.share_policy import SharePolicy
+from sharing.dra.share_policy import SHARES
 from sharing.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
 
 LayoutApplyMode = Literal["direct", "operator"]
@@ -86,11 +86,6 @@ class AgentSettings:
     """``dra`` backend: also offer each MIG-enabled GPU as one whole device (kind ``gpu``, MIG
     disabled when prepared). Off by default: turning MIG off needs an idle GPU and, on most
     models, a GPU reset, and the ``7g`` placement already gives a claim the whole GPU's compute."""
-    dra_share_milli_step: int = 50
-    """``dra`` backend: the share unit of shared (MPS, time-sliced) GPUs in milli, 1..500 and a
-    divisor of 1000 (``sharing.dra.share_policy``; docs/dra.md says why 50)."""
-    dra_share_memory_step_mib: int = 1024
-    """``dra`` backend: the memory unit of shared GPUs in MiB (1 GiB: claims name whole GiB)."""
     dra_resync_seconds: float = 300.0
     """``dra`` backend: seconds between re-reads of the node's ResourceSlices from the API server,
     which repair a slice someone else changed or deleted. Between them the agent compares with
@@ -104,6 +99,7 @@ class AgentSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> AgentSettings:
         """Defaults, then ``GPUPACK_AGENT_*`` variables, then non-None ``overrides`` (``kube.settings``)."""
+        _refuse_share_steps(os.environ if env is None else env)
         return settings_from_env(cls, "GPUPACK_AGENT_", env, overrides)
 
     def validate(self) -> None:
@@ -134,16 +130,25 @@ class AgentSettings:
                              "configs and restarts the device plugin, while DRA claims create MIG instances one by one")
         if self.dra_resync_seconds <= 0:
             raise ValueError(f"dra_resync_seconds must be positive, got {self.dra_resync_seconds}")
-        if self.dra_share_memory_step_mib < 1:
-            raise ValueError(f"dra_share_memory_step_mib must be at least 1, got {self.dra_share_memory_step_mib}")
-        try:
-            self.dra_share_policy()
-        except DraModelError as exc:
-            raise ValueError(f"dra_share_milli_step: {exc}") from None
-
-    def dra_share_policy(self) -> SharePolicy:
-        """The request policy of shared GPUs on the ``dra`` backend (raises ``DraModelError`` when out of range)."""
-        return SharePolicy(milli_step=self.dra_share_milli_step, memory_step_bytes=self.dra_share_memory_step_mib * 2**20)
 
     def with_(self, **changes: Any) -> AgentSettings:
         return replace(self, **changes)
+
+
+_FIXED_SHARE_STEPS: Final = {
+    "GPUPACK_AGENT_DRA_SHARE_MILLI_STEP": SHARES.milli_step,
+    "GPUPACK_AGENT_DRA_SHARE_MEMORY_STEP_MIB": SHARES.memory_step_bytes // 2**20,
+}
+
+
+def _refuse_share_steps(env: Mapping[str, str]) -> None:
+    """The DRA share unit was an agent setting; it is the release's now (``sharing.dra.share_policy.SHARES``),
+    because the webhook and controller round shares with it too. A variable still set to anything
+    else is refused, not ignored: ignored, the node would quietly publish another unit than asked."""
+    for variable, fixed in _FIXED_SHARE_STEPS.items():
+        raw = env.get(variable)
+        if raw is not None and raw.strip() != str(fixed):
+            raise ValueError(f"{variable}={raw!r}: the DRA share unit is no longer a node setting; every node "
+                             f"publishes {SHARES.milli_step} milli and {SHARES.memory_step_bytes // 2**20} MiB steps, "
+                             "the ones the webhook and controller round with (docs/dra.md, \"Request policy\"). "
+                             "Unset it.")

@@ -38,7 +38,7 @@ from typing import Any, Final, Literal
 
 from mig.fit import covering_profiles
 from mig.model import GpuModel, Profile
-from sharing.dra.share_policy import SharePolicy
+from sharing.dra.share_policy import SHARES
 from sharing.inventory import Inventory, NodeView, AdmissionPolicy
 from sharing.inventory_index import SharedGroup
 from sharing.replicas import MAX_REPLICAS, fits_replicas, needs_whole_gpu
@@ -68,7 +68,7 @@ Term = tuple[Expression, ...]
 
 DRA_TERMS: Final[tuple[Term, ...]] = ((Expression(BACKEND_LABEL, "In", ("dra",)),),)
 """The affinity of every option on the DRA node pool."""
-DRA_SHARES: Final = SharePolicy()
+DRA_SHARES: Final = SHARES
 """How the DRA pool's shared GPUs round a claim (the node agent's default request policy)."""
 
 

@@ -47,6 +47,7 @@ from node.snapshot import NodeSnapshot
 from sharing.crd import GPUNodeSpec
 from sharing.dra import names, validate
 from sharing.dra.model import ResourceSlice
+from sharing.dra.share_policy import SHARES
 from sharing.dra.slices import node_slices
 
 log = logging.getLogger("gpupack.agent")
@@ -69,7 +70,7 @@ class DraPublisher:
     """The node's ResourceSlices, written only when what they say changes (see the module doc)."""
 
     def __init__(self, settings: AgentSettings) -> None:
-        self.share = settings.dra_share_policy()
+        self.share = SHARES
         self.whole_gpu = settings.dra_whole_gpu
         self.resync_seconds = settings.dra_resync_seconds
         self._published: dict[str, Published] | None = None

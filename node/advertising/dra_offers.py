@@ -37,7 +37,7 @@ from node.snapshot import GpuSnapshot, NodeSnapshot
 from sharing.dra.gpu_devices import shared_gpu, whole_gpu
 from sharing.dra.mig_devices import mig_gpu
 from sharing.dra.model import DraModelError, GpuOffer
-from sharing.dra.share_policy import SharePolicy
+from sharing.dra.share_policy import SHARES, SharePolicy
 from sharing.modes import NodeSharingMode
 
 MiB = 2**20
@@ -57,7 +57,7 @@ class OfferRules:
     """Why no new MIG placement may be offered now; None: they may."""
     whole_gpu: bool = False
     """Also offer a MIG-enabled GPU whole (MIG off when prepared); only while reshaping is allowed."""
-    share: SharePolicy = SharePolicy()
+    share: SharePolicy = SHARES
 
 
 @dataclass(frozen=True)

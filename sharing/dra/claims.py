@@ -33,7 +33,7 @@ from typing import Any, Final, Literal, NotRequired, Protocol, TypedDict
 from mig.catalog import CATALOG
 from sharing.dra import names
 from sharing.dra.model import DraModelError
-from sharing.dra.share_policy import GPU_MILLI, SharePolicy
+from sharing.dra.share_policy import GPU_MILLI, SHARES, SharePolicy
 from sharing.dra.wire import SelectorJSON, quantity
 from sharing.modes import AllocationMode
 from sharing.options import fmt_bytes
@@ -183,7 +183,7 @@ def request_name(position: int) -> str:
     return f"gpu-{position}"
 
 
-def pod_claims(mode: AllocationMode, containers: Sequence[ContainerShape], policy: SharePolicy = SharePolicy()) -> PodClaims:
+def pod_claims(mode: AllocationMode, containers: Sequence[ContainerShape], policy: SharePolicy = SHARES) -> PodClaims:
     """The claim template and pod patch data for a pod's GPU containers, in pod order.
 
     ``containers`` are the decided GPU containers (``PodDecision.containers``),
@@ -336,7 +336,7 @@ def names_gpupack_class(obj: Mapping[str, Any]) -> bool:
                for _, exact in _specs(obj))
 
 
-def check_claim(obj: Mapping[str, Any], *, policy: SharePolicy = SharePolicy(),
+def check_claim(obj: Mapping[str, Any], *, policy: SharePolicy = SHARES,
                 largest_gpu_memory_bytes: int | None = None,
                 profiles: Collection[str] = KNOWN_PROFILES) -> tuple[ClaimProblem, ...]:
     """Every reason gpupack's devices could never serve a request of this ResourceClaim or template.

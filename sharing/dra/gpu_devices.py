@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from sharing.dra import names
 from sharing.dra.model import Capacity, Device, DraModelError, GpuOffer
-from sharing.dra.share_policy import SharePolicy
+from sharing.dra.share_policy import SHARES, SharePolicy
 
 
 def _check(gpu_index: int, memory_bytes: int) -> None:
@@ -38,7 +38,7 @@ def shared_gpu(
     product: str,
     memory_bytes: int,
     sharing: names.SharingKind,
-    policy: SharePolicy = SharePolicy(),
+    policy: SharePolicy = SHARES,
 ) -> GpuOffer:
     """One GPU shared by claims: a single device with consumable ``milli`` and ``memory``."""
     _check(gpu_index, memory_bytes)

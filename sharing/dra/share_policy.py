@@ -18,13 +18,19 @@ kube-scheduler rounds a request up exactly as :meth:`SharePolicy.consumed_milli`
 and :meth:`SharePolicy.consumed_memory` do (``roundUpRange`` in
 ``k8s.io/dynamic-resource-allocation``): below ``min`` it consumes ``min``,
 otherwise ``min + ceil((request - min) / step) * step``; above ``max`` the
-device cannot serve the claim. The simulator's DRA model and the webhook are
-to call these functions (neither does yet), so a share means the same thing
-everywhere.
+device cannot serve the claim.
+
+**One policy for the release**, :data:`SHARES` (50 milli, 1 GiB): the agents
+publish it in every shared device's request policy, the webhook decides and
+the controller places and writes claims with it. It is a constant, not a
+setting of any one component: a node publishing another step would have its
+shares rounded one way by kube-scheduler and another by the webhook and the
+controller. The simulator's ``--share-unit`` explores other steps as a what-if
+(``sharing.simulator.dra``).
 
 Defaults (what a claim that names no amount consumes) are the smallest share:
 a claim that forgets its amount then costs the GPU's other tenants the least.
-gpupack's own claims (from the webhook, not built yet) are to name both amounts.
+gpupack's own claims name both amounts.
 """
 
 from __future__ import annotations
@@ -132,3 +138,7 @@ class SharePolicy:
             raise DraModelError(f"the default memory ({self.memory_default} bytes) exceeds what a GPU of "
                                 f"{gpu_memory_bytes} bytes serves ({maximum})")
         return Capacity(gpu_memory_bytes, RequestPolicy(self.memory_default, ValidRange(min=step, max=maximum, step=step)))
+
+
+SHARES: Final = SharePolicy()
+"""The share policy of every shared DRA GPU gpupack publishes, and the one its webhook and controller use."""

@@ -28,6 +28,8 @@ from node.nvml.simulated import SimulatedNvml
 from node.settings import AgentSettings
 from sharing.dra import names, validate
 from sharing.dra.model import ResourceSlice
+from sharing.dra.share_policy import SHARES
+from sharing.options import DRA_SHARES
 from tests.unit.test_reconciler_agent import Clock, FakeKube
 
 H100 = get_model("H100-80GB")
@@ -322,13 +324,24 @@ def test_a_gpu_without_mig_is_shared_by_the_spec_mode_with_consumable_capacity(m
     assert kube.writes == []
 
 
-def test_a_share_unit_from_the_settings() -> None:
-    kube, _, agent = _node(1, mig=False, dra_share_milli_step=100)
+def test_every_node_publishes_the_releases_share_unit_the_webhook_and_controller_round_with() -> None:
+    kube, _, agent = _node(1, mig=False)
     _ticks(agent)
     kube.set_spec({"sharing": {"mode": "mps", "replicas": 2}})
     _ticks(agent)
     (device,) = kube.pool()[0]["spec"]["devices"]
-    assert parse_quantity(device["capacity"][names.MILLI]["requestPolicy"]["validRange"]["step"]) == 100
+    assert parse_quantity(device["capacity"][names.MILLI]["requestPolicy"]["validRange"]["step"]) == SHARES.milli_step
+    assert DRA_SHARES is SHARES  # the webhook's
+
+
+def test_a_share_unit_set_on_a_node_is_refused_unless_it_is_the_releases() -> None:
+    for variable, value in (("GPUPACK_AGENT_DRA_SHARE_MILLI_STEP", "100"), ("GPUPACK_AGENT_DRA_SHARE_MEMORY_STEP_MIB", "512")):
+        with pytest.raises(ValueError, match="no longer a node setting") as refused:
+            AgentSettings.from_env({"GPUPACK_AGENT_BACKEND": "dra", variable: value})
+        assert variable in str(refused.value) and "Unset it" in str(refused.value)
+    same = {"GPUPACK_AGENT_BACKEND": "dra", "GPUPACK_AGENT_DRA_SHARE_MILLI_STEP": str(SHARES.milli_step),
+            "GPUPACK_AGENT_DRA_SHARE_MEMORY_STEP_MIB": str(SHARES.memory_step_bytes // 2**20)}
+    assert AgentSettings.from_env(same).backend == "dra"
 
 
 # ------------------------------------------------------------------ one backend per GPU
@@ -386,13 +399,12 @@ def test_nvml_unavailable_leaves_the_slices_as_published() -> None:
 
 def test_settings_choose_the_backend_and_refuse_mixing_it_with_the_device_plugin() -> None:
     assert AgentSettings().backend == "device-plugin" and AgentSettings().pause_device_plugin is True
-    settings = AgentSettings.from_env({"GPUPACK_AGENT_BACKEND": "dra", "GPUPACK_AGENT_DRA_SHARE_MILLI_STEP": "100"})
+    settings = AgentSettings.from_env({"GPUPACK_AGENT_BACKEND": "dra"})
     assert settings.backend == "dra" and settings.pause_device_plugin is False
     assert isinstance(advertiser_for(settings), DraPublisher)
     for env, problem in (({"GPUPACK_AGENT_BACKEND": "nvidia"}, "not one of device-plugin, dra"),
                          ({"GPUPACK_AGENT_BACKEND": "dra", "GPUPACK_AGENT_EMULATE_DEVICE_PLUGIN": "true"}, "one backend"),
-                         ({"GPUPACK_AGENT_BACKEND": "dra", "GPUPACK_AGENT_MODE": "operator"}, "needs mode direct"),
-                         ({"GPUPACK_AGENT_BACKEND": "dra", "GPUPACK_AGENT_DRA_SHARE_MILLI_STEP": "300"}, "divide 1000")):
+                         ({"GPUPACK_AGENT_BACKEND": "dra", "GPUPACK_AGENT_MODE": "operator"}, "needs mode direct")):
         with pytest.raises(ValueError, match=problem):
             AgentSettings.from_env(env)
 
