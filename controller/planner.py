@@ -45,6 +45,7 @@ from controller.capacity import FreeCapacity, mig_claims, shared_claims, unrepor
 from controller.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
 from controller.sharedplan import SharedPlacer
 from controller.view import Node, Pod, Snapshot
+from mig.model import GpuModel
 from mig.reach import plan_reconfiguration
 from sharing.backend import node_backend
 from sharing.keys import REPLICAS_LABEL, STRATEGY_LABEL
@@ -122,6 +123,8 @@ class _Cycle:
     """:func:`_own_size` by pod shape and node bounds: pods of one shape ask the same question."""
     own_sizes: dict[tuple[object, ...], dict[str, int]] = field(default_factory=dict)
     """:func:`_own_sizes` by pod shape."""
+    mig_nodes: list[_MigNode] | None = None
+    """Nodes a MIG change could go to, and their GPUs as candidates (:func:`_mig_nodes`); made on first use."""
     last_of_shape: dict[str, dict[tuple[object, ...], tuple[int, Pod]]] | None = None
     """Per sharing mode and pod shape, the last waiting pod of that shape and its index (:func:`_kept_for_later`)."""
 
@@ -191,31 +194,75 @@ def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:
     return policy is not None and policy.window_open(cycle.now) and cycle.budget.get(policy.names, 0) > 0
 
 
-def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> list[GpuCandidate]:
+@dataclass(frozen=True)
+class _MigNode:
+    """A node whose GPUs the planner may reshape, with what of each GPU does not depend on the pod
+    or on what the cycle has planned so far (made once per cycle, :func:`_mig_nodes`)."""
+
+    node: Node
+    model: GpuModel
+    policy: NodePolicy
+    found: dict[int, GpuCandidate]
+    """Per GPU index that may be changed: the GPU as it is (unused instances may go if it is idle)."""
+    extend: dict[int, GpuCandidate]
+    """The same GPUs, nothing destroyed: only free slices may be used."""
+
+
+def _mig_nodes(cycle: _Cycle, claims: dict[str, Counter[str]]) -> list[_MigNode]:
+    """The nodes with GPUs a MIG change could go to, once per cycle: at fleet size the per-pod
+    walk over every GPU (building a candidate for each) was most of a cycle with MIG pods waiting."""
+    if cycle.mig_nodes is None:
+        cycle.mig_nodes = []
+        for node in cycle.snapshot.nodes:
+            policy = cycle.snapshot.policies.get(node.name)
+            if node.model is None or policy is None or policy.static_layout is not None:
+                continue
+            quiet = not unreported_claims(node, claims.get(node.name, Counter()))
+            found: dict[int, GpuCandidate] = {}
+            extend: dict[int, GpuCandidate] = {}
+            for gpu in node.gpus:
+                if gpu.reshaping or gpu.faulted:
+                    continue  # a GPU with a fault is never reshaped (node.health)
+                if not gpu.mig_enabled and (not cycle.mig_mode_changes or node.sharing != "none"
+                                            or node.spec_sharing != "none"):
+                    # Turning MIG on needs a GPU reset (operator mode only), and full GPUs
+                    # of a shared node belong to its MPS/time-slicing pool.
+                    continue
+                idle = quiet and not gpu.in_use and _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds)
+                found[gpu.index] = GpuCandidate(node.name, gpu.index, node.model, gpu.mig_enabled, gpu.instances,
+                                                gpu.in_use, idle)
+                extend[gpu.index] = replace(found[gpu.index], may_destroy=False) if idle else found[gpu.index]
+            cycle.mig_nodes.append(_MigNode(node, node.model, policy, found, extend))
+    return cycle.mig_nodes
+
+
+def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]], *,
+                    extend_only: bool) -> list[GpuCandidate]:
+    """The GPUs a change for ``pod`` may go to, in the snapshot's order; with ``extend_only``, as
+    changes that destroy nothing. A GPU already changed this cycle may only be added to."""
+    planned: dict[str, list[LayoutChange]] = {}
+    for change in cycle.layouts.values():
+        planned.setdefault(change.node, []).append(change)
     out: list[GpuCandidate] = []
-    for node in cycle.snapshot.nodes:
-        policy = cycle.snapshot.policies.get(node.name)
-        if node.model is None or policy is None or policy.static_layout is not None:
+    for entry in _mig_nodes(cycle, claims):
+        node, policy = entry.node, entry.policy
+        if not _can_take(cycle, pod, node) or not all(policy.allows_profile(p) for p in pod.profiles):
             continue
-        if not _can_take(cycle, pod, node):
+        ready = entry.extend if extend_only else entry.found
+        changed = planned.get(node.name)
+        if changed is None:
+            if _open(policy, cycle):
+                out.extend(ready.values())
             continue
-        if not all(policy.allows_profile(p) for p in pod.profiles):
-            continue
-        quiet = not unreported_claims(node, claims.get(node.name, Counter()))
+        by_index = {c.index: c for c in changed}
+        is_open = _open(policy, cycle)
         for gpu in node.gpus:
-            planned = cycle.layouts.get((node.name, gpu.index))
-            if planned is not None:
-                # Already changed this cycle: only add to it, never undo it.
-                out.append(GpuCandidate(node.name, gpu.index, node.model, True, planned.layout, planned.layout, False))
-                continue
-            if gpu.reshaping or gpu.faulted or not _open(policy, cycle):
-                continue  # a GPU with a fault is never reshaped (node.health)
-            if not gpu.mig_enabled and (not cycle.mig_mode_changes or node.sharing != "none" or node.spec_sharing != "none"):
-                # Turning MIG on needs a GPU reset (operator mode only), and full GPUs
-                # of a shared node belong to its MPS/time-slicing pool.
-                continue
-            idle = quiet and not gpu.in_use and _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds)
-            out.append(GpuCandidate(node.name, gpu.index, node.model, gpu.mig_enabled, gpu.instances, gpu.in_use, idle))
+            planned_here = by_index.get(gpu.index)
+            if planned_here is not None:
+                out.append(GpuCandidate(node.name, gpu.index, entry.model, True, planned_here.layout,
+                                        planned_here.layout, False))
+            elif is_open and gpu.index in ready:
+                out.append(ready[gpu.index])
     return out
 
 
@@ -242,13 +289,13 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
         if incoming and _can_take(cycle, pod, n) and all(incoming[p] >= k for p, k in need.items()):
             incoming.subtract(need)
             return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
-    candidates = _mig_candidates(cycle, pod, claims)
     # Cheapest first: create in free slices (nothing destroyed, no idle time needed);
     # then the simulator's layout engine on idle GPUs; then the fewest-destroys change
     # (for idle GPUs whose policy forbids every layout the engine would pick).
-    extend_only = [replace(c, may_destroy=False) for c in candidates]
-    change = best_change(extend_only, pod.profiles)
+    change = best_change(_mig_candidates(cycle, pod, claims, extend_only=True), pod.profiles)
+    candidates: list[GpuCandidate] = []
     if change is None:
+        candidates = _mig_candidates(cycle, pod, claims, extend_only=False)
         policies = cycle.snapshot.policies
         if cycle.recent is None:
             cycle.recent = recent_mix(cycle.snapshot.pods)
