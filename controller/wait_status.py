@@ -46,6 +46,11 @@ WAITING_SAID_AFTER_SECONDS: Final = 10
 all (and so no ``Placed`` either), two writes saved per pod in a busy cluster. ``NoCapacity`` is said at
 once: it is the verdict a user, and ``gpupack replay``, acts on."""
 
+WAITING_WRITES_PER_CYCLE: Final = 100
+"""At most this many ``WaitingForCapacity`` writes a cycle (the oldest waiting pods first; the rest in
+later cycles). Under a backlog they competed with the releases for the API server's writes, and the
+cycle waits for both; ``NoCapacity`` and ``Placed`` are never held back."""
+
 MESSAGE_REFRESH_SECONDS: Final = 60
 """A waiting pod's condition is rewritten for a new message (same reason) at most this often."""
 
@@ -79,6 +84,7 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
     gated = {p.key: p for p in snapshot.pods if p.gated}
     reason = NO_CAPACITY if quiet(plan, snapshot) else WAITING_FOR_CAPACITY
     young = now - timedelta(seconds=WAITING_SAID_AFTER_SECONDS)
+    said_waiting = 0
     out: list[StatusPatch] = []
     for wait in plan.waiting:
         obj = pods.get(wait.pod)
@@ -87,9 +93,12 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
             continue
         if reason == WAITING_FOR_CAPACITY and waiting.created > young and read_placement(obj) is None:
             continue  # capacity is being created, and most pods get it within seconds: nothing to say yet
+        if reason == WAITING_FOR_CAPACITY and said_waiting >= WAITING_WRITES_PER_CYCLE:
+            continue  # the rest are said in later cycles, oldest first
         body = placement_patch(obj, reason, wait.reason, format_time(now), new_message_due=_message_due(obj, now))
         if body is not None:
             out.append(_patch(wait.pod, body))
+            said_waiting += reason == WAITING_FOR_CAPACITY
     for release in plan.releases:
         obj = pods.get(release.pod)
         if obj is None:

@@ -175,3 +175,19 @@ def test_a_pod_seconds_old_is_not_told_it_waits_for_capacity_being_created_but_i
     [verdict] = placement_patches(Plan(waiting=(Wait("ns/p", "nothing fits"),)), Snapshot((node("a"),), (young,)),
                                   objects("p"), NOW)
     assert verdict.body["status"]["conditions"][0]["reason"] == NO_CAPACITY
+
+
+def test_waiting_conditions_are_written_at_most_a_cycles_worth_at_a_time_oldest_first() -> None:
+    from dataclasses import replace
+
+    from controller.wait_status import WAITING_WRITES_PER_CYCLE
+
+    count = WAITING_WRITES_PER_CYCLE + 5
+    pods = tuple(replace(pod(f"p{i:03d}"), created=CREATED - timedelta(seconds=count - i)) for i in range(count))
+    busy = Snapshot((node("a", generation=2, observed=1),), pods)
+    plan = Plan(waiting=tuple(Wait(f"ns/p{i:03d}", "capacity being created") for i in range(count)))
+    patches = placement_patches(plan, busy, objects(*(f"p{i:03d}" for i in range(count))), NOW)
+    assert [p.key for p in patches] == [f"ns/p{i:03d}" for i in range(WAITING_WRITES_PER_CYCLE)]
+    quiet_plan = Plan(waiting=plan.waiting)
+    verdicts = placement_patches(quiet_plan, Snapshot((node("a"),), pods), objects(*(f"p{i:03d}" for i in range(count))), NOW)
+    assert len(verdicts) == count  # NoCapacity is never held back
