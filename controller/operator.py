@@ -130,6 +130,8 @@ class Loop:
                 log.info("planning cycles work again")
             last_cycle = time.monotonic()
             self.cycles += 1
+            if any(w.deferred for w in report.plan.waiting):
+                self._wake.set()  # pods left to the next cycle: run it (after min_cycle_seconds) unprompted
             self._note_caches()
             if self.on_cycle is not None:
                 self.on_cycle(report)

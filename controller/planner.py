@@ -74,6 +74,8 @@ class Release:
 class Wait:
     pod: str
     reason: str
+    deferred: bool = False
+    """Not judged this cycle (its layout search was left to the next one): no verdict on it yet."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,10 @@ class _Cycle:
     """:func:`_own_size` by pod shape and node bounds: pods of one shape ask the same question."""
     own_sizes: dict[tuple[object, ...], dict[str, int]] = field(default_factory=dict)
     """:func:`_own_sizes` by pod shape."""
+    mig_searches: int = 0
+    """Layout searches made this cycle (:data:`MIG_SEARCHES_PER_CYCLE`)."""
+    mig_hopeless: dict[tuple[object, ...], str] = field(default_factory=dict)
+    """Pod shapes (:func:`_mig_shape`) a search found no change for this cycle, with the reason."""
     mig_nodes: list[_MigNode] | None = None
     """Nodes a MIG change could go to, and their GPUs as candidates (:func:`_mig_nodes`); made on first use."""
     last_of_shape: dict[str, dict[tuple[object, ...], tuple[int, Pod]]] | None = None
@@ -266,6 +272,18 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]], *,
     return out
 
 
+MIG_SEARCHES_PER_CYCLE = 200
+"""Layout searches (a pod with no free or incoming instance) a cycle makes at most, oldest pods first;
+the rest wait for the next cycle. Each searches every changeable GPU of the fleet: with a backlog of
+thousands, an unbounded cycle grew with the backlog and released nothing for minutes."""
+
+
+def _mig_shape(pod: Pod) -> tuple[object, ...]:
+    """What of a pod a layout search depends on: two pods alike in it find the same GPUs."""
+    return (tuple(sorted(pod.profiles)), pod.products, pod.node, pod.node_selector, pod.terms, pod.cpu_milli,
+            pod.memory_mib)
+
+
 def _merge(old: LayoutChange | None, new: LayoutChange) -> LayoutChange:
     if old is None:
         return new
@@ -289,6 +307,14 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
         if incoming and _can_take(cycle, pod, n) and all(incoming[p] >= k for p, k in need.items()):
             incoming.subtract(need)
             return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
+    shape = _mig_shape(pod)
+    if shape in cycle.mig_hopeless:
+        return Wait(pod.key, cycle.mig_hopeless[shape])
+    if cycle.mig_searches >= MIG_SEARCHES_PER_CYCLE:
+        return Wait(pod.key, f"capacity for {', '.join(sorted(pod.profiles))} is searched for in the next cycle "
+                             f"(at most {MIG_SEARCHES_PER_CYCLE} layout searches a cycle, oldest pods first)",
+                    deferred=True)
+    cycle.mig_searches += 1
     # Cheapest first: create in free slices (nothing destroyed, no idle time needed);
     # then the simulator's layout engine on idle GPUs; then the fewest-destroys change
     # (for idle GPUs whose policy forbids every layout the engine would pick).
@@ -304,8 +330,12 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     if change is None:
         change = best_change(candidates, pod.profiles)
     if change is None:
-        return Wait(pod.key, f"no free {', '.join(sorted(pod.profiles))} and no GPU may be reshaped for it now "
-                             "(policy selector, allowed profiles, window, maxConcurrent, idle time)")
+        reason = (f"no free {', '.join(sorted(pod.profiles))} and no GPU may be reshaped for it now "
+                  "(policy selector, allowed profiles, window, maxConcurrent, idle time)")
+        # Nothing this cycle plans later gives a pod of this shape more: capacity and budget only
+        # shrink, and a GPU changed for another pod has fewer free slices than before.
+        cycle.mig_hopeless[shape] = reason
+        return Wait(pod.key, reason)
     key = (change.node, change.index)
     if key not in cycle.layouts:
         policy = cycle.snapshot.policies[change.node]

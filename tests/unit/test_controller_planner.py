@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -593,3 +594,42 @@ def test_the_engines_typical_pods_are_the_gpu_pods_that_exist() -> None:
     assert keys == {(1000, 200, 1, "Tesla-T4"), (3000, 1000, 2, ""), (8000, 1000, 4, "")}  # no MIG pod
     assert set(zip(typical_pods([]).gpu_milli, typical_pods([]).gpu_count)) == {(500, 1)}  # none yet
 
+
+
+# --- a backlog: a cycle's layout searches are bounded ---------------------------------
+
+
+def test_a_backlog_searches_at_most_a_cycles_worth_of_layouts_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each layout search walks every changeable GPU; with thousands waiting, an unbounded cycle
+    grew with the backlog. The pods past the bound wait for the next cycle, with no verdict."""
+    import controller.planner as planner
+    from controller.wait_status import quiet
+
+    monkeypatch.setattr(planner, "MIG_SEARCHES_PER_CYCLE", 2)
+    empty = tuple(gpu(i, ()) for i in range(4))  # MIG on, no instance: every pod needs a layout
+    wide = NodePolicy(names=("p",), max_concurrent=8, idle_seconds=600)
+    pods = [mig_pod(f"p{i}", "7g.80gb", minutes=i) for i in range(4)]
+    result = run([node("a", *empty)], pods, wide)
+    assert len(result.layouts) == 2 and {c.index for c in result.layouts} == {0, 1}
+    deferred = [w.pod for w in result.waiting if w.deferred]
+    assert deferred == ["team/p2", "team/p3"]  # the youngest two
+    assert not quiet(replace(result, layouts=(), sharing=()), Snapshot((node("a", *empty),), tuple(pods)))
+
+
+def test_pods_of_a_shape_no_gpu_can_take_cost_one_search_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import controller.planner as planner
+
+    searches: list[int] = []
+    real = planner._mig_candidates
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        searches.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "_mig_candidates", counted)
+    busy = inst("7g.80gb", 0, 8)
+    full = node("a", gpu(0, (busy,), in_use=(busy,)))
+    result = run([full], [mig_pod(f"p{i}", "1g.10gb", minutes=i) for i in range(5)])
+    assert result.layouts == () and len(result.waiting) == 5 and not any(w.deferred for w in result.waiting)
+    assert len({w.reason for w in result.waiting}) == 1 and "no free 1g.10gb" in result.waiting[0].reason
+    assert len(searches) <= 3  # one search (extend, then everything) for the first pod; none for the rest

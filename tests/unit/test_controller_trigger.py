@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from controller import planner
+from controller.reconcile import CycleReport
 from controller.metrics import ControllerMetrics
 from controller.operator import Loop
-from controller.planner import Plan, plan
+from controller.planner import Plan, Wait, plan
 from controller.settings import ControllerSettings
 from controller.view import Gpu, Node, Pod, Snapshot
 from mig.catalog import get_model
@@ -54,13 +55,17 @@ class Leader:
 
 
 class CountingController:
-    def __init__(self) -> None:
+    def __init__(self, deferring: int = 0) -> None:
         self.cycles = 0
         self.metrics = ControllerMetrics()
+        self.deferring = deferring
+        """Cycles that leave a pod to the next one (a bounded layout search), the first ones."""
 
-    def cycle(self) -> Any:
+    def cycle(self) -> CycleReport:
         self.cycles += 1
-        return None
+        if self.cycles <= self.deferring:
+            return CycleReport(plan=Plan(waiting=(Wait("ns/p", "searched next cycle", deferred=True),)))
+        return CycleReport()
 
 
 class FakeCaches:
@@ -93,8 +98,8 @@ def until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
 def running() -> Any:
     loops: list[Loop] = []
 
-    def start(caches: FakeCaches | None = None) -> tuple[Loop, CountingController, Leader]:
-        controller, leader = CountingController(), Leader()
+    def start(caches: FakeCaches | None = None, deferring: int = 0) -> tuple[Loop, CountingController, Leader]:
+        controller, leader = CountingController(deferring), Leader()
         settings = ControllerSettings(batch_seconds=0, resync_seconds=3600, min_cycle_seconds=0)
         loop = Loop(controller, leader, settings, caches=caches)  # type: ignore[arg-type]
         loops.append(loop)
@@ -119,6 +124,14 @@ def test_no_cycle_runs_while_nothing_changes(running: Any) -> None:
     caches.on_change("pods")  # what a cache's listener calls on a change that matters
     assert until(lambda: controller.cycles == 2)
     assert caches.waited == 1  # the caches are started and waited for once
+
+
+def test_pods_left_to_the_next_cycle_run_it_without_a_change(running: Any) -> None:
+    loop, controller, leader = running(FakeCaches(), deferring=2)
+    assert until(lambda: controller.cycles == 3)  # the first, and one after each cycle that deferred a pod
+    steps = leader.steps
+    assert until(lambda: leader.steps >= steps + 3)
+    assert controller.cycles == 3  # then nothing is left over: no more cycles
 
 
 def test_a_burst_of_changes_is_one_cycle_per_gap(running: Any) -> None:
