@@ -171,16 +171,26 @@ class Controller:
         Pods arriving at 20/s each get one, so they are written ``write_workers`` at a time."""
         patches = list(placement_patches(result, snapshot, pod_objs, now))
 
-        def write(patch: StatusPatch) -> str | None:
-            try:
-                self.kube.patch_pod_status(patch.namespace, patch.name, patch.body)
-            except KubeError as exc:
-                return None if exc.not_found else str(exc)  # deleted meanwhile: nothing to say
-            return None
+        def write(patch: StatusPatch) -> None:
+            self.kube.patch_pod_status(patch.namespace, patch.name, patch.body)
 
-        for patch, error in zip(patches, self._each(write, patches)):
+        # A pod deleted meanwhile (404): nothing to say.
+        for patch, error in zip(patches, self._write_each(write, patches, gone_ok=True)):
             if error is not None:
                 self._fail(report, "placement-status", f"{patch.key}: {error}")
+
+    def _write_each(self, write: Callable[[_Item], object], items: Sequence[_Item], *,
+                    gone_ok: bool = False) -> list[str | None]:
+        """:meth:`_each` for writes: per item None, or the API's error in words (an object gone,
+        404, is no error with ``gone_ok``)."""
+        def attempt(item: _Item) -> str | None:
+            try:
+                write(item)
+            except KubeError as exc:
+                return None if gone_ok and exc.not_found else str(exc)
+            return None
+
+        return self._each(attempt, items)
 
     def _each(self, write: Callable[[_Item], _Outcome], items: Sequence[_Item]) -> list[_Outcome]:
         """``write`` for every item, ``write_workers`` round trips at a time; the outcomes in order.
@@ -205,16 +215,12 @@ class Controller:
             if after != before:
                 todo.append((node.name, encode_idle(after)))
 
-        def write(item: tuple[str, str]) -> str | None:
+        def write(item: tuple[str, str]) -> None:
             name, value = item
-            try:
-                self.kube.patch_gpunode(name, {"metadata": {"annotations": {IDLE_SINCE_ANNOTATION: value}}})
-            except KubeError as exc:
-                return str(exc)
-            return None
+            self.kube.patch_gpunode(name, {"metadata": {"annotations": {IDLE_SINCE_ANNOTATION: value}}})
 
         # In parallel: a new leader writes every node's record in its first cycle (1,250 round trips).
-        outcomes = self._each(write, todo)
+        outcomes = self._write_each(write, todo)
         changed = False
         for (name, value), error in zip(todo, outcomes):
             if error is not None:
@@ -235,15 +241,11 @@ class Controller:
             per_node.setdefault(change.node, []).append(change)
         layouts = sorted(per_node.items())
 
-        def write_layout(item: tuple[str, list[LayoutChange]]) -> str | None:
+        def write_layout(item: tuple[str, list[LayoutChange]]) -> None:
             name, changes = item
-            try:
-                self.kube.patch_gpunode(name, {"spec": {"gpus": gpus_spec(by_name.get(name, {}), changes)}})
-            except KubeError as exc:
-                return str(exc)
-            return None
+            self.kube.patch_gpunode(name, {"spec": {"gpus": gpus_spec(by_name.get(name, {}), changes)}})
 
-        for (name, changes), error in zip(layouts, self._each(write_layout, layouts)):
+        for (name, changes), error in zip(layouts, self._write_each(write_layout, layouts)):
             if error is not None:
                 self._fail(report, "layout", f"{name}: {error}")
                 continue
@@ -251,15 +253,11 @@ class Controller:
                 self.metrics.reshapes.labels(change.kind).inc()
                 log.info("layout: %s", change.reason)
 
-        def write_sharing(sharing: SharingChange) -> str | None:
-            try:
-                self.kube.patch_gpunode(sharing.node, {"spec": {"sharing": sharing_spec(sharing)}})
-            except KubeError as exc:
-                return str(exc)
-            return None
+        def write_sharing(sharing: SharingChange) -> None:
+            self.kube.patch_gpunode(sharing.node, {"spec": {"sharing": sharing_spec(sharing)}})
 
         switches = list(result.sharing)
-        for sharing, error in zip(switches, self._each(write_sharing, switches)):
+        for sharing, error in zip(switches, self._write_each(write_sharing, switches)):
             if error is not None:
                 self._fail(report, "sharing", f"{sharing.node}: {error}")
                 continue
@@ -488,20 +486,16 @@ class Controller:
                 if current != str(rec.recommended_milli):
                     todo.append((pod, rec))
 
-        def write(item: tuple[Pod, Recommendation]) -> str | None:
+        def write(item: tuple[Pod, Recommendation]) -> None:
             pod, rec = item
-            try:
-                self.kube.merge_patch_pod(pod.namespace, pod.name, {"metadata": {"annotations": {
-                    RECOMMENDED_MILLI_ANNOTATION: str(rec.recommended_milli)}}})
-                self.kube.event({"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
-                                 "uid": pod.uid}, "Normal", "RightSize",
-                                f"{MILLI_RESOURCE} {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
-            except KubeError as exc:
-                return str(exc)
-            return None
+            self.kube.merge_patch_pod(pod.namespace, pod.name, {"metadata": {"annotations": {
+                RECOMMENDED_MILLI_ANNOTATION: str(rec.recommended_milli)}}})
+            self.kube.event({"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
+                             "uid": pod.uid}, "Normal", "RightSize",
+                            f"{MILLI_RESOURCE} {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
 
         # A write and an event per new pod with a recommendation: in parallel, as the releases.
-        for (pod, _), error in zip(todo, self._each(write, todo)):
+        for (pod, _), error in zip(todo, self._write_each(write, todo)):
             if error is not None:
                 self._fail(report, "right-size", f"{pod.key}: {error}")
         report.recommendations = count

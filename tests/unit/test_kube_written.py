@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
 from kube.informer import Informer
 from kube.written import ABSENT, WrittenObjects, version_of
-
-
-class Answer:
-    def __init__(self, body: dict[str, Any]) -> None:
-        self.data = json.dumps(body).encode()
-
-
-def lister(*items: dict[str, Any]) -> Callable[..., Answer]:
-    def call(**_: Any) -> Answer:
-        return Answer({"metadata": {"resourceVersion": "100"}, "items": list(items)})
-    return call
+from tests.unit.test_controller_caches import lister
 
 
 def obj(name: str, rv: str, namespace: str | None = "ns", **rest: Any) -> dict[str, Any]:
