@@ -101,6 +101,7 @@ from sharing.decision import ContainerDecision  # noqa: E402
 from sharing.dra import names, validate, wire  # noqa: E402
 from sharing.dra.claims import PodClaims, pod_claims  # noqa: E402
 from sharing.dra.model import ResourceSlice  # noqa: E402
+from sharing.dra.share_policy import SHARES as SHARE_POLICY  # noqa: E402
 from sharing.dra.slices import node_slices  # noqa: E402
 from sharing.backend import POD_CLAIM, pod_claim_name  # noqa: E402
 from sharing.keys import BACKEND_LABEL, PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL  # noqa: E402
@@ -147,7 +148,7 @@ def pool_of(variant: Variant, node: str, node_index: int, owner_uid: str | None,
     allows every profile and reshaping now; sharing mode ``mps`` for the shared variant)."""
     nvml = node_gpus(variant, node, node_index, gpus)
     rules = OfferRules(sharing="mps" if variant == "shared" else "none", whole_gpu=AGENT.dra_whole_gpu,
-                       share=AGENT.dra_share_policy())
+                       share=SHARE_POLICY)
     offer = node_offer(read_snapshot(nvml, nvml.kind), (), rules)
     if offer.problems or offer.withdrawn:
         raise RuntimeError(f"{node}: {offer.problems} {offer.withdrawn}")
@@ -168,7 +169,7 @@ def container(variant: Variant, pod_index: int) -> ContainerDecision:
 
 
 def claims_of(variant: Variant, pod_index: int) -> PodClaims:
-    return pod_claims("mps" if variant == "shared" else "mig", [container(variant, pod_index)], AGENT.dra_share_policy())
+    return pod_claims("mps" if variant == "shared" else "mig", [container(variant, pod_index)], SHARE_POLICY)
 
 
 def dra_pod(variant: Variant, pod_index: int, run: str, claim: str | None = None) -> dict[str, Any]:
