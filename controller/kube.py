@@ -101,11 +101,12 @@ class Kube(KubeClient):
         return cast(dict[str, Any], json.loads(out.data))
 
     # ---------------------------------------------------------------- writing
-    def create_resource_claim(self, namespace: str, body: Mapping[str, Any]) -> None:
+    def create_resource_claim(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Not retried: a lost answer would read as a conflict, which the caller resolves by reading
-        the claim back (``controller.draclaims.existing_pin``)."""
-        call(self._custom.create_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, namespace, CLAIMS,
-             dict(body), _preload_content=False)
+        the claim back (``controller.draclaims.existing_pin``). The claim as created (None when the
+        answer is not one)."""
+        return _body(call(self._custom.create_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, namespace,
+                          CLAIMS, dict(body), _preload_content=False))
 
     # Writes answer with the object as the API server holds it afterwards (None when the answer
     # is not one), so a cache that has not seen the write yet can be read past

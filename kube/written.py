@@ -100,7 +100,8 @@ class WrittenObjects:
         return cached
 
     def overlay(self, kind: str, informer: Informer, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``items`` (the informer's objects) with our copies where the informer lags behind them."""
+        """``items`` (the informer's objects) with our copies where the informer lags behind them,
+        and the objects we created that it does not hold yet."""
         with self._lock:
             keys = [key for (k, key) in self._copies if k == kind]
         if not keys:
@@ -113,7 +114,8 @@ class WrittenObjects:
                 newer[key] = shown
         if not newer:
             return items
-        return [newer.get(object_key(o), o) for o in items]
+        listed = [newer.pop(object_key(o), o) for o in items]
+        return listed + list(newer.values())  # what is left: created by us, not listed yet
 
     def follow(self, kind: str, informer: Informer) -> None:
         """Forget copies of ``kind`` as ``informer``'s events pass them (:meth:`observe`)."""

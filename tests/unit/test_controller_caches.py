@@ -242,3 +242,12 @@ def test_a_pod_that_cannot_be_placed_is_told_why_once(monkeypatch: pytest.Monkey
     assert said is not None and not said.placed and said.message
     controller.cycle()
     assert len(status_writes) == 1  # the same word is not written twice
+
+
+def test_a_claim_the_controller_created_is_read_before_its_watch_event(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Else the next cycle counts its devices free and pins another pod's claim to them."""
+    caches = synced(ClusterCaches({"resourceclaims": lister(obj("theirs", "1", "ns"))}), "resourceclaims")
+    kube = cached_kube(caches)
+    monkeypatch.setattr(Kube, "create_resource_claim", lambda self, namespace, body: obj("mine", "5", namespace))
+    kube.create_resource_claim("ns", {"metadata": {"name": "mine"}})
+    assert sorted(c["metadata"]["name"] for c in kube.list_resource_claims()) == ["mine", "theirs"]

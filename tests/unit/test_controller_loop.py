@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from controller.reconcile import CycleReport
 from controller.metrics import ControllerMetrics
 from controller.operator import Loop
 from controller.settings import ControllerSettings
@@ -48,7 +49,7 @@ class FailingController:
         if self.attempts <= self.failures:
             raise KubeError(0, "API server unreachable: connection refused")
         self.done.set()
-        return None
+        return CycleReport()
 
 
 def test_failed_cycles_back_off_and_log_once(caplog: pytest.LogCaptureFixture) -> None:

@@ -115,3 +115,15 @@ def test_kinds_are_kept_apart_and_an_answer_without_a_version_is_not_kept() -> N
     assert len(written) == 1
     assert names_and_versions(written.overlay("pods", pods, pods.items())) == [("x", "1")]
     assert names_and_versions(written.overlay("nodes", nodes, nodes.items())) == [("x", "2")]
+
+
+def test_an_object_we_created_is_listed_until_the_cache_holds_it() -> None:
+    """The controller's own ResourceClaims: a cycle before their watch events must count them."""
+    cache = informer_of(obj("other", "1"))
+    written = WrittenObjects()
+    written.follow("claims", cache)
+    written.wrote("claims", cache.get("ns/mine"), obj("mine", "7"))
+    assert names_and_versions(written.overlay("claims", cache, cache.items())) == [("other", "1"), ("mine", "7")]
+    cache.apply({"type": "ADDED", "object": obj("mine", "7")})
+    assert names_and_versions(written.overlay("claims", cache, cache.items())) == [("other", "1"), ("mine", "7")]
+    assert len(written) == 0
