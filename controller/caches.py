@@ -244,8 +244,7 @@ class CachedKube(Kube):
         # Read until the claims cache has it: a cycle that ran before would count its devices free
         # and pin another pod's claim to them (kube-scheduler then "cannot allocate all claims").
         answer = super().create_resource_claim(namespace, body)
-        name = str(((answer or {}).get("metadata") or {}).get("name") or "")
-        return self._note("resourceclaims", f"{namespace}/{name}", answer) if name else answer
+        return self._note("resourceclaims", object_key(answer), answer) if answer is not None else answer
 
     def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any] | None:
         return self._note("sharingpolicies", name, super().patch_policy_status(name, status))

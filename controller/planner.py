@@ -467,16 +467,26 @@ def _switchable(cycle: _Cycle, taken: Counter[str]) -> list[tuple[Node, NodePoli
     return cycle.switchable
 
 
+def _take_replica(cycle: _Cycle, pod: Pod, placer: SharedPlacer, why: str,
+                  own_size: dict[str, int] | None = None) -> Release | None:
+    """``pod`` released to the free replica the engine picks (of its own size per node with
+    ``own_size``, else waste first), the replicas taken; None when none fits."""
+    node = placer.place(pod, dict(cycle.free.shared), own_size=own_size)
+    if node is None:
+        return None
+    cycle.free.take_shared(node, pod.shares)
+    return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine{why})")
+
+
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
     mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
     # A policy that splits before it wastes (sharing.packing.node_sharing, rule 2) first takes
     # only replicas of the pod's own size, and a larger one only when no idle node may be split.
     split_first = splits_before_wasting(placer.policy)
     own = _own_sizes(cycle, pod, placer) if split_first else None
-    node = placer.place(pod, dict(cycle.free.shared), own_size=own)
-    if node is not None:
-        cycle.free.take_shared(node, pod.shares)
-        return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine)")
+    released = _take_replica(cycle, pod, placer, "", own)
+    if released is not None:
+        return released
     incoming = cycle.in_order(cycle.free.incoming_shared_nodes) if pod.shares > 0 else cycle.snapshot.nodes
     for n in incoming:
         # Judged on the labels the node will carry once its switch is done: its current ones
@@ -509,10 +519,9 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
     # The engine's policy chooses which idle node to split (sharing.packing.node_sharing).
     best = placer.switch(pod, idle)
     if best is None and split_first:
-        node = placer.place(pod, dict(cycle.free.shared))
-        if node is not None:
-            cycle.free.take_shared(node, pod.shares)
-            return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine; no idle node to split)")
+        released = _take_replica(cycle, pod, placer, "; no idle node to split")
+        if released is not None:
+            return released
     if best is None:
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")
@@ -524,10 +533,9 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
     if chosen.sharing == mode and chosen.replicas == replicas:
         # The demand wants the split the node has: a switch would change nothing, and the pod
         # would wait on it for ever. It takes a replica as the nodes are.
-        node = placer.place(pod, dict(cycle.free.shared))
-        if node is not None:
-            cycle.free.take_shared(node, pod.shares)
-            return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine; the waiting pods keep the splits)")
+        released = _take_replica(cycle, pod, placer, "; the waiting pods keep the splits")
+        if released is not None:
+            return released
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits")
     cycle.budget[policy.names] -= 1
     cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")

@@ -40,7 +40,9 @@ from typing import Any, Final
 from controller.planner import Plan
 from controller.view import Snapshot
 from kube.times import format_time, parse_time
-from sharing.placement_status import NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, placement_patch, read_placement
+from sharing.placement_status import (
+    NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, PlacementStatus, placement_patch, read_placement,
+)
 
 WAITING_SAID_AFTER_SECONDS: Final = 10
 """A pod first gets ``WaitingForCapacity`` once it is this old: one released sooner gets no condition at
@@ -93,11 +95,13 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
         waiting = gated.get(wait.pod)
         if waiting is None or obj is None:
             continue
-        if reason == WAITING_FOR_CAPACITY and waiting.created > young and read_placement(obj) is None:
+        previous = read_placement(obj)
+        if reason == WAITING_FOR_CAPACITY and waiting.created > young and previous is None:
             continue  # capacity is being created, and most pods get it within seconds: nothing to say yet
         if reason == WAITING_FOR_CAPACITY and said_waiting >= WAITING_WRITES_PER_CYCLE:
             continue  # the rest are said in later cycles, oldest first
-        body = placement_patch(obj, reason, wait.reason, format_time(now), new_message_due=_message_due(obj, now))
+        body = placement_patch(obj, reason, wait.reason, format_time(now),
+                               new_message_due=_message_due(previous, now))
         if body is not None:
             out.append(_patch(wait.pod, body))
             said_waiting += reason == WAITING_FOR_CAPACITY
@@ -111,10 +115,9 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
     return out
 
 
-def _message_due(pod: Mapping[str, Any], now: datetime) -> bool:
-    """Whether the pod's condition may be rewritten for a new message alone: its last write (the
-    cycle that judged, ``lastProbeTime``) is :data:`MESSAGE_REFRESH_SECONDS` old, or unreadable."""
-    previous = read_placement(pod)
+def _message_due(previous: PlacementStatus | None, now: datetime) -> bool:
+    """Whether the pod's condition (``previous``) may be rewritten for a new message alone: its last
+    write (the cycle that judged, ``lastProbeTime``) is :data:`MESSAGE_REFRESH_SECONDS` old, or unreadable."""
     probed = parse_time(previous.probed_at) if previous is not None and previous.probed_at else None
     return probed is None or now - probed >= timedelta(seconds=MESSAGE_REFRESH_SECONDS)
 
