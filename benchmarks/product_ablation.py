@@ -58,9 +58,10 @@ class FgdScoreGpupackRules(FgdPolicy):
     def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> PodPlacement | Refusal:
         return self._rules.place_whole(cluster, pod, in_use, idle)
 
-    def switch_choice(self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: object) -> int | None:
+    def switch_choice(self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: object,
+                      small_only: bool = False) -> int | None:
         # gpupack's choice among the most feedable idle nodes, made with FGD's score.
-        return GpupackPolicy.switch_choice(self, cluster, pod, candidates, replicas)  # type: ignore[arg-type]
+        return GpupackPolicy.switch_choice(self, cluster, pod, candidates, replicas, small_only)  # type: ignore[arg-type]
 
     @property
     def _shared_cpu(self) -> float:  # read by GpupackPolicy.switch_choice

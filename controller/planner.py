@@ -516,12 +516,14 @@ def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[s
         if node_.sharing == pod.mode and _kept_for_later(cycle, pod.mode, node_):
             continue
         idle.append((node_, fitting[0]))
-    # The engine's policy chooses which idle node to split (sharing.packing.node_sharing).
-    best = placer.switch(pod, idle)
+    # The engine's policy chooses which idle node to split (sharing.packing.node_sharing). One that
+    # splits before it wastes makes a small split, else takes a larger free replica, else any split.
+    best = placer.switch(pod, idle, small_only=split_first)
     if best is None and split_first:
-        released = _take_replica(cycle, pod, placer, "; no idle node to split")
+        released = _take_replica(cycle, pod, placer, "; no idle node to split into few replicas")
         if released is not None:
             return released
+        best = placer.switch(pod, idle)
     if best is None:
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")

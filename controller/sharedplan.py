@@ -189,14 +189,15 @@ class SharedPlacer:
         outcome = place_whole(self.policy, cluster, engine_pod(pod), ~idle, idle)
         return candidates[outcome.node].name if isinstance(outcome, PodPlacement) else None
 
-    def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]]) -> tuple[Node, int] | None:
-        """Which idle node to split for ``pod``, each candidate with the replica count it would get."""
+    def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]], small_only: bool = False) -> tuple[Node, int] | None:
+        """Which idle node to split for ``pod``, each candidate with the replica count it would get;
+        ``small_only``: a small split or None (``node_sharing.switch_for``)."""
         if not idle:
             return None
         ordered = sorted(idle, key=lambda c: c[0].name)
         cluster = ClusterState([_spec(n, gpu_key(n), self.room) for n, _ in ordered])
         replicas = np.array([r for _, r in ordered], dtype=np.int64)
-        chosen = switch_for(self.policy, cluster, engine_pod(pod), cluster.feasible(engine_pod(pod)), replicas)
+        chosen = switch_for(self.policy, cluster, engine_pod(pod), cluster.feasible(engine_pod(pod)), replicas, small_only)
         return None if chosen is None else ordered[chosen]
 
 

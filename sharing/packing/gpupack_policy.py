@@ -45,9 +45,11 @@ things (measurements and every variant tried: docs/simulator.md):
    among all of them.
 6. **A replica of the pod's own size before a larger one**: a pod fitting
    ``k`` replicas takes a replica of a node split into exactly ``k``; when none
-   has room an idle node is split into ``k``, and only when none may be split
-   does it take a larger replica (the smallest). FGD and BestFit take the
-   smallest free replica first and split only when there is none.
+   has room the idle node item 4 prefers is split into ``k`` if that split is
+   small (at most 16 replicas on the node: ``node_sharing.small_splits``), and
+   only otherwise does it take a larger replica (the smallest), or, when there
+   is none, split a node however large. FGD and BestFit take the smallest free
+   replica first and split only when there is none.
 
 Otherwise whole-GPU and CPU-only pods are scored exactly as FGD scores them. The policy
 uses nothing an online scheduler would not know at decision time (the cluster
@@ -63,7 +65,7 @@ from sharing.packing.dual_prices import DualPrices
 from sharing.packing.fgd import FgdPolicy, fragmentation_delta
 from sharing.packing.fragmentation import FloatArray, fgd_score
 from sharing.packing.specs import GPU_MILLI, PodPlacement, PodSpec, Refusal
-from sharing.packing.node_sharing import least_feedable, most_feedable
+from sharing.packing.node_sharing import least_feedable, most_feedable, small_splits
 from sharing.packing.policy import decide
 from sharing.packing.state_cache import RequestKey, StateCache
 from sharing.packing.typical import TypicalPods
@@ -164,11 +166,17 @@ class GpupackPolicy(FgdPolicy):
         return weighted
 
     def switch_choice(
-        self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray
+        self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray,
+        small_only: bool = False,
     ) -> int | None:
         """The idle node to split into ``replicas``: among those that strand the fewest replicas
-        (then the fewest GPUs), the one the score prefers for ``pod``."""
-        outcome = decide(cluster, pod, self, most_feedable(cluster, candidates, replicas, self._shared_cpu))
+        (then the fewest GPUs), the one the score prefers for ``pod``; with ``small_only``, only
+        if those are small splits (a split whose CPU would strand replicas is no better than a
+        larger replica)."""
+        nodes = most_feedable(cluster, candidates, replicas, self._shared_cpu)
+        if small_only:
+            nodes = small_splits(nodes, cluster.gpu_count, replicas)
+        outcome = decide(cluster, pod, self, nodes)
         return outcome.node if isinstance(outcome, PodPlacement) else None
 
     def place_whole(self, cluster: ClusterState, pod: PodSpec, in_use: BoolArray, idle: BoolArray) -> PodPlacement | Refusal:

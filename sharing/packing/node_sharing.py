@@ -15,8 +15,11 @@ simulator's product model's (``sharing.simulator.product``): one implementation.
    :func:`splits_before_wasting` (gpupack's) does so already when no node split
    into exactly ``k`` has room (:func:`exact_replicas`): a replica of ``1000 / k``
    wastes less than a larger one, and the split's other replicas serve the pods
-   of the same size that follow; only when no idle node may be split does the
-   pod take the smallest larger replica (rule 1). Which idle node is the policy's choice
+   of the same size that follow. It does so only for a *small split*
+   (:func:`small_splits`: at most :data:`SPLIT_FIRST_MAX_REPLICAS` replicas on
+   the node); when only large ones may be made, the pod takes the smallest
+   larger replica (rule 1), and only when there is none is a large split made.
+   Which idle node is the policy's choice
    (:func:`switch_for`): by default the one with the fewest GPUs (ties: the
    caller's rank), so the large nodes that multi-GPU pods need stay whole. A
    policy may know better (gpupack's: among the nodes whose CPU can feed their
@@ -64,9 +67,26 @@ def exact_replicas(candidates: BoolArray, modes: IntArray, k: int | IntArray) ->
     return out
 
 
+SPLIT_FIRST_MAX_REPLICAS: Final = 16
+"""The most replicas a split may put on a node for a policy that splits before it wastes to
+make it rather than give the pod a larger free replica (rule 2): 2 GPUs x 8, 4 x 4, 8 x 2.
+
+A larger split is filled by pods of one size only, and what they leave stays free (on
+openb's 8-GPU nodes the CPU runs out first): it strands more than a larger replica wastes.
+Chosen on gpuspec20, seeds 42-44, among 8, 12, 16, 24 and 32 (docs/simulator.md, "Split
+before wasting, only small splits")."""
+
+
+def small_splits(candidates: BoolArray, gpu_count: IntArray, replicas: int | IntArray) -> BoolArray:
+    """The idle ``candidates`` whose split into ``replicas`` per GPU (per node when an array)
+    offers at most :data:`SPLIT_FIRST_MAX_REPLICAS` replicas."""
+    out: BoolArray = candidates & (gpu_count * np.asarray(replicas, dtype=np.int64) <= SPLIT_FIRST_MAX_REPLICAS)
+    return out
+
+
 def splits_before_wasting(policy: object) -> bool:
-    """Whether ``policy`` splits an idle node into the pod's ``k`` replicas before it puts the
-    pod in a larger replica of a node already shared (rule 2's order; gpupack's does)."""
+    """Whether ``policy`` splits an idle node into the pod's ``k`` replicas (a small split) before
+    it puts the pod in a larger replica of a node already shared (rule 2's order; gpupack's does)."""
     return bool(getattr(policy, "splits_before_wasting", False))
 
 
@@ -83,18 +103,24 @@ class ChoosesSwitch(Protocol):
     """A policy with its own choice of the idle node to split into replicas."""
 
     def switch_choice(
-        self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray
+        self, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray,
+        small_only: bool = False,
     ) -> int | None:
-        """Index of the idle node (among ``candidates``) to split into ``replicas`` (per node) for ``pod``."""
+        """Index of the idle node (among ``candidates``) to split into ``replicas`` (per node) for
+        ``pod``; with ``small_only``, None unless the node it prefers is a small split."""
         ...
 
 
 def switch_for(
-    policy: object, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray
+    policy: object, cluster: ClusterState, pod: PodSpec, candidates: BoolArray, replicas: int | IntArray,
+    small_only: bool = False,
 ) -> int | None:
-    """The idle node ``policy`` switches for ``pod``: its own choice, or the fewest-GPUs rule."""
+    """The idle node ``policy`` switches for ``pod``: its own choice, or the fewest-GPUs rule;
+    ``small_only``: a small split (:func:`small_splits`) or None (rule 2)."""
     if isinstance(policy, ChoosesSwitch):
-        return policy.switch_choice(cluster, pod, candidates, replicas)
+        return policy.switch_choice(cluster, pod, candidates, replicas, small_only)
+    if small_only:
+        candidates = small_splits(candidates, cluster.gpu_count, replicas)
     return switch_choice(candidates, cluster.gpu_count, cluster.tie_rank)
 
 

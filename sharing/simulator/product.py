@@ -53,8 +53,8 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.kube_scoring import MostAllocatedWeights, most_allocated
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.node_sharing import (
-    FRESH, WHOLE, exact_replicas, place_whole, shared_candidates, splits_before_wasting, switch_choice, switch_for,
-    waste_first,
+    FRESH, WHOLE, exact_replicas, place_whole, shared_candidates, splits_before_wasting, switch_choice,
+    switch_for, waste_first,
 )
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
@@ -219,13 +219,19 @@ class ProductReplay:
         first = exact_replicas(candidates, self.modes, k) if split_first else waste_first(candidates, self.modes)
         if first.any():
             return self._replica_by_policy(pod, first)
-        switched = switch_for(self.policy, c, pod, feasible & (self.modes == FRESH), k)
-        if switched is not None:
-            self.modes[switched] = k
-            return self._take_replica(pod, switched, self.policy.choose_gpus(c, pod, switched)[0])
-        if split_first and candidates.any():
-            return self._replica_by_policy(pod, waste_first(candidates, self.modes))
-        return None
+        idle = feasible & (self.modes == FRESH)
+        switched: int | None = None
+        if split_first:
+            # A small split, else a larger free replica, else any split (node_sharing, rule 2).
+            switched = switch_for(self.policy, c, pod, idle, k, small_only=True)
+            if switched is None and candidates.any():
+                return self._replica_by_policy(pod, waste_first(candidates, self.modes))
+        if switched is None:
+            switched = switch_for(self.policy, c, pod, idle, k)
+        if switched is None:
+            return None
+        self.modes[switched] = k
+        return self._take_replica(pod, switched, self.policy.choose_gpus(c, pod, switched)[0])
 
     def _replica_by_policy(self, pod: PodSpec, nodes: BoolArray) -> float:
         outcome = decide(self.cluster, pod, self.policy, nodes)

@@ -362,17 +362,15 @@ def test_controller_and_product_model_choose_alike() -> None:
     alone.place(PodSpec("a", 0, 0, 1, 200))
     assert [r.node for r in live.releases if r.pod == "team/a"] == ["r4"] and live.sharing == ()
     assert alone.used.sum(axis=1).tolist() == [1, 2]
-    # 1b. With idle nodes, no replica of its own size (5) anywhere: both split the idle node
-    #     whose CPU feeds its replicas instead of wasting a quarter of a GPU. (The model splits
-    #     it into 5, one pod at a time; the controller into 3, for the 300-milli pods waiting
-    #     after this one: its demand rule, tested below.)
+    # 1b. With idle nodes, no replica of its own size (5) anywhere: the idle node whose CPU feeds
+    #     its replicas is the 8-GPU one, whose split (40 replicas) is not small, so both put the
+    #     pod in the quarter of the r = 4 node rather than split it (node_sharing.small_splits).
     live_b = run(live_nodes, [*workload, *busy, replace(shared_pod("a", milli=200), cpu_milli=2000)], policy)
-    (split,) = live_b.sharing
-    assert (split.node, split.replicas) == ("big-idle", 3)
-    assert not [r for r in live_b.releases if r.pod == "team/a"]
+    assert [r.node for r in live_b.releases if r.pod == "team/a"] == ["r4"]
+    model.used[:2, 0] = 1
     model.place(PodSpec("a", 0, 0, 1, 200))
-    assert model.modes.tolist() == [2, 4, 5, 0]
-    model.modes[2], model.used[2] = 0, 0  # undo, for step 2
+    assert model.modes.tolist() == [2, 4, 0, 0] and model.used.sum(axis=1).tolist() == [1, 2, 0, 0]
+    model.used[:2, 0] = 0  # undo, for step 2
     # 2. The shared nodes full, a 300-milli pod (k = 3) splits an idle node: the one whose CPU
     #    feeds its replicas (gpupack's choice), not the one with the fewest GPUs, in both.
     full = [replace(n, sharing="mps") for n in live_nodes]
@@ -384,6 +382,36 @@ def test_controller_and_product_model_choose_alike() -> None:
     (change,) = live2.sharing
     assert change.node == "big-idle" and change.replicas == 3
     assert model.modes[2] == 3 and model.modes[3] == 0
+
+
+def test_controller_and_product_model_split_a_small_node_before_they_waste() -> None:
+    """gpupack's rule 2 in both: no replica of the pod's own size, a larger one free, and an idle
+    node whose split is small (2 GPUs x 5) and fed by its CPU: both split it rather than waste."""
+    from sharing.packing.cluster import ClusterState
+    from sharing.packing.gpupack_policy import GpupackPolicy
+    from sharing.packing.kube_scoring import MostAllocatedWeights
+    from sharing.packing.specs import NodeSpec, PodSpec
+    from sharing.packing.typical import TypicalPods
+    from sharing.simulator.product import ProductReplay
+
+    specs = [("r4", 1, 64_000, 4), ("small-idle", 2, 64_000, 0)]
+    live_nodes = [
+        replace(plain(name, gpus, sharing="mps" if r else "none", replicas=r or 1), cpu_milli=cpu, memory_mib=512_000)
+        for name, gpus, cpu, r in specs
+    ]
+    policy = NodePolicy(names=("p",), max_concurrent=4, idle_seconds=0, max_replicas=8)
+    busy = replace(shared_pod("busy", on="r4", gated=False), cpu_milli=2000)
+    live = run(live_nodes, [busy, replace(shared_pod("a", milli=200), cpu_milli=2000)], policy)
+    (split,) = live.sharing
+    assert (split.node, split.replicas) == ("small-idle", 5)
+    assert not [r for r in live.releases if r.pod == "team/a"]
+    cluster = ClusterState([NodeSpec(name, cpu, 512_000, gpus, "gpu") for name, gpus, cpu, _ in specs])
+    typical = TypicalPods.from_pods([PodSpec("t", 2000, 0, 1, 200)])
+    model = ProductReplay(cluster, GpupackPolicy(typical), MostAllocatedWeights(1, 1, 10, 10), "engine")
+    model.modes[:] = [4, 0]
+    model.used[0, 0] = 1
+    assert model.place(PodSpec("a", 2000, 0, 1, 200)) == 200.0
+    assert model.modes.tolist() == [4, 5] and model.used.sum(axis=1).tolist() == [1, 1]
 
 
 def test_controller_and_product_model_place_whole_gpu_pods_alike() -> None:

@@ -90,6 +90,18 @@ def test_gpupack_splits_an_idle_node_before_it_wastes_a_larger_replica() -> None
     assert r.used.sum(axis=1).tolist() == [2, 1, 2]
 
 
+def test_gpupack_takes_a_larger_replica_rather_than_split_a_large_node() -> None:
+    r = replay([1, 8], policy="gpupack")
+    r.modes[:] = [4, FRESH]
+    r.used[0, 0] = 1
+    # k = 5: the only idle node would hold 8 x 5 = 40 replicas, more than a small split's 16.
+    assert r.place(gpu_pod("c", 200)) == 250.0
+    assert r.modes.tolist() == [4, FRESH] and r.used[0, 0] == 2
+    r.used[0, 0] = 4  # no larger replica left: now the large node is split
+    assert r.place(gpu_pod("d", 200)) == 200.0
+    assert r.modes.tolist() == [4, 5]
+
+
 def test_whole_gpu_pods_never_land_on_shared_nodes() -> None:
     r = replay([4, 4])
     r.place(gpu_pod("s", 300))
