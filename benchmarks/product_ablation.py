@@ -1,6 +1,6 @@
 """Where gpupack's margin under the product model comes from: its node-wide rules or its score.
 
-    python benchmarks/product_ablation.py                      # 13 workloads x 3 seeds (about 1 min on 2 cores)
+    python benchmarks/product_ablation.py                      # 13 workloads x 3 seeds (about 12 min on 2 cores)
     python benchmarks/product_ablation.py --workloads default,cpu050 --seeds 1
 
 gpupack's policy differs from FGD in two ways under ``gpupack simulate --model
