@@ -73,12 +73,8 @@ def _plan(args: argparse.Namespace, nodes: Any, trace: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpupack.replay.figures import follow_live, model_figures
-    from gpupack.replay.report import as_json, as_text, plot
-    from gpupack.replay.runner import pods_of, run_live
-    from gpupack.replay.mapping import kube_node_name
+    from sharing.packing.dual_prices import remembering_every_solution
     from sharing.packing.registry import canonical_policy_name
-    from sharing.simulator.traces import workload_name
 
     began = time.monotonic()
     if args.inflate <= 0:
@@ -99,7 +95,20 @@ def run(args: argparse.Namespace) -> int:
     say = _say(args.json)
     say(f"plan: {len(plan.workload.pods)} pods onto {len(plan.nodes)} of {plan.cluster_nodes} nodes "
         f"({plan.gpus} GPUs), seed {args.seed}, arrivals to {args.inflate * 100:.0f} % of capacity")
-    models = model_figures(nodes, trace.pods, policy, args.seed, args.inflate, args.max_nodes)
+    # The model's draws and the run along the live choices go through the same typical-pods
+    # tables until they part ways: solve each table's prices once for all of them.
+    with remembering_every_solution():
+        return _run(args, plan, nodes, trace, policy, say, began)
+
+
+def _run(args: argparse.Namespace, plan: Any, nodes: Any, trace: Any, policy: str, say: Any, began: float) -> int:
+    from gpupack.replay.figures import follow_live, model_figures
+    from gpupack.replay.mapping import kube_node_name
+    from gpupack.replay.report import as_json, as_text, plot
+    from gpupack.replay.runner import pods_of, run_live
+    from sharing.simulator.traces import workload_name
+
+    models = model_figures(nodes, trace.pods, policy, args.seed, args.inflate, args.max_nodes, say=say)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpupack-replay-"))
     try:
         live = run_live(workdir, plan, policy=policy, pod_timeout_s=args.pod_timeout, keep_logs=bool(args.workdir),

@@ -25,7 +25,7 @@ decision the live system made that the model's rules would not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,15 +80,23 @@ def mean_levels(runs: Sequence[Levels]) -> Levels:
 
 
 def model_figures(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy: str, seed: int,
-                  inflate: float, max_nodes: int | None, draws: int = DEFAULT_DRAWS) -> ModelFigures:
+                  inflate: float, max_nodes: int | None, draws: int = DEFAULT_DRAWS,
+                  say: Callable[[str], None] | None = None) -> ModelFigures:
     """The product model and the FGD protocol on the plan the replay submits (module docstring).
 
     Live, kube-scheduler breaks ties between equally scored nodes at random, so one live run is one
-    draw of them; the product model's figure is the mean of ``draws`` draws (``scheduler_draw``)."""
+    draw of them; the product model's figure is the mean of ``draws`` draws (``scheduler_draw``).
+    ``say`` hears a line as each run starts (on the whole cluster a draw takes minutes)."""
     if draws < 1:
         raise ValueError(f"draws must be at least 1, got {draws}")
-    runs = [run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes,
-                        typical_every=1, scheduler_draw=d) for d in range(draws)]
+    runs = []
+    for d in range(draws):
+        if say is not None:
+            say(f"product model: draw {d + 1} of {draws} of kube-scheduler's ties")
+        runs.append(run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate,
+                                max_nodes=max_nodes, typical_every=1, scheduler_draw=d))
+    if say is not None:
+        say("FGD protocol: one run")
     fgd = run_once(nodes, trace_pods, policy, seed, inflate, max_nodes=max_nodes)
     return ModelFigures(mean_levels([r.alloc_at for r in runs]), round(sum(r.failed_pods for r in runs) / draws, 1),
                         fgd.alloc_at, fgd.failed_pods, tuple(level_at(r.alloc_at, 130) for r in runs))

@@ -34,7 +34,8 @@ pattern rows, and is solved once per run.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from types import MappingProxyType
@@ -134,7 +135,12 @@ class DualPrices:
         Solved once per distinct demand (the controller re-plans with the same mix
         again and again); the returned object is shared, so its mapping and array are read-only."""
         kept = tuple(sorted((int(s), float(w)) for s, w in demand.items() if 0 < s < GPU_MILLI and w > 0))
-        return _solve(kept)
+        if _every_solution is None:
+            return _solve(kept)
+        known = _every_solution.get(kept)
+        if known is None:
+            known = _every_solution[kept] = _solve(kept)
+        return known
 
     @classmethod
     def from_typical(cls, typical: TypicalPods) -> DualPrices:
@@ -158,6 +164,30 @@ class DualPrices:
         lost = self.value[gap] - self.price_of(milli) - self.value[left]
         result: FloatArray = np.where(fits, np.maximum(lost, 0.0), np.inf)
         return result
+
+
+_every_solution: dict[tuple[tuple[int, float], ...], DualPrices] | None = None
+"""While :func:`remembering_every_solution` is open, every demand solved so far and its prices."""
+
+
+@contextmanager
+def remembering_every_solution() -> Iterator[None]:
+    """Keep every solution until the block ends, not only the last 64.
+
+    For runs that go through one long sequence of demands more than once: the
+    replay's product model rebuilds its typical pods before every pod, so each
+    of its draws asks for thousands of demands, the same ones in the same order
+    until the draws part ways. An LRU cache smaller than that sequence keeps
+    none of them for the next draw; this keeps them all (about 10 KB each) and
+    lets them go when the block ends. The prices are the same either way."""
+    global _every_solution
+    outer = _every_solution
+    if outer is None:
+        _every_solution = {}
+    try:
+        yield
+    finally:
+        _every_solution = outer
 
 
 @lru_cache(maxsize=64)

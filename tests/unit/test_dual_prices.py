@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharing.packing.dual_prices import DualPrices, knapsack_values, maximise
+from sharing.packing.dual_prices import DualPrices, knapsack_values, maximise, remembering_every_solution
 from sharing.packing.typical import TypicalPods
 
 
@@ -116,3 +116,18 @@ def test_one_solve_per_mix_and_the_shared_result_is_read_only() -> None:
         first.price[470] = 0.0  # type: ignore[index]
     with pytest.raises(ValueError):
         first.value[500] = 0.0
+
+
+def test_remembering_every_solution_keeps_more_mixes_than_the_lru_and_forgets_them_after() -> None:
+    # 100 mixes, more than the 64 the LRU cache holds: a second pass over them
+    # reuses every solution inside the block and none outside it.
+    mixes = [{470: 1.0 + i, 320: 1.0} for i in range(100)]
+    with remembering_every_solution():
+        first = [DualPrices.from_demand(m) for m in mixes]
+        again = [DualPrices.from_demand(m) for m in mixes]
+        with remembering_every_solution():  # nested: the outer block's solutions stay
+            assert DualPrices.from_demand(mixes[0]) is first[0]
+        assert all(a is b for a, b in zip(first, again))
+    outside = DualPrices.from_demand(mixes[0])
+    assert outside is not first[0]
+    assert outside.price == first[0].price and np.array_equal(outside.value, first[0].value)
