@@ -102,6 +102,12 @@ class _Shares:
                                               _key(n)) for n in self.nodes])
         where = {(n.name, g.index): (i, j) for i, n in enumerate(self.nodes) for j, g in enumerate(n.full_gpus)}
         for i, n in enumerate(self.nodes):
+            # What the node's pods request (any pod, bound or pinned there) is not the engine's to
+            # give: kube-scheduler would find no room for a pod pinned past it.
+            if n.room is not None and (n.cpu_used_milli or n.memory_used_mib):
+                used = PodSpec(f"used/{n.name}", min(n.cpu_used_milli, n.cpu_milli),
+                               min(n.memory_used_mib, n.memory_mib))
+                self.cluster.place(used, i, ())
             for j, g in enumerate(n.full_gpus):
                 self.memory_free[i, j] = g.memory_mib * MiB
                 self.memory_max[i, j] = share.max_memory(g.memory_mib * MiB)
@@ -147,7 +153,11 @@ class _Shares:
         return min(fits, key=lambda j: (int(free[j]), j)) if fits else None
 
     def _fits(self, node: int, pod: Pod, shapes: list[PodSpec]) -> bool:
-        """Every container of the pod fits the node at once (shares: a best-fit trial, undone)."""
+        """The node has the pod's CPU and memory left and every container fits it at once (shares:
+        a best-fit trial, undone)."""
+        assert self.cluster is not None
+        if self.cluster.cpu_free[node] < shapes[0].cpu_milli or self.cluster.mem_free[node] < shapes[0].memory_mib:
+            return False
         if pod.mode == "whole":
             gpu_memory = min(g.memory_mib for g in self.nodes[node].full_gpus) * MiB
             return all(m is None or m <= gpu_memory for m in pod.memory_bytes)

@@ -322,3 +322,22 @@ def test_random_mig_bursts_never_overlap_placements(cycles: list[list[tuple[list
         unheld_spares = [s for s in existing if s not in held]
         assert len(set(held)) == len(held), held
         assert validate_layout(H100, held + unheld_spares) is None, (node_name, index, held)
+
+
+def test_cpu_and_memory_the_nodes_pods_request_are_not_given_again() -> None:
+    """A node whose pods (gpupack's or not) request all but 2 cores cannot take a pod of 4 cores:
+    pinned there, kube-scheduler would leave it unschedulable."""
+    from dataclasses import replace
+
+    busy = replace(node("busy", 2), cpu_milli=32_000, memory_mib=256_000, cpu_used_milli=30_000,
+                   memory_used_mib=1_000)
+    free = replace(node("free", 2), cpu_milli=32_000, memory_mib=256_000)
+    asking = replace(pod("p", milli=(300,)), cpu_milli=4_000, memory_mib=1_000)
+    assert devices(run([busy], [asking])) == {}
+    assert "cpu" in run([busy], [asking]).waiting[0].reason.lower()
+    assert [p.node for p in run([busy, free], [asking]).placements] == ["free"]
+    # Memory alike, and a pod that fits what is left still goes to the busy node when it is the only one.
+    full = replace(busy, cpu_used_milli=0, memory_used_mib=255_500)
+    assert devices(run([full], [asking])) == {}
+    small = replace(asking, cpu_milli=1_000)
+    assert [p.node for p in run([busy], [small]).placements] == ["busy"]
