@@ -73,6 +73,8 @@ class DraCycle:
             return Release(placement.pod, placement.node, placement.reason)
         meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
         allocation, distrust = trusted_allocation(_map(meta.get("annotations")).get(ALLOCATION_ANNOTATION), spec)
+        if allocation is not None and allocation.mode == "cpu":
+            return Release(placement.pod, placement.node, placement.reason)  # no GPU: nothing to claim
         if allocation is None or allocation.claim is None:
             return f"record not usable: {distrust or 'no claim named'}"
         namespace = str(meta.get("namespace") or "default")

@@ -18,6 +18,9 @@ device (``controller.draclaims``). Pure: a snapshot, the claims' holds
 * **Whole GPUs**: GPUs of an unshared node (``sharing: none``, MIG off) that no
   claim holds, chosen by the same engine.
 * **MIG**: ``controller.dramig``.
+* **Pods that ask for no GPU** (mode ``cpu``: labelled ``gpupack.io/backend=dra``):
+  a node of the same engine cluster, chosen by the same policy for the pod's CPU
+  and memory (what it leaves the GPUs' pods), pinned like any pod; no claim.
 * **A share's MIG fallback**: a shared pod the webhook decided for ``auto``
   carries the pool's MIG option (``Pod.mig_fallback``, one profile per
   container). When no shared GPU has room for it, it is tried as a MIG pod of
@@ -192,6 +195,20 @@ class _Shares:
             self.cluster.remove(PodPlacement(shapes[k], node, (j,)))
             self.memory_free[node, j] += self._memory(pod, k)
 
+    def place_cpu(self, pod: Pod) -> Node | str:
+        """The node the engine gives ``pod``, which asks for no GPU (committed), or why none: the
+        policy scores its CPU and memory against what the GPUs of each node still need, as the
+        simulator's ``cpu_pods="engine"`` does (``sharing.simulator.dra.DraReplay``)."""
+        if self.cluster is None:
+            return "no DRA node has a healthy GPU with MIG off"
+        spec = PodSpec(pod.key, pod.cpu_milli, pod.memory_mib)
+        allowed = np.array([allowed_on(pod, n) for n in self.nodes], dtype=bool)
+        outcome = decide(self.cluster, spec, self.policy, allowed)
+        if not isinstance(outcome, PodPlacement):
+            return "; ".join(outcome.reasons)
+        self.cluster.place(spec, outcome.node, ())
+        return self.nodes[outcome.node]
+
     def place(self, pod: Pod) -> tuple[Node, list[PinnedDevice]] | str:
         """Where the engine puts ``pod``'s containers (committed), or why nowhere."""
         if self.cluster is None:
@@ -253,6 +270,9 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
     refused: list[Wait] = []
     todo: list[Pod] = []
     for pod in waiting:
+        if pod.mode == "cpu":  # asks for no GPU: no claim to adopt
+            todo.append(pod)
+            continue
         record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
         if record is None:
             todo.append(pod)
@@ -268,6 +288,14 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
     shares = _Shares(nodes, usage, pods, policy_name, share)
     mig = mig_gpus(nodes, usage.holds, snapshot.policies, now)
     for pod in todo:
+        if pod.mode == "cpu":
+            chosen = shares.place_cpu(pod)
+            if isinstance(chosen, str):
+                waits.append(Wait(pod.key, chosen))
+            else:
+                placements.append(DraPlacement(pod.key, chosen.name, Pinned(chosen.name, ()),
+                                               f"no GPU, {pod.cpu_milli} CPU milli on {chosen.name} (packing engine)"))
+            continue
         found = _mig(mig, pod, pod.profiles, nodes) if pod.mode == "mig" else shares.place(pod)
         how = "packing engine"
         if isinstance(found, str) and pod.mode != "mig" and pod.mig_fallback:

@@ -13,7 +13,8 @@ the two cannot drift apart. The wire form is documented in docs/webhook.md:
                      "profile": "1g.10gb"}]}
 
 ``gpuModel``, ``replicas``, ``memoryBytes`` and ``profile`` are absent when not
-set. A pod bound for a DRA node pool (``sharing.backend``) adds ``"backend": "dra"``
+set. Mode ``cpu`` (a pod that asks for no GPU, placed by the packing engine on the DRA
+pool) has ``"containers": []``, ``"backend": "dra"`` and no claim. A pod bound for a DRA node pool (``sharing.backend``) adds ``"backend": "dra"``
 and ``"claim"``, the name of the ResourceClaim its ``spec.resourceClaims`` entry
 ``gpupack`` references (created by the controller when it places the pod), and each
 container's ``resource`` is the name of its request in that claim (``gpu-<n>``),
@@ -36,7 +37,7 @@ from typing import Any, Final, get_args
 from mig.errors import RequestError
 from mig.units import parse_quantity
 from sharing.backend import DEFAULT_BACKEND, POD_CLAIM, Backend, is_backend
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, SHARED_RESOURCE, WHOLE_RESOURCE, mig_resource
+from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, NVIDIA_PREFIX, OWN_PREFIX, SHARED_RESOURCE, WHOLE_RESOURCE, mig_resource
 from sharing.lenient import as_list, as_map
 from sharing.lenient import is_int as _is_int
 from sharing.modes import ALLOCATION_MODES, AllocationMode
@@ -120,6 +121,8 @@ class Allocation:
         On the DRA backend the pod must reference the record's claim as ``gpupack`` and
         every recorded container must name its request of that claim.
         """
+        if self.mode == "cpu":
+            return gpu_ask(pod_spec)
         if self.backend == "dra":
             return self._claim_mismatch(pod_spec)
         for c in self.containers:
@@ -163,7 +166,14 @@ class Allocation:
         if mode not in ALLOCATION_MODES:
             raise AllocationError(f"{ALLOCATION_ANNOTATION} mode {mode!r} is not one of {', '.join(ALLOCATION_MODES)}")
         containers = raw.get("containers")
-        if not isinstance(containers, list) or not containers:
+        if mode == "cpu":
+            # A pod that asks for no GPU: nothing per container, and only the DRA pool places it.
+            if containers not in (None, []):
+                raise AllocationError(f"{ALLOCATION_ANNOTATION} mode 'cpu' records no containers")
+            if raw.get("backend") != "dra" or raw.get("claim") is not None:
+                raise AllocationError(f"{ALLOCATION_ANNOTATION} mode 'cpu' belongs to the DRA pool and names no claim")
+            containers = []
+        elif not isinstance(containers, list) or not containers:
             raise AllocationError(f"{ALLOCATION_ANNOTATION} has no containers")
         replicas, gpu_model, gated = raw.get("replicas"), raw.get("gpuModel"), raw.get("gated") is True
         existed = raw.get("capacityExisted")
@@ -187,12 +197,31 @@ class Allocation:
         )
 
 
+def gpu_ask(pod_spec: Mapping[str, Any]) -> str | None:
+    """Why a pod recorded as asking for no GPU (mode ``cpu``) does ask for one; None when it does not:
+    a ``gpupack.io/*``, ``nvidia.com/*`` resource or a claim, in any container, or a pod claim."""
+    if as_list(pod_spec.get("resourceClaims")):
+        return "a pod recorded as asking for no GPU references a ResourceClaim"
+    for kind in _KINDS:
+        for container in as_list(pod_spec.get(kind)):
+            resources = as_map(as_map(container).get("resources"))
+            names = [*as_map(resources.get("limits")), *as_map(resources.get("requests"))]
+            gpu = next((str(n) for n in names if str(n).startswith((OWN_PREFIX, NVIDIA_PREFIX))), None)
+            if gpu is not None:
+                return f"container {as_map(container).get('name')!r} asks for {gpu}, not for no GPU"
+            if as_list(resources.get("claims")):
+                return f"container {as_map(container).get('name')!r} uses a ResourceClaim"
+    return None
+
+
 def resource_for(mode: AllocationMode, profile: str | None) -> str | None:
     """The device-plugin resource a container of ``mode`` is given (``profile``: its MIG profile).
 
     The one rule: the webhook writes it (``sharing.decision``) and :meth:`Allocation.mismatch`
-    checks it. None for a MIG container without a profile.
+    checks it. None for a MIG container without a profile, and for mode ``cpu`` (no GPU).
     """
+    if mode == "cpu":
+        return None
     if mode == "mig":
         return mig_resource(profile) if profile else None
     return WHOLE_RESOURCE if mode == "whole" else SHARED_RESOURCE

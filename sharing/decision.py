@@ -45,9 +45,10 @@ from sharing.allocation import Allocation, ContainerAllocation, resource_for
 from sharing.backend import DEFAULT_BACKEND, Backend
 from sharing.dra.claims import request_name
 from sharing.inventory import Inventory, AdmissionPolicy
-from sharing.keys import CAPACITY_GATE, DEGRADED_LABEL, SHARING_ANNOTATION, STRATEGY_LABEL
+from sharing.keys import BACKEND_LABEL, CAPACITY_GATE, DEGRADED_LABEL, SHARING_ANNOTATION, STRATEGY_LABEL
 from sharing.modes import MODES, AllocationMode, Mode
 from sharing.options import (
+    DRA_TERMS,
     Expression,
     NeverFits,
     NoMigOption,
@@ -183,6 +184,26 @@ def decide(
     roles = tuple(role(c) for c in request.containers)
     choice = _choose(request.mode, tuple(asks), roles, policy, inventory, memo, backend)
     return _materialise(choice, request, asks, policy, engine_places or backend == "dra", backend)
+
+
+CPU_POD_REASON: Final = (f"asks for no GPU and is labelled {BACKEND_LABEL}=dra: gated on {CAPACITY_GATE} until the "
+                          "packing engine chooses its node in the DRA node pool")
+
+
+def cpu_pod_decision() -> PodDecision:
+    """The decision for a pod that asks for no GPU and is labelled ``gpupack.io/backend=dra``: the
+    packing engine places it on the DRA pool beside the GPU pods (their CPU is what feeds the
+    GPUs), so it waits at the gate, held to the pool's healthy nodes, until the controller pins it.
+    The same for every such pod: its requests are read from the pod when it is placed."""
+    return PodDecision(
+        mode="cpu",
+        containers=(),
+        terms=tuple((*term, Expression(DEGRADED_LABEL, "DoesNotExist", ())) for term in DRA_TERMS),
+        gated=True,
+        reason=f"cpu: {CPU_POD_REASON}",
+        policy="",
+        backend="dra",
+    )
 
 
 def _where(backend: Backend) -> str:

@@ -162,6 +162,8 @@ def _annotation_ops(pod: dict[str, Any], value: str) -> list[Operation]:
         return [{"op": "add", "path": "/metadata", "value": {"annotations": {ALLOCATION_ANNOTATION: value}}}]
     if not isinstance(metadata.get("annotations"), dict):
         return [{"op": "add", "path": "/metadata/annotations", "value": {ALLOCATION_ANNOTATION: value}}]
+    if metadata["annotations"].get(ALLOCATION_ANNOTATION) == value:
+        return []  # the webhook's own record, seen again when it is reinvoked
     return [{"op": "add", "path": f"/metadata/annotations/{escape(ALLOCATION_ANNOTATION)}", "value": value}]
 
 
@@ -175,7 +177,7 @@ def build_patch(pod: dict[str, Any], decision: PodDecision) -> list[Operation]:
         base = f"/spec/{c.kind}/{c.index}"
         ops += _resources_ops(container, base, None if dra else c.resource)
         ops += _claim_ops(container, base, c.resource) if dra else _env_ops(container, base, c.env)
-    if dra:
+    if dra and decision.mode != "cpu":  # a pod that asks for no GPU has no claim
         ops += _pod_claim_ops(spec, decision.claim)
     ops += _affinity_ops(spec, decision.terms)
     if decision.gated:

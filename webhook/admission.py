@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from sharing.backend import pod_claim_name
-from sharing.decision import DecisionMemo, PodDecision, decide, policy_for
+from sharing.allocation import gpu_ask
+from sharing.decision import DecisionMemo, PodDecision, cpu_pod_decision, decide, policy_for
 from sharing.dra.claims import names_gpupack_class
 from sharing.inventory import Inventory
 from sharing.keys import BACKEND_LABEL, CAPACITY_GATE, SKIP_LABEL
@@ -185,7 +186,12 @@ def _review_pod(
     labels = metadata.get("labels") if isinstance(metadata, dict) else None
     if isinstance(labels, dict) and labels.get(SKIP_LABEL) == "true":
         return _allow(uid, f"gpupack: pod has label {SKIP_LABEL}=true; left untouched")
-    if not pod_wants_gpupack(pod):
+    wants = pod_wants_gpupack(pod)
+    if not wants and isinstance(labels, dict) and labels.get(BACKEND_LABEL) == "dra":
+        spec = pod.get("spec")
+        if isinstance(spec, dict) and gpu_ask(spec) is None:
+            return _cpu_pod(uid, pod, inventory)
+    if not wants:
         refuse_forged_marks(pod)
         return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
     namespace = request.get("namespace")
@@ -216,6 +222,20 @@ def _review_pod(
         )
     message = f"gpupack: {decision.reason} (pool: {pool.why})"
     answer = review_response(uid, True, message=message, patch=patch, warnings=warnings or None)
+    return Answer(answer, "allowed", decision=decision)
+
+
+def _cpu_pod(uid: str, pod: dict[str, Any], inventory: Inventory) -> Answer:
+    """A pod that asks for no GPU, labelled for the DRA pool: the packing engine places it there
+    (``sharing.decision.cpu_pod_decision``). Any gpupack mark it carries is replaced by the
+    webhook's own, so a hand-written one changes nothing; its reinvocation changes nothing either."""
+    decision = cpu_pod_decision()
+    warnings = None
+    if inventory.synced and not inventory.pool("dra").nodes:
+        warnings = [f"gpupack: the cluster has no node of the DRA pool ({BACKEND_LABEL}=dra) yet; "
+                    f"the pod waits at scheduling gate {CAPACITY_GATE} until one can hold it"]
+    message = f"gpupack: {decision.reason} (pool: pod label {BACKEND_LABEL}=dra)"
+    answer = review_response(uid, True, message=message, patch=build_patch(pod, decision), warnings=warnings)
     return Answer(answer, "allowed", decision=decision)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from sharing.allocation import has_capacity_gate, trusted_allocation
 from sharing.backend import POD_CLAIM
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
+from sharing.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE
 from sharing.lenient import as_list, as_map
 from sharing.request import AdmissionRefusal, Reason
 
@@ -64,6 +64,13 @@ def refuse_forged_marks(pod: dict[str, Any]) -> None:
             Reason.FORGED_ALLOCATION,
             f"annotation {ALLOCATION_ANNOTATION} is written by gpupack's webhook only, and this one does not "
             f"describe the pod ({distrust}); remove it and ask for gpupack.io/gpu-milli instead",
+        )
+    if allocation.mode == "cpu":
+        raise AdmissionRefusal(
+            Reason.FORGED_ALLOCATION,
+            f"annotation {ALLOCATION_ANNOTATION} mode 'cpu' is the webhook's for pods labelled "
+            f"{BACKEND_LABEL}=dra that ask for no GPU, and this pod is not labelled so; remove the annotation, "
+            f"or label the pod",
         )
     if allocation.backend != "dra" and _claim_entry(spec) is not None:
         raise _forged_claim_entry("the pod's gpupack allocation record is not a DRA one")

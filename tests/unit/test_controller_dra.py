@@ -359,3 +359,24 @@ def test_a_dra_gpu_counts_what_its_claims_hold() -> None:
     assert ratio == pytest.approx(0.75 / 2)  # GPU 1 holds 750 milli, GPU 0 nothing
     assert fragmentation == pytest.approx(0.25 / 1.25)  # of 1.25 GPUs free, 0.25 is on the shared GPU
     assert cluster_figures(Snapshot(nodes=(node,), pods=()))[0] == 0.0  # no claims: nothing held
+
+
+def test_a_cycle_pins_and_ungates_a_pod_that_asks_for_no_gpu_without_a_claim() -> None:
+    from sharing.decision import cpu_pod_decision
+
+    record = cpu_pod_decision().allocation()
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "cpu", "namespace": "team", "uid": "uid-cpu", "creationTimestamp": "2026-11-30T01:00:00Z",
+                        "labels": {BACKEND_LABEL: "dra"},
+                        "annotations": {ALLOCATION_ANNOTATION: record.to_annotation()}},
+           "spec": {"schedulingGates": [{"name": CAPACITY_GATE}],
+                    "containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "2"}}}],
+                    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [
+                            {"key": BACKEND_LABEL, "operator": "In", "values": ["dra"]}]}]}}}}}
+    kube = cluster(pod)
+    report = controller(kube).cycle()
+    assert report.errors == [] and report.released == ["team/cpu"]
+    assert kube.claims == {}  # no GPU, no claim
+    (release,) = kube.pod_patches
+    assert pinned_node(release[1]) == ["a"] and release[1][-1] == {"op": "remove", "path": "/spec/schedulingGates"}

@@ -341,3 +341,44 @@ def test_cpu_and_memory_the_nodes_pods_request_are_not_given_again() -> None:
     assert devices(run([full], [asking])) == {}
     small = replace(asking, cpu_milli=1_000)
     assert [p.node for p in run([busy], [small]).placements] == ["busy"]
+
+
+def cpu_pod(name: str, cpu: int, minutes: int = 0) -> Pod:
+    return Pod("team", name, "cpu", NOW - timedelta(minutes=60 - minutes), gated=True, uid=f"uid-{name}",
+               backend="dra", cpu_milli=cpu, memory_mib=1_000, terms=(((BACKEND_LABEL, "In", ("dra",)),),))
+
+
+def test_a_pod_asking_no_gpu_goes_where_the_engine_puts_it_and_needs_no_claim() -> None:
+    """The engine's CPU-only choice is the simulator's (``DraReplay`` with ``cpu_pods="engine"``),
+    and a pod whose CPU fits no node waits with the reason."""
+    from dataclasses import replace
+
+    nodes = [replace(node(n, 4), cpu_milli=64_000, memory_mib=512_000) for n in ("a", "b", "c")]
+    rng = np.random.default_rng(11)
+    pods: list[Pod] = []
+    for i in range(24):
+        if i % 3 == 2:
+            pods.append(cpu_pod(f"p{i:02d}", int(rng.integers(1, 30)) * 1000, minutes=i))
+        else:
+            pods.append(replace(pod(f"p{i:02d}", milli=(int(rng.integers(1, 1000)),), minutes=i),
+                                cpu_milli=int(rng.integers(1, 12)) * 1000, memory_mib=1_000))
+    live = run(nodes, pods)
+    assert all(p.pinned.devices == () for p in live.placements if p.pod.endswith(("02", "05")))
+    key = f"mps/{H100.product}"
+    sims = [PodSpec(p.key, p.cpu_milli, p.memory_mib, 1 if p.milli else 0, p.milli[0] if p.milli else 0,
+                    (key,) if p.milli else (), key if p.milli else "") for p in pods]
+    cluster = ClusterState([NodeSpec(n.name, 64_000, 512_000, 4, key) for n in nodes])
+    policy = make_policy("gpupack", rng=np.random.default_rng(0),
+                         typical=TypicalPods.from_pods([as_claimed(s, 50) for s in sims if s.gpu_count]))
+    replay = DraReplay(cluster, policy, MostAllocatedWeights(1, 1, 1, 1), 50, cpu_pods="engine")
+    chosen = {p.pod: p.node for p in live.placements}
+    for spec in sims:
+        before = cluster.cpu_free.copy()
+        if replay.place(spec) is None:
+            assert spec.name not in chosen
+            continue
+        (i,) = np.flatnonzero(cluster.cpu_free != before)
+        assert chosen[spec.name] == nodes[i].name, spec.name
+    assert any(not s.gpu_count for s in sims if s.name in chosen)
+    too_big = run(nodes, [cpu_pod("huge", 100_000)])
+    assert too_big.placements == () and too_big.waiting[0].pod == "team/huge"

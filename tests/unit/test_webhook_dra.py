@@ -287,3 +287,62 @@ def test_shares_more_than_any_node_holds_at_once_are_refused_as_never_fitting() 
     assert record(patched).mode == "mps"
     # A bigger node in the pool makes the three-share pod possible again.
     assert record(admitted(three, dra_cluster(gpunode("dra-mps"), gpunode("dra-big", gpus=4)))[0]).mode == "mps"
+
+
+# ------------------------------------------------------------------ pods that ask for no GPU
+def cpu_pod(labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    container = {"name": "c", "image": "x", "resources": {"requests": {"cpu": "4", "memory": "8Gi"}}}
+    return make_pod(container, labels=DRA if labels is None else labels, **spec)
+
+
+def test_a_pod_asking_no_gpu_labelled_for_dra_waits_for_the_engine_on_the_pool() -> None:
+    patched, out = admitted(cpu_pod(), MPS_POOL)
+    assert patched["spec"]["schedulingGates"] == [{"name": "gpupack.io/capacity"}]
+    (term,) = patched["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"]
+    assert {"key": "gpupack.io/backend", "operator": "In", "values": ["dra"]} in term["matchExpressions"]
+    assert patched["spec"]["containers"] == cpu_pod()["spec"]["containers"]  # requests untouched
+    assert "resourceClaims" not in patched["spec"]
+    rec = record(patched)
+    assert (rec.mode, rec.backend, rec.claim, rec.containers, rec.gated) == ("cpu", "dra", None, (), True)
+    assert trusted_allocation(patched["metadata"]["annotations"]["gpupack.io/allocation"], patched["spec"])[0] == rec
+    assert "asks for no GPU" in out["status"]["message"]
+    # Reinvoked, the webhook changes nothing.
+    again = answer(patched, MPS_POOL, uid="again")
+    assert again["allowed"] and "patch" not in again
+
+
+def test_a_pod_asking_no_gpu_without_the_label_or_asking_a_gpu_itself_is_not_placed_by_gpupack() -> None:
+    out = answer(cpu_pod(labels={}), MPS_POOL)
+    assert out["allowed"] and "patch" not in out
+    plain = cpu_pod()
+    plain["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    out = answer(plain, MPS_POOL)
+    assert out["allowed"] and "patch" not in out
+
+
+def test_a_cpu_record_on_a_pod_that_asks_for_a_gpu_or_is_not_labelled_is_refused() -> None:
+    patched, _ = admitted(cpu_pod(), MPS_POOL)
+    text = patched["metadata"]["annotations"]["gpupack.io/allocation"]
+    unlabelled = cpu_pod(labels={}, schedulingGates=[{"name": "gpupack.io/capacity"}])
+    unlabelled["metadata"]["annotations"] = {"gpupack.io/allocation": text}
+    status = denied(unlabelled, MPS_POOL)
+    assert status["details"]["causes"][0]["reason"] == "ForgedAllocation" and "mode 'cpu'" in status["message"]
+    asks = dict(patched)
+    asks["spec"] = {**patched["spec"], "containers": [
+        {"name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    allocation, why = trusted_allocation(text, asks["spec"])
+    assert allocation is None and "asks for nvidia.com/gpu" in str(why)
+
+
+def test_a_hand_written_record_on_a_labelled_cpu_pod_is_replaced_by_the_webhooks() -> None:
+    forged = cpu_pod()
+    forged["metadata"]["annotations"] = {"gpupack.io/allocation": json.dumps(
+        {"mode": "mps", "containers": [{"name": "c", "milli": 300, "resource": "nvidia.com/gpu.shared"}]})}
+    patched, _ = admitted(forged, MPS_POOL)
+    assert record(patched).mode == "cpu"
+
+
+def test_a_cpu_pod_with_no_dra_node_yet_is_admitted_gated_with_a_warning() -> None:
+    patched, out = admitted(cpu_pod(), build_inventory([]))
+    assert patched["spec"]["schedulingGates"] and "no node of the DRA pool" in out["warnings"][0]
