@@ -59,6 +59,8 @@ from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
 from sharing.packing.specs import NodeSpec
 from sharing.simulator.arrivals import check_max_nodes, sample_nodes
 from sharing.simulator.dra import (
+    CPU_PODS,
+    CpuPods,
     DEFAULT_SHARE_UNIT,
     DEFAULT_TYPICAL_EVERY,
     TYPICAL_RULES,
@@ -120,6 +122,12 @@ def register(subparsers: Any) -> None:
         "--share-unit", type=int, default=None, metavar="MILLI",
         help=f"with --backend dra: the step of the milli capacity's request policy (default {DEFAULT_SHARE_UNIT}; "
         "must divide 1000 and be at most 500, as the API requires of a step: sharing.dra.share_policy)",
+    )
+    p.add_argument(
+        "--cpu-pods", choices=CPU_PODS, default=None,
+        help="with --backend dra: who places pods that ask for no GPU: scheduler (kube-scheduler, MostAllocated "
+        "with the weights manifests/ ships; default, what an unlabelled pod gets) or engine (the packing engine, "
+        "as for pods labelled gpupack.io/backend=dra: docs/dra-pods.md)",
     )
     p.add_argument(
         "--typical", choices=TYPICAL_RULES, default=None,
@@ -186,6 +194,9 @@ def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
                          "the whole run's pods)")
     if args.typical_every is not None and args.sharing_model != "product":
         raise UsageError("--typical-every applies to --model product only")
+    if args.cpu_pods is not None and backend != "dra":
+        raise UsageError("--cpu-pods applies to --backend dra only (the device-plugin backend leaves pods that ask "
+                         "for no GPU to kube-scheduler)")
     if backend != "dra":
         return backend, None
     if args.live_path != "engine":
@@ -245,10 +256,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             if share_unit is not None:
                 rule, every = _typical(args)
-                dra_runs = [run_dra(nodes, trace.pods, policy, s, weights, share_unit, inflate=args.inflate,
+                cpu_pods: CpuPods = args.cpu_pods or "scheduler"
+                dra_runs = [run_dra(nodes, trace.pods, policy, s, weights, share_unit, cpu_pods, inflate=args.inflate,
                                     typical=rule, typical_every=every, max_nodes=k) for s in seeds]
                 result = product_sweep(dra_runs, trace.workload)
-                extra = {"backend": backend, "share_unit": share_unit, "typical": rule,
+                extra = {"backend": backend, "share_unit": share_unit, "cpu_pods": cpu_pods, "typical": rule,
                          **({"typical_every": every} if rule == "present" else {}), **dra_extra(dra_runs)}
             else:
                 rule, every = _typical(args)
@@ -375,7 +387,9 @@ def as_text(result: SweepResult, sharing_model: str = "fgd", extra: dict[str, An
     elif extra.get("backend") == "dra":
         pods = ("the pods present, rebuilt at most every "
                 f"{extra.get('typical_every')} arrivals" if extra.get("typical") == "present" else "the whole run's pods")
-        what = f"product model, DRA backend (shares in {extra.get('share_unit')}-milli steps), typical pods: {pods}"
+        what = (f"product model, DRA backend (shares in {extra.get('share_unit')}-milli steps, pods that ask for no "
+                f"GPU placed by {'the packing engine' if extra.get('cpu_pods') == 'engine' else 'kube-scheduler'}), "
+                f"typical pods: {pods}")
     else:
         what = f"product model, {extra.get('live_path')} live path"
     occupied: dict[str, float | None] = extra.get("occupied_at", {})

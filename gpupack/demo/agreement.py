@@ -14,7 +14,10 @@ never leave; submitting one at a time and never deleting is that protocol, so
 any difference is the live system's, not the arrival process's. Shared nodes
 only, because the DRA model replays consumable-capacity shares (openb has no
 MIG-capable GPU type); pods ask no GPU memory (the model has none; each claim
-takes the request policy's default, one unit), and no CPU.
+takes the request policy's default, one unit). :func:`shared_pods` ask no CPU;
+:func:`mixed_pods` ask CPU and mix in pods that ask for no GPU, which the engine
+places too (docs/dra-pods.md, "Pods that ask for no GPU"), as the model's
+``cpu_pods="engine"`` does.
 
 What is compared: which pods were placed (live: claim allocated; model: the
 replay placed it), the allocation (milli asked by placed pods over all GPU
@@ -26,7 +29,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +44,7 @@ from sharing.keys import ALLOCATION_ANNOTATION
 from sharing.packing.cluster import ClusterState
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
-from sharing.packing.typical import TypicalPods
+from sharing.packing.typical import NO_GPU_POD, TypicalPods
 from sharing.simulator.dra import DraReplay, as_claimed
 from sharing.simulator.scheduler_config import load_weights
 
@@ -57,6 +60,8 @@ DEFAULT_NODES: tuple[DemoNode, ...] = (
 
 Where = tuple[str, int]
 """(node, GPU index)."""
+NO_GPU = -1
+"""The GPU index of a pod that asks for no GPU (it is placed on a node only)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,21 @@ def shared_pods(count: int, seed: int) -> tuple[DemoPod, ...]:
     return tuple(DemoPod(f"share-{i:03d}", m, None, "mps", 0.0, None) for i, m in enumerate(millis))
 
 
+def mixed_pods(count: int, seed: int, cpu_only_every: int = 3) -> tuple[DemoPod, ...]:
+    """:func:`shared_pods` that ask for CPU too (4 to 12 cores), every ``cpu_only_every``-th of them
+    replaced by a pod asking for no GPU and 8 to 32 cores, which the engine places as well: so
+    CPU can run out before the GPUs do, and where the CPU-only pods go decides which GPUs stay
+    usable (docs/simulator.md, "DRA model results")."""
+    rng = random.Random(seed + 1)
+    pods = []
+    for i, pod in enumerate(shared_pods(count, seed)):
+        if (i + 1) % cpu_only_every == 0:
+            pods.append(DemoPod(f"cpu-{i:03d}", 0, None, None, 0.0, None, cpu_milli=rng.randint(8, 32) * 1000))
+        else:
+            pods.append(replace(pod, cpu_milli=rng.randint(4, 12) * 1000))
+    return tuple(pods)
+
+
 TypicalRule = Literal["arrived", "workload"]
 
 
@@ -107,26 +127,34 @@ def model_placements(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], policy:
     """
     ordered = sorted(nodes, key=lambda n: n.name)
     specs = [NodeSpec(n.name, NODE_CPU_MILLI, NODE_MEMORY_MIB, n.gpus, get_model(n.model).product) for n in ordered]
-    engine_pods = [PodSpec(p.name, 0, 0, 1, p.milli) for p in pods]
-    everyone = TypicalPods.from_pods([as_claimed(p, unit) for p in engine_pods])
-    replay = DraReplay(ClusterState(specs), make_policy(policy, rng=np.random.default_rng(0), typical=everyone),
+    engine_pods = [PodSpec(p.name, p.cpu_milli, 0, 1 if p.milli else 0, p.milli) for p in pods]
+
+    def typical_of(some: Sequence[PodSpec]) -> TypicalPods:
+        # The live controller's typical pods are its GPU pods (controller.draplan).
+        return TypicalPods.from_pods([as_claimed(p, unit) for p in some if p.gpu_count] or [NO_GPU_POD])
+
+    replay = DraReplay(ClusterState(specs), make_policy(policy, rng=np.random.default_rng(0),
+                                                        typical=typical_of(engine_pods)),
                        load_weights(), unit, cpu_pods="engine")
     out: dict[str, Where | None] = {}
     for k, pod in enumerate(engine_pods):
         if typical == "arrived":
-            so_far = TypicalPods.from_pods([as_claimed(p, unit) for p in engine_pods[:k + 1]])
-            replay.policy = make_policy(policy, rng=np.random.default_rng(0), typical=so_far)
-        before = replay.cluster.gpu_free.copy()
+            replay.policy = make_policy(policy, rng=np.random.default_rng(0), typical=typical_of(engine_pods[:k + 1]))
+        before_gpu, before_cpu = replay.cluster.gpu_free.copy(), replay.cluster.cpu_free.copy()
         if replay.place(pod) is None:
             out[pod.name] = None
-            continue
-        node, gpu = (int(x[0]) for x in np.nonzero(before != replay.cluster.gpu_free))
-        out[pod.name] = (ordered[node].name, gpu)
+        elif not pod.gpu_count:
+            (taken,) = np.flatnonzero(before_cpu != replay.cluster.cpu_free)
+            out[pod.name] = (ordered[int(taken)].name, NO_GPU)
+        else:
+            node, gpu = (int(x[0]) for x in np.nonzero(before_gpu != replay.cluster.gpu_free))
+            out[pod.name] = (ordered[node].name, gpu)
     return out
 
 
 def _claim_device(admin: Any, pod: str) -> Where | None:
-    """Where ``pod``'s ResourceClaim was allocated (None: not yet)."""
+    """Where ``pod``'s ResourceClaim was allocated (None: not yet); for a pod that asks for no GPU,
+    the node it is bound to and :data:`NO_GPU`."""
     from kubernetes import client
 
     from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
@@ -136,6 +164,8 @@ def _claim_device(admin: Any, pod: str) -> Where | None:
     core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
     obj: Any = core.read_namespaced_pod(pod, DEMO_NAMESPACE)
     record = Allocation.from_annotation((obj.metadata.annotations or {}).get(ALLOCATION_ANNOTATION))
+    if record.mode == "cpu":
+        return (str(obj.spec.node_name), NO_GPU) if obj.spec.node_name else None
     try:
         claim: Any = custom.get_namespaced_custom_object("resource.k8s.io", "v1", DEMO_NAMESPACE, "resourceclaims",
                                                          str(record.claim))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from sharing.keys import MEMORY_RESOURCE, MILLI_RESOURCE, SHARING_ANNOTATION
+from sharing.keys import BACKEND_LABEL, MEMORY_RESOURCE, MILLI_RESOURCE, SHARING_ANNOTATION
 
 SHAPES: tuple[tuple[int, str | None, str | None, int], ...] = (
     # (milli, gpu-memory, gpupack.io/sharing, weight)
@@ -37,18 +37,28 @@ class DemoPod:
     """Seconds after the stream starts at which the pod is created."""
     lifetime: float | None
     """Seconds it runs once scheduled before it finishes (None: runs to the end)."""
+    cpu_milli: int = 0
+    """CPU the pod requests (0: none). A pod with ``milli`` 0 asks for no GPU: it is labelled
+    ``gpupack.io/backend=dra``, so the packing engine places it on the DRA pool."""
 
     def manifest(self, namespace: str) -> dict[str, object]:
-        limits: dict[str, str] = {MILLI_RESOURCE: str(self.milli)}
-        if self.memory is not None:
-            limits[MEMORY_RESOURCE] = self.memory
-        metadata: dict[str, object] = {"name": self.name, "namespace": namespace, "labels": {"app": "gpupack-demo"}}
+        resources: dict[str, dict[str, str]] = {}
+        labels = {"app": "gpupack-demo"}
+        if self.milli:
+            resources["limits"] = {MILLI_RESOURCE: str(self.milli)}
+            if self.memory is not None:
+                resources["limits"][MEMORY_RESOURCE] = self.memory
+        else:
+            labels[BACKEND_LABEL] = "dra"
+        if self.cpu_milli:
+            resources["requests"] = {"cpu": f"{self.cpu_milli}m"}
+        metadata: dict[str, object] = {"name": self.name, "namespace": namespace, "labels": labels}
         if self.mode:
             metadata["annotations"] = {SHARING_ANNOTATION: self.mode}
         return {
             "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
             "spec": {"containers": [{"name": "main", "image": "registry.example/inference:1",
-                                     "resources": {"limits": limits}}]},
+                                     "resources": resources}]},
         }
 
 

@@ -176,6 +176,9 @@ def test_dra_backend_json_says_which_backend_and_unit_ran(files: tuple[Path, Pat
     data = json.loads(result.stdout)
     assert set(fgd) <= set(data) and data["sharing_model"] == "product"
     assert data["backend"] == "dra" and data["share_unit"] == 50 and data["live_path"] == "engine"
+    assert data["cpu_pods"] == "scheduler"
+    engine = json.loads(gpupack(*base, "--backend", "dra", "--cpu-pods", "engine").stdout)
+    assert engine["cpu_pods"] == "engine"
     keys = list(data)
     assert keys.index("backend") == keys.index("sharing_model") + 1
     # Claims reserve at least what the pods ask for; the capacity split covers the cluster.
@@ -194,7 +197,8 @@ def test_dra_backend_text_names_the_backend(files: tuple[Path, Path]) -> None:
     text = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", "--model", "product",
                    "--backend", "dra", "--share-unit", "25")
     assert text.returncode == 0, text.stderr
-    assert "product model, DRA backend (shares in 25-milli steps)" in text.stdout and "occupied %" in text.stdout
+    assert "product model, DRA backend (shares in 25-milli steps, pods that ask for no GPU placed by kube-scheduler)" \
+        in text.stdout and "occupied %" in text.stdout
     assert "share rounding" in text.stdout
 
 
@@ -212,9 +216,12 @@ def test_dra_backend_text_names_the_backend(files: tuple[Path, Path]) -> None:
         (("--model", "product", "--backend", "dra", "--live-path", "scheduler"), "--live-path applies to --backend device-plugin only"),
         (("--model", "product", "--backend", "cuda"), "argument --backend: invalid choice: 'cuda'"),
         (("--mig", "A100-80GB", "--backend", "dra"), "--backend applies to --model product only"),
+        (("--model", "product", "--cpu-pods", "engine"), "--cpu-pods applies to --backend dra only"),
+        (("--model", "product", "--backend", "dra", "--cpu-pods", "kubelet"), "argument --cpu-pods: invalid choice"),
     ],
     ids=["dra-without-product", "backend-with-fgd", "unit-without-backend", "unit-with-device-plugin", "unit-not-divisor",
-         "unit-zero", "unit-above-a-gpu", "unit-not-a-number", "dra-scheduler-path", "unknown-backend", "backend-with-mig"],
+         "unit-zero", "unit-above-a-gpu", "unit-not-a-number", "dra-scheduler-path", "unknown-backend", "backend-with-mig",
+         "cpu-pods-without-dra", "cpu-pods-unknown"],
 )
 def test_backend_flags_exit_2_with_a_clear_message(files: tuple[Path, Path], args: tuple[str, ...], message: str) -> None:
     nodes, pods = files
