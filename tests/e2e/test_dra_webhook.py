@@ -121,6 +121,29 @@ def test_a_dra_pod_is_stored_with_its_claim_reference_gate_and_record(admin_clie
     assert {"key": "gpupack.io/backend", "operator": "In", "values": ["dra"]} in terms[0]["matchExpressions"]
 
 
+def test_a_pod_asking_no_gpu_is_gated_for_the_engine_only_when_labelled_for_dra(
+        admin_client: Any, dra_namespace: str) -> None:
+    """The shipped matchConditions send a pod that asks for no GPU when it carries the DRA label
+    (the webhook gates it with a record of mode ``cpu``), and never one without it."""
+    core: Any = client.CoreV1Api(admin_client)
+    wait_for("the webhook to send a pod to the DRA pool",
+             lambda: bool(core.create_namespaced_pod(dra_namespace, _dra_pod(dra_namespace, "probe"),
+                                                     dry_run="All").spec.resource_claims), 60.0, interval_s=0.25)
+    container = {"name": "main", "image": "x", "resources": {"requests": {"cpu": "4"}}}
+    core.create_namespaced_pod(dra_namespace, make_pod(container, name="cpu-dra", namespace=dra_namespace,
+                                                       labels={"gpupack.io/backend": "dra"}))
+    core.create_namespaced_pod(dra_namespace, make_pod(container, name="cpu-plain", namespace=dra_namespace))
+    labelled = admin_client.sanitize_for_serialization(core.read_namespaced_pod("cpu-dra", dra_namespace))
+    record = json.loads(labelled["metadata"]["annotations"]["gpupack.io/allocation"])
+    assert (record["mode"], record["backend"], record["containers"]) == ("cpu", "dra", [])
+    assert labelled["spec"]["schedulingGates"] == [{"name": "gpupack.io/capacity"}]
+    assert "resourceClaims" not in labelled["spec"]
+    assert labelled["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "4"}}
+    plain = admin_client.sanitize_for_serialization(core.read_namespaced_pod("cpu-plain", dra_namespace))
+    assert "gpupack.io/allocation" not in (plain["metadata"].get("annotations") or {})
+    assert not plain["spec"].get("schedulingGates") and not plain["spec"].get("affinity")
+
+
 def _claim(namespace: str, name: str, milli: str) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace},
