@@ -195,6 +195,14 @@ class _Shares:
             self.cluster.remove(PodPlacement(shapes[k], node, (j,)))
             self.memory_free[node, j] += self._memory(pod, k)
 
+    def take_cpu(self, node_name: str, pod: Pod) -> None:
+        """``pod``'s CPU and memory, placed on ``node_name`` by the MIG path, taken here too."""
+        i = next((i for i, n in enumerate(self.nodes) if n.name == node_name), None)
+        if self.cluster is not None and i is not None and (pod.cpu_milli or pod.memory_mib):
+            cpu = min(pod.cpu_milli, int(self.cluster.cpu_free[i]))
+            memory = min(pod.memory_mib, int(self.cluster.mem_free[i]))
+            self.cluster.place(PodSpec(f"mig/{pod.key}", cpu, memory), i, ())
+
     def place_cpu(self, pod: Pod) -> Node | str:
         """The node the engine gives ``pod``, which asks for no GPU (committed), or why none: the
         policy scores its CPU and memory against what the GPUs of each node still need, as the
@@ -239,17 +247,36 @@ class _Shares:
                       for k, (r, j) in enumerate(zip(pod.requests, gpus))]
 
 
+class _Room:
+    """The CPU milli and memory MiB each DRA node has left this cycle: its allocatable less what its
+    pods request, less this cycle's placements (a node whose allocatable is unknown never limits).
+    The MIG path checks it; the shares' engine cluster keeps the same account in its own state."""
+
+    def __init__(self, nodes: Sequence[Node]) -> None:
+        self.left: dict[str, tuple[int, int] | None] = {n.name: n.room for n in nodes}
+
+    def fits(self, node: str, pod: Pod) -> bool:
+        left = self.left.get(node)
+        return left is None or (left[0] >= pod.cpu_milli and left[1] >= pod.memory_mib)
+
+    def take(self, node: str, pod: Pod) -> None:
+        left = self.left.get(node)
+        if left is not None:
+            self.left[node] = (left[0] - pod.cpu_milli, left[1] - pod.memory_mib)
+
+
 def _key(node: Node) -> str:
     """The engine's GPU "model" of a node: how it offers its MIG-off GPUs, and its product."""
     return f"{node.sharing}/{node.product}"
 
 
-def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...],
-         nodes: Sequence[Node]) -> tuple[Node, list[PinnedDevice]] | str:
-    """MIG instances of ``profiles`` (one per container) for ``pod`` on one node (committed), or why none."""
+def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...], nodes: Sequence[Node],
+         room: _Room) -> tuple[Node, list[PinnedDevice]] | str:
+    """MIG instances of ``profiles`` (one per container) for ``pod`` on one node with its CPU and
+    memory left (committed), or why none."""
     if len(profiles) != len(pod.requests):
         return "a MIG container names no profile"
-    allowed = {n.name for n in nodes if allowed_on(pod, n)}
+    allowed = {n.name for n in nodes if allowed_on(pod, n) and room.fits(n.name, pod)}
     picks = place_all([g for g in gpus if g.node in allowed], profiles)
     if picks is None:
         return (f"no DRA GPU offers {', '.join(sorted(profiles))} on one node now (free placements, "
@@ -287,25 +314,32 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         return DraPlan(tuple(placements), tuple(waits), tuple(refused))
     shares = _Shares(nodes, usage, pods, policy_name, share)
     mig = mig_gpus(nodes, usage.holds, snapshot.policies, now)
+    room = _Room(nodes)
     for pod in todo:
         if pod.mode == "cpu":
             chosen = shares.place_cpu(pod)
             if isinstance(chosen, str):
                 waits.append(Wait(pod.key, chosen))
             else:
+                room.take(chosen.name, pod)
                 placements.append(DraPlacement(pod.key, chosen.name, Pinned(chosen.name, ()),
                                                f"no GPU, {pod.cpu_milli} CPU milli on {chosen.name} (packing engine)"))
             continue
-        found = _mig(mig, pod, pod.profiles, nodes) if pod.mode == "mig" else shares.place(pod)
+        found = _mig(mig, pod, pod.profiles, nodes, room) if pod.mode == "mig" else shares.place(pod)
         how = "packing engine"
+        on_mig = pod.mode == "mig"
         if isinstance(found, str) and pod.mode != "mig" and pod.mig_fallback:
-            fallback = _mig(mig, pod, pod.mig_fallback, nodes)
+            on_mig = True
+            fallback = _mig(mig, pod, pod.mig_fallback, nodes, room)
             how = f"packing engine; MIG fallback: {found}"
             found = fallback if not isinstance(fallback, str) else f"{found}; MIG fallback: {fallback}"
         if isinstance(found, str):
             waits.append(Wait(pod.key, found))
             continue
         node, devices = found
+        room.take(node.name, pod)
+        if on_mig:
+            shares.take_cpu(node.name, pod)
         what = ", ".join(d.device for d in devices)
         placements.append(DraPlacement(pod.key, node.name, Pinned(node.name, tuple(devices)),
                                        f"{what} on {node.name} ({how})"))

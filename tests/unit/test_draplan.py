@@ -382,3 +382,18 @@ def test_a_pod_asking_no_gpu_goes_where_the_engine_puts_it_and_needs_no_claim() 
     assert any(not s.gpu_count for s in sims if s.name in chosen)
     too_big = run(nodes, [cpu_pod("huge", 100_000)])
     assert too_big.placements == () and too_big.waiting[0].pod == "team/huge"
+
+
+def test_a_mig_pod_needs_the_nodes_cpu_and_takes_it_from_the_pods_after_it() -> None:
+    from dataclasses import replace
+
+    mixed = replace(node("mixed", [gpu(0, mig=True), gpu(1)]), cpu_milli=16_000, memory_mib=64_000)
+    busy = replace(mig_node("busy", gpu(0, mig=True)), cpu_milli=16_000, memory_mib=64_000, cpu_used_milli=15_000)
+    m = replace(pod("m", "mig", profiles=("1g.10gb",)), cpu_milli=10_000, memory_mib=1_000)
+    s = replace(pod("s", milli=(300,), minutes=1), cpu_milli=10_000, memory_mib=1_000)
+    policies = {"mixed": OPEN, "busy": OPEN}
+    assert run([busy], [m], policies=policies).placements == ()  # 1 core left of 16
+    result = run([busy, mixed], [m, s], policies=policies)
+    assert [(p.pod, p.node) for p in result.placements] == [("team/m", "mixed")]
+    # The MIG pod took 10 of the mixed node's 16 cores: the share's 10 no longer fit there.
+    assert [w.pod for w in result.waiting] == ["team/s"]
