@@ -86,6 +86,11 @@ class AgentSettings:
     """``dra`` backend: also offer each MIG-enabled GPU as one whole device (kind ``gpu``, MIG
     disabled when prepared). Off by default: turning MIG off needs an idle GPU and, on most
     models, a GPU reset, and the ``7g`` placement already gives a claim the whole GPU's compute."""
+    dra_claims_dir: str = "/var/lib/kubelet/plugins/gpu.gpupack.io/state/claims"
+    """``dra`` backend: the kubelet plugin's claim journal (``gpupack dra-plugin serve``'s
+    ``<state dir>/claims``; the default is the plugin's default), read only, to tell a workload a
+    claim put on a device from one that runs there outside DRA (such devices are withdrawn). A
+    directory that does not exist means nothing is known and nothing is withdrawn for it."""
     dra_resync_seconds: float = 300.0
     """``dra`` backend: seconds between re-reads of the node's ResourceSlices from the API server,
     which repair a slice someone else changed or deleted. Between them the agent compares with

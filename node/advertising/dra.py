@@ -8,7 +8,9 @@ them. :class:`DraPublisher` is the agent's advertiser there
 
 1. decides what each GPU offers (``node.advertising.dra_offers``: MIG GPUs as
    partitionable devices, others shared or whole by the spec's sharing mode;
-   faults withdrawn; new placements only where a SharingPolicy allows reshaping);
+   faults withdrawn, and devices busy with a workload no claim in the kubelet
+   plugin's journal holds (``dra_claims_dir``); new placements only where a
+   SharingPolicy allows reshaping);
 2. builds the pool with ``sharing.dra`` (pool = node name, ``nodeName`` = node,
    owned by the Node so the slices go with it) and checks it with the
    validator, so nothing the API server would refuse is sent;
@@ -32,6 +34,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from kube.errors import KubeError
@@ -39,6 +42,7 @@ from node import conditions as C
 from node.advertising.dra_offers import NodeOffer, OfferRules, node_offer
 from node.advertising.dra_pool import Plan, Published, plan
 from node.context import AgentContext, JournalStore
+from node.draplugin.journal import read_claimed_devices
 from node.journal import Journal
 from node.pods import PodUse
 from node.policy import ReshapeRules
@@ -73,6 +77,7 @@ class DraPublisher:
         self.share = SHARES
         self.whole_gpu = settings.dra_whole_gpu
         self.resync_seconds = settings.dra_resync_seconds
+        self.claims_dir = Path(settings.dra_claims_dir)
         self._published: dict[str, Published] | None = None
         """The pool as the API server holds it, by slice name; None: read it before the next diff."""
         self._read_at = -1e18
@@ -111,7 +116,10 @@ class DraPublisher:
                            allowed_profiles=ctx.rules.policy.allowed_profiles if ctx.rules.policy else None,
                            reshape_blocked=reshape_blocked(ctx.rules, ctx.clock()),
                            whole_gpu=self.whole_gpu, share=self.share)
-        offer = node_offer(snapshot, ctx.faulted(), rules)
+        claimed = read_claimed_devices(self.claims_dir)
+        for problem in claimed.unreadable if claimed is not None else ():
+            log.warning("DRA claim journal: %s; its claim's devices are not known", problem)
+        offer = node_offer(snapshot, ctx.faulted(), rules, claimed)
         uid = str((node.get("metadata") or {}).get("uid") or "") or None
         wanted = node_slices(ctx.s.node_name, offer.gpus, generation=0, owner_uid=uid)
         try:

@@ -20,6 +20,13 @@ static layout, has not frozen it (``maxConcurrent: 0``) and, if it lists
 windows, one is open now. Otherwise only the existing instances are offered: a
 claim for a new placement creates a MIG instance, which is a reshape.
 
+**Use outside DRA withdraws** too, when the kubelet plugin's journal is
+readable here (``node.draplugin.journal.read_claimed_devices``): a MIG instance
+running a process while no claim holds its placement is withdrawn (and nothing
+overlapping it is offered), and a MIG-off GPU running a process while no claim
+holds it offers nothing; a claim given either would share it with a workload
+gpupack does not know. Without the journal nothing counts as used outside.
+
 **Faults withdraw** (invariant 5): every fault in force counts, whether or not
 NVIDIA's device plugin would act on it, since here gpupack is the one that
 advertises. A faulted or lost GPU offers nothing (not even its counter set); a
@@ -33,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from node.draplugin.journal import ClaimedDevices
 from node.snapshot import GpuSnapshot, NodeSnapshot
 from sharing.dra.gpu_devices import shared_gpu, whole_gpu
 from sharing.dra.mig_devices import mig_gpu
@@ -73,8 +81,11 @@ class NodeOffer:
         return sum(len(g.devices) for g in self.gpus)
 
 
-def node_offer(snapshot: NodeSnapshot, faulted: Collection[DeviceKey], rules: OfferRules) -> NodeOffer:
-    """Each GPU's offer (GPUs that offer nothing are left out), in index order."""
+def node_offer(snapshot: NodeSnapshot, faulted: Collection[DeviceKey], rules: OfferRules,
+               claimed: ClaimedDevices | None = None) -> NodeOffer:
+    """Each GPU's offer (GPUs that offer nothing are left out), in index order. ``claimed``: what the
+    kubelet plugin's journal says the node's claims hold (None: unknown, nothing counts as used
+    outside DRA)."""
     gpus: list[GpuOffer] = []
     withdrawn: list[str] = []
     problems: list[str] = []
@@ -84,6 +95,10 @@ def node_offer(snapshot: NodeSnapshot, faulted: Collection[DeviceKey], rules: Of
         if gpu.lost or (index, None) in faults:
             withdrawn.append(f"GPU {index} ({'lost' if gpu.lost else 'faulted'})")
             continue
+        if claimed is not None and not gpu.info.mig_enabled and gpu.processes and index not in claimed.gpus:
+            pids = ", ".join(str(p.pid) for p in gpu.processes[:3])
+            withdrawn.append(f"GPU {index} (used outside DRA: pid {pids}, and no claim holds it)")
+            continue
         if gpu.error is not None:
             problems.append(f"GPU {index} left out: NVML error: {gpu.error}")
             continue
@@ -91,7 +106,8 @@ def node_offer(snapshot: NodeSnapshot, faulted: Collection[DeviceKey], rules: Of
             problems.append(f"GPU {index} left out: its MIG mode change waits for a GPU reset")
             continue
         try:
-            offer = _mig(gpu, faults, rules, withdrawn) if gpu.info.mig_enabled else _unpartitioned(gpu, rules)
+            offer = (_mig(gpu, faults, rules, withdrawn, claimed) if gpu.info.mig_enabled
+                     else _unpartitioned(gpu, rules))
         except DraModelError as exc:
             problems.append(f"GPU {index} left out: {exc}")
             continue
@@ -102,12 +118,21 @@ def node_offer(snapshot: NodeSnapshot, faulted: Collection[DeviceKey], rules: Of
     return NodeOffer(tuple(gpus), tuple(withdrawn), tuple(problems))
 
 
-def _mig(gpu: GpuSnapshot, faults: frozenset[DeviceKey], rules: OfferRules, withdrawn: list[str]) -> GpuOffer | None:
+def _mig(gpu: GpuSnapshot, faults: frozenset[DeviceKey], rules: OfferRules, withdrawn: list[str],
+         claimed: ClaimedDevices | None) -> GpuOffer | None:
     if gpu.model is None:
         return None
     index = gpu.info.index
     bad = [i for i in gpu.instances if (index, i.gi_id) in faults]
     withdrawn += [f"MIG instance {i.gi_id} of GPU {index} ({i.profile} at {i.placement.start}, faulted)" for i in bad]
+    if claimed is not None:
+        # A workload no claim put there: a claim given this instance would share it with a stranger.
+        busy = gpu.busy_gi_ids()
+        foreign = [i for i in gpu.instances if i not in bad and i.gi_id in busy
+                   and (index, i.placement.start) not in claimed.instances]
+        withdrawn += [f"MIG instance {i.gi_id} of GPU {index} ({i.profile} at {i.placement.start}, used outside "
+                      "DRA)" for i in foreign]
+        bad += foreign
     reshape = rules.reshape_blocked is None
     return mig_gpu(
         gpu.model, index, gpu.info.uuid,

@@ -243,3 +243,43 @@ class ClaimJournal:
 
     def delete(self, uid: str) -> None:
         files.remove(self.path(uid))
+
+
+@dataclass(frozen=True)
+class ClaimedDevices:
+    """What the node's claims hold, as the plugin's journal says: read by the agent, which offers a
+    device busy with a workload no claim holds as used outside DRA (withdrawn)."""
+
+    gpus: frozenset[int]
+    """GPUs a claim holds whole or a share of (any phase but rolled back)."""
+    instances: frozenset[tuple[int, int]]
+    """``(GPU, first memory slice)`` of each MIG placement a claim holds or is creating."""
+    unreadable: tuple[str, ...] = ()
+    """Journal files that could not be read (their claims' devices are not known)."""
+
+
+def read_claimed_devices(directory: Path) -> ClaimedDevices | None:
+    """The devices the claims journalled in ``directory`` hold, reading only (the plugin owns the
+    files: nothing is renamed or created); None when the directory does not exist (no plugin has
+    run on this node, or it is not mounted here), so nothing is known."""
+    if not directory.is_dir():
+        return None
+    gpus: set[int] = set()
+    instances: set[tuple[int, int]] = set()
+    unreadable: list[str] = []
+    for path in sorted(directory.glob("*.json")):
+        if not _UID_FILE.match(path.name):
+            continue
+        try:
+            record = ClaimRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            continue  # unprepared and removed while we listed
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            unreadable.append(f"{path.name}: {exc}")
+            continue
+        for device in record.devices:
+            if device.kind == "mig" and device.placement is not None:
+                instances.add((device.gpu, device.placement.start))
+            elif device.kind != "mig":
+                gpus.add(device.gpu)
+    return ClaimedDevices(frozenset(gpus), frozenset(instances), tuple(unreadable))

@@ -437,3 +437,55 @@ def test_the_agent_may_write_resource_slices_and_the_policy_keeps_it_to_its_own_
     assert rule["resources"] == ["resourceslices"] and set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
     text = yaml.safe_dump(policy["spec"]["validations"])
     assert "object.spec.nodeName == variables.node" in text and f"'{names.DRIVER}'" in text
+
+
+# ------------------------------------------------------------------ used outside DRA
+def _journal(directory: Path, uid: str, *devices: dict[str, Any]) -> None:
+    """A claim's journal file as the kubelet plugin writes it (``node.draplugin.journal``)."""
+    from node.draplugin.claims import ClaimRef
+    from node.draplugin.journal import ClaimJournal, ClaimRecord, DeviceRecord
+
+    records = tuple(DeviceRecord(request="gpu", pool=NODE, device=d["device"], kind=d["kind"], gpu=d["gpu"],
+                                 gpu_uuid=f"GPU-{d['gpu']}", profile=d.get("profile"),
+                                 placement=d.get("placement"), gi_id=d.get("gi_id")) for d in devices)
+    ClaimJournal(directory).write(ClaimRecord(ClaimRef(uid, "team", f"claim-{uid}"), "Prepared", records, 1.0, 1.0))
+
+
+def test_a_busy_mig_instance_no_claim_holds_is_withdrawn_and_a_claimed_one_stays(tmp_path: Path) -> None:
+    sim = SimulatedNvml(H100, 2, seed=NODE, mig_enabled=True)
+    _make_instances(sim, 0, 0, 4)  # gi 1 at 0, gi 2 at 4
+    claims = tmp_path / "claims"
+    kube, _, agent = _node(2, sim=sim, dra_claims_dir=str(claims))
+    sim.start_process(0, 101, gi_id=1)
+    sim.start_process(0, 102, gi_id=2)
+    _ticks(agent)
+    # No journal directory: nothing is known, nothing is withdrawn.
+    assert {"gpu-0-mig-3g-40gb-0", "gpu-0-mig-3g-40gb-4"} <= set(kube.devices())
+    claims.mkdir()
+    _journal(claims, "uid-a", {"device": "gpu-0-mig-3g-40gb-4", "kind": "mig", "gpu": 0, "profile": "3g.40gb",
+                                "placement": Placement(4, THREE_G.memory_slices), "gi_id": 2})
+    _ticks(agent)
+    gpu0 = [d for d in kube.devices() if d.startswith("gpu-0-")]
+    assert gpu0 == ["gpu-0-mig-3g-40gb-4"]  # the claim's instance stays; the stranger's and all over it go
+    assert "MIG instance 1 of GPU 0 (3g.40gb at 0, used outside DRA)" in kube.cond()["message"]
+    sim.stop_process(0, 101)
+    _ticks(agent)
+    assert "gpu-0-mig-3g-40gb-0" in kube.devices()  # idle again: offered again
+
+
+def test_a_shared_gpu_running_a_workload_no_claim_holds_offers_nothing(tmp_path: Path) -> None:
+    claims = tmp_path / "claims"
+    claims.mkdir()
+    kube, sim, agent = _node(2, mig=False, dra_claims_dir=str(claims))
+    _ticks(agent)
+    kube.set_spec({"sharing": {"mode": "mps", "replicas": 2}})
+    sim.start_process(0, 201)
+    sim.start_process(1, 202)
+    _journal(claims, "uid-b", {"device": "gpu-1-shared", "kind": "shared", "gpu": 1})
+    _ticks(agent)
+    assert kube.devices() == ["gpu-1-shared"]
+    assert "GPU 0 (used outside DRA: pid 201, and no claim holds it)" in kube.cond()["message"]
+    (claims / "bad.json").write_text("{not json")
+    _ticks(agent)
+    assert kube.devices() == ["gpu-1-shared"]  # an unreadable file is skipped (and logged), nothing else changes
+    assert (claims / "bad.json").exists()  # the agent only reads the plugin's files
