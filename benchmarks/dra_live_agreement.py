@@ -7,6 +7,8 @@ by one and never leave), then the same pods replayed by the DRA model
 
     python benchmarks/dra_live_agreement.py                    # 3 seeds x 60 pods, about 10 min on 2 cores
     python benchmarks/dra_live_agreement.py --seeds 7 --pods 40 --policy FGD
+    python benchmarks/dra_live_agreement.py --mixed --out benchmarks/dra_live_agreement_mixed.json
+        # pods ask CPU too, every third asks for no GPU and is placed by the engine as well
 
 Writes benchmarks/dra_live_agreement.json (``--out`` to change) and prints a table.
 """
@@ -26,7 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpupack.demo.agreement import DEFAULT_NODES, compare, live_placements, model_placements, shared_pods  # noqa: E402
+from gpupack.demo.agreement import (  # noqa: E402
+    DEFAULT_NODES, compare, live_placements, mixed_pods, model_placements, shared_pods)
 
 
 def main() -> int:
@@ -35,13 +38,16 @@ def main() -> int:
     parser.add_argument("--pods", type=int, default=60,
                         help="pods per seed (default 60: more than the 16 GPUs hold, so some wait)")
     parser.add_argument("--policy", default="gpupack", help="the engine's policy, live (--policy) and model")
+    parser.add_argument("--mixed", action="store_true",
+                        help="pods ask 4-12 cores, and every third asks for no GPU (8-32 cores) and is labelled "
+                             "for the DRA pool, so the engine places it too (gpupack.demo.agreement.mixed_pods)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "dra_live_agreement.json")
     args = parser.parse_args()
     if args.pods < 1:
         parser.error("--pods must be at least 1")
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
-        pods = shared_pods(args.pods, seed)
+        pods = mixed_pods(args.pods, seed) if args.mixed else shared_pods(args.pods, seed)
         workdir = Path(tempfile.mkdtemp(prefix="gpupack-agreement-"))
         try:
             live = live_placements(workdir, DEFAULT_NODES, pods, args.policy,
@@ -58,6 +64,7 @@ def main() -> int:
         "machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}",
         "nodes": [f"{n.name}: {n.gpus} x {n.model} ({n.sharing})" for n in DEFAULT_NODES],
         "policy": args.policy,
+        "pods": "mixed_pods (CPU asks; every third asks for no GPU)" if args.mixed else "shared_pods",
         "runs": runs,
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")
