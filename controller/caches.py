@@ -246,6 +246,10 @@ class CachedKube(Kube):
         answer = super().create_resource_claim(namespace, body)
         return self._note("resourceclaims", object_key(answer), answer) if answer is not None else answer
 
+    def delete_resource_claim(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+        super().delete_resource_claim(namespace, name, uid, resource_version)
+        self.written.forget("resourceclaims", f"{namespace}/{name}")
+
     def patch_policy_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any] | None:
         return self._note("sharingpolicies", name, super().patch_policy_status(name, status))
 

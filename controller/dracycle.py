@@ -78,6 +78,13 @@ class DraCycle:
         if allocation is None or allocation.claim is None:
             return f"record not usable: {distrust or 'no claim named'}"
         namespace = str(meta.get("namespace") or "default")
+        old = placement.replaces
+        if old is not None:
+            try:  # only the unallocated claim at the version the plan read: never one allocated since
+                self.kube.delete_resource_claim(namespace, allocation.claim, old.uid, old.resource_version)
+            except KubeError as exc:
+                return f"ResourceClaim {old.key} not replaced (it changed since it was read: {exc}); next cycle"
+            log.info("ResourceClaim %s replaced: %s", old.key, placement.reason)
         try:
             self.kube.create_resource_claim(namespace, claim_body(pod, allocation, placement.pinned, self.share))
         except ClaimBuildError as exc:

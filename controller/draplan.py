@@ -29,6 +29,12 @@ device (``controller.draclaims``). Pure: a snapshot, the claims' holds
   builds each request from the device chosen). Explicit modes and whole-GPU
   pods never change.
 
+A released pod whose claim kube-scheduler has not allocated yet is planned again
+when another claim was allocated the device it was pinned to
+(``controller.drausage.broken_promises``: a user's own claim on gpupack's classes,
+which the engine does not plan): a device on its node is chosen anew and its
+claim is replaced (``DraPlacement.replaces``), or it waits with the reason.
+
 A pod whose claim already exists is not planned again: if the claim is the
 pod's (its ``ownerReferences`` name the pod's UID) and says where it was
 pinned, the pod is **adopted** (released to that node: the controller stopped
@@ -39,13 +45,13 @@ something else the pod is **refused** (it stays gated and an Event says why).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import numpy as np
 
 from controller.dramig import MigGpu, mig_gpus, place_all
-from controller.drausage import ClaimConflict, DraUsage, own_pin
+from controller.drausage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
 from controller.planner import Wait, allowed_on
 from controller.view import Node, Pod, Snapshot
 from sharing.backend import node_backend
@@ -70,6 +76,9 @@ class DraPlacement:
     reason: str
     adopted: bool = False
     """The pod's claim exists already (pinned to ``node``): release the pod, create nothing."""
+    replaces: ClaimRecord | None = None
+    """Re-pinning a released pod whose claim's promise another claim broke (``broken_promises``):
+    this claim is deleted (at this version, still unallocated) and created again, pinned anew."""
 
 
 @dataclass(frozen=True)
@@ -286,6 +295,21 @@ def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...], nodes: Sequenc
                   for r, (g, i) in zip(pod.requests, picks)]
 
 
+def _to_repin(pods: Sequence[Pod], usage: DraUsage, nodes: Sequence[Node]) -> list[tuple[Pod, ClaimRecord, str]]:
+    """Released, unbound pods whose own claim is a broken promise (oldest first), with why."""
+    broken = broken_promises(usage, nodes)
+    if not broken:
+        return []
+    out: list[tuple[Pod, ClaimRecord, str]] = []
+    for pod in sorted(pods, key=lambda p: (p.created, p.key)):
+        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        if pod.gated or pod.bound or pod.mode == "cpu" or pod.node is None or record is None:
+            continue
+        if record.key in broken and not record.allocated and not isinstance(own_pin(record, pod.uid), ClaimConflict):
+            out.append((pod, record, broken[record.key]))
+    return out
+
+
 def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name: str = "gpupack",
              share: SharePolicy = SHARES) -> DraPlan:
     """The DRA pool's placements for one cycle (see the module docstring)."""
@@ -310,11 +334,29 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         else:
             placements.append(DraPlacement(pod.key, pinned.node, pinned,
                                            f"claim {record.key} already pinned to {pinned.node}", True))
-    if not todo:
+    repin = _to_repin(pods, usage, nodes)
+    if not todo and not repin:
         return DraPlan(tuple(placements), tuple(waits), tuple(refused))
+    if repin:  # their broken promises hold nothing: each is placed again, on its node
+        gone = {record.key for _, record, _ in repin}
+        usage = replace(usage, holds=tuple(h for h in usage.holds if h.claim not in gone))
     shares = _Shares(nodes, usage, pods, policy_name, share)
     mig = mig_gpus(nodes, usage.holds, snapshot.policies, now)
     room = _Room(nodes)
+    for pod, record, why in repin:
+        # Its CPU and memory are counted on its node already (it is pinned there).
+        again = replace(pod, cpu_milli=0, memory_mib=0)
+        found = (_mig(mig, again, again.profiles, nodes, room) if pod.mode == "mig" else shares.place(again))
+        if isinstance(found, str):
+            waits.append(Wait(pod.key, f"ResourceClaim {record.key}: {why}; no other device on {pod.node} has "
+                                       f"room now ({found})"))
+            continue
+        node, devices = found
+        if pod.mode == "mig":
+            shares.take_cpu(node.name, again)
+        what = ", ".join(d.device for d in devices)
+        placements.append(DraPlacement(pod.key, node.name, Pinned(node.name, tuple(devices)),
+                                       f"{what} on {node.name} (re-pinned: {why})", replaces=record))
     for pod in todo:
         if pod.mode == "cpu":
             chosen = shares.place_cpu(pod)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.view import Node
+from mig.model import GpuModel
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice, PinnedError
 from sharing.dra.results import ResultError, read_result
@@ -58,6 +59,10 @@ class ClaimRecord:
     pinned: Pinned | None
     problem: str | None = None
     """Why its pinned annotation could not be read (None: absent or read)."""
+    allocated: bool = False
+    """kube-scheduler has allocated it (``status.allocation``)."""
+    uid: str = ""
+    resource_version: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,58 @@ class DraUsage:
     """Every ResourceClaim of the cycle by ``namespace/name`` (gpupack's or not: a pod's claim
     name may be taken by anyone)."""
     problems: tuple[str, ...] = ()
+
+
+def broken_promises(usage: DraUsage, nodes: Sequence[Node]) -> dict[str, str]:
+    """Claims the controller pinned and kube-scheduler has not allocated whose pinned device is no
+    longer free, by claim key, with why: claims allocated since (a user's own claim on gpupack's
+    classes, which the engine does not plan, or one it could not see) took it. kube-scheduler can
+    give such a claim nothing, so its pod would wait Pending for good (docs/dra-placement.md).
+
+    Only allocated claims count against a promise: other promises are the controller's own and
+    never overlap (``controller.draplan``)."""
+    allocated = [h for h in usage.holds if h.allocated]
+    memory = {(n.name, g.index): g.memory_mib * 2**20 for n in nodes for g in n.gpus}
+    models = {n.name: n.model for n in nodes}
+    out: dict[str, str] = {}
+    for promise in (h for h in usage.holds if not h.allocated):
+        if promise.claim in out:
+            continue
+        on_gpu = [h for h in allocated if h.node == promise.node and h.device.gpu == promise.device.gpu
+                  and h.claim != promise.claim]
+        if not on_gpu:
+            continue
+        taken_by = ", ".join(sorted({h.claim for h in on_gpu}))
+        device, kind = promise.device, promise.device.kind
+        if kind == "gpu" or any(h.device.kind == "gpu" for h in on_gpu):
+            broken = True
+        elif kind == "shared":
+            shares = [h.device for h in on_gpu if h.device.kind == "shared"]
+            broken = (any(h.device.kind == "mig" for h in on_gpu)
+                      or sum(d.milli for d in shares) + device.milli > 1000
+                      or sum(d.memory_bytes for d in shares) + device.memory_bytes
+                      > memory.get((promise.node, device.gpu), 0))
+        else:
+            broken = any(h.device.kind == "shared" or _overlap(models.get(promise.node), h.device, device)
+                         for h in on_gpu)
+        if broken:
+            out[promise.claim] = (f"the device it was pinned to ({promise.node}, GPU {device.gpu}) was allocated to "
+                                  f"{taken_by} before kube-scheduler allocated it")
+    return out
+
+
+def _overlap(model: GpuModel | None, a: PinnedDevice, b: PinnedDevice) -> bool:
+    """Two MIG devices' placements share a memory slice (unknown profiles: assume they do)."""
+    size_a, size_b = _size(model, a), _size(model, b)
+    if size_a is None or size_b is None or a.start is None or b.start is None:
+        return True
+    return a.start < b.start + size_b and b.start < a.start + size_a
+
+
+def _size(model: GpuModel | None, device: PinnedDevice) -> int | None:
+    if model is None or device.kind != "mig" or device.profile is None or not model.has_profile(device.profile):
+        return None
+    return next((p.size for p in model.profile(device.profile).placements if p.start == device.start), None)
 
 
 def device_table(node: Node) -> dict[str, DeviceRef]:
@@ -124,8 +181,10 @@ def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]) -> Dr
             except PinnedError as exc:
                 problem = str(exc)
                 problems.append(f"ResourceClaim {key}: {exc}")
-        records[key] = ClaimRecord(key, owners, pinned, problem)
-        results = _list(_map(_map(_map(obj.get("status")).get("allocation")).get("devices")).get("results"))
+        allocation = _map(_map(obj.get("status")).get("allocation"))
+        records[key] = ClaimRecord(key, owners, pinned, problem, bool(allocation), str(meta.get("uid") or ""),
+                                   str(meta.get("resourceVersion") or ""))
+        results = _list(_map(allocation.get("devices")).get("results"))
         if results:
             holds += _allocated(key, results, tables, problems)
         elif pinned is not None and not meta.get("deletionTimestamp"):

@@ -108,6 +108,17 @@ class Kube(KubeClient):
         return _body(call(self._custom.create_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, namespace,
                           CLAIMS, dict(body), _preload_content=False))
 
+    def delete_resource_claim(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+        """Delete the claim only if it is still that object at that version (preconditions): a claim
+        kube-scheduler allocated in between is left alone (KubeError, conflict). Gone already: done."""
+        body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
+        try:
+            call(self._custom.delete_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, namespace, CLAIMS,
+                 name, body=body, _preload_content=False)
+        except KubeError as exc:
+            if not exc.not_found:
+                raise
+
     # Writes answer with the object as the API server holds it afterwards (None when the answer
     # is not one), so a cache that has not seen the write yet can be read past
     # (``controller.caches``).

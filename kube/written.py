@@ -83,6 +83,10 @@ class WrittenObjects:
             older = {version_of(seen)}
             if before is not None:
                 older |= before.older | {version_of(before.obj)}
+            if seen is not None and not _same_uid(seen, answer):
+                # A new object under the name of one the cache still shows (we deleted that one):
+                # the cache lags behind while it shows the old one and while it shows none.
+                older.add(ABSENT)
             older.discard("")
             older.discard(version_of(answer))
             self._copies[(kind, key)] = _Copy(dict(answer), frozenset(older), self.clock())
@@ -117,6 +121,11 @@ class WrittenObjects:
         listed = [newer.pop(object_key(o), o) for o in items]
         return listed + list(newer.values())  # what is left: created by us, not listed yet
 
+    def forget(self, kind: str, key: str) -> None:
+        """Drop our copy of ``key`` (we deleted the object: a copy would bring it back)."""
+        with self._lock:
+            self._copies.pop((kind, key), None)
+
     def follow(self, kind: str, informer: Informer) -> None:
         """Forget copies of ``kind`` as ``informer``'s events pass them (:meth:`observe`)."""
         informer.listeners.append(partial(self.observe, kind))
@@ -129,8 +138,19 @@ class WrittenObjects:
         key = (kind, object_key(obj))
         with self._lock:
             copy = self._copies.get(key)
-            if copy is not None and (event == DELETED or version_of(obj) not in copy.older):
+            if copy is None:
+                return
+            if event == DELETED and not _same_uid(copy.obj, obj):
+                return  # an earlier object of that name went (deleted, then created again by us)
+            if event == DELETED or version_of(obj) not in copy.older:
                 del self._copies[key]
+
+
+def _same_uid(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Both are the same object (or either's UID is unknown)."""
+    uid_a = str((a.get("metadata") or {}).get("uid") or "")
+    uid_b = str((b.get("metadata") or {}).get("uid") or "")
+    return not uid_a or not uid_b or uid_a == uid_b
 
 
 __all__ = ["ABSENT", "WrittenObjects", "version_of"]

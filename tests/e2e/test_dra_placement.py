@@ -192,3 +192,45 @@ def test_a_deleted_pods_claim_is_collected_and_its_device_offered_again(pool: Po
     report = pool.controller.cycle()
     assert report.errors == [] and report.released == [f"{pool.namespace}/s4"]
     assert pool.allocated("s4") == devices["s1"]
+
+
+HOLD_GATE = "e2e.gpupack.io/hold"
+"""A scheduling gate of the test's own: gpupack lifts only its gate, so with this one the pod stays
+unscheduled after its release, its claim promised and not allocated, for as long as the test wants."""
+
+
+def test_a_promise_a_users_claim_took_is_re_pinned_on_the_pods_node(pool: Pool) -> None:
+    """A user's own claim on gpupack's shared class is allocated, by kube-scheduler, the device a
+    released gpupack pod's claim was pinned to before that claim was allocated. The controller sees
+    the broken promise, replaces the claim with one pinned to the node's other GPU, and the pod is
+    bound there once it may be scheduled."""
+    allocation = dra_allocation("mps", pod_claim_name(str(uuid.uuid4())), milli=(400,))
+    body: Any = dra_pod("p", pool.namespace, allocation,
+                        extra={"schedulingGates": [{"name": "gpupack.io/capacity"}, {"name": HOLD_GATE}]})
+    pool.core.create_namespaced_pod(pool.namespace, body)
+    report = pool.controller.cycle()
+    assert report.errors == [] and report.released == [f"{pool.namespace}/p"]
+    promise = pool.pinned("p")
+    (device,) = promise.devices
+    assert [g.name for g in pool.read("p").spec.scheduling_gates] == [HOLD_GATE]
+
+    # The user's claim: 700 milli of exactly that GPU, for a pod of theirs on that node.
+    pool.dra.claim("users", names.SHARED_CLASS, f'device.attributes["{names.DRIVER}"].index == {device.gpu}',
+                   capacity={names.MILLI: "700"})
+    pool.core.create_namespaced_pod(pool.namespace, {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "users"},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": promise.node},
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "users"}],
+                 "containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                 "resources": {"claims": [{"name": "gpu"}]}}]}})
+    (taken,) = wait_for("the user's claim allocated", lambda: pool.dra.results("users"), TIMEOUT_S)
+    assert (taken["pool"], taken["device"]) == (promise.node, device.device)
+
+    report = pool.controller.cycle()
+    assert report.errors == [], report.errors
+    again = pool.pinned("p")
+    (moved,) = again.devices
+    assert again.node == promise.node and moved.gpu != device.gpu and moved.milli == 400
+
+    pool.core.patch_namespaced_pod("p", pool.namespace, {"spec": {"schedulingGates": None}})
+    assert pool.allocated("p") == (promise.node, moved.device, 400)

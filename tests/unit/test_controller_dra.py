@@ -184,6 +184,7 @@ class FakeKube:
         self.events: list[tuple[str, str, str]] = []
         self.claim_list_error: KubeError | None = None
         self.lost_create_answers = 0
+        self.deleted: list[str] = []
 
     def list_gpunodes(self) -> list[dict[str, Any]]:
         return self.gpunodes
@@ -216,6 +217,17 @@ class FakeKube:
 
     def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.claims.get(f"{namespace}/{name}")
+
+    def delete_resource_claim(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+        key = f"{namespace}/{name}"
+        found = self.claims.get(key)
+        if found is None:
+            return
+        meta = found["metadata"]
+        if (meta.get("uid"), meta.get("resourceVersion")) != (uid, resource_version):
+            raise KubeError(409, f"resourceclaims {key}: precondition failed")
+        del self.claims[key]
+        self.deleted.append(key)
 
     def create_resource_claim(self, namespace: str, body: dict[str, Any]) -> None:
         key = f"{namespace}/{body['metadata']['name']}"
@@ -380,3 +392,29 @@ def test_a_cycle_pins_and_ungates_a_pod_that_asks_for_no_gpu_without_a_claim() -
     assert kube.claims == {}  # no GPU, no claim
     (release,) = kube.pod_patches
     assert pinned_node(release[1]) == ["a"] and release[1][-1] == {"op": "remove", "path": "/spec/schedulingGates"}
+
+
+def test_a_released_pods_claim_whose_device_a_users_claim_took_is_replaced_on_its_node() -> None:
+    kube = cluster(dra_pod("p", "team", dra_allocation("mps", "gpupack-pod-p", milli=(400,)), uid="uid-p"))
+    first = controller(kube)
+    assert first.cycle().released == ["team/p"]
+    claim = kube.claims["team/gpupack-pod-p"]
+    gpu = Pinned.from_annotation(claim["metadata"]["annotations"][ANNOTATION]).devices[0].gpu
+    claim["metadata"].update(uid="claim-uid-1", resourceVersion="5")
+    pod = kube.pods[0]
+    pod["spec"].pop("schedulingGates")  # as the release left it: pinned to a, ungated, not bound
+    pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"].append({"key": HOSTNAME_LABEL, "operator": "In", "values": ["a"]})
+    # Before kube-scheduler allocated it, a user's own claim was allocated 700 milli of that GPU.
+    kube.claims["other/users"] = {"metadata": {"namespace": "other", "name": "users"}, "status": {"allocation": {
+        "devices": {"results": [{"request": "gpu", "driver": "gpu.gpupack.io", "pool": "a",
+                                 "device": f"gpu-{gpu}-shared",
+                                 "consumedCapacity": {"gpu.gpupack.io/milli": "700",
+                                                      "gpu.gpupack.io/memory": "1Gi"}}]}}}}
+    del kube.pod_patches[:]
+    report = first.cycle()
+    assert report.errors == [] and report.released == ["team/p"]
+    assert kube.deleted == ["team/gpupack-pod-p"]
+    again = Pinned.from_annotation(kube.claims["team/gpupack-pod-p"]["metadata"]["annotations"][ANNOTATION])
+    assert again.node == "a" and again.devices[0].gpu != gpu  # the same node, the other GPU
+    assert kube.pod_patches == []  # the pod is pinned and ungated already: nothing to write on it

@@ -397,3 +397,61 @@ def test_a_mig_pod_needs_the_nodes_cpu_and_takes_it_from_the_pods_after_it() -> 
     assert [(p.pod, p.node) for p in result.placements] == [("team/m", "mixed")]
     # The MIG pod took 10 of the mixed node's 16 cores: the share's 10 no longer fit there.
     assert [w.pod for w in result.waiting] == ["team/s"]
+
+
+# ------------------------------------------------------------------ promises broken by claims the engine did not plan
+def released(p: Pod, node_name: str) -> Pod:
+    """``p`` released to ``node_name``: ungated, pinned there, not bound yet."""
+    from dataclasses import replace
+
+    return replace(p, gated=False, node=node_name)
+
+
+def own_promise(p: Pod, pinned: Pinned) -> dict[str, Any]:
+    claim = promised(p.claim or "", pinned, owner=p.uid)
+    claim["metadata"].update(uid=f"claim-uid-{p.name}", resourceVersion="7")
+    return claim
+
+
+def test_a_promise_a_users_claim_took_is_re_pinned_to_another_gpu_of_its_node() -> None:
+    from controller.drausage import broken_promises
+
+    p = released(pod("p", milli=(400,)), "a")
+    mine = own_promise(p, Pinned("a", (pinned_share(0, 400),)))
+    users = allocated("users", "a", "gpu-0-shared", 700, GiB)
+    nodes = [node("a", 2), node("b", 2)]
+    usage = read_usage([mine, users], nodes)
+    assert "allocated to other/users" in broken_promises(usage, nodes)["team/claim-p"]
+    result = run(nodes, [p], [mine, users])
+    (placement,) = result.placements
+    assert placement.node == "a" and [d.gpu for d in placement.pinned.devices] == [1]  # its node, the free GPU
+    assert placement.replaces is not None and placement.replaces.resource_version == "7"
+    assert "re-pinned" in placement.reason
+    # Room left beside the user's claim: the promise stands, nothing is planned.
+    small = allocated("users", "a", "gpu-0-shared", 600, GiB)
+    assert broken_promises(read_usage([mine, small], nodes), nodes) == {}
+    assert run(nodes, [p], [mine, small]).placements == ()
+
+
+def test_a_broken_promise_with_no_room_left_on_its_node_waits_with_the_reason() -> None:
+    p = released(pod("p", milli=(400,)), "a")
+    mine = own_promise(p, Pinned("a", (pinned_share(0, 400),)))
+    claims = [mine, allocated("u0", "a", "gpu-0-shared", 700, GiB), allocated("u1", "a", "gpu-1-shared", 700, GiB)]
+    result = run([node("a", 2), node("b", 2)], [p], claims)
+    assert result.placements == ()
+    (wait,) = result.waiting
+    assert "no other device on a has room" in wait.reason and "other/u0" in wait.reason
+
+
+def test_whole_gpu_and_mig_promises_break_on_any_overlap_and_only_then() -> None:
+    from controller.drausage import broken_promises
+
+    nodes = [node("w", 1, sharing="none"), mig_node("m", gpu(0, mig=True))]
+    whole = promised("cw", Pinned("w", (PinnedDevice("gpu-0", "gpu", 0),)))
+    mig = promised("cm", Pinned("m", (pinned_mig(0, "3g.40gb", 4),)))
+    overlapping = allocated("u1", "m", "gpu-0-mig-1g-10gb-5")
+    beside = allocated("u2", "m", "gpu-0-mig-3g-40gb-0")
+    on_whole = allocated("u3", "w", "gpu-0")
+    broken = broken_promises(read_usage([whole, mig, overlapping, beside, on_whole], nodes), nodes)
+    assert set(broken) == {"team/cw", "team/cm"}
+    assert broken_promises(read_usage([whole, mig, beside], nodes), nodes) == {}

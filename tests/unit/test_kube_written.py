@@ -127,3 +127,23 @@ def test_an_object_we_created_is_listed_until_the_cache_holds_it() -> None:
     cache.apply({"type": "ADDED", "object": obj("mine", "7")})
     assert names_and_versions(written.overlay("claims", cache, cache.items())) == [("other", "1"), ("mine", "7")]
     assert len(written) == 0
+
+
+def test_an_object_deleted_and_created_again_by_us_is_read_through_the_old_ones_delete_event() -> None:
+    old = obj("c", "1")
+    old["metadata"]["uid"] = "uid-old"
+    cache = informer_of(old)
+    written = WrittenObjects()
+    written.follow("claims", cache)
+    written.forget("claims", "ns/c")  # we deleted the old one
+    new = obj("c", "9")
+    new["metadata"]["uid"] = "uid-new"
+    written.wrote("claims", cache.get("ns/c"), new)  # and created it again
+    gone = obj("c", "8")
+    gone["metadata"]["uid"] = "uid-old"
+    cache.apply({"type": "DELETED", "object": gone})  # the old one's delete arrives
+    assert names_and_versions(written.overlay("claims", cache, cache.items())) == [("c", "9")]
+    deleted_new = obj("c", "10")
+    deleted_new["metadata"]["uid"] = "uid-new"
+    cache.apply({"type": "DELETED", "object": deleted_new})  # our own one deleted: forgotten
+    assert written.overlay("claims", cache, cache.items()) == []
