@@ -79,6 +79,11 @@ def register(subparsers: Any) -> None:
                                          "time-slicing none (default mps)", choices=SHARE_MODES)
     option("--mps-pipe-dir", "mps_pipe_directory", "the MPS control daemon's pipe directory, passed to clients "
                                                    "and bind-mounted (default: not set)")
+    option("--run-mps-daemon", "run_mps_daemon", "run the MPS control daemon for the node's MIG-off GPUs (with "
+           "--share-mode mps and --mps-pipe-dir), restart it if it goes, quit it on stop (default: off, something "
+           "else runs it)", action="store_const", const=True, default=None)
+    option("--mps-control-binary", "mps_control_binary",
+           f"the MPS control daemon's program (default {DEFAULTS.mps_control_binary})")
     serve.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster credentials, then $KUBECONFIG)")
     option("--claims-file", "claims_file", "SIMULATION/tests: read ResourceClaims from this JSON/YAML file "
                                            "instead of the API server")
@@ -119,7 +124,8 @@ def _settings(args: argparse.Namespace) -> PluginSettings:
         "cdi_dir": args.cdi_dir, "state_dir": args.state_dir, "share_mode": args.share_mode,
         "mps_pipe_directory": args.mps_pipe_dir, "claims_file": args.claims_file, "simulate": args.simulate,
         "state_file": args.state_file, "simulate_delay_seconds": args.simulate_delay_seconds,
-        "shutdown_grace_seconds": args.shutdown_grace_seconds,
+        "shutdown_grace_seconds": args.shutdown_grace_seconds, "run_mps_daemon": args.run_mps_daemon,
+        "mps_control_binary": args.mps_control_binary,
     }
     try:
         settings = PluginSettings.from_env(**overrides)
@@ -194,6 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_locked(settings: PluginSettings, args: argparse.Namespace) -> int:
     from node.draplugin.journal import ClaimJournal
+    from node.draplugin.mps_daemon import MpsDaemonError
     from node.draplugin.prepare import ClaimPreparer
     from node.draplugin.server import PluginServer, serve_until
 
@@ -221,8 +228,18 @@ def _serve_locked(settings: PluginSettings, args: argparse.Namespace) -> int:
                                  cdi_dir=Path(settings.cdi_dir).absolute(), share_mode=settings.share_mode,
                                  mps_pipe_directory=settings.mps_pipe_directory)
         preparer.recover()  # what it cannot finish is logged, and retried when the kubelet calls for that claim
-        unfinished = serve_until(PluginServer(preparer, settings.plugin_socket, settings.registration_socket), stop,
-                                 settings.shutdown_grace_seconds)
+        try:
+            daemon = _start_mps_daemon(settings, backend, stop)
+        except MpsDaemonError as exc:
+            print(f"gpupack: the MPS control daemon did not start, so shares would not be limited: {exc}",
+                  file=sys.stderr)
+            return EXIT_NO
+        try:
+            unfinished = serve_until(PluginServer(preparer, settings.plugin_socket, settings.registration_socket),
+                                     stop, settings.shutdown_grace_seconds)
+        finally:
+            if daemon is not None:
+                daemon.stop()
         if unfinished:
             # Their threads sit in NVML and cannot be interrupted; waiting for them would keep a stopped
             # plugin alive. The journal rolls back what they began when the plugin starts again.
@@ -234,6 +251,22 @@ def _serve_locked(settings: PluginSettings, args: argparse.Namespace) -> int:
     finally:
         backend.close()
     return EXIT_OK
+
+
+def _start_mps_daemon(settings: PluginSettings, backend: NvmlBackend, stop: threading.Event) -> Any:
+    """The node's MPS control daemon, started and watched, with ``--run-mps-daemon``; None otherwise.
+    Raises ``MpsDaemonError`` when it does not start (shares would not be limited)."""
+    if not settings.run_mps_daemon:
+        return None
+    from node.draplugin.mps_daemon import MpsDaemon, watch
+
+    uuids = [info.uuid for info in (backend.device_info(i) for i in range(backend.device_count()))
+             if not info.mig_enabled]
+    daemon = MpsDaemon(Path(settings.mps_pipe_directory), settings.mps_log_path, uuids,
+                       binary=settings.mps_control_binary)
+    daemon.start()  # MpsDaemonError: the caller says so and stops
+    watch(daemon, stop)
+    return daemon
 
 
 # ---------------------------------------------------------------------- call

@@ -47,6 +47,15 @@ class PluginSettings:
     """MPS: the control daemon's pipe directory, passed to clients (``CUDA_MPS_PIPE_DIRECTORY``)
     and bind-mounted into the container. Empty: not set (the daemon is run by something else that
     also arranges its clients' access, e.g. the GPU Operator's MPS support)."""
+    run_mps_daemon: bool = False
+    """MPS: run the MPS control daemon for the node's MIG-off GPUs (``node.draplugin.mps_daemon``),
+    started with the plugin, started again if it goes, quit when the plugin stops. Needs
+    ``share_mode`` mps and ``mps_pipe_directory``. Off: something else runs it (the GPU Operator's
+    MPS support), or shares are time-sliced in effect."""
+    mps_control_binary: str = "nvidia-cuda-mps-control"
+    """MPS: the control daemon's program (the NVIDIA container toolkit mounts it with the driver)."""
+    mps_log_directory: str = ""
+    """MPS: the daemon's log directory. Empty: ``<state dir>/mps-log``."""
     simulate: str = ""
     """``MODEL:COUNT`` to use the SIMULATED NVML backend (machines without GPUs)."""
     state_file: str = ""
@@ -81,6 +90,9 @@ class PluginSettings:
                                  "socket cannot have; use a shorter directory")
         if self.mps_pipe_directory and not Path(self.mps_pipe_directory).is_absolute():
             raise ValueError(f"mps_pipe_directory must be an absolute path, got {self.mps_pipe_directory!r}")
+        if self.run_mps_daemon and (self.share_mode != "mps" or not self.mps_pipe_directory):
+            raise ValueError("run_mps_daemon needs share_mode mps and an mps_pipe_directory (the directory the "
+                             "daemon listens in and every shared claim's containers are given)")
 
     @property
     def plugin_socket(self) -> Path:
@@ -94,6 +106,10 @@ class PluginSettings:
     @property
     def state_path(self) -> Path:
         return (Path(self.state_dir) if self.state_dir else Path(self.plugin_dir) / "state").absolute()
+
+    @property
+    def mps_log_path(self) -> Path:
+        return Path(self.mps_log_directory).absolute() if self.mps_log_directory else self.state_path / "mps-log"
 
     @property
     def claims_dir(self) -> Path:

@@ -269,3 +269,30 @@ def test_sigkill_in_the_middle_of_a_prepare_is_recovered_at_restart(plugin: Plug
     assert entry.error == "" and [d.device_name for d in entry.devices] == ["gpu-0-mig-4g-40gb-0", "gpu-0-mig-1g-10gb-6"]
     assert sorted((i["profile"], i["start"]) for i in plugin.instances(0)) == [("1g.10gb", 6), ("4g.40gb", 0)]
     assert plugin.stop() == 0
+
+
+def test_the_plugin_runs_the_mps_daemon_for_its_mig_off_gpus_and_quits_it_on_stop(plugin: Plugin) -> None:
+    program = plugin.root / "mps-control"
+    fake = ROOT / "tests" / "fixtures" / "fake_mps_control.py"
+    program.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+    program.chmod(0o755)
+    pipes = plugin.root / "mps"
+    plugin.add_claim("s1", {**mig("gpu-1-shared"), "shareID": "share-1",
+                            "consumedCapacity": {"gpu.gpupack.io/milli": "300", "gpu.gpupack.io/memory": "20Gi"}})
+    plugin.start("--run-mps-daemon", "--mps-pipe-dir", str(pipes), "--mps-control-binary", str(program))
+    assert (pipes / "control").exists()
+    gpu1 = json.loads(plugin.sim_state.read_text())["gpus"][1]["uuid"]
+    assert (pipes / "devices").read_text() == gpu1  # GPU 0 has MIG on: not the daemon's
+    plugin.prepare("s1")
+    assert f"CUDA_MPS_PIPE_DIRECTORY={pipes}" in plugin.spec("s1")["devices"][0]["containerEdits"]["env"]
+    assert plugin.stop() == 0
+    assert not (pipes / "control").exists()
+
+
+def test_run_mps_daemon_without_a_pipe_directory_is_refused_before_anything_starts(plugin: Plugin) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPACK_DRA_")}
+    done = subprocess.run([sys.executable, "-m", "gpupack.cli_draplugin", "serve", "--node", NODE,
+                           "--simulate", "H100-80GB:2", "--run-mps-daemon", "--plugin-dir", str(plugin.root / "p"),
+                           "--registration-dir", str(plugin.root / "r")],
+                          cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "run_mps_daemon needs share_mode mps and an mps_pipe_directory" in done.stderr
