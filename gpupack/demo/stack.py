@@ -47,6 +47,13 @@ DEMO_NAMESPACE = "gpupack-demo"
 DEMO_LABEL = "gpupack.io/demo"
 
 
+COMPONENT_TOKEN_SECONDS = 7 * 24 * 3600
+"""Lifetime of the ServiceAccount tokens the stack's controller and webhook run with. They read
+their kubeconfig once and never renew the token, so it must outlive the run: a whole-cluster
+``gpupack replay`` takes hours, and with the control plane's one-hour default its controller was
+refused (401) an hour in and every pod after that timed out."""
+
+
 @dataclass(frozen=True)
 class DemoNode:
     name: str
@@ -177,7 +184,7 @@ class Stack:
     # ------------------------------------------------------------ pieces
     def _sa_kubeconfig(self, name: str) -> str:
         assert self.plane is not None
-        return str(self.plane.serviceaccount_kubeconfig(name))
+        return str(self.plane.serviceaccount_kubeconfig(name, seconds=COMPONENT_TOKEN_SECONDS))
 
     def start_process(self, name: str, argv: list[str]) -> ManagedProcess:
         """``python -m gpupack ARGV`` as ``name``, logging to ``logs/NAME.log``; stopped by :meth:`stop`."""
