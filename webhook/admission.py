@@ -189,7 +189,8 @@ def _review_pod(
     wants = pod_wants_gpupack(pod)
     if not wants and isinstance(labels, dict) and labels.get(BACKEND_LABEL) == "dra":
         spec = pod.get("spec")
-        if isinstance(spec, dict) and gpu_ask(spec) is None:
+        # A pod created with spec.nodeName is placed already (and may not carry a scheduling gate).
+        if isinstance(spec, dict) and gpu_ask(spec) is None and not spec.get("nodeName"):
             return _cpu_pod(uid, pod, inventory)
     if not wants:
         refuse_forged_marks(pod)

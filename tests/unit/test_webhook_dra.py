@@ -319,6 +319,9 @@ def test_a_pod_asking_no_gpu_without_the_label_or_asking_a_gpu_itself_is_not_pla
     plain["spec"]["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
     out = answer(plain, MPS_POOL)
     assert out["allowed"] and "patch" not in out
+    placed = cpu_pod(nodeName="node-1")  # placed by its creator: no gate may be added
+    out = answer(placed, MPS_POOL)
+    assert out["allowed"] and "patch" not in out
 
 
 def test_a_cpu_record_on_a_pod_that_asks_for_a_gpu_or_is_not_labelled_is_refused() -> None:
