@@ -69,12 +69,9 @@ def mig_gpus(nodes: Iterable[Node], holds: Iterable[Hold], policies: Mapping[str
     held: dict[tuple[str, int], set[PlacedInstance]] = {}
     models = {n.name: n.model for n in nodes}
     for hold in holds:
-        model, device = models.get(hold.node), hold.device
-        if model is None or device.kind != "mig" or device.profile is None or not model.has_profile(device.profile):
-            continue
-        placement = next((p for p in model.profile(device.profile).placements if p.start == device.start), None)
-        if placement is not None:
-            held.setdefault((hold.node, device.gpu), set()).add(PlacedInstance(device.profile, placement))
+        instance = hold.device.placed(models.get(hold.node))
+        if instance is not None:
+            held.setdefault((hold.node, hold.device.gpu), set()).add(instance)
     out: list[MigGpu] = []
     for node in sorted(nodes, key=lambda n: n.name):
         if node.model is None:

@@ -134,16 +134,8 @@ def broken_promises(usage: DraUsage, nodes: Sequence[Node]) -> dict[str, str]:
 
 def _overlap(model: GpuModel | None, a: PinnedDevice, b: PinnedDevice) -> bool:
     """Two MIG devices' placements share a memory slice (unknown profiles: assume they do)."""
-    size_a, size_b = _size(model, a), _size(model, b)
-    if size_a is None or size_b is None or a.start is None or b.start is None:
-        return True
-    return a.start < b.start + size_b and b.start < a.start + size_a
-
-
-def _size(model: GpuModel | None, device: PinnedDevice) -> int | None:
-    if model is None or device.kind != "mig" or device.profile is None or not model.has_profile(device.profile):
-        return None
-    return next((p.size for p in model.profile(device.profile).placements if p.start == device.start), None)
+    placed_a, placed_b = a.placed(model), b.placed(model)
+    return placed_a is None or placed_b is None or bool(placed_a.placement.mask & placed_b.placement.mask)
 
 
 def device_table(node: Node) -> dict[str, DeviceRef]:

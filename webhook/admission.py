@@ -48,6 +48,8 @@ KIND: Final = "AdmissionReview"
 _UID_RE: Final = re.compile(rb'"uid"\s*:\s*("(?:[^"\\]|\\.){1,256}")')
 
 Outcome = Literal["allowed", "denied", "error"]
+NO_DRA_NODE_WARNING: Final = (f"gpupack: the cluster has no node of the DRA pool ({BACKEND_LABEL}=dra) yet; "
+                              f"the pod waits at scheduling gate {CAPACITY_GATE} until one can hold it")
 
 
 @dataclass(frozen=True)
@@ -213,8 +215,7 @@ def _review_pod(
         # controller creates the claim under this name when it places the pod.
         decision = replace(decision, claim=pod_claim_name(uid))
         if not inventory.pool("dra").nodes:
-            warnings.append(f"gpupack: the cluster has no node of the DRA pool ({BACKEND_LABEL}=dra) yet; "
-                            f"the pod waits at scheduling gate {CAPACITY_GATE} until one can hold it")
+            warnings.append(NO_DRA_NODE_WARNING)
     patch = build_patch(pod, decision)
     if not decision.capacity_exists:
         warnings.append(
@@ -233,8 +234,7 @@ def _cpu_pod(uid: str, pod: dict[str, Any], inventory: Inventory) -> Answer:
     decision = cpu_pod_decision()
     warnings = None
     if inventory.synced and not inventory.pool("dra").nodes:
-        warnings = [f"gpupack: the cluster has no node of the DRA pool ({BACKEND_LABEL}=dra) yet; "
-                    f"the pod waits at scheduling gate {CAPACITY_GATE} until one can hold it"]
+        warnings = [NO_DRA_NODE_WARNING]
     message = f"gpupack: {decision.reason} (pool: pod label {BACKEND_LABEL}=dra)"
     answer = review_response(uid, True, message=message, patch=build_patch(pod, decision), warnings=warnings)
     return Answer(answer, "allowed", decision=decision)

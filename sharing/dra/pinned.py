@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Final
 
+from mig.model import GpuModel, PlacedInstance
 from sharing.dra import names
 from sharing.dra.wire import SelectorJSON
 from sharing.keys import DRA_PINNED_ANNOTATION
@@ -75,6 +76,14 @@ class PinnedDevice:
             assert self.profile is not None and self.start is not None
             return names.mig_device_name(self.gpu, self.profile, self.start)
         return names.shared_device_name(self.gpu) if self.kind == "shared" else names.gpu_device_name(self.gpu)
+
+    def placed(self, model: GpuModel | None) -> PlacedInstance | None:
+        """A MIG device's instance on a GPU of ``model``: its profile at its start; None for another
+        kind, or a profile or start the model does not have."""
+        if model is None or self.kind != "mig" or self.profile is None or not model.has_profile(self.profile):
+            return None
+        placement = next((p for p in model.profile(self.profile).placements if p.start == self.start), None)
+        return None if placement is None else PlacedInstance(self.profile, placement)
 
     def selectors(self) -> list[SelectorJSON]:
         """CEL selectors only this device of the node's pool satisfies (with the request's DeviceClass
