@@ -14,11 +14,16 @@ rolls back or finishes at its next start. Claims are read from the API server
 resourceclaims.resource.k8s.io. SIGTERM (or SIGINT) stops it cleanly: the
 registration socket goes first, calls in flight finish, both sockets are removed.
 
-Without GPUs: ``--simulate MODEL:COUNT --state-file F`` uses the SIMULATED NVML
-backend, and ``--claims-file F`` reads ResourceClaims from a JSON/YAML file
-instead of the API server.
+It also streams the health of the devices it prepared to the kubelet
+(``v1.DRAResourceHealth``, every ``--health-interval-seconds``): a fault the node
+agent wrote into the node's GPUNode makes the device Unhealthy in the pod's status
+(``get`` on gpunodes.gpupack.io).
 
-``gpupack dra-plugin call {info,prepare,unprepare}`` calls a running plugin the
+Without GPUs: ``--simulate MODEL:COUNT --state-file F`` uses the SIMULATED NVML
+backend, ``--claims-file F`` reads ResourceClaims from a JSON/YAML file
+instead of the API server, and ``--gpunode-file F`` the GPUNode.
+
+``gpupack dra-plugin call {info,prepare,unprepare,health}`` calls a running plugin the
 way the kubelet does (there is no kubelet on a development machine) and prints
 the answer as JSON; claims are given as NAMESPACE/NAME/UID.
 
@@ -95,6 +100,14 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--simulate-pause-after-create", type=non_negative_float, default=0.0, metavar="SECONDS",
                        help="simulated backend, kill tests: after an instance is created, wait this long before "
                             "the plugin hears of it (default 0)")
+    option("--health-interval-seconds", "health_interval_seconds",
+           "how often the device health stream the kubelet watches is sent again (faults read from the node's "
+           "GPUNode, which the agent writes; default 30; 0 = offer no health service)", type=non_negative_float)
+    option("--health-stale-seconds", "health_stale_seconds",
+           "report devices Unknown when the GPUNode's heartbeat is older than this (default 180)",
+           type=positive_float)
+    option("--gpunode-file", "gpunode_file", "SIMULATION/tests: read the node's GPUNode (its faults) from this "
+                                             "JSON/YAML file instead of the API server")
     option("--shutdown-grace-seconds", "shutdown_grace_seconds",
            "on SIGTERM, how long calls in flight may take (default 10)", type=non_negative_float)
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -113,6 +126,14 @@ def register(subparsers: Any) -> None:
                          help=f"DRA socket (default {DEFAULTS.plugin_socket})")
         one.add_argument("--timeout", type=positive_float, default=45.0, help="seconds (default 45, the kubelet's)")
         one.set_defaults(handler=_call)
+    health = actions.add_parser("health", help="NodeWatchResources on the DRA socket: print the first messages of "
+                                               "the device health stream, one JSON list per line")
+    health.add_argument("--socket", default=str(DEFAULTS.plugin_socket),
+                        help=f"DRA socket (default {DEFAULTS.plugin_socket})")
+    health.add_argument("--messages", type=int, default=1, help="how many messages to wait for (default 1)")
+    health.add_argument("--timeout", type=positive_float, default=120.0,
+                        help="seconds for the whole watch (default 120)")
+    health.set_defaults(handler=_call)
     call.set_defaults(handler=lambda _args: (call.print_help(), EXIT_BAD_INPUT)[1])
     parser.set_defaults(handler=lambda _args: (parser.print_help(), EXIT_BAD_INPUT)[1])
 
@@ -125,7 +146,8 @@ def _settings(args: argparse.Namespace) -> PluginSettings:
         "mps_pipe_directory": args.mps_pipe_dir, "claims_file": args.claims_file, "simulate": args.simulate,
         "state_file": args.state_file, "simulate_delay_seconds": args.simulate_delay_seconds,
         "shutdown_grace_seconds": args.shutdown_grace_seconds, "run_mps_daemon": args.run_mps_daemon,
-        "mps_control_binary": args.mps_control_binary,
+        "mps_control_binary": args.mps_control_binary, "health_interval_seconds": args.health_interval_seconds,
+        "health_stale_seconds": args.health_stale_seconds, "gpunode_file": args.gpunode_file,
     }
     try:
         settings = PluginSettings.from_env(**overrides)
@@ -182,6 +204,38 @@ def _claim_source(settings: PluginSettings, kubeconfig: str | None) -> ClaimSour
         raise UsageError(f"{exc} (or give --claims-file for a node without an API server)") from None
 
 
+def _health_service(settings: PluginSettings, kubeconfig: str | None, preparer: Any) -> Any:
+    """The device health stream (``node.draplugin.service.HealthService``), or None when it is off."""
+    from datetime import datetime, timezone
+
+    from node.draplugin.gpunode_source import FileGpuNodeSource, GpuNodeSource, look
+    from node.draplugin.service import HealthService
+
+    if settings.health_interval_seconds == 0:
+        return None
+    source: GpuNodeSource
+    if settings.gpunode_file:
+        source = FileGpuNodeSource(Path(settings.gpunode_file))
+    elif settings.claims_file:
+        logging.getLogger("gpupack.dra-plugin").warning(
+            "no device health service: claims come from a file, so there is no API server to read the "
+            "GPUNode from (give --gpunode-file)")
+        return None
+    else:
+        from kube.client import KubeConfigError
+        from node.draplugin.gpunode_source import KubeGpuNodeSource
+
+        try:
+            source = KubeGpuNodeSource.connect(kubeconfig)
+        except KubeConfigError as exc:
+            raise UsageError(str(exc)) from None
+
+    def view() -> Any:
+        return look(source, settings.node_name, datetime.now(timezone.utc), settings.health_stale_seconds)
+
+    return HealthService(preparer, view, settings.health_interval_seconds)
+
+
 def _serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -235,8 +289,9 @@ def _serve_locked(settings: PluginSettings, args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return EXIT_NO
         try:
-            unfinished = serve_until(PluginServer(preparer, settings.plugin_socket, settings.registration_socket),
-                                     stop, settings.shutdown_grace_seconds)
+            health = _health_service(settings, args.kubeconfig, preparer)
+            unfinished = serve_until(PluginServer(preparer, settings.plugin_socket, settings.registration_socket,
+                                                  health), stop, settings.shutdown_grace_seconds)
         finally:
             if daemon is not None:
                 daemon.stop()
@@ -280,10 +335,17 @@ def _claim_ref(text: str) -> ClaimRef:
 def _call(args: argparse.Namespace) -> int:
     import grpc  # type: ignore[import-untyped]
 
-    from node.draplugin.client import KubeletClient, prepare_answer_json, unprepare_answer_json
+    from node.draplugin.client import KubeletClient, health_answer_json, prepare_answer_json, unprepare_answer_json
 
     out: dict[str, Any]
     try:
+        if args.call_action == "health":
+            if args.messages < 1:
+                raise UsageError(f"--messages must be at least 1, got {args.messages}")
+            with KubeletClient(Path(args.socket), timeout_s=args.timeout) as client:
+                for message in client.watch_health(args.messages):
+                    print(json.dumps(health_answer_json(message), sort_keys=True), flush=True)
+            return EXIT_OK
         if args.call_action == "info":
             with KubeletClient(Path(args.socket), timeout_s=10.0) as client:
                 info = client.info()

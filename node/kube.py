@@ -39,6 +39,18 @@ def _json(response: Any) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def get_gpunode(custom: client.CustomObjectsApi, name: str) -> dict[str, Any] | None:
+    """The GPUNode ``name`` as the API server holds it; None when there is none. Also the DRA
+    plugin's read of its node's faults (``node.draplugin.gpunode_source``)."""
+    try:
+        return cast(dict[str, Any], call(custom.get_cluster_custom_object, GROUP, VERSION, PLURAL, name,
+                                         idempotent=True))
+    except KubeError as exc:
+        if exc.not_found:
+            return None
+        raise
+
+
 class Kube(KubeClient):
     component = "gpupack-node-agent"
 
@@ -48,13 +60,7 @@ class Kube(KubeClient):
 
     # ------------------------------------------------------------------ GPUNode
     def get_gpunode(self, name: str) -> dict[str, Any] | None:
-        try:
-            return cast(dict[str, Any], call(self._custom.get_cluster_custom_object, GROUP, VERSION, PLURAL, name,
-                                             idempotent=True))
-        except KubeError as exc:
-            if exc.not_found:
-                return None
-            raise
+        return get_gpunode(self._custom, name)
 
     def create_gpunode(self, name: str, node_uid: str | None) -> dict[str, Any]:
         meta: dict[str, Any] = {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpupack-node-agent"}}

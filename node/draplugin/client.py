@@ -5,13 +5,15 @@ sends, over the plugin's unix sockets.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc  # type: ignore[import-untyped]
 
 from node.draplugin.claims import ClaimRef
+from node.kubeletapi import dra_health_v1_pb2 as dra_health
+from node.kubeletapi import dra_health_v1_pb2_grpc as dra_health_grpc
 from node.kubeletapi import dra_v1_pb2 as dra
 from node.kubeletapi import dra_v1_pb2_grpc as dra_grpc
 from node.kubeletapi import pluginregistration_v1_pb2 as reg
@@ -50,6 +52,20 @@ class KubeletClient:
         return dra_grpc.DRAPluginStub(self._channel).NodeUnprepareResources(request, timeout=self.timeout_s)
 
 
+    def watch_health(self, messages: int) -> Iterator[dra_health.NodeWatchResourcesResponse]:
+        """The first ``messages`` messages of a health stream, as they come; the stream is cancelled
+        after the last (or when the caller stops iterating). ``timeout_s`` bounds the whole watch."""
+        stream = dra_health_grpc.DRAResourceHealthStub(self._channel).NodeWatchResources(
+            dra_health.NodeWatchResourcesRequest(), timeout=self.timeout_s)
+        try:
+            for count, message in enumerate(stream, start=1):
+                yield message
+                if count >= messages:
+                    return
+        finally:
+            stream.cancel()
+
+
 def _claim(ref: ClaimRef) -> dra.Claim:
     return dra.Claim(namespace=ref.namespace, uid=ref.uid, name=ref.name)
 
@@ -74,3 +90,11 @@ def prepare_answer_json(response: dra.NodePrepareResourcesResponse) -> dict[str,
 
 def unprepare_answer_json(response: dra.NodeUnprepareResourcesResponse) -> dict[str, Any]:
     return {uid: ({"error": entry.error} if entry.error else {}) for uid, entry in sorted(response.claims.items())}
+
+
+def health_answer_json(response: dra_health.NodeWatchResourcesResponse) -> list[dict[str, Any]]:
+    """One health message as plain JSON: a list of devices with health, message and timings."""
+    return [{"pool": d.device.pool_name, "device": d.device.device_name,
+             "health": dra_health.HealthStatus.Name(d.health), "message": d.message,
+             "lastUpdatedTime": d.last_updated_time, "healthCheckTimeoutSeconds": d.health_check_timeout_seconds}
+            for d in response.devices]

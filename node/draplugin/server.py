@@ -28,14 +28,16 @@ from typing import Any
 import grpc  # type: ignore[import-untyped]
 
 from node.draplugin.prepare import ClaimPreparer
-from node.draplugin.service import DraService, RegistrationService
+from node.draplugin.service import MAX_HEALTH_STREAMS, DraService, HealthService, RegistrationService
+from node.kubeletapi import dra_health_v1_pb2_grpc as dra_health_grpc
 from node.kubeletapi import dra_v1_pb2_grpc as dra_grpc
 from node.kubeletapi import pluginregistration_v1_pb2_grpc as reg_grpc
 
 log = logging.getLogger("gpupack.dra-plugin")
 WORKERS = 4
-"""gRPC worker threads per socket. Prepare and unprepare are serialized by the engine; a few
-workers let ``GetInfo`` and calls for other claims queue rather than be refused."""
+"""gRPC worker threads for prepare and unprepare. They are serialized by the engine; a few workers
+let calls for other claims queue rather than be refused. Each open health stream holds one more
+(``MAX_HEALTH_STREAMS`` are added to the DRA socket's pool)."""
 
 
 class StateDirBusy(Exception):
@@ -85,17 +87,21 @@ def _bind(server: Any, path: Path) -> None:
 class PluginServer:
     """Both sockets of one plugin."""
 
-    def __init__(self, preparer: ClaimPreparer, plugin_socket: Path, registration_socket: Path) -> None:
+    def __init__(self, preparer: ClaimPreparer, plugin_socket: Path, registration_socket: Path,
+                 health: HealthService | None = None) -> None:
         self.plugin_socket = plugin_socket
         self.registration_socket = registration_socket
         self.dra = DraService(preparer)
-        self.registration = RegistrationService(plugin_socket)
+        self.health = health
+        self.registration = RegistrationService(plugin_socket, health=health is not None)
         self._dra_server: Any = None
         self._registration_server: Any = None
 
     def start(self) -> None:
-        self._dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS))
+        self._dra_server = grpc.server(futures.ThreadPoolExecutor(max_workers=WORKERS + MAX_HEALTH_STREAMS))
         dra_grpc.add_DRAPluginServicer_to_server(self.dra, self._dra_server)
+        if self.health is not None:
+            dra_health_grpc.add_DRAResourceHealthServicer_to_server(self.health, self._dra_server)
         _bind(self._dra_server, self.plugin_socket)
         self._dra_server.start()
         self._registration_server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
@@ -111,6 +117,8 @@ class PluginServer:
         threads cannot be stopped, so the caller should exit without waiting for them;
         the journal rolls back what they began at the next start."""
         _quietly(remove_socket, self.registration_socket)
+        if self.health is not None:
+            self.health.close()  # health streams never finish on their own: end them before the grace
         if self._registration_server is not None:
             self._registration_server.stop(None).wait()
         if self._dra_server is not None:

@@ -2,9 +2,12 @@
 
 Registration (``pluginregistration.Registration`` on the registration socket):
 ``GetInfo`` answers type ``DRAPlugin``, the driver name, the DRA socket as the
-endpoint, and the service it implements as its supported version:
+endpoint, and the services it implements as its supported versions:
 ``v1.DRAPlugin`` (``DRAPluginService`` in ``k8s.io/kubelet/pkg/apis/dra/v1``:
-for DRA the kubelet reads the versions as gRPC service names).
+for DRA the kubelet reads the versions as gRPC service names) and, when the
+plugin streams device health, ``v1.DRAResourceHealth``
+(``k8s.io/kubelet/pkg/apis/dra-health/v1``; the kubelet looks for it in this
+list, ``pickHealthService`` in its DRA plugin manager).
 ``NotifyRegistrationStatus`` is logged and kept (:attr:`RegistrationService.status`).
 
 DRA (``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`` on the DRA socket): every claim
@@ -12,6 +15,11 @@ of a call gets an entry in the answer, keyed by its UID; a claim that cannot be
 prepared or unprepared gets its ``error`` there and the call itself succeeds, so
 one bad claim never fails the others. An unexpected exception is logged with its
 traceback and becomes that claim's error too: bad input never crashes the plugin.
+
+Health (``v1.DRAResourceHealth`` on the DRA socket): ``NodeWatchResources``
+streams the health of every prepared claim's devices (``node.draplugin.health``)
+at once and then every ``interval_s``, until the kubelet cancels the stream or
+the plugin stops.
 """
 
 from __future__ import annotations
@@ -19,13 +27,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import grpc  # type: ignore[import-untyped]
+
 from node.draplugin.claims import ClaimError, ClaimRef
+from node.draplugin.health import Health, NodeHealthView, device_health
 from node.draplugin.prepare import ClaimPreparer
+from node.kubeletapi import dra_health_v1_pb2 as dra_health
+from node.kubeletapi import dra_health_v1_pb2_grpc as dra_health_grpc
 from node.kubeletapi import dra_v1_pb2 as dra
 from node.kubeletapi import dra_v1_pb2_grpc as dra_grpc
 from node.kubeletapi import pluginregistration_v1_pb2 as reg
@@ -38,6 +52,13 @@ PLUGIN_TYPE: Final = "DRAPlugin"
 """``pluginregistration/v1.DRAPlugin``: the plugin type the kubelet's DRA manager handles."""
 DRA_SERVICE_VERSION: Final = "v1.DRAPlugin"
 """``dra/v1.DRAPluginService``: what a plugin serving the v1 DRA API lists as its supported version."""
+HEALTH_SERVICE_VERSION: Final = "v1.DRAResourceHealth"
+"""``dra-health/v1.DRAResourceHealthService``: listed too when the plugin streams device health."""
+MAX_HEALTH_STREAMS: Final = 2
+"""Health streams open at once. The kubelet keeps one (a second while it replaces it); each holds a
+worker thread of the DRA socket, so more would starve prepares."""
+_HEALTH: Final[dict[Health, int]] = {"Healthy": dra_health.HEALTHY, "Unhealthy": dra_health.UNHEALTHY,
+                                     "Unknown": dra_health.UNKNOWN}
 
 
 @dataclass(frozen=True)
@@ -47,8 +68,9 @@ class RegistrationStatus:
 
 
 class RegistrationService(reg_grpc.RegistrationServicer):
-    def __init__(self, endpoint: Path) -> None:
+    def __init__(self, endpoint: Path, health: bool = False) -> None:
         self.endpoint = endpoint
+        self.versions = [DRA_SERVICE_VERSION, HEALTH_SERVICE_VERSION] if health else [DRA_SERVICE_VERSION]
         self._status: RegistrationStatus | None = None
         self._changed = threading.Condition()
 
@@ -60,7 +82,7 @@ class RegistrationService(reg_grpc.RegistrationServicer):
 
     def GetInfo(self, request: reg.InfoRequest, context: Any) -> reg.PluginInfo:
         return reg.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint),
-                              supported_versions=[DRA_SERVICE_VERSION])
+                              supported_versions=self.versions)
 
     def NotifyRegistrationStatus(self, request: reg.RegistrationStatus, context: Any) -> reg.RegistrationStatusResponse:
         if request.plugin_registered:
@@ -134,6 +156,67 @@ class DraService(dra_grpc.DRAPluginServicer):
                                       device_name=device.device, cdi_device_ids=list(device.cdi_ids))
             if device.share_id is not None:
                 added.share_id = device.share_id
+
+
+class HealthService(dra_health_grpc.DRAResourceHealthServicer):
+    """``NodeWatchResources``: the prepared devices' health, now and every ``interval_s``."""
+
+    def __init__(self, preparer: ClaimPreparer, view: Callable[[], NodeHealthView], interval_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.preparer = preparer
+        self.view = view
+        self.interval_s = interval_s
+        self.timeout_s = max(1, round(3 * interval_s))
+        """What each device's report tells the kubelet to wait for the next before it reads Unknown:
+        three intervals, so one slow look (an API server that answers late) is not a health change."""
+        self.clock = clock
+        self._closing = False
+        self._wakes: set[threading.Event] = set()
+        self._lock = threading.Lock()
+
+    def message(self) -> dra_health.NodeWatchResourcesResponse:
+        """The complete list, as of now."""
+        records = [device for record in self.preparer.records.values() if record.phase == "Prepared"
+                   for device in record.devices]
+        now = int(self.clock())
+        response = dra_health.NodeWatchResourcesResponse()
+        if not records:
+            return response  # nothing to report: no read of the GPUNode either
+        for report in device_health(records, self.view()):
+            response.devices.add(device=dra_health.DeviceIdentifier(pool_name=report.pool, device_name=report.device),
+                                 health=_HEALTH[report.health], last_updated_time=now,
+                                 health_check_timeout_seconds=self.timeout_s, message=report.message)
+        return response
+
+    def NodeWatchResources(self, request: dra_health.NodeWatchResourcesRequest,
+                           context: Any) -> Iterator[dra_health.NodeWatchResourcesResponse]:
+        wake = threading.Event()
+        with self._lock:
+            if self._closing:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the plugin is stopping")
+            if len(self._wakes) >= MAX_HEALTH_STREAMS:
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{MAX_HEALTH_STREAMS} health streams are open already; close one first")
+            self._wakes.add(wake)
+        context.add_callback(wake.set)  # the kubelet cancelled, or the connection went
+        log.info("the kubelet watches device health (every %.0f s)", self.interval_s)
+        try:
+            while True:
+                yield self.message()
+                wake.wait(self.interval_s)
+                with self._lock:
+                    if self._closing or not context.is_active():
+                        return
+        finally:
+            with self._lock:
+                self._wakes.discard(wake)
+
+    def close(self) -> None:
+        """End every stream (the plugin is stopping) and refuse new ones."""
+        with self._lock:
+            self._closing = True
+            for wake in self._wakes:
+                wake.set()
 
 
 def _guarded(what: str, claim: ClaimRef, action: Callable[[], object]) -> str:

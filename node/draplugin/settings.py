@@ -65,6 +65,17 @@ class PluginSettings:
     claims_file: str = ""
     """Read ResourceClaims from this JSON/YAML file instead of the API server (simulation and
     tests, where no API server holds the claims). Empty: the API server."""
+    health_interval_seconds: float = 30.0
+    """How often the device health stream the kubelet watches (``v1.DRAResourceHealth``) is sent
+    again; each report tells the kubelet to read the device Unknown after three intervals without
+    one. The node's GPUNode (the agent's faults) is read once per interval while a claim is
+    prepared, never otherwise. 0: no health service (the kubelet is not offered one)."""
+    health_stale_seconds: float = 180.0
+    """A GPUNode whose heartbeat is older than this reports every device Unknown: the agent that
+    would see a fault has stopped (it writes its status at least every 60 s by default)."""
+    gpunode_file: str = ""
+    """Read the node's GPUNode from this JSON/YAML file instead of the API server (simulation and
+    tests). Empty: the API server; with ``claims_file`` and no API server, no health service."""
     shutdown_grace_seconds: float = 10.0
     """On SIGTERM, how long calls in flight may take to finish before the sockets close. A prepare
     cut short is rolled back from the journal at the next start, so this bounds only latency."""
@@ -79,6 +90,10 @@ class PluginSettings:
             raise ValueError(f"share_mode {self.share_mode!r} is not one of {', '.join(SHARE_MODES)}")
         if self.simulate_delay_seconds < 0:
             raise ValueError(f"simulate_delay_seconds must not be negative, got {self.simulate_delay_seconds}")
+        if self.health_interval_seconds < 0:
+            raise ValueError(f"health_interval_seconds must not be negative, got {self.health_interval_seconds}")
+        if self.health_stale_seconds <= 0:
+            raise ValueError(f"health_stale_seconds must be positive, got {self.health_stale_seconds}")
         if self.shutdown_grace_seconds < 0:
             raise ValueError(f"shutdown_grace_seconds must not be negative, got {self.shutdown_grace_seconds}")
         for name in ("plugin_dir", "registration_dir", "cdi_dir"):

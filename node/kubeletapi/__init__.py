@@ -5,6 +5,8 @@
 
 - ``dra_v1_pb2`` / ``dra_v1_pb2_grpc``: the DRA kubelet plugin service
   (``k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin``: NodePrepareResources, NodeUnprepareResources).
+- ``dra_health_v1_pb2`` / ``dra_health_v1_pb2_grpc``: the DRA plugin's device health stream
+  (``v1.DRAResourceHealth``: NodeWatchResources).
 - ``pluginregistration_v1_pb2`` / ``pluginregistration_v1_pb2_grpc``: plugin registration
   (``pluginregistration.Registration``: GetInfo, NotifyRegistrationStatus).
 - ``podresources_v1_pb2`` / ``podresources_v1_pb2_grpc``: the PodResources API

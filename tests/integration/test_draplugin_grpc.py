@@ -9,7 +9,8 @@ spec; a placement held by another claim refused for that claim only; SIGTERM
 removing both sockets; and SIGKILL in the middle of a prepare (before the
 instance exists, and after it exists but before the plugin recorded it), after
 which the restarted plugin leaves no instance behind and the kubelet's retry
-succeeds. Waits are generous and nothing asserts on time.
+succeeds; and the device health stream, from a GPUNode the test writes as the
+agent would. Waits are generous and nothing asserts on time.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import grpc  # type: ignore[import-untyped]
 import pytest
 
 from mig.catalog import get_model
+from node.kubeletapi import dra_health_v1_pb2 as dra_health
+from node.kubeletapi import dra_health_v1_pb2_grpc as dra_health_grpc
 from node.kubeletapi import dra_v1_pb2 as dra
 from node.kubeletapi import dra_v1_pb2_grpc as dra_grpc
 from node.kubeletapi import pluginregistration_v1_pb2 as reg
@@ -296,3 +299,66 @@ def test_run_mps_daemon_without_a_pipe_directory_is_refused_before_anything_star
                            "--registration-dir", str(plugin.root / "r")],
                           cwd=ROOT, env=dict(env, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "run_mps_daemon needs share_mode mps and an mps_pipe_directory" in done.stderr
+
+
+def write_gpunode(path: Path, gpu1_fault: dict[str, Any] | None) -> None:
+    """The GPUNode as the agent writes it: both GPUs, GPU 1 with ``gpu1_fault`` when given."""
+    gpus: list[dict[str, Any]] = [{"index": 0, "migEnabled": True, "instances": []},
+                                  {"index": 1, "migEnabled": False, "instances": []}]
+    if gpu1_fault is not None:
+        gpus[1]["health"] = gpu1_fault
+    heartbeat = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    obj = {"apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": NODE},
+           "status": {"product": "NVIDIA-H100-80GB-HBM3", "heartbeatTime": heartbeat, "gpus": gpus}}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj))
+    os.replace(tmp, path)
+
+
+def test_the_health_stream_tells_the_kubelet_a_prepared_device_failed(plugin: Plugin) -> None:
+    gpunode_file = plugin.root / "gpunode.json"
+    write_gpunode(gpunode_file, None)
+    plugin.add_claim("s1", {**mig("gpu-1-shared"), "shareID": "share-1",
+                            "consumedCapacity": {"gpu.gpupack.io/milli": "300", "gpu.gpupack.io/memory": "20Gi"}})
+    plugin.start("--gpunode-file", str(gpunode_file), "--health-interval-seconds", "0.2")
+    assert list(plugin.info().supported_versions) == ["v1.DRAPlugin", "v1.DRAResourceHealth"]
+
+    with grpc.insecure_channel(f"unix://{plugin.dra_socket}") as channel:
+        stream = dra_health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(
+            dra_health.NodeWatchResourcesRequest(), timeout=WAIT_S)
+        assert list(next(stream).devices) == []  # nothing prepared yet
+        assert plugin.prepare("s1").claims["s1"].error == ""
+
+        def next_for_device() -> Any:
+            for message in stream:
+                if message.devices:
+                    (device,) = message.devices
+                    return device
+            raise AssertionError("the health stream ended")
+
+        device = next_for_device()
+        assert (device.device.pool_name, device.device.device_name, device.health) == (
+            NODE, "gpu-1-shared", dra_health.HEALTHY)
+
+        write_gpunode(gpunode_file, {"reason": "Xid79", "message": "GPU has fallen off the bus",
+                                     "since": "2026-12-02T12:00:00Z", "recovery": "RebootNode"})
+        while device.health == dra_health.HEALTHY:
+            device = next_for_device()
+        assert device.health == dra_health.UNHEALTHY
+        assert "Xid79" in device.message and "fallen off the bus" in device.message
+
+        # The admin's view: gpupack dra-plugin call health, as JSON.
+        out = subprocess.run([sys.executable, "-m", "gpupack.cli_draplugin", "call", "health", "--socket",
+                              str(plugin.dra_socket)], cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
+        assert out.returncode == 0, out.stderr
+        (listed,) = json.loads(out.stdout.splitlines()[0])
+        assert (listed["device"], listed["health"]) == ("gpu-1-shared", "UNHEALTHY")
+
+        # A plugin stopping with a stream open ends the stream and still stops cleanly.
+        assert plugin.stop() == 0
+        try:
+            for _ in stream:
+                pass
+        except grpc.RpcError as exc:  # the connection went with the plugin: fine, but not the stream's deadline
+            assert exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED, "the stream outlived the plugin"
+    assert not plugin.dra_socket.exists() and not plugin.registration_socket.exists()
