@@ -104,7 +104,10 @@ class _Shares:
         self.memory_free: dict[tuple[int, int], int] = {}
         self.memory_max: dict[tuple[int, int], int] = {}
         """The largest share of memory a GPU's request policy serves (whole units)."""
-        shapes = [s for p in pods if p.mode != "mig" for s in self._shapes(p, self._accepted(p))[:1]]
+        # The typical pods are the pool's pods the engine places: GPU pods (their first share) and
+        # the pods that ask for no GPU, as the simulator's PresentTypical with cpu_pods="engine".
+        shapes = [s for p in pods if p.mode not in ("mig", "cpu") for s in self._shapes(p, self._accepted(p))[:1]]
+        shapes += [PodSpec(p.key, p.cpu_milli, p.memory_mib) for p in pods if p.mode == "cpu"]
         typical = TypicalPods.from_pods(shapes or [NO_GPU_POD])
         self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical)
         self.cluster: ClusterState | None = None

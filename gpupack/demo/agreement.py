@@ -130,8 +130,9 @@ def model_placements(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], policy:
     engine_pods = [PodSpec(p.name, p.cpu_milli, 0, 1 if p.milli else 0, p.milli) for p in pods]
 
     def typical_of(some: Sequence[PodSpec]) -> TypicalPods:
-        # The live controller's typical pods are its GPU pods (controller.draplan).
-        return TypicalPods.from_pods([as_claimed(p, unit) for p in some if p.gpu_count] or [NO_GPU_POD])
+        # The live controller's typical pods are the pods its engine places (controller.draplan):
+        # here every pod, GPU pods as claimed and the ones asking for no GPU as they are.
+        return TypicalPods.from_pods([as_claimed(p, unit) for p in some] or [NO_GPU_POD])
 
     replay = DraReplay(ClusterState(specs), make_policy(policy, rng=np.random.default_rng(0),
                                                         typical=typical_of(engine_pods)),

@@ -369,7 +369,7 @@ def test_a_pod_asking_no_gpu_goes_where_the_engine_puts_it_and_needs_no_claim() 
                     (key,) if p.milli else (), key if p.milli else "") for p in pods]
     cluster = ClusterState([NodeSpec(n.name, 64_000, 512_000, 4, key) for n in nodes])
     policy = make_policy("gpupack", rng=np.random.default_rng(0),
-                         typical=TypicalPods.from_pods([as_claimed(s, 50) for s in sims if s.gpu_count]))
+                         typical=TypicalPods.from_pods([as_claimed(s, 50) for s in sims]))
     replay = DraReplay(cluster, policy, MostAllocatedWeights(1, 1, 1, 1), 50, cpu_pods="engine")
     chosen = {p.pod: p.node for p in live.placements}
     for spec in sims:

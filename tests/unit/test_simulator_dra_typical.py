@@ -100,16 +100,17 @@ def test_present_in_batches_counts_the_whole_batch_at_its_first_pod() -> None:
 # ------------------------------------------------------------------ the present rule is the live rule
 def rebuilt_before_every_pod(cluster: list[NodeSpec], trace: Sequence[PodSpec], policy: str, seed: int,
                              cpu_pods: dra.CpuPods) -> int:
-    """The live rule spelled out: a policy built from scratch, before every pod, from the GPU pods
-    arrived so far and the arriving one (the controller's fallback while there is none); the
-    number of pods the engine is asked to place."""
+    """The live rule spelled out: a policy built from scratch, before every pod, from the pods the
+    engine places (GPU pods; CPU-only ones too when it places those) arrived so far and the
+    arriving one (the controller's fallback while there is none); the number of pods the engine
+    is asked to place."""
     ordered = sorted(cluster, key=lambda n: n.name)
     workload = build_workload(trace, len(ordered), sum(n.gpu_count for n in ordered), seed)
     rng = _continue_stream(np.random.default_rng(seed), workload)
     replay = DraReplay(ClusterState(ordered, tie_rank=workload.tie_rank),
                        make_policy(policy, rng=rng, typical=TypicalPods.from_pods([NO_GPU_POD])), WEIGHTS, 50, cpu_pods)
     for i, pod in enumerate(workload.pods):
-        arrived = [as_claimed(p, 50) for p in workload.pods[: i + 1] if p.gpu_count]
+        arrived = [as_claimed(p, 50) for p in workload.pods[: i + 1] if p.gpu_count or cpu_pods == "engine"]
         replay.policy = make_policy(policy, rng=rng, typical=TypicalPods.from_pods(arrived or [NO_GPU_POD]))
         replay.place(pod)
     return sum(1 for p in workload.pods if p.gpu_count or cpu_pods == "engine")
