@@ -255,6 +255,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _serve_locked(settings: PluginSettings, args: argparse.Namespace) -> int:
     from node.draplugin.journal import ClaimJournal
     from node.draplugin.mps_daemon import MpsDaemonError
+    from node.draplugin.nvml_lock import NvmlChangeLock, lock_path
     from node.draplugin.prepare import ClaimPreparer
     from node.draplugin.server import PluginServer, serve_until
 
@@ -280,7 +281,8 @@ def _serve_locked(settings: PluginSettings, args: argparse.Namespace) -> int:
     try:
         preparer = ClaimPreparer(backend, claims, ClaimJournal(settings.claims_dir), node=settings.node_name,
                                  cdi_dir=Path(settings.cdi_dir).absolute(), share_mode=settings.share_mode,
-                                 mps_pipe_directory=settings.mps_pipe_directory)
+                                 mps_pipe_directory=settings.mps_pipe_directory,
+                                 change_lock=NvmlChangeLock(lock_path(settings.claims_dir)))
         preparer.recover()  # what it cannot finish is logged, and retried when the kubelet calls for that claim
         try:
             daemon = _start_mps_daemon(settings, backend, stop)

@@ -6,6 +6,9 @@ the ResourceSlices the agent publishes, and gpupack's kubelet plugin prepares
 them. :class:`DraPublisher` is the agent's advertiser there
 (``node.context.Advertiser``). Each tick, ``publish``:
 
+0. destroys the MIG instances no claim holds that have been idle for the
+   SharingPolicy's idle time, where reshaping is allowed
+   (``node.advertising.dra_reclaim``), so their slices are offered again;
 1. decides what each GPU offers (``node.advertising.dra_offers``: MIG GPUs as
    partitionable devices, others shared or whole by the spec's sharing mode;
    faults withdrawn, and devices busy with a workload no claim in the kubelet
@@ -41,6 +44,7 @@ from kube.errors import KubeError
 from node import conditions as C
 from node.advertising.dra_offers import NodeOffer, OfferRules, node_offer
 from node.advertising.dra_pool import Plan, Published, plan
+from node.advertising.dra_reclaim import reclaim_idle
 from node.context import AgentContext, JournalStore
 from node.draplugin.journal import read_claimed_devices
 from node.journal import Journal
@@ -112,10 +116,13 @@ class DraPublisher:
             return [C.Cond(SLICES_PUBLISHED, "False", "SpecInvalid",
                            "the GPUNode spec is invalid, so the sharing mode is unknown; "
                            "the node's ResourceSlices are left as published")]
+        blocked = reshape_blocked(ctx.rules, ctx.clock())
+        reclaimed = reclaim_idle(ctx, snapshot, self.claims_dir, blocked)
+        if reclaimed:
+            snapshot = ctx.snapshot()  # their slices are free now: offer them in this very tick
         rules = OfferRules(sharing=spec.sharing.mode,
                            allowed_profiles=ctx.rules.policy.allowed_profiles if ctx.rules.policy else None,
-                           reshape_blocked=reshape_blocked(ctx.rules, ctx.clock()),
-                           whole_gpu=self.whole_gpu, share=self.share)
+                           reshape_blocked=blocked, whole_gpu=self.whole_gpu, share=self.share)
         claimed = read_claimed_devices(self.claims_dir)
         for problem in claimed.unreadable if claimed is not None else ():
             log.warning("DRA claim journal: %s; its claim's devices are not known", problem)
@@ -133,8 +140,11 @@ class DraPublisher:
             self._published = None  # the pool may be half-written: read it again before the next diff
             log.warning("ResourceSlices of %s not published: %s", ctx.s.node_name, exc)
             return [C.Cond(SLICES_PUBLISHED, "False", "PublishFailed", f"writing ResourceSlices failed: {exc}")]
-        blocked = rules.reshape_blocked if any(g.info.mig_enabled for g in snapshot.gpus) else None
-        return [C.Cond(SLICES_PUBLISHED, "True", "Published", describe(ctx.s.node_name, wanted, generation, offer, blocked))]
+        shown = blocked if any(g.info.mig_enabled for g in snapshot.gpus) else None
+        message = describe(ctx.s.node_name, wanted, generation, offer, shown)
+        if reclaimed:
+            message += "; destroyed, idle and held by no claim: " + ", ".join(r.describe() for r in reclaimed)
+        return [C.Cond(SLICES_PUBLISHED, "True", "Published", message)]
 
     def _sync(self, ctx: AgentContext, wanted: tuple[ResourceSlice, ...]) -> int:
         """Make the API server hold ``wanted``; the pool generation it is published at."""

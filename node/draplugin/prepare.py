@@ -24,15 +24,18 @@ the spec, then the journal. An unknown claim is already unprepared.
 left (``node.draplugin.journal.recovery``).
 
 Calls are serialized (one lock): NVML's MIG calls are not meant to race, and the
-kubelet's own helper for Go drivers serializes them too.
+kubelet's own helper for Go drivers serializes them too. With a ``change_lock``
+(``node.draplugin.nvml_lock``, as served) each also holds the node's MIG-change
+lock, so the agent never destroys an idle instance while a claim is adopting it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -40,6 +43,7 @@ from node.draplugin import cdi, files
 from node.draplugin.claims import ClaimError, ClaimRef, ClaimSource
 from node.draplugin.journal import ClaimJournal, ClaimRecord, DeviceRecord, Phase, instance_to_undo, recovery
 from node.draplugin.mps import PIPE_DIRECTORY_ENV
+from node.draplugin.nvml_lock import NvmlChangeLock
 from node.draplugin.plan import nvml_call, plan_claim
 from node.draplugin.settings import ShareMode
 from node.nvml import errors
@@ -96,7 +100,7 @@ class ClaimPreparer:
 
     def __init__(self, backend: NvmlBackend, claims: ClaimSource, journal: ClaimJournal, *, node: str,
                  cdi_dir: Path, share_mode: ShareMode = "mps", mps_pipe_directory: str = "",
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, change_lock: NvmlChangeLock | None = None) -> None:
         self._backend = backend
         self._claims = claims
         self._journal = journal
@@ -106,6 +110,7 @@ class ClaimPreparer:
         self._mps_pipe_directory = mps_pipe_directory
         self._clock = clock
         self._lock = threading.Lock()
+        self._change_lock = change_lock
         cdi_dir.mkdir(parents=True, exist_ok=True)
         self._records, problems = journal.load()
         for problem in problems:
@@ -117,11 +122,17 @@ class ClaimPreparer:
         with self._lock:
             return dict(self._records)
 
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """This process's lock, then the node's MIG-change lock (shared with the agent)."""
+        with self._lock, (self._change_lock if self._change_lock is not None else contextlib.nullcontext()):
+            yield
+
     # ------------------------------------------------------------------ the three operations
     def recover(self) -> list[str]:
         """Roll back or finish what a previous run left; one line per claim it could not (retried later)."""
         problems: list[str] = []
-        with self._lock:
+        with self._changing():
             files.remove_stale_temporaries(self._cdi_dir, cdi.SPEC_PREFIX)
             for record in sorted(self._records.values(), key=lambda r: r.claim.uid):
                 action = recovery(record)
@@ -145,7 +156,7 @@ class ClaimPreparer:
     def prepare(self, claim: ClaimRef) -> tuple[PreparedDevice, ...]:
         """Prepare ``claim`` (idempotent); raises :class:`ClaimError` with the kubelet's message."""
         check_claim(claim)
-        with self._lock:
+        with self._changing():
             record = self._records.get(claim.uid)
             if record is not None and record.phase != "Prepared":
                 log.info("%s: an earlier call left it %s; undoing that first", claim, record.phase)
@@ -181,7 +192,7 @@ class ClaimPreparer:
     def unprepare(self, claim: ClaimRef) -> None:
         """Undo ``claim``'s prepare (idempotent: an unknown claim is done); raises :class:`ClaimError`."""
         check_claim(claim)
-        with self._lock:
+        with self._changing():
             record = self._records.get(claim.uid)
             if record is None:
                 log.info("%s: not prepared here (or already unprepared); nothing to do", claim)

@@ -489,3 +489,97 @@ def test_a_shared_gpu_running_a_workload_no_claim_holds_offers_nothing(tmp_path:
     _ticks(agent)
     assert kube.devices() == ["gpu-1-shared"]  # an unreadable file is skipped (and logged), nothing else changes
     assert (claims / "bad.json").exists()  # the agent only reads the plugin's files
+
+
+# ------------------------------------------------------------------ idle instances no claim holds
+def _plugin_dir(tmp_path: Path) -> Path:
+    """The plugin's state directory as a started plugin leaves it: the journal and the MIG-change lock."""
+    from node.draplugin.nvml_lock import NvmlChangeLock, lock_path
+
+    claims = tmp_path / "state" / "claims"
+    claims.mkdir(parents=True)
+    NvmlChangeLock(lock_path(claims)).close()
+    return claims
+
+
+def _gi_starts(sim: SimulatedNvml, index: int = 0) -> list[int]:
+    return sorted(i.placement.start for i in sim.gpu_instances(index))
+
+
+IDLE_30 = {"metadata": {"name": "dra-pool"}, "spec": {"nodeSelector": {}, "reshaping": {"idleSeconds": 30}}}
+
+
+def _later(agent: Agent, seconds: float = 60.0) -> None:
+    agent.clock.t += seconds  # type: ignore[attr-defined]
+
+
+def test_an_idle_instance_no_claim_holds_is_destroyed_after_the_idle_time_and_its_slices_offered(
+        tmp_path: Path) -> None:
+    sim = SimulatedNvml(H100, 1, seed=NODE, mig_enabled=True)
+    _make_instances(sim, 0, 0, 4)  # gi 1 at 0 (no claim), gi 2 at 4 (a claim's)
+    claims = _plugin_dir(tmp_path)
+    _journal(claims, "uid-a", {"device": "gpu-0-mig-3g-40gb-4", "kind": "mig", "gpu": 0, "profile": "3g.40gb",
+                                "placement": Placement(4, THREE_G.memory_slices), "gi_id": 2})
+    kube, _, agent = _node(1, sim=sim, dra_claims_dir=str(claims), policies=[copy.deepcopy(IDLE_30)])
+    _ticks(agent, 2)
+    assert _gi_starts(sim) == [0, 4]  # idle since the first tick only: not 30 s yet
+    assert "gpu-0-mig-1g-10gb-1" not in kube.devices()  # inside gi 1's slices
+    _later(agent)
+    _ticks(agent)
+    assert _gi_starts(sim) == [4]  # the claim's instance stays, however idle
+    assert "gpu-0-mig-1g-10gb-1" in kube.devices()  # offered in the tick that destroyed gi 1
+    assert "destroyed, idle and held by no claim: MIG instance 1 of GPU 0 (3g.40gb at memory slice 0)" in \
+        kube.cond()["message"]
+    assert [r for _t, r, _m in kube.events if r == "IdleInstanceDestroyed"] == ["IdleInstanceDestroyed"]
+
+
+def test_a_busy_instance_and_one_on_a_node_the_policy_keeps_are_never_destroyed(tmp_path: Path) -> None:
+    sim = SimulatedNvml(H100, 2, seed=NODE, mig_enabled=True)
+    _make_instances(sim, 0, 0)
+    _make_instances(sim, 1, 0)
+    sim.start_process(0, 301, gi_id=1)
+    claims = _plugin_dir(tmp_path)
+    frozen = {"metadata": {"name": "p"}, "spec": {"nodeSelector": {}, "reshaping": {"maxConcurrent": 0}}}
+    _kube, _, agent = _node(2, sim=sim, dra_claims_dir=str(claims), policies=[frozen])
+    _ticks(agent)
+    _later(agent)
+    _ticks(agent)
+    assert _gi_starts(sim, 0) == [0] and _gi_starts(sim, 1) == [0]  # frozen: nothing goes
+    _kube.policies = [copy.deepcopy(IDLE_30)]
+    _ticks(agent)
+    assert _gi_starts(sim, 0) == [0]  # a process runs in it: used outside DRA, withdrawn, never destroyed
+    assert _gi_starts(sim, 1) == []
+
+
+def test_nothing_is_destroyed_while_the_plugin_holds_the_lock_or_a_journal_file_is_unreadable(tmp_path: Path) -> None:
+    from node.draplugin.nvml_lock import NvmlChangeLock, lock_path
+
+    sim = SimulatedNvml(H100, 1, seed=NODE, mig_enabled=True)
+    _make_instances(sim, 0, 0)
+    claims = _plugin_dir(tmp_path)
+    _, _, agent = _node(1, sim=sim, dra_claims_dir=str(claims), policies=[copy.deepcopy(IDLE_30)])
+    _ticks(agent)
+    _later(agent)
+    plugin = NvmlChangeLock(lock_path(claims))
+    with plugin:  # a prepare is under way
+        _ticks(agent)
+        assert _gi_starts(sim) == [0]
+    (claims / "broken.json").write_text("{not json")
+    _ticks(agent)
+    assert _gi_starts(sim) == [0]  # a claim the journal cannot show might hold it
+    (claims / "broken.json").unlink()
+    _ticks(agent)
+    assert _gi_starts(sim) == []
+    plugin.close()
+
+
+def test_without_the_plugins_lock_file_nothing_is_destroyed(tmp_path: Path) -> None:
+    sim = SimulatedNvml(H100, 1, seed=NODE, mig_enabled=True)
+    _make_instances(sim, 0, 0)
+    claims = tmp_path / "claims"
+    claims.mkdir()  # a journal directory, but no plugin has started: no lock file
+    _, _, agent = _node(1, sim=sim, dra_claims_dir=str(claims), policies=[copy.deepcopy(IDLE_30)])
+    _ticks(agent)
+    _later(agent)
+    _ticks(agent)
+    assert _gi_starts(sim) == [0]

@@ -161,6 +161,34 @@ def test_an_identical_idle_instance_is_adopted_and_left_in_place_at_unprepare(no
     assert node.sim.gpu_instances(0) == (existing,)
 
 
+def test_adopting_an_instance_happens_holding_the_nodes_mig_change_lock(node: Node) -> None:
+    """The agent destroys idle instances no claim holds (node.advertising.dra_reclaim) only when it
+    gets this lock: a prepare holds it from reading the claim to journalling the instance it adopts."""
+    from node.draplugin.nvml_lock import NvmlChangeLock, lock_path, try_hold
+
+    node.sim.create_gpu_instance(0, MODEL.profile("1g.10gb").profile_id, Placement(6, 1))
+    ref = node.claims.add("u1", result("gpu-0-mig-1g-10gb-6"))
+    lock = NvmlChangeLock(lock_path(node.journal_dir))
+    seen: list[str | None] = []
+    real_get = node.claims.get
+
+    def get_and_look(claim: ClaimRef) -> tuple[AllocatedDevice, ...]:
+        with try_hold(lock_path(node.journal_dir)) as why_not:  # what the agent would get now
+            seen.append(why_not)
+        return real_get(claim)
+
+    node.claims.get = get_and_look  # type: ignore[method-assign]
+    preparer = ClaimPreparer(node.sim, node.claims, ClaimJournal(node.journal_dir), node=NODE, cdi_dir=node.cdi_dir,
+                             change_lock=lock)
+    preparer.prepare(ref)
+    assert seen == ["the DRA kubelet plugin is preparing or unpreparing a claim"]
+    with try_hold(lock_path(node.journal_dir)) as why_not:
+        assert why_not is None  # released once the claim is journalled
+    with try_hold(node.dir / "nowhere" / "nvml.lock") as why_not:
+        assert why_not is not None and "has not started on this node" in why_not
+    lock.close()
+
+
 @pytest.mark.parametrize(("setup", "device", "message"), [
     ("idle-overlap", "gpu-0-mig-3g-40gb-4", r"overlaps 1g.10gb@6:1 \(GI 1, idle and prepared for no claim\)"),
     ("busy-identical", "gpu-0-mig-1g-10gb-6", r"is in use by process\(es\) 4242 outside any claim"),
