@@ -19,6 +19,12 @@ What is checked, with generous deadlines and no timing assertions:
 * ``gpupack agent fault ... lose --gpu 1`` removes GPU 1's devices and counter set, at the
   next pool generation, in every slice;
 * the agent restarted adopts the pool: same slices, same resourceVersions, same generation.
+
+A second test adds the kubelet plugin (``gpupack dra-plugin serve``, the DaemonSet's other
+container, same ServiceAccount and simulated GPUs) and plays the kubelet against its socket: it
+reads the allocated claim from the API server, creates the MIG instance kube-scheduler chose, and
+its health stream reports the device Healthy, then Unhealthy with the agent's reason once the agent
+has written GPU 0's loss into the GPUNode.
 """
 
 from __future__ import annotations
@@ -253,3 +259,62 @@ def test_the_agent_publishes_withdraws_and_adopts_its_nodes_slices(dra_node: Dra
     assert node.agent is not None and node.agent.running(), node.log()
     assert node.versions() == before, "the restarted agent rewrote slices that had not changed"
     assert node.condition()["status"] == "True" and "at generation 2" in node.condition()["message"]
+
+
+def test_the_kubelet_plugin_prepares_the_allocated_claim_and_reports_the_agents_faults(
+        dra_node: DraNode, apply_manifests: Callable[..., Any]) -> None:
+    import tempfile
+
+    from mig.catalog import get_model
+    from node.draplugin.claims import ClaimRef
+    from node.draplugin.client import KubeletClient
+    from node.kubeletapi import dra_health_v1_pb2 as dra_health
+    from node.nvml.simulated import SimulatedNvml
+
+    apply_manifests(ROOT / "manifests" / "agent-dra" / "rbac.yaml")  # the plugin's `get` on ResourceClaims
+    node = dra_node
+    node.start_agent()
+    node.wait(f"{node.name}'s ResourceSlices", lambda: len(_devices(node.pool())) == 2 * DEVICES_PER_GPU)
+    node.claim_and_pod("mig-1g", "1g.10gb")
+    node.wait("the claim allocated", lambda: node.allocation("mig-1g") or None)
+    (result,) = node.allocation("mig-1g")
+    claim: Any = node.resource.read_namespaced_resource_claim("mig-1g", node.namespace)
+    ref = ClaimRef(claim.metadata.uid, node.namespace, "mig-1g")
+
+    with tempfile.TemporaryDirectory(prefix="dra.") as short:  # unix socket paths hold ~107 bytes
+        plugin_dir, registry = Path(short) / "p", Path(short) / "r"
+        plugin = ManagedProcess(f"plugin-{node.name}", [
+            sys.executable, "-m", "gpupack", "dra-plugin", "serve", "--node", node.name,
+            "--simulate", "H100-80GB:2", "--state-file", str(node.state_file), "--kubeconfig", str(node.kubeconfig),
+            "--plugin-dir", str(plugin_dir), "--registration-dir", str(registry), "--cdi-dir", str(Path(short) / "cdi"),
+            "--health-interval-seconds", "0.5"], node.tmp / f"plugin-{node.name}.log")
+        plugin.start()
+        try:
+            socket = plugin_dir / "dra.sock"
+            node.wait("the plugin's DRA socket", lambda: (registry / "gpu.gpupack.io-reg.sock").exists())
+            with KubeletClient(socket, timeout_s=WAIT_S) as kubelet:
+                answer = kubelet.prepare([ref]).claims[ref.uid]
+                assert answer.error == "", answer.error
+                assert [d.device_name for d in answer.devices] == [result["device"]]
+                sim = SimulatedNvml(get_model("H100-80GB"), 2, node.state_file, seed=node.name)
+                start = int(result["device"].rsplit("-", 1)[1])
+                assert [(i.profile, i.placement.start) for i in sim.gpu_instances(0)] == [("1g.10gb", start)]
+
+                def device_health(wanted: int) -> Any:
+                    for message in kubelet.watch_health(200):
+                        for device in message.devices:
+                            if device.device.device_name == result["device"] and device.health == wanted:
+                                return device
+                    return None
+
+                healthy = device_health(dra_health.HEALTHY)
+                assert healthy is not None and healthy.device.pool_name == node.name
+                run = subprocess.run([sys.executable, "-m", "gpupack", "agent", "fault", "--state-file",
+                                      str(node.state_file), "lose", "--gpu", "0"],
+                                     cwd=ROOT, capture_output=True, text=True, timeout=60)
+                assert run.returncode == 0, run.stderr
+                sick = device_health(dra_health.UNHEALTHY)
+                assert sick is not None, (Path(node.tmp / f"plugin-{node.name}.log").read_text()[-3000:], node.log())
+                assert "GPU 0" in sick.message, sick.message
+        finally:
+            plugin.stop(grace_s=10.0)
