@@ -83,9 +83,11 @@ class AgentSettings:
     (``NoSchedule``, ``PreferNoSchedule``, ``NoExecute``, or ``none`` for no taint). ``NoSchedule``
     keeps CPU-only pods off too, as GPU nodes usually do; ``NoExecute`` also evicts running pods."""
     dra_whole_gpu: bool = False
-    """``dra`` backend: also offer each MIG-enabled GPU as one whole device (kind ``gpu``, MIG
-    disabled when prepared). Off by default: turning MIG off needs an idle GPU and, on most
-    models, a GPU reset, and the ``7g`` placement already gives a claim the whole GPU's compute."""
+    """``dra`` backend: also offer each MIG-enabled GPU as one whole device (kind ``gpu``, which
+    excludes every MIG placement of it). Off by default, and leave it off for now: preparing it
+    means turning MIG mode off, which gpupack's kubelet plugin does not do yet (it needs an idle
+    GPU and, on most models, a reset), so a claim allocated this device fails to prepare with that
+    reason. The ``7g`` placement already gives a claim the whole GPU's compute."""
     dra_claims_dir: str = "/var/lib/kubelet/plugins/gpu.gpupack.io/state/claims"
     """``dra`` backend: the kubelet plugin's claim journal (``gpupack dra-plugin serve``'s
     ``<state dir>/claims``; the default is the plugin's default), read only, to tell a workload a

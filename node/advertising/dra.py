@@ -80,6 +80,9 @@ class DraPublisher:
     def __init__(self, settings: AgentSettings) -> None:
         self.share = SHARES
         self.whole_gpu = settings.dra_whole_gpu
+        if self.whole_gpu:
+            log.warning("DRA_WHOLE_GPU is on: MIG-enabled GPUs are also offered whole, but the kubelet plugin does "
+                        "not switch MIG mode yet, so a claim allocated such a device fails to prepare")
         self.resync_seconds = settings.dra_resync_seconds
         self.claims_dir = Path(settings.dra_claims_dir)
         self._published: dict[str, Published] | None = None
