@@ -504,7 +504,10 @@ def test_evict_on_gpu_fault_replaces_a_replicaset_pod_unless_a_budget_forbids(h:
         timeout_s=120)
     evicted = h.pod(old)
     assert evicted.metadata.deletion_timestamp is not None  # graceful: no kubelet here to finish it
-    assert "EvictedFromFailedGpu" in _reasons(h.events(h.namespace, old))
+    # The Event is written after the eviction returns: on a loaded machine the ReplicaSet's new pod
+    # can be bound first, so wait for it rather than expect it already there.
+    wait_for("EvictedFromFailedGpu on the evicted pod",
+             lambda: "EvictedFromFailedGpu" in _reasons(h.events(h.namespace, old)), WAIT_S)
     assert f"evicted {h.namespace}/{old}" in h.log("ctl-evict")
     placed = wait_for("the replacement's instance reported", lambda: h.instance_of(node, new.metadata.name), WAIT_S)
     assert placed["uuid"] != inst["uuid"] and "health" not in placed
