@@ -22,7 +22,7 @@ from controller.podview import (
     pod_from_object, read_pod, required_products, resources_held, waiting_unschedulable, whole_gpus_requested,
 )
 from controller.view import FailedDevice, Gpu, Node, PlainGpuPod, Pod, Snapshot
-from kube.times import format_time, parse_time
+from kube.times import format_time, parse_time, seconds_since
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
 from sharing.crd import read_policies
@@ -165,10 +165,9 @@ def _node(reading: GpuNodeReading, gpunode: Mapping[str, Any], node: Mapping[str
 
 
 def _with_heartbeat(node: Node, reading: GpuNodeReading, now: datetime | None, stale_after_s: float | None) -> Node:
-    beat = parse_time(reading.heartbeat)
-    if now is None or stale_after_s is None or beat is None:
+    silent = seconds_since(reading.heartbeat, now) if now is not None else None
+    if stale_after_s is None or silent is None:
         return node
-    silent = max(0.0, (now - beat).total_seconds())
     return replace(node, silent_seconds=silent, stale=silent > stale_after_s)
 
 

@@ -37,3 +37,11 @@ def parse_time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def seconds_since(value: Any, now: datetime) -> float | None:
+    """How long before ``now`` (aware) the RFC 3339 stamp ``value`` lies, never negative (a clock
+    ahead of ours reads as just now); None when ``value`` is not a stamp. The silence of a GPUNode's
+    agent (``status.heartbeatTime``) for the controller and the DRA plugin's health stream alike."""
+    stamp = parse_time(value)
+    return None if stamp is None else max(0.0, (now - stamp).total_seconds())

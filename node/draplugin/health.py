@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from kube.times import parse_time
+from kube.times import seconds_since
 from node.draplugin.journal import DeviceRecord
 from sharing.crd import DeviceHealth
 from sharing.gpunode import GpuNodeReading, GpuReading, read_gpunode
@@ -70,8 +70,8 @@ def node_view(obj: Mapping[str, Any] | None, node: str, now: datetime, stale_aft
     reading = read_gpunode(obj)
     if reading is None:
         return NodeHealthView(None, f"GPUNode {node} has no name; it cannot be read")
-    heartbeat = parse_time(reading.heartbeat) if reading.heartbeat is not None else None
-    if heartbeat is not None and (now - heartbeat).total_seconds() > stale_after_s:
+    silent = seconds_since(reading.heartbeat, now)
+    if silent is not None and silent > stale_after_s:
         return NodeHealthView(None, f"the node agent last reported at {reading.heartbeat}, more than "
                                     f"{stale_after_s:.0f} s ago: it may have stopped")
     return NodeHealthView(reading)
