@@ -94,6 +94,11 @@ def dra_nodes(snapshot: Snapshot) -> tuple[Node, ...]:
     return tuple(n for n in snapshot.nodes if node_backend(n.label_map) == "dra" and not n.stale)
 
 
+def _cpu_shape(pod: Pod) -> PodSpec:
+    """A pod that asks for no GPU as the engine sees it: its CPU and memory."""
+    return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib)
+
+
 class _Shares:
     """The pool's MIG-off GPUs as the packing engine's cluster, with the claims' holds taken."""
 
@@ -107,7 +112,7 @@ class _Shares:
         # The typical pods are the pool's pods the engine places: GPU pods (their first share) and
         # the pods that ask for no GPU, as the simulator's PresentTypical with cpu_pods="engine".
         shapes = [s for p in pods if p.mode not in ("mig", "cpu") for s in self._shapes(p, self._accepted(p))[:1]]
-        shapes += [PodSpec(p.key, p.cpu_milli, p.memory_mib) for p in pods if p.mode == "cpu"]
+        shapes += [_cpu_shape(p) for p in pods if p.mode == "cpu"]
         typical = TypicalPods.from_pods(shapes or [NO_GPU_POD])
         self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical)
         self.cluster: ClusterState | None = None
@@ -221,7 +226,7 @@ class _Shares:
         simulator's ``cpu_pods="engine"`` does (``sharing.simulator.dra.DraReplay``)."""
         if self.cluster is None:
             return "no DRA node has a healthy GPU with MIG off"
-        spec = PodSpec(pod.key, pod.cpu_milli, pod.memory_mib)
+        spec = _cpu_shape(pod)
         allowed = np.array([allowed_on(pod, n) for n in self.nodes], dtype=bool)
         outcome = decide(self.cluster, spec, self.policy, allowed)
         if not isinstance(outcome, PodPlacement):
