@@ -120,15 +120,15 @@ class DraPublisher:
                            "the GPUNode spec is invalid, so the sharing mode is unknown; "
                            "the node's ResourceSlices are left as published")]
         blocked = reshape_blocked(ctx.rules, ctx.clock())
-        reclaimed = reclaim_idle(ctx, snapshot, self.claims_dir, blocked)
+        claimed = read_claimed_devices(self.claims_dir)
+        for problem in claimed.unreadable if claimed is not None else ():
+            log.warning("DRA claim journal: %s; its claim's devices are not known", problem)
+        reclaimed = reclaim_idle(ctx, snapshot, self.claims_dir, claimed, blocked)
         if reclaimed:
             snapshot = ctx.snapshot()  # their slices are free now: offer them in this very tick
         rules = OfferRules(sharing=spec.sharing.mode,
                            allowed_profiles=ctx.rules.policy.allowed_profiles if ctx.rules.policy else None,
                            reshape_blocked=blocked, whole_gpu=self.whole_gpu, share=self.share)
-        claimed = read_claimed_devices(self.claims_dir)
-        for problem in claimed.unreadable if claimed is not None else ():
-            log.warning("DRA claim journal: %s; its claim's devices are not known", problem)
         offer = node_offer(snapshot, ctx.faulted(), rules, claimed)
         uid = str((node.get("metadata") or {}).get("uid") or "") or None
         wanted = node_slices(ctx.s.node_name, offer.gpus, generation=0, owner_uid=uid)

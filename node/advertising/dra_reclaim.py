@@ -71,12 +71,14 @@ def reclaimable(snapshot: NodeSnapshot, claimed: ClaimedDevices, faulted: Collec
     return out
 
 
-def reclaim_idle(ctx: AgentContext, snapshot: NodeSnapshot, claims_dir: Path, blocked: str | None) -> list[Reclaim]:
-    """Destroy what :func:`reclaimable` allows (``blocked``: why reshaping is not allowed now, or
-    None); the instances destroyed. Nothing is done when the journal or the lock cannot be had."""
+def reclaim_idle(ctx: AgentContext, snapshot: NodeSnapshot, claims_dir: Path, claimed: ClaimedDevices | None,
+                 blocked: str | None) -> list[Reclaim]:
+    """Destroy what :func:`reclaimable` allows (``claimed``: the tick's read of the journal in
+    ``claims_dir``, read again under the lock before anything is destroyed; ``blocked``: why
+    reshaping is not allowed now, or None); the instances destroyed. Nothing is done when the
+    journal or the lock cannot be had."""
     if blocked is not None or ctx.backend is None or snapshot.error is not None:
         return []
-    claimed = read_claimed_devices(claims_dir)
     if claimed is None:
         return []  # no journal here: which instance a claim holds is not known
     now = ctx.clock()
