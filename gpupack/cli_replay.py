@@ -12,8 +12,13 @@ level beside the simulator's product model and the FGD protocol on the same
 plan, the pods never placed, creation-to-bound latency, and what the run cost
 (CPU and peak RSS of controller, webhook and agents; API requests by verb).
 
-Exit codes: 0 = every pod was bound or declared never placed; 1 = a pod was
-neither within ``--pod-timeout`` (or the stack failed); 2 = bad input.
+``--stop-after MINUTES`` ends the submissions after that long and reports the
+pods submitted so far (``complete: false``); so does an interrupt (Ctrl-C or
+SIGTERM): hours of a whole-cluster run are never lost to a deadline.
+
+Exit codes: 0 = every pod submitted was bound or declared never placed (all of
+them, or those before ``--stop-after`` ran out); 1 = a pod was neither within
+``--pod-timeout``, the run was interrupted, or the stack failed; 2 = bad input.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,16 +118,20 @@ def _run(args: argparse.Namespace, plan: Any, nodes: Any, trace: Any, policy: st
 
     models = model_figures(nodes, trace.pods, policy, args.seed, args.inflate, args.max_nodes, say=say)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpupack-replay-"))
+    budget = None if args.stop_after is None else args.stop_after * 60.0
     try:
-        live = run_live(workdir, plan, policy=policy, pod_timeout_s=args.pod_timeout, keep_logs=bool(args.workdir),
-                        progress=not args.no_progress, say=say, run_id=f"seed-{args.seed}")
+        with _sigterm_interrupts():
+            live = run_live(workdir, plan, policy=policy, pod_timeout_s=args.pod_timeout,
+                            keep_logs=bool(args.workdir), progress=not args.no_progress, say=say,
+                            run_id=f"seed-{args.seed}", submit_budget_s=budget)
     except Exception as exc:  # noqa: BLE001 - the stack failed: say which part, keep its logs
         print(f"gpupack: error: the replay's stack failed: {exc} (logs under {workdir / 'logs'})", file=sys.stderr)
         return EXIT_NO
     trace_name = {kube_node_name(n.name): n.name for n in plan.nodes}
+    # A run stopped early is followed as far as it went (the model replays the same prefix).
     following = follow_live(nodes, trace.pods, policy, args.seed, args.inflate, args.max_nodes,
                             [trace_name[r.node] if r.result == "bound" and r.node else None for r in live.results]) \
-        if len(live.results) == len(plan.workload.pods) else None
+        if live.results else None
     report = as_json(live, models, workload=workload_name(Path(args.pods)), policy=policy, inflate=args.inflate,
                      seconds=time.monotonic() - began, following=following)
     if args.json:
@@ -131,7 +143,21 @@ def _run(args: argparse.Namespace, plan: Any, nodes: Any, trace: Any, policy: st
         say(f"plot: {args.plot}")
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
-    return EXIT_NO if pods_of(live.results, "timeout") else EXIT_OK
+    return EXIT_NO if pods_of(live.results, "timeout") or live.stopped == "interrupted" else EXIT_OK
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (a batch system's deadline, ``kill``) stops the submissions as Ctrl-C does, so the
+    run still measures its costs, stops its stack and reports what it did."""
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -155,6 +181,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--policy", default="gpupack", help="the controller's packing policy, and the simulator's (default gpupack)")
     p.add_argument("--pod-timeout", type=positive_float, default=120.0, metavar="S",
                    help="give up on a pod neither bound nor declared never placed after S seconds (default 120)")
+    p.add_argument("--stop-after", type=positive_float, default=None, metavar="MINUTES",
+                   help="submit no pod after MINUTES of submissions and report those submitted (complete: false; "
+                        "the comparison is made at the highest arrived-demand level they complete). Ctrl-C or "
+                        "SIGTERM stop a run the same way, with exit code 1 (default: no limit)")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
     p.add_argument("--plot", metavar="FILE", help="also draw allocation against arrived demand into FILE (PNG; matplotlib)")
     p.add_argument("--workdir", metavar="DIR", help="keep the control plane's data and every component's log here "

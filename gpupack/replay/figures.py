@@ -113,9 +113,10 @@ class Following:
 def follow_live(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy: str, seed: int, inflate: float,
                 max_nodes: int | None, live_nodes: Sequence[str | None]) -> Following:
     """The product model on the replay's plan, ties broken toward ``live_nodes`` (per pod in arrival
-    order, the trace name of the node it was bound to, or None)."""
+    order, the trace name of the node it was bound to, or None): as far as the live run went, all
+    of the plan or the pods submitted before it stopped early."""
     run = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes,
-                      follow=live_nodes, typical_every=1)
+                      follow=live_nodes, typical_every=1, stop_after=len(live_nodes))
     return Following(run.alloc_at, run.divergences)
 
 

@@ -34,6 +34,9 @@ def as_json(live: LiveRun, models: ModelFigures, *, workload: str, policy: str, 
     never = [r for r in live.results if r.result != "bound"]
     top = max((k for k, v in levels.items() if v is not None), default=0)
     live_top, model_top = level_at(levels, 130), level_at(models.product_alloc_at, 130)
+    if not live.complete:
+        live_top = None  # a run stopped early did not reach the end of the plan
+    compared = compared_level(levels, live.complete)
     return {
         "workload": workload,
         "policy": policy,
@@ -52,6 +55,9 @@ def as_json(live: LiveRun, models: ModelFigures, *, workload: str, policy: str, 
         "alloc_at_130": {"live": live_top, "simulated": model_top, "fgd": level_at(models.fgd_alloc_at, 130),
                          "live_minus_simulated": None if live_top is None or model_top is None
                          else round(live_top - model_top, 2)},
+        "complete": live.complete,
+        "stopped": live.stopped,
+        "compared_at": _compared(compared, levels, models),
         "final_alloc_percent": round(final_alloc_percent([r.pod for r in live.results], live.bound, plan.gpus), 2),
         "pods_submitted": len(live.results),
         "pods_planned": len(plan.workload.pods),
@@ -64,7 +70,8 @@ def as_json(live: LiveRun, models: ModelFigures, *, workload: str, policy: str, 
         **({"model_following_live": {
             "pods": len(live.results),
             "divergences": len(following.divergences),
-            "alloc_at_130": level_at(following.alloc_at, 130),
+            "alloc_at_130": level_at(following.alloc_at, 130) if live.complete else None,
+            "alloc_at_compared": None if compared is None else following.alloc_at.get(compared),
             "first_divergences": [{"index": d.index, "pod": d.pod, "live": d.live, "model": d.model}
                                   for d in following.divergences[:FIRST_DIVERGENCES]],
         }} if following is not None else {}),
@@ -83,6 +90,25 @@ def as_json(live: LiveRun, models: ModelFigures, *, workload: str, policy: str, 
                   **({"message": r.message} if r.message else {})}
                  for r in live.results],
     }
+
+
+def compared_level(levels: Levels, complete: bool) -> int | None:
+    """The arrived-demand level at which live and models are compared: 130 for a run that went to
+    the end; for one stopped early the level below the highest it reached, the highest whose
+    attempts it made all of (a level's figure is the mean over the attempts that arrive at it, so
+    the top one is cut short); None when it reached none."""
+    if complete:
+        return 130
+    reached = [k for k, v in levels.items() if v is not None]
+    return max(reached) - 1 if reached and max(reached) >= 1 else None
+
+
+def _compared(level: int | None, levels: Levels, models: ModelFigures) -> dict[str, Any]:
+    if level is None:
+        return {"level": None, "live": None, "simulated": None, "fgd": None, "live_minus_simulated": None}
+    live, model = level_at(levels, level), level_at(models.product_alloc_at, level)
+    return {"level": level, "live": live, "simulated": model, "fgd": level_at(models.fgd_alloc_at, level),
+            "live_minus_simulated": None if live is None or model is None else round(live - model, 2)}
 
 
 def _cell(value: float | None) -> str:
@@ -107,8 +133,10 @@ def as_text(report: dict[str, Any]) -> str:
                      f"{_cell(report['simulated_alloc_at'].get(key)):>7}  {_cell(report['fgd_alloc_at'].get(key)):>7}")
     at = report["alloc_at_130"]
     diff = at["live_minus_simulated"]
+    stopped = [] if report["complete"] else [_stopped_line(report)]
     lines += [
         "",
+        *stopped,
         f"at 130 % (or the highest level reached): live {_cell(at['live'])}, product model {_cell(at['simulated'])} "
         f"(mean of {len(report['simulated_draws_at_130'])} draws of kube-scheduler's ties: "
         f"{', '.join(_cell(v) for v in report['simulated_draws_at_130'])}) "
@@ -136,13 +164,26 @@ def as_text(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _stopped_line(report: dict[str, Any]) -> str:
+    why = {"budget": "--stop-after ran out", "interrupted": "interrupted"}.get(str(report["stopped"]), str(report["stopped"]))
+    at = report["compared_at"]
+    head = f"STOPPED EARLY ({why}) after {report['pods_submitted']} of {report['pods_planned']} pods"
+    if at["level"] is None:
+        return head + ": no arrived-demand level completed, nothing to compare"
+    diff = at["live_minus_simulated"]
+    return (head + f"; at {at['level']} % arrived, the highest level completed: live {_cell(at['live'])}, product "
+            f"model {_cell(at['simulated'])} (live - model {'-' if diff is None else f'{diff:+.2f}'}), "
+            f"FGD protocol {_cell(at['fgd'])}")
+
+
 def _following_line(following: dict[str, Any]) -> str:
     n = following["divergences"]
     head = (f"the product model with its ties broken the live run's way places {n} of {following['pods']} pods "
             f"otherwise")
     if n == 0:
+        value = following["alloc_at_130"] if following["alloc_at_130"] is not None else following.get("alloc_at_compared")
         return head + " (every live decision is one the model's rules make; it then allocates " \
-            f"{_cell(following['alloc_at_130'])} as live does)"
+            f"{_cell(value)} as live does)"
     first = following["first_divergences"][0]
     return head + f" (first: #{first['index']} {first['pod']}, live {first['live']}, model {first['model']})"
 
@@ -164,7 +205,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.plot([p[0] for p in points], [p[1] for p in points], style, label=label)
     ax.set_xlabel("arrived GPU demand, % of GPU capacity")
     ax.set_ylabel("GPU allocation, %")
-    ax.set_title(f"{report['workload']}, seed {report['seed']}, {report['nodes_used']} nodes ({report['gpus_used']} GPUs)")
+    stopped = "" if report["complete"] else f", stopped after {report['pods_submitted']} of {report['pods_planned']} pods"
+    ax.set_title(f"{report['workload']}, seed {report['seed']}, {report['nodes_used']} nodes ({report['gpus_used']} GPUs)"
+                 + stopped)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -12,6 +12,13 @@ strictly one at a time: a pod is created only after the previous one is
   kube-scheduler's ``Unschedulable``, the controller's ``NoCapacity``), or
   still undecided after ``pod_timeout_s`` (counted apart, ``pods_timed_out``).
 
+**Stopping early.** ``submit_budget_s`` (``gpupack replay --stop-after MINUTES``)
+stops the submissions at the first pod boundary after that long, and an
+interrupt (Ctrl-C, or SIGTERM, which ``gpupack replay`` turns into one) stops
+them where they are, the pod in flight uncounted; either way the run ends as
+one that ran to the end does (costs measured, stack stopped) and says why it
+stopped (``LiveRun.stopped``), so hours of a whole-cluster run are never lost.
+
 A pod never placed is **deleted** at once, as the protocol drops it: left
 pending it could be placed later, when capacity created for a later pod
 happens to fit it, which the protocol never does, and it would stay in every
@@ -38,7 +45,7 @@ from gpupack.replay.costs import ComponentCost, component_cost, delta, requests_
 from gpupack.replay.figures import live_alloc_at
 from gpupack.replay.mapping import REPLAY_LABEL, kube_node_name, replay_pod
 from gpupack.replay.outcome import Decider, bound_node, classify, released_unschedulable
-from gpupack.replay.progress import ProgressBar
+from gpupack.replay.progress import ProgressBar, format_duration
 from gpupack.replay.stack import NAMESPACE, ReplayStack
 from kube.informer import Informer
 from sharing.packing.specs import GPU_MILLI, PodSpec
@@ -46,6 +53,7 @@ from sharing.placement_status import read_placement
 from sharing.simulator.arrivals import RunPlan
 
 Result = Literal["bound", "unplaceable", "timeout"]
+Stopped = Literal["budget", "interrupted"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,12 @@ class LiveRun:
     agents: str = ""
     setup_seconds: float = 0.0
     submit_seconds: float = 0.0
+    stopped: Stopped | None = None
+    """Why the submissions ended before the plan's last pod (None: every pod was submitted)."""
+
+    @property
+    def complete(self) -> bool:
+        return self.stopped is None
 
     @property
     def bound(self) -> list[bool]:
@@ -109,6 +123,8 @@ class Replayer:
     pod_timeout_s: float = 120.0
     released_unschedulable_s: float = 3.0
     """How long a pod the controller released may stay Unschedulable before it counts as never placed."""
+    submit_budget_s: float | None = None
+    """Submit no pod after this long (the module docstring, "Stopping early"); None: no limit."""
     progress: ProgressBar | None = None
     say: Callable[[str], None] = lambda _: None
     run_id: str = "run"
@@ -132,9 +148,18 @@ class Replayer:
         try:
             for pod in self.plan.workload.pods:
                 started = time.monotonic()
+                if self.submit_budget_s is not None and started - began >= self.submit_budget_s:
+                    live.stopped = "budget"
+                    self.say(f"stopped after {len(live.results)} of {len(self.plan.workload.pods)} pods: "
+                             f"--stop-after's {format_duration(self.submit_budget_s)} are spent")
+                    break
                 result = self._one(core, pods, pod, mine)
                 live.results.append(replace(result, decided_seconds=time.monotonic() - started))
                 self._show(live)
+        except KeyboardInterrupt:
+            live.stopped = "interrupted"
+            self.say(f"interrupted after {len(live.results)} of {len(self.plan.workload.pods)} pods: "
+                     "reporting what was measured")
         finally:
             live.submit_seconds = time.monotonic() - began
             requests_after = _apiserver_requests(admin)
@@ -229,14 +254,15 @@ def _api_message(exc: client.ApiException) -> str:
 
 def run_live(workdir: Path, plan: RunPlan, *, policy: str = "gpupack", pod_timeout_s: float = 120.0,
              keep_logs: bool = False, progress: bool = True,
-             say: Callable[[str], None] = lambda _: None, run_id: str = "run") -> LiveRun:
+             say: Callable[[str], None] = lambda _: None, run_id: str = "run",
+             submit_budget_s: float | None = None) -> LiveRun:
     """Start the stack on the plan's nodes, replay the plan's pods, stop the stack; what was measured."""
     stack = ReplayStack(workdir, plan.nodes, policy=policy, keep_logs=keep_logs)
     try:
         stack.start(say)
         bar = ProgressBar(len(plan.workload.pods)) if progress else None
         return Replayer(stack, plan, pod_timeout_s=pod_timeout_s, progress=bar,
-                        say=say, run_id=run_id).run()
+                        say=say, run_id=run_id, submit_budget_s=submit_budget_s).run()
     finally:
         stack.stop()
 

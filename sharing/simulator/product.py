@@ -369,6 +369,7 @@ def run_product(
     follow: Sequence[str | None] | None = None,
     typical_every: int = DEFAULT_TYPICAL_EVERY,
     scheduler_draw: int = 0,
+    stop_after: int | None = None,
 ) -> ProductRun:
     """One (workload, seed, policy) run: the protocol's arrivals under the live rules, on the seed's
     sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``).
@@ -389,6 +390,9 @@ def run_product(
     pods are judged from the model's). A live run that follows the model's rules has none, and
     its allocation is the model's own.
 
+    ``stop_after``: replay only the first ``stop_after`` arrivals, as a live run stopped early
+    submitted them (``follow`` then has that many outcomes); the levels past them are None.
+
     ``policy_factory`` builds the engine's policy instead of the registry (an
     ablation, as ``benchmarks/product_ablation.py`` runs); ``policy_name`` still
     names the registered policy the run reports."""
@@ -404,6 +408,9 @@ def run_product(
     ordered = sorted(plan.nodes, key=lambda n: n.name)
     total_gpus = plan.gpus
     workload = plan.workload
+    if stop_after is not None and not 1 <= stop_after <= len(workload.pods):
+        raise ValueError(f"stop_after must be between 1 and the plan's {len(workload.pods)} arrivals, got {stop_after}")
+    arrivals = workload.pods if stop_after is None else workload.pods[:stop_after]
     present = PresentPods(live_path)
     table = TypicalPods.from_pods(engine_view(workload.originals, live_path)) if typical == "workload" else None
 
@@ -417,25 +424,25 @@ def run_product(
     stream = _continue_stream(rng, workload)
     current: TypicalPods | None = None
     if table is None:
-        current = present.with_arriving(workload.pods[:typical_every])
+        current = present.with_arriving(arrivals[:typical_every])
         policy = build(current)
     else:
         policy = build(table)
     replay = ProductReplay(cluster, policy, weights, live_path,
                            scheduler_ties=np.random.default_rng([seed, SCHEDULER_TIES_STREAM, scheduler_draw]))
-    count = len(workload.pods)
+    count = len(arrivals)
     arrived = np.zeros(count, dtype=np.int64)
     used = np.zeros(count, dtype=np.int64)
     occupied = np.zeros(count, dtype=np.int64)
     times = np.zeros(count, dtype=np.int64)
     demand = allocated = failed = 0
     reserved = 0.0
-    if follow is not None and len(follow) != len(workload.pods):
-        raise ValueError(f"follow: {len(follow)} outcomes for {len(workload.pods)} pods")
+    if follow is not None and len(follow) != count:
+        raise ValueError(f"follow: {len(follow)} outcomes for {count} pods")
     position = {n.name: i for i, n in enumerate(ordered)}
     by_name = cluster.tie_rank.copy()
     divergences: list[Divergence] = []
-    for i, pod in enumerate(workload.pods):
+    for i, pod in enumerate(arrivals):
         live_node = None if follow is None else follow[i]
         if follow is not None:
             cluster.tie_rank[:] = by_name
@@ -444,8 +451,8 @@ def run_product(
                     raise ValueError(f"follow: pod {pod.name} was bound to {live_node!r}, not a node of the run")
                 cluster.tie_rank[position[live_node]] = -1  # first among equals, for the engine and kube-scheduler
         start = clock()
-        if current is not None and i % typical_every == 0 and any(p.gpu_count for p in workload.pods[i:i + typical_every]):
-            now = present.with_arriving(workload.pods[i:i + typical_every])
+        if current is not None and i % typical_every == 0 and any(p.gpu_count for p in arrivals[i:i + typical_every]):
+            now = present.with_arriving(arrivals[i:i + typical_every])
             if not same_table(now, current):
                 # Live, the policy is built anew each planning cycle from the pods that exist.
                 current = now

@@ -14,7 +14,6 @@ under a second a pod).
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -25,42 +24,9 @@ import pytest
 from gpupack.replay.runner import submission_order
 from sharing.simulator.arrivals import plan_run
 from sharing.simulator.traces import load_nodes, load_pods
+from tests.e2e.openb_synthetic import synthetic_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-
-NODE_SHAPES = (  # (type, GPUs, CPU milli, memory MiB, weight): openb's node kinds, fewer of the large ones
-    ("T4", 2, 64_000, 262_144, 10), ("P100", 2, 64_000, 262_144, 4), ("A10", 1, 32_000, 131_072, 3),
-    ("V100M16", 4, 64_000, 262_144, 2), ("G2", 8, 96_000, 786_432, 1), ("G3", 4, 96_000, 786_432, 1),
-    ("V100M32", 4, 96_000, 786_432, 1),
-)
-
-def synthetic_trace(tmp_path: Path, nodes: int = 60, pods: int = 250, seed: int = 5) -> tuple[Path, Path]:
-    """An openb-like node list and pod list (no gpu_spec: see docs/replay.md, "Known differences")."""
-    rng = random.Random(seed)
-    node_rows = ["sn,cpu_milli,memory_mib,gpu,model"]
-    for i in range(nodes):
-        kind, gpus, cpu, mem, _ = rng.choices(NODE_SHAPES, [s[4] for s in NODE_SHAPES])[0]
-        node_rows.append(f"openb-node-{i:04d},{cpu},{mem},{gpus},{kind}")
-    pod_rows = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"]
-    for i in range(pods):
-        draw = rng.random()
-        if draw < 0.12:
-            gpus, milli = 0, 0
-        elif draw < 0.6:
-            gpus, milli = 1, rng.choice([50, 100, 200, 250, 300, 400, 500])
-        elif draw < 0.7:
-            gpus, milli = 1, rng.choice([600, 750, 900])
-        elif draw < 0.94:
-            gpus, milli = 1, 1000
-        else:
-            gpus, milli = rng.choice([2, 4]), 1000
-        cpu = rng.choice([1000, 2000, 4000, 6000, 8000, 16000])
-        pod_rows.append(f"openb-pod-{i:04d},{cpu},{rng.choice([2048, 4096, 8192, 16384, 32768])},{gpus},{milli},")
-    node_file, pod_file = tmp_path / "openb_node_list_gpu_node.csv", tmp_path / "openb_pod_list_synthetic.csv"
-    node_file.write_text("\n".join(node_rows) + "\n")
-    pod_file.write_text("\n".join(pod_rows) + "\n")
-    return node_file, pod_file
-
 
 @pytest.fixture(scope="module")
 def replayed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

@@ -460,3 +460,72 @@ def test_the_report_says_whether_the_model_follows_the_live_run(files: tuple[Pat
     assert "every live decision is one the model's rules make" in as_text(report)
     assert "model_following_live" not in as_json(fake_run(plan), models, workload="tiny", policy="gpupack",
                                                   inflate=1.3, seconds=1.0)
+
+
+# ------------------------------------------------------------------ a run stopped early
+
+
+def test_the_model_stopped_after_n_arrivals_is_the_full_run_cut_there(files: tuple[Path, Path]) -> None:
+    """A live run stopped early is compared with the model on the same prefix: the same decisions,
+    the same levels up to where it stopped, nothing past it."""
+    nodes, trace = load_nodes(files[0]), load_pods(files[1])
+    count = len(plan_run(nodes, trace.pods, 42, 1.3, None).workload.pods)
+    whole = product.run_product(nodes, trace.pods, "gpupack", 42, load_weights_(), "engine", 1.3, typical_every=1,
+                                follow=[None] * count)
+    half = count // 2
+    cut = product.run_product(nodes, trace.pods, "gpupack", 42, load_weights_(), "engine", 1.3, typical_every=1,
+                              follow=[None] * half, stop_after=half)
+    assert cut.pods == half
+    assert cut.divergences == tuple(d for d in whole.divergences if d.index < half)  # where each pod went
+    reached = max(k for k, v in cut.alloc_at.items() if v is not None)
+    assert reached < 130 and all(cut.alloc_at[k] is None for k in range(reached + 1, 131))
+    assert {k: cut.alloc_at[k] for k in range(reached)} == {k: whole.alloc_at[k] for k in range(reached)}
+    for bad in (0, count + 1):
+        with pytest.raises(ValueError, match="stop_after must be between 1 and"):
+            product.run_product(nodes, trace.pods, "gpupack", 42, load_weights_(), "engine", 1.3, stop_after=bad)
+    with pytest.raises(ValueError, match=f"follow: {count} outcomes for {half} pods"):
+        product.run_product(nodes, trace.pods, "gpupack", 42, load_weights_(), "engine", 1.3,
+                            follow=[None] * count, stop_after=half)
+
+
+def test_a_run_stopped_early_is_reported_as_such_and_compared_where_it_got_to(files: tuple[Path, Path]) -> None:
+    from gpupack.replay.report import compared_level
+
+    nodes, trace = load_nodes(files[0]), load_pods(files[1])
+    plan = plan_run(nodes, trace.pods, 42, 1.3, None)
+    models = model_figures(nodes, trace.pods, "gpupack", 42, 1.3, None, draws=1)
+    full = fake_run(plan)
+    stopped = LiveRun(plan=plan, results=full.results[: len(full.results) // 2], agents="fleet",
+                      components=full.components, stopped="budget")
+    prefix = [plan.nodes[0].name if r.result == "bound" else None for r in stopped.results]
+    report = as_json(stopped, models, workload="tiny", policy="gpupack", inflate=1.3, seconds=1.0,
+                     following=follow_live(nodes, trace.pods, "gpupack", 42, 1.3, None, prefix))
+    assert (report["complete"], report["stopped"]) == (False, "budget")
+    assert report["pods_submitted"] == len(stopped.results) < report["pods_planned"]
+    assert report["alloc_at_130"]["live"] is None and report["alloc_at_130"]["live_minus_simulated"] is None
+    level = report["compared_at"]["level"]
+    assert level == report["highest_level"] - 1 < 130
+    assert report["compared_at"]["live"] == report["alloc_at"][str(level)]
+    assert report["compared_at"]["simulated"] == report["simulated_alloc_at"][str(level)]
+    assert report["compared_at"]["live_minus_simulated"] == round(report["compared_at"]["live"]
+                                                                  - report["compared_at"]["simulated"], 2)
+    assert report["model_following_live"]["pods"] == len(stopped.results)
+    assert report["model_following_live"]["alloc_at_130"] is None
+    assert f"STOPPED EARLY (--stop-after ran out) after {len(stopped.results)} of" in as_text(report)
+    # A whole run is compared at 130 % and says nothing of stopping.
+    whole = as_json(full, models, workload="tiny", policy="gpupack", inflate=1.3, seconds=1.0)
+    assert (whole["complete"], whole["stopped"], whole["compared_at"]["level"]) == (True, None, 130)
+    assert whole["compared_at"]["live"] == whole["alloc_at_130"]["live"]
+    assert "STOPPED EARLY" not in as_text(whole)
+    # Interrupted before any level was reached: nothing to compare, and it says so.
+    assert compared_level({0: None, 1: None}, complete=False) is None
+    assert compared_level({0: 0.0, 1: None}, complete=False) is None
+    assert compared_level({0: 0.0, 1: 1.0, 2: 1.5}, complete=False) == 1
+
+
+def test_stop_after_must_be_a_positive_number_of_minutes(files: tuple[Path, Path],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("0", "-5", "soon"):
+        with pytest.raises(SystemExit) as exc:
+            main(["replay", "--nodes", str(files[0]), "--pods", str(files[1]), "--stop-after", bad])
+        assert exc.value.code == 2 and "--stop-after" in capsys.readouterr().err
