@@ -244,12 +244,14 @@ def _table(data: dict[str, Any], config: str, device_plugin: dict[str, float] | 
 def render(data: dict[str, Any]) -> str:
     lead, _ = rules_of(data)
     lines = [
-        "CPU-only pods placed by kube-scheduler, as live:",
+        "CPU-only pods left to kube-scheduler (live: pods that ask for no GPU and are not labelled "
+        "`gpupack.io/backend=dra`):",
         "",
         *_table(data, "dra", _device_plugin_figures()),
         "",
-        "The same with CPU-only pods placed by the engine's policy too (`cpu_pods=\"engine\"`, what gpupack would "
-        "reach if it steered them; the issue's measurement of per-pod shares assumed it):",
+        "The same with CPU-only pods placed by the engine's policy too (`cpu_pods=\"engine\"`; live: pods that ask "
+        "for no GPU labelled `gpupack.io/backend=dra`, which the webhook gates and the controller places, "
+        "docs/dra-pods.md; the issue's measurement of per-pod shares assumed it):",
         "",
         *_table(data, "dra-cpu-engine", None),
         "",
@@ -288,7 +290,8 @@ def write_section(data: dict[str, Any], results: Path | None) -> None:
         *[f"- {_invocation(h)}" for h in (data["history"] if "history" in data else [_legacy_invocation(data)])],
         "",
         "FGD and gpupack measure fragmentation against typical pods. The **present** rule is the live "
-        "controller's: the GPU pods that exist (placed and pending, as claimed; no CPU-only pod), the policy "
+        "controller's: the pods that exist (placed and pending, as claimed; CPU-only pods only where the engine "
+        "places them), the policy "
         f"rebuilt when that table changes, at most once per {data.get('typical_every', DEFAULT_TYPICAL_EVERY)} "
         "arrivals (the pods one planning cycle plans with one policy: docs/simulator.md, \"The DRA backend\"). "
         "The **workload** rule is the FGD protocol's: every pod of the run, known in advance; its figures are "
@@ -296,7 +299,8 @@ def write_section(data: dict[str, Any], results: Path | None) -> None:
         "",
         f"A fractional pod claims its share rounded up to {data['share_unit']} milli on any GPU with room; "
         "whole-GPU pods take GPUs with no share on them; the engine (with the policy named) places every GPU pod, "
-        "kube-scheduler (the weights `manifests/` ships) every CPU-only pod. The FGD-protocol column is gpupack "
+        "and CPU-only pods are placed by kube-scheduler (the weights `manifests/` ships) in the first table, by the "
+        "engine in the second. The FGD-protocol column is gpupack "
         "under the paper's protocol, run again here with the same seeds; the device-plugin column is gpupack under "
         "the device-plugin backend's product model (the section above). The issue's targets: DRA gpupack within "
         "1 point of the FGD-protocol figure, and at least 0.5 points above FGD under the same model. Where the gap "
