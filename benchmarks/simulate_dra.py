@@ -73,10 +73,14 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_OUT = HERE / "dra_results.json"
 WORKLOADS = ("default", "cpu050", "cpu100", "cpu200", "gpushare40", "gpushare60", "gpushare80",
              "gpuspec10", "gpuspec20", "gpuspec25", "multigpu20", "multigpu30", "multigpu40")
+UNGUIDED = "kube-scheduler"
+"""The ``dra-unguided`` configuration's "policy": kube-scheduler places every pod, its DRA allocator
+taking the first devices that fit (``run_dra(gpu_pods="scheduler")``): the same slices without pins."""
 CONFIGS = (
     ("protocol", "gpupack"),
     ("dra", "BestFit"), ("dra", "FGD"), ("dra", "gpupack"),
     ("dra-cpu-engine", "BestFit"), ("dra-cpu-engine", "FGD"), ("dra-cpu-engine", "gpupack"),
+    ("dra-unguided", UNGUIDED),
 )
 WITHIN_POINTS = 1.0
 """Target: DRA gpupack at most this far below the FGD protocol's gpupack."""
@@ -129,8 +133,11 @@ def _one(job: Job) -> dict[str, Any]:
         out.update(alloc_130=proto.alloc_at[130], failed_pods=proto.failed_pods)
     else:
         cpu_pods = "engine" if config == "dra-cpu-engine" else "scheduler"
-        run = run_dra(nodes, pods, policy, seed, load_weights(), unit, cpu_pods,  # type: ignore[arg-type]
-                      typical=typical, typical_every=every)  # type: ignore[arg-type]
+        unguided = config == "dra-unguided"
+        run = run_dra(nodes, pods, "BestFit" if unguided else policy, seed, load_weights(), unit,
+                      cpu_pods,  # type: ignore[arg-type]
+                      typical=typical, typical_every=every,  # type: ignore[arg-type]
+                      gpu_pods="scheduler" if unguided else "engine")
         out.update(
             alloc_130=run.alloc_at[130], occupied_130=run.occupied_at[130], failed_pods=run.failed_pods,
             split=dataclasses.asdict(run.split), gpu_modes=run.gpu_modes, decision_us_median=run.decision_us_median,
@@ -193,6 +200,9 @@ def targets(data: dict[str, Any], config: str, typical: str = "workload") -> dic
             "gap_to_protocol": gp - proto, "above_FGD": gp - fgd, "above_BestFit": gp - bf,
             "within_1_point": proto - gp <= WITHIN_POINTS, "above_FGD_by_half": gp - fgd >= ABOVE_FGD_POINTS,
         }
+        unguided = cell(w, "dra-unguided", UNGUIDED)
+        if unguided is not None:
+            out[w].update(unguided=unguided, above_unguided=gp - unguided, beats_unguided=gp > unguided)
     return out
 
 
@@ -216,6 +226,9 @@ def _table(data: dict[str, Any], config: str, device_plugin: dict[str, float] | 
     head = "| workload | FGD protocol, gpupack | " + ("device-plugin product, gpupack | " if device_plugin is not None else "")
     head += ("DRA: BestFit | DRA: FGD | **DRA: gpupack** | gpupack − protocol | within 1 point | gpupack − FGD | "
              "≥ +0.5 over FGD | gpupack − BestFit |")
+    unguided = any("unguided" in t for t in main.values())
+    if unguided:
+        head += " DRA: kube-scheduler unguided | gpupack − unguided |"
     if other:
         head += f" {other} rule: FGD | {other} rule: gpupack | {other} rule: gpupack − FGD |"
     lines = [head, "|" + "---|" * (head.count(" | ") + 1)]
@@ -227,6 +240,9 @@ def _table(data: dict[str, Any], config: str, device_plugin: dict[str, float] | 
         row += (f"{t['BestFit']:.2f} | {t['FGD']:.2f} | **{t['gpupack']:.2f}** | {t['gap_to_protocol']:+.2f} | "
                 f"{_yes(t['within_1_point'])} | {t['above_FGD']:+.2f} | {_yes(t['above_FGD_by_half'])} | "
                 f"{t['above_BestFit']:+.2f} |")
+        if unguided:
+            row += (" - | - |" if "unguided" not in t else
+                    f" {t['unguided']:.2f} | {t['above_unguided']:+.2f}{'' if t['beats_unguided'] else ' **no**'} |")
         if other:
             r = ref.get(w)
             row += " - | - | - |" if r is None else f" {r['FGD']:.2f} | {r['gpupack']:.2f} | {r['above_FGD']:+.2f} |"
@@ -234,6 +250,11 @@ def _table(data: dict[str, Any], config: str, device_plugin: dict[str, float] | 
     met = [sum(bool(t[k]) for t in main.values()) for k in ("within_1_point", "above_FGD_by_half")]
     lines += ["", f"Targets met under the {lead} rule: within 1 point of the protocol on {met[0]} of {len(main)} "
                   f"workloads, ≥ +0.5 over FGD on {met[1]} of {len(main)}."]
+    if unguided:
+        beats = [t for t in main.values() if "unguided" in t]
+        lines[-1] += (f" Above kube-scheduler's unguided allocation on {sum(bool(t['beats_unguided']) for t in beats)} "
+                      f"of {len(beats)} (by {min(float(t['above_unguided']) for t in beats):+.2f} to "
+                      f"{max(float(t['above_unguided']) for t in beats):+.2f}).")
     if ref:
         met = [sum(bool(t[k]) for t in ref.values()) for k in ("within_1_point", "above_FGD_by_half")]
         lines[-1] += (f" Under the {other} rule: within 1 point on {met[0]} of {len(ref)}, ≥ +0.5 over FGD on "
@@ -302,7 +323,10 @@ def write_section(data: dict[str, Any], results: Path | None) -> None:
         "and CPU-only pods are placed by kube-scheduler (the weights `manifests/` ships) in the first table, by the "
         "engine in the second. The FGD-protocol column is gpupack "
         "under the paper's protocol, run again here with the same seeds; the device-plugin column is gpupack under "
-        "the device-plugin backend's product model (the section above). The issue's targets: DRA gpupack within "
+        "the device-plugin backend's product model (the section above). *kube-scheduler unguided*: the same slices "
+        "without gpupack's pins: kube-scheduler places every pod (MostAllocated on CPU and memory) and its DRA "
+        "allocator takes the first devices that fit on that node, GPU 0 first (`run_dra(gpu_pods=\"scheduler\")`, "
+        "the baseline of the issue's item 2). The issue's targets: DRA gpupack within "
         "1 point of the FGD-protocol figure, and at least 0.5 points above FGD under the same model. Where the gap "
         "goes, and what would close it: docs/simulator.md, \"DRA model results\".",
         "",

@@ -145,7 +145,9 @@ def register(subparsers: Any) -> None:
         "--live-path", choices=LIVE_PATHS, default="engine",
         help="with --model product: engine (every fractional pod placed by the packing engine; default) "
         "or scheduler (fractional pods scored by kube-scheduler, as gpupack's earlier live path did, here with "
-        "the weights manifests/ ships now; benchmarks/simulate_product.py models the earlier weights too)",
+        "the weights manifests/ ships now; benchmarks/simulate_product.py models the earlier weights too). With "
+        "--backend dra, scheduler is kube-scheduler unguided: no pins, every pod placed by kube-scheduler and its "
+        "DRA allocator's first fit (the baseline gpupack's placement is measured against)",
     )
     p.add_argument(
         "--mig",
@@ -199,8 +201,9 @@ def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
                          "for no GPU to kube-scheduler)")
     if backend != "dra":
         return backend, None
-    if args.live_path != "engine":
-        raise UsageError("--live-path applies to --backend device-plugin only: under DRA the engine places every GPU pod")
+    if args.live_path != "engine" and args.cpu_pods == "engine":
+        raise UsageError("--cpu-pods engine needs --live-path engine: unguided (--live-path scheduler), kube-scheduler "
+                         "places every pod")
     unit = DEFAULT_SHARE_UNIT if args.share_unit is None else args.share_unit
     try:
         return backend, check_share_unit(unit, "--share-unit")
@@ -258,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
                 rule, every = _typical(args)
                 cpu_pods: CpuPods = args.cpu_pods or "scheduler"
                 dra_runs = [run_dra(nodes, trace.pods, policy, s, weights, share_unit, cpu_pods, inflate=args.inflate,
-                                    typical=rule, typical_every=every, max_nodes=k) for s in seeds]
+                                    typical=rule, typical_every=every, max_nodes=k, gpu_pods=args.live_path)
+                            for s in seeds]
                 result = product_sweep(dra_runs, trace.workload)
                 extra = {"backend": backend, "share_unit": share_unit, "cpu_pods": cpu_pods, "typical": rule,
                          **({"typical_every": every} if rule == "present" else {}), **dra_extra(dra_runs)}
@@ -307,8 +311,8 @@ def product_extra(runs: list[ProductRun]) -> dict[str, Any]:
 
 def dra_extra(runs: list[DraRun]) -> dict[str, Any]:
     """The DRA model's own keys: the same as the device-plugin model's, with GPU states for node modes
-    (the engine places every GPU pod: the live path is ``engine``)."""
-    return {"live_path": "engine", **_occupied_and_split(runs), "gpu_modes": [r.gpu_modes for r in runs]}
+    (``live_path``: who placed the GPU pods, ``engine`` or ``scheduler`` unguided)."""
+    return {"live_path": runs[0].gpu_pods, **_occupied_and_split(runs), "gpu_modes": [r.gpu_modes for r in runs]}
 
 
 def _occupied_and_split(runs: Sequence[ProductRun | DraRun]) -> dict[str, Any]:
@@ -382,6 +386,7 @@ def as_json(result: SweepResult) -> dict[str, Any]:
 def as_text(result: SweepResult, sharing_model: str = "fgd", extra: dict[str, Any] | None = None) -> str:
     seeds = ", ".join(str(s) for s in result.seeds)
     extra = extra or {}
+    policy = result.policy
     if sharing_model == "fgd":
         what = "FGD paper protocol"
     elif extra.get("backend") == "dra":
@@ -390,11 +395,15 @@ def as_text(result: SweepResult, sharing_model: str = "fgd", extra: dict[str, An
         what = (f"product model, DRA backend (shares in {extra.get('share_unit')}-milli steps, pods that ask for no "
                 f"GPU placed by {'the packing engine' if extra.get('cpu_pods') == 'engine' else 'kube-scheduler'}), "
                 f"typical pods: {pods}")
+        if extra.get("live_path") == "scheduler":
+            policy = "none (unguided)"
+            what = (f"product model, DRA backend, kube-scheduler unguided (no pins: every pod placed by kube-scheduler, "
+                    f"devices by its allocator's first fit; shares in {extra.get('share_unit')}-milli steps)")
     else:
         what = f"product model, {extra.get('live_path')} live path"
     occupied: dict[str, float | None] = extra.get("occupied_at", {})
     lines = [
-        f"workload {result.workload}, policy {result.policy}, {what}, seeds {seeds} (mean over {len(result.seeds)})",
+        f"workload {result.workload}, policy {policy}, {what}, seeds {seeds} (mean over {len(result.seeds)})",
         "arrived %  allocated %" + ("  occupied %" if occupied else ""),
     ]
     for level in TEXT_LEVELS:

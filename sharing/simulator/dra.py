@@ -28,6 +28,17 @@ default); the packing engine steers the allocator, so it chooses node and GPU
   them too (the issue's measurement of per-pod shares assumed it). With
   ``share_unit=1``, ``cpu_pods="engine"`` and ``typical="workload"`` the
   model is the FGD protocol.
+- **kube-scheduler unguided** (``gpu_pods="scheduler"``): what the same
+  slices give without gpupack's pins, the baseline the engine must beat.
+  kube-scheduler filters the nodes on which the claim can be allocated
+  (``ClusterState.feasible``: CPU, memory, the product a ``gpu_spec`` asks
+  for, a device with the share's capacity left or enough untouched devices
+  for whole GPUs), scores them as it scores every pod
+  (``scheduler_pick``: MostAllocated on CPU and memory with the weights
+  ``manifests/`` ships; the DynamicResources plugin adds no score), and its
+  DRA allocator takes the **first** devices on that node that fit, in the
+  order the slice lists them: GPU 0 first (``first_fit_gpus``). CPU-only
+  pods are kube-scheduler's too, and no typical pods are read.
 - **Typical pods.** FGD and gpupack measure fragmentation against typical
   pods (``sharing.packing.typical``). ``typical="present"`` (the default) is
   the live controller's rule (``controller.draplan`` builds them, every
@@ -78,7 +89,7 @@ from sharing.packing.cluster import BoolArray, ClusterState
 from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.policy import Policy, schedule
 from sharing.packing.registry import canonical_policy_name, make_policy
-from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec, Refusal
 from sharing.packing.typical import TYPICAL_RULES as TYPICAL_RULES  # re-exported: the simulator's CLI reads it here
 from sharing.packing.typical import TypicalRule as TypicalRule
 from sharing.packing.typical import NO_GPU_POD as NO_GPU_POD  # re-exported: its tests read it here
@@ -92,6 +103,11 @@ from sharing.simulator.arrivals import plan_run
 
 CpuPods = Literal["scheduler", "engine"]
 CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
+
+GpuPods = Literal["engine", "scheduler"]
+GPU_PODS: Final[tuple[GpuPods, ...]] = ("engine", "scheduler")
+"""Who chooses a GPU pod's node and devices: gpupack's engine, its choice pinned in the claim
+(the product), or kube-scheduler unguided (``gpu_pods="scheduler"``: no pins, the module docstring)."""
 
 
 
@@ -163,6 +179,7 @@ class DraRun:
     """Arrivals per rebuild at most under ``present`` (1: before every pod whose arrival changes the table)."""
     policy_builds: int
     """Policies built in the run (1 under ``workload`` and for policies that read no typical pods)."""
+    gpu_pods: GpuPods = "engine"
 
 
 class PresentTypical:
@@ -210,6 +227,18 @@ class PresentTypical:
         return True
 
 
+def first_fit_gpus(cluster: ClusterState, claim: PodSpec, node: int) -> tuple[int, ...]:
+    """The devices kube-scheduler's DRA allocator gives ``claim`` on ``node`` unguided: the first
+    that fit in the slice's order (GPU 0 first): a share takes the first GPU with its capacity
+    left, a whole-GPU claim the first untouched GPUs. ValueError if they are not there."""
+    free = cluster.gpu_free[node, : cluster.gpu_count[node]]
+    fits = np.flatnonzero(free == GPU_MILLI) if claim.is_whole else np.flatnonzero(free >= claim.gpu_milli)
+    need = claim.gpu_count
+    if fits.size < need:
+        raise ValueError(f"node {cluster.nodes[node].name!r} has no room for {claim.name!r}")
+    return tuple(int(g) for g in fits[:need])
+
+
 class DraReplay:
     """The cluster under consumable capacity, one pod at a time."""
 
@@ -220,10 +249,16 @@ class DraReplay:
         weights: MostAllocatedWeights,
         share_unit: int,
         cpu_pods: CpuPods = "scheduler",
+        gpu_pods: GpuPods = "engine",
     ) -> None:
         if cpu_pods not in CPU_PODS:
             raise ValueError(f"unknown placement of CPU-only pods {cpu_pods!r}; choose one of {', '.join(CPU_PODS)}")
+        if gpu_pods not in GPU_PODS:
+            raise ValueError(f"unknown placement of GPU pods {gpu_pods!r}; choose one of {', '.join(GPU_PODS)}")
+        if gpu_pods == "scheduler" and cpu_pods == "engine":
+            raise ValueError("CPU-only pods cannot be the engine's when kube-scheduler places the GPU pods unguided")
         self.cpu_pods = cpu_pods
+        self.gpu_pods = gpu_pods
         self.cluster = cluster
         self.policy = policy
         self.weights = weights
@@ -241,7 +276,14 @@ class DraReplay:
             c.place(pod, scheduler_pick(c, pod, nodes, self.weights), ())
             return 0
         claim = as_claimed(pod, self.share_unit)
-        outcome = schedule(c, claim, self.policy)
+        if self.gpu_pods == "scheduler":
+            nodes = np.flatnonzero(c.feasible(claim))
+            if nodes.size == 0:
+                return None
+            node = scheduler_pick(c, claim, nodes, self.weights)
+            outcome: PodPlacement | Refusal = c.place(claim, node, first_fit_gpus(c, claim, node))
+        else:
+            outcome = schedule(c, claim, self.policy)
         if not isinstance(outcome, PodPlacement):
             return None
         if claim.is_whole:
@@ -286,6 +328,7 @@ def run_dra(
     typical: TypicalRule = "present",
     typical_every: int = DEFAULT_TYPICAL_EVERY,
     max_nodes: int | None = None,
+    gpu_pods: GpuPods = "engine",
 ) -> DraRun:
     """One (workload, seed, policy) run: the protocol's arrivals under the DRA backend's rules,
     FGD and gpupack measuring fragmentation against the ``typical`` rule's pods (module docstring),
@@ -310,10 +353,12 @@ def run_dra(
         table = TypicalPods.from_pods([as_claimed(p, share_unit) for p in workload.originals])
     else:
         table = present.table
-    tracked = typical == "present" and name in TYPICAL_POLICIES
+    tracked = typical == "present" and name in TYPICAL_POLICIES and gpu_pods == "engine"
     cluster = ClusterState(ordered, tie_rank=workload.tie_rank)
     rng = _continue_stream(np.random.default_rng(seed), workload)
-    replay = DraReplay(cluster, make_policy(name, rng=rng, typical=table), weights, share_unit, cpu_pods)
+    # Unguided no engine policy is consulted: BestFit (no typical pods, no prices to solve) stands in.
+    engine = make_policy(name if gpu_pods == "engine" else "BestFit", rng=rng, typical=table)
+    replay = DraReplay(cluster, engine, weights, share_unit, cpu_pods, gpu_pods)
     builds = 1
     count = len(workload.pods)
     arrived = np.zeros(count, dtype=np.int64)
@@ -352,4 +397,5 @@ def run_dra(
         typical=typical,
         typical_every=typical_every,
         policy_builds=builds,
+        gpu_pods=gpu_pods,
     )

@@ -213,14 +213,15 @@ def test_dra_backend_text_names_the_backend(files: tuple[Path, Path]) -> None:
         (("--model", "product", "--backend", "dra", "--share-unit", "0"), "--share-unit must be 1..500 milli"),
         (("--model", "product", "--backend", "dra", "--share-unit", "2000"), "--share-unit must be 1..500 milli"),
         (("--model", "product", "--backend", "dra", "--share-unit", "fifty"), "argument --share-unit: invalid int value"),
-        (("--model", "product", "--backend", "dra", "--live-path", "scheduler"), "--live-path applies to --backend device-plugin only"),
+        (("--model", "product", "--backend", "dra", "--live-path", "scheduler", "--cpu-pods", "engine"),
+         "--cpu-pods engine needs --live-path engine"),
         (("--model", "product", "--backend", "cuda"), "argument --backend: invalid choice: 'cuda'"),
         (("--mig", "A100-80GB", "--backend", "dra"), "--backend applies to --model product only"),
         (("--model", "product", "--cpu-pods", "engine"), "--cpu-pods applies to --backend dra only"),
         (("--model", "product", "--backend", "dra", "--cpu-pods", "kubelet"), "argument --cpu-pods: invalid choice"),
     ],
     ids=["dra-without-product", "backend-with-fgd", "unit-without-backend", "unit-with-device-plugin", "unit-not-divisor",
-         "unit-zero", "unit-above-a-gpu", "unit-not-a-number", "dra-scheduler-path", "unknown-backend", "backend-with-mig",
+         "unit-zero", "unit-above-a-gpu", "unit-not-a-number", "unguided-with-cpu-engine", "unknown-backend", "backend-with-mig",
          "cpu-pods-without-dra", "cpu-pods-unknown"],
 )
 def test_backend_flags_exit_2_with_a_clear_message(files: tuple[Path, Path], args: tuple[str, ...], message: str) -> None:
@@ -228,3 +229,17 @@ def test_backend_flags_exit_2_with_a_clear_message(files: tuple[Path, Path], arg
     result = gpupack("simulate", "--nodes", nodes, "--pods", pods, "--policy", "FGD", *args)
     assert result.returncode == 2, result.stdout
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dra_unguided_is_kube_scheduler_and_first_fit_and_says_so(files: tuple[Path, Path]) -> None:
+    """``--backend dra --live-path scheduler``: the same slices without gpupack's pins; no policy is
+    consulted, so the policy named makes no difference and the text says there is none."""
+    nodes, pods = files
+    base = ("simulate", "--nodes", nodes, "--pods", pods, "--model", "product", "--backend", "dra",
+            "--live-path", "scheduler", "--seeds", "2")
+    runs = [json.loads(gpupack(*base, "--policy", policy, "--json").stdout) for policy in ("FGD", "gpupack")]
+    assert runs[0]["live_path"] == runs[1]["live_path"] == "scheduler"
+    assert runs[0]["alloc_at"] == runs[1]["alloc_at"]
+    text = gpupack(*base, "--policy", "FGD")
+    assert text.returncode == 0, text.stderr
+    assert "policy none (unguided)" in text.stdout and "kube-scheduler unguided" in text.stdout

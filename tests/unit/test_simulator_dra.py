@@ -253,3 +253,52 @@ def test_runs_repeat() -> None:
     first = run_dra(cluster, TRACE, "gpupack", 3, WEIGHTS, clock=lambda: 0)
     again = run_dra(cluster, TRACE, "gpupack", 3, WEIGHTS, clock=lambda: 0)
     assert first == again and first.share_unit == 50 and first.cpu_pods == "scheduler"
+
+
+# ------------------------------------------------------------------ kube-scheduler unguided
+
+
+def unguided(gpus: Sequence[int]) -> DraReplay:
+    return DraReplay(ClusterState(nodes(gpus)), FgdPolicy(TYPICAL), WEIGHTS, 50, gpu_pods="scheduler")
+
+
+def test_unguided_the_allocator_takes_the_first_devices_that_fit() -> None:
+    r = unguided([4])
+    assert r.place(gpu_pod("a", 600)) == 600 and r.place(gpu_pod("b", 300)) == 300  # both on GPU 0
+    assert r.cluster.gpu_free[0].tolist() == [100, 1000, 1000, 1000]
+    assert r.place(gpu_pod("c", 250)) == 250  # GPU 0 has 100 left: the next GPU in order
+    assert r.cluster.gpu_free[0].tolist() == [100, 750, 1000, 1000]
+    assert r.place(gpu_pod("pair", 1000, count=2)) == 2000  # the first two untouched GPUs
+    assert r.cluster.gpu_free[0].tolist() == [100, 750, 0, 0] and r.whole[0].tolist() == [False, False, True, True]
+    assert r.place(gpu_pod("d", 800)) is None  # no device has 800 left
+    assert dra.first_fit_gpus(r.cluster, as_claimed(gpu_pod("e", 80), 50), 0) == (0,)  # 100 claimed: fits GPU 0
+    assert dra.first_fit_gpus(r.cluster, as_claimed(gpu_pod("f", 120), 50), 0) == (1,)  # 150 claimed: it does not
+    with pytest.raises(ValueError, match="no room"):
+        dra.first_fit_gpus(r.cluster, gpu_pod("whole", 1000), 0)
+
+
+def test_unguided_kube_scheduler_chooses_the_node_by_cpu_and_memory_alone() -> None:
+    r = unguided([2, 2])
+    r.cluster.place(PodSpec("busy", 40_000, 1024), 1, ())
+    # MostAllocated: the GPU pod goes to the node whose CPU is taken, GPUs or not.
+    assert r.place(gpu_pod("a", 300)) == 300
+    assert r.cluster.gpu_free[1].tolist() == [700, 1000] and r.cluster.gpu_free[0].tolist() == [1000, 1000]
+    # A pod its filter rules out everywhere is dropped.
+    assert r.place(gpu_pod("big", 1000, count=3)) is None
+
+
+def test_unguided_refuses_engine_placed_cpu_pods_and_unknown_placers() -> None:
+    with pytest.raises(ValueError, match="kube-scheduler places the GPU pods unguided"):
+        DraReplay(ClusterState(nodes([1])), FgdPolicy(TYPICAL), WEIGHTS, 50, "engine", "scheduler")
+    with pytest.raises(ValueError, match="engine, scheduler"):
+        DraReplay(ClusterState(nodes([1])), FgdPolicy(TYPICAL), WEIGHTS, 50, gpu_pods="kubelet")  # type: ignore[arg-type]
+
+
+def test_an_unguided_run_consults_no_policy_and_reads_no_typical_pods() -> None:
+    cluster = nodes([2, 2, 4, 1], cpu=24_000)
+    runs = [run_dra(cluster, TRACE, policy, 5, WEIGHTS, gpu_pods="scheduler", clock=lambda: 0)
+            for policy in ("gpupack", "FGD", "BestFit")]
+    assert runs[0].alloc_at == runs[1].alloc_at == runs[2].alloc_at
+    assert all(r.policy_builds == 1 and r.gpu_pods == "scheduler" for r in runs)
+    guided = run_dra(cluster, TRACE, "gpupack", 5, WEIGHTS, clock=lambda: 0)
+    assert guided.gpu_pods == "engine" and guided.pods == runs[0].pods
