@@ -297,6 +297,48 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+MIG_OUT = HERE / "dra_mig_results.json"
+"""``simulate_dra_mig.py``'s runs: the DRA model on MIG GPUs, shown in this section when present."""
+
+
+def render_mig(path: Path = MIG_OUT) -> list[str]:
+    """The "MIG GPUs" part of the section, from ``simulate_dra_mig.py``'s JSON ([] without it)."""
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for run in data["runs"]:
+        by.setdefault((run["workload"], run["placer"]), []).append(run)
+    lines = [
+        "",
+        f"### MIG GPUs: {data['model']} in dynamic mode (partitionable devices)",
+        "",
+        f"`{data['command']}` ({data['machine']}; {data['date']} UTC, {data['wall_s'] / 60:.1f} min; "
+        f"seeds {data['seeds'][0]}..{data['seeds'][-1]}): every openb node with its GPUs made {data['model']} GPUs, "
+        "the protocol's arrivals at 130 %, each GPU pod a claim for the smallest profile covering its compute and "
+        "memory share (`sharing.simulator.dra_mig`, docs/simulator.md). *gpupack*: the controller's choice pinned "
+        "(`controller.dramig.choose`); *unguided*: kube-scheduler's node (MostAllocated on CPU and memory) and its "
+        "allocator's first fit. *occupied*: compute slices the instances hold.",
+        "",
+        "| workload | gpupack | unguided | gpupack − unguided | occupied, gpupack / unguided | never placed, gpupack / unguided |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    diffs = []
+    for w in WORKLOADS:
+        engine, unguided = by.get((w, "engine")), by.get((w, "scheduler"))
+        if not engine or not unguided or len(engine) != len(unguided):
+            continue
+        e, u = _mean([r["alloc_130"] for r in engine]), _mean([r["alloc_130"] for r in unguided])
+        diffs.append(e - u)
+        lines.append(f"| {w} | {e:.2f} | {u:.2f} | {e - u:+.2f} | {_mean([r['occupied_130'] for r in engine]):.2f} / "
+                     f"{_mean([r['occupied_130'] for r in unguided]):.2f} | "
+                     f"{_mean([r['failed_pods'] for r in engine]):.0f} / {_mean([r['failed_pods'] for r in unguided]):.0f} |")
+    if diffs:
+        lines += ["", f"gpupack above unguided on {sum(d > 0 for d in diffs)} of {len(diffs)} workloads "
+                      f"({min(diffs):+.2f} to {max(diffs):+.2f}, mean {_mean(diffs):+.2f})."]
+    return lines
+
+
 def write_section(data: dict[str, Any], results: Path | None) -> None:
     """Print the section; also put it into ``results`` (RESULTS.md) when given."""
     section = "\n".join([
@@ -331,6 +373,7 @@ def write_section(data: dict[str, Any], results: Path | None) -> None:
         "goes, and what would close it: docs/simulator.md, \"DRA model results\".",
         "",
         render(data),
+        *render_mig(),
         END,
     ])
     if results is not None:
