@@ -17,7 +17,7 @@ device (``controller.draclaims``). Pure: a snapshot, the claims' holds
   live choice is the measured one.
 * **Whole GPUs**: GPUs of an unshared node (``sharing: none``, MIG off) that no
   claim holds, chosen by the same engine.
-* **MIG**: ``controller.dramig``.
+* **MIG**: ``controller.dramig`` (the GPUs) and ``sharing.dra.mig_choice`` (the choice, which the simulator calls too).
 * **Pods that ask for no GPU** (mode ``cpu``: labelled ``gpupack.io/backend=dra``):
   a node of the same engine cluster, chosen by the same policy for the pod's CPU
   and memory (what it leaves the GPUs' pods), pinned like any pod; no claim.
@@ -50,7 +50,8 @@ from datetime import datetime
 
 import numpy as np
 
-from controller.dramig import MigGpu, mig_gpus, place_all
+from controller.dramig import mig_gpus
+from sharing.dra.mig_choice import MigGpu, place_all
 from controller.drausage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
 from controller.planner import Wait, allowed_on
 from controller.view import Node, Pod, Snapshot

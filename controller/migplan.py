@@ -26,7 +26,7 @@ from functools import lru_cache
 from itertools import combinations
 from typing import Literal
 
-from mig.geometry import best_placement, fits_with
+from mig.geometry import best_placement, fits_with, free_slices, usable_value
 from mig.model import GpuModel, PlacedInstance
 from mig.reach import plan_reconfiguration
 from sharing.packing.mig_layouts import GpupackStrategy
@@ -46,20 +46,6 @@ class LayoutChange:
     destroy: tuple[PlacedInstance, ...]
     create: tuple[PlacedInstance, ...]
     reason: str = ""
-
-
-def usable_value(model: GpuModel, layout: Sequence[PlacedInstance]) -> int:
-    """How much can still be created: sum of compute x memory slices of every profile that fits once."""
-    return sum(
-        p.memory_slices * p.compute_slices for p in model.profiles if fits_with(model, layout, [p.name]) is not None
-    )
-
-
-def free_slices(model: GpuModel, layout: Sequence[PlacedInstance]) -> int:
-    used = 0
-    for instance in layout:
-        used |= instance.placement.mask
-    return model.memory_slices - bin(used).count("1")
 
 
 def place_new(model: GpuModel, keep: Sequence[PlacedInstance], needed: Sequence[str]) -> tuple[PlacedInstance, ...] | None:

@@ -210,3 +210,18 @@ def maximal_layouts(model: GpuModel) -> tuple[tuple[str, ...], ...]:
     key = _geometry_key(model)
     _REPRESENTATIVE.setdefault(key, model)
     return _maximal_for_geometry(key)
+
+
+def usable_value(model: GpuModel, layout: Sequence[PlacedInstance]) -> int:
+    """How much can still be created: sum of compute x memory slices of every profile that fits once."""
+    return sum(
+        p.memory_slices * p.compute_slices for p in model.profiles if fits_with(model, layout, [p.name]) is not None
+    )
+
+
+def free_slices(model: GpuModel, layout: Sequence[PlacedInstance]) -> int:
+    """Memory slices no instance of ``layout`` covers."""
+    used = 0
+    for instance in layout:
+        used |= instance.placement.mask
+    return model.memory_slices - bin(used).count("1")

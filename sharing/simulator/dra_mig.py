@@ -8,7 +8,7 @@ overlaps nothing in use: no idle GPU has to be reshaped first. What differs is
 who chooses the placement:
 
 - **gpupack's engine** (``gpu_pods="engine"``, the product): the controller's
-  choice for a MIG request, ``controller.dramig.choose`` (``place_all`` for a
+  choice for a MIG request, ``sharing.dra.mig_choice.choose`` (``place_all`` for a
   pod of several GPUs), pinned in the claim: the GPU and placement after which
   the most valuable profiles still fit, among the GPUs of the nodes with the
   pod's CPU and memory free.
@@ -42,7 +42,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from controller.dramig import MigGpu, choose, place_all
+from sharing.dra.mig_choice import MigGpu, choose, place_all
 from mig.geometry import can_add
 from mig.model import GpuModel, PlacedInstance
 from sharing.packing.cluster import ClusterState

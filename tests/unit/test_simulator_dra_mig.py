@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.dramig import MigGpu, choose
+from sharing.dra.mig_choice import MigGpu, choose
 from mig.catalog import get_model
 from mig.geometry import validate_layout
 from mig.model import PlacedInstance
@@ -55,7 +55,7 @@ def test_unguided_goes_where_kube_scheduler_scores_the_node_best_the_engine_wher
         [("n1", 0, "1g.10gb", 6)]
     placed = engine.place(pod("a", 100, cpu=8000))
     assert placed is not None and placed[0][0] == "n0"
-    # The engine's placement is the controller's own choice (controller.dramig.choose) on that GPU.
+    # The engine's placement is the controller's own choice (sharing.dra.mig_choice.choose) on that GPU.
     own = choose([MigGpu("n0", 0, H100, [], [], lambda p: True)], "1g.10gb")
     assert own is not None and placed[0][2] == own[1]
 

@@ -256,7 +256,10 @@ def driver() -> Any:
 def test_the_driver_runs_each_rule_only_where_it_matters_and_skips_kept_runs(driver: Any) -> None:
     jobs = driver.jobs_for(["default"], (42,), ["present", "workload"], "t", 50, 50)
     kinds = sorted((config, policy, rule) for _, config, policy, _, _, _, rule, _ in jobs)
-    assert kinds.count(("protocol", "gpupack", "workload")) == 1 and len(kinds) == 1 + 2 * (1 + 2 * 2)
+    # The protocol once; per DRA config BestFit once and FGD, gpupack per rule; kube-scheduler
+    # unguided (no policy, no typical pods) once.
+    assert kinds.count(("protocol", "gpupack", "workload")) == 1 and len(kinds) == 1 + 2 * (1 + 2 * 2) + 1
+    assert [k for k in kinds if k[0] == "dra-unguided"] == [("dra-unguided", driver.UNGUIDED, "present")]
     assert ("dra", "BestFit", "workload") not in kinds and ("dra", "gpupack", "present") in kinds
     kept = [{"workload": "default", "config": c, "policy": p, "seed": 42} | ({"typical": "workload"} if p != "BestFit" else {})
             for c, p in driver.CONFIGS]
@@ -276,5 +279,9 @@ def test_the_driver_compares_both_rules_over_the_same_seeds(driver: Any) -> None
     runs += [run("dra", "FGD", 42, 87.0, "present"), run("dra", "gpupack", 42, 88.0, "present")]
     one_seed = driver.targets({"seeds": [42], "runs": runs}, "dra", "present")["default"]
     assert (one_seed["FGD"], one_seed["gpupack"], one_seed["above_FGD"]) == (87.0, 88.0, 1.0)
+    assert "unguided" not in one_seed  # no unguided run: the column is left out, not the workload
+    guided = driver.targets({"seeds": [42], "runs": [*runs, run("dra-unguided", driver.UNGUIDED, 42, 88.5)]},
+                            "dra", "present")["default"]
+    assert (guided["unguided"], guided["above_unguided"], guided["beats_unguided"]) == (88.5, -0.5, False)
     assert driver.targets({"seeds": [42, 43], "runs": runs}, "dra", "present") == {}  # seed 43 has no present run
     assert driver.rules_of({"seeds": [42], "runs": runs}) == ("present", "workload")
