@@ -104,6 +104,12 @@ def _try_order(profile: Profile) -> tuple[int, int, bool, str]:
     return (profile.memory_slices, profile.compute_slices, profile.media_extensions, profile.name)
 
 
+def placement_order(profile: Profile) -> list[Placement]:
+    """A profile's placements in the order its devices are published, the order kube-scheduler's
+    first-fit allocator tries them: the highest start first."""
+    return sorted(profile.placements, key=lambda p: -p.start)
+
+
 def _mask(placements: Collection[Placement]) -> int:
     mask = 0
     for placement in placements:
@@ -144,7 +150,7 @@ def mig_gpu(
     taken = held_mask | blocked_mask
     devices: list[Device] = []
     for profile in sorted(model.profiles, key=_try_order):
-        for placement in sorted(profile.placements, key=lambda p: -p.start):
+        for placement in placement_order(profile):
             instance = PlacedInstance(profile.name, placement)
             if instance in held:
                 devices.append(mig_device(model, gpu_index, uuid, profile, placement))

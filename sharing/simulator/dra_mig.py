@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from sharing.dra.mig_choice import MigGpu, choose, place_all
+from sharing.dra.mig_devices import placement_order
 from mig.geometry import can_add
 from mig.model import GpuModel, PlacedInstance
 from sharing.packing.cluster import ClusterState
@@ -97,7 +98,7 @@ def first_fit(model: GpuModel, layouts: Sequence[list[PlacedInstance]], profiles
         profile = model.profile(name)
         found = None
         for g, layout in enumerate(trial):
-            for placement in sorted(profile.placements, key=lambda p: -p.start):
+            for placement in placement_order(profile):
                 instance = PlacedInstance(name, placement)
                 if can_add(model, layout, instance) is None:
                     found = (g, instance)
@@ -119,6 +120,7 @@ class _Gpus:
     def __init__(self, model: GpuModel, names: Sequence[str], counts: Sequence[int]) -> None:
         self.model = model
         self.names = list(names)
+        self.index = {name: n for n, name in enumerate(names)}
         self.layouts: list[list[list[PlacedInstance]]] = [[[] for _ in range(c)] for c in counts]
         self.by_layout: dict[Layout, list[tuple[str, int, int]]] = {(): sorted(
             (names[n], g, n) for n, c in enumerate(counts) for g in range(c))}
@@ -221,7 +223,7 @@ class DraMigReplay:
             return None if found is None else [(node, g, instance) for g, instance in found]
         if len(asked) == 1:
             pick = choose(gpus.representatives(hosts), asked[0])
-            return None if pick is None else [(gpus.names.index(pick[0].node), pick[0].index, pick[1])]
+            return None if pick is None else [(gpus.index[pick[0].node], pick[0].index, pick[1])]
         # Whole GPUs only need untouched GPUs, which all rank alike for the engine: its choice is the
         # first such node by name, the GPUs ``place_all`` picks there (it commits to the copies it gets).
         first = int(min(candidates, key=lambda n: gpus.names[n]))
