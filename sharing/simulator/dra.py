@@ -270,17 +270,16 @@ class DraReplay:
         """Place ``pod`` as the DRA path would; the GPU milli its claim reserves, or None (dropped)."""
         c = self.cluster
         if pod.gpu_count == 0 and self.cpu_pods == "scheduler":
-            nodes = np.flatnonzero(c.feasible(pod))
-            if nodes.size == 0:
+            node = self._scheduler_node(pod)
+            if node is None:
                 return None
-            c.place(pod, scheduler_pick(c, pod, nodes, self.weights), ())
+            c.place(pod, node, ())
             return 0
         claim = as_claimed(pod, self.share_unit)
         if self.gpu_pods == "scheduler":
-            nodes = np.flatnonzero(c.feasible(claim))
-            if nodes.size == 0:
+            node = self._scheduler_node(claim)
+            if node is None:
                 return None
-            node = scheduler_pick(c, claim, nodes, self.weights)
             outcome: PodPlacement | Refusal = c.place(claim, node, first_fit_gpus(c, claim, node))
         else:
             outcome = schedule(c, claim, self.policy)
@@ -289,6 +288,11 @@ class DraReplay:
         if claim.is_whole:
             self.whole[outcome.node, list(outcome.gpus)] = True
         return claim.gpu_total_milli
+
+    def _scheduler_node(self, pod: PodSpec) -> int | None:
+        """kube-scheduler's node for ``pod``: its filter, then its MostAllocated score; None if no node passes."""
+        nodes = np.flatnonzero(self.cluster.feasible(pod))
+        return None if nodes.size == 0 else scheduler_pick(self.cluster, pod, nodes, self.weights)
 
     def _shared_gpus(self) -> BoolArray:
         c = self.cluster
