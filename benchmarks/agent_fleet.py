@@ -55,6 +55,7 @@ from gpupack.devcluster import kwok  # noqa: E402
 from gpupack.devcluster.apply import apply_objects, gpupack_manifests  # noqa: E402
 from gpupack.devcluster.binaries import ensure_binaries  # noqa: E402
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig  # noqa: E402
+from gpupack.devcluster.process import free_port  # noqa: E402
 
 SELECTOR = ("gpupack-bench", "fleet")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -112,14 +113,6 @@ def published(api: Any, names: set[str], gpus: int) -> int:
     listing: Any = client.CustomObjectsApi(api).list_cluster_custom_object("gpupack.io", "v1alpha1", "gpunodes")
     return sum(1 for i in listing["items"]
                if i["metadata"]["name"] in names and len((i.get("status") or {}).get("gpus") or []) == gpus)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_one(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:

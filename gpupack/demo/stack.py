@@ -19,7 +19,6 @@ shares its GPUs by MPS with exact per-claim shares.
 from __future__ import annotations
 
 import base64
-import socket
 import ssl
 import sys
 import time
@@ -34,7 +33,7 @@ from kubernetes import client
 from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests, local_webhook_config
 from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
-from gpupack.devcluster.process import ManagedProcess
+from gpupack.devcluster.process import ManagedProcess, free_port
 from gpupack.devcluster.state import Component, DevClusterRecord
 from sharing.backend import DEFAULT_BACKEND, Backend
 from sharing.keys import (
@@ -72,12 +71,6 @@ DEFAULT_NODES = (
     DemoNode("h100-b", "H100-80GB", 8),
     DemoNode("a100-a", "A100-80GB", 4, sharing="mps", replicas=4),
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def probe_pod(sharing: str | None) -> dict[str, Any]:
@@ -157,7 +150,7 @@ class Stack:
         if self.controller_metrics:
             # Chosen now, after the control plane and the webhook hold their ports: a port chosen
             # earlier and released could be handed to one of them (etcd once failed to bind that way).
-            self.controller_metrics_port = _free_port()
+            self.controller_metrics_port = free_port()
         self.start_controller("controller", *(("--metrics-port", str(self.controller_metrics_port))
                                               if self.controller_metrics else ()))
         say("controller: running (leader-elected)")
@@ -281,7 +274,7 @@ class Stack:
         ca, cert, key = make_self_signed(["localhost", "127.0.0.1"])
         for fname, data in (("ca.crt", ca), ("tls.crt", cert), ("tls.key", key)):
             (tls / fname).write_bytes(data)
-        port = _free_port()
+        port = free_port()
         url = f"https://127.0.0.1:{port}"
         proc = self.start_process("webhook", [
             "webhook", "serve", "--tls-cert", str(tls / "tls.crt"), "--tls-key", str(tls / "tls.key"),

@@ -51,11 +51,12 @@ import httpx
 from gpupack.devcluster import clients, components, kubeconfig, kwok, pki
 from gpupack.devcluster.apply import apply_objects
 from gpupack.devcluster.binaries import CONTROLLER_MANAGER, KWOK, Binaries
-from gpupack.devcluster.errors import DevClusterError
+from gpupack.devcluster.errors import DevClusterError, PortInUse
 from gpupack.devcluster.state import Component, DevClusterRecord
 from gpupack.devcluster.process import ManagedProcess, check_port_free, free_port, wait_until
 
 ADMIN_USER = "gpupack-admin"
+PORT_ATTEMPTS = 3  # starts tried when a port is taken under a component
 CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 
 
@@ -141,26 +142,41 @@ class ControlPlane:
                 self.binaries.require(CONTROLLER_MANAGER)
             if self.config.kwok:
                 self.binaries.require(KWOK)
-            self._pick_ports()
-            self._write_pki()
-            self._start_etcd()
-            self._start_apiserver()
-            if self.config.scheduler:
-                self._start_scheduler()
-            if self.config.controller_manager:
-                self._start_controller_manager()
-            if self.config.kwok:
-                self._start_kwok()
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                try:
+                    self._start_components()
+                    break
+                except PortInUse:
+                    # A port was taken between picking (or checking) it and its component binding it:
+                    # stop what started and pick afresh; etcd keeps its data dir, as on a restart.
+                    if attempt == PORT_ATTEMPTS:
+                        raise
+                    self._stop_processes()
         except BaseException:
             self.stop()
             raise
         self.startup_seconds = time.monotonic() - began
         return self
 
-    def stop(self) -> None:
+    def _start_components(self) -> None:
+        self._pick_ports()
+        self._write_pki()
+        self._start_etcd()
+        self._start_apiserver()
+        if self.config.scheduler:
+            self._start_scheduler()
+        if self.config.controller_manager:
+            self._start_controller_manager()
+        if self.config.kwok:
+            self._start_kwok()
+
+    def _stop_processes(self) -> None:
         for proc in reversed(self.processes):
             proc.stop()
         self.processes.clear()
+
+    def stop(self) -> None:
+        self._stop_processes()
         if self._owns_workdir or not self.config.keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         atexit.unregister(self.stop)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -30,12 +31,53 @@ _PR_SET_PDEATHSIG = 1
 LOG_TAIL_LINES = 25
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now (the kernel picks it)."""
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LINUX_EPHEMERAL_RANGE = (32768, 60999)  # the kernel's default when the file cannot be read
+LOWEST_PICKED_PORT = 10000  # below: ports that well-known and registered services tend to use
+_handed_out: set[int] = set()
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections and ``bind(0)`` (inclusive bounds)."""
+    try:
+        low, high = (int(word) for word in path.read_text().split())
+    except (OSError, ValueError):
+        return LINUX_EPHEMERAL_RANGE
+    return low, high
+
+
+def free_port(host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = None,
+              rng: random.Random | None = None) -> int:
+    """A TCP port that is free on ``host`` right now, for a server about to be started.
+
+    Picked at random *below* the kernel's ephemeral range: a port the kernel hands out
+    (``bind(0)``) can be taken by any outgoing connection between picking it and the server
+    binding it, which on a busy test machine happens (kube-apiserver once failed a CI run
+    that way). Ports handed out earlier in this process are not picked again. Falls back to
+    the kernel's pick when the range leaves no room below it."""
+    low, _ = ephemeral or ephemeral_range()
+    pick = rng or random.SystemRandom()
+    if low - LOWEST_PICKED_PORT >= 1000:
+        for _ in range(200):
+            port = pick.randrange(LOWEST_PICKED_PORT, low)
+            if port not in _handed_out and _bindable(host, port):
+                _handed_out.add(port)
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        kernel_pick: int = sock.getsockname()[1]
+    _handed_out.add(kernel_pick)
+    return kernel_pick
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def check_port_free(port: int, what: str, host: str = "127.0.0.1") -> None:

@@ -58,6 +58,32 @@ def test_port_in_use_names_port_and_fix(control_plane: ControlPlane, listening_p
     assert not plane.processes and not plane.workdir.exists()
 
 
+def test_a_picked_port_taken_before_binding_is_picked_afresh(
+    control_plane: ControlPlane, listening_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of a CI run: a port picked free is taken before kube-apiserver binds it. The start
+    stops what it began, picks new ports and comes up; etcd restarts on its data dir."""
+    from gpupack.devcluster import controlplane as module
+
+    picks: list[int] = []
+    real_free_port = module.free_port
+
+    def taken_first(host: str = "127.0.0.1") -> int:
+        port = listening_port if not picks else real_free_port(host)
+        picks.append(port)
+        return port
+
+    monkeypatch.setattr(module, "free_port", taken_first)
+    with ControlPlane(control_plane.binaries) as plane:
+        assert plane.running()
+        assert plane.ports["apiserver"] != listening_port
+        assert picks[0] == listening_port and len(picks) > len(plane.ports)
+        log = (plane.log_dir / "kube-apiserver.log").read_text()
+        assert "address already in use" in log  # the first attempt did meet the clash
+        assert plane.server.endswith(f":{plane.ports['apiserver']}")
+    assert not plane.processes
+
+
 def test_failure_inside_the_block_still_tears_down(control_plane: ControlPlane) -> None:
     pids: list[int] = []
     with pytest.raises(RuntimeError, match="test failed"):
