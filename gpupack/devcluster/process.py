@@ -71,33 +71,35 @@ def free_port(host: str = "127.0.0.1", *, ephemeral: tuple[int, int] | None = No
 
 
 def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-    return True
+    return _bind_error(host, port) is None
 
 
-def check_port_free(port: int, what: str, host: str = "127.0.0.1") -> None:
-    """Raise :class:`PortInUse` naming ``what`` needed the port and how to fix it.
-
-    Probes as servers bind (``SO_REUSEADDR``: a port left in TIME_WAIT by a process that
-    just exited is free for them); other bind errors (permission, an address this host
-    does not have) are raised as they are."""
+def _bind_error(host: str, port: int) -> OSError | None:
+    """Why a server could not bind ``host:port`` now, or None. Probes as servers bind
+    (``SO_REUSEADDR``: a port left in TIME_WAIT by a process that just exited is free for them)."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:
-            if exc.errno != errno.EADDRINUSE:
-                raise
-            raise PortInUse(
-                f"{what} needs {host}:{port}, but another process is listening there",
-                f"stop that process (see `ss -ltnp 'sport = :{port}'`), or choose another "
-                "port, or leave the port unset so a free one is picked",
-            ) from None
+            return exc
+    return None
+
+
+def check_port_free(port: int, what: str, host: str = "127.0.0.1") -> None:
+    """Raise :class:`PortInUse` naming ``what`` needed the port and how to fix it.
+
+    Other bind errors (permission, an address this host does not have) are raised as they are."""
+    error = _bind_error(host, port)
+    if error is None:
+        return
+    if error.errno != errno.EADDRINUSE:
+        raise error
+    raise PortInUse(
+        f"{what} needs {host}:{port}, but another process is listening there",
+        f"stop that process (see `ss -ltnp 'sport = :{port}'`), or choose another "
+        "port, or leave the port unset so a free one is picked",
+    ) from None
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
