@@ -63,10 +63,11 @@ class NodeRuleReplay(dra_mig.DraMigReplay):
         asks = sum(model.profile(p).compute_slices for p in asked)
         node = scheduler_pick(self.cluster, cpu_shape, candidates, self.weights, held + asks, total, self.gpu_weight)
         on_node = [gpus.mig_gpu(node, g) for g in range(len(gpus.layouts[node]))]
-        picks = place_all(on_node, asked) if len(asked) > 1 else None
         if len(asked) == 1:
             one = choose(on_node, asked[0])
             picks = None if one is None else [one]
+        else:
+            picks = place_all(on_node, asked)
         return None if picks is None else [(node, gpu.index, instance) for gpu, instance in picks]
 
 
