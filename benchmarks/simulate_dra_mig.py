@@ -10,7 +10,8 @@ kube-scheduler's unguided choice. The shared half is ``simulate_dra.py``'s
 ``sharing.simulator.dra_mig.run_dra_mig`` on every openb node with its GPUs made
 ``--model`` GPUs in dynamic MIG mode (partitionable devices), the protocol's
 arrivals at 130 %, once with the engine's choice pinned
-(``sharing.dra.mig_choice.choose``, what the live controller pins) and once
+(``sharing.dra.mig_choice.place_pod``, what the live controller pins: the node
+fullest in CPU, memory and MIG slices, then the GPU and placement) and once
 unguided (kube-scheduler's node, its allocator's first fit).
 
 Writes ``benchmarks/dra_mig_results.json`` (``--out``) and re-renders the "DRA

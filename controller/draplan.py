@@ -17,7 +17,8 @@ device (``controller.draclaims``). Pure: a snapshot, the claims' holds
   live choice is the measured one.
 * **Whole GPUs**: GPUs of an unshared node (``sharing: none``, MIG off) that no
   claim holds, chosen by the same engine.
-* **MIG**: ``controller.dramig`` (the GPUs) and ``sharing.dra.mig_choice`` (the choice, which the simulator calls too).
+* **MIG**: ``controller.dramig`` (the GPUs) and ``sharing.dra.mig_choice`` (the choice, which the simulator calls too:
+  the node whose CPU, memory and MIG slices are fullest, by ``_Room``'s account of CPU and memory).
 * **Pods that ask for no GPU** (mode ``cpu``: labelled ``gpupack.io/backend=dra``):
   a node of the same engine cluster, chosen by the same policy for the pod's CPU
   and memory (what it leaves the GPUs' pods), pinned like any pod; no claim.
@@ -51,7 +52,7 @@ from datetime import datetime
 import numpy as np
 
 from controller.dramig import mig_gpus
-from sharing.dra.mig_choice import MigGpu, place_all
+from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
 from controller.drausage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
 from controller.planner import Wait, allowed_on
 from controller.view import Node, Pod, Snapshot
@@ -272,6 +273,16 @@ class _Room:
 
     def __init__(self, nodes: Sequence[Node]) -> None:
         self.left: dict[str, tuple[int, int] | None] = {n.name: n.room for n in nodes}
+        self.allocatable = {n.name: (n.cpu_milli, n.memory_mib) for n in nodes}
+
+    def loads(self) -> dict[str, NodeLoad]:
+        """Each node's CPU and memory as the MIG choice scores them (unknown allocatable: left out)."""
+        out: dict[str, NodeLoad] = {}
+        for name, left in self.left.items():
+            if left is not None:
+                cpu, memory = self.allocatable[name]
+                out[name] = NodeLoad(cpu - left[0], cpu, memory - left[1], memory)
+        return out
 
     def fits(self, node: str, pod: Pod) -> bool:
         left = self.left.get(node)
@@ -295,7 +306,7 @@ def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...], nodes: Sequenc
     if len(profiles) != len(pod.requests):
         return "a MIG container names no profile"
     allowed = {n.name for n in nodes if allowed_on(pod, n) and room.fits(n.name, pod)}
-    picks = place_all([g for g in gpus if g.node in allowed], profiles)
+    picks = place_pod([g for g in gpus if g.node in allowed], profiles, room.loads(), pod.cpu_milli, pod.memory_mib)
     if picks is None:
         return (f"no DRA GPU offers {', '.join(sorted(profiles))} on one node now (free placements, "
                 "allowed profiles, policy window)")

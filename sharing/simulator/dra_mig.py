@@ -8,10 +8,14 @@ overlaps nothing in use: no idle GPU has to be reshaped first. What differs is
 who chooses the placement:
 
 - **gpupack's engine** (``gpu_pods="engine"``, the product): the controller's
-  choice for a MIG request, ``sharing.dra.mig_choice.choose`` (``place_all`` for a
-  pod of several GPUs), pinned in the claim: the GPU and placement after which
-  the most valuable profiles still fit, among the GPUs of the nodes with the
-  pod's CPU and memory free.
+  choice for a MIG pod, ``sharing.dra.mig_choice.place_pod``, pinned in the
+  claim: among the nodes with the pod's CPU and memory free and room for its
+  instances, those with the best score on CPU, memory and MIG compute slices
+  held (``mig_choice.node_scores``); on them, the GPU and placement after which
+  the most valuable profiles still fit (``choose``; ``place_all`` for a pod of
+  several GPUs). The model computes the same choice faster: the scores over
+  arrays, ``choose`` over one GPU per distinct layout of the best nodes (unit
+  tests check it against ``place_pod``).
 - **kube-scheduler unguided** (``gpu_pods="scheduler"``): no pins.
   kube-scheduler filters the nodes on which the claim can be allocated (CPU,
   memory, a free placement of each profile asked), scores them MostAllocated on
@@ -42,7 +46,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from sharing.dra.mig_choice import MigGpu, choose, place_all
+from sharing.dra.mig_choice import MigGpu, asked_slices, choose, node_scores, place_all
 from sharing.dra.mig_devices import placement_order
 from mig.geometry import can_add
 from mig.model import GpuModel, PlacedInstance
@@ -130,6 +134,9 @@ class _Gpus:
         """Per node and profile: a GPU of the node has a free placement of it."""
         self.empty = np.asarray(counts, dtype=np.int64)
         """Per node: GPUs with no instance (what a full-GPU profile needs)."""
+        self.slices_held = np.zeros(len(names), dtype=np.int64)
+        """Per node: compute slices its instances hold."""
+        self.slices_total = model.compute_slices * np.asarray(counts, dtype=np.int64)
         for n in range(len(names)):
             self._refresh(n)
 
@@ -154,6 +161,7 @@ class _Gpus:
         if not members:
             del self.by_layout[before]
         layout.append(instance)
+        self.slices_held[node] += self.model.profile(instance.profile).compute_slices
         bisect.insort(self.by_layout.setdefault(tuple(sorted(layout)), []), entry)
         self._refresh(node)
 
@@ -221,12 +229,22 @@ class DraMigReplay:
             node = scheduler_pick(self.cluster, cpu_shape, candidates, self.weights)
             found = first_fit(self.model, gpus.layouts[node], asked)
             return None if found is None else [(node, g, instance) for g, instance in found]
+        # place_pod's node rule, over arrays: the best scored of the nodes that can hold the pod.
+        c = self.cluster
+        scores = node_scores(c.cpu_total[candidates] - c.cpu_free[candidates] + cpu_shape.cpu_milli,
+                             c.cpu_total[candidates],
+                             c.mem_total[candidates] - c.mem_free[candidates] + cpu_shape.memory_mib,
+                             c.mem_total[candidates],
+                             gpus.slices_held[candidates] + asked_slices(self.model, asked),
+                             gpus.slices_total[candidates])
+        best = np.zeros_like(hosts)
+        best[candidates[scores == scores.max()]] = True
         if len(asked) == 1:
-            pick = choose(gpus.representatives(hosts), asked[0])
+            pick = choose(gpus.representatives(best), asked[0])
             return None if pick is None else [(gpus.index[pick[0].node], pick[0].index, pick[1])]
         # Whole GPUs only need untouched GPUs, which all rank alike for the engine: its choice is the
-        # first such node by name, the GPUs ``place_all`` picks there (it commits to the copies it gets).
-        first = int(min(candidates, key=lambda n: gpus.names[n]))
+        # first best node by name, the GPUs ``place_all`` picks there (it commits to the copies it gets).
+        first = int(min(np.flatnonzero(best), key=lambda n: gpus.names[n]))
         picks = place_all([gpus.mig_gpu(first, g) for g in range(len(gpus.layouts[first]))], asked)
         return None if picks is None else [(first, gpu.index, instance) for gpu, instance in picks]
 

@@ -123,11 +123,25 @@ class Pool:
         except pytest.fail.Exception:
             conditions = [(c.type, c.reason, c.message) for c in self.read(pod).status.conditions or []]
             log = (self.logs / "kube-scheduler.log").read_text(errors="replace").splitlines()
-            mentions = [line for line in log if pod in line][-15:]
-            pytest.fail(f"pod {pod} never bound; conditions {conditions}; kube-scheduler said:\n" + "\n".join(mentions))
+            claim = self.claim_of(pod)
+            mentions = [line for line in log if pod in line or claim in line][-15:]
+            pytest.fail(f"pod {pod} never bound; conditions {conditions}; the namespace's claims:\n{self.claims_table()}\n"
+                        "kube-scheduler said:\n" + "\n".join(mentions))
         (result,) = wait_for(f"claim of {pod} allocated", lambda: self.dra.results(self.claim_of(pod)), TIMEOUT_S)
         assert result["pool"] == node and result["driver"] == names.DRIVER, result
         return node, str(result["device"]), int(parse_quantity(result["consumedCapacity"][names.MILLI]))
+
+    def claims_table(self) -> str:
+        """Every claim of the namespace: its pin and what kube-scheduler allocated (why a pod waits)."""
+        rows = []
+        for claim in self.dra.claims.get(namespace=self.namespace).to_dict()["items"]:
+            meta, status = claim["metadata"], claim.get("status") or {}
+            pin = (meta.get("annotations") or {}).get(ANNOTATION, "-")
+            results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+            got = [(r["pool"], r["device"], (r.get("consumedCapacity") or {}).get(names.MILLI)) for r in results]
+            rows.append(f"  {meta['name']} v{meta.get('resourceVersion')}: pinned {pin}; allocated {got or '-'}; "
+                        f"reserved for {[r.get('name') for r in status.get('reservedFor') or []]}")
+        return "\n".join(rows)
 
     def close(self) -> None:
         self.core.delete_collection_namespaced_pod(self.namespace, grace_period_seconds=0)

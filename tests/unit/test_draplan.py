@@ -399,6 +399,27 @@ def test_a_mig_pod_needs_the_nodes_cpu_and_takes_it_from_the_pods_after_it() -> 
     assert [w.pod for w in result.waiting] == ["team/s"]
 
 
+def test_a_mig_pod_goes_to_the_node_whose_mig_slices_then_cpu_are_fullest() -> None:
+    """``sharing.dra.mig_choice.place_pod``'s node rule, fed by the cycle's CPU account (``_Room``)."""
+    from dataclasses import replace
+
+    def sized(n: Node, used: int) -> Node:
+        return replace(n, cpu_milli=16_000, memory_mib=64_000, cpu_used_milli=used)
+
+    policies = {"a": OPEN, "b": OPEN}
+    m = replace(pod("m", "mig", profiles=("1g.10gb",)), cpu_milli=1_000, memory_mib=1_000)
+    # Untouched GPUs alike: b's CPU is fuller (a would win the name tie).
+    nodes = [sized(mig_node("a", gpu(0, mig=True)), 2_000), sized(mig_node("b", gpu(0, mig=True)), 12_000)]
+    assert [(p.pod, p.node) for p in run(nodes, [m], policies=policies).placements] == [("team/m", "b")]
+    # A claim holds a 3g instance on a's GPU: its slices outweigh b's CPU.
+    held = [allocated("c", "a", "gpu-0-mig-3g-40gb-4")]
+    assert [(p.pod, p.node) for p in run(nodes, [m], held, policies=policies).placements] == [("team/m", "a")]
+    # Within one cycle, the CPU a placement takes counts for the next pod: the second 1g goes where
+    # the first did (b, fuller now), not back to a.
+    two = [m, replace(pod("n", "mig", profiles=("1g.10gb",), minutes=1), cpu_milli=1_000, memory_mib=1_000)]
+    assert [p.node for p in run(nodes, two, policies=policies).placements] == ["b", "b"]
+
+
 # ------------------------------------------------------------------ promises broken by claims the engine did not plan
 def released(p: Pod, node_name: str) -> Pod:
     """``p`` released to ``node_name``: ungated, pinned there, not bound yet."""

@@ -3,9 +3,10 @@ kube-scheduler unguided, on partitionable devices."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from sharing.dra.mig_choice import MigGpu, choose
+from sharing.dra.mig_choice import MigGpu, NodeLoad, choose, place_pod
 from mig.catalog import get_model
 from mig.geometry import validate_layout
 from mig.model import PlacedInstance
@@ -45,19 +46,55 @@ def test_first_fit_takes_gpu_0_first_and_the_highest_start_first() -> None:
     assert first_fit(H100, [[PlacedInstance("7g.80gb", H100.profile("7g.80gb").placements[0])]], ["1g.10gb"]) is None
 
 
-def test_unguided_goes_where_kube_scheduler_scores_the_node_best_the_engine_where_the_gpus_fit_best() -> None:
-    # n1's CPU is small: MostAllocated puts the pod there; the engine ranks the GPUs alike and
-    # breaks the tie by node name.
+def test_unguided_goes_where_kube_scheduler_scores_the_node_best_the_engine_where_gpus_and_cpu_are_fullest() -> None:
+    # n1's CPU is small: MostAllocated on CPU and memory puts the pod there. n0's GPU already holds an
+    # instance: with the MIG slices weighted 100, the engine scores n0 best and fills that GPU.
     nodes = mig_nodes([1, 1], cpu=[64_000, 16_000])
     unguided = DraMigReplay(nodes, H100, WEIGHTS, "scheduler")
     engine = DraMigReplay(nodes, H100, WEIGHTS, "engine")
+    started = PlacedInstance("1g.10gb", H100.profile("1g.10gb").placements[0])
+    for replay in (unguided, engine):
+        replay.gpus.add(0, 0, started)
     assert [(n, g, i.profile, i.placement.start) for n, g, i in unguided.place(pod("a", 100, cpu=8000)) or []] == \
         [("n1", 0, "1g.10gb", 6)]
     placed = engine.place(pod("a", 100, cpu=8000))
     assert placed is not None and placed[0][0] == "n0"
     # The engine's placement is the controller's own choice (sharing.dra.mig_choice.choose) on that GPU.
-    own = choose([MigGpu("n0", 0, H100, [], [], lambda p: True)], "1g.10gb")
+    own = choose([MigGpu("n0", 0, H100, [started], [], lambda p: True)], "1g.10gb")
     assert own is not None and placed[0][2] == own[1]
+
+
+def test_with_untouched_gpus_the_engine_takes_the_node_whose_cpu_is_fullest() -> None:
+    nodes = mig_nodes([1, 1], cpu=[64_000, 16_000])
+    placed = DraMigReplay(nodes, H100, WEIGHTS, "engine").place(pod("a", 100, cpu=8000))
+    assert placed is not None and placed[0][0] == "n1"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_models_fast_choice_is_the_controllers_place_pod(seed: int) -> None:
+    """The model scores arrays and ranks one GPU per layout; the controller calls ``place_pod`` on
+    every GPU. Random clusters and pods: both make the same choice at every step."""
+    rng = np.random.default_rng(seed)
+    count = int(rng.integers(3, 7))
+    nodes = [NodeSpec(f"n{i}", int(rng.choice([8_000, 16_000, 32_000, 64_000])),
+                      int(rng.choice([32_000, 128_000, 256_000])), int(rng.integers(1, 4)), "T4") for i in range(count)]
+    replay = DraMigReplay(nodes, H100, WEIGHTS, "engine")
+    for step in range(60):
+        whole = rng.random() < 0.1
+        milli = 1000 if whole else int(rng.choice([100, 150, 250, 400, 700]))
+        asked = pod(f"p{step}", milli, count=int(rng.integers(1, 3)) if whole else 1,
+                    cpu=int(rng.choice([500, 2000, 6000])))
+        cpu_shape = PodSpec(asked.name, asked.cpu_milli, asked.memory_mib)
+        c = replay.cluster
+        room = c.feasible(cpu_shape)
+        gpus = [replay.gpus.mig_gpu(n, g) for n in np.flatnonzero(room) for g in range(len(replay.gpus.layouts[n]))]
+        loads = {replay.gpus.names[n]: NodeLoad(int(c.cpu_total[n] - c.cpu_free[n]), int(c.cpu_total[n]),
+                                                int(c.mem_total[n] - c.mem_free[n]), int(c.mem_total[n]))
+                 for n in range(count)}
+        expected = place_pod(gpus, profiles_asked(asked, H100), loads, asked.cpu_milli, asked.memory_mib)
+        got = replay.place(asked)
+        want = None if expected is None else [(g.node, g.index, i) for g, i in expected]
+        assert got == want, (step, got, want)
 
 
 def test_the_engine_fills_the_gpu_it_started_and_never_overlaps() -> None:
