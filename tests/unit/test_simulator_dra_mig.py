@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sharing.dra.mig_choice import MigGpu, NodeLoad, choose, place_pod
+from sharing.dra.mig_choice import CPU_AND_MEMORY_WEIGHTS, MigGpu, NodeLoad, choose, place_pod
 from mig.catalog import get_model
 from mig.geometry import validate_layout
 from mig.model import PlacedInstance
 from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.specs import NodeSpec, PodSpec
+from sharing.simulator.scheduler_config import load_weights
 from sharing.simulator.dra_mig import DraMigReplay, first_fit, profiles_asked, run_dra_mig
 
 H100 = get_model("H100-80GB")
@@ -47,12 +48,12 @@ def test_first_fit_takes_gpu_0_first_and_the_highest_start_first() -> None:
 
 
 def test_unguided_goes_where_kube_scheduler_scores_the_node_best_the_engine_where_gpus_and_cpu_are_fullest() -> None:
-    # n1's CPU is small: MostAllocated on CPU and memory puts the pod there. n0's GPU already holds an
-    # instance: with the MIG slices weighted 100, the engine scores n0 best and fills that GPU.
+    # n1's CPU is small: MostAllocated on CPU and memory puts the pod there. n0's GPU already holds a
+    # 3g instance: with the MIG slices weighted 100, the engine scores n0 best and fills that GPU.
     nodes = mig_nodes([1, 1], cpu=[64_000, 16_000])
     unguided = DraMigReplay(nodes, H100, WEIGHTS, "scheduler")
     engine = DraMigReplay(nodes, H100, WEIGHTS, "engine")
-    started = PlacedInstance("1g.10gb", H100.profile("1g.10gb").placements[0])
+    started = PlacedInstance("3g.40gb", H100.profile("3g.40gb").placements[0])
     for replay in (unguided, engine):
         replay.gpus.add(0, 0, started)
     assert [(n, g, i.profile, i.placement.start) for n, g, i in unguided.place(pod("a", 100, cpu=8000)) or []] == \
@@ -130,3 +131,8 @@ def test_runs_count_the_milli_asked_and_the_slices_held_and_refuse_an_unknown_pl
         assert run.occupied_at[top] >= run.alloc_at[top]  # an instance holds at least what its pod asked
     with pytest.raises(ValueError, match="engine, scheduler"):
         DraMigReplay(nodes, H100, WEIGHTS, "first-fit")  # type: ignore[arg-type]
+
+
+def test_the_node_rule_weighs_cpu_and_memory_as_the_shipped_scheduler_configuration() -> None:
+    shipped = load_weights()
+    assert (CPU_AND_MEMORY_WEIGHTS.cpu, CPU_AND_MEMORY_WEIGHTS.memory) == (shipped.cpu, shipped.memory)
