@@ -317,7 +317,8 @@ def render_mig(path: Path = MIG_OUT) -> list[str]:
         f"seeds {data['seeds'][0]}..{data['seeds'][-1]}): every openb node with its GPUs made {data['model']} GPUs, "
         "the protocol's arrivals at 130 %, each GPU pod a claim for the smallest profile covering its compute and "
         "memory share (`sharing.simulator.dra_mig`, docs/simulator.md). *gpupack*: the controller's choice pinned "
-        "(`sharing.dra.mig_choice.choose`); *unguided*: kube-scheduler's node (MostAllocated on CPU and memory) and its "
+        "(`sharing.dra.mig_choice.place_pod`: the node with the best MostAllocated score over CPU, memory and MIG "
+        "compute slices held, then the GPU and placement); *unguided*: kube-scheduler's node (MostAllocated on CPU and memory) and its "
         "allocator's first fit. *occupied*: compute slices the instances hold. The GPU type a pod asks for "
         "(`gpu_spec`) is dropped, as every GPU is one model: gpuspec10/20/25 are default's pods with types asked, so "
         "they replay as default does.",

@@ -38,6 +38,7 @@ from sharing.dra import names
 from sharing.dra.claims import MANAGED_BY, DeviceRequestJSON, device_request
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import SharePolicy
+from sharing.keys import DRA_REQUEUES_ANNOTATION
 from sharing.lenient import as_map as _map
 from sharing.modes import AllocationMode
 
@@ -103,8 +104,10 @@ def claim_requests(allocation: Allocation, pinned: Pinned, share: SharePolicy) -
     return requests
 
 
-def claim_body(pod: Mapping[str, Any], allocation: Allocation, pinned: Pinned, share: SharePolicy) -> dict[str, Any]:
-    """The ResourceClaim to create in the pod's namespace."""
+def claim_body(pod: Mapping[str, Any], allocation: Allocation, pinned: Pinned, share: SharePolicy,
+               requeues: int = 0) -> dict[str, Any]:
+    """The ResourceClaim to create in the pod's namespace (``requeues``: the how-manieth re-creation
+    of a stalled promise it is, written when not 0)."""
     meta = _map(pod.get("metadata"))
     name, uid = meta.get("name"), meta.get("uid")
     if not allocation.claim or not isinstance(name, str) or not isinstance(uid, str) or not uid:
@@ -114,7 +117,8 @@ def claim_body(pod: Mapping[str, Any], allocation: Allocation, pinned: Pinned, s
         "metadata": {
             "name": allocation.claim, "namespace": str(meta.get("namespace") or "default"),
             "labels": dict(MANAGED_BY),
-            "annotations": {ANNOTATION: pinned.to_annotation()},
+            "annotations": {ANNOTATION: pinned.to_annotation(),
+                            **({DRA_REQUEUES_ANNOTATION: str(requeues)} if requeues else {})},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": True}],
         },
         "spec": {"devices": {"requests": claim_requests(allocation, pinned, share)}},

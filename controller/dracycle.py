@@ -86,7 +86,8 @@ class DraCycle:
                 return f"ResourceClaim {old.key} not replaced (it changed since it was read: {exc}); next cycle"
             log.info("ResourceClaim %s replaced: %s", old.key, placement.reason)
         try:
-            self.kube.create_resource_claim(namespace, claim_body(pod, allocation, placement.pinned, self.share))
+            self.kube.create_resource_claim(namespace, claim_body(pod, allocation, placement.pinned, self.share,
+                                                                  placement.requeues))
         except ClaimBuildError as exc:
             return f"no claim built: {exc}"
         except KubeError as exc:

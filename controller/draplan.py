@@ -36,6 +36,19 @@ when another claim was allocated the device it was pinned to
 which the engine does not plan): a device on its node is chosen anew and its
 claim is replaced (``DraPlacement.replaces``), or it waits with the reason.
 
+**Stalled promises.** kube-scheduler (v1.37) counts the consumed capacity of a
+claim twice for a moment, when the informer has seen its allocation and the
+scheduler has not yet dropped it from its in-flight claims; a pod tried just
+then finds its pinned share no room on a GPU the engine filled exactly, is set
+aside as Unschedulable, and nothing re-queues it for 5 minutes (an allocation
+added to another claim is not an event that could help it). A released,
+unbound pod that kube-scheduler marked Unschedulable while its own claim is
+promised, unallocated, not broken, and at least :data:`REQUEUE_AFTER_S` old
+gets its claim re-created with the same pin (``DraPlacement.replaces`` with
+``requeues``): a pod's claim being created re-queues the pod. At most
+:data:`MAX_REQUEUES` times per pod (the count is on the claim,
+``gpupack.io/dra-requeues``); then it waits with the reason.
+
 A pod whose claim already exists is not planned again: if the claim is the
 pod's (its ``ownerReferences`` name the pod's UID) and says where it was
 pinned, the pod is **adopted** (released to that node: the controller stopped
@@ -66,6 +79,10 @@ from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.typical import NO_GPU_POD, TypicalPods
 
 MiB = 2**20
+REQUEUE_AFTER_S = 10.0
+"""A stalled promise's claim is re-created once it is this old (module docstring): kube-scheduler's
+in-flight claims are dropped within a second of their binding."""
+MAX_REQUEUES = 3
 _BIG = 10**9
 """CPU and memory of a node whose allocatable is unknown: they never limit the GPU choice."""
 
@@ -81,6 +98,8 @@ class DraPlacement:
     replaces: ClaimRecord | None = None
     """Re-pinning a released pod whose claim's promise another claim broke (``broken_promises``):
     this claim is deleted (at this version, still unallocated) and created again, pinned anew."""
+    requeues: int = 0
+    """Re-creating a stalled promise (module docstring): the claim's new ``gpupack.io/dra-requeues``."""
 
 
 @dataclass(frozen=True)
@@ -330,6 +349,33 @@ def _to_repin(pods: Sequence[Pod], usage: DraUsage, nodes: Sequence[Node]) -> li
     return out
 
 
+def _stalled(pods: Sequence[Pod], usage: DraUsage, nodes: Sequence[Node], now: datetime) -> tuple[
+        list[DraPlacement], list[Wait]]:
+    """Released pods kube-scheduler set aside while their own promise stands (module docstring,
+    "Stalled promises"): their claims re-created with the same pin, or why not any more."""
+    broken = broken_promises(usage, nodes)
+    again: list[DraPlacement] = []
+    waits: list[Wait] = []
+    for pod in sorted(pods, key=lambda p: (p.created, p.key)):
+        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        if not pod.unschedulable or pod.mode == "cpu" or record is None or record.allocated or record.key in broken:
+            continue
+        pinned = own_pin(record, pod.uid)
+        if isinstance(pinned, ClaimConflict) or record.created is None:
+            continue
+        if (now - record.created).total_seconds() < REQUEUE_AFTER_S:
+            continue
+        why = f"kube-scheduler set the pod aside while the device its ResourceClaim {record.key} is pinned to has room"
+        if record.requeues >= MAX_REQUEUES:
+            waits.append(Wait(pod.key, f"{why}; the claim was re-created {record.requeues} times, no more"))
+            continue
+        what = ", ".join(d.device for d in pinned.devices)
+        again.append(DraPlacement(pod.key, pinned.node, pinned,
+                                  f"{what} on {pinned.node} (claim re-created, same pin: {why})",
+                                  replaces=record, requeues=record.requeues + 1))
+    return again, waits
+
+
 def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name: str = "gpupack",
              share: SharePolicy = SHARES) -> DraPlan:
     """The DRA pool's placements for one cycle (see the module docstring)."""
@@ -355,6 +401,9 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
             placements.append(DraPlacement(pod.key, pinned.node, pinned,
                                            f"claim {record.key} already pinned to {pinned.node}", True))
     repin = _to_repin(pods, usage, nodes)
+    requeued, stalled = _stalled(pods, usage, nodes, now)
+    placements += requeued
+    waits += stalled
     if not todo and not repin:
         return DraPlan(tuple(placements), tuple(waits), tuple(refused))
     if repin:  # their broken promises hold nothing: each is placed again, on its node

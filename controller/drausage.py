@@ -24,13 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from controller.view import Node
+from kube.times import parse_time
 from mig.model import GpuModel
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice, PinnedError
 from sharing.dra.results import ResultError, read_result
+from sharing.keys import DRA_REQUEUES_ANNOTATION
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 
@@ -63,6 +66,11 @@ class ClaimRecord:
     """kube-scheduler has allocated it (``status.allocation``)."""
     uid: str = ""
     resource_version: str = ""
+    created: datetime | None = None
+    """``metadata.creationTimestamp`` (None: absent or unreadable)."""
+    requeues: int = 0
+    """Times the controller re-created it, same pin, for a pod kube-scheduler had set aside
+    (``gpupack.io/dra-requeues``; unreadable: 0)."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +183,8 @@ def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]) -> Dr
                 problems.append(f"ResourceClaim {key}: {exc}")
         allocation = _map(_map(obj.get("status")).get("allocation"))
         records[key] = ClaimRecord(key, owners, pinned, problem, bool(allocation), str(meta.get("uid") or ""),
-                                   str(meta.get("resourceVersion") or ""))
+                                   str(meta.get("resourceVersion") or ""), parse_time(meta.get("creationTimestamp")),
+                                   _count(_map(meta.get("annotations")).get(DRA_REQUEUES_ANNOTATION)))
         results = _list(_map(allocation.get("devices")).get("results"))
         if results:
             holds += _allocated(key, results, tables, problems)
@@ -183,6 +192,11 @@ def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]) -> Dr
             # Not allocated yet: the promise holds until kube-scheduler allocates it or the claim goes.
             holds += [Hold(key, pinned.node, d, False) for d in pinned.devices]
     return DraUsage(tuple(holds), records, tuple(problems))
+
+
+def _count(text: Any) -> int:
+    """A non-negative count written as a string; anything else reads as 0."""
+    return int(text) if isinstance(text, str) and text.isdigit() else 0
 
 
 def _allocated(key: str, results: list[Any], tables: Mapping[str, Mapping[str, DeviceRef]],

@@ -23,8 +23,8 @@ from sharing.backend import POD_CLAIM
 from sharing.dra import names
 from sharing.dra.claims import device_request
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
-from sharing.dra.share_policy import GiB, SharePolicy
-from sharing.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE, HOSTNAME_LABEL
+from sharing.dra.share_policy import SHARES, GiB, SharePolicy
+from sharing.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE, DRA_REQUEUES_ANNOTATION, HOSTNAME_LABEL
 from sharing.modes import AllocationMode
 
 H100 = get_model("H100-80GB")
@@ -418,3 +418,12 @@ def test_a_released_pods_claim_whose_device_a_users_claim_took_is_replaced_on_it
     again = Pinned.from_annotation(kube.claims["team/gpupack-pod-p"]["metadata"]["annotations"][ANNOTATION])
     assert again.node == "a" and again.devices[0].gpu != gpu  # the same node, the other GPU
     assert kube.pod_patches == []  # the pod is pinned and ungated already: nothing to write on it
+
+
+def test_a_requeued_claim_carries_its_count() -> None:
+    body = claim_body({"metadata": {"name": "p", "uid": "u1", "namespace": "team"}},
+                      dra_allocation("mps", "claim-p", milli=(100,)), Pinned("a", (PinnedDevice("gpu-0", "shared", 0, 100, 2**30),)), SHARES, 2)
+    assert body["metadata"]["annotations"][DRA_REQUEUES_ANNOTATION] == "2"
+    first = claim_body({"metadata": {"name": "p", "uid": "u1", "namespace": "team"}},
+                       dra_allocation("mps", "claim-p", milli=(100,)), Pinned("a", (PinnedDevice("gpu-0", "shared", 0, 100, 2**30),)), SHARES)
+    assert DRA_REQUEUES_ANNOTATION not in first["metadata"]["annotations"]

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.draplan import DraPlan, plan_dra
+from controller.draplan import MAX_REQUEUES, REQUEUE_AFTER_S, DraPlan, plan_dra
 from controller.drausage import read_usage
 from controller.view import Gpu, Node, Pod, Snapshot
 from mig.catalog import get_model
@@ -22,7 +22,7 @@ from mig.model import GpuModel, PlacedInstance, Placement
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import GiB, SharePolicy
-from sharing.keys import BACKEND_LABEL
+from sharing.keys import BACKEND_LABEL, DRA_REQUEUES_ANNOTATION
 from sharing.modes import AllocationMode, NodeSharingMode
 from sharing.node_policy import NodePolicy
 from sharing.packing.kube_scoring import MostAllocatedWeights
@@ -476,3 +476,46 @@ def test_whole_gpu_and_mig_promises_break_on_any_overlap_and_only_then() -> None
     broken = broken_promises(read_usage([whole, mig, overlapping, beside, on_whole], nodes), nodes)
     assert set(broken) == {"team/cw", "team/cm"}
     assert broken_promises(read_usage([whole, mig, beside], nodes), nodes) == {}
+
+
+# ------------------------------------------------------------------ stalled promises (kube-scheduler set the pod aside)
+def stalled_claim(p: Pod, pinned: Pinned, seconds_ago: float, requeues: int = 0) -> dict[str, Any]:
+    claim = own_promise(p, pinned)
+    created = NOW - timedelta(seconds=seconds_ago)
+    claim["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if requeues:
+        claim["metadata"]["annotations"][DRA_REQUEUES_ANNOTATION] = str(requeues)
+    return claim
+
+
+def test_a_pod_set_aside_while_its_pinned_share_has_room_gets_its_claim_re_created_with_the_same_pin() -> None:
+    from dataclasses import replace
+
+    p = replace(released(pod("p", milli=(100,)), "a"), unschedulable=True)
+    pin = Pinned("a", (pinned_share(0, 100),))
+    full_but_for_it = allocated("u", "a", "gpu-0-shared", 900, GiB)  # 900 + 100: exactly the GPU
+    nodes = [node("a", 1)]
+    result = run(nodes, [p], [stalled_claim(p, pin, 30), full_but_for_it])
+    (placement,) = result.placements
+    assert placement.pinned == pin and placement.node == "a" and placement.requeues == 1
+    assert placement.replaces is not None and placement.replaces.resource_version == "7"
+    assert "claim re-created, same pin" in placement.reason
+    # The count read back from the claim is carried on; past MAX_REQUEUES the pod waits, saying why.
+    assert run(nodes, [p], [stalled_claim(p, pin, 30, requeues=2), full_but_for_it]).placements[0].requeues == 3
+    done = run(nodes, [p], [stalled_claim(p, pin, 30, requeues=MAX_REQUEUES), full_but_for_it])
+    assert done.placements == () and "re-created 3 times" in done.waiting[0].reason
+
+
+def test_a_young_claim_a_pod_not_set_aside_and_a_broken_promise_are_not_requeued() -> None:
+    from dataclasses import replace
+
+    p = replace(released(pod("p", milli=(100,)), "a"), unschedulable=True)
+    pin = Pinned("a", (pinned_share(0, 100),))
+    nodes = [node("a", 1)]
+    assert run(nodes, [p], [stalled_claim(p, pin, REQUEUE_AFTER_S / 2)]).placements == ()
+    assert run(nodes, [replace(p, unschedulable=False)], [stalled_claim(p, pin, 30)]).placements == ()
+    # Another claim took the room: that is a broken promise, re-pinned (here: nowhere left), not re-created.
+    took_it = allocated("u", "a", "gpu-0-shared", 950, GiB)
+    broken = run(nodes, [p], [stalled_claim(p, pin, 30), took_it])
+    assert broken.placements == () and "no other device on a has room" in broken.waiting[0].reason
+
