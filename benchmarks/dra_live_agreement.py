@@ -9,6 +9,8 @@ by one and never leave), then the same pods replayed by the DRA model
     python benchmarks/dra_live_agreement.py --seeds 7 --pods 40 --policy FGD
     python benchmarks/dra_live_agreement.py --mixed --out benchmarks/dra_live_agreement_mixed.json
         # pods ask CPU too, every third asks for no GPU and is placed by the engine as well
+    python benchmarks/dra_live_agreement.py --mig --pods 40 --out benchmarks/dra_live_agreement_mig.json
+        # MIG nodes in dynamic mode, MIG pods asking CPU; compared with the DRA model on MIG GPUs
 
 Writes benchmarks/dra_live_agreement.json (``--out`` to change) and prints a table.
 """
@@ -29,7 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpupack.demo.agreement import (  # noqa: E402
-    DEFAULT_NODES, compare, live_placements, mixed_pods, model_placements, shared_pods)
+    DEFAULT_NODES, MIG_NODES, compare, live_placements, mig_claim_device, mig_model_placements, mig_pods, mixed_pods,
+    model_placements, shared_pods)
 
 
 def main() -> int:
@@ -41,12 +44,30 @@ def main() -> int:
     parser.add_argument("--mixed", action="store_true",
                         help="pods ask 4-12 cores, and every third asks for no GPU (8-32 cores) and is labelled "
                              "for the DRA pool, so the engine places it too (gpupack.demo.agreement.mixed_pods)")
+    parser.add_argument("--mig", action="store_true",
+                        help="MIG nodes in dynamic mode (gpupack.demo.agreement.MIG_NODES) and MIG pods asking 2-16 "
+                             "cores (mig_pods), against the DRA model on MIG GPUs; compares node and device")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "dra_live_agreement.json")
     args = parser.parse_args()
     if args.pods < 1:
         parser.error("--pods must be at least 1")
+    if args.mig and args.mixed:
+        parser.error("--mig and --mixed are two workloads: choose one")
+    nodes = MIG_NODES if args.mig else DEFAULT_NODES
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
+        if args.mig:
+            pods = mig_pods(args.pods, seed)
+            workdir = Path(tempfile.mkdtemp(prefix="gpupack-agreement-"))
+            try:
+                live_mig = live_placements(workdir, nodes, pods, args.policy,
+                                           lambda line: print(line, file=sys.stderr, flush=True),
+                                           where_of=mig_claim_device)
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            runs.append({"seed": seed, **compare(nodes, pods, live_mig, mig_model_placements(nodes, pods)).as_json()})
+            print(json.dumps(runs[-1]), flush=True)
+            continue
         pods = mixed_pods(args.pods, seed) if args.mixed else shared_pods(args.pods, seed)
         workdir = Path(tempfile.mkdtemp(prefix="gpupack-agreement-"))
         try:
@@ -62,9 +83,10 @@ def main() -> int:
     report = {
         "command": "python benchmarks/dra_live_agreement.py " + " ".join(sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}",
-        "nodes": [f"{n.name}: {n.gpus} x {n.model} ({n.sharing})" for n in DEFAULT_NODES],
+        "nodes": [f"{n.name}: {n.gpus} x {n.model} ({'MIG, dynamic' if args.mig else n.sharing})" for n in nodes],
         "policy": args.policy,
-        "pods": "mixed_pods (CPU asks; every third asks for no GPU)" if args.mixed else "shared_pods",
+        "pods": ("mig_pods (MIG, CPU asks; compared by node and device)" if args.mig else
+                 "mixed_pods (CPU asks; every third asks for no GPU)" if args.mixed else "shared_pods"),
         "runs": runs,
     }
     args.out.write_text(json.dumps(report, indent=2) + "\n")

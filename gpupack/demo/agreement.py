@@ -22,16 +22,26 @@ places too (docs/dra-pods.md, "Pods that ask for no GPU"), as the model's
 What is compared: which pods were placed (live: claim allocated; model: the
 replay placed it), the allocation (milli asked by placed pods over all GPU
 milli), and for pods placed by both, whether on the same node and GPU.
+
+**MIG** (:func:`mig_pods`, :func:`mig_model_placements`): the same, on nodes
+whose GPUs run MIG in dynamic mode (every placement of every profile
+published, the plugin creating each claim's instance), against the DRA model on
+MIG GPUs (:class:`sharing.simulator.dra_mig.DraMigReplay`, the engine's choice:
+``sharing.dra.mig_choice.place_pod``). Each pod asks ``gpupack.io/sharing: mig``
+with the compute and memory of the openb mapping (``profile_for``: the memory
+share equal to the compute share), so the webhook picks the profile the model
+asks; the pods ask CPU, so the node score's CPU part counts. Compared per pod:
+the node and the device (GPU, profile and placement start).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -39,13 +49,16 @@ from gpupack.demo.stack import DEMO_NAMESPACE, DemoNode, Stack
 from gpupack.demo.workload import SHAPES, DemoPod
 from mig.catalog import get_model
 from sharing.allocation import Allocation
+from sharing.dra.names import mig_device_name, parse_device_name
 from sharing.dra.share_policy import DEFAULT_MILLI_STEP
 from sharing.keys import ALLOCATION_ANNOTATION
 from sharing.packing.cluster import ClusterState
+from sharing.packing.mig_layouts import full_profile
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
 from sharing.packing.typical import NO_GPU_POD, TypicalPods
 from sharing.simulator.dra import DraReplay, as_claimed
+from sharing.simulator.dra_mig import DraMigReplay
 from sharing.simulator.scheduler_config import load_weights
 
 NODE_CPU_MILLI = 64_000
@@ -60,8 +73,20 @@ DEFAULT_NODES: tuple[DemoNode, ...] = (
 
 Where = tuple[str, int]
 """(node, GPU index)."""
+MigWhere = tuple[str, str]
+"""(node, device name: ``gpu-<i>-mig-<profile>-<start>``)."""
+
+MIG_NODES: tuple[DemoNode, ...] = (
+    DemoNode("h100-mig-a", "H100-80GB", 2),
+    DemoNode("h100-mig-b", "H100-80GB", 2),
+    DemoNode("h100-mig-c", "H100-80GB", 4),
+)
+"""MIG nodes of a DRA demo stack (``sharing: none``: the agent's simulated GPUs start with MIG on)."""
+MIG_MODEL = "H100-80GB"
 NO_GPU = -1
 """The GPU index of a pod that asks for no GPU (it is placed on a node only)."""
+P = TypeVar("P", Where, MigWhere)
+"""Where a pod went, as one comparison reads it: (node, GPU) or (node, MIG device)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +138,33 @@ def mixed_pods(count: int, seed: int, cpu_only_every: int = 3) -> tuple[DemoPod,
     return tuple(pods)
 
 
+MIG_SHAPES = ((100, 6), (200, 4), (300, 3), (400, 2), (700, 1))
+"""(milli, weight) of :func:`mig_pods`: on an H100, 1g.10gb, 2g.20gb, 3g.40gb, 3g.40gb and 7g.80gb."""
+
+
+def mig_pods(count: int, seed: int) -> tuple[DemoPod, ...]:
+    """``count`` MIG pods in a seeded order, each asking 2 to 16 cores and the compute and GPU
+    memory of the openb mapping onto an H100 (``profile_for``: memory in the compute's share), so
+    the webhook's profile is the model's (module docstring)."""
+    rng = random.Random(seed)
+    full = full_profile(get_model(MIG_MODEL))
+    millis = rng.choices([m for m, _ in MIG_SHAPES], [w for _, w in MIG_SHAPES], k=count)
+    return tuple(DemoPod(f"mig-{i:03d}", m, f"{-(-m * full.memory_mib // 1000)}Mi", "mig", 0.0, None,
+                         cpu_milli=rng.randint(2, 16) * 1000) for i, m in enumerate(millis))
+
+
+def mig_model_placements(nodes: Sequence[DemoNode], pods: Sequence[DemoPod]) -> dict[str, MigWhere | None]:
+    """The DRA model on MIG GPUs, ``pods`` in order: each pod's (node, device), or None (fit nowhere)."""
+    specs = [NodeSpec(n.name, NODE_CPU_MILLI, NODE_MEMORY_MIB, n.gpus, get_model(n.model).product) for n in nodes]
+    replay = DraMigReplay(specs, get_model(MIG_MODEL), load_weights(), "engine")
+    out: dict[str, MigWhere | None] = {}
+    for pod in pods:
+        placed = replay.place(PodSpec(pod.name, pod.cpu_milli, 0, 1, pod.milli))
+        out[pod.name] = None if not placed else (
+            placed[0][0], mig_device_name(placed[0][1], placed[0][2].profile, placed[0][2].placement.start))
+    return out
+
+
 TypicalRule = Literal["arrived", "workload"]
 
 
@@ -156,17 +208,31 @@ def model_placements(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], policy:
 def _claim_device(admin: Any, pod: str) -> Where | None:
     """Where ``pod``'s ResourceClaim was allocated (None: not yet); for a pod that asks for no GPU,
     the node it is bound to and :data:`NO_GPU`."""
+    found = _allocated_device(admin, pod)
+    if found is None or found[1] is None:
+        return None if found is None else (found[0], NO_GPU)
+    return found[0], parse_device_name(found[1]).gpu
+
+
+def mig_claim_device(admin: Any, pod: str) -> MigWhere | None:
+    """The node and device name ``pod``'s ResourceClaim was allocated (None: not yet)."""
+    found = _allocated_device(admin, pod)
+    return None if found is None or found[1] is None else (found[0], found[1])
+
+
+def _allocated_device(admin: Any, pod: str) -> tuple[str, str | None] | None:
+    """The pool (node) and gpupack device ``pod``'s ResourceClaim was allocated, or None when not
+    yet; a pod that asks for no GPU: the node it is bound to and None."""
     from kubernetes import client
 
     from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
-    from sharing.dra.names import parse_device_name
     from sharing.dra.names import DRIVER
 
     core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
     obj: Any = core.read_namespaced_pod(pod, DEMO_NAMESPACE)
     record = Allocation.from_annotation((obj.metadata.annotations or {}).get(ALLOCATION_ANNOTATION))
     if record.mode == "cpu":
-        return (str(obj.spec.node_name), NO_GPU) if obj.spec.node_name else None
+        return (str(obj.spec.node_name), None) if obj.spec.node_name else None
     try:
         claim: Any = custom.get_namespaced_custom_object("resource.k8s.io", "v1", DEMO_NAMESPACE, "resourceclaims",
                                                          str(record.claim))
@@ -181,18 +247,21 @@ def _claim_device(admin: Any, pod: str) -> Where | None:
         return None  # not allocated yet
     for device in devices:
         if device.driver == DRIVER:
-            return device.pool, parse_device_name(device.device).gpu
+            return device.pool, device.device
     return None
 
 
 def live_placements(workdir: Path, nodes: Sequence[DemoNode], pods: Sequence[DemoPod], policy: str,
-                    say: Callable[[str], None], settle_seconds: float = 8.0) -> dict[str, Where | None]:
-    """Submit ``pods`` one by one to a DRA demo stack; each pod's allocated (node, GPU), or None."""
+                    say: Callable[[str], None], settle_seconds: float = 8.0,
+                    where_of: Callable[[Any, str], P | None] = _claim_device,  # type: ignore[assignment]
+                    ) -> dict[str, P | None]:
+    """Submit ``pods`` one by one to a DRA demo stack; where each pod's claim was allocated, as
+    ``where_of`` reads it (default: node and GPU; :func:`mig_claim_device`: node and device), or None."""
     from kubernetes import client
 
     stack = Stack(workdir, backend="dra", nodes=tuple(nodes))
     stack.controller_policy = policy
-    out: dict[str, Where | None] = {}
+    out: dict[str, P | None] = {}
     try:
         stack.start(say)
         core = client.CoreV1Api(stack.admin)
@@ -205,7 +274,7 @@ def live_placements(workdir: Path, nodes: Sequence[DemoNode], pods: Sequence[Dem
             where = None
             while where is None and time.monotonic() < deadline:
                 time.sleep(0.2)
-                where = _claim_device(stack.admin, pod.name)
+                where = where_of(stack.admin, pod.name)
             out[pod.name] = where
             say(f"[{i + 1}/{len(pods)}] {pod.name} ({pod.milli} milli) -> {where or 'not placed'}")
     finally:
@@ -213,13 +282,13 @@ def live_placements(workdir: Path, nodes: Sequence[DemoNode], pods: Sequence[Dem
     return out
 
 
-def allocation(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], placed: dict[str, Where | None]) -> float:
+def allocation(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], placed: Mapping[str, object | None]) -> float:
     milli = {p.name: p.milli for p in pods}
     return sum(milli[p] for p, w in placed.items() if w) / (sum(n.gpus for n in nodes) * GPU_MILLI)
 
 
-def compare(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], live: dict[str, Where | None],
-            model: dict[str, Where | None], model_workload: dict[str, Where | None] | None = None) -> Comparison:
+def compare(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], live: Mapping[str, P | None],
+            model: Mapping[str, P | None], model_workload: Mapping[str, P | None] | None = None) -> Comparison:
     both = [p.name for p in pods if live.get(p.name) and model.get(p.name)]
     return Comparison(
         pods=len(pods),
