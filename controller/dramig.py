@@ -35,7 +35,13 @@ def mig_gpus(nodes: Iterable[Node], holds: Iterable[Hold], policies: Mapping[str
     """The MIG GPUs of ``nodes`` with what ``holds`` take of them."""
     held: dict[tuple[str, int], set[PlacedInstance]] = {}
     models = {n.name: n.model for n in nodes}
+    whole: set[tuple[str, int]] = set()
+    """GPUs a claim holds whole (``DRA_WHOLE_GPU``; the plugin gives it the full-size instance): nothing
+    else fits on them."""
     for hold in holds:
+        if hold.device.kind == "gpu":
+            whole.add((hold.node, hold.device.gpu))
+            continue
         instance = hold.device.placed(models.get(hold.node))
         if instance is not None:
             held.setdefault((hold.node, hold.device.gpu), set()).add(instance)
@@ -45,7 +51,7 @@ def mig_gpus(nodes: Iterable[Node], holds: Iterable[Hold], policies: Mapping[str
             continue
         rule = creation_rule(policies.get(node.name), now)
         for gpu in node.gpus:
-            if not gpu.mig_enabled or not gpu.healthy:
+            if not gpu.mig_enabled or not gpu.healthy or (node.name, gpu.index) in whole:
                 continue
             taken = held.get((node.name, gpu.index), set())
             spare = [i for i in gpu.instances if i not in taken and i not in gpu.unhealthy_instances]

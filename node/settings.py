@@ -84,10 +84,11 @@ class AgentSettings:
     keeps CPU-only pods off too, as GPU nodes usually do; ``NoExecute`` also evicts running pods."""
     dra_whole_gpu: bool = False
     """``dra`` backend: also offer each MIG-enabled GPU as one whole device (kind ``gpu``, which
-    excludes every MIG placement of it). Off by default, and leave it off for now: preparing it
-    means turning MIG mode off, which gpupack's kubelet plugin does not do yet (it needs an idle
-    GPU and, on most models, a reset), so a claim allocated this device fails to prepare with that
-    reason. The ``7g`` placement already gives a claim the whole GPU's compute."""
+    excludes every MIG placement of it), while no instance is on it. The kubelet plugin serves a
+    claim allocated it with the GPU's full-size MIG instance (every compute and memory slice), MIG
+    mode unchanged (docs/dra.md): the whole GPU's compute and memory, with MIG's limits (no
+    peer-to-peer). Off by default: the full-size placement (``7g.80gb`` on an H100) already offers
+    the same instance as a MIG device."""
     dra_claims_dir: str = "/var/lib/kubelet/plugins/gpu.gpupack.io/state/claims"
     """``dra`` backend: the kubelet plugin's claim journal (``gpupack dra-plugin serve``'s
     ``<state dir>/claims``; the default is the plugin's default), read only, to tell a workload a

@@ -81,8 +81,8 @@ class DraPublisher:
         self.share = SHARES
         self.whole_gpu = settings.dra_whole_gpu
         if self.whole_gpu:
-            log.warning("DRA_WHOLE_GPU is on: MIG-enabled GPUs are also offered whole, but the kubelet plugin does "
-                        "not switch MIG mode yet, so a claim allocated such a device fails to prepare")
+            log.info("DRA_WHOLE_GPU is on: MIG-enabled GPUs with no instance are also offered whole; the kubelet "
+                     "plugin serves such a claim with the GPU's full-size MIG instance (MIG mode is not changed)")
         self.resync_seconds = settings.dra_resync_seconds
         self.claims_dir = Path(settings.dra_claims_dir)
         self._published: dict[str, Published] | None = None

@@ -7,7 +7,10 @@ builders each GPU gets, and with what bounds:
   its existing instances are offered as themselves (a claim holds them, or they
   were made before the node moved to DRA: either way nothing overlapping may be
   created) and, where reshaping is allowed, every placement of the SharingPolicy's
-  allowed profiles that overlaps none of them;
+  allowed profiles that overlaps none of them. A GPU a claim holds **whole**
+  (``DRA_WHOLE_GPU``: the plugin serves it with the full-size instance) offers
+  its whole-GPU device only, so the allocation keeps naming a published device
+  and its instance is never offered as itself to another claim;
 * a GPU with **MIG off** is shared or whole, by the GPUNode spec's sharing mode
   (the one node-wide setting both backends read): ``mps`` and ``time-slicing``
   give one shared device with consumable capacity (``gpu_devices.shared_gpu``;
@@ -123,6 +126,8 @@ def _mig(gpu: GpuSnapshot, faults: frozenset[DeviceKey], rules: OfferRules, with
     if gpu.model is None:
         return None
     index = gpu.info.index
+    if claimed is not None and index in claimed.gpus:  # held whole: its instance is the claim's (module docstring)
+        return mig_gpu(gpu.model, index, gpu.info.uuid, allowed_profiles=frozenset(), whole_gpu=True)
     bad = [i for i in gpu.instances if (index, i.gi_id) in faults]
     withdrawn += [f"MIG instance {i.gi_id} of GPU {index} ({i.profile} at {i.placement.start}, faulted)" for i in bad]
     if claimed is not None:

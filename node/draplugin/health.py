@@ -103,7 +103,7 @@ def _one(record: DeviceRecord, view: NodeHealthView, gpu: GpuReading | None) -> 
         return "Unknown", f"GPU {record.gpu} is not in GPUNode {view.reading.name}'s status"
     if gpu.health is not None:
         return "Unhealthy", _fault(f"GPU {record.gpu}", gpu.health)
-    if record.kind == "mig" and record.placement is not None:
+    if record.placement is not None:  # a MIG device, or a whole GPU in MIG mode: its instance
         for instance in gpu.instances:
             if (instance.health is not None and instance.profile == record.profile
                     and instance.start == record.placement.start):

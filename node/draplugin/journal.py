@@ -82,9 +82,15 @@ class DeviceRecord:
     """Shared GPU under MPS: the claim's limits."""
 
     @property
+    def instance_backed(self) -> bool:
+        """A MIG instance serves the device: a MIG device, or a whole GPU in MIG mode (its full-size
+        instance, ``node.draplugin.plan``). Its profile and placement are planned."""
+        return self.placement is not None
+
+    @property
     def visible_uuid(self) -> str:
         """What the container is given: the MIG device's UUID, or the GPU's."""
-        return self.uuid if self.kind == "mig" and self.uuid else self.gpu_uuid
+        return self.uuid if self.instance_backed and self.uuid else self.gpu_uuid
 
     @property
     def placed(self) -> PlacedInstance | None:
@@ -93,15 +99,14 @@ class DeviceRecord:
         return PlacedInstance(self.profile, self.placement)
 
     def holds(self, instance: GpuInstance) -> bool:
-        return self.kind == "mig" and self.gi_id == instance.gi_id and self.uuid == instance.uuid
+        return self.instance_backed and self.gi_id == instance.gi_id and self.uuid == instance.uuid
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"request": self.request, "pool": self.pool, "device": self.device, "kind": self.kind,
                                "gpu": self.gpu, "gpuUUID": self.gpu_uuid}
         if self.share_id is not None:
             out["shareID"] = self.share_id
-        if self.kind == "mig":
-            assert self.placement is not None
+        if self.placement is not None:
             out.update(profile=self.profile, profileID=self.profile_id,
                        placement={"start": self.placement.start, "size": self.placement.size},
                        creating=self.creating, giID=self.gi_id, uuid=self.uuid, created=self.created)
@@ -196,7 +201,7 @@ def instance_to_undo(device: DeviceRecord, instances: Sequence[GpuInstance],
     other claims hold. An instance gpupack did not create (``created`` False, not
     ``creating``) is never returned.
     """
-    if device.kind != "mig":
+    if not device.instance_backed:
         return None
     if device.created and device.gi_id is not None:
         return next((i for i in instances if device.holds(i)), None)
@@ -251,7 +256,8 @@ class ClaimedDevices:
     device busy with a workload no claim holds as used outside DRA (withdrawn)."""
 
     gpus: frozenset[int]
-    """GPUs a claim holds whole or a share of (any phase but rolled back)."""
+    """GPUs a claim holds whole or a share of (any phase but rolled back); a GPU in MIG mode here is
+    held whole through its full-size instance (in ``instances`` too)."""
     instances: frozenset[tuple[int, int]]
     """``(GPU, first memory slice)`` of each MIG placement a claim holds or is creating."""
     unreadable: tuple[str, ...] = ()
@@ -278,8 +284,8 @@ def read_claimed_devices(directory: Path) -> ClaimedDevices | None:
             unreadable.append(f"{path.name}: {exc}")
             continue
         for device in record.devices:
-            if device.kind == "mig" and device.placement is not None:
+            if device.placement is not None:
                 instances.add((device.gpu, device.placement.start))
-            elif device.kind != "mig":
+            if device.kind != "mig":  # a whole or shared GPU (a whole one in MIG mode: its instance too)
                 gpus.add(device.gpu)
     return ClaimedDevices(frozenset(gpus), frozenset(instances), tuple(unreadable))

@@ -10,9 +10,13 @@ device and the rule:
   index the node does not have;
 * a MIG device on a GPU whose MIG mode is off, a profile the GPU does not
   offer, a placement the profile does not allow (stale ResourceSlices);
-* a whole or shared GPU in MIG mode: gpupack's plugin does not switch MIG mode
-  (that needs an idle GPU and a reset); the agent publishes those devices only
-  for GPUs with MIG off;
+* a shared GPU in MIG mode: gpupack's plugin does not switch MIG mode (that
+  needs an idle GPU and a reset); the agent publishes shared devices only for
+  GPUs with MIG off. A **whole GPU in MIG mode** (offered with
+  ``DRA_WHOLE_GPU``, only while no instance is on it) is served by the GPU's
+  full-size instance (every compute and memory slice: ``7g.80gb`` on an H100),
+  created at prepare and destroyed at unprepare like any MIG device, so MIG mode
+  never changes and no reset is needed;
 * an MPS share whose allocation records no consumed capacity;
 * admin access (monitoring a device others use), which gpupack does not offer;
 * the same MIG instance or whole GPU twice in one claim.
@@ -31,7 +35,7 @@ from node.draplugin.journal import DeviceRecord
 from node.draplugin.mps import mps_limits
 from node.draplugin.settings import ShareMode
 from node.nvml.errors import NvmlError
-from node.nvml.protocol import NvmlReader
+from node.nvml.protocol import InstanceProfile, NvmlReader
 from sharing.dra.names import DRIVER
 
 T = TypeVar("T")
@@ -43,6 +47,13 @@ def nvml_call(what: str, fn: Callable[..., T], *args: object) -> T:
         return fn(*args)
     except NvmlError as exc:
         raise ClaimError(f"NVML failed {what}: {exc}") from None
+
+
+def full_size(profiles: Sequence[InstanceProfile]) -> InstanceProfile:
+    """The profile that takes a whole GPU: the widest placement (every memory slice), then the most
+    compute slices, a plain profile before its media-extension variant."""
+    return max(profiles, key=lambda p: (max((pl.size for pl in p.placements), default=0), p.slice_count,
+                                        "+me" not in p.name))
 
 
 def plan_claim(results: Sequence[AllocatedDevice], nvml: NvmlReader, *, node: str,
@@ -110,10 +121,19 @@ def plan_device(result: AllocatedDevice, nvml: NvmlReader, *, node: str, share_m
                              f"{info.name}; its placements start at "
                              f"{', '.join(str(p.start) for p in profile.placements)}")
         return replace(base, profile=profile.name, profile_id=profile.profile_id, placement=placement)
+    if name.kind == "gpu" and info.mig_enabled and info.mig_pending:
+        profiles = nvml_call(f"reading the MIG profiles of GPU {name.gpu}", nvml.instance_profiles, name.gpu)
+        if not profiles:
+            raise ClaimError(f"{where}: GPU {name.gpu} ({info.name}) is in MIG mode and reports no MIG profile")
+        full = full_size(profiles)
+        placement = max(full.placements, key=lambda p: p.size)
+        return replace(base, profile=full.name, profile_id=full.profile_id, placement=placement)
     if info.mig_enabled or info.mig_pending:
-        raise ClaimError(f"{where}: GPU {name.gpu} is in MIG mode, and a {'shared' if name.kind == 'shared' else 'whole'} "
-                         "GPU needs MIG mode off; gpupack's plugin does not switch MIG mode (that needs an idle GPU "
-                         "and a reset)")
+        if name.kind == "gpu":
+            raise ClaimError(f"{where}: GPU {name.gpu} is changing MIG mode (current {info.mig_enabled}, pending "
+                             f"{info.mig_pending}: it waits for a reset); it can be given whole neither way until then")
+        raise ClaimError(f"{where}: GPU {name.gpu} is in MIG mode, and a shared GPU needs MIG mode off; gpupack's "
+                         "plugin does not switch MIG mode (that needs an idle GPU and a reset)")
     if name.kind == "shared" and share_mode == "mps":
         try:
             limits = mps_limits(result.consumed, result.device)

@@ -8,7 +8,8 @@
    finish is first rolled back (or its unprepare finished).
 2. Otherwise its allocation is read (``ClaimSource``) and planned
    (``node.draplugin.plan``); the plan goes to the journal (``Preparing``).
-3. Each MIG device: an instance of that profile at exactly that placement that
+3. Each MIG device (and a whole GPU in MIG mode: its full-size instance, planned
+   by ``node.draplugin.plan``): an instance of that profile at exactly that placement that
    no other claim holds and no process uses is adopted (and left in place at
    unprepare); else, when nothing overlaps the placement, it is created, with
    the intent journaled first. Anything overlapping (another claim's instance,
@@ -203,7 +204,7 @@ class ClaimPreparer:
     # ------------------------------------------------------------------ steps
     def _carry_out(self, record: ClaimRecord) -> ClaimRecord:
         for index, device in enumerate(record.devices):
-            if device.kind == "mig":
+            if device.instance_backed:
                 record = self._prepare_mig(record, index)
         spec = cdi.claim_spec(record.claim.uid, [cdi_device(d, self._mps_pipe_directory) for d in record.devices])
         try:
@@ -265,7 +266,7 @@ class ClaimPreparer:
         problems: list[str] = []
         for index in reversed(range(len(record.devices))):
             device = record.devices[index]
-            if device.kind != "mig" or not (device.created or device.creating):
+            if not device.instance_backed or not (device.created or device.creating):
                 continue
             try:
                 record = self._undo_mig(record, index)
@@ -310,7 +311,7 @@ class ClaimPreparer:
         missing: list[str] = []
         listed: dict[int, tuple[GpuInstance, ...]] = {}
         for device in record.devices:
-            if device.kind != "mig":
+            if not device.instance_backed:
                 continue
             if device.gpu not in listed:
                 listed[device.gpu] = nvml_call(f"listing the MIG instances of GPU {device.gpu}",
@@ -328,7 +329,7 @@ class ClaimPreparer:
             if uid == except_uid:
                 continue
             for device in record.devices:
-                if device.kind != "mig" or device.gpu != gpu:
+                if not device.instance_backed or device.gpu != gpu:
                     continue
                 for instance in instances:
                     if device.holds(instance) or (device.creating and instance_to_undo(device, [instance], ())):

@@ -195,6 +195,18 @@ def test_a_mig_claim_is_prepared_once_and_unprepared(plugin: Plugin) -> None:
     assert plugin.unprepare("u1").claims["u1"].error == ""  # unknown now: nothing to do
 
 
+def test_a_whole_gpu_claim_on_a_mig_gpu_gets_the_full_size_instance_through_the_socket(plugin: Plugin) -> None:
+    plugin.add_claim("w1", mig("gpu-0"))
+    plugin.start()
+    entry = plugin.prepare("w1").claims["w1"]
+    assert entry.error == "" and [d.device_name for d in entry.devices] == ["gpu-0"]
+    (instance,) = plugin.instances(0)
+    assert (instance["profile"], instance["start"], instance["size"]) == ("7g.80gb", 0, 8)
+    assert plugin.spec("w1")["devices"][0]["containerEdits"]["env"] == [f"NVIDIA_VISIBLE_DEVICES={instance['uuid']}"]
+    assert plugin.unprepare("w1").claims["w1"].error == ""
+    assert plugin.instances(0) == [] and plugin.specs() == [] and plugin.journals() == []
+
+
 def test_an_mps_share_gets_its_limits_through_cdi(plugin: Plugin) -> None:
     plugin.add_claim("s1", {**mig("gpu-1-shared"), "shareID": "share-1",
                             "consumedCapacity": {"gpu.gpupack.io/milli": "300", "gpu.gpupack.io/memory": "20Gi"}})

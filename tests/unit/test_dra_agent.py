@@ -491,6 +491,28 @@ def test_a_shared_gpu_running_a_workload_no_claim_holds_offers_nothing(tmp_path:
     assert (claims / "bad.json").exists()  # the agent only reads the plugin's files
 
 
+def test_a_gpu_a_claim_holds_whole_in_mig_mode_keeps_offering_its_whole_device_and_its_instance_stays(
+        tmp_path: Path) -> None:
+    """The plugin serves a whole-GPU claim on a MIG GPU with the full-size instance: the allocation
+    names ``gpu-0``, so that device stays published (not the instance as itself, which another claim
+    could then be given), the busy instance is the claim's, not used outside DRA, and never idle-reclaimed."""
+    sim = SimulatedNvml(H100, 1, seed=NODE, mig_enabled=True)
+    full = sim.create_gpu_instance(0, H100.profile("7g.80gb").profile_id, Placement(0, H100.memory_slices))
+    sim.start_process(0, 301, gi_id=full.gi_id)
+    claims = _plugin_dir(tmp_path)
+    _journal(claims, "uid-w", {"device": "gpu-0", "kind": "gpu", "gpu": 0, "profile": "7g.80gb",
+                                "placement": Placement(0, H100.memory_slices), "gi_id": full.gi_id})
+    kube, _, agent = _node(1, sim=sim, dra_claims_dir=str(claims), dra_whole_gpu=True,
+                           policies=[copy.deepcopy(IDLE_30)])
+    _ticks(agent)
+    assert kube.devices() == ["gpu-0"]
+    assert "used outside DRA" not in kube.cond()["message"]
+    sim.stop_process(0, 301)
+    _later(agent)
+    _ticks(agent)
+    assert _gi_starts(sim) == [0] and kube.devices() == ["gpu-0"]  # idle, but the claim's: never destroyed
+
+
 # ------------------------------------------------------------------ idle instances no claim holds
 def _plugin_dir(tmp_path: Path) -> Path:
     """The plugin's state directory as a started plugin leaves it: the journal and the MIG-change lock."""

@@ -199,6 +199,16 @@ def test_new_placements_need_a_policy_that_allows_the_profile() -> None:
     assert devices(run(nodes, [m], policies={"a": OPEN})) == {"team/m": ["a/gpu-0-mig-3g-40gb-4"]}
 
 
+def test_a_mig_gpu_a_claim_holds_whole_takes_no_placement() -> None:
+    # DRA_WHOLE_GPU: a user's claim was allocated GPU 0 whole (the plugin gives it the full-size instance).
+    nodes = [mig_node("a", gpu(0, mig=True), gpu(1, mig=True))]
+    m = pod("m", "mig", profiles=("1g.10gb",))
+    result = run(nodes, [m], [allocated("c", "a", "gpu-0")], policies={"a": OPEN})
+    assert [d.gpu for p in result.placements for d in p.pinned.devices] == [1]
+    both = run(nodes, [m], [allocated("c", "a", "gpu-0"), allocated("d", "a", "gpu-1")], policies={"a": OPEN})
+    assert both.placements == () and len(both.waiting) == 1
+
+
 def test_held_promised_and_faulted_placements_are_never_overlapped() -> None:
     nodes = [mig_node("a", gpu(0, mig=True, unhealthy=[inst("1g.10gb", 6)], instances=[inst("1g.10gb", 6)]),
                       gpu(1, healthy=False, mig=True))]

@@ -285,6 +285,38 @@ def test_a_whole_gpu_is_handed_over_as_it_is(node: Node) -> None:
     assert node.sim.gpu_instances(0) == ()
 
 
+def test_a_whole_gpu_in_mig_mode_gets_its_full_size_instance_and_mig_mode_never_changes(node: Node) -> None:
+    ref = node.claims.add("u1", result("gpu-0"))
+    preparer = node.preparer()
+    devices = preparer.prepare(ref)
+    (instance,) = node.sim.gpu_instances(0)
+    assert (instance.profile, instance.placement) == ("7g.80gb", Placement(0, 8))  # every compute and memory slice
+    assert [d.device for d in devices] == ["gpu-0"]
+    assert env_of(node.spec("u1")) == [f"NVIDIA_VISIBLE_DEVICES={instance.uuid}"]
+    info = node.sim.device_info(0)
+    assert info.mig_enabled and info.mig_pending  # no MIG mode change, no reset
+    (record,) = preparer.records["u1"].devices
+    assert (record.kind, record.profile, record.created) == ("gpu", "7g.80gb", True)
+    node.restart_nvml()
+    assert node.preparer().prepare(ref) == devices  # from the journal, across a restart
+    node.preparer().unprepare(ref)
+    assert node.instances() == [] and node.leftovers() == ([], [])
+
+
+def test_a_whole_gpu_whose_mig_mode_waits_for_a_reset_is_refused(node: Node) -> None:
+    node.sim.set_mig_mode(1, True)  # pending until a reset
+    with pytest.raises(ClaimError, match=r"GPU 1 is changing MIG mode \(current False, pending True"):
+        node.preparer().prepare(node.claims.add("u1", result("gpu-1")))
+    assert node.leftovers() == ([], [])
+
+
+def test_a_whole_gpu_in_mig_mode_with_an_instance_on_it_is_refused(node: Node) -> None:
+    node.sim.create_gpu_instance(0, MODEL.profile("1g.10gb").profile_id, Placement(6, 1))
+    with pytest.raises(ClaimError, match=r"device gpu-0: placement 0:8 of GPU 0 overlaps 1g.10gb@6:1"):
+        node.preparer().prepare(node.claims.add("u1", result("gpu-0")))
+    assert node.instances() == [("1g.10gb", 6)] and node.leftovers() == ([], [])
+
+
 # ---------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(("results", "message"), [
     ([result("gpu-0-mig-1g.10gb-6")], "is not one of gpupack's: expected gpu-<index>"),
@@ -295,14 +327,13 @@ def test_a_whole_gpu_is_handed_over_as_it_is(node: Node) -> None:
     ([result("gpu-0-mig-1g-12gb-6")], "has no MIG profile spelled '1g-12gb'; it has 1g.10gb"),
     ([result("gpu-0-mig-3g-40gb-2")], "cannot start at memory slice 2 .* start at 0, 4"),
     ([result("gpu-1-mig-1g-10gb-6")], "GPU 1 is not in MIG mode"),
-    ([result("gpu-0")], "GPU 0 is in MIG mode, and a whole GPU needs MIG mode off"),
     ([result("gpu-0-shared")], "GPU 0 is in MIG mode, and a shared GPU needs MIG mode off"),
     ([result("gpu-1-shared")], "records no consumedCapacity for gpu.gpupack.io/milli and gpu.gpupack.io/memory"),
     ([result("gpu-0-mig-1g-10gb-6", adminAccess=True)], "admin access"),
     ([result("gpu-0-mig-1g-10gb-6"), result("gpu-0-mig-1g-10gb-6", "again")], "allocated twice in one claim"),
     ([result("gpu-9"), result("nope")], "no GPU 9; .*'nope' is not one of gpupack's"),
 ], ids=["bad-name", "no-such-gpu", "other-pool", "other-driver", "empty", "unknown-profile", "bad-start",
-        "mig-on-mig-off-gpu", "whole-on-mig-gpu", "share-on-mig-gpu", "share-without-capacity", "admin-access",
+        "mig-on-mig-off-gpu", "share-on-mig-gpu", "share-without-capacity", "admin-access",
         "twice", "every-problem-named"])
 def test_bad_allocations_get_a_clear_error_and_change_nothing(node: Node, results: list[dict[str, Any]],
                                                               message: str) -> None:
