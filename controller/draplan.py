@@ -83,6 +83,8 @@ REQUEUE_AFTER_S = 10.0
 """A stalled promise's claim is re-created once it is this old (module docstring): kube-scheduler's
 in-flight claims are dropped within a second of their binding."""
 MAX_REQUEUES = 3
+"""Re-creations of one pod's stalled promise before it waits with the reason: the race passes in a
+second, so a pod still set aside after three is set aside for another reason, which gpupack says."""
 _BIG = 10**9
 """CPU and memory of a node whose allocatable is unknown: they never limit the GPU choice."""
 
