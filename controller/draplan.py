@@ -58,7 +58,7 @@ something else the pod is **refused** (it stays gated and an Event says why).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -336,9 +336,9 @@ def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...], nodes: Sequenc
                   for r, (g, i) in zip(pod.requests, picks)]
 
 
-def _to_repin(pods: Sequence[Pod], usage: DraUsage, nodes: Sequence[Node]) -> list[tuple[Pod, ClaimRecord, str]]:
-    """Released, unbound pods whose own claim is a broken promise (oldest first), with why."""
-    broken = broken_promises(usage, nodes)
+def _to_repin(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str]) -> list[tuple[Pod, ClaimRecord, str]]:
+    """Released, unbound pods whose own claim is a broken promise (``broken``: ``broken_promises``;
+    oldest first), with why."""
     if not broken:
         return []
     out: list[tuple[Pod, ClaimRecord, str]] = []
@@ -351,11 +351,11 @@ def _to_repin(pods: Sequence[Pod], usage: DraUsage, nodes: Sequence[Node]) -> li
     return out
 
 
-def _stalled(pods: Sequence[Pod], usage: DraUsage, nodes: Sequence[Node], now: datetime) -> tuple[
+def _stalled(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str], now: datetime) -> tuple[
         list[DraPlacement], list[Wait]]:
     """Released pods kube-scheduler set aside while their own promise stands (module docstring,
-    "Stalled promises"): their claims re-created with the same pin, or why not any more."""
-    broken = broken_promises(usage, nodes)
+    "Stalled promises"; ``broken``: ``broken_promises``): their claims re-created with the same pin,
+    or why not any more."""
     again: list[DraPlacement] = []
     waits: list[Wait] = []
     for pod in sorted(pods, key=lambda p: (p.created, p.key)):
@@ -402,8 +402,9 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         else:
             placements.append(DraPlacement(pod.key, pinned.node, pinned,
                                            f"claim {record.key} already pinned to {pinned.node}", True))
-    repin = _to_repin(pods, usage, nodes)
-    requeued, stalled = _stalled(pods, usage, nodes, now)
+    broken = broken_promises(usage, nodes)  # read once: repins and stalled promises split on it
+    repin = _to_repin(pods, usage, broken)
+    requeued, stalled = _stalled(pods, usage, broken, now)
     placements += requeued
     waits += stalled
     if not todo and not repin:
