@@ -35,8 +35,10 @@ from node.draplugin.journal import DeviceRecord
 from node.draplugin.mps import mps_limits
 from node.draplugin.settings import ShareMode
 from node.nvml.errors import NvmlError
-from node.nvml.protocol import InstanceProfile, NvmlReader
+from node.nvml.protocol import NvmlReader
+from node.snapshot import model_from_nvml
 from sharing.dra.names import DRIVER
+from sharing.packing.mig_layouts import full_profile
 
 T = TypeVar("T")
 
@@ -47,13 +49,6 @@ def nvml_call(what: str, fn: Callable[..., T], *args: object) -> T:
         return fn(*args)
     except NvmlError as exc:
         raise ClaimError(f"NVML failed {what}: {exc}") from None
-
-
-def full_size(profiles: Sequence[InstanceProfile]) -> InstanceProfile:
-    """The profile that takes a whole GPU: the widest placement (every memory slice), then the most
-    compute slices, a plain profile before its media-extension variant."""
-    return max(profiles, key=lambda p: (max((pl.size for pl in p.placements), default=0), p.slice_count,
-                                        "+me" not in p.name))
 
 
 def plan_claim(results: Sequence[AllocatedDevice], nvml: NvmlReader, *, node: str,
@@ -125,7 +120,7 @@ def plan_device(result: AllocatedDevice, nvml: NvmlReader, *, node: str, share_m
         profiles = nvml_call(f"reading the MIG profiles of GPU {name.gpu}", nvml.instance_profiles, name.gpu)
         if not profiles:
             raise ClaimError(f"{where}: GPU {name.gpu} ({info.name}) is in MIG mode and reports no MIG profile")
-        full = full_size(profiles)
+        full = full_profile(model_from_nvml(info, profiles))  # NVML's own table: its profile ids
         placement = max(full.placements, key=lambda p: p.size)
         return replace(base, profile=full.name, profile_id=full.profile_id, placement=placement)
     if info.mig_enabled or info.mig_pending:
