@@ -24,6 +24,8 @@ import platform
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,20 @@ sys.path.insert(0, str(ROOT))
 from gpupack.demo.agreement import (  # noqa: E402
     DEFAULT_NODES, MIG_NODES, compare, live_placements, mig_claim_device, mig_model_placements, mig_pods, mixed_pods,
     model_placements, shared_pods)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _workdir() -> Iterator[Path]:
+    """A demo stack's working directory for one seed, removed afterwards."""
+    workdir = Path(tempfile.mkdtemp(prefix="gpupack-agreement-"))
+    try:
+        yield workdir
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main() -> int:
@@ -58,26 +74,16 @@ def main() -> int:
     for seed in args.seeds:
         if args.mig:
             pods = mig_pods(args.pods, seed)
-            workdir = Path(tempfile.mkdtemp(prefix="gpupack-agreement-"))
-            try:
-                live_mig = live_placements(workdir, nodes, pods, args.policy,
-                                           lambda line: print(line, file=sys.stderr, flush=True),
-                                           where_of=mig_claim_device)
-            finally:
-                shutil.rmtree(workdir, ignore_errors=True)
-            runs.append({"seed": seed, **compare(nodes, pods, live_mig, mig_model_placements(nodes, pods)).as_json()})
-            print(json.dumps(runs[-1]), flush=True)
-            continue
-        pods = mixed_pods(args.pods, seed) if args.mixed else shared_pods(args.pods, seed)
-        workdir = Path(tempfile.mkdtemp(prefix="gpupack-agreement-"))
-        try:
-            live = live_placements(workdir, DEFAULT_NODES, pods, args.policy,
-                                   lambda line: print(line, file=sys.stderr, flush=True))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        model = model_placements(DEFAULT_NODES, pods, args.policy)
-        workload = model_placements(DEFAULT_NODES, pods, args.policy, typical="workload")
-        result = compare(DEFAULT_NODES, pods, live, model, workload).as_json()
+            with _workdir() as workdir:
+                live_mig = live_placements(workdir, nodes, pods, args.policy, _say, where_of=mig_claim_device)
+            result = compare(nodes, pods, live_mig, mig_model_placements(nodes, pods)).as_json()
+        else:
+            pods = mixed_pods(args.pods, seed) if args.mixed else shared_pods(args.pods, seed)
+            with _workdir() as workdir:
+                live = live_placements(workdir, nodes, pods, args.policy, _say)
+            model = model_placements(nodes, pods, args.policy)
+            workload = model_placements(nodes, pods, args.policy, typical="workload")
+            result = compare(nodes, pods, live, model, workload).as_json()
         runs.append({"seed": seed, **result})
         print(json.dumps(runs[-1]), flush=True)
     report = {
