@@ -11,7 +11,6 @@ under its node's key. The agent's own token cannot write mig-manager's ConfigMap
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from mig.migparted import layout_for, parse_config
 from node.nvml.simulated import SimulatedNvml
 from node.settings import AgentSettings
 from tests.e2e.test_agent_e2e import RunningAgent, _condition, _gpunode, _wait
+from tests.e2e.waiting import repeating
 
 RBAC = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "rbac-gpu-operator.yaml"
 OTHER = "version: v1\nmig-configs:\n  all-disabled:\n  - devices: all\n    mig-enabled: false\n"
@@ -58,20 +58,10 @@ def controller_cycles(operator_namespace: str, sa_kubeconfig: Callable[[str], Pa
     settings = ControllerSettings(namespaces=f"none-{uuid.uuid4().hex[:6]}", feedback=False, right_size=False,
                                   metrics_port=0, mig_parted_namespace=operator_namespace)
     controller = Controller(kube, settings)
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            controller.cycle()
-            stop.wait(0.3)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
     try:
-        yield
+        with repeating(controller.cycle, 0.3):
+            yield
     finally:
-        stop.set()
-        thread.join(timeout=30)
         kube.close()
 
 

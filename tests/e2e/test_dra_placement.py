@@ -27,7 +27,6 @@ Checked:
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -53,7 +52,7 @@ from sharing.dra.gpu_devices import shared_gpu
 from sharing.dra.pinned import ANNOTATION, Pinned
 from sharing.keys import BACKEND_LABEL
 from tests.e2e.test_dra_slices import TIMEOUT_S, Dra, gpu_uuid
-from tests.e2e.waiting import wait_for
+from tests.e2e.waiting import repeating, wait_for
 from tests.unit.test_controller_dra import dra_allocation, dra_pod, gpunode
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,20 +110,9 @@ class Pool:
     def cycling(self, every_s: float = 1.0) -> Iterator[None]:
         """The controller's cycle running on its own, as its resync loop runs it in a cluster, while
         the test waits for kube-scheduler (a stalled promise is re-created only by a later cycle)."""
-        stop = threading.Event()
         errors: list[str] = []
-
-        def loop() -> None:
-            while not stop.wait(every_s):
-                errors.extend(self.controller.cycle().errors)
-
-        runner = threading.Thread(target=loop, daemon=True)
-        runner.start()
-        try:
+        with repeating(lambda: errors.extend(self.controller.cycle().errors), every_s):
             yield
-        finally:
-            stop.set()
-            runner.join()
         assert errors == [], errors
 
     def read(self, pod: str) -> Any:

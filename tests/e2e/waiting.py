@@ -6,8 +6,10 @@ timed-out test says what never happened instead of hanging.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -35,3 +37,23 @@ def wait_for(
             return last
         time.sleep(interval_s)
     pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last: {last!r})")
+
+
+@contextmanager
+def repeating(step: Callable[[], object], every_s: float) -> Iterator[None]:
+    """``step`` run at once and then every ``every_s`` seconds in a thread, until the block ends (a
+    controller's resync loop, say, while the test waits for what it leads to)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            step()
+            stop.wait(every_s)
+
+    runner = threading.Thread(target=loop, daemon=True)
+    runner.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        runner.join(timeout=30)
