@@ -150,20 +150,20 @@ def place_pod(gpus: Sequence[MigGpu], profiles: Sequence[str], loads: Mapping[st
     it); commits them to ``gpus`` and returns them in ``profiles`` order, or None and commits
     nothing. ``loads`` has each node's CPU and memory (a node missing: unknown, left out)."""
     order = _largest_first(gpus, profiles)
-    fitting = _fitting_nodes(gpus, [profiles[k] for k in order])
+    by_node = _by_node(gpus)
+    fitting = _fitting_nodes(by_node, [profiles[k] for k in order])
     if not fitting:
         return None
     unknown = NodeLoad()
     load = [loads.get(node, unknown) for node in fitting]
-    model_of = {g.node: g.model for g in gpus}
     scores = node_scores(
         np.array([n.cpu_requested + cpu_milli for n in load], dtype=np.int64),
         np.array([n.cpu_allocatable for n in load], dtype=np.int64),
         np.array([n.memory_requested + memory_mib for n in load], dtype=np.int64),
         np.array([n.memory_allocatable for n in load], dtype=np.int64),
-        np.array([sum(g.held_slices for g in gpus if g.node == node) + asked_slices(model_of[node], profiles)
+        np.array([sum(g.held_slices for g in by_node[node]) + asked_slices(by_node[node][0].model, profiles)
                   for node in fitting], dtype=np.int64),
-        np.array([sum(g.model.compute_slices for g in gpus if g.node == node) for node in fitting], dtype=np.int64))
+        np.array([sum(g.model.compute_slices for g in by_node[node]) for node in fitting], dtype=np.int64))
     best = {node for node, score in zip(fitting, scores) if score == scores.max()}
     return _place(gpus, profiles, order, best)
 
@@ -174,17 +174,24 @@ def place_all(gpus: Sequence[MigGpu], profiles: Sequence[str]) -> list[tuple[Mig
     first, each the best choice left); commits them to ``gpus`` and returns them in ``profiles``
     order, or None and commits nothing. :func:`place_pod` makes this choice among its best scored nodes."""
     order = _largest_first(gpus, profiles)
-    return _place(gpus, profiles, order, set(_fitting_nodes(gpus, [profiles[k] for k in order])))
+    return _place(gpus, profiles, order, set(_fitting_nodes(_by_node(gpus), [profiles[k] for k in order])))
 
 
 def _largest_first(gpus: Sequence[MigGpu], profiles: Sequence[str]) -> list[int]:
     return sorted(range(len(profiles)), key=lambda k: (-_slices(gpus, profiles[k]), k))
 
 
-def _fitting_nodes(gpus: Sequence[MigGpu], ordered: Sequence[str]) -> list[str]:
-    """The nodes of ``gpus`` that can hold every profile of ``ordered`` at once (a trial on copies)."""
-    return [node for node in sorted({g.node for g in gpus})
-            if _greedy([g.copy() for g in gpus if g.node == node], ordered) is not None]
+def _by_node(gpus: Sequence[MigGpu]) -> dict[str, list[MigGpu]]:
+    """``gpus`` grouped by node, nodes by name (one pass, not one per node)."""
+    grouped: dict[str, list[MigGpu]] = {}
+    for gpu in gpus:
+        grouped.setdefault(gpu.node, []).append(gpu)
+    return dict(sorted(grouped.items()))
+
+
+def _fitting_nodes(by_node: Mapping[str, Sequence[MigGpu]], ordered: Sequence[str]) -> list[str]:
+    """The nodes (by name) that can hold every profile of ``ordered`` at once (a trial on copies)."""
+    return [node for node, on_node in by_node.items() if _greedy([g.copy() for g in on_node], ordered) is not None]
 
 
 def _place(gpus: Sequence[MigGpu], profiles: Sequence[str], order: Sequence[int],
