@@ -249,15 +249,21 @@ def test_killing_a_component_mid_reshape_converges(h: Harness, victim: str) -> N
 
 
 def test_a_dead_agents_node_is_planned_around(h: Harness) -> None:
-    """With an agent killed after the controller planned a reshape on its node, pods used to wait
-    for that capacity forever ("in flight") while another node sat idle."""
+    """With a node's agent dead while the controller planned a reshape there, pods used to wait
+    for that capacity forever ("in flight") while another node sat idle.
+
+    The agent is killed just before the pods arrive, while its last report is still fresh (6 s): the
+    controller plans on the node all the same, and the reshape can never be applied. (Killed after
+    the plan, as this test once did, the agent sometimes applied the reshape first: the test then
+    waited for a state it had missed.)"""
     doomed = h.node("doomed", 1, {0: ["7g.80gb"]})
     h.policy()
     h.controller("ctl-1", "--agent-stale-seconds", "6")
+    wait_for("the controller leading, its caches listed", lambda: "watch caches listed" in h.log("ctl-1"))
+    h.stop(f"agent-{doomed}", kill=True)
     for i in range(2):
         h.gated_pod(f"p{i}", "1g.10gb")
     wait_for("a reshape planned on the only node", lambda: h.in_flight(doomed) > 0, timeout_s=30)
-    h.stop(f"agent-{doomed}", kill=True)
     spare = h.node("spare", 1, {0: ["7g.80gb"]})
     wait_for("the silent node reported stale", lambda: "agent silent" in h.log("ctl-1"), timeout_s=60)
     wait_for("every pod bound to the live node", lambda: all(h.node_of(f"p{i}") == spare for i in range(2)),
