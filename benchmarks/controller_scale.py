@@ -204,6 +204,9 @@ class MemoryKube:
     def list_policies(self) -> list[dict[str, Any]]:
         return list(self.policies.values())
 
+    def list_namespaces(self) -> list[dict[str, Any]]:
+        return []
+
     def list_resource_claims(self) -> list[dict[str, Any]]:
         return []
 

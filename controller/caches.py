@@ -1,6 +1,6 @@
 """The controller's watch caches, and a :class:`~controller.kube.Kube` that reads from them.
 
-Without caches every cycle lists every GPUNode, Node, pod, SharingPolicy (and,
+Without caches every cycle lists every GPUNode, Node, pod, SharingPolicy, Namespace (and,
 with a DRA pool, ResourceClaim) of the cluster: at a thousand nodes that is tens
 of megabytes a cycle for the API server to send and for the controller to parse.
 :class:`ClusterCaches` keeps one :class:`kube.informer.Informer` per kind (a list,
@@ -17,8 +17,9 @@ SharingPolicies and ResourceClaims are kept whole (small, and read whole).
 
 **What wakes a cycle** (:attr:`ClusterCaches.on_change`): any change of a pod,
 GPUNode (except a change of its agent's heartbeat time and utilisation figures
-alone, which a resync cycle reads anyway), SharingPolicy or ResourceClaim, and a
-Node whose labels or allocatable changed.
+alone, which a resync cycle reads anyway), SharingPolicy or ResourceClaim, a
+Node whose labels or allocatable changed, and a Namespace whose labels changed
+(SharingPolicies' namespace rules select them).
 
 **Read your writes.** The cache shows a write of the controller's only once the
 watch brings it, and a cycle started in between would see the pod still gated
@@ -53,8 +54,8 @@ from sharing.lenient import as_map as _map
 
 log = logging.getLogger("gpupack.controller")
 
-KINDS = ("gpunodes", "nodes", "pods", "sharingpolicies", "resourceclaims")
-EAGER = ("gpunodes", "nodes", "pods", "sharingpolicies")
+KINDS = ("gpunodes", "nodes", "pods", "sharingpolicies", "namespaces", "resourceclaims")
+EAGER = ("gpunodes", "nodes", "pods", "sharingpolicies", "namespaces")
 """Started with the caches; ``resourceclaims`` on first use."""
 
 
@@ -66,6 +67,12 @@ def keep_node(obj: dict[str, Any]) -> dict[str, Any]:
     if "allocatable" in status:
         kept["status"] = {"allocatable": status["allocatable"]}
     return kept
+
+
+def keep_namespace(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Namespace's name, ``uid``, ``resourceVersion`` and labels: what SharingPolicies select."""
+    meta = _map(obj.get("metadata"))
+    return {"metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion", "labels") if k in meta}}
 
 
 def _container(raw: Any) -> Any:
@@ -96,6 +103,7 @@ def _whole(obj: dict[str, Any]) -> dict[str, Any]:
 
 KEEP: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "gpunodes": _whole, "nodes": keep_node, "pods": keep_pod, "sharingpolicies": _whole, "resourceclaims": _whole,
+    "namespaces": keep_namespace,
 }
 
 
@@ -116,7 +124,13 @@ def _node_meaning(obj: Mapping[str, Any]) -> str:
                       sort_keys=True, default=str)
 
 
-MEANING: dict[str, Callable[[Mapping[str, Any]], str]] = {"gpunodes": _gpunode_meaning, "nodes": _node_meaning}
+def _namespace_meaning(obj: Mapping[str, Any]) -> str:
+    return json.dumps(_map(obj.get("metadata")).get("labels"), sort_keys=True, default=str)
+
+
+MEANING: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "gpunodes": _gpunode_meaning, "nodes": _node_meaning, "namespaces": _namespace_meaning,
+}
 """Kinds whose events wake a cycle only when this reading of the object changed."""
 
 
@@ -222,6 +236,9 @@ class CachedKube(Kube):
 
     def list_policies(self) -> list[dict[str, Any]]:
         return self._read("sharingpolicies", super().list_policies)
+
+    def list_namespaces(self) -> list[dict[str, Any]]:
+        return self._read("namespaces", super().list_namespaces)
 
     def list_resource_claims(self) -> list[dict[str, Any]]:
         if "resourceclaims" not in self.caches.started:

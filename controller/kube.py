@@ -65,6 +65,7 @@ class Kube(KubeClient):
             "gpunodes": partial(custom.list_cluster_custom_object, GROUP, VERSION, "gpunodes"),
             "sharingpolicies": partial(custom.list_cluster_custom_object, GROUP, VERSION, "sharingpolicies"),
             "nodes": core.list_node,
+            "namespaces": core.list_namespace,
             "pods": partial(core.list_pod_for_all_namespaces, field_selector=UNFINISHED_PODS),
             "resourceclaims": partial(custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, CLAIMS),
         }
@@ -79,6 +80,10 @@ class Kube(KubeClient):
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return _items(call(self._core.list_node, _preload_content=False, idempotent=True))
+
+    def list_namespaces(self) -> list[dict[str, Any]]:
+        """Every Namespace: their labels are what SharingPolicies' namespace rules select."""
+        return _items(call(self._core.list_namespace, _preload_content=False, idempotent=True))
 
     def list_pods(self) -> list[dict[str, Any]]:
         """Pods not yet finished (the API server filters by phase)."""

@@ -18,7 +18,7 @@ from sharing.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PRODUCT_LABEL, W
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 
-__all__ = ["pod_from_object", "read_pod", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
+__all__ = ["pod_from_object", "read_pod", "read_record", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:
@@ -148,20 +148,32 @@ def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
 
 
 def read_pod(obj: Mapping[str, Any]) -> tuple[Pod | None, str | None]:
-    """The gpupack pod in ``obj`` (or None), and why an allocation it carries is not trusted (or None).
+    """The gpupack pod in ``obj`` (or None), and why an allocation it carries is not trusted (or None)."""
+    pod, _, distrust = read_record(obj)
+    return pod, distrust
+
+
+def read_record(obj: Mapping[str, Any]) -> tuple[Pod | None, Allocation | None, str | None]:
+    """The gpupack pod in ``obj`` and the record it was read from (or None, None), and why an
+    allocation it carries is not trusted (or None).
 
     An allocation whose pod does not request what it records (``Allocation.mismatch``)
     is ignored: the annotation is text any pod creator can write, and trusting a forged
-    one would count GPUs as taken and release a pod that asks for none.
+    one would count GPUs as taken and release a pod that asks for none. Whether the
+    namespace's SharingPolicy could have produced the record is the snapshot's check
+    (``controller.snapshot.assemble``), which knows the policies and namespaces: this
+    reading is a function of the pod alone, kept while the pod does not change.
     """
     meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
     if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
-        return None, None
+        return None, None, None
     text = _map(meta.get("annotations")).get(ALLOCATION_ANNOTATION)
     if text is None:
-        return None, None
+        return None, None, None
     allocation, distrust = trusted_allocation(text, spec)
-    return (_pod(meta, spec, obj, allocation) if allocation is not None else None), distrust
+    if allocation is None:
+        return None, None, distrust
+    return _pod(meta, spec, obj, allocation), allocation, None
 
 
 def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any], allocation: Allocation) -> Pod | None:

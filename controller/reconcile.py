@@ -113,17 +113,20 @@ class Controller:
             gpunodes = self.kube.list_gpunodes()
             pods = self.kube.list_pods()
             nodes, policies = self.kube.list_nodes(), self.kube.list_policies()
+            namespaces = self.kube.list_namespaces()
         except KubeError as exc:
             self._fail(report, "read", str(exc))
             return report
         by_name = {str((g.get("metadata") or {}).get("name")): g for g in gpunodes}
         pod_objs = {f"{(p.get('metadata') or {}).get('namespace')}/{(p.get('metadata') or {}).get('name')}": p for p in pods}
         stale_after = self.settings.agent_stale_seconds
-        snapshot = self.snapshots.build(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after)
+        snapshot = self.snapshots.build(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after,
+                                        namespaces=namespaces)
         if self._idle(snapshot, by_name, now, report):
             # The idle record is input to the planner: plan on what was just written.
             gpunodes = [by_name.get(str((g.get("metadata") or {}).get("name")), g) for g in gpunodes]
-            snapshot = self.snapshots.build(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after)
+            snapshot = self.snapshots.build(gpunodes, nodes, pods, policies, now=now, stale_after_s=stale_after,
+                                            namespaces=namespaces)
         self._policy_status(policies, snapshot, now, report)
         self._note_skipped(snapshot.skipped_entries)
         self._note_untrusted(snapshot.untrusted_pods)

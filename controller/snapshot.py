@@ -19,23 +19,26 @@ from typing import Any
 
 from controller.capacity import mig_claims, shared_claims
 from controller.podview import (
-    pod_from_object, read_pod, required_products, resources_held, waiting_unschedulable, whole_gpus_requested,
+    pod_from_object, read_record, required_products, resources_held, waiting_unschedulable, whole_gpus_requested,
 )
 from controller.view import FailedDevice, Gpu, Node, PlainGpuPod, Pod, Snapshot
 from kube.times import format_time, parse_time, seconds_since
 from mig.model import PlacedInstance, Placement
 from mig.units import parse_quantity
+from sharing.allocation import Allocation
 from sharing.crd import read_policies
 from sharing.gpunode import GpuNodeReading, read_gpunode
+from sharing.inventory import AdmissionPolicy, admission_policy, name_and_labels
 from sharing.keys import ALLOCATION_ANNOTATION, IDLE_SINCE_ANNOTATION
 from sharing.lenient import as_int as _int
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
 from sharing.node_policy import NodePolicy, policies_for_nodes
+from sharing.record_policy import record_problem
 
 __all__ = [
     "NodeParse", "PodParse", "assemble", "build_snapshot", "busy_by_node", "busy_gpus", "encode_idle", "format_time",
-    "idle_record", "merge_policies", "node_from_objects", "parse_node", "parse_pod", "parse_time", "pod_from_object",
+    "idle_record", "merge_policies", "namespace_policies", "node_from_objects", "parse_node", "parse_pod", "parse_time", "pod_from_object",
     "refused_gpus", "scoped", "update_idle",
 ]
 
@@ -243,10 +246,12 @@ class PodParse:
     memory_mib: int = 0
     plain: PlainGpuPod | None = None
     """Set for a pod that asks ``nvidia.com/gpu`` itself (not gpupack's), not finished."""
+    allocation: Allocation | None = None
+    """The record :attr:`pod` was read from (checked against the namespace's policy by :func:`assemble`)."""
 
 
 def parse_pod(obj: Mapping[str, Any]) -> PodParse:
-    pod, distrust = read_pod(obj)
+    pod, allocation, distrust = read_record(obj)
     meta = _map(obj.get("metadata"))
     untrusted = None
     if pod is None and distrust is not None:
@@ -259,15 +264,17 @@ def parse_pod(obj: Mapping[str, Any]) -> PodParse:
     requested = resources_held(obj) if held_on is not None or theirs else (0, 0)
     cpu, memory = requested if held_on is not None else (0, 0)
     if not gpus:
-        return PodParse(pod, untrusted, held_on=held_on, cpu_milli=cpu, memory_mib=memory)
+        return PodParse(pod, untrusted, held_on=held_on, cpu_milli=cpu, memory_mib=memory, allocation=allocation)
     plain = None
     if theirs:
         plain = PlainGpuPod(f"{meta.get('namespace')}/{meta.get('name')}", gpus, *requested,
                             required_products(_map(obj.get("spec"))))
     if bound is not None:
-        return PodParse(pod, untrusted, gpus, bound, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain)
+        return PodParse(pod, untrusted, gpus, bound, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain,
+                        allocation=allocation)
     waiting = theirs and waiting_unschedulable(obj)
-    return PodParse(pod, untrusted, gpus, None, waiting, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain)
+    return PodParse(pod, untrusted, gpus, None, waiting, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain,
+                    allocation=allocation)
 
 
 PolicyMerge = Callable[[tuple[Node, ...]], dict[str, NodePolicy]]
@@ -281,13 +288,57 @@ def merge_policies(policies: Iterable[Mapping[str, Any]]) -> PolicyMerge:
     return lambda nodes: policies_for_nodes(specs, ((n.name, n.label_map, n.model) for n in nodes))
 
 
+NamespacePolicy = Callable[[str], AdmissionPolicy]
+"""The merged SharingPolicy of a namespace (``sharing.inventory.admission_policy``), as the webhook reads it."""
+
+
+def namespace_policies(policies: Iterable[Mapping[str, Any]],
+                       namespaces: Iterable[Mapping[str, Any]] | None) -> NamespacePolicy:
+    """:data:`NamespacePolicy` of the SharingPolicy and Namespace objects, worked out once per namespace.
+
+    A namespace not among ``namespaces`` (None: none known) is read with unknown labels: rules
+    that select namespaces by label do not cover it, so its pods are checked against the narrower
+    reading until the controller sees the namespace (the webhook, which watches namespaces, checked
+    them at create)."""
+    specs = tuple((p.name, p.spec) for p in read_policies(policies) if p.spec is not None)
+    labels: dict[str, Mapping[str, str]] = {}
+    for obj in namespaces or ():
+        name, own = name_and_labels(obj)
+        if name is not None:
+            labels[name] = own
+    known: dict[str, AdmissionPolicy] = {}
+
+    def policy_of(namespace: str) -> AdmissionPolicy:
+        policy = known.get(namespace)
+        if policy is None:
+            policy = known[namespace] = admission_policy(specs, namespace, labels.get(namespace))
+        return policy
+
+    return policy_of
+
+
+def within_policy(one: PodParse, policy_of: NamespacePolicy) -> PodParse:
+    """``one``, or ``one`` without its pod when its record is one the namespace's SharingPolicy could
+    not have produced (``sharing.record_policy``): such a record was written by hand, and gpupack
+    neither counts nor releases its pod; the pod is listed in :attr:`PodParse.untrusted`."""
+    if one.pod is None or one.allocation is None:
+        return one
+    problem = record_problem(one.allocation, policy_of(one.pod.namespace))
+    if problem is None:
+        return one
+    return replace(one, pod=None, allocation=None, untrusted=f"{one.pod.key}: {problem}")
+
+
 def assemble(
     nodes: Iterable[NodeParse], pods: Iterable[PodParse], merge: PolicyMerge, *,
-    now: datetime | None = None, stale_after_s: float | None = None,
+    now: datetime | None = None, stale_after_s: float | None = None, policy_of: NamespacePolicy | None = None,
 ) -> Snapshot:
-    """The snapshot of parsed GPUNodes (in their list order) and pods (in theirs)."""
+    """The snapshot of parsed GPUNodes (in their list order) and pods (in theirs).
+
+    ``policy_of``: each namespace's merged SharingPolicy; a pod whose record it could not have
+    produced is left out (:func:`within_policy`). None: no SharingPolicy check (every record counts)."""
     parsed = tuple(nodes)
-    pod_parses = tuple(pods)
+    pod_parses = tuple(pods) if policy_of is None else tuple(within_policy(p, policy_of) for p in pods)
     whole_taken: Counter[str] = Counter()
     cpu_used: Counter[str] = Counter()
     memory_used: Counter[str] = Counter()
@@ -329,18 +380,21 @@ def build_snapshot(
     *,
     now: datetime | None = None,
     stale_after_s: float | None = None,
+    namespaces: Iterable[Mapping[str, Any]] | None = None,
 ) -> Snapshot:
     """The cycle's snapshot, every object read afresh (``controller.snapshot_cache`` keeps the
     readings of objects that did not change); policies that fail validation are ignored (the
     webhook rejects them at the door).
 
     With ``now`` and ``stale_after_s`` (the controller's ``agent_stale_seconds``), a node whose
-    agent's heartbeat is older than that is marked stale."""
+    agent's heartbeat is older than that is marked stale. ``namespaces``: the Namespace objects,
+    whose labels the SharingPolicies' namespace rules may select (:func:`namespace_policies`)."""
     node_objs = {str(_map(n.get("metadata")).get("name")): n for n in nodes}
     parsed = [p for g in gpunodes
               if (p := parse_node(g, node_objs.get(str(_map(g.get("metadata")).get("name"))))) is not None]
-    return assemble(parsed, (parse_pod(obj) for obj in pods), merge_policies(policies),
-                    now=now, stale_after_s=stale_after_s)
+    policy_list = list(policies)
+    return assemble(parsed, (parse_pod(obj) for obj in pods), merge_policies(policy_list),
+                    now=now, stale_after_s=stale_after_s, policy_of=namespace_policies(policy_list, namespaces))
 
 
 def _failed_devices(reading: GpuNodeReading) -> list[FailedDevice]:

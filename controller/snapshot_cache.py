@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from controller.snapshot import NodeParse, PodParse, assemble, merge_policies, parse_node, parse_pod
+from controller.snapshot import NodeParse, PodParse, assemble, merge_policies, namespace_policies, parse_node, parse_pod
 from controller.view import Node, Snapshot
 from sharing.keys import IDLE_SINCE_ANNOTATION
 from sharing.lenient import as_map as _map
@@ -65,12 +65,15 @@ class SnapshotCache:
         *,
         now: datetime | None = None,
         stale_after_s: float | None = None,
+        namespaces: Iterable[Mapping[str, Any]] | None = None,
     ) -> Snapshot:
         node_objs = {str(_meta(n).get("name")): n for n in nodes}
         parsed = [p for p in self._read_nodes(gpunodes, node_objs) if p is not None]
         policy_objs = list(policies)
+        # The SharingPolicy check of each pod's record is made afresh every build (the policies and
+        # namespaces may change while the pod does not); it reads a few policies, once per namespace.
         return assemble(parsed, self._read_pods(pods), lambda built: self._merged(policy_objs, built),
-                        now=now, stale_after_s=stale_after_s)
+                        now=now, stale_after_s=stale_after_s, policy_of=namespace_policies(policy_objs, namespaces))
 
     def _read_nodes(self, gpunodes: Iterable[Mapping[str, Any]],
                     node_objs: Mapping[str, Mapping[str, Any]]) -> list[NodeParse | None]:

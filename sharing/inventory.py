@@ -23,7 +23,7 @@ bound for that pool is decided against.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -115,6 +115,34 @@ class AdmissionPolicy:
 DEFAULT_POLICY = AdmissionPolicy(name="(none)")
 
 
+def admission_policy(policies: Sequence[tuple[str, SharingPolicySpec]], namespace: str,
+                     labels: Mapping[str, str] | None) -> AdmissionPolicy:
+    """The merged policy for ``namespace`` (``labels``: its labels, None when unknown), from the
+    valid SharingPolicies by name: the one reading the webhook decides with and the controller
+    checks allocation records against (``sharing.record_policy``).
+
+    Several SharingPolicies may exist (each for its own nodes); a namespace
+    may use a mode if any of them allows it there, and a MIG profile if any
+    allows it. The webhook does not know which policy's nodes a pod will
+    land on, so it enforces the union and leaves the node choice to the
+    affinity and the controller.
+    """
+    if not policies:
+        return DEFAULT_POLICY
+    specs = [spec for _, spec in policies]
+    modes = {m for spec in specs for m in spec.modes_for(namespace, labels)}
+    profiles: tuple[str, ...] = ()
+    if all(spec.allowed_profiles is not None for spec in specs):
+        profiles = tuple(sorted({x for spec in specs for x in spec.allowed_profiles or ()}))
+    memory = next((spec.default_gpu_memory_bytes for spec in specs if spec.default_gpu_memory_bytes), None)
+    return AdmissionPolicy(
+        name=",".join(name for name, _ in policies),
+        allowed_modes=tuple(m for m in MODES if m in modes),
+        allowed_profiles=profiles,
+        default_memory_bytes=memory,
+    )
+
+
 @dataclass(frozen=True)
 class Inventory:
     """Immutable snapshot; ``version`` changes whenever the content does."""
@@ -131,29 +159,8 @@ class Inventory:
     """One line per GPUNode status entry left out (``sharing.gpunode``)."""
 
     def policy_for(self, namespace: str) -> AdmissionPolicy:
-        """The merged policy for ``namespace``.
-
-        Several SharingPolicies may exist (each for its own nodes); a namespace
-        may use a mode if any of them allows it there, and a MIG profile if any
-        allows it. The webhook does not know which policy's nodes a pod will
-        land on, so it enforces the union and leaves the node choice to the
-        affinity and the controller.
-        """
-        if not self.policies:
-            return DEFAULT_POLICY
-        labels = self.namespace_labels.get(namespace)
-        specs = [spec for _, spec in self.policies]
-        modes = {m for spec in specs for m in spec.modes_for(namespace, labels)}
-        profiles: tuple[str, ...] = ()
-        if all(spec.allowed_profiles is not None for spec in specs):
-            profiles = tuple(sorted({x for spec in specs for x in spec.allowed_profiles or ()}))
-        memory = next((spec.default_gpu_memory_bytes for spec in specs if spec.default_gpu_memory_bytes), None)
-        return AdmissionPolicy(
-            name=",".join(name for name, _ in self.policies),
-            allowed_modes=tuple(m for m in MODES if m in modes),
-            allowed_profiles=profiles,
-            default_memory_bytes=memory,
-        )
+        """The merged policy for ``namespace`` (:func:`admission_policy` of this snapshot's policies)."""
+        return admission_policy(self.policies, namespace, self.namespace_labels.get(namespace))
 
     @cached_property
     def max_gpu_memory_mib(self) -> int:

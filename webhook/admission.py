@@ -194,10 +194,11 @@ def _review_pod(
         # A pod created with spec.nodeName is placed already (and may not carry a scheduling gate).
         if isinstance(spec, dict) and gpu_ask(spec) is None and not spec.get("nodeName"):
             return _cpu_pod(uid, pod, inventory)
-    if not wants:
-        refuse_forged_marks(pod)
-        return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
     namespace = request.get("namespace")
+    if not wants:
+        own = namespace if isinstance(namespace, str) else ""
+        refuse_forged_marks(pod, policy_for(inventory, own, memo) if inventory.synced else None)
+        return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")
     parsed = parse_pod(pod, namespace if isinstance(namespace, str) else "")
     if parsed is None:
         return _allow(uid, "gpupack: pod asks for no gpupack.io resources; left untouched")

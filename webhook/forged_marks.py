@@ -5,9 +5,11 @@ The allocation record (``gpupack.io/allocation``), the scheduling gate
 entry ``gpupack`` all make gpupack count a pod as using GPUs or hold it back.
 A pod may carry them only as the webhook left them (its own reinvocation sees
 them again): a record must describe what the pod requests
-(``sharing.allocation.trusted_allocation``), and a claim entry needs a trusted
-DRA record naming that claim. Anything else was written by the pod's creator
-and is refused.
+(``sharing.allocation.trusted_allocation``) and be one the namespace's
+SharingPolicy could have produced (``sharing.record_policy.record_problem``: a
+hand-written record matching the pod's own requests must not carry a mode or
+MIG profile the policy forbids), and a claim entry needs a trusted DRA record
+naming that claim. Anything else was written by the pod's creator and is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from typing import Any
 from sharing.allocation import has_capacity_gate, trusted_allocation
 from sharing.backend import POD_CLAIM
 from sharing.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE
+from sharing.inventory import AdmissionPolicy
 from sharing.lenient import as_list, as_map
+from sharing.record_policy import record_problem
 from sharing.request import AdmissionRefusal, Reason
 
 
@@ -39,9 +43,11 @@ def refuse_taken_claim_name(pod: dict[str, Any]) -> None:
         )
 
 
-def refuse_forged_marks(pod: dict[str, Any]) -> None:
+def refuse_forged_marks(pod: dict[str, Any], policy: AdmissionPolicy | None) -> None:
     """A pod that asks for no gpupack resource may carry gpupack's allocation and gate only as the
-    webhook left them (its own reinvocation): the record must match what the pod requests.
+    webhook left them (its own reinvocation): the record must match what the pod requests, and
+    ``policy`` (the namespace's merged SharingPolicy; None while the inventory is not synced)
+    must allow what it records.
 
     Anything else was written by the pod's creator: a forged allocation would make gpupack count
     GPUs the pod does not use, and a bare gate would hold the pod forever.
@@ -74,6 +80,19 @@ def refuse_forged_marks(pod: dict[str, Any]) -> None:
         )
     if allocation.backend != "dra" and _claim_entry(spec) is not None:
         raise _forged_claim_entry("the pod's gpupack allocation record is not a DRA one")
+    if policy is None:
+        raise AdmissionRefusal(
+            Reason.INVENTORY_NOT_SYNCED,
+            f"gpupack webhook has not synced its SharingPolicies yet, so it cannot check annotation "
+            f"{ALLOCATION_ANNOTATION} against them; retry shortly",
+        )
+    problem = record_problem(allocation, policy)
+    if problem is not None:
+        raise AdmissionRefusal(
+            Reason.FORGED_ALLOCATION,
+            f"annotation {ALLOCATION_ANNOTATION} is written by gpupack's webhook only, and the webhook would not "
+            f"have written this one ({problem}); remove it and ask for gpupack.io/gpu-milli instead",
+        )
 
 
 def _forged_claim_entry(why: str) -> AdmissionRefusal:

@@ -179,7 +179,8 @@ def test_a_cache_that_has_not_seen_a_release_does_not_release_the_pod_again(monk
 
     pod = gated_pod()
     caches = synced(ClusterCaches({"gpunodes": lister(one_gpu_node()), "nodes": lister(), "pods": lister(pod),
-                                   "sharingpolicies": lister()}), "gpunodes", "nodes", "pods", "sharingpolicies")
+                                   "sharingpolicies": lister(), "namespaces": lister()}),
+                    "gpunodes", "nodes", "pods", "sharingpolicies", "namespaces")
     kube = cached_kube(caches)
     writes: list[list[dict[str, Any]]] = []
     server = {"pod": pod}
@@ -221,7 +222,8 @@ def test_a_pod_that_cannot_be_placed_is_told_why_once(monkeypatch: pytest.Monkey
     node["status"]["gpus"][0]["instances"][0]["inUse"] = True  # the only 1g.10gb is taken
     node["status"]["gpus"][0]["instances"][0]["pods"] = ["other/q"]
     caches = synced(ClusterCaches({"gpunodes": lister(node), "nodes": lister(), "pods": lister(pod),
-                                   "sharingpolicies": lister()}), "gpunodes", "nodes", "pods", "sharingpolicies")
+                                   "sharingpolicies": lister(), "namespaces": lister()}),
+                    "gpunodes", "nodes", "pods", "sharingpolicies", "namespaces")
     kube = cached_kube(caches)
     status_writes: list[dict[str, Any]] = []
 

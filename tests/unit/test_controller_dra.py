@@ -198,6 +198,9 @@ class FakeKube:
     def list_policies(self) -> list[dict[str, Any]]:
         return []
 
+    def list_namespaces(self) -> list[dict[str, Any]]:
+        return []
+
     def patch_gpunode(self, name: str, body: Any) -> None:
         pass
 
