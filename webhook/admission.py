@@ -289,10 +289,11 @@ def _review_claim(uid: str, request: dict[str, Any], kind: str, inventory: Inven
     if not inventory.synced:
         return _deny(uid, Reason.INVENTORY_NOT_SYNCED,
                      "gpupack webhook has not synced the GPU inventory yet; retry shortly")
-    problems = claim_validation.claim_problems(obj, inventory)
+    metadata = as_map(obj.get("metadata"))
+    namespace = str(request.get("namespace") or metadata.get("namespace") or "")
+    problems = claim_validation.claim_problems(obj, inventory, namespace)
     if problems:
-        metadata = as_map(obj.get("metadata"))
-        name = f"{request.get('namespace') or metadata.get('namespace') or ''}/{metadata.get('name') or metadata.get('generateName') or ''}"
+        name = f"{namespace}/{metadata.get('name') or metadata.get('generateName') or ''}"
         message = claim_validation.denial_message(kind, repr(name[:128]), problems)
         answer = review_response(uid, False, message=message, reason="InvalidClaim",
                                  causes=[{"reason": str(p.reason), "message": p.message} for p in problems])

@@ -31,11 +31,13 @@ from enum import StrEnum
 from typing import Any, Final, Literal, NotRequired, Protocol, TypedDict
 
 from mig.catalog import CATALOG
+from sharing.crd import MAX_GPUS_PER_NODE
 from sharing.dra import names
 from sharing.dra.model import DraModelError
 from sharing.dra.share_policy import GPU_MILLI, SHARES, SharePolicy
 from sharing.dra.wire import SelectorJSON, quantity
-from sharing.modes import AllocationMode
+from sharing.inventory import AdmissionPolicy
+from sharing.modes import AllocationMode, Mode
 from sharing.options import fmt_bytes
 from sharing.request import AdmissionRefusal, Reason, parse_quantity
 from sharing.backend import POD_CLAIM  # the name of gpupack's entry in ``spec.resourceClaims`` (one claim per pod)
@@ -209,8 +211,10 @@ class ClaimReason(StrEnum):
 
     CAPACITY_OFF_STEP = "CapacityOffStep"
     SHARED_COUNT = "SharedCount"
+    DEVICE_COUNT = "DeviceCount"
     UNKNOWN_PROFILE = "UnknownProfile"
     PROFILE_NOT_MIG = "ProfileNotMig"
+    PROFILE_FORBIDDEN = "ProfileForbidden"
 
 
 @dataclass(frozen=True)
@@ -222,9 +226,24 @@ class ClaimProblem:
         return self.message
 
 
-_PROFILE_SELECTOR = re.compile(
-    r'device\.attributes\[\s*["\']' + re.escape(names.DRIVER) + r'["\']\s*\]'
-    r'(?:\.profile|\[\s*["\']profile["\']\s*\])\s*==\s*["\']([^"\']*)["\']')
+def _attribute_pattern(attribute: str) -> re.Pattern[str]:
+    """``device.attributes["gpu.gpupack.io"].<attribute> == "<value>"`` (or ``["<attribute>"]``): the value."""
+    return re.compile(
+        r'device\.attributes\[\s*["\']' + re.escape(names.DRIVER) + r'["\']\s*\]'
+        r'(?:\.' + attribute + r'|\[\s*["\']' + attribute + r'["\']\s*\])\s*==\s*["\']([^"\']*)["\']')
+
+
+_PROFILE_SELECTOR = _attribute_pattern("profile")
+_SHARING_SELECTOR = _attribute_pattern("sharing")
+SHARED_MODES: Final[tuple[Mode, ...]] = ("mps", "time-slicing")
+MODES_OF_CLASS: Final[Mapping[str, tuple[Mode, ...]]] = {
+    names.MIG_CLASS: ("mig",),
+    names.SHARED_CLASS: SHARED_MODES,
+    names.GPU_CLASS: SHARED_MODES,
+}
+"""The sharing modes a namespace must be allowed (one of) to claim a class's devices: what the
+webhook gives a pod of the namespace on the DRA pool (a whole GPU is what a shared-mode request
+gets when no share holds it, as ``sharing.record_policy`` reads mode ``whole``)."""
 
 
 def _specs(obj: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
@@ -281,8 +300,75 @@ def _check_memory(what: str, value: object, shared: bool, policy: SharePolicy, l
     return []
 
 
+@dataclass(frozen=True)
+class ClaimBounds:
+    """What one namespace's claims may ask of gpupack's devices, beside what the devices can serve."""
+
+    policy: AdmissionPolicy | None = None
+    """The namespace's merged SharingPolicy (``sharing.inventory.admission_policy``); None: not checked."""
+    most_gpus: int = MAX_GPUS_PER_NODE
+    """The most whole GPUs one request may count: the DRA pool's largest node's GPUs."""
+
+
+def _check_count(where: str, cls: str, exact: Mapping[str, Any], most_gpus: int) -> list[ClaimProblem]:
+    """One device per request of a MIG placement or a share, as the webhook's claims ask; whole GPUs up to
+    what one node has. ``allocationMode: All`` is unbounded, so never."""
+    mode, count = exact.get("allocationMode", "ExactCount"), exact.get("count", 1)
+    asked = "allocationMode All" if mode == "All" else f"count {count!r}"
+    if cls == names.SHARED_CLASS and (mode == "All" or count != 1):
+        return [ClaimProblem(
+            ClaimReason.SHARED_COUNT,
+            f"{where}: a request of {names.SHARED_CLASS} takes a share of one GPU, so its count must be 1 "
+            f"(got {asked}); for several GPUs use one request per share, or {names.GPU_CLASS} with a count")]
+    if cls == names.MIG_CLASS and (mode == "All" or count != 1):
+        return [ClaimProblem(
+            ClaimReason.DEVICE_COUNT,
+            f"{where}: a request of {names.MIG_CLASS} takes one MIG placement, so its count must be 1 "
+            f"(got {asked}); a pod's containers each get their own request")]
+    whole = isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= most_gpus
+    if cls == names.GPU_CLASS and (mode == "All" or not whole):
+        return [ClaimProblem(
+            ClaimReason.DEVICE_COUNT,
+            f"{where}: a request of {names.GPU_CLASS} counts whole GPUs, 1..{most_gpus} (the most one node of the "
+            f"DRA pool has); got {asked}")]
+    return []
+
+
+def _check_policy(where: str, cls: str, exact: Mapping[str, Any], policy: AdmissionPolicy | None) -> list[ClaimProblem]:
+    """The namespace's SharingPolicy: the class's modes (and a shared request's selected mode), and MIG profiles."""
+    if policy is None:
+        return []
+    allowed = policy.allowed_modes
+    modes = MODES_OF_CLASS[cls]
+    for mode in _selected(exact, _SHARING_SELECTOR):
+        modes = tuple(m for m in modes if m == mode)
+    if not any(m in allowed for m in modes):
+        return [ClaimProblem(
+            Reason.MODE_FORBIDDEN,
+            f"{where}: device class {cls} gives {' or '.join(modes) or 'no mode gpupack has'}, which SharingPolicy "
+            f"{policy.name!r} does not allow in this namespace (allowed modes: {', '.join(allowed) or 'none'})")]
+    if cls != names.MIG_CLASS:
+        return []
+    return [ClaimProblem(
+        ClaimReason.PROFILE_FORBIDDEN,
+        f"{where}: MIG profile {profile!r} is not allowed in this namespace by SharingPolicy {policy.name!r} "
+        f"(allowed profiles: {', '.join(policy.allowed_profiles)})")
+        for profile in _selected(exact, _PROFILE_SELECTOR) if not policy.allows_profile(profile)]
+
+
+def _selected(exact: Mapping[str, Any], pattern: re.Pattern[str]) -> list[str]:
+    """The values a request's CEL selectors compare ``pattern``'s attribute with."""
+    found: list[str] = []
+    selectors = exact.get("selectors")
+    for selector in selectors if isinstance(selectors, list) else []:
+        cel = selector.get("cel") if isinstance(selector, Mapping) else None
+        expression = cel.get("expression") if isinstance(cel, Mapping) else None
+        found += pattern.findall(expression if isinstance(expression, str) else "")
+    return found
+
+
 def _check_request(where: str, exact: Mapping[str, Any], policy: SharePolicy, largest: int | None,
-                   profiles: Collection[str]) -> list[ClaimProblem]:
+                   profiles: Collection[str], bounds: ClaimBounds) -> list[ClaimProblem]:
     cls = exact.get("deviceClassName")
     if not isinstance(cls, str) or cls not in GPUPACK_CLASSES:
         return []
@@ -305,27 +391,18 @@ def _check_request(where: str, exact: Mapping[str, Any], policy: SharePolicy, la
                 problems += _check_memory(what, value, shared, policy, largest)
         except AdmissionRefusal as refusal:
             problems.append(ClaimProblem(refusal.reason, refusal.message))
-    mode, count = exact.get("allocationMode", "ExactCount"), exact.get("count", 1)
-    if shared and (mode == "All" or count != 1):
-        problems.append(ClaimProblem(
-            ClaimReason.SHARED_COUNT,
-            f"{where}: a request of {names.SHARED_CLASS} takes a share of one GPU, so its count must be 1 "
-            f"(got {'allocationMode All' if mode == 'All' else f'count {count}'}); "
-            f"for several GPUs use one request per share, or {names.GPU_CLASS} with a count"))
-    selectors = exact.get("selectors")
-    for selector in selectors if isinstance(selectors, list) else []:
-        cel = selector.get("cel") if isinstance(selector, Mapping) else None
-        expression = cel.get("expression") if isinstance(cel, Mapping) else None
-        for profile in _PROFILE_SELECTOR.findall(expression if isinstance(expression, str) else ""):
-            if cls != names.MIG_CLASS:
-                problems.append(ClaimProblem(
-                    ClaimReason.PROFILE_NOT_MIG,
-                    f"{where}: selects MIG profile {profile!r} in device class {cls}; only {names.MIG_CLASS} "
-                    f"devices have a {names.PROFILE} attribute"))
-            elif profile not in profiles:
-                problems.append(ClaimProblem(
-                    ClaimReason.UNKNOWN_PROFILE,
-                    f"{where}: unknown MIG profile {profile!r}; valid profiles: {', '.join(sorted(profiles))}"))
+    problems += _check_count(where, cls, exact, bounds.most_gpus)
+    problems += _check_policy(where, cls, exact, bounds.policy)
+    for profile in _selected(exact, _PROFILE_SELECTOR):
+        if cls != names.MIG_CLASS:
+            problems.append(ClaimProblem(
+                ClaimReason.PROFILE_NOT_MIG,
+                f"{where}: selects MIG profile {profile!r} in device class {cls}; only {names.MIG_CLASS} "
+                f"devices have a {names.PROFILE} attribute"))
+        elif profile not in profiles:
+            problems.append(ClaimProblem(
+                ClaimReason.UNKNOWN_PROFILE,
+                f"{where}: unknown MIG profile {profile!r}; valid profiles: {', '.join(sorted(profiles))}"))
     return problems
 
 
@@ -338,16 +415,23 @@ def names_gpupack_class(obj: Mapping[str, Any]) -> bool:
 
 def check_claim(obj: Mapping[str, Any], *, policy: SharePolicy = SHARES,
                 largest_gpu_memory_bytes: int | None = None,
-                profiles: Collection[str] = KNOWN_PROFILES) -> tuple[ClaimProblem, ...]:
-    """Every reason gpupack's devices could never serve a request of this ResourceClaim or template.
+                profiles: Collection[str] = KNOWN_PROFILES,
+                bounds: ClaimBounds = ClaimBounds()) -> tuple[ClaimProblem, ...]:
+    """Every reason gpupack's devices could never serve a request of this ResourceClaim or template,
+    or its namespace may not ask them for it.
 
     Only requests (``exactly`` and ``firstAvailable`` alternatives) naming one
     of gpupack's DeviceClasses are checked. ``largest_gpu_memory_bytes``: the
     largest GPU of the cluster (``Inventory.max_gpu_memory_mib``); None skips
     the memory bounds. ``profiles``: the MIG profile names the cluster's GPUs
-    have (default: every model of ``mig.catalog``). An empty tuple: admit.
+    have (default: every model of ``mig.catalog``). ``bounds``: the count bound
+    of whole GPUs and the namespace's SharingPolicy (:class:`ClaimBounds`): on
+    every class the count is bounded (one MIG placement or share per request,
+    whole GPUs up to one node's), and the class's mode and a selected MIG profile
+    must be allowed in the namespace, as the webhook would have decided for a pod
+    of it. An empty tuple: admit.
     """
     problems: list[ClaimProblem] = []
     for where, exact in _specs(obj):
-        problems += _check_request(where, exact, policy, largest_gpu_memory_bytes, profiles)
+        problems += _check_request(where, exact, policy, largest_gpu_memory_bytes, profiles, bounds)
     return tuple(problems)

@@ -15,6 +15,7 @@ from sharing.decision import ContainerDecision
 from sharing.dra import names
 from sharing.dra.claims import (
     POD_CLAIM,
+    ClaimBounds,
     ClaimReason,
     PodClaims,
     check_claim,
@@ -22,6 +23,7 @@ from sharing.dra.claims import (
 )
 from sharing.dra.model import DraModelError
 from sharing.dra.share_policy import GiB, SharePolicy
+from sharing.inventory import AdmissionPolicy
 from sharing.modes import AllocationMode
 from sharing.request import Reason
 
@@ -332,14 +334,65 @@ def test_a_template_is_checked_like_a_claim_and_every_problem_is_reported() -> N
     claim({"deviceClassName": "nvidia-gpu", "count": 9, "capacity": {"requests": {"milli": "5000"}}}),
     claim(shared(milli="300", memory="20Gi")),
     claim({"deviceClassName": "gpupack-shared"}),
-    claim({"deviceClassName": "gpupack-gpu", "allocationMode": "All"}),
-    claim({"deviceClassName": "gpupack-mig", "count": 2, "selectors": [
+    claim({"deviceClassName": "gpupack-gpu", "count": 3}),
+    claim({"deviceClassName": "gpupack-mig", "count": 1, "selectors": [
         {"cel": {"expression": 'device.attributes["gpu.gpupack.io"].profile == "7g.80gb"'}}]}),
     {"kind": "ResourceClaim", "spec": "nonsense"},
     {},
-], ids=["other-class", "good-share", "defaults", "all-gpus", "two-mig", "malformed-spec", "empty"])
+], ids=["other-class", "good-share", "defaults", "three-gpus", "one-mig", "malformed-spec", "empty"])
 def test_what_is_admitted(obj: dict[str, Any]) -> None:
     assert check_claim(obj, largest_gpu_memory_bytes=H100) == ()
+
+
+@pytest.mark.parametrize(("exact", "why"), [
+    ({"deviceClassName": "gpupack-mig", "count": 4}, "takes one MIG placement, so its count must be 1 (got count 4)"),
+    ({"deviceClassName": "gpupack-mig", "count": 20}, "(got count 20)"),
+    ({"deviceClassName": "gpupack-mig", "allocationMode": "All"}, "(got allocationMode All)"),
+    ({"deviceClassName": "gpupack-gpu", "allocationMode": "All"}, "counts whole GPUs, 1..8"),
+    ({"deviceClassName": "gpupack-gpu", "count": 9}, "1..8 (the most one node of the DRA pool has); got count 9"),
+    ({"deviceClassName": "gpupack-gpu", "count": 0}, "got count 0"),
+])
+def test_counts_are_bounded_on_every_class(exact: dict[str, Any], why: str) -> None:
+    """Issue 33, item 3: only gpupack-shared's count was bounded; one pod got 4 (or 20) MIG placements."""
+    (problem,) = check_claim(claim(exact), bounds=ClaimBounds(most_gpus=8))
+    assert problem.reason == ClaimReason.DEVICE_COUNT and why in problem.message
+
+
+def _mig(profile: str) -> dict[str, Any]:
+    return {"deviceClassName": "gpupack-mig", "selectors": [
+        {"cel": {"expression": f'device.attributes["gpu.gpupack.io"].profile == "{profile}"'}}]}
+
+
+def _share(mode: str) -> dict[str, Any]:
+    return {"deviceClassName": "gpupack-shared", "selectors": [
+        {"cel": {"expression": f'device.attributes["gpu.gpupack.io"].sharing == "{mode}"'}}]}
+
+
+@pytest.mark.parametrize(("exact", "policy", "reason", "why"), [
+    (_mig("2g.20gb"), AdmissionPolicy("p", allowed_modes=("mps",)), Reason.MODE_FORBIDDEN,
+     "device class gpupack-mig gives mig, which SharingPolicy 'p' does not allow in this namespace (allowed modes: mps)"),
+    (_mig("7g.80gb"), AdmissionPolicy("p", allowed_profiles=("1g.10gb",)), ClaimReason.PROFILE_FORBIDDEN,
+     "MIG profile '7g.80gb' is not allowed in this namespace"),
+    (_share("time-slicing"), AdmissionPolicy("p", allowed_modes=("mps",)), Reason.MODE_FORBIDDEN,
+     "gives time-slicing"),
+    ({"deviceClassName": "gpupack-shared"}, AdmissionPolicy("p", allowed_modes=("mig",)), Reason.MODE_FORBIDDEN,
+     "gives mps or time-slicing"),
+    ({"deviceClassName": "gpupack-gpu"}, AdmissionPolicy("p", allowed_modes=("mig",)), Reason.MODE_FORBIDDEN,
+     "device class gpupack-gpu gives mps or time-slicing"),
+])
+def test_the_namespaces_policy_bounds_its_claims(exact: dict[str, Any], policy: AdmissionPolicy,
+                                                 reason: object, why: str) -> None:
+    (problem,) = check_claim(claim(exact), bounds=ClaimBounds(policy))
+    assert problem.reason == reason and why in problem.message
+
+
+@pytest.mark.parametrize(("exact", "policy"), [
+    (_mig("2g.20gb"), AdmissionPolicy("p", allowed_modes=("mig",), allowed_profiles=("2g.20gb",))),
+    (_share("mps"), AdmissionPolicy("p", allowed_modes=("mps",))),
+    ({"deviceClassName": "gpupack-gpu", "count": 2}, AdmissionPolicy("p", allowed_modes=("time-slicing",))),
+])
+def test_claims_the_namespaces_policy_allows_pass(exact: dict[str, Any], policy: AdmissionPolicy) -> None:
+    assert check_claim(claim(exact), bounds=ClaimBounds(policy)) == ()
 
 
 def test_profiles_can_be_narrowed_to_the_clusters_gpus() -> None:

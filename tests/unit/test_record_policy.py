@@ -224,3 +224,33 @@ def test_the_controller_does_not_release_a_record_that_got_past_admission(
     report = controller.cycle()
     assert report.errors == [] and report.released == released and patched == released
     assert controller.metrics.untrusted_allocations._value.get() == (0 if released else 1)
+
+
+# ------------------------------------------------------------------ a tenant's own claims (DRA pool)
+
+
+def claim_review(exact: dict[str, Any], namespace: str) -> dict[str, Any]:
+    obj = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "mine", "namespace": namespace},
+           "spec": {"devices": {"requests": [{"name": "r", "exactly": exact}]}}}
+    return make_review(obj, kind="ResourceClaim", group="resource.k8s.io", version="v1", namespace=namespace)
+
+
+MIG_2G = {"deviceClassName": "gpupack-mig", "count": 1, "selectors": [
+    {"cel": {"expression": 'device.attributes["gpu.gpupack.io"].profile == "2g.20gb"'}}]}
+
+
+@pytest.mark.parametrize(("exact", "namespace", "why"), [
+    (MIG_2G, "team", "gives mig, which SharingPolicy 'tiers' does not allow in this namespace"),
+    ({**MIG_2G, "count": 4}, "big", "its count must be 1 (got count 4)"),
+    ({"deviceClassName": "gpupack-mig", "count": 1, "selectors": [
+        {"cel": {"expression": 'device.attributes["gpu.gpupack.io"].profile == "7g.80gb"'}}]}, "big",
+     "MIG profile '7g.80gb' is not allowed in this namespace"),
+])
+def test_the_validating_webhook_bounds_a_claim_by_its_namespaces_policy(
+    inventory: Inventory, exact: dict[str, Any], namespace: str, why: str
+) -> None:
+    from webhook.admission import review_validation
+
+    out = review_validation(claim_review(exact, namespace), inventory, WebhookSettings()).review["response"]
+    assert not out["allowed"] and why in out["status"]["message"]
+    assert review_validation(claim_review(MIG_2G, "big"), inventory, WebhookSettings()).review["response"]["allowed"]
