@@ -45,6 +45,10 @@ PLACEMENT_CONDITION: Final = "gpupack.io/Placement"
 DURATION_ANNOTATION: Final = "gpupack.io/duration-seconds"
 """Pod (simulation: KWOK nodes): seconds after it starts when the pod completes (``gpupack.devcluster.kwok``)."""
 
+USER_POD_ANNOTATIONS: Final = (SHARING_ANNOTATION, DURATION_ANNOTATION)
+"""The ``gpupack.io/*`` annotations a pod's creator may set; at create only these and the webhook's
+:data:`ALLOCATION_ANNOTATION` pass (ValidatingAdmissionPolicy ``gpupack-pod-create-marks``)."""
+
 # ------------------------------------------------------------------ Node / GPUNode
 SIMULATED_GPUS_ANNOTATION: Final = "gpupack.io/simulated-gpus"
 """Node (simulation: KWOK nodes): ``MODEL:COUNT``, the simulated GPUs ``gpupack agent fleet`` serves the
@@ -67,6 +71,8 @@ HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 BACKEND_LABEL: Final = "gpupack.io/backend"
 """Node: the node pool's backend, ``dra`` or ``device-plugin`` (absent: ``device-plugin``); pod or
 namespace: the pool a pod of gpupack's goes to (``sharing.backend``)."""
+USER_POD_LABELS: Final = (SKIP_LABEL, BACKEND_LABEL)
+"""The ``gpupack.io/*`` labels a pod's creator may set (ValidatingAdmissionPolicy ``gpupack-pod-create-marks``)."""
 
 NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
 """Kubernetes' user-info extra of a token bound to a pod: the pod's node (a DaemonSet's own node)."""

@@ -254,3 +254,26 @@ def test_the_validating_webhook_bounds_a_claim_by_its_namespaces_policy(
     out = review_validation(claim_review(exact, namespace), inventory, WebhookSettings()).review["response"]
     assert not out["allowed"] and why in out["status"]["message"]
     assert review_validation(claim_review(MIG_2G, "big"), inventory, WebhookSettings()).review["response"]["allowed"]
+
+
+# ------------------------------------------------------------------ what a pod may carry at create (item 8)
+
+
+def test_the_create_policy_lets_through_exactly_the_user_keys_and_the_webhooks_record() -> None:
+    """The ValidatingAdmissionPolicy spells the names in CEL; they must be sharing.keys' (one reading)."""
+    import re
+    from pathlib import Path
+
+    from sharing.keys import USER_POD_ANNOTATIONS, USER_POD_LABELS
+
+    docs = yaml.safe_load_all((Path(__file__).resolve().parents[2] / "manifests/rbac/pod-marks-policy.yaml").read_text())
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
+                 and d["metadata"]["name"] == "gpupack-pod-create-marks"]
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["CREATE"]
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+    def listed(name: str) -> set[str]:
+        return set(re.findall(r"'(gpupack\.io/[^']+)'", variables[name].split("!(k in", 1)[1]))
+
+    assert listed("unknownAnnotations") == {*USER_POD_ANNOTATIONS, ALLOCATION_ANNOTATION}
+    assert listed("unknownLabels") == set(USER_POD_LABELS)
