@@ -357,9 +357,19 @@ class Controller:
         self.metrics.stale_gpunodes.set(len(stale))
 
     def _note_untrusted(self, pods: tuple[str, ...]) -> None:
-        """Log pods whose allocation is ignored, once each; count them."""
+        """Log pods whose allocation is ignored (``namespace/name: why``, ``Snapshot.untrusted_pods``), once
+        each, with a Warning Event on the pod, so that its owner sees why gpupack leaves it alone; count them."""
+        new = frozenset(pods) - self._untrusted
         self._untrusted = _log_new(self._untrusted, pods, "pod %s; ignored")
         self.metrics.untrusted_allocations.set(len(self._untrusted))
+        for entry in sorted(new):
+            key, _, why = entry.partition(": ")
+            namespace, _, name = key.partition("/")
+            try:
+                self.kube.event({"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name}, "Warning",
+                                "UntrustedAllocation", f"gpupack neither counts nor releases this pod: {why}")
+            except KubeError as exc:
+                log.warning("event on %s not recorded: %s", key, exc)
 
     def _policy_status(
         self, policies: list[dict[str, Any]], snapshot: Snapshot, now: datetime, report: CycleReport

@@ -218,12 +218,23 @@ def test_the_controller_does_not_release_a_record_that_got_past_admission(
     monkeypatch.setattr(Kube, "json_patch_pod", json_patch_pod)
     monkeypatch.setattr(Kube, "patch_gpunode", lambda self, name, body: one_gpu_node())
     monkeypatch.setattr(Kube, "patch_pod_status", lambda self, ns, name, body: pod)
-    monkeypatch.setattr(Kube, "event", lambda self, body: None)
+    events: list[tuple[str, str, str]] = []
+
+    def event(self: Kube, involved: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        events.append((f"{involved['namespace']}/{involved['name']}", reason, message))
+
+    monkeypatch.setattr(Kube, "event", event)
     monkeypatch.setattr(Kube, "patch_policy_status", lambda self, name, body: policy)
     controller = Controller(cached_kube(caches), ControllerSettings(feedback=False, right_size=False))
     report = controller.cycle()
     assert report.errors == [] and report.released == released and patched == released
     assert controller.metrics.untrusted_allocations._value.get() == (0 if released else 1)
+    if not released:  # the pod's owner is told why, once
+        assert events == [("team/pod-1", "UntrustedAllocation", "gpupack neither counts nor releases this pod: "
+                           "gpupack.io/allocation is outside SharingPolicy 'tiers': mode 'mig' is not allowed in the "
+                           "namespace (allowed modes: mps)")]
+        controller.cycle()
+        assert len(events) == 1
 
 
 # ------------------------------------------------------------------ a tenant's own claims (DRA pool)
