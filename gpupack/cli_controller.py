@@ -67,7 +67,8 @@ def _plan(args: argparse.Namespace) -> int:
     settings = _settings(args)
     try:
         kube = Kube.connect(args.kubeconfig)
-        snapshot = build_snapshot(kube.list_gpunodes(), kube.list_nodes(), kube.list_pods(), kube.list_policies())
+        snapshot = build_snapshot(kube.list_gpunodes(), kube.list_nodes(), kube.list_pods(), kube.list_policies(),
+                                  namespaces=kube.list_namespaces())
     except KubeConfigError as exc:
         raise UsageError(str(exc)) from None
     except KubeError as exc:
