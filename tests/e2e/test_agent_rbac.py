@@ -272,3 +272,64 @@ def test_agent_may_publish_only_its_own_nodes_resource_slices(
         for node in (own, other):
             for item in admin.list_resource_slices(node, names.DRIVER):
                 admin.delete_resource_slice(item["metadata"]["name"])
+
+
+def test_agent_may_not_publish_its_slices_in_another_nodes_pool(
+    control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
+    apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
+) -> None:
+    """Issue 33, item 4: the policy checked only spec.nodeName, so h100-b's token published a slice with
+    ``nodeName: h100-b`` and ``pool.name: a100-a`` copying a100-a's devices; kube-scheduler then allocated
+    a100-a's devices to pods running on h100-b. An agent's slices name its own node's pool only."""
+    core = client.CoreV1Api(admin_client)
+    sa = _test_agent(admin_client, apply_manifests, "agent-pool", POLICY,
+                     roles=("gpupack-node-agent", "gpupack-node-agent-dra"))
+    own, other = _new_node(core), _new_node(core)
+    admin = Kube(admin_client)
+    agent = _agent_on(control_plane, core, sa, own, tmp_path)
+    attempts = iter(range(1, 1000))
+
+    def forged(name_node: str, pool: str) -> dict[str, Any]:
+        """A slice on ``name_node`` (its nodeName) whose pool is ``pool``, with ``pool``'s device names."""
+        body = _slice(pool)
+        body["metadata"]["name"] = f"{name_node}-pool-probe-{next(attempts)}"
+        body["spec"]["nodeName"] = name_node
+        return body
+
+    def refused(body: dict[str, Any]) -> KubeError | None:
+        try:
+            agent.create_resource_slice(body)
+        except KubeError as exc:
+            return exc
+        admin.delete_resource_slice(body["metadata"]["name"])
+        return None
+
+    try:
+        # Wait for the policy to be active (a plain other-node slice refused), then try the forgery.
+        deadline = time.monotonic() + 30
+        while refused(forged(other, other)) is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        denied = refused(forged(own, other))
+        assert denied is not None, "the agent published a slice of its own node in another node's pool"
+        assert denied.status == 403 and "in its own pool" in str(denied), denied
+
+        # Its own slice cannot be moved into another pool either (the API server keeps pool.name immutable).
+        mine = agent.create_resource_slice(_slice(own))
+        name = mine["metadata"]["name"]
+        with pytest.raises(KubeError) as moved:
+            agent.patch_resource_slice(name, {"spec": {"pool": {"name": other}}})
+        assert moved.value.status in (403, 422)
+        assert admin.list_resource_slices(own, names.DRIVER)[0]["spec"]["pool"]["name"] == own
+
+        # A slice on its node that already names another pool (written by someone else) it may not
+        # update, but it may delete it: that only withdraws the forgery from its own node.
+        stray = forged(own, other)
+        admin.create_resource_slice(stray)
+        with pytest.raises(KubeError, match="in its own pool"):
+            agent.patch_resource_slice(stray["metadata"]["name"], {"spec": {"pool": {"generation": 7}}})
+        agent.delete_resource_slice(stray["metadata"]["name"])
+        assert [s["metadata"]["name"] for s in admin.list_resource_slices(own, names.DRIVER)] == [name]
+    finally:
+        for node in (own, other):
+            for item in admin.list_resource_slices(node, names.DRIVER):
+                admin.delete_resource_slice(item["metadata"]["name"])
