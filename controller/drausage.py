@@ -32,7 +32,7 @@ from kube.times import parse_time
 from mig.model import GpuModel
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice, PinnedError
-from sharing.dra.results import ResultError, read_result
+from sharing.dra.results import ResultError, allocated_node, read_result
 from sharing.keys import DRA_REQUEUES_ANNOTATION
 from sharing.lenient import as_list as _list
 from sharing.lenient import as_map as _map
@@ -187,7 +187,7 @@ def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]) -> Dr
                                    _count(_map(meta.get("annotations")).get(DRA_REQUEUES_ANNOTATION)))
         results = _list(_map(allocation.get("devices")).get("results"))
         if results:
-            holds += _allocated(key, results, tables, problems)
+            holds += _allocated(key, results, tables, problems, allocated_node(allocation))
         elif pinned is not None and not meta.get("deletionTimestamp"):
             # Not allocated yet: the promise holds until kube-scheduler allocates it or the claim goes.
             holds += [Hold(key, pinned.node, d, False) for d in pinned.devices]
@@ -200,7 +200,8 @@ def _count(text: Any) -> int:
 
 
 def _allocated(key: str, results: list[Any], tables: Mapping[str, Mapping[str, DeviceRef]],
-               problems: list[str]) -> list[Hold]:
+               problems: list[str], on_node: str | None) -> list[Hold]:
+    """The holds of an allocated claim's ``results``; ``on_node``: the node its allocation is confined to."""
     out: list[Hold] = []
     for index, raw in enumerate(results):
         if _map(raw).get("driver") != names.DRIVER or _map(raw).get("pool") not in tables:
@@ -211,6 +212,13 @@ def _allocated(key: str, results: list[Any], tables: Mapping[str, Mapping[str, D
             problems.append(str(exc))
             continue
         node, device = result.pool, result.device
+        if on_node is not None and on_node != node:
+            # Pool name = node name: these devices came from a slice on another node that named this
+            # node's pool (a forgery, or a stale slice). They are not on `node`; charging it would
+            # hide its real GPUs from the engine (issue 33, item 4).
+            problems.append(f"ResourceClaim {key}: device {device!r} of pool {node} was allocated on node "
+                            f"{on_node}; a slice of {on_node} named another node's pool, not counted")
+            continue
         ref = tables[node].get(device)
         if ref is None:
             problems.append(f"ResourceClaim {key}: device {device!r} of {node} is none gpupack publishes there")

@@ -79,3 +79,32 @@ def read_result(raw: object, where: str) -> AllocatedDevice:
         consumed[str(name)] = int(amount)
     return AllocatedDevice(values["request"], values["driver"], values["pool"], values["device"], share_id or None,
                            consumed, raw.get("adminAccess") is True)
+
+
+NODE_NAME_FIELD = "metadata.name"
+"""The node field kube-scheduler's allocation nodeSelector names a node's slices by."""
+
+
+def allocated_node(allocation: object) -> str | None:
+    """The one node a claim's ``status.allocation`` is confined to, or None when it names no single node.
+
+    For devices of a slice with ``spec.nodeName`` kube-scheduler writes ``nodeSelector:
+    {nodeSelectorTerms: [{matchFields: [{key: metadata.name, operator: In, values: [<node>]}]}]}``.
+    gpupack's pool of a node is named after it (``sharing.dra.slices``), so a result whose ``pool``
+    is not this node came from a slice published in another node's pool: its devices are not where
+    the pod runs, and a reader must not charge that pool for them."""
+    if not isinstance(allocation, Mapping):
+        return None
+    selector = allocation.get("nodeSelector")
+    terms = selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None
+    if not isinstance(terms, list) or len(terms) != 1 or not isinstance(terms[0], Mapping):
+        return None
+    fields = terms[0].get("matchFields")
+    if not isinstance(fields, list) or len(fields) != 1 or not isinstance(fields[0], Mapping):
+        return None
+    field_ = fields[0]
+    values = field_.get("values")
+    if (field_.get("key") != NODE_NAME_FIELD or field_.get("operator") != "In" or not isinstance(values, list)
+            or len(values) != 1 or not isinstance(values[0], str) or not values[0]):
+        return None
+    return values[0]
