@@ -4,7 +4,10 @@ The control plane is the real one of :mod:`gpupack.devcluster` (built once,
 cached). gpupack's own components run as the commands an operator would run
 (``gpupack agent run``, ``gpupack webhook serve``, ``gpupack controller run``),
 each as a subprocess acting as its own ServiceAccount, so the demo exercises the
-RBAC the manifests grant. GPU nodes are Node objects without a kubelet; their
+RBAC the manifests grant. Node isolation is on: the node agent's admission
+policies (manifests/agent/node-restriction-policy.yaml) are installed and each
+agent's token is bound to a stand-in pod on its node, as a DaemonSet pod's is,
+so no agent can write another node's objects. GPU nodes are Node objects without a kubelet; their
 agents use the SIMULATED NVML backend and emulate the NVIDIA device plugin.
 
 With ``backend="dra"`` the nodes form a DRA node pool (``gpupack.io/backend=dra``):
@@ -46,9 +49,13 @@ DEMO_NAMESPACE = "gpupack-demo"
 DEMO_LABEL = "gpupack.io/demo"
 
 
+NODE_RESTRICTION_POLICY = REPO / "manifests" / "agent" / "node-restriction-policy.yaml"
+"""The node agent's admission policies (its own Node, GPUNode, device-plugin entry, pods and ResourceSlices
+only): applied by every stack, whose agents each run with a token bound to a pod on their node."""
+
 COMPONENT_TOKEN_SECONDS = 7 * 24 * 3600
-"""Lifetime of the ServiceAccount tokens the stack's controller and webhook run with. They read
-their kubeconfig once and never renew the token, so it must outlive the run: a whole-cluster
+"""Lifetime of the ServiceAccount tokens the stack's controller and webhook run with, and of each agent's
+pod-bound one. They read their kubeconfig once and never renew the token, so it must outlive the run: a whole-cluster
 ``gpupack replay`` takes hours, and with the control plane's one-hour default its controller was
 refused (401) an hour in and every pod after that timed out."""
 
@@ -135,6 +142,8 @@ class Stack:
         say(f"control plane: up in {self.plane.startup_seconds or 0:.1f}s at {self.plane.server}")
         self.admin = self.plane.admin_client()
         apply_objects(self.admin, gpupack_manifests(), field_manager="gpupack-demo")
+        # Node isolation on, as installed: each agent is confined to its own node (item 8 of issue 33).
+        apply_objects(self.admin, load_manifests(NODE_RESTRICTION_POLICY), field_manager="gpupack-demo")
         if dra:
             apply_objects(self.admin, load_manifests(REPO / "manifests" / "dra"), field_manager="gpupack-demo")
         self.create_namespace()
@@ -178,6 +187,13 @@ class Stack:
     def _sa_kubeconfig(self, name: str) -> str:
         assert self.plane is not None
         return str(self.plane.serviceaccount_kubeconfig(name, seconds=COMPONENT_TOKEN_SECONDS))
+
+    def agent_kubeconfig(self, node: str) -> str:
+        """The kubeconfig of ``node``'s agent: ServiceAccount ``gpupack-node-agent`` with a token bound to a
+        stand-in pod on ``node`` (as the DaemonSet's pod token is), so the node-restriction policies the
+        stack installs hold it to its own node; one per node, never shared."""
+        assert self.plane is not None
+        return str(self.plane.node_agent_kubeconfig(node, seconds=COMPONENT_TOKEN_SECONDS))
 
     def start_process(self, name: str, argv: list[str]) -> ManagedProcess:
         """``python -m gpupack ARGV`` as ``name``, logging to ``logs/NAME.log``; stopped by :meth:`stop`."""
@@ -244,7 +260,7 @@ class Stack:
             "agent", "run", "--node", node.name, "--simulate", node.simulate,
             "--state-file", str(state), *advertising,
             "--poll-seconds", "0.5", "--idle-seconds", "1", "--metrics-port", "0",
-            "--kubeconfig", self._sa_kubeconfig("gpupack-node-agent"),
+            "--kubeconfig", self.agent_kubeconfig(node.name),
         ])
 
     def start_controller(self, name: str, *extra: str) -> ManagedProcess:

@@ -247,6 +247,26 @@ class ControlPlane:
             self.workdir / "serviceaccounts" / f"{namespace}.{name}.kubeconfig", config
         )
 
+    def node_agent_kubeconfig(
+        self, node: str, name: str = "gpupack-node-agent", namespace: str = "gpupack-system",
+        seconds: int = clients.TOKEN_SECONDS,
+    ) -> Path:
+        """A kubeconfig acting as ServiceAccount ``namespace/name`` from a pod on ``node``, as a DaemonSet's
+        pod there would: its token is bound to a stand-in Pod of that ServiceAccount bound to ``node``
+        (:func:`clients.node_pod`), so the API server puts the node's name in it and the node agent's
+        admission policies (manifests/agent/node-restriction-policy.yaml) confine it to that node. The
+        token is read once by the client and never renewed: ``seconds`` must outlive the run."""
+        with self.admin_client() as admin:
+            pod = clients.node_pod(admin, namespace, name, node)
+            token = clients.request_token(admin, namespace, name, seconds, pod=pod)
+        config = kubeconfig.kubeconfig_dict(
+            self.server, self.ca.cert_pem, f"system:serviceaccount:{namespace}:{name}@{node}",
+            token=token, namespace=namespace,
+        )
+        return kubeconfig.write_kubeconfig(
+            self.workdir / "serviceaccounts" / f"{namespace}.{name}.{node}.kubeconfig", config
+        )
+
     def serviceaccount_client(self, name: str, namespace: str = "gpupack-system") -> Any:
         """A ``kubernetes.client.ApiClient`` acting as ServiceAccount ``namespace/name``."""
         return clients.api_client(self.serviceaccount_kubeconfig(name, namespace))
