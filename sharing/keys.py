@@ -71,8 +71,11 @@ HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 BACKEND_LABEL: Final = "gpupack.io/backend"
 """Node: the node pool's backend, ``dra`` or ``device-plugin`` (absent: ``device-plugin``); pod or
 namespace: the pool a pod of gpupack's goes to (``sharing.backend``)."""
-USER_POD_LABELS: Final = (SKIP_LABEL, BACKEND_LABEL)
-"""The ``gpupack.io/*`` labels a pod's creator may set (ValidatingAdmissionPolicy ``gpupack-pod-create-marks``)."""
+REPLAY_LABEL: Final = "gpupack.io/replay"
+"""On ``gpupack replay``'s Nodes (value ``on``; its SharingPolicy selects them) and pods (the run's id)."""
+USER_POD_LABELS: Final = (SKIP_LABEL, BACKEND_LABEL, REPLAY_LABEL)
+"""The ``gpupack.io/*`` labels a pod's creator may set (ValidatingAdmissionPolicy ``gpupack-pod-create-marks``):
+``gpupack replay`` labels the pods it creates with :data:`REPLAY_LABEL`."""
 
 NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
 """Kubernetes' user-info extra of a token bound to a pod: the pod's node (a DaemonSet's own node)."""

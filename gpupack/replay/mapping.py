@@ -42,11 +42,10 @@ from sharing.keys import (
     BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, MILLI_RESOURCE, PRODUCT_LABEL, SHARING_ANNOTATION,
     SIMULATED_GPUS_ANNOTATION, WHOLE_RESOURCE,
 )
+from sharing.keys import REPLAY_LABEL as REPLAY_LABEL  # on the replay's Nodes and pods; defined with every key
 from sharing.packing.specs import NodeSpec, PodSpec
 from sharing.simulator.openb_models import openb_gpu
 
-REPLAY_LABEL: Final = "gpupack.io/replay"
-"""On the replay's Nodes (value ``on``; its SharingPolicy selects them) and pods (the run's id)."""
 NODE_POD_CAPACITY: Final = 1000
 """Pods a replay Node holds: more than any openb node ever gets, so the count never binds (the protocol has none)."""
 IMAGE: Final = "registry.invalid/openb-replay:never-pulled"
