@@ -33,7 +33,9 @@ from typing import Any
 
 from kubernetes import client
 
-from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests, local_webhook_config
+from gpupack.devcluster.apply import (
+    apply_objects, gpupack_manifests, load_manifests, local_webhook_config, node_isolation_manifests,
+)
 from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.process import ManagedProcess, free_port
@@ -48,10 +50,6 @@ GROUP, VERSION = "gpupack.io", "v1alpha1"
 DEMO_NAMESPACE = "gpupack-demo"
 DEMO_LABEL = "gpupack.io/demo"
 
-
-NODE_RESTRICTION_POLICY = REPO / "manifests" / "agent" / "node-restriction-policy.yaml"
-"""The node agent's admission policies (its own Node, GPUNode, device-plugin entry, pods and ResourceSlices
-only): applied by every stack, whose agents each run with a token bound to a pod on their node."""
 
 COMPONENT_TOKEN_SECONDS = 7 * 24 * 3600
 """Lifetime of the ServiceAccount tokens the stack's controller and webhook run with, and of each agent's
@@ -143,7 +141,7 @@ class Stack:
         self.admin = self.plane.admin_client()
         apply_objects(self.admin, gpupack_manifests(), field_manager="gpupack-demo")
         # Node isolation on, as installed: each agent is confined to its own node (item 8 of issue 33).
-        apply_objects(self.admin, load_manifests(NODE_RESTRICTION_POLICY), field_manager="gpupack-demo")
+        apply_objects(self.admin, node_isolation_manifests(), field_manager="gpupack-demo")
         if dra:
             apply_objects(self.admin, load_manifests(REPO / "manifests" / "dra"), field_manager="gpupack-demo")
         self.create_namespace()

@@ -72,6 +72,16 @@ def gpupack_manifests() -> list[Manifest]:
     return load_manifests(MANIFESTS / "namespace", MANIFESTS / "crds", MANIFESTS / "rbac")
 
 
+NODE_RESTRICTION_POLICY = MANIFESTS / "agent" / "node-restriction-policy.yaml"
+
+
+def node_isolation_manifests() -> list[Manifest]:
+    """The node agent's admission policies (its own Node, GPUNode, device-plugin entry, pods and
+    ResourceSlices only). Every local stack that runs agents installs them, each agent with a token bound
+    to a pod on its node (``ControlPlane.node_agent_kubeconfig``), so every run exercises them."""
+    return load_manifests(NODE_RESTRICTION_POLICY)
+
+
 def _resource(dyn: DynamicClient, obj: Manifest) -> Any:
     try:
         return dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])

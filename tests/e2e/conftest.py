@@ -21,9 +21,11 @@ Fixture API (see docs/controlplane.md):
   (``.kubeconfig``, ``.server``, ``.ca`` to issue webhook serving certs,
   ``.admin_client()``, ``.serviceaccount_kubeconfig(name)``, ...)
 * ``admin_client`` -> ``kubernetes.client.ApiClient`` as the cluster admin
-* ``gpupack_installed`` -> objects applied from manifests/{namespace,crds,rbac}
+* ``gpupack_installed`` -> objects applied from manifests/{namespace,crds,rbac}, and the node agent's
+  admission policies (node isolation on: an agent needs ``agent_kubeconfig(node)``)
 * ``apply_manifests(*paths_or_dicts, field_manager=...)`` -> server-side apply
 * ``sa_client(name)`` / ``sa_kubeconfig(name)`` -> ServiceAccount ``gpupack-system/<name>``
+* ``agent_kubeconfig(node)`` -> ``gpupack-node-agent`` with a token bound to a pod on ``node``
 * ``namespace`` -> a fresh namespace for one test
 """
 
@@ -39,7 +41,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests, node_isolation_manifests
 from gpupack.devcluster.binaries import Binaries, ensure_binaries, ensure_helm, ensure_kustomize
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.errors import DevClusterError
@@ -204,8 +206,9 @@ def admin_client(control_plane: ControlPlane) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def gpupack_installed(admin_client: Any) -> list[dict[str, Any]]:
-    """gpupack's namespace, CRDs (Established) and RBAC, server-side applied once."""
-    return apply_objects(admin_client, gpupack_manifests(), field_manager="gpupack-e2e")
+    """gpupack's namespace, CRDs (Established) and RBAC, server-side applied once, with node isolation on
+    (the node agent's admission policies: an agent runs with ``agent_kubeconfig(node)``)."""
+    return apply_objects(admin_client, gpupack_manifests() + node_isolation_manifests(), field_manager="gpupack-e2e")
 
 
 @pytest.fixture(scope="session")
@@ -236,6 +239,15 @@ def sa_kubeconfig(
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def agent_kubeconfig(
+    control_plane: ControlPlane, gpupack_installed: list[dict[str, Any]]
+) -> Callable[[str], Path]:
+    """``agent_kubeconfig(node)`` -> kubeconfig of ``gpupack-node-agent`` as its pod on ``node`` (which must
+    exist) would have it: a token bound to a stand-in pod there, confined to that node by the policies."""
+    return control_plane.node_agent_kubeconfig
 
 
 @pytest.fixture(scope="session")

@@ -87,7 +87,7 @@ POLICY_RBAC = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "rba
 
 @pytest.fixture
 def agent_factory(
-    sa_kubeconfig: Callable[[str], Path], tmp_path: Path, apply_manifests: Callable[..., list[dict[str, Any]]],
+    agent_kubeconfig: Callable[[str], Path], tmp_path: Path, apply_manifests: Callable[..., list[dict[str, Any]]],
 ) -> Iterator[Callable[[str, str], RunningAgent]]:
     apply_manifests(POLICY_RBAC)  # the agent reads the SharingPolicies that select its node
     agents: list[RunningAgent] = []
@@ -96,7 +96,7 @@ def agent_factory(
         settings = AgentSettings(node_name=node, simulate=simulate, state_file=str(tmp_path / f"{node}.json"),
                                  emulate_device_plugin=True, poll_seconds=0.5, min_patch_seconds=0.2,
                                  idle_seconds=1.0, retry_seconds=1.0, metrics_port=0)
-        agent = RunningAgent(sa_kubeconfig("gpupack-node-agent"), settings)
+        agent = RunningAgent(agent_kubeconfig(node), settings)  # a token bound to a pod on its node
         agents.append(agent)
         return agent
 

@@ -34,14 +34,14 @@ def _agent(node: str, state: Path, kubeconfig: Path, log: Path) -> subprocess.Po
 
 
 def test_sigkill_mid_reshape_is_finished_by_the_next_agent(
-    admin_client: Any, sa_kubeconfig: Callable[[str], Path], tmp_path: Path,
+    admin_client: Any, agent_kubeconfig: Callable[[str], Path], tmp_path: Path,
 ) -> None:
     core = client.CoreV1Api(admin_client)
     node = f"kill-{uuid.uuid4().hex[:6]}"
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(
         name=node, labels={"nvidia.com/gpu.deploy.device-plugin": "true"})))
     state, log = tmp_path / "gpus.json", tmp_path / "agent.log"
-    kubeconfig = sa_kubeconfig("gpupack-node-agent")
+    kubeconfig = agent_kubeconfig(node)  # a token bound to a pod on its node: node isolation is on
     first = _agent(node, state, kubeconfig, log)
     try:
         _wait("status", lambda: (_gpunode(admin_client, node).get("status") or {}).get("gpus"))

@@ -81,7 +81,7 @@ def test_the_agents_token_cannot_write_mig_managers_config(
 
 
 def test_operator_mode_handshake(
-    admin_client: Any, operator_namespace: str, sa_kubeconfig: Callable[[str], Path], tmp_path: Path,
+    admin_client: Any, operator_namespace: str, agent_kubeconfig: Callable[[str], Path], tmp_path: Path,
     controller_cycles: None,
 ) -> None:
     core = client.CoreV1Api(admin_client)
@@ -89,7 +89,7 @@ def test_operator_mode_handshake(
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=node)))
     settings = AgentSettings(node_name=node, mode="operator", simulate="A100-80GB:2", poll_seconds=0.5,
                              min_patch_seconds=0.2, idle_seconds=0.5, metrics_port=0)
-    running = RunningAgent(sa_kubeconfig("gpupack-node-agent"), settings)
+    running = RunningAgent(agent_kubeconfig(node), settings)  # a token bound to a pod on its node
     try:
         _wait("status", lambda: (_gpunode(admin_client, node).get("status") or {}).get("gpus"))
         client.CustomObjectsApi(admin_client).patch_cluster_custom_object(

@@ -34,8 +34,11 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 class Harness:
-    def __init__(self, admin: Any, sa_kubeconfig: Callable[[str], Path], tmp: Path, namespace: str) -> None:
+    def __init__(self, admin: Any, sa_kubeconfig: Callable[[str], Path], tmp: Path, namespace: str,
+                 agent_kubeconfig: Callable[[str], Path]) -> None:
         self.admin = admin
+        self.agent_kubeconfig = agent_kubeconfig
+        """``agent_kubeconfig(node)``: the agent's token bound to a pod on its node (node isolation is on)."""
         self.core = client.CoreV1Api(admin)
         self.custom = client.CustomObjectsApi(admin)
         self.sa_kubeconfig = sa_kubeconfig
@@ -69,7 +72,7 @@ class Harness:
         return self._start(f"agent-{node}", [
             "agent", "run", "--node", node, "--simulate", simulate, "--state-file", str(self.tmp / f"{node}.json"),
             "--emulate-device-plugin", "--poll-seconds", "0.3", "--idle-seconds", "0.5", "--metrics-port", "0",
-            "--heartbeat-seconds", "1", "--kubeconfig", str(self.sa_kubeconfig("gpupack-node-agent")),
+            "--heartbeat-seconds", "1", "--kubeconfig", str(self.agent_kubeconfig(node)),
         ])
 
     def controller(self, identity: str, *extra: str) -> ManagedProcess:
@@ -172,8 +175,8 @@ class Harness:
 
 @pytest.fixture
 def h(admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[str], Path], tmp_path: Path,
-      namespace: str) -> Iterator[Harness]:
-    harness = Harness(admin_client, sa_kubeconfig, tmp_path, namespace)
+      namespace: str, agent_kubeconfig: Callable[[str], Path]) -> Iterator[Harness]:
+    harness = Harness(admin_client, sa_kubeconfig, tmp_path, namespace, agent_kubeconfig)
     yield harness
     logs = {name: harness.log(name)[-1500:] for name in harness.processes}
     harness.cleanup()

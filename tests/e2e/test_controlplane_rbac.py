@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from gpupack.devcluster.apply import MANIFESTS, apply_objects, load_manifests
+from gpupack.devcluster.clients import api_client
 from sharing import crd
 
 NS = "gpupack-system"
@@ -225,12 +227,17 @@ def _status_of(call: Any) -> int:
 
 
 def test_real_requests_as_each_service_account(
-    admin_client: Any, sa_client: Any, gpupack_installed: list[dict[str, Any]]
+    admin_client: Any, sa_client: Any, gpupack_installed: list[dict[str, Any]],
+    agent_kubeconfig: Callable[[str], Path],
 ) -> None:
     name = f"rbac-{uuid.uuid4().hex[:8]}"
     gpunode = crd.to_wire(crd.GPUNode(metadata=crd.ObjectMeta(name=name)))
     objs = {sa: client.CustomObjectsApi(sa_client(sa)) for sa in EXPECTED}
     core = {sa: client.CoreV1Api(sa_client(sa)) for sa in EXPECTED}
+    # Node isolation is on (gpupack_installed): the agent acts from a pod on the node its GPUNode names.
+    client.CoreV1Api(admin_client).create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name)))
+    agent = api_client(agent_kubeconfig(name))
+    objs["gpupack-node-agent"], core["gpupack-node-agent"] = client.CustomObjectsApi(agent), client.CoreV1Api(agent)
     try:
         _exercise(objs, core, name, gpunode)
         stored = client.CustomObjectsApi(admin_client).get_cluster_custom_object(
@@ -238,6 +245,8 @@ def test_real_requests_as_each_service_account(
     finally:  # leave the shared inventory as found
         _status_of(lambda: client.CustomObjectsApi(admin_client).delete_cluster_custom_object(
             crd.GROUP, crd.VERSION, "gpunodes", name))
+        _status_of(lambda: client.CoreV1Api(admin_client).delete_node(name))
+        agent.close()
     assert stored["spec"]["sharing"] == SPEC_PATCH["spec"]["sharing"]
     assert stored["status"]["product"] == STATUS_PATCH["status"]["product"]
 

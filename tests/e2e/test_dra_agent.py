@@ -67,10 +67,11 @@ class DraNode:
     """One simulated DRA node, its agent process, and the admin's view of what it publishes."""
 
     admin: Any
-    kubeconfig: Path
     tmp: Path
     namespace: str
     name: str = field(default_factory=lambda: f"dra-agent-{uuid.uuid4().hex[:6]}")
+    kubeconfig: Path | None = None
+    """The agent's: set once the node exists (its token is bound to a pod on the node)."""
     agent: ManagedProcess | None = None
     restarts: int = 0
 
@@ -97,6 +98,7 @@ class DraNode:
             "spec": {"nodeSelector": {"matchLabels": {"e2e-run": self.name}}, "allowedProfiles": PROFILES}})
 
     def start_agent(self) -> None:
+        assert self.kubeconfig is not None, "create() the node and set its agent's kubeconfig first"
         self.restarts += 1
         self.agent = ManagedProcess(f"agent-{self.name}-{self.restarts}", [
             sys.executable, "-m", "gpupack", "agent", "run", "--node", self.name, "--backend", "dra",
@@ -181,10 +183,11 @@ class DraNode:
 
 @pytest.fixture
 def dra_node(admin_client: Any, gpupack_installed: list[dict[str, Any]], apply_manifests: Callable[..., Any],
-             sa_kubeconfig: Callable[[str], Path], namespace: str, tmp_path: Path) -> Iterator[DraNode]:
+             agent_kubeconfig: Callable[[str], Path], namespace: str, tmp_path: Path) -> Iterator[DraNode]:
     apply_manifests(ROOT / "manifests" / "dra", POLICY_RBAC)  # DeviceClasses; the agent reads SharingPolicies
-    node = DraNode(admin_client, sa_kubeconfig("gpupack-node-agent"), tmp_path, namespace)
+    node = DraNode(admin_client, tmp_path, namespace)
     node.create()
+    node.kubeconfig = agent_kubeconfig(node.name)  # a token bound to a pod on its node: node isolation is on
     yield node
     node.cleanup()
 

@@ -45,7 +45,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests, local_webhook_config
+from gpupack.devcluster.apply import (
+    apply_objects, gpupack_manifests, load_manifests, local_webhook_config, node_isolation_manifests,
+)
 from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.process import ManagedProcess, free_port
 from mig.catalog import get_model
@@ -74,7 +76,8 @@ EVENT_NAMESPACE = "default"  # where the agent records Events about its (cluster
 def plane(controller_manager_scheduler_plane: ControlPlane) -> ControlPlane:
     with controller_manager_scheduler_plane.admin_client() as admin:
         # gpupack's RBAC, and the agent's grant to read the SharingPolicies that select its node.
-        apply_objects(admin, gpupack_manifests() + load_manifests(AGENT_POLICY_RBAC), field_manager="gpu-faults-e2e")
+        apply_objects(admin, gpupack_manifests() + load_manifests(AGENT_POLICY_RBAC) + node_isolation_manifests(),
+                      field_manager="gpu-faults-e2e")
     return controller_manager_scheduler_plane
 
 
@@ -101,8 +104,8 @@ class FaultHarness(Harness):
     """The controller e2e harness, plus faults from outside, shared nodes and reads of what faults change."""
 
     def __init__(self, admin: Any, sa_kubeconfig: Callable[[str], Path], tmp: Path, namespace: str,
-                 admin_kubeconfig: Path) -> None:
-        super().__init__(admin, sa_kubeconfig, tmp, namespace)
+                 admin_kubeconfig: Path, agent_kubeconfig: Callable[[str], Path]) -> None:
+        super().__init__(admin, sa_kubeconfig, tmp, namespace, agent_kubeconfig)
         self.admin_kubeconfig = admin_kubeconfig
         self.replicasets: list[str] = []
 
@@ -111,7 +114,7 @@ class FaultHarness(Harness):
         return self._start(f"agent-{node}", [
             "agent", "run", "--node", node, "--simulate", simulate, "--state-file", str(self.state_file(node)),
             "--emulate-device-plugin", "--poll-seconds", "1", "--idle-seconds", "0.5", "--metrics-port", "0",
-            "--heartbeat-seconds", "2", "--kubeconfig", str(self.sa_kubeconfig("gpupack-node-agent")),
+            "--heartbeat-seconds", "2", "--kubeconfig", str(self.agent_kubeconfig(node)),
         ])
 
     def start_process(self, name: str, argv: list[str]) -> ManagedProcess:
@@ -222,7 +225,8 @@ def h(admin: Any, plane: ControlPlane, plane_sa_kubeconfig: Callable[[str], Path
       tmp_path: Path) -> Iterator[FaultHarness]:
     namespace = f"faults-{uuid.uuid4().hex[:8]}"
     client.CoreV1Api(admin).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    harness = FaultHarness(admin, plane_sa_kubeconfig, tmp_path, namespace, plane.kubeconfig)
+    harness = FaultHarness(admin, plane_sa_kubeconfig, tmp_path, namespace, plane.kubeconfig,
+                           plane.node_agent_kubeconfig)
     yield harness
     logs = {name: harness.log(name)[-2500:] for name in harness.processes}
     harness.cleanup()

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpupack.devcluster.apply import apply_objects, gpupack_manifests
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests, node_isolation_manifests
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from tests.e2e.test_controller_e2e import Harness
 from tests.e2e.waiting import wait_for
@@ -33,7 +33,7 @@ def plane(control_plane: ControlPlane) -> Iterator[ControlPlane]:
     own = ControlPlane(control_plane.binaries, ControlPlaneConfig()).start()  # with kube-scheduler
     try:
         with own.admin_client() as admin:
-            apply_objects(admin, gpupack_manifests(), field_manager="outage-e2e")
+            apply_objects(admin, gpupack_manifests() + node_isolation_manifests(), field_manager="outage-e2e")
         yield own
     finally:
         own.stop()
@@ -44,7 +44,7 @@ def h(plane: ControlPlane, tmp_path: Any) -> Iterator[Harness]:
     admin = plane.admin_client()
     namespace = f"outage-{uuid.uuid4().hex[:6]}"
     client.CoreV1Api(admin).create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    harness = Harness(admin, plane.serviceaccount_kubeconfig, tmp_path, namespace)
+    harness = Harness(admin, plane.serviceaccount_kubeconfig, tmp_path, namespace, plane.node_agent_kubeconfig)
     yield harness
     logs = {name: harness.log(name)[-1500:] for name in harness.processes}
     harness.cleanup()
