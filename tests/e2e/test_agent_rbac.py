@@ -8,6 +8,7 @@ the other e2e tests' agent identity is untouched.
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 import uuid
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from node.kube import Kube
 from sharing.dra import names, wire
 from sharing.dra.gpu_devices import shared_gpu
 from sharing.dra.slices import node_slices
-from sharing.keys import UNHEALTHY_TAINT, per_node_name
+from sharing.keys import HOSTNAME_LABEL, UNHEALTHY_TAINT, per_node_name
 
 POLICY = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "node-restriction-policy.yaml"
 
@@ -333,3 +334,72 @@ def test_agent_may_not_publish_its_slices_in_another_nodes_pool(
         for node in (own, other):
             for item in admin.list_resource_slices(node, names.DRIVER):
                 admin.delete_resource_slice(item["metadata"]["name"])
+
+
+def test_agent_records_events_only_about_its_own_node_and_keeps_its_hostname_label(
+    control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
+    apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
+) -> None:
+    """Siblings of issue 33, item 4 (fields that name a node on every object an agent writes): the agent's
+    RBAC lets it create and patch Events in any namespace about anything, and patch its own Node's labels,
+    kubernetes.io/hostname (which the controller pins pods by) among them."""
+    core = client.CoreV1Api(admin_client)
+    sa = _test_agent(admin_client, apply_manifests, "agent-ev", POLICY)
+    own, other = _new_node(core), _new_node(core)
+    kube = _agent_on(control_plane, core, sa, own, tmp_path)
+    gpunode = {"apiVersion": "gpupack.io/v1alpha1", "kind": "GPUNode"}
+
+    def refused(involved: dict[str, Any]) -> KubeError | None:
+        try:
+            kube.event(involved, "Warning", "Probe", "an agent's word about someone else")
+        except KubeError as exc:
+            return exc
+        return None
+
+    deadline = time.monotonic() + 30
+    denied = refused({**gpunode, "name": other})
+    while denied is None and time.monotonic() < deadline:  # until the API server's policy cache has it
+        time.sleep(0.5)
+        denied = refused({**gpunode, "name": other})
+    assert denied is not None, "the agent recorded an Event on another node's GPUNode"
+    assert denied.status == 403 and "only record Events about its own node" in str(denied), denied
+    kube.event({**gpunode, "name": own}, "Normal", "Probe", "about itself")  # allowed
+    kube.event({"apiVersion": "v1", "kind": "Node", "name": own}, "Normal", "Probe", "about itself")
+    assert refused({"apiVersion": "v1", "kind": "Node", "name": other}) is not None
+    assert refused({"apiVersion": "v1", "kind": "Pod", "name": own, "namespace": "default"}) is not None
+
+    # events.k8s.io: regarding (and related) must be its own node too (MicroTime wants the microseconds);
+    # a patch of another's Event is refused.
+    events = client.EventsV1Api(kube.api)
+    body: dict[str, Any] = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                            "metadata": {"generateName": "probe-", "namespace": "default"},
+                            "eventTime": dt.datetime(2026, 12, 4, 12, 0, 0, 123456, tzinfo=dt.timezone.utc), "reportingController": "gpupack.io/agent",
+                            "reportingInstance": own, "action": "Probe", "reason": "Probe", "type": "Normal",
+                            "regarding": {"apiVersion": "v1", "kind": "Node", "name": own}}
+    events.create_namespaced_event("default", cast(Any, body))
+    with pytest.raises(client.ApiException, match="only record Events about its own node"):
+        events.create_namespaced_event("default", cast(Any, {
+            **body, "related": {"apiVersion": "v1", "kind": "Node", "name": other}}))
+    with pytest.raises(client.ApiException, match="only record Events about its own node"):
+        events.create_namespaced_event("default", cast(Any, {
+            **body, "regarding": {"apiVersion": "v1", "kind": "Node", "name": other}}))
+    theirs: Any = core.create_namespaced_event("default", cast(Any, {
+        "metadata": {"generateName": "theirs-", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": other}, "reason": "Real", "message": "m",
+        "type": "Normal"}))
+    with pytest.raises(client.ApiException, match="only record Events about its own node"):
+        client.CoreV1Api(kube.api).patch_namespaced_event(theirs.metadata.name, "default", {
+            "involvedObject": {"kind": "Node", "name": own}, "message": "rewritten"})
+
+    # Its own Node's labels it may set, but not kubernetes.io/hostname (nor add it where absent).
+    kube.patch_node(own, {"metadata": {"labels": {"gpupack.io/probe": "1"}}})
+    with pytest.raises(KubeError, match="may not change the kubernetes.io/hostname label") as renamed:
+        kube.patch_node(own, {"metadata": {"labels": {HOSTNAME_LABEL: other}}})
+    assert renamed.value.status == 403
+    core.patch_node(own, {"metadata": {"labels": {HOSTNAME_LABEL: own}}})
+    with pytest.raises(KubeError, match="may not change the kubernetes.io/hostname label"):
+        kube.patch_node(own, {"metadata": {"labels": {HOSTNAME_LABEL: other}}})
+    with pytest.raises(KubeError, match="may not change the kubernetes.io/hostname label"):
+        kube.patch_node(own, {"metadata": {"labels": {HOSTNAME_LABEL: None}}})
+    kube.patch_node(own, {"metadata": {"labels": {HOSTNAME_LABEL: own}}})  # unchanged: allowed
+    assert core.read_node(own).metadata.labels[HOSTNAME_LABEL] == own
