@@ -21,7 +21,8 @@ from gpupack.demo.stack import DemoNode, Stack
 from kube.errors import KubeError
 from node.kube import Kube
 
-POLICIES = ("gpupack-node-agent-own-node", "gpupack-node-agent-own-resources", "gpupack-node-agent-own-slices")
+POLICIES = ("gpupack-node-agent-own-node", "gpupack-node-agent-own-resources", "gpupack-node-agent-own-slices",
+            "gpupack-node-agent-own-events")
 NODES = (DemoNode("iso-a", "H100-80GB", 1), DemoNode("iso-b", "A100-80GB", 1, sharing="mps", replicas=2))
 
 

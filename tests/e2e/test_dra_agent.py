@@ -48,6 +48,7 @@ from kube.times import parse_time
 from node.advertising.dra import SLICES_PUBLISHED
 from node.kube import Kube
 from sharing.dra import names
+from sharing.dra.results import allocated_node
 from tests.e2e.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -282,6 +283,10 @@ def test_the_kubelet_plugin_prepares_the_allocated_claim_and_reports_the_agents_
     node.wait("the claim allocated", lambda: node.allocation("mig-1g") or None)
     (result,) = node.allocation("mig-1g")
     claim: Any = node.resource.read_namespaced_resource_claim("mig-1g", node.namespace)
+    # kube-scheduler confines the allocation to the slice's node in the shape the controller reads it by
+    # (sharing.dra.results.allocated_node): a result whose pool is another node is then not counted.
+    stored = _json(node.resource.read_namespaced_resource_claim("mig-1g", node.namespace, _preload_content=False))
+    assert allocated_node(stored["status"]["allocation"]) == node.name == result["pool"]
     ref = ClaimRef(claim.metadata.uid, node.namespace, "mig-1g")
 
     with tempfile.TemporaryDirectory(prefix="dra.") as short:  # unix socket paths hold ~107 bytes
