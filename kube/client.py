@@ -108,8 +108,9 @@ def call(fn: Callable[..., T], *args: Any, idempotent: bool = False,
 
 
 def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: str, component: str,
-               now: dt.datetime) -> dict[str, Any]:
-    """A ``core/v1`` Event about ``involved`` (apiVersion, kind, name, namespace, uid)."""
+               now: dt.datetime, host: str | None = None) -> dict[str, Any]:
+    """A ``core/v1`` Event about ``involved`` (apiVersion, kind, name, namespace, uid); ``host``: the node
+    it is reported from (``source.host``), which the node agent's Events about pods must name (its own)."""
     namespace = str(involved.get("namespace") or EVENT_NAMESPACE)
     stamp = now.astimezone(dt.timezone.utc).isoformat()
     return {
@@ -118,7 +119,8 @@ def event_body(involved: Mapping[str, Any], type_: str, reason: str, message: st
         "involvedObject": {k: v for k, v in involved.items()
                            if k in ("apiVersion", "kind", "name", "namespace", "uid") and v},
         "type": type_, "reason": reason, "message": message[:EVENT_MESSAGE_LIMIT],
-        "source": {"component": component}, "reportingComponent": component, "reportingInstance": component,
+        "source": {"component": component, **({"host": host} if host else {})},
+        "reportingComponent": component, "reportingInstance": component,
         "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
     }
 
@@ -146,9 +148,10 @@ class KubeClient:
         data = self.api.sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
         return data if isinstance(data, dict) else {}
 
-    def event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        """Record a ``core/v1`` Event (``type_`` is ``Normal`` or ``Warning``); callers decide whether a failure matters."""
-        body = event_body(involved, type_, reason, message, self.component, dt.datetime.now(dt.timezone.utc))
+    def event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str, host: str | None = None) -> None:
+        """Record a ``core/v1`` Event (``type_`` is ``Normal`` or ``Warning``), reported from node ``host`` if given;
+        callers decide whether a failure matters."""
+        body = event_body(involved, type_, reason, message, self.component, dt.datetime.now(dt.timezone.utc), host)
         call(self._core.create_namespaced_event, body["metadata"]["namespace"], cast(Any, body))
 
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:

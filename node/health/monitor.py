@@ -126,8 +126,9 @@ class HealthMonitor:
     def _pod_event(self, ctx: AgentContext, pod: str, type_: str, reason: str, message: str) -> None:
         namespace, _, name = pod.partition("/")
         try:
+            # From this node (source.host): the agent's admission policy admits an Event about a pod only so.
             ctx.kube.event({"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name},
-                           type_, reason, message)
+                           type_, reason, message, host=ctx.s.node_name)
         except KubeError as exc:
             log.warning("event %s on pod %s not recorded: %s", reason, pod, exc)
 

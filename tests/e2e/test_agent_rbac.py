@@ -366,7 +366,12 @@ def test_agent_records_events_only_about_its_own_node_and_keeps_its_hostname_lab
     kube.event({**gpunode, "name": own}, "Normal", "Probe", "about itself")  # allowed
     kube.event({"apiVersion": "v1", "kind": "Node", "name": own}, "Normal", "Probe", "about itself")
     assert refused({"apiVersion": "v1", "kind": "Node", "name": other}) is not None
-    assert refused({"apiVersion": "v1", "kind": "Pod", "name": own, "namespace": "default"}) is not None
+    # A pod's Event (the agent tells a pod on its node its GPU failed) must name the agent's node as its source.
+    pod = {"apiVersion": "v1", "kind": "Pod", "name": "tenant-pod", "namespace": "default"}
+    assert refused(pod) is not None
+    kube.event(pod, "Warning", "GpuFailed", "from its own node", host=own)
+    with pytest.raises(KubeError, match="only record Events about its own node"):
+        kube.event(pod, "Warning", "GpuFailed", "in another node's name", host=other)
 
     # events.k8s.io: regarding (and related) must be its own node too (MicroTime wants the microseconds);
     # a patch of another's Event is refused.

@@ -247,7 +247,8 @@ class FakeApi(SharedKube):
         self.put("nodes", current)
         self._wrote("nodes", self._answer("nodes", name), _trigger("nodes"))
 
-    def event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    def event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str,
+              host: str | None = None) -> None:
         self.events.append((str(involved.get("name")), reason))
 
     def add_node(self, obj: dict[str, Any]) -> None:

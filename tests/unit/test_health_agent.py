@@ -58,8 +58,8 @@ class HealthKube(FakeKube):
                 self.node.setdefault("spec", {})[key] = copy.deepcopy(value)
         self.node["metadata"]["resourceVersion"] = str(int(self.node["metadata"]["resourceVersion"]) + 1)
 
-    def event(self, involved: Any, type_: str, reason: str, message: str) -> None:
-        super().event(involved, type_, reason, message)
+    def event(self, involved: Any, type_: str, reason: str, message: str, host: str | None = None) -> None:
+        super().event(involved, type_, reason, message, host)
         where = f"{involved.get('namespace', '')}/{involved.get('name', '')}"
         self.object_events.append((involved.get("kind", ""), where, type_, reason, message))
 

@@ -101,8 +101,10 @@ class FakeKube:
             raise KubeError(409, "conflict")
         self.configmaps[(namespace, name)] = {"metadata": {"resourceVersion": self._bump()}, "data": dict(data)}
 
-    def event(self, involved: Any, type_: str, reason: str, message: str) -> None:
+    def event(self, involved: Any, type_: str, reason: str, message: str, host: str | None = None) -> None:
         self.events.append((type_, reason, message))
+        if involved.get("kind") == "Pod":  # the agent's admission policy admits an Event on a pod only so
+            assert host == self.node["metadata"]["name"], (involved, host)
 
 
 class Clock:
