@@ -72,3 +72,13 @@ def test_each_demo_agent_has_its_own_pod_bound_token_confined_to_its_node(stack:
     stand_ins = {p.spec.node_name: p.spec.service_account_name for p in pods.items
                  if p.metadata.name.startswith("gpupack-node-agent-")}
     assert stand_ins == {"iso-a": "gpupack-node-agent", "iso-b": "gpupack-node-agent"}
+
+
+def test_no_demo_agent_write_is_refused_by_the_policies(stack: Stack) -> None:
+    """Isolation on must not cost the agents anything they do on their own node: none of their writes
+    (GPUNode status, Node labels and status, Events) was refused by an admission policy."""
+    logs = {node.name: (stack.workdir / "logs" / f"agent-{node.name}.log") for node in NODES}
+    assert all(path.exists() for path in logs.values()), logs
+    refused = {name: [line for line in path.read_text(errors="replace").splitlines() if "denied request" in line]
+               for name, path in logs.items()}
+    assert refused == {node.name: [] for node in NODES}
