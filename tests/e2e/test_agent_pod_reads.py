@@ -25,7 +25,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpupack.devcluster.apply import apply_objects, gpupack_manifests
+from gpupack.devcluster.apply import apply_objects, gpupack_manifests, node_isolation_manifests
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
 from gpupack.devcluster.process import free_port
@@ -108,7 +108,7 @@ def hardened(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
                          "--tls-key", str(tmp / "tls.key"), "--host", "127.0.0.1", "--port", str(port),
                          "--inventory", str(ROOT / "examples" / "inventory.yaml"), "--log-level", "warning"], tmp)
     try:
-        apply_objects(h.admin, gpupack_manifests(), field_manager="hardened-e2e")
+        apply_objects(h.admin, gpupack_manifests() + node_isolation_manifests(), field_manager="hardened-e2e")
         # What the overlay's patches delete.
         overlay = yaml.safe_load((HARDENED / "kustomization.yaml").read_text())
         deleted = [yaml.safe_load(p["patch"]) for p in overlay["patches"]]
