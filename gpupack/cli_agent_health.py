@@ -28,17 +28,19 @@ import argparse
 import json
 import sys
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+from kube.inputfile import InputFileError, read_text
 
 FAULT_KINDS = ("xid", "ecc", "remap", "lose", "reset", "reboot", "repair")
 
 
 def _state(path: str) -> dict[str, Any]:
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        doc = json.loads(read_text(path, syntax="json"))
+    except InputFileError as exc:
+        raise UsageError(f"--state-file {exc}") from None
     except FileNotFoundError:
         raise UsageError(f"--state-file {path}: no such file (it exists once the simulated node's agent has run)") from None
     except (OSError, json.JSONDecodeError) as exc:
@@ -157,7 +159,7 @@ def _show(args: argparse.Namespace) -> int:
 def _check_table(args: argparse.Namespace) -> int:
     from node.health.xids import XidTableError, merged, parse_overrides
 
-    text = Path(args.file).read_text(encoding="utf-8")  # unreadable: gpupack.cli.main says so in one line
+    text = read_text(args.file, syntax="yaml")  # unreadable or unbounded: gpupack.cli.main says so in one line
     try:
         overrides = parse_overrides(text)
     except XidTableError as exc:

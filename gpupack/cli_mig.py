@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError
+from kube.inputfile import InputFileError, read_text
 from mig.catalog import all_models, get_model
 from mig.errors import MigError
 from mig.fit import coverings_across, smallest_covering_profile
@@ -211,7 +212,9 @@ def cmd_config(args: argparse.Namespace) -> int:
         return EXIT_OK
     path = Path(args.file)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text(path, syntax="yaml")  # bounded in size, type and depth (kube.inputfile)
+    except InputFileError as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
     try:

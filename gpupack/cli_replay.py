@@ -53,9 +53,11 @@ def _say(quiet: bool) -> Any:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
+    from gpupack.cli_simulate import check_trace_files
     from sharing.simulator.traces import TraceError, load_nodes, load_pods
 
     try:
+        check_trace_files(args.nodes, args.pods)
         return load_nodes(Path(args.nodes)), load_pods(Path(args.pods))
     except TraceError as exc:
         raise UsageError(str(exc)) from None

@@ -53,7 +53,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_OK, UsageError, finite_float, non_negative_float
+from gpupack.cli import EXIT_OK, UsageError, describe_input_error, finite_float, non_negative_float
+from kube.inputfile import check_regular_file
 from sharing.packing.mig_layouts import MIG_STRATEGIES, make_strategy
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
 from sharing.packing.specs import NodeSpec
@@ -81,6 +82,19 @@ BACKENDS = ("device-plugin", "dra")
 
 TEXT_LEVELS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 125, 130)
 """Levels shown in the text table (the reference table's columns); JSON has every level."""
+
+
+def check_trace_files(*paths: str | Path) -> None:
+    """Refuse a trace that is not a regular file (a FIFO, /dev/zero), in one line.
+
+    Traces are read as a stream, a row at a time, so they have no size limit
+    (kube.inputfile.read_text bounds the inputs that are read whole); a device or a FIFO
+    would still never end or never start."""
+    for path in paths:
+        try:
+            check_regular_file(path)
+        except OSError as exc:
+            raise UsageError(describe_input_error(exc)) from None
 
 
 def register(subparsers: Any) -> None:
@@ -243,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--inflate must be between 0.01 and 10, got {args.inflate}")
     seeds = _seeds(args)
     try:
+        check_trace_files(args.nodes, args.pods)
         nodes = load_nodes(args.nodes)
         trace = load_pods(args.pods)
     except TraceError as exc:

@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from gpupack.cli import EXIT_NO, EXIT_OK, UsageError
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, describe_input_error
+from kube.inputfile import read_bytes, read_stream, read_text
 
 MAX_CERT_DAYS = 3650
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -87,6 +88,11 @@ def _serve(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if not settings.tls_cert or not settings.tls_key:
         raise UsageError("--tls-cert and --tls-key are required (the API server only calls webhooks over HTTPS)")
+    for name, path in (("--tls-cert", settings.tls_cert), ("--tls-key", settings.tls_key)):
+        try:  # OpenSSL would wait on a FIFO and read /dev/zero without end: bounded and regular first
+            read_bytes(path)
+        except OSError as exc:
+            raise UsageError(f"{name} {describe_input_error(exc)}") from None
     try:  # now, with one line: uvicorn would log an error and exit 3
         check_port_free(settings.port, "gpupack webhook", settings.host)
     except PortInUse as exc:
@@ -108,7 +114,8 @@ def _decide(args: argparse.Namespace) -> int:
     holder = InventoryHolder()
     try:
         inventory = load_file(holder, args.inventory)
-        text = sys.stdin.read() if args.pod == "-" else Path(args.pod).read_text(encoding="utf-8")
+        text = (read_stream(sys.stdin.buffer, "<stdin>", syntax="yaml") if args.pod == "-"
+                else read_text(args.pod, syntax="yaml"))
         pod = yaml.safe_load(text)
     except (InventoryError, OSError, yaml.YAMLError) as exc:
         raise UsageError(str(exc)) from None

@@ -35,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
 from kube.errors import KubeError, from_api_exception
+from kube.inputfile import InputFileError, read_text
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +74,23 @@ def api_client(kubeconfig: str | None = None) -> client.ApiClient:
             cfg = client.Configuration()
             config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
             return client.ApiClient(cfg)
+        _check_kubeconfig_files(kubeconfig)
         return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call,no-any-return]
+    except InputFileError as exc:
+        raise KubeConfigError(f"cannot load Kubernetes credentials: {exc}") from None
     except (config.ConfigException, OSError, ValueError, TypeError) as exc:
         where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
         raise KubeConfigError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
+
+
+def _check_kubeconfig_files(kubeconfig: str | None) -> None:
+    """Each kubeconfig the client library would read, read once through kube.inputfile first: the
+    library reads a FIFO or /dev/zero without end and recurses on a deeply nested document.
+    Missing files are left to the library (it skips missing $KUBECONFIG entries)."""
+    paths = [kubeconfig] if kubeconfig else os.environ.get("KUBECONFIG", "~/.kube/config").split(os.pathsep)
+    for path in (os.path.expanduser(p) for p in paths if p):
+        if os.path.lexists(path):
+            read_text(path, syntax="yaml")
 
 
 def is_transient(error: KubeError) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from kube.inputfile import read_text
 from node.draplugin.claims import ClaimError, ClaimRef, allocation_from_claim
 from sharing.dra.results import AllocatedDevice
 
@@ -31,7 +32,7 @@ class FileClaimSource:
 
     def _objects(self) -> list[Mapping[str, Any]]:
         try:
-            doc = yaml.safe_load(self.path.read_text(encoding="utf-8"))
+            doc = yaml.safe_load(read_text(self.path, syntax="yaml"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
             raise ClaimError(f"cannot read the claims file {self.path}: {exc}") from None
         if isinstance(doc, Mapping) and isinstance(doc.get("items"), list):

@@ -22,6 +22,7 @@ import yaml
 
 from kube.client import KubeClient
 from kube.errors import KubeError
+from kube.inputfile import read_text
 from node.draplugin.health import NodeHealthView, node_view, unreadable
 from node.kube import get_gpunode
 
@@ -52,7 +53,7 @@ class FileGpuNodeSource:
 
     def read(self, node: str) -> Mapping[str, Any] | None:
         try:
-            doc = yaml.safe_load(self.path.read_text(encoding="utf-8"))
+            doc = yaml.safe_load(read_text(self.path, syntax="yaml"))
         except FileNotFoundError:
             return None
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from kube.inputfile import InputFileError, read_text
 from mig.geometry import can_add
 from mig.model import GpuModel, PlacedInstance, Placement
 from node.nvml import errors
@@ -498,7 +499,7 @@ class SimulatedNvml:
     def _load(self, count: int) -> list[_Gpu]:
         assert self._path is not None
         try:
-            doc = json.loads(self._path.read_text(encoding="utf-8"))
+            doc = json.loads(read_text(self._path, syntax="json"))
             if doc.get("version") != STATE_VERSION:
                 raise ValueError(f"state version {doc.get('version')!r}, expected {STATE_VERSION}")
             if doc.get("model") != self.model.product:
@@ -509,6 +510,8 @@ class SimulatedNvml:
                 for g in doc["gpus"]
             ]
             self._boot = int(doc.get("boot", 1))
+        except InputFileError as exc:  # its message names the file already
+            raise ValueError(f"simulated NVML state file {exc}") from exc
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"simulated NVML state file {self._path}: {exc}") from exc
         if len(gpus) != count:

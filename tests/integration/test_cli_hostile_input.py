@@ -148,6 +148,83 @@ def test_unusable_files_get_one_line_and_exit_2(path: tuple[str, ...], name: str
     assert lines and "error" in lines[-1], err
 
 
+HOSTILE_KINDS = ["zero", "urandom", "fifo", "oversize", "deep"]
+"""Files built to break a reader: endless, random, never-ending, too large, nested 100,000 deep."""
+TEST_LIMIT = 1024 * 1024
+"""The size limit the hostile-file children run under (GPUPACK_MAX_INPUT_BYTES); the over-limit file is one byte more."""
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hostile-files")
+    fifo = root / "fifo.yaml"
+    os.mkfifo(fifo)  # nobody ever writes it: a blocking open waits forever
+    oversize = root / "oversize.yaml"
+    oversize.write_text("# " + "x" * TEST_LIMIT + "\n")  # a valid (empty) YAML document, one byte too many
+    deep = root / "deep.yaml"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")  # valid YAML and JSON
+    return {"zero": Path("/dev/zero"), "urandom": Path("/dev/urandom"), "fifo": fifo, "oversize": oversize,
+            "deep": deep}
+
+
+def _bounded_memory() -> None:
+    """The child's address space is capped, so a reader that slurps /dev/zero fails fast, not the machine."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (3 * 1024 ** 3, 3 * 1024 ** 3))
+
+
+def command_line(path: tuple[str, ...], name: str, value: str, inputs: dict[str, Path]) -> list[str]:
+    args = dict(valid_rest(path, inputs))
+    if name == "--kubeconfig":
+        args.pop("--inventory", None)  # with an inventory file the webhook never reads credentials
+    args[name] = value
+    if path == ("simulate",) or path == ("replay",):
+        args.setdefault("--nodes", str(inputs["binary"]))
+        args.setdefault("--pods", str(inputs["binary"]))
+    argv = list(path)
+    for key, item in args.items():
+        argv += [item] if not key.startswith("--") else [key, item]
+    return [a for a in argv if a not in positional_values(args)] + positional_values(args)
+
+
+@pytest.mark.parametrize(("path", "name"), FILES, ids=[f"{' '.join(p)} {n}" for p, n in FILES])
+@pytest.mark.parametrize("kind", HOSTILE_KINDS)
+def test_hostile_files_get_one_line_and_exit_2(path: tuple[str, ...], name: str, kind: str, inputs: dict[str, Path],
+                                               hostile: dict[str, Path], tmp_path: Path) -> None:
+    """Each in a child with a timeout and capped memory: a reader that hangs on a FIFO or grows on
+    /dev/zero fails this test instead of hanging it or the machine."""
+    argv = command_line(path, name, str(hostile[kind]), inputs)
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    env.update(KUBECONFIG=str(tmp_path / "no-kubeconfig"), GPUPACK_MAX_INPUT_BYTES=str(TEST_LIMIT))
+    try:
+        done = subprocess.run([sys.executable, "-m", "gpupack", *argv], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, errors="replace", timeout=60, preexec_fn=_bounded_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"gpupack {' '.join(argv)} did not answer within 60 s")
+    lines = [line for line in done.stderr.splitlines() if line.strip() and "is deprecated; use" not in line]
+    assert done.returncode == 2, (argv, done.returncode, done.stderr[-500:])
+    assert len(lines) == 1 and lines[0].startswith("gpupack: error: "), done.stderr[-1000:]
+    assert "internal error" not in done.stderr
+
+
+@pytest.mark.parametrize("kind", HOSTILE_KINDS)
+def test_a_hostile_kubeconfig_variable_gets_one_line_and_exit_2(kind: str, hostile: dict[str, Path],
+                                                                tmp_path: Path) -> None:
+    """$KUBECONFIG names a file as surely as --kubeconfig does."""
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    env.update(KUBECONFIG=str(hostile[kind]), GPUPACK_MAX_INPUT_BYTES=str(TEST_LIMIT))
+    try:
+        done = subprocess.run([sys.executable, "-m", "gpupack", "agent", "health", "show", "--node", "n1"], env=env,
+                              cwd=tmp_path, capture_output=True, text=True, errors="replace", timeout=60,
+                              preexec_fn=_bounded_memory)
+    except subprocess.TimeoutExpired:
+        pytest.fail("gpupack agent health show did not answer within 60 s")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, (done.returncode, done.stderr[-500:])
+    assert len(lines) == 1 and lines[0].startswith("gpupack: error: "), done.stderr[-1000:]
+
+
 def test_webhook_serve_on_a_taken_port(inputs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     """uvicorn used to log an error and exit 3; the port is now checked first, with one line."""
     import socket

@@ -161,4 +161,4 @@ def test_a_binary_inventory_file_is_a_clear_error(tmp_path: Path, capsys: pytest
     pod = tmp_path / "pod.yaml"
     pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: x}]}\n")
     assert main(["webhook", "decide", "--inventory", str(f), str(pod)]) == 2
-    assert "is not UTF-8 text" in capsys.readouterr().err
+    assert "not UTF-8 text" in capsys.readouterr().err
