@@ -199,6 +199,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     show.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
     show.set_defaults(handler=_show)
     check = hsub.add_parser("check-xid-table", help="check an XID override table and print the table in force")
-    check.add_argument("file", help="YAML file: the xids.yaml key of the gpupack-xid-table ConfigMap")
+    check.add_argument("file", help="YAML file: the xids.yaml key of the gpupack-xid-table ConfigMap (a regular file of at most 16 MiB; GPUPACK_MAX_INPUT_BYTES raises that)")
     check.set_defaults(handler=_check_table)
     health.set_defaults(handler=lambda _args: (health.print_help(), 2)[1])

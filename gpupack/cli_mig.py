@@ -280,7 +280,7 @@ def _add_commands(sub: Any) -> None:
     p.add_argument("--in-use", nargs="*", default=[], metavar="PROFILE@START", help="current instances that are in use")
     p.add_argument("--target", nargs="+", required=True, metavar="PROFILE", help="target layout as profile names")
     p = add("config", cmd_config, "validate a mig-parted config file against the catalog, or print the built-in configs")
-    p.add_argument("file", nargs="?", help="mig-parted YAML to validate (exit 1 if a layout does not fit); omit to print NVIDIA's default configs as generated from the catalog")
+    p.add_argument("file", nargs="?", help="mig-parted YAML to validate (exit 1 if a layout does not fit; at most 16 MiB, GPUPACK_MAX_INPUT_BYTES); omit to print NVIDIA's default configs as generated from the catalog")
     add("showcase", cmd_showcase, "a short tour of the engine")
 
 

@@ -38,7 +38,7 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--tls-key", help="PEM private key file; env GPUPACK_WEBHOOK_TLS_KEY")
     serve.add_argument("--host", help="listen address (default 0.0.0.0)")
     serve.add_argument("--port", type=int, help="listen port (default 8443)")
-    serve.add_argument("--inventory", help="YAML/JSON list of GPUNode objects to serve instead of watching the API")
+    serve.add_argument("--inventory", help="YAML/JSON list of GPUNode objects to serve instead of watching the API (a regular file of at most 16 MiB; GPUPACK_MAX_INPUT_BYTES raises that)")
     serve.add_argument("--kubeconfig", help="kubeconfig when not running in a cluster")
     serve.add_argument("--max-body-bytes", type=int, help="largest AdmissionReview accepted (default 3 MiB)")
     serve.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"])
@@ -50,8 +50,8 @@ def register(subparsers: Any) -> None:
     serve.set_defaults(handler=_serve)
 
     decide = sub.add_parser("decide", help="show what the webhook would do to a pod (offline)")
-    decide.add_argument("pod", help="pod manifest (YAML or JSON); '-' reads standard input")
-    decide.add_argument("--inventory", required=True, help="YAML/JSON list of GPUNode (and SharingPolicy) objects")
+    decide.add_argument("pod", help="pod manifest (YAML or JSON); '-' reads standard input; at most 16 MiB, GPUPACK_MAX_INPUT_BYTES")
+    decide.add_argument("--inventory", required=True, help="YAML/JSON list of GPUNode (and SharingPolicy) objects (a regular file of at most 16 MiB; GPUPACK_MAX_INPUT_BYTES raises that)")
     decide.add_argument("--namespace", default="default", help="namespace the pod is created in")
     decide.set_defaults(handler=_decide)
 
