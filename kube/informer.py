@@ -20,6 +20,12 @@ How it converges:
 3. a watch answered ``410 Gone`` (the version expired) or any failure lists again,
    after a back-off while failures repeat (logged once per change of state).
 
+A bad object costs the cache that object, never the watch of its kind: answers are
+decoded by :func:`kube.safejson.loads` (any nesting the API server stores), and an
+object nested deeper than :data:`kube.safejson.MAX_DEPTH`, or one the ``keep``
+function fails on, is left out of the cache (told to listeners as ``DELETED`` if it
+was there), named in :attr:`Informer.rejected` and logged once per version.
+
 Objects are never mutated once stored, only replaced: readers get them without
 copying. :attr:`Informer.version` counts changes, so a reader can wait for the
 next one (:meth:`Informer.wait_changed`).
@@ -27,12 +33,12 @@ next one (:meth:`Informer.wait_changed`).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from kube import safejson
 from kube.backoff import Backoff
 
 log = logging.getLogger("gpupack.informer")
@@ -107,6 +113,9 @@ class Informer:
         self.list_requests = 0
         """List requests made: a list of more than one page makes several."""
         self.listeners: list[Listener] = []
+        self.rejected: dict[str, str] = {}
+        """Objects left out of the cache (key: why), such as one nested deeper than any reader survives."""
+        self._rejected_logged: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ reading
     @property
@@ -195,11 +204,14 @@ class Informer:
                 paging["_continue"] = token
             response = self._lister(_preload_content=False, **paging)
             self.list_requests += 1
-            data = json.loads(response.data or b"{}")
+            data, cuts = safejson.loads(response.data or b"{}")
+            if not isinstance(data, dict):
+                raise RuntimeError(f"list of {self.name}: the API server answered {type(data).__name__}, not an object")
             for raw in data.get("items") or []:
                 if isinstance(raw, dict):
-                    obj = self._keep(raw)
-                    fresh[object_key(obj)] = obj
+                    obj = self._accepted(raw, cuts)
+                    if obj is not None:
+                        fresh[object_key(obj)] = obj
             meta = data.get("metadata") or {}
             version = str(meta.get("resourceVersion") or version)
             token, previous = str(meta.get("continue") or ""), token
@@ -236,13 +248,15 @@ class Informer:
             for line in _lines(response):
                 if self._stop.is_set():
                     return
-                self.apply(json.loads(line))
+                event, cuts = safejson.loads(line)
+                if isinstance(event, dict):
+                    self.apply(event, cuts)
         finally:
             self._response = None
             response.release_conn()
 
-    def apply(self, event: Mapping[str, Any]) -> None:
-        """One watch event into the cache."""
+    def apply(self, event: Mapping[str, Any], cuts: int = 0) -> None:
+        """One watch event into the cache (``cuts``: subtrees the decoder pruned from it)."""
         kind, raw = event.get("type"), event.get("object")
         if not isinstance(raw, dict):
             return
@@ -257,7 +271,18 @@ class Informer:
             return
         if kind not in (ADDED, MODIFIED, DELETED):
             return
-        obj = self._keep(raw)
+        obj = self._accepted(raw, cuts if kind != DELETED else 0)
+        if obj is None:  # rejected: whatever the cache held under this key is gone
+            key = object_key(raw)
+            with self._changed:
+                old = self._objects.pop(key, None)
+                self._resource_version = version or self._resource_version
+                if old is not None:
+                    self.version += 1
+                    self._changed.notify_all()
+            if old is not None:
+                self._tell([(DELETED, old)])
+            return
         key = object_key(obj)
         with self._changed:
             if kind == DELETED:
@@ -268,6 +293,29 @@ class Informer:
             self.version += 1
             self._changed.notify_all()
         self._tell([(str(kind), obj)])
+
+    def _accepted(self, raw: dict[str, Any], cuts: int) -> dict[str, Any] | None:
+        """What the cache keeps of one object, or None when it is rejected (named in :attr:`rejected`)."""
+        key = object_key(raw)
+        why = ""
+        if cuts and safejson.holds_pruned(raw):
+            why = f"nested deeper than {safejson.MAX_DEPTH} levels"
+        else:
+            try:
+                obj = self._keep(raw)
+            except Exception as exc:  # noqa: BLE001 - one object's shape must not stop the watch
+                why = f"unreadable: {type(exc).__name__}: {str(exc)[:200]}"
+        if not why:
+            self.rejected.pop(key, None)
+            return obj
+        self.rejected[key] = why
+        version = _resource_version(raw)
+        if (key, version) not in self._rejected_logged:
+            if len(self._rejected_logged) > 10_000:  # bounded: a flood of bad versions only logs again
+                self._rejected_logged.clear()
+            self._rejected_logged.add((key, version))
+            log.warning("%s %s (resourceVersion %s) left out of the cache: %s", self.name, key, version or "?", why)
+        return None
 
     def _tell(self, events: list[tuple[str, dict[str, Any]]]) -> None:
         for kind, obj in events:
