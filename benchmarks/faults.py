@@ -193,7 +193,7 @@ def webhook_under_stalled_clients(stalled: int, partial_bodies: int, requests: i
 def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
     from kubernetes import client
 
-    from gpupack.devcluster.apply import apply_objects, gpupack_manifests
+    from gpupack.devcluster.apply import apply_objects, gpupack_manifests, node_isolation_manifests
     from gpupack.devcluster.binaries import ensure_binaries
     from gpupack.devcluster.controlplane import ControlPlane
     from kube.times import parse_time
@@ -206,7 +206,8 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="gpupack-faults-"))
     try:
         admin = plane.admin_client()
-        apply_objects(admin, gpupack_manifests(), field_manager="faults-bench")
+        # Node isolation on, as installed: each agent's token is bound to a pod on its node.
+        apply_objects(admin, gpupack_manifests() + node_isolation_manifests(), field_manager="faults-bench")
         core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
 
         def gpu_node(name: str, layout: list[str]) -> None:
@@ -237,7 +238,7 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
             start(process or f"agent-{name}", [
                 "agent", "run", "--node", name, "--simulate", "H100-80GB:1", "--state-file", str(tmp / f"{name}.json"),
                 "--emulate-device-plugin", "--poll-seconds", "1", "--metrics-port", "0",
-                "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-node-agent")), *extra])
+                "--kubeconfig", str(plane.node_agent_kubeconfig(name)), *extra])
 
         start_agent(node, process="agent")
         def start_controller(name: str, *extra: str) -> None:
