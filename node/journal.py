@@ -100,7 +100,9 @@ class Journal:
             "reason": self.reason,
             "errors": self.errors,
             "devicePluginPaused": self.device_plugin_paused,
-            "devicePluginLabel": self.device_plugin_label,
+            # No nulls in the CRD (they are pruned): an absent label is said by its own field.
+            **({"devicePluginLabel": self.device_plugin_label} if self.device_plugin_label is not None
+               else {"devicePluginLabelAbsent": True}),
             "startedAt": self.started_at,
             "updatedAt": self.updated_at,
             "steps": list(self.steps),
@@ -128,7 +130,7 @@ class Journal:
                 reason=str(raw.get("reason", "")),
                 errors=int(raw.get("errors", 0)),
                 device_plugin_paused=bool(raw.get("devicePluginPaused", False)),
-                device_plugin_label=None if raw.get("devicePluginLabel", "true") is None
+                device_plugin_label=None if raw.get("devicePluginLabelAbsent") or raw.get("devicePluginLabel", "true") is None
                 else str(raw.get("devicePluginLabel", "true")),
                 started_at=float(raw["startedAt"]),
                 updated_at=float(raw["updatedAt"]),

@@ -294,26 +294,73 @@ class Condition(ApiModel):
     message: str = Field(max_length=32768)
 
 
-class ReconfigurationStatus(BaseModel):
+_InstanceText = Annotated[str, Field(max_length=64)]
+"""One MIG instance as the journal writes it: ``PROFILE@START:SIZE``."""
+_LongText = Annotated[str, Field(max_length=32768)]
+
+
+class ReconfigurationPlanStep(ApiModel):
+    """One step of a reconfiguration: destroy or create one instance, or apply a mig-manager config."""
+
+    op: Literal["destroy", "create", "mig-config"]
+    instance: _InstanceText | None = None
+    gpus: list[Annotated[int, Field(ge=0, le=63)]] | None = Field(None, max_length=64)
+
+
+class ReconfigurationJournal(ApiModel):
+    """The direct mode's journal of one GPU's reconfiguration (``node.journal.Journal``'s wire form)."""
+
+    gpu_uuid: str = Field(alias="gpuUUID", max_length=128)
+    gpu_index: int = Field(ge=0, le=63)
+    generation: int = Field(ge=0)
+    previous: list[_InstanceText] = Field(default_factory=list, max_length=64)
+    target: list[_InstanceText] = Field(default_factory=list, max_length=64)
+    destroy: list[_InstanceText] = Field(default_factory=list, max_length=64)
+    create: list[_InstanceText] = Field(default_factory=list, max_length=64)
+    phase: str = Field(max_length=64)
+    outcome: str | None = Field(None, max_length=64)
+    reason: _LongText = ""
+    errors: int = Field(0, ge=0)
+    device_plugin_paused: bool = False
+    device_plugin_label: str | None = Field(
+        None, max_length=63, description="The device-plugin deploy label before the pause (absent: \"true\").")
+    device_plugin_label_absent: bool | None = Field(
+        None, description="The device-plugin deploy label was absent before the pause (restored as absent).")
+    started_at: float
+    updated_at: float
+    steps: list[_LongText] = Field(default_factory=list, max_length=64)
+
+
+class MigConfigEntryWire(ApiModel):
+    """One mig-parted config entry as the agent publishes it (always by GPU index)."""
+
+    devices: list[Annotated[int, Field(ge=0, le=63)]] = Field(max_length=64)
+    mig_enabled: bool = Field(alias="mig-enabled")
+    mig_devices: dict[str, Annotated[int, Field(ge=0, le=64)]] | None = Field(
+        None, alias="mig-devices", max_length=64)
+
+
+class ReconfigurationStatus(ApiModel):
     """The node agent's journal of a reconfiguration in progress.
 
-    Typed where the controller reads it; the agent may add its own fields
-    (the only place in the API that keeps unknown fields), so that a restarted
-    agent can finish or roll back a half-applied plan (invariant 2).
+    Typed in full, so that the API server bounds what an agent's token can store
+    here (issue 33, item 2: an unknown-fields journal took 9,000-deep JSON and
+    blinded every GPUNode watch); a restarted agent finishes or rolls back a
+    half-applied plan from these fields (invariant 2).
     """
 
-    model_config = ConfigDict(
-        extra="allow", alias_generator=to_camel, populate_by_name=True, frozen=True, strict=True
-    )
     phase: str = Field(pattern=r"^[A-Z][A-Za-z]*$", max_length=64, description="e.g. Applying")
     step: int = Field(0, ge=0, description="Index of the next plan step to run.")
-    plan: list[dict[str, Any]] = Field(default_factory=list, max_length=256)
+    plan: list[ReconfigurationPlanStep] = Field(default_factory=list, max_length=256)
     target_generation: int | None = Field(None, ge=0)
     started_at: datetime | None = Field(None, strict=False)
     message: str | None = Field(None, max_length=4096)
+    mode: Literal["direct", "operator"] | None = None
+    gpu_index: int | None = Field(None, ge=0, le=63, description="Direct mode: the GPU being reshaped.")
+    journal: ReconfigurationJournal | None = None
     mig_config: str | None = Field(
         None, max_length=63, description="Operator mode: the mig-parted config this reconfiguration applies.")
-    mig_config_entries: list[dict[str, Any]] | None = Field(
+    mig_config_entries: list[MigConfigEntryWire] | None = Field(
         None, max_length=64,
         description="Operator mode: that config's entries (mig-parted's format), which the controller publishes "
                     "into mig-manager's ConfigMap under migConfig; only the node's own names are published.")

@@ -61,19 +61,19 @@ def test_schema_is_structural(kind: str) -> None:
         assert not ("properties" in node and "additionalProperties" in node), path
         assert "$ref" not in node and "anyOf" not in node and "nullable" not in node, path
         if preserve:
-            # The node agent's journal is the only extensible part of the API.
-            assert path.startswith(".status.reconfiguration"), path
+            # No part of gpupack's API keeps unknown fields (issue 33, item 2): metadata only.
+            assert path == ".metadata", path
         if node.get("type") == "array" and path.startswith(".spec"):
             assert "maxItems" in node, f"{path}: CEL cost estimation needs a bound"
 
 
-def test_only_the_journal_keeps_unknown_fields() -> None:
+def test_no_model_keeps_unknown_fields() -> None:
     models = [
         obj for obj in vars(crd).values()
         if isinstance(obj, type) and issubclass(obj, crd.BaseModel) and obj.__module__ == crd.__name__
     ]
     extensible = {m.__name__ for m in models if m.model_config.get("extra") != "forbid"}
-    assert extensible == {"ReconfigurationStatus", "ObjectMeta"}
+    assert extensible == {"ObjectMeta"}
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.valid], ids=lambda c: c.id)
