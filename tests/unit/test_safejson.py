@@ -128,3 +128,13 @@ def test_informer_leaves_out_an_object_its_keep_function_fails_on() -> None:
     informer.relist()
     assert [object_key(o) for o in informer.items()] == ["a"]
     assert informer.rejected["bad"].startswith("unreadable: RecursionError")
+
+
+def test_record_annotation_nested_deep_is_a_clear_error() -> None:
+    from sharing.records import json_record
+
+    for text in ("[" * 50_000 + "]" * 50_000, '{"a":' * 20_000 + "1" + "}" * 20_000):
+        with pytest.raises(ValueError, match="nested too deep|longer than"):
+            json_record(text, "gpupack.io/allocation", ValueError)
+    with pytest.raises(ValueError, match="nested too deep"):
+        json_record("[" * 5_000 + "]" * 5_000, "gpupack.io/allocation", ValueError)
