@@ -13,16 +13,20 @@ makes the patch fail instead of being overwritten.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any, cast
 
 from kubernetes import client
 
+from kube import safejson
 from kube.client import JSON_PATCH, MERGE_PATCH, KubeClient, call
 from kube.errors import KubeError
 from kube.informer import Lister
 from sharing.crd import GROUP, VERSION
+
+log = logging.getLogger("gpupack.controller.kube")
 
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 RESOURCE_GROUP = "resource.k8s.io"
@@ -34,14 +38,17 @@ UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _items(response: Any) -> list[dict[str, Any]]:
-    data = json.loads(response.data)
-    return [i for i in data.get("items") or [] if isinstance(i, dict)]
+    """A list answer's objects; one nested deeper than any reader survives is left out (and logged), not the list."""
+    items, left_out = safejson.list_items(response.data)
+    if left_out:
+        log.warning("left out of a list, nested deeper than %d levels: %s", safejson.MAX_DEPTH, ", ".join(left_out))
+    return items
 
 
 def _body(response: Any) -> dict[str, Any] | None:
     """The object a write answered with (None when the answer is not one)."""
     try:
-        data = json.loads(response.data)
+        data, _ = safejson.loads(response.data)
     except (AttributeError, TypeError, ValueError):
         return None
     return data if isinstance(data, dict) else None
@@ -103,7 +110,8 @@ class Kube(KubeClient):
             if exc.not_found:
                 return None
             raise
-        return cast(dict[str, Any], json.loads(out.data))
+        claim, _ = safejson.loads(out.data)  # a too-deep subtree reads as a marker the typed readers refuse
+        return cast(dict[str, Any], claim)
 
     # ---------------------------------------------------------------- writing
     def create_resource_claim(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -121,4 +121,26 @@ def holds_pruned(value: Any) -> bool:
     return False
 
 
-__all__ = ["MAX_DEPTH", "PRUNED", "deeper_than", "holds_pruned", "loads", "prune"]
+def list_items(data: bytes | str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The objects of a list answer, leaving out each one that held a too-deep subtree; and their names.
+
+    For the direct lists readers make before (or instead of) an informer: one deep object
+    costs the reader that object, never the list.
+    """
+    value, cuts = loads(data)
+    raw = value.get("items") if isinstance(value, dict) else None
+    items = [i for i in raw or [] if isinstance(i, dict)]
+    if not cuts:
+        return items, []
+    kept, left_out = [], []
+    for item in items:
+        if holds_pruned(item):
+            meta = item.get("metadata")
+            meta = meta if isinstance(meta, dict) else {}
+            left_out.append("/".join(str(p) for p in (meta.get("namespace"), meta.get("name")) if p))
+        else:
+            kept.append(item)
+    return kept, left_out
+
+
+__all__ = ["MAX_DEPTH", "PRUNED", "deeper_than", "holds_pruned", "list_items", "loads", "prune"]

@@ -19,9 +19,12 @@ from typing import Any, Callable
 import pytest
 from kubernetes import client
 
+from controller.kube import Kube as ControllerKube
 from gpupack.devcluster.controlplane import ControlPlane
 from kube.errors import KubeError
 from kube.informer import Informer
+from node.draplugin.claims import ClaimError, ClaimRef
+from node.draplugin.kube_claims import KubeClaimSource
 from tests.e2e.test_agent_rbac import POLICY, _agent_on, _new_node, _test_agent
 
 DEEP = 1_500
@@ -82,6 +85,12 @@ def test_informer_keeps_other_claims_and_its_watch_when_one_claim_is_deep(
     for name, parameters in (("good", '{"a":1}'), ("deep", '{"a":' + "[" * 3_000 + "]" * 3_000 + "}")):
         answer = _send_raw(api, "POST", path, claim(name, parameters), "application/json")
         assert answer.status == 201, answer.data[:300]
+    # The direct readers: the controller's list before its cache has listed, the DRA plugin's get.
+    listed = [f"{c['metadata']['namespace']}/{c['metadata']['name']}"
+              for c in ControllerKube(admin_client).list_resource_claims()]
+    assert f"{namespace}/good" in listed and f"{namespace}/deep" not in listed
+    with pytest.raises(ClaimError):  # not RecursionError out of the client (the plugin reads by name)
+        KubeClaimSource(admin_client).get(ClaimRef(uid="any", namespace=namespace, name="deep"))
     resource = client.ResourceV1Api(admin_client)
     informer = Informer("resourceclaims", functools.partial(resource.list_namespaced_resource_claim, namespace),
                         watch_seconds=5, max_backoff_s=1)

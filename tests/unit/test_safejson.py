@@ -138,3 +138,10 @@ def test_record_annotation_nested_deep_is_a_clear_error() -> None:
             json_record(text, "gpupack.io/allocation", ValueError)
     with pytest.raises(ValueError, match="nested too deep"):
         json_record("[" * 5_000 + "]" * 5_000, "gpupack.io/allocation", ValueError)
+
+
+def test_list_items_leaves_out_and_names_only_the_deep_object() -> None:
+    text = ('{"items":[' + node_json("a", "1") + ","
+            + '{"metadata":{"namespace":"t","name":"bad"},"spec":' + deep_object(10_000) + "}," + node_json("c", "3") + "]}")
+    items, left_out = safejson.list_items(text.encode())
+    assert [i["metadata"]["name"] for i in items] == ["a", "c"] and left_out == ["t/bad"]
