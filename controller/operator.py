@@ -143,6 +143,7 @@ class Loop:
         for kind, informer in self.caches.informers.items():
             if kind in self.caches.started:
                 self.controller.metrics.cached.labels(kind).set(len(informer))
+                self.controller.metrics.rejected.labels(kind).set(len(informer.rejected))
 
 
 def build_registry(loop: Loop) -> kopf.OperatorRegistry:
