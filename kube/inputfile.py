@@ -148,11 +148,16 @@ def decode_text(source: str | os.PathLike[str], data: bytes, *, syntax: Syntax |
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InputFileError(source, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    if syntax is not None:
-        depth = nesting_depth(text, syntax)
-        if depth > MAX_DEPTH:
-            raise InputFileError(source, f"{syntax.upper()} nested {depth} levels deep; at most {MAX_DEPTH} are read")
+    if syntax is not None and (problem := nesting_problem(text, syntax)):
+        raise InputFileError(source, problem)
     return text
+
+
+def nesting_problem(text: str, syntax: Syntax) -> str | None:
+    """Why ``text`` is nested too deep to parse, or None: for YAML/JSON that arrives other than as a
+    file (a ConfigMap's key), checked with the same rule before it reaches a recursive parser."""
+    depth = nesting_depth(text, syntax)
+    return f"{syntax.upper()} nested {depth} levels deep; at most {MAX_DEPTH} are read" if depth > MAX_DEPTH else None
 
 
 def read_stream(stream: BinaryIO, name: str, *, limit: int | None = None, syntax: Syntax | None = None) -> str:

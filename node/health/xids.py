@@ -28,6 +28,7 @@ from typing import Any, Literal, get_args
 
 import yaml
 
+from kube.inputfile import nesting_problem
 from sharing.crd import HealthRecovery
 
 XidAction = Literal["application", "unhealthy"]
@@ -107,6 +108,8 @@ def classify(xid: int, table: Mapping[int, XidRule]) -> XidRule:
 
 def parse_overrides(text: str) -> dict[int, XidRule]:
     """The rules of an override table (YAML: a list of ``{xid, action, recovery, description}``)."""
+    if problem := nesting_problem(text, "yaml"):  # PyYAML's composer recurses once per level
+        raise XidTableError(f"{XID_TABLE_KEY}: {problem}")
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

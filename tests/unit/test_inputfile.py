@@ -180,3 +180,21 @@ def test_the_simulated_nvml_state_file_refuses_a_deep_document(tmp_path: Path) -
     path.write_text(DEEP)
     with pytest.raises(ValueError, match=f"simulated NVML state file {path}: JSON nested"):
         simulated_backend("H200", 1, path)
+
+
+def test_the_xid_table_refuses_a_deep_document_from_its_configmap_too() -> None:
+    """The agent parses the gpupack-xid-table ConfigMap with the parser check-xid-table uses: a deep
+    document is an XidTableError (the table in force stays), not a RecursionError in the agent."""
+    from node.health.xids import XidTableError, parse_overrides
+
+    with pytest.raises(XidTableError, match=f"nested .* levels deep; at most {MAX_DEPTH}"):
+        parse_overrides(DEEP)
+    with pytest.raises(XidTableError, match="entry 0: must be a mapping"):
+        parse_overrides("[[[]]]")  # shallow text reaches the usual checks
+
+
+def test_nesting_problem_names_the_depth() -> None:
+    from kube.inputfile import nesting_problem
+
+    assert nesting_problem("a: [1, 2]", "yaml") is None
+    assert nesting_problem("[" * 101 + "]" * 101, "json") == f"JSON nested 101 levels deep; at most {MAX_DEPTH} are read"
