@@ -145,3 +145,28 @@ def test_list_items_leaves_out_and_names_only_the_deep_object() -> None:
             + '{"metadata":{"namespace":"t","name":"bad"},"spec":' + deep_object(10_000) + "}," + node_json("c", "3") + "]}")
     items, left_out = safejson.list_items(text.encode())
     assert [i["metadata"]["name"] for i in items] == ["a", "c"] and left_out == ["t/bad"]
+
+
+def test_webhook_inventory_is_synced_with_every_other_node_when_one_gpunode_is_deep() -> None:
+    """A restarted webhook listing a GPUNode nested 1,500 deep (stored before the schema was typed)
+    becomes ready with the other nodes; the same node's deep watch event takes only that node out."""
+    from tests.unit.test_webhook_inventory_watch import gpunode, scripted
+    from webhook.inventory_source import InventoryHolder
+    from webhook.inventory_watch import KubernetesWatch
+
+    good = json.dumps(gpunode("a", "5"))
+    deep_b = json.dumps(gpunode("b", "6")).replace('"status": {', '"status": {"reconfiguration": '
+                                                   + deep_array(1_500) + ", ", 1)
+    deep_a = json.dumps(gpunode("a", "7")).replace('"status": {', '"status": {"reconfiguration": '
+                                                   + deep_object(1_500) + ", ", 1)
+    gpunodes = RawLister(['{"metadata":{"resourceVersion":"9"},"items":[' + good + "," + deep_b + "]}"],
+                         [['{"type":"MODIFIED","object":' + deep_a + "}",
+                           '{"type":"MODIFIED","object":' + json.dumps(gpunode("b", "8")) + "}"]])
+    watch = KubernetesWatch(InventoryHolder(), scripted(gpunodes))  # type: ignore[arg-type]
+    for informer in watch.informers.values():
+        informer.relist()
+    inventory = watch.publish_pending()
+    assert inventory is not None and inventory.synced and [n.name for n in inventory.nodes] == ["a"]
+    watch.informers["GPUNode"].watch_once()
+    inventory = watch.publish_pending()
+    assert inventory is not None and [n.name for n in inventory.nodes] == ["b"]
