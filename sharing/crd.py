@@ -417,7 +417,7 @@ def labels_match(match_labels: Mapping[str, str], labels: Mapping[str, str]) -> 
 class LabelSelector(ApiModel):
     """Equality-based label selector; empty selects everything."""
 
-    match_labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    match_labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         return labels_match(self.match_labels, labels)
@@ -529,7 +529,7 @@ class SharingPolicySpec(ApiModel):
         Field(None, max_length=32, description="MIG profiles gpupack may create; absent: all.")
     )
     default_gpu_memory: str | None = Field(
-        None, pattern=MEMORY_QUANTITY_PATTERN, description="For requests without gpu-memory."
+        None, pattern=MEMORY_QUANTITY_PATTERN, max_length=32, description="For requests without gpu-memory."
     )
     layout: LayoutPolicy = Field(default_factory=LayoutPolicy)
     reshaping: ReshapingPolicy = Field(default_factory=ReshapingPolicy)
