@@ -28,11 +28,12 @@ and where it was pinned.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from controller.drausage import ClaimConflict, own_pin, read_usage
+from controller.view import Pod
 from sharing.allocation import Allocation, ContainerAllocation
 from sharing.dra import names
 from sharing.dra.claims import MANAGED_BY, DeviceRequestJSON, device_request
@@ -125,7 +126,8 @@ def claim_body(pod: Mapping[str, Any], allocation: Allocation, pinned: Pinned, s
     }
 
 
-def existing_pin(claim: Mapping[str, Any], pod_uid: str) -> Pinned | ClaimConflict:
-    """Where an existing claim of the pod's name was pinned, if it is the pod's; else why it is not usable."""
-    (record,) = read_usage([claim], []).claims.values()
+def existing_pin(claim: Mapping[str, Any], pod_uid: str, pods: Iterable[Pod]) -> Pinned | ClaimConflict:
+    """Where an existing claim of the pod's name was pinned, if it is the pod's and its pin is one the
+    controller wrote (``drausage.pin_untrusted``, over the cycle's ``pods``); else why it is not usable."""
+    (record,) = read_usage([claim], [], pods).claims.values()
     return own_pin(record, pod_uid)

@@ -25,7 +25,7 @@ from controller.draplan import DraPlacement, DraPlan, dra_nodes, plan_dra
 from controller.drausage import ClaimConflict, Hold, read_usage
 from controller.kube import Kube
 from controller.planner import Release
-from controller.view import Snapshot
+from controller.view import Pod, Snapshot
 from kube.errors import KubeError
 from sharing.allocation import trusted_allocation
 from sharing.dra.share_policy import SHARES, SharePolicy
@@ -46,6 +46,8 @@ class DraCycle:
         self.holds: tuple[Hold, ...] = ()
         """What the DRA pool's claims held when the last cycle planned (for the cluster figures)."""
         self._refused: frozenset[str] = frozenset()
+        self._pods: tuple[Pod, ...] = ()
+        """The last planned cycle's pods: whose claims' pins the controller trusts (``drausage``)."""
         # prepare() runs in the release's worker threads and may add to _refused.
         self._lock = threading.Lock()
 
@@ -56,7 +58,8 @@ class DraCycle:
         if not nodes and not any(p.backend == "dra" and p.gated for p in snapshot.pods):
             self.holds = ()
             return DraPlan()
-        usage = read_usage(self.kube.list_resource_claims(), nodes)
+        self._pods = tuple(snapshot.pods)
+        usage = read_usage(self.kube.list_resource_claims(), nodes, self._pods)
         self.holds = usage.holds
         problems = frozenset(usage.problems)
         for problem in sorted(problems - self._problems):
@@ -103,7 +106,7 @@ class DraCycle:
             return f"ResourceClaim {namespace}/{claim} exists and cannot be read: {exc}"
         if found is None:
             return f"ResourceClaim {namespace}/{claim} was deleted while being created; next cycle"
-        pinned = existing_pin(found, uid)
+        pinned = existing_pin(found, uid, self._pods)
         if isinstance(pinned, ClaimConflict):
             if pinned.foreign:
                 self._note_refused({placement.pod: pinned.why}, keep=True)

@@ -12,6 +12,19 @@ raw API dicts in):
   names (``sharing.dra.pinned``); without counting them, a burst of pods in
   consecutive cycles would be promised one device twice.
 
+**Whose pin counts** (issue 33, item 1). A tenant may create ResourceClaims in
+its namespace, on any DeviceClass, with any annotation the API server lets
+through: a pin is gpupack's record only when gpupack wrote it. The admission
+policy ``gpupack-claim-marks`` refuses ``gpupack.io/*`` annotations on claims
+written by anyone but the controller; this module does not rely on it being
+installed (:func:`pin_untrusted`): a pin counts, as a promise or for adoption,
+only on a claim the controller could have written, one owned by a DRA pod of
+the cycle whose trusted record names the claim, pinning exactly that pod's
+requests to devices its record allows, each asked on gpupack's DeviceClass of
+the pinned kind. Any other pin is ignored and named once in
+:attr:`DraUsage.problems`. An allocation stays the truth whoever created the
+claim: kube-scheduler wrote it, not the claim's author.
+
 Device names are read back through the names the node's GPUs can publish
 (``sharing.dra.names`` writes them; :func:`device_table` lists them per GPU of
 the node's model), so a name resolves to its GPU, profile and placement
@@ -27,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controller.view import Node
+from controller.view import Node, Pod
 from kube.times import parse_time
 from mig.model import GpuModel
 from sharing.dra import names
@@ -161,8 +174,63 @@ def device_table(node: Node) -> dict[str, DeviceRef]:
     return table
 
 
-def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]) -> DraUsage:
-    """The holds of ``claims`` on ``nodes`` (the DRA pool), and every claim's record."""
+def pin_untrusted(obj: Mapping[str, Any], pinned: Pinned, pods: Mapping[str, Pod]) -> str | None:
+    """Why the pin of claim ``obj`` is not one the controller could have written (None: it could).
+
+    ``pods``: the cycle's DRA pods by UID (their records already trusted, ``controller.podview``).
+    The controller writes a claim (``controller.draclaims``) only for the pod whose record names it,
+    owned by that pod, one request per recorded container on gpupack's DeviceClass of the device
+    chosen for it, and a pin of exactly those requests to devices the record allows."""
+    meta = _map(obj.get("metadata"))
+    namespace, name = meta.get("namespace"), meta.get("name")
+    owners = [pods.get(str(_map(o).get("uid"))) for o in _list(meta.get("ownerReferences"))
+              if _map(o).get("kind") == "Pod" and _map(o).get("controller") is True]
+    pod = next((p for p in owners if p is not None and p.backend == "dra" and p.namespace == namespace
+                and p.claim == name), None)
+    if pod is None:
+        return "not owned by the DRA pod whose record names it"
+    wanted = {request: index for index, request in enumerate(pod.requests)}
+    pinned_requests = [d.request for d in pinned.devices]
+    if sorted(pinned_requests) != sorted(wanted):
+        return f"pins requests {sorted(pinned_requests)}, its pod's record asks {sorted(wanted)}"
+    classes: dict[str, Any] = {}
+    for raw in _list(_map(_map(obj.get("spec")).get("devices")).get("requests")):
+        request = _map(raw)
+        classes[str(request.get("name"))] = _map(request.get("exactly")).get("deviceClassName")
+    if sorted(classes) != sorted(wanted):
+        return f"asks requests {sorted(classes)}, its pod's record asks {sorted(wanted)}"
+    for device in pinned.devices:
+        if classes[device.request] != names.CLASS_OF_KIND[device.kind]:
+            return (f"request {device.request!r} asks DeviceClass {classes[device.request]!r}, "
+                    f"not {names.CLASS_OF_KIND[device.kind]!r} of the {device.kind} device it pins")
+        why = _kind_refused(pod, wanted[device.request], device)
+        if why is not None:
+            return f"request {device.request!r}: {why}"
+    return None
+
+
+def _kind_refused(pod: Pod, index: int, device: PinnedDevice) -> str | None:
+    """Why the pod's record does not allow ``device`` for its container ``index`` (the rule
+    ``controller.draclaims`` builds claims by)."""
+    if device.kind == "gpu":
+        return None if pod.mode == "whole" else f"a whole GPU for a pod of mode {pod.mode!r}"
+    if device.kind == "shared":
+        return None if pod.mode in ("mps", "time-slicing") else f"a share for a pod of mode {pod.mode!r}"
+    recorded = pod.profiles[index] if pod.mode == "mig" and index < len(pod.profiles) else None
+    fallback = pod.mig_fallback[index] if index < len(pod.mig_fallback) else None
+    if device.profile in (recorded, fallback) and device.profile is not None:
+        return None
+    return f"MIG profile {device.profile!r}, the record allows {recorded or fallback or 'no MIG instance'}"
+
+
+def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node],
+               pods: Iterable[Pod] | None = None) -> DraUsage:
+    """The holds of ``claims`` on ``nodes`` (the DRA pool), and every claim's record.
+
+    ``pods``: the cycle's pods; a pin counts only where :func:`pin_untrusted` finds it the
+    controller's. None checks no pin: for readers that only count what claims say they hold
+    (tests of that counting), never for a placement decision."""
+    by_uid = None if pods is None else {p.uid: p for p in pods if p.uid and p.backend == "dra"}
     tables = {n.name: device_table(n) for n in nodes}
     holds: list[Hold] = []
     records: dict[str, ClaimRecord] = {}
@@ -181,10 +249,18 @@ def read_usage(claims: Iterable[Mapping[str, Any]], nodes: Sequence[Node]) -> Dr
             except PinnedError as exc:
                 problem = str(exc)
                 problems.append(f"ResourceClaim {key}: {exc}")
+        trusted = pinned is not None
+        if pinned is not None and by_uid is not None:
+            why = pin_untrusted(obj, pinned, by_uid)
+            if why is not None:
+                # Not gpupack's record (a tenant's forgery, or an admin's copy): no promise, no adoption.
+                pinned, trusted = None, False
+                problem = f"{ANNOTATION} not written by gpupack ({why}); ignored"
+                problems.append(f"ResourceClaim {key}: {problem}")
         allocation = _map(_map(obj.get("status")).get("allocation"))
         records[key] = ClaimRecord(key, owners, pinned, problem, bool(allocation), str(meta.get("uid") or ""),
                                    str(meta.get("resourceVersion") or ""), parse_time(meta.get("creationTimestamp")),
-                                   _count(_map(meta.get("annotations")).get(DRA_REQUEUES_ANNOTATION)))
+                                   _count(_map(meta.get("annotations")).get(DRA_REQUEUES_ANNOTATION)) if trusted else 0)
         results = _list(_map(allocation.get("devices")).get("results"))
         if results:
             holds += _allocated(key, results, tables, problems, allocated_node(allocation))

@@ -128,7 +128,7 @@ def figures(gpunodes: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: l
             claims: list[dict[str, Any]] | None = None) -> Figures:
     """``claims``: the ResourceClaims, on a DRA node pool (what each GPU holds is theirs to say)."""
     snapshot = build_snapshot(gpunodes, nodes, pods, [])
-    holds = read_usage(claims, dra_nodes(snapshot)).holds if claims else ()
+    holds = read_usage(claims, dra_nodes(snapshot), snapshot.pods).holds if claims else ()
     occupied, frag, gpus = cluster_figures(snapshot, holds)
     # The webhook replaces gpupack.io/gpu-milli with the device plugin's resource and
     # keeps the ask in the allocation annotation, which pod_from_object reads into

@@ -1,0 +1,98 @@
+"""A pin (``gpupack.io/dra-pinned``) counts only when gpupack's controller could have written it
+(issue 33, item 1): a tenant's claim carrying one, on any DeviceClass, promises nothing and is
+adopted by no pod; the controller's own claims still count. ``controller.drausage.pin_untrusted``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.drausage import read_usage
+from controller.podview import pod_from_object
+from controller.snapshot import node_from_objects
+from controller.view import Node, Pod
+from sharing.dra.claims import MANAGED_BY
+from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
+from sharing.dra.share_policy import SharePolicy
+from sharing.keys import DRA_REQUEUES_ANNOTATION
+from controller.draclaims import claim_body
+from tests.unit.test_controller_dra import (
+    cluster, controller, dra_allocation, dra_pod, gpunode, node_object, pinned_node,
+)
+
+EVERY_GPU = Pinned("a", (PinnedDevice("a", "gpu", 0), PinnedDevice("a", "gpu", 1)))
+
+
+def forged(name: str, namespace: str = "tenant", pinned: Pinned = EVERY_GPU, **meta: Any) -> dict[str, Any]:
+    """The attack of issue 33: a claim on a DeviceClass that is not gpupack's, pinning every GPU of the node."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": namespace, "name": name, "labels": dict(MANAGED_BY),
+                         "annotations": {ANNOTATION: pinned.to_annotation(), DRA_REQUEUES_ANNOTATION: "99"}, **meta},
+            "spec": {"devices": {"requests": [{"name": "a", "exactly": {"deviceClassName": "tenant-class"}}]}}}
+
+
+def _node() -> Node:
+    node = node_from_objects(gpunode("a", 2), node_object("a"))
+    assert node is not None
+    return node
+
+
+def _pod(name: str, mode: str = "mps", claim: str | None = None) -> tuple[dict[str, Any], Pod]:
+    obj = dra_pod(name, "team", dra_allocation(mode, claim or f"gpupack-pod-{name}"), uid=f"uid-{name}")  # type: ignore[arg-type]
+    pod = pod_from_object(obj)
+    assert pod is not None
+    return obj, pod
+
+
+def test_a_tenants_pins_promise_nothing_and_are_named_once() -> None:
+    _, pod = _pod("p")
+    usage = read_usage([forged("c1"), forged("c2")], [_node()], [pod])
+    assert usage.holds == ()
+    assert [p.split(":")[0] for p in usage.problems] == ["ResourceClaim tenant/c1", "ResourceClaim tenant/c2"]
+    assert all("not written by gpupack" in p for p in usage.problems)
+    assert usage.claims["tenant/c1"].pinned is None and usage.claims["tenant/c1"].requeues == 0
+
+
+def test_the_controllers_own_claim_still_promises() -> None:
+    obj, pod = _pod("p")
+    pinned = Pinned("a", (PinnedDevice("gpu-0", "shared", 1, 300, 2**30),))
+    body = claim_body(obj, dra_allocation("mps", "gpupack-pod-p"), pinned, SharePolicy(), requeues=2)
+    usage = read_usage([body], [_node()], [pod])
+    assert [(h.claim, h.device.gpu, h.allocated) for h in usage.holds] == [("team/gpupack-pod-p", 1, False)]
+    assert usage.problems == () and usage.claims["team/gpupack-pod-p"].requeues == 2
+
+
+def test_a_pin_its_pods_record_would_not_give_is_not_trusted_even_on_the_pods_own_claim() -> None:
+    obj, pod = _pod("p")  # an mps pod: the controller never pins it a whole GPU
+    owner = {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "uid-p", "controller": True}]}
+    whole = Pinned("a", (PinnedDevice("gpu-0", "gpu", 0),))
+    cases = {
+        "no owner": forged("gpupack-pod-p", "team", Pinned("a", (PinnedDevice("gpu-0", "shared", 0, 300, 2**30),))),
+        "wrong kind": claim_body(obj, dra_allocation("mps", "gpupack-pod-p"),
+                                 Pinned("a", (PinnedDevice("gpu-0", "shared", 0, 300, 2**30),)), SharePolicy()),
+        "foreign class": forged("gpupack-pod-p", "team", Pinned("a", (PinnedDevice("a", "shared", 0, 300, 2**30),)),
+                                **owner),
+    }
+    cases["wrong kind"]["metadata"]["annotations"][ANNOTATION] = whole.to_annotation()
+    for why, claim in cases.items():
+        usage = read_usage([claim], [_node()], [pod])
+        assert usage.holds == (), why
+        assert usage.claims["team/gpupack-pod-p"].pinned is None, why
+
+
+def test_a_forged_pin_on_every_gpu_does_not_stop_placement() -> None:
+    obj, _ = _pod("p")
+    kube = cluster(obj)
+    for index in range(3):
+        kube.claims[f"tenant/c{index}"] = forged(f"c{index}")
+    report = controller(kube).cycle()
+    assert report.released == ["team/p"] and pinned_node(kube.pod_patches[0][1]) == ["a"]
+
+
+def test_a_forged_claim_under_the_pods_claim_name_is_not_adopted() -> None:
+    obj, _ = _pod("p")
+    kube = cluster(obj)
+    owner = [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "uid-p", "controller": True}]
+    kube.claims["team/gpupack-pod-p"] = forged("gpupack-pod-p", "team", Pinned("a", (PinnedDevice("gpu-0", "gpu", 1),)),
+                                               ownerReferences=owner)
+    report = controller(kube).cycle()
+    assert report.released == [] and kube.pod_patches == []
