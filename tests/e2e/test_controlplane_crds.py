@@ -81,8 +81,7 @@ def _status(product: str, mig_instances: int, in_use: int) -> crd.GPUNodeStatus:
         summary=crd.NodeSummary(gpus=1, mig_instances=mig_instances, instances_in_use=in_use),
         conditions=[_condition("Ready", "True")],
         reconfiguration=crd.ReconfigurationStatus.model_validate(
-            {"phase": "Applying", "step": 2, "plan": [{"action": "create", "profile": "1g.10gb"}],
-             "agentNote": "extension field kept by the API server"}),
+            {"phase": "Applying", "step": 2, "plan": [{"op": "create", "instance": "1g.10gb@0:1"}]}),
     )
 
 
@@ -98,7 +97,12 @@ def test_status_is_a_subresource_and_round_trips(admin_client: Any, create: Crea
         crd.GROUP, crd.VERSION, "gpunodes", name, {"status": crd.to_wire(status)})
     stored = objects.get_cluster_custom_object(crd.GROUP, crd.VERSION, "gpunodes", name)
     assert crd.GPUNodeStatus.model_validate(stored["status"]) == status
-    assert stored["status"]["reconfiguration"]["agentNote"].startswith("extension")
+    # No field keeps unknown fields (issue 33, item 2): an extension the agent adds is pruned.
+    objects.patch_cluster_custom_object_status(
+        crd.GROUP, crd.VERSION, "gpunodes", name, {"status": {"reconfiguration": {"agentNote": {"a": [1]}}}})
+    stored = objects.get_cluster_custom_object(crd.GROUP, crd.VERSION, "gpunodes", name)
+    assert "agentNote" not in stored["status"]["reconfiguration"]
+    assert crd.GPUNodeStatus.model_validate(stored["status"]) == status
     assert stored["metadata"]["generation"] == created["metadata"]["generation"]
 
     objects.patch_cluster_custom_object(
