@@ -63,6 +63,16 @@ class Metrics:
             "gpupack_webhook_tls_reloads", "Serving certificate reloads after rotation.", registry=self.registry
         )
         self.slow_clients = Counter("gpupack_webhook_slow_clients_dropped", SLOW_CLIENTS_HELP, registry=self.registry)
+        self.connections_refused = Counter(
+            "gpupack_webhook_connections_refused",
+            "Connections closed before any request: per_source_limit (the source already held "
+            "max_connections_per_source), tls_handshake (TLS not completed within tls_handshake_seconds, "
+            "or failed).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self.refused_per_source = self.connections_refused.labels("per_source_limit")
+        self.handshakes_unfinished = self.connections_refused.labels("tls_handshake")
         # Pre-create the hot-path children: labels() costs a dict lookup and a lock.
         self._outcome = {
             (e, o): self.requests.labels(e, o) for e in ("mutate", "validate", "authorize") for o in ("allowed", "denied", "error")

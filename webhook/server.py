@@ -6,9 +6,12 @@ functions of the other ``webhook`` modules, which the tests drive directly.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import gc
 import importlib.util
 import logging
+import socket
 from typing import Any
 
 import uvicorn
@@ -18,6 +21,7 @@ from webhook.inventory_source import FileWatch, InventoryHolder, load_file
 from webhook.inventory_watch import KubernetesWatch
 from webhook.metrics import Metrics
 from webhook.settings import WebhookSettings
+from webhook.source_limits import SourceLimiter
 from webhook.tls import ReloadingTLS
 
 # Longer than the API server's idle-connection timeout for webhook clients (Go's
@@ -37,7 +41,35 @@ def _http_protocol(settings: WebhookSettings, metrics: Metrics) -> Any:
         return "h11"
     from webhook.slow_clients import deadline_protocol
 
-    return deadline_protocol(settings.request_read_seconds, on_drop=metrics.slow_clients.inc)
+    limiter = SourceLimiter(settings.max_connections_per_source, on_refuse=metrics.refused_per_source.inc)
+    return deadline_protocol(settings.request_read_seconds, on_drop=metrics.slow_clients.inc, limiter=limiter,
+                             handshake_seconds=settings.tls_handshake_seconds,
+                             on_handshake_unfinished=metrics.handshakes_unfinished.inc)
+
+
+class HandshakeDeadlineServer(uvicorn.Server):
+    """uvicorn's server, its listening socket created with a TLS handshake deadline.
+
+    uvicorn calls ``loop.create_server`` without ``ssl_handshake_timeout``, so the
+    event loop's default (60 s) applied: a TCP connection that never starts TLS
+    held its socket that long, before the HTTP layer (and ``request_read_seconds``)
+    ever saw it. uvicorn has no option for it, so for the duration of ``startup``
+    the running loop's ``create_server`` is shadowed by one that passes the
+    deadline; the loop's own method is restored right after.
+    """
+
+    def __init__(self, config: uvicorn.Config, handshake_seconds: float) -> None:
+        super().__init__(config)
+        self.handshake_seconds = handshake_seconds
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        with_deadline = functools.partial(loop.create_server, ssl_handshake_timeout=self.handshake_seconds)
+        setattr(loop, "create_server", with_deadline)  # an instance attribute shadows the method
+        try:
+            await super().startup(sockets)
+        finally:
+            delattr(loop, "create_server")
 
 
 def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvicorn.Server, AdmissionApp]:
@@ -69,7 +101,7 @@ def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvi
         server_header=False,
         date_header=False,
     )
-    return uvicorn.Server(config), app
+    return HandshakeDeadlineServer(config, settings.tls_handshake_seconds), app
 
 
 def serve(settings: WebhookSettings, kubeconfig: str | None = None) -> int:

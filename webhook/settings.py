@@ -51,6 +51,17 @@ class WebhookSettings:
     The API server keeps a few pooled connections per replica; a stalled connection costs
     about 0.1 MiB and lives at most ``request_read_seconds``, so 2000 stay well inside the
     manifest's 512Mi (benchmarks/faults.md)."""
+    max_connections_per_source: int = 500
+    """Open connections one source address may hold; more from it are closed as soon as they
+    are made (``webhook.source_limits``), so one client cannot take the whole ``max_connections``
+    and leave the API server's calls 503. A quarter of the global cap: the API server needs a
+    few pooled connections per replica (more only in a burst, each call taking about a ms), and
+    each of its replicas is a source of its own. It does not stop many sources at once: the
+    NetworkPolicy (``apiServerCIDR``) admits only the API server's addresses."""
+    tls_handshake_seconds: float = 10.0
+    """A client must complete its TLS handshake this soon after connecting, or the connection is
+    closed (counted in ``gpupack_webhook_connections_refused_total{reason="tls_handshake"}``);
+    the event loop's own default is 60 s. The API server needs a few ms."""
     node_agent_user: str = "system:serviceaccount:gpupack-system:gpupack-node-agent"
     """Whose pod lists ``POST /authorize`` decides (``webhook.authorization``): the node
     agents' ServiceAccount, as kube-apiserver names it."""
@@ -84,12 +95,16 @@ class WebhookSettings:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes {self.max_body_bytes} is too small for any AdmissionReview "
                              "(at least 1024; default 3 MiB)")
-        if self.tls_reload_seconds <= 0 or self.resync_seconds <= 0 or self.request_read_seconds <= 0:
-            raise ValueError("tls_reload_seconds, resync_seconds and request_read_seconds must be greater than 0")
+        if (self.tls_reload_seconds <= 0 or self.resync_seconds <= 0 or self.request_read_seconds <= 0
+                or self.tls_handshake_seconds <= 0):
+            raise ValueError("tls_reload_seconds, resync_seconds, request_read_seconds and tls_handshake_seconds "
+                             "must be greater than 0")
         if self.inventory_coalesce_seconds < 0:
             raise ValueError(f"inventory_coalesce_seconds must be 0 or more, got {self.inventory_coalesce_seconds}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {self.max_connections}")
+        if self.max_connections_per_source < 1:
+            raise ValueError(f"max_connections_per_source must be at least 1, got {self.max_connections_per_source}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement {self.placement!r} is not one of {', '.join(PLACEMENTS)}")
 

@@ -44,12 +44,13 @@ def write_pair(directory: Path) -> tuple[Path, bytes]:
 
 
 class Server:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, **settings: str) -> None:
         self.dir = tmp
         self.ca, self.der = write_pair(tmp)
         self.port = free_port()
         env = dict(os.environ, PYTHONPATH=str(ROOT), GPUPACK_WEBHOOK_TLS_RELOAD_SECONDS="0.2",
                    GPUPACK_WEBHOOK_MAX_BODY_BYTES=str(256 * 1024), GPUPACK_WEBHOOK_REQUEST_READ_SECONDS="1")
+        env.update({f"GPUPACK_WEBHOOK_{name.upper()}": value for name, value in settings.items()})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpupack", "webhook", "serve", "--tls-cert", str(tmp / "tls.crt"),
              "--tls-key", str(tmp / "tls.key"), "--host", "127.0.0.1", "--port", str(self.port),
@@ -63,8 +64,11 @@ class Server:
         text = client.get("/metrics").text
         return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, verify=ssl.create_default_context(cafile=str(self.ca)), timeout=10)
+    def client(self, source: str | None = None) -> httpx.Client:
+        """An HTTPS client; ``source`` binds it to another loopback address (a second client host)."""
+        verify = ssl.create_default_context(cafile=str(self.ca))
+        transport = httpx.HTTPTransport(verify=verify, local_address=source) if source else None
+        return httpx.Client(base_url=self.url, verify=verify, transport=transport, timeout=10)
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + 60
@@ -210,3 +214,99 @@ def test_certificate_rotation_without_restart(server: Server) -> None:
     with httpx.Client(base_url=server.url, verify=ssl.create_default_context(cafile=str(new_ca))) as client:
         assert client.get("/metrics").text.count("gpupack_webhook_tls_reloads_total 1.0") == 1
 
+
+
+# Flood: small caps so that a handful of connections reach them. The read deadline is long
+# so that silent connections stay open for the whole test unless the server refuses them.
+FLOOD = dict(max_connections="20", max_connections_per_source="5", tls_handshake_seconds="1",
+             request_read_seconds="120", log_level="warning")
+API_SERVER = "127.0.0.2"  # all of 127.0.0.0/8 is loopback on Linux: a second source address
+
+
+@pytest.fixture(scope="module")
+def flood_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = Server(tmp_path_factory.mktemp("webhook-flood"), **FLOOD)
+    yield s
+    s.stop()
+
+
+def _silent_tls(server: Server) -> ssl.SSLSocket:
+    ctx = ssl.create_default_context(cafile=str(server.ca))
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=30, source_address=("127.0.0.1", 0))
+    return ctx.wrap_socket(raw, server_hostname="localhost")
+
+
+def test_one_source_cannot_take_the_connection_cap(flood_server: Server) -> None:
+    """25 silent TLS connections from one address used to fill the cap of 20: every admission got 503."""
+    with flood_server.client(API_SERVER) as client:
+        before = flood_server.metric_value(client, 'gpupack_webhook_connections_refused_total{reason="per_source_limit"}')
+    silent = []
+    try:
+        for _ in range(25):
+            silent.append(_silent_tls(flood_server))
+        with flood_server.client(API_SERVER) as client:
+            answer = client.post("/mutate", json=make_review(make_pod(gpu_container()), uid="through"))
+            assert answer.status_code == 200
+            assert answer.json()["response"]["uid"] == "through"
+            refused = 0.0
+            for _ in range(50):  # the last handshakes may still be in the server's queue: bounded wait
+                refused = flood_server.metric_value(
+                    client, 'gpupack_webhook_connections_refused_total{reason="per_source_limit"}') - before
+                if refused >= 20:
+                    break
+                time.sleep(0.2)
+        assert refused == 20  # the flooding source holds 5, no more
+        # The refused ones were closed by the server, not left hanging.
+        closed = 0
+        for tls in silent[5:]:
+            try:
+                closed += tls.recv(1024) == b""
+            except (ConnectionResetError, ssl.SSLError):
+                closed += 1
+        assert closed == 20
+    finally:
+        for tls in silent:
+            tls.close()
+
+
+def test_the_refusals_are_logged_once_per_change_of_state(tmp_path: Path) -> None:
+    server = Server(tmp_path, **FLOOD)
+    silent = []
+    try:
+        for _ in range(12):
+            silent.append(_silent_tls(server))
+        with server.client(API_SERVER) as client:
+            for _ in range(50):
+                if server.metric_value(client, 'gpupack_webhook_connections_refused_total{reason="per_source_limit"}') >= 7:
+                    break
+                time.sleep(0.2)
+    finally:
+        for tls in silent:
+            tls.close()
+        server.stop()
+    assert server.proc.stdout is not None
+    output = server.proc.stdout.read().decode()
+    assert output.count("refusing connections from 127.0.0.1") == 1, output
+
+
+def test_a_connection_that_never_starts_tls_is_closed(flood_server: Server) -> None:
+    """Plain TCP connections that sent nothing were held for 60 s (the event loop's default)."""
+    with flood_server.client(API_SERVER) as client:
+        before = flood_server.metric_value(client, 'gpupack_webhook_connections_refused_total{reason="tls_handshake"}')
+    raw = socket.create_connection(("127.0.0.1", flood_server.port), timeout=30, source_address=(API_SERVER, 0))
+    try:
+        # The server closes it (the deadline is 1 s here); the 30 s timeout only bounds a failure.
+        try:
+            assert raw.recv(1024) == b""
+        except ConnectionResetError:
+            pass  # reset rather than closed: just as disconnected
+    finally:
+        raw.close()
+    with flood_server.client(API_SERVER) as client:
+        after = 0.0
+        for _ in range(50):  # the counter's timer fires with the loop's own deadline: bounded wait
+            after = flood_server.metric_value(client, 'gpupack_webhook_connections_refused_total{reason="tls_handshake"}')
+            if after > before:
+                break
+            time.sleep(0.2)
+        assert after == before + 1

@@ -162,3 +162,15 @@ def test_a_binary_inventory_file_is_a_clear_error(tmp_path: Path, capsys: pytest
     pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: [{name: c, image: x}]}\n")
     assert main(["webhook", "decide", "--inventory", str(f), str(pod)]) == 2
     assert "not UTF-8 text" in capsys.readouterr().err
+
+
+def test_connection_limits_are_settings_and_are_checked() -> None:
+    defaults = WebhookSettings.from_env({})
+    assert (defaults.max_connections_per_source, defaults.tls_handshake_seconds) == (500, 10.0)
+    env = {"GPUPACK_WEBHOOK_MAX_CONNECTIONS_PER_SOURCE": "8", "GPUPACK_WEBHOOK_TLS_HANDSHAKE_SECONDS": "2.5"}
+    settings = WebhookSettings.from_env(env)
+    assert (settings.max_connections_per_source, settings.tls_handshake_seconds) == (8, 2.5)
+    with pytest.raises(ValueError, match="max_connections_per_source must be at least 1"):
+        WebhookSettings.from_env({"GPUPACK_WEBHOOK_MAX_CONNECTIONS_PER_SOURCE": "0"})
+    with pytest.raises(ValueError, match="tls_handshake_seconds"):
+        WebhookSettings.from_env({"GPUPACK_WEBHOOK_TLS_HANDSHAKE_SECONDS": "0"})
