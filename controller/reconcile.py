@@ -172,7 +172,7 @@ class Controller:
                           now: datetime, report: CycleReport) -> None:
         """Say why each gated pod waits (``controller.wait_status``): one write when the reason changes.
         Pods arriving at 20/s each get one, so they are written ``write_workers`` at a time."""
-        patches = placement_patches(result, snapshot, pod_objs, now)
+        patches = placement_patches(result, snapshot, pod_objs, now, report.dra, set(report.released))
 
         def write(patch: StatusPatch) -> None:
             self.kube.patch_pod_status(patch.namespace, patch.name, patch.body)

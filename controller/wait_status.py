@@ -18,9 +18,13 @@ of the planner's outcome, no parsing of its prose:
 * a released pod that carries a ``False`` condition gets ``Placed``; one
   released in the cycle that first saw it gets nothing (no write).
 
+DRA pool pods are judged the same way from ``controller.draplan``'s outcome
+(its waiting pods, and those refused because another's claim holds their
+claim's name), so a gated DRA pod says why it waits as every gated pod does
+(issue 33, item 8); one released gets ``Placed`` once its release was written.
 Pods kube-scheduler places (ungated: whole GPUs asked directly, and pods the
 planner only reports Unschedulable) are left to kube-scheduler's own
-``PodScheduled`` condition, and DRA pool pods to ``controller.draplan``.
+``PodScheduled`` condition.
 Nothing is written when the condition already gives the same reason and
 message; a new message alone (the planner names another node being switched,
 say) is written at most every :data:`MESSAGE_REFRESH_SECONDS`. With a backlog
@@ -32,12 +36,13 @@ write, and one a minute while its message changes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from controller.planner import Plan
+from controller.draplan import DraPlan
+from controller.planner import Plan, Release
 from controller.view import Snapshot
 from kube.times import format_time, parse_time
 from sharing.placement_status import (
@@ -82,15 +87,21 @@ def quiet(plan: Plan, snapshot: Snapshot) -> bool:
 
 
 def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping[str, Any]],
-                      now: datetime) -> list[StatusPatch]:
+                      now: datetime, dra: DraPlan | None = None,
+                      dra_released: Collection[str] = ()) -> list[StatusPatch]:
     """The pod status patches for one cycle. ``pods``: the raw pod objects the cycle read, by
-    ``namespace/name`` (pods missing there are skipped: deleted meanwhile)."""
+    ``namespace/name`` (pods missing there are skipped: deleted meanwhile). ``dra``: the DRA pool's
+    plan, whose placements count as released only when named in ``dra_released`` (a placement whose
+    claim could not be created leaves its pod gated)."""
+    dra = dra or DraPlan()
+    waits = (*plan.waiting, *dra.waiting, *dra.refused)
+    releases = (*plan.releases, *(Release(p.pod, p.node, p.reason) for p in dra.placements if p.pod in dra_released))
     gated = {p.key: p for p in snapshot.pods if p.gated}
     reason = NO_CAPACITY if quiet(plan, snapshot) else WAITING_FOR_CAPACITY
     young = now - timedelta(seconds=WAITING_SAID_AFTER_SECONDS)
     said_waiting = 0
     out: list[StatusPatch] = []
-    for wait in plan.waiting:
+    for wait in waits:
         obj = pods.get(wait.pod)
         waiting = gated.get(wait.pod)
         if waiting is None or obj is None:
@@ -105,7 +116,7 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
         if body is not None:
             out.append(_patch(wait.pod, body))
             said_waiting += reason == WAITING_FOR_CAPACITY
-    for release in plan.releases:
+    for release in releases:
         obj = pods.get(release.pod)
         if obj is None:
             continue

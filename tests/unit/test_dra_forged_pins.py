@@ -14,6 +14,7 @@ from sharing.dra.claims import MANAGED_BY
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import SharePolicy
 from sharing.keys import DRA_REQUEUES_ANNOTATION
+from sharing.placement_status import NO_CAPACITY, PLACEMENT_CONDITION, WAITING_FOR_CAPACITY
 from controller.draclaims import claim_body
 from tests.unit.test_controller_dra import (
     cluster, controller, dra_allocation, dra_pod, gpunode, node_object, pinned_node,
@@ -96,3 +97,35 @@ def test_a_forged_claim_under_the_pods_claim_name_is_not_adopted() -> None:
                                                ownerReferences=owner)
     report = controller(kube).cycle()
     assert report.released == [] and kube.pod_patches == []
+
+
+# ------------------------------------------------------------------ issue 33, item 8: why a DRA pod waits
+def _placement(kube: Any, pod: str) -> list[tuple[str, str, str]]:
+    """The gpupack.io/Placement conditions the cycle wrote on ``pod``: (status, reason, message)."""
+    return [(c["status"], c["reason"], c["message"]) for key, body in kube.status_patches if key == pod
+            for c in body["status"]["conditions"] if c["type"] == PLACEMENT_CONDITION]
+
+
+def test_a_gated_dra_pod_says_why_it_waits() -> None:
+    obj, _ = _pod("p", mode="whole")  # node a shares its GPUs by MPS: no whole GPU for it
+    kube = cluster(obj)
+    report = controller(kube).cycle()
+    assert report.released == [] and report.dra.waiting
+    ((status, reason, message),) = _placement(kube, "team/p")
+    assert status == "False" and reason in (NO_CAPACITY, WAITING_FOR_CAPACITY) and message
+
+
+def test_a_dra_pod_a_promise_holds_back_says_so() -> None:
+    """Its node's GPUs are promised to the controller's own claims of other pods: the pod waits, and says why."""
+    first, _ = _pod("first")
+    kube = cluster(first)
+    control = controller(kube)
+    assert control.cycle().released == ["team/first"]
+    first["spec"].pop("schedulingGates")  # released and bound; its claim not allocated yet: a promise
+    first["spec"]["nodeName"] = "a"
+    big = dra_pod("big", "team", dra_allocation("mps", "gpupack-pod-big", milli=(1000, 1000)), uid="uid-big")
+    kube.pods = [first, big]
+    report = control.cycle()
+    assert report.released == [] and [w.pod for w in report.dra.waiting] == ["team/big"]
+    ((status, reason, _),) = _placement(kube, "team/big")
+    assert status == "False" and reason in (NO_CAPACITY, WAITING_FOR_CAPACITY)
