@@ -216,6 +216,39 @@ def test_alert_rules_render_only_when_enabled_and_as_kustomize_builds_them(helm:
     assert default.returncode == 0 and "PrometheusRule" not in default.stdout
 
 
+def _documented_overlay() -> str:
+    """The kustomize overlay docs/webhook.md gives for apiServerCIDR, as written there."""
+    text = (ROOT / "docs" / "webhook.md").read_text()
+    after = text.split("<!-- apiServerCIDR overlay -->", 1)[1]
+    return after.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def _webhook_policy(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "gpupack-webhook")
+
+
+def test_api_server_cidr_restricts_the_webhook_policy_in_helm_and_in_the_documented_overlay(
+        helm: Path, kustomize: Path, tmp_path: Path) -> None:
+    """With apiServerCIDR set, the webhook's port admits that CIDR and nothing else; the default admits any source."""
+    cidr = "10.0.0.0/24"  # the value the documented overlay carries
+    base = ["template", "gpupack", str(CHART), "--namespace", NS, "--kube-version", "1.37.2"]
+    out = _helm(helm, *base, "--set", f"webhook.apiServerCIDR={cidr}", home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    policy = _webhook_policy(_objects(out.stdout))
+    assert policy["spec"]["ingress"] == [{"from": [{"ipBlock": {"cidr": cidr}}],
+                                          "ports": [{"protocol": "TCP", "port": 8443}]}]
+    assert policy["spec"]["egress"][0]["to"] == [{"ipBlock": {"cidr": cidr}}]
+    default = _webhook_policy(_objects(_helm(helm, *base, home=tmp_path).stdout))
+    assert default["spec"]["ingress"][0]["from"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    text = _documented_overlay().replace("../gpupack/manifests", os.path.relpath(ROOT / "manifests", overlay))
+    (overlay / "kustomization.yaml").write_text(text)
+    built = _webhook_policy(_kustomize(kustomize, overlay))
+    assert built["spec"] == policy["spec"]
+
+
 @pytest.fixture(scope="module")
 def plane(private_control_plane: ControlPlane) -> ControlPlane:
     return private_control_plane
@@ -264,8 +297,12 @@ def test_install_upgrade_uninstall(helm: Path, plane: ControlPlane, tmp_path: Pa
     out = _helm(helm, "upgrade", "gpupack", str(CHART), *INSTALL[:2], "--reuse-values",
                 "--set", "controller.batchSeconds=2", "--set", "webhook.replicas=3",
                 "--set", "agent.podReadsByAuthorizer=true", "--set", "controller.evictOnGpuFault=true",
-                "--set", "dra.enabled=true", kubeconfig=kube, home=tmp_path)
+                "--set", "dra.enabled=true", "--set", "webhook.apiServerCIDR=127.0.0.1/32", kubeconfig=kube,
+                home=tmp_path)
     assert out.returncode == 0, out.stderr
+    # The restricted NetworkPolicy is accepted (enforcing it needs a CNI, which this control plane has not).
+    webhook_policy = client.NetworkingV1Api(admin).read_namespaced_network_policy("gpupack-webhook", NS)
+    assert [peer.ip_block.cidr for rule in webhook_policy.spec.ingress for peer in rule._from] == ["127.0.0.1/32"]
     assert exists(dra_pool)
     controller = apps.read_namespaced_deployment("gpupack-controller", NS)
     env = {e.name: e.value for e in controller.spec.template.spec.containers[0].env}
