@@ -170,3 +170,22 @@ def test_webhook_inventory_is_synced_with_every_other_node_when_one_gpunode_is_d
     watch.informers["GPUNode"].watch_once()
     inventory = watch.publish_pending()
     assert inventory is not None and [n.name for n in inventory.nodes] == ["b"]
+
+
+def test_controller_caches_keep_waking_the_cycle_for_other_nodes_after_a_deep_one() -> None:
+    """The controller's GPUNode cache: after a deep event for one node, another node's update
+    (its agent reporting Succeeded) still arrives and wakes the cycle."""
+    from controller.caches import ClusterCaches
+
+    woken: list[str] = []
+    gpunodes = RawLister(['{"metadata":{"resourceVersion":"9"},"items":[' + node_json("a", "1") + ","
+                          + node_json("b", "2") + "]}"],
+                         [[f'{{"type":"MODIFIED","object":{node_json("a", "10", deep_object(1_500))}}}',
+                           f'{{"type":"MODIFIED","object":{node_json("b", "11", json.dumps({"phase": "Succeeded"}))}}}']])
+    caches = ClusterCaches({"gpunodes": gpunodes}, on_change=woken.append)
+    informer = caches.informers["gpunodes"]
+    informer.relist()
+    informer.watch_once()
+    b = informer.get("b")
+    assert b is not None and b["status"]["reconfiguration"] == {"phase": "Succeeded"}
+    assert informer.get("a") is None and list(informer.rejected) == ["a"] and "gpunodes" in woken
