@@ -105,6 +105,8 @@ def parse_config(text: str) -> MigPartedConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise MigConfigError(f"not valid YAML: {exc}") from None
+    except RecursionError:  # PyYAML composes recursively: a ConfigMap nested thousands deep
+        raise MigConfigError("not a mig-parted config: nested too deep") from None
     if not isinstance(data, dict):
         raise MigConfigError("a mig-parted config is a mapping with 'version: v1' and 'mig-configs'")
     try:

@@ -189,3 +189,12 @@ def test_controller_caches_keep_waking_the_cycle_for_other_nodes_after_a_deep_on
     b = informer.get("b")
     assert b is not None and b["status"]["reconfiguration"] == {"phase": "Succeeded"}
     assert informer.get("a") is None and list(informer.rejected) == ["a"] and "gpunodes" in woken
+
+
+def test_mig_parted_config_nested_deep_is_a_config_error() -> None:
+    """mig-manager's ConfigMap, which the controller reads every cycle that publishes a config."""
+    from mig.migparted import MigConfigError, parse_config
+
+    for text in ("[" * 100_000, "a:\n" + "".join(" " * i + "b:\n" for i in range(1, 3_000))):
+        with pytest.raises(MigConfigError):
+            parse_config(text)
