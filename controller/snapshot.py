@@ -50,7 +50,7 @@ def idle_record(gpunode: Mapping[str, Any]) -> dict[int, datetime]:
     raw = _map(_map(gpunode.get("metadata")).get("annotations")).get(IDLE_SINCE_ANNOTATION)
     try:
         data = json.loads(raw) if isinstance(raw, str) else {}
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):  # RecursionError: nested thousands deep
         return {}
     out: dict[int, datetime] = {}
     for key, value in _map(data).items():

@@ -36,7 +36,6 @@ every ``dra_resync_seconds`` per node.
 from __future__ import annotations
 
 import copy
-import json
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -52,6 +51,7 @@ try:
 except ImportError:  # pragma: no cover - orjson is a dependency; exercised only where it is missing
     _orjson = None  # type: ignore[assignment]
 
+from kube import safejson
 from kube.client import MERGE_PATCH, api_client, call
 from kube.errors import KubeError
 from kube.informer import DELETED, Informer, object_key
@@ -169,7 +169,7 @@ def _copy(obj: dict[str, Any]) -> dict[str, Any]:
 
 def _json(response: Any) -> dict[str, Any]:
     """The body of a raw (``_preload_content=False``) answer: the object as the API server sent it."""
-    data = json.loads(response.data or b"{}")
+    data, _ = safejson.loads(response.data or b"{}")  # any depth: a too-deep subtree reads as a marker
     return data if isinstance(data, dict) else {}
 
 

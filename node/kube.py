@@ -16,7 +16,6 @@ model class in between that could drop a field the client does not know.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -24,6 +23,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as TransportError
 
+from kube import safejson
 from kube.client import MERGE_PATCH, KubeClient, KubeConfigError, as_kube_error, call
 from kube.errors import KubeError
 from sharing.crd import GROUP, VERSION
@@ -35,7 +35,7 @@ __all__ = ["Kube", "KubeConfigError"]
 
 def _json(response: Any) -> dict[str, Any]:
     """The body of a raw (``_preload_content=False``) answer."""
-    data = json.loads(response.data or b"{}")
+    data, _ = safejson.loads(response.data or b"{}")  # any depth: a too-deep subtree reads as a marker
     return data if isinstance(data, dict) else {}
 
 

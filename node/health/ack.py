@@ -45,6 +45,9 @@ def read_acknowledgements(annotations: Mapping[str, Any] | None) -> Acknowledgem
         return Acknowledgements({})
     try:
         data = json.loads(raw) if isinstance(raw, str) else None
+    except RecursionError:
+        return Acknowledgements({}, f"{HEALTH_ACK_ANNOTATION} is nested too deep; expected "
+                                    '{"<gpu index>": "<RFC 3339 time>"}')
     except json.JSONDecodeError as exc:
         return Acknowledgements({}, f"{HEALTH_ACK_ANNOTATION} is not JSON ({exc.msg}); expected "
                                     '{"<gpu index>": "<RFC 3339 time>"}')

@@ -198,3 +198,15 @@ def test_mig_parted_config_nested_deep_is_a_config_error() -> None:
     for text in ("[" * 100_000, "a:\n" + "".join(" " * i + "b:\n" for i in range(1, 3_000))):
         with pytest.raises(MigConfigError):
             parse_config(text)
+
+
+def test_gpunode_json_annotations_nested_deep_read_as_malformed() -> None:
+    """The health acknowledgement (admin) and idle-since (controller) annotations of a GPUNode."""
+    from controller.snapshot import idle_record
+    from node.health.ack import read_acknowledgements
+    from sharing.keys import HEALTH_ACK_ANNOTATION, IDLE_SINCE_ANNOTATION
+
+    deep = "[" * 50_000 + "]" * 50_000
+    acks = read_acknowledgements({HEALTH_ACK_ANNOTATION: deep})
+    assert not acks.until and acks.problem is not None and "too deep" in acks.problem
+    assert idle_record({"metadata": {"annotations": {IDLE_SINCE_ANNOTATION: deep}}}) == {}
