@@ -66,8 +66,8 @@ class Metrics:
         self.connections_refused = Counter(
             "gpupack_webhook_connections_refused",
             "Connections closed before any request: per_source_limit (the source already held "
-            "max_connections_per_source), tls_handshake (TLS not completed within tls_handshake_seconds, "
-            "or failed).",
+            "max_connections_per_source), tls_handshake (TLS not completed within tls_handshake_seconds: "
+            "timed out, failed or abandoned).",
             ["reason"],
             registry=self.registry,
         )
