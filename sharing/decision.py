@@ -60,6 +60,7 @@ from sharing.options import (
     dra_wants_whole_gpus,
     fmt_bytes,
     mig_option,
+    option_rank,
     peak_devices,
     profile_waste,
     role,
@@ -366,7 +367,7 @@ def _choose_uncached(
             Reason.NO_COMPATIBLE_NODES,
             f"no GPU in {where} can host this request in an allowed mode (" + "; ".join(failures) + ")",
         )
-    return Choice(min(options, key=lambda o: (not o.has_capacity, o.waste, _RANK[o.mode])), mig)
+    return Choice(min(options, key=lambda o: (*option_rank(o), _RANK[o.mode])), mig)
 
 
 def _resource(mode: AllocationMode, profile: str | None) -> str:

@@ -89,6 +89,14 @@ class NodeView:
         return not self.degraded and any(g.mig_enabled and g.healthy for g in self.gpus)
 
     @cached_property
+    def shared_room(self) -> bool:
+        """The node could hand out a shared replica once one is free: it shares its GPUs, is not
+        degraded, and has a healthy GPU not in MIG mode. A node without is no capacity an ``auto``
+        pod should wait for (``sharing.options``, ``Option.can_come``)."""
+        return (self.sharing in ("mps", "time-slicing") and self.replicas >= 1 and not self.degraded
+                and any(not g.mig_enabled and g.healthy for g in self.gpus))
+
+    @cached_property
     def shared_free(self) -> int:
         """Shared replicas not yet handed out on healthy GPUs (all of them when usage is not reported)."""
         if self.degraded:

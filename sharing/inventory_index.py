@@ -51,6 +51,8 @@ class IndexedNode(Protocol):
     def mig_room(self) -> bool: ...
     @property
     def shared_free(self) -> int: ...
+    @property
+    def shared_room(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class SharedGroup:
     """By name."""
     most_free: int
     """The most shared replicas free on one of them (``NodeView.shared_free``)."""
+    room: bool
+    """Some of them could hand out a replica once one is free (``NodeView.shared_room``)."""
 
     def first_name(self, free: int = 0) -> str:
         """The first name among its nodes with ``free`` shared replicas free ("" when none has)."""
@@ -114,7 +118,8 @@ class NodeIndex:
         self._shared: dict[str, tuple[SharedGroup, ...]] = {"mps": (), "time-slicing": ()}
         for (mode, replicas, mib, product), members in sorted(groups.items()):
             members.sort(key=lambda n: n.name)
-            group = SharedGroup(replicas, mib, product, tuple(members), max(n.shared_free for n in members))
+            group = SharedGroup(replicas, mib, product, tuple(members), max(n.shared_free for n in members),
+                                any(n.shared_room for n in members))
             self._shared[mode] += (group,)
 
     def mig_host_gpus(self, product: str) -> tuple[int, ...]:

@@ -81,6 +81,19 @@ class Option:
     profiles: tuple[Profile, ...] = ()
     model: GpuModel | None = None
     replicas: int | None = None
+    can_come: bool = True
+    """Capacity can exist without a repair: some node the option could use is healthy (MIG: a healthy
+    MIG-enabled GPU on a node not degraded, which the controller can reshape; a share: a healthy
+    shared GPU on a node not degraded, whose replicas free up). False when every such node is
+    degraded or its GPUs unhealthy: a pod decided so would wait for a repair, however idle the
+    capacity of another mode (issue 33, item 5). The decision ranks it after has_capacity."""
+
+
+def option_rank(option: Option) -> tuple[bool, bool, float]:
+    """How options of one request compare, best first (the one rule, for ``auto`` and for the MIG
+    model choice): capacity that exists now, then capacity that can come without a repair
+    (:attr:`Option.can_come`), then least waste."""
+    return (not option.has_capacity, not option.can_come, option.waste)
 
 
 class NoMigOption(Exception):
@@ -201,8 +214,8 @@ def mig_option(
                                 f"{max(hosts, default=0)} such GPUs can ever hold")
                 never_fits.append(model.product)
                 continue
-            capacity = (inventory.index.mig_room(model.product) if dra else
-                        inventory.index.mig_free(model.product, need))
+            room = inventory.index.mig_room(model.product)
+            capacity = room if dra else inventory.index.mig_free(model.product, need)
             waste = sum(profile_waste(model, p, m, mem) for p, (m, mem) in zip(profiles, asks))
             # Any product with the same profile names can host the pod: the name
             # fixes compute and memory slices, and the resource name is the same.
@@ -210,11 +223,11 @@ def mig_option(
                 m.product for m in models if all(m.has_profile(p.name) for p in profiles)
             )
             terms = DRA_TERMS if dra else ((Expression(PRODUCT_LABEL, "In", tuple(products)),),)
-            options.append(Option("mig", waste, capacity, terms, tuple(profiles), model))
+            options.append(Option("mig", waste, capacity, terms, tuple(profiles), model, can_come=room))
     if not options:
         raise NoMigOption("it has no MIG-capable GPUs" if not models else "; ".join(failures),
                           never_fits=bool(models) and len(never_fits) == len(failures))
-    return min(options, key=lambda o: (not o.has_capacity, o.waste, o.model.product if o.model else ""))
+    return min(options, key=lambda o: (*option_rank(o), o.model.product if o.model else ""))
 
 
 # --- MPS and time-slicing ------------------------------------------------------
@@ -267,7 +280,9 @@ def shared_option(
         )
         for p, r in pairs
     )
-    return Option(mode, waste, bool(with_room), terms, replicas=best.replicas)
+    # Replicas can free up only on a healthy node (``NodeView.shared_room``); on degraded ones never.
+    can_come = any(g.room for _, g in compatible)
+    return Option(mode, waste, bool(with_room), terms, replicas=best.replicas, can_come=can_come)
 
 
 # --- whole GPUs ----------------------------------------------------------------
