@@ -98,11 +98,13 @@ def _run(args: argparse.Namespace) -> int:
     from node.kube import Kube, KubeConfigError
     from node.metrics import AgentMetrics
 
+    # The local inputs first (a simulated node's state file), then the cluster: a bad file is
+    # reported as itself, not hidden behind a credentials error.
+    backend, error = open_backend(settings)
     try:
         kube = Kube.connect(args.kubeconfig)
     except KubeConfigError as exc:
         raise UsageError(str(exc)) from None
-    backend, error = open_backend(settings)
     metrics = AgentMetrics()
     metrics.serve(settings.metrics_port)
     agent = Agent(settings, backend, kube, backend_error=error, metrics=metrics)

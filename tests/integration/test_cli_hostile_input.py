@@ -83,8 +83,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     pod = root / "pod.yaml"
     pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n"
                    "  - {name: c, image: x, resources: {limits: {gpupack.io/gpu-milli: '100'}}}\n")
+    claims = root / "claims.yaml"
+    claims.write_text("[]\n")
     return {"binary": binary, "missing": root / "missing" / "nothing.yaml", "directory": directory,
-            "cert": cert, "key": key, "pod": pod}
+            "cert": cert, "key": key, "pod": pod, "claims": claims}
 
 
 def valid_rest(path: tuple[str, ...], inputs: dict[str, Path]) -> dict[str, str]:
@@ -150,6 +152,10 @@ def test_unusable_files_get_one_line_and_exit_2(path: tuple[str, ...], name: str
 
 HOSTILE_KINDS = ["zero", "urandom", "fifo", "oversize", "deep"]
 """Files built to break a reader: endless, random, never-ending, too large, nested 100,000 deep."""
+SAYS = {"zero": "a character device, not a regular file", "urandom": "a character device, not a regular file",
+        "fifo": "a FIFO (named pipe), not a regular file", "oversize": "larger than the 1 MiB limit",
+        "deep": "levels deep; at most 100 are read"}
+"""What the one line says for each: the reason, not some later failure (the over-limit file is valid empty YAML)."""
 TEST_LIMIT = 1024 * 1024
 """The size limit the hostile-file children run under (GPUPACK_MAX_INPUT_BYTES); the over-limit file is one byte more."""
 
@@ -167,6 +173,10 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "deep": deep}
 
 
+TRACE_COMMANDS = {("simulate",), ("replay",)}
+"""Their CSV traces are read a row at a time: only the regular-file rule applies."""
+
+
 def _bounded_memory() -> None:
     """The child's address space is capped, so a reader that slurps /dev/zero fails fast, not the machine."""
     import resource
@@ -176,8 +186,17 @@ def _bounded_memory() -> None:
 
 def command_line(path: tuple[str, ...], name: str, value: str, inputs: dict[str, Path]) -> list[str]:
     args = dict(valid_rest(path, inputs))
+    if path == ("dra-plugin", "serve"):
+        # A simulated node with its claims from a file, so that each option is what stops it; the
+        # plugin reads its state file and credentials before it serves (a missing state file, which
+        # the old test's "missing" kind gives, is created: hence this only here).
+        work = inputs["directory"].parent / "dra"
+        args.update({"--node": "n1", "--simulate": "H200:1", "--plugin-dir": str(work / "plugin"),
+                     "--registration-dir": str(work / "registration"), "--cdi-dir": str(work / "cdi"),
+                     "--claims-file": str(inputs["claims"]), "--health-interval-seconds": "0"})
     if name == "--kubeconfig":
         args.pop("--inventory", None)  # with an inventory file the webhook never reads credentials
+        args.pop("--claims-file", None)  # nor the DRA plugin with a claims file
     args[name] = value
     if path == ("simulate",) or path == ("replay",):
         args.setdefault("--nodes", str(inputs["binary"]))
@@ -205,7 +224,10 @@ def test_hostile_files_get_one_line_and_exit_2(path: tuple[str, ...], name: str,
     lines = [line for line in done.stderr.splitlines() if line.strip() and "is deprecated; use" not in line]
     assert done.returncode == 2, (argv, done.returncode, done.stderr[-500:])
     assert len(lines) == 1 and lines[0].startswith("gpupack: error: "), done.stderr[-1000:]
-    assert "internal error" not in done.stderr
+    streamed = path in TRACE_COMMANDS and kind in ("oversize", "deep")  # traces are streamed: no size or depth rule
+    pem = name in ("--tls-cert", "--tls-key") and kind == "deep"  # PEM, not YAML: no depth rule (OpenSSL refuses it)
+    if not streamed and not pem:
+        assert SAYS[kind] in lines[0], lines[0]
 
 
 @pytest.mark.parametrize("kind", HOSTILE_KINDS)
@@ -223,6 +245,7 @@ def test_a_hostile_kubeconfig_variable_gets_one_line_and_exit_2(kind: str, hosti
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, (done.returncode, done.stderr[-500:])
     assert len(lines) == 1 and lines[0].startswith("gpupack: error: "), done.stderr[-1000:]
+    assert SAYS[kind] in lines[0], lines[0]
 
 
 def test_webhook_serve_on_a_taken_port(inputs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
