@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -51,14 +51,18 @@ class DraCycle:
         # prepare() runs in the release's worker threads and may add to _refused.
         self._lock = threading.Lock()
 
-    def plan(self, snapshot: Snapshot, now: datetime, policy_name: str) -> DraPlan:
+    def plan(self, snapshot: Snapshot, now: datetime, policy_name: str,
+             every_pod: Sequence[Pod] | None = None) -> DraPlan:
         """The cycle's DRA placements (empty without a DRA pool or DRA pods); raises ``KubeError``
-        when the claims cannot be listed (nothing is placed on the pool then)."""
+        when the claims cannot be listed (nothing is placed on the pool then). ``every_pod``: the
+        cycle's pods of every namespace (default: the snapshot's), whose claims' pins are trusted
+        (``drausage.pin_untrusted``): a controller placing only some namespaces still counts the
+        promises made to the others' pods."""
         nodes = dra_nodes(snapshot)
         if not nodes and not any(p.backend == "dra" and p.gated for p in snapshot.pods):
             self.holds = ()
             return DraPlan()
-        self._pods = tuple(snapshot.pods)
+        self._pods = tuple(snapshot.pods if every_pod is None else every_pod)
         usage = read_usage(self.kube.list_resource_claims(), nodes, self._pods)
         self.holds = usage.holds
         problems = frozenset(usage.problems)

@@ -135,6 +135,7 @@ class Controller:
         self.metrics.reread.labels("gpunodes").set(self.snapshots.parsed_nodes)
         self.metrics.reread.labels("pods").set(self.snapshots.parsed_pods)
         requests, failed = snapshot.mig_config_requests, snapshot.failed_devices
+        every_pod = snapshot.pods  # whose claims' pins are trusted: every namespace's, not only those placed here
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         report.plan = result
@@ -142,7 +143,7 @@ class Controller:
         self._publish_mig_configs(requests, report)
         releases: list[tuple[Release, DraPlacement | None]] = [(r, None) for r in result.releases]
         try:
-            report.dra = self.dra.plan(snapshot, now, self.settings.policy)
+            report.dra = self.dra.plan(snapshot, now, self.settings.policy, every_pod)
         except KubeError as exc:
             self._fail(report, "dra-claims", f"ResourceClaims not read, nothing placed on the DRA pool: {exc}")
         releases += [(Release(p.pod, p.node, p.reason), p) for p in report.dra.placements]

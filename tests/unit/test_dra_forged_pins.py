@@ -16,8 +16,10 @@ from sharing.dra.share_policy import SharePolicy
 from sharing.keys import DRA_REQUEUES_ANNOTATION
 from sharing.placement_status import NO_CAPACITY, PLACEMENT_CONDITION, WAITING_FOR_CAPACITY
 from controller.draclaims import claim_body
+from controller.reconcile import Controller
+from controller.settings import ControllerSettings
 from tests.unit.test_controller_dra import (
-    cluster, controller, dra_allocation, dra_pod, gpunode, node_object, pinned_node,
+    NOW, cluster, controller, dra_allocation, dra_pod, gpunode, node_object, pinned_node,
 )
 
 EVERY_GPU = Pinned("a", (PinnedDevice("a", "gpu", 0), PinnedDevice("a", "gpu", 1)))
@@ -129,3 +131,20 @@ def test_a_dra_pod_a_promise_holds_back_says_so() -> None:
     assert report.released == [] and [w.pod for w in report.dra.waiting] == ["team/big"]
     ((status, reason, _),) = _placement(kube, "team/big")
     assert status == "False" and reason in (NO_CAPACITY, WAITING_FOR_CAPACITY)
+
+
+def test_a_controller_placing_one_namespace_counts_the_promises_of_the_others() -> None:
+    """Another namespace's released pod that kube-scheduler set aside (Unschedulable) is not in the scoped
+    cycle's pods; its claim's pin is still the controller's own, and still holds both GPUs of node a."""
+    allocation = dra_allocation("mps", "gpupack-pod-o", milli=(1000, 1000))
+    other = dra_pod("o", "elsewhere", allocation, uid="uid-o")
+    pinned = Pinned("a", (PinnedDevice("gpu-0", "shared", 0, 1000, 2**30), PinnedDevice("gpu-1", "shared", 1, 1000, 2**30)))
+    body = claim_body(other, allocation, pinned, SharePolicy())
+    other["spec"].pop("schedulingGates")
+    other["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}
+    mine, _ = _pod("p")
+    kube = cluster(other, mine)
+    kube.claims["elsewhere/gpupack-pod-o"] = body
+    report = Controller(kube, ControllerSettings(namespaces="team"), clock=lambda: NOW).cycle()  # type: ignore[arg-type]
+    assert report.released == [] and [w.pod for w in report.dra.waiting] == ["team/p"]
