@@ -30,8 +30,7 @@ from kubernetes.client.rest import ApiException
 from sharing.backend import pod_claim_name
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
-from sharing.keys import DRA_REQUEUES_ANNOTATION
-from sharing.placement_status import PLACEMENT_CONDITION
+from sharing.keys import DRA_REQUEUES_ANNOTATION, PLACEMENT_CONDITION
 from tests.e2e.test_dra_placement import GPUS, Pool, admin, plane, pool  # noqa: F401 (fixtures)
 from tests.e2e.waiting import wait_for
 from tests.unit.test_controller_dra import dra_allocation, dra_pod

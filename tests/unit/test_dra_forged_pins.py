@@ -13,8 +13,8 @@ from controller.view import Node, Pod
 from sharing.dra.claims import MANAGED_BY
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import SharePolicy
-from sharing.keys import DRA_REQUEUES_ANNOTATION
-from sharing.placement_status import NO_CAPACITY, PLACEMENT_CONDITION, WAITING_FOR_CAPACITY
+from sharing.keys import DRA_REQUEUES_ANNOTATION, PLACEMENT_CONDITION
+from sharing.placement_status import NO_CAPACITY, WAITING_FOR_CAPACITY
 from controller.draclaims import claim_body
 from controller.reconcile import Controller
 from controller.settings import ControllerSettings
