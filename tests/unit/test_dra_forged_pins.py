@@ -17,6 +17,7 @@ from sharing.keys import DRA_REQUEUES_ANNOTATION, PLACEMENT_CONDITION
 from sharing.placement_status import NO_CAPACITY, WAITING_FOR_CAPACITY
 from controller.draclaims import claim_body
 from controller.reconcile import Controller
+from tests.unit.test_controller_manifests import _base_install
 from controller.settings import ControllerSettings
 from tests.unit.test_controller_dra import (
     NOW, cluster, controller, dra_allocation, dra_pod, gpunode, node_object, pinned_node,
@@ -148,3 +149,22 @@ def test_a_controller_placing_one_namespace_counts_the_promises_of_the_others() 
     kube.claims["elsewhere/gpupack-pod-o"] = body
     report = Controller(kube, ControllerSettings(namespaces="team"), clock=lambda: NOW).cycle()  # type: ignore[arg-type]
     assert report.released == [] and [w.pod for w in report.dra.waiting] == ["team/p"]
+
+
+# ------------------------------------------------------------------ the admission policy, in the base install
+def test_the_base_install_refuses_gpupack_annotations_on_claims_from_all_but_the_controller() -> None:
+    """``gpupack-claim-marks`` is installed and bound, matches claims of every version on CREATE and UPDATE,
+    and exempts exactly the account the controller's Deployment runs as."""
+    objects = _base_install()
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == "gpupack-controller"]
+    account = (f"system:serviceaccount:{deployment['metadata']['namespace']}:"
+               f"{deployment['spec']['template']['spec']['serviceAccountName']}")
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"
+                 and o["metadata"]["name"] == "gpupack-claim-marks"]
+    assert [b for b in objects if b["kind"] == "ValidatingAdmissionPolicyBinding"
+            and b["spec"] == {"policyName": "gpupack-claim-marks", "validationActions": ["Deny"]}]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["apiVersions"], rule["resources"]) == (["resource.k8s.io"], ["*"], ["resourceclaims"])
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"} and policy["spec"]["failurePolicy"] == "Fail"
+    exempt = {c["name"]: c["expression"] for c in policy["spec"]["matchConditions"]}
+    assert exempt["not-gpupack-controller"] == f"request.userInfo.username != '{account}'"
