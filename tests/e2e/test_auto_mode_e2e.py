@@ -23,6 +23,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from gpupack.devcluster.apply import local_webhook_config
+from tests.e2e.tenants import tenant_client
 from tests.e2e.test_webhook_e2e import GROUP, VERSION, Webhook, _wait
 from tests.unit.test_decision import A100, H100, mig_node, shared_node
 from webhook.testing import gpu_container, make_pod
@@ -75,18 +76,9 @@ def webhook(admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[
 @pytest.fixture
 def tenant(webhook: Webhook, admin_client: Any, namespace: str, sa_kubeconfig: Callable[..., Path]) -> Iterator[Any]:
     """A ServiceAccount client of ``namespace`` (labelled for this module's webhook), allowed pod verbs there."""
-    from gpupack.devcluster.clients import api_client
-
-    core, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
-    core.patch_namespace(namespace, {"metadata": {"labels": {SELECT_LABEL: "on"}}})
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "tenant"}})
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "pods"}, "rules": [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]}]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "tenant-pods"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]})
-    api = api_client(sa_kubeconfig("tenant", namespace))
+    client.CoreV1Api(admin_client).patch_namespace(namespace, {"metadata": {"labels": {SELECT_LABEL: "on"}}})
+    api = tenant_client(admin_client, namespace, sa_kubeconfig, "pods", [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "delete"]}])
     yield api
     api.close()
 

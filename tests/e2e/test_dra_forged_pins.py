@@ -31,6 +31,7 @@ from sharing.backend import pod_claim_name
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.keys import DRA_REQUEUES_ANNOTATION, PLACEMENT_CONDITION
+from tests.e2e.tenants import tenant_client
 from tests.e2e.test_dra_placement import GPUS, Pool, admin, plane, pool  # noqa: F401 (fixtures)
 from tests.e2e.waiting import wait_for
 from tests.unit.test_controller_dra import dra_allocation, dra_pod
@@ -57,23 +58,9 @@ def tenant(admin_client: Any, namespace: str, sa_kubeconfig: Callable[..., Path]
     """An ApiClient acting as ServiceAccount ``tenant`` of ``namespace`` with the built-in ``edit`` rights there,
     plus every ResourceClaim verb (``edit`` of Kubernetes v1.37 grants none: a cluster using DRA grants them
     to the teams that claim devices)."""
-    from gpupack.devcluster.clients import api_client
-
-    core, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": "tenant"}})
-    rbac.create_namespaced_role(namespace, {
-        "metadata": {"name": "claims"},
-        "rules": [{"apiGroups": [GROUP], "resources": [PLURAL],
-                   "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"]}]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "tenant-claims"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]})
-    rbac.create_namespaced_role_binding(namespace, {
-        "metadata": {"name": "tenant-edit"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": namespace}]})
-    api = api_client(sa_kubeconfig("tenant", namespace))
+    api = tenant_client(admin_client, namespace, sa_kubeconfig, "claims", [
+        {"apiGroups": [GROUP], "resources": [PLURAL], "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"]}],
+        edit=True)
     yield api
     api.close()
 

@@ -20,6 +20,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.e2e.tenants import tenant_client
 from tests.e2e.test_dra_webhook import dra_namespace, dra_webhook  # noqa: F401 (fixtures)
 from tests.e2e.waiting import wait_for
 
@@ -29,19 +30,9 @@ GROUP, VERSION = "gpupack.io", "v1alpha1"
 @pytest.fixture
 def claim_tenant(admin_client: Any, dra_namespace: str, sa_kubeconfig: Callable[..., Path]) -> Iterator[Any]:
     """An ApiClient acting as ServiceAccount ``tenant`` of ``dra_namespace``, allowed every ResourceClaim verb there."""
-    from gpupack.devcluster.clients import api_client
-
-    core, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
-    core.create_namespaced_service_account(dra_namespace, {"metadata": {"name": "tenant"}})
-    rbac.create_namespaced_role(dra_namespace, {
-        "metadata": {"name": "claims"},
-        "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
-                   "verbs": ["create", "get", "list", "watch", "delete"]}]})
-    rbac.create_namespaced_role_binding(dra_namespace, {
-        "metadata": {"name": "tenant-claims"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": dra_namespace}]})
-    api = api_client(sa_kubeconfig("tenant", dra_namespace))
+    api = tenant_client(admin_client, dra_namespace, sa_kubeconfig, "claims", [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
+         "verbs": ["create", "get", "list", "watch", "delete"]}])
     yield api
     api.close()
 

@@ -31,6 +31,7 @@ from kubernetes.client.rest import ApiException
 
 from gpupack.devcluster.apply import local_webhook_config
 from gpupack.devcluster.process import free_port
+from tests.e2e.tenants import tenant_client
 from tests.e2e.waiting import wait_for
 from tests.processes import stop_process
 from webhook.certs import make_self_signed
@@ -353,19 +354,8 @@ def test_shipped_manifests_pass_api_server_validation(admin_client: Any, gpupack
 @pytest.fixture
 def tenant(admin_client: Any, gpu_namespace: str, sa_kubeconfig: Callable[..., Path]) -> Iterator[Any]:
     """An ApiClient acting as ServiceAccount ``tenant`` of ``gpu_namespace``, allowed every pod verb there."""
-    from gpupack.devcluster.clients import api_client
-
-    core, rbac = client.CoreV1Api(admin_client), client.RbacAuthorizationV1Api(admin_client)
-    core.create_namespaced_service_account(gpu_namespace, {"metadata": {"name": "tenant"}})
-    rbac.create_namespaced_role(gpu_namespace, {
-        "metadata": {"name": "pods"},
-        "rules": [{"apiGroups": [""], "resources": ["pods"],
-                   "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"]}]})
-    rbac.create_namespaced_role_binding(gpu_namespace, {
-        "metadata": {"name": "tenant-pods"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pods"},
-        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": gpu_namespace}]})
-    api = api_client(sa_kubeconfig("tenant", gpu_namespace))
+    api = tenant_client(admin_client, gpu_namespace, sa_kubeconfig, "pods", [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "list", "watch", "update", "patch", "delete"]}])
     yield api
     api.close()
 
