@@ -93,6 +93,8 @@ def check_trace_files(*paths: str | Path) -> None:
     for path in paths:
         try:
             check_regular_file(path)
+        except FileNotFoundError:
+            continue  # the trace reader names a missing file itself, with the run's other trace errors
         except OSError as exc:
             raise UsageError(describe_input_error(exc)) from None
 
