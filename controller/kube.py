@@ -165,6 +165,16 @@ class Kube(KubeClient):
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         call(self._core.create_namespaced_pod_eviction, name, namespace, body, _preload_content=False)
 
+    def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+        """Delete the pod only if it is still that object at that version (preconditions): a pod
+        released or changed in between is left alone (KubeError, conflict). Gone already: done."""
+        body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
+        try:
+            call(self._core.delete_namespaced_pod, name, namespace, body=body, _preload_content=False)
+        except KubeError as exc:
+            if not exc.not_found:
+                raise
+
     # ------------------------------------------------------------------ lease
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

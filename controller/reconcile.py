@@ -46,6 +46,7 @@ from controller.patches import gpus_spec, release_ops, sharing_spec
 from controller.planner import Plan, Release, SharingChange, plan
 from controller.settings import ControllerSettings
 from controller.podview import pod_from_object
+from controller.readmit import readmissions, with_messages
 from controller.policy_status import needs_write, policy_reports, status_for
 from controller.snapshot import busy_by_node, encode_idle, idle_record, scoped, update_idle
 from controller.snapshot_cache import SnapshotCache
@@ -53,6 +54,7 @@ from kube.errors import KubeError
 from mig.migparted import MigConfigError
 from sharing.backend import node_backend
 from sharing.gpunode import MigConfigRequest
+from sharing.inventory import Inventory, build_inventory
 from kube.times import format_time, parse_time
 from sharing.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
 
@@ -71,6 +73,8 @@ class CycleReport:
     plan: Plan = field(default_factory=Plan)
     released: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
+    readmitted: list[str] = field(default_factory=list)
+    """Gated pods deleted for their owners to re-create, stranded in their mode (``controller.readmit``)."""
     """Pods evicted from failed GPUs this cycle (``--evict-on-gpu-fault``)."""
     errors: list[str] = field(default_factory=list)
     dra: DraPlan = field(default_factory=DraPlan)
@@ -148,6 +152,7 @@ class Controller:
             self._fail(report, "dra-claims", f"ResourceClaims not read, nothing placed on the DRA pool: {exc}")
         releases += [(Release(p.pod, p.node, p.reason), p) for p in report.dra.placements]
         self._release(releases, pod_objs, now, report)
+        result = self._readmit(result, snapshot, pod_objs, (gpunodes, nodes, policies, namespaces), now, report)
         self._placement_status(result, snapshot, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
             self._evict(failed, pod_objs, report)
@@ -182,6 +187,44 @@ class Controller:
         for patch, error in zip(patches, self._write_each(write, patches, gone_ok=True)):
             if error is not None:
                 self._fail(report, "placement-status", f"{patch.key}: {error}")
+
+    def _readmit(self, result: Plan, snapshot: Snapshot, pod_objs: Mapping[str, Mapping[str, Any]],
+                 objects: tuple[Sequence[Mapping[str, Any]], ...], now: datetime, report: CycleReport) -> Plan:
+        """Re-admit the pods stranded in the mode the webhook chose (``controller.readmit``): delete
+        those a controller owns (gated: they never ran), with preconditions on uid and
+        resourceVersion, and say on the bare ones how to let gpupack choose again. The plan whose
+        waits the Placement conditions then report."""
+        gpunodes, nodes, policies, namespaces = objects
+
+        def inventory() -> Inventory:
+            # List items carry no kind: tag each so build_inventory reads it as what it is.
+            return build_inventory([*gpunodes, *({**n, "kind": "Node"} for n in nodes),
+                                    *({**p, "kind": "SharingPolicy"} for p in policies),
+                                    *({**n, "kind": "Namespace"} for n in namespaces)])
+
+        stranded = readmissions(result, snapshot, pod_objs, inventory, now)
+        bare = {r.pod: r for r in stranded if r.owner is None}
+        deleted: set[str] = set()
+        for item in stranded:
+            if item.owner is None:
+                continue
+            namespace, name = item.pod.split("/", 1)
+            try:
+                self.kube.delete_pod(namespace, name, item.uid, item.resource_version)
+            except KubeError as exc:
+                if not exc.conflict:  # changed meanwhile (released, say): judged again next cycle
+                    self._fail(report, "readmit", f"{item.pod}: {exc}")
+                continue
+            deleted.add(item.pod)
+            report.readmitted.append(item.pod)
+            log.info("re-admitted %s: %s", item.pod, item.why)
+            owner = {**item.owner, "namespace": namespace}
+            try:
+                self.kube.event(owner, "Normal", "Readmitted",
+                                f"gpupack deleted gated pod {name} for its owner to re-create: re-admitted, {item.why}")
+            except KubeError as exc:
+                log.warning("event on %s not recorded: %s", item.pod, exc)
+        return with_messages(result, bare, deleted) if stranded else result
 
     def _write_each(self, write: Callable[[_Item], object], items: Sequence[_Item], *,
                     gone_ok: bool = False) -> list[str | None]:
