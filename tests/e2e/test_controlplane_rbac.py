@@ -93,8 +93,9 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("gpupack.io", "gpunodes", "", None, ""): READ | WRITE,
         ("gpupack.io", "sharingpolicies", "", None, ""): READ | {"patch"},
         ("gpupack.io", "sharingpolicies", "status", None, ""): {"get", "update", "patch"},
-        ("", "pods", "", "default", ""): READ | {"update", "patch"},
-        ("", "pods", "", OPERATOR_NS, ""): READ | {"update", "patch"},  # cluster-wide; fields: a policy
+        # delete: stranded auto pods, for their owners to re-create; only gated ones (a policy)
+        ("", "pods", "", "default", ""): READ | {"update", "patch", "delete"},
+        ("", "pods", "", OPERATOR_NS, ""): READ | {"update", "patch", "delete"},  # cluster-wide; fields: a policy
         ("", "pods", "status", "default", ""): {"patch"},  # the gpupack.io/Placement condition
         ("", "nodes", "", None, ""): READ,
         ("", "namespaces", "", None, ""): READ,

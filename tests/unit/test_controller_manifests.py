@@ -18,7 +18,7 @@ from mig.catalog import all_models
 from node.health.monitor import TAINT_EFFECTS
 from node.health.xids import XID_TABLE_CONFIGMAP
 from node.settings import AgentSettings
-from sharing.keys import UNHEALTHY_TAINT
+from sharing.keys import CAPACITY_GATE, UNHEALTHY_TAINT
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -181,3 +181,23 @@ def test_agent_reads_only_the_xid_table_configmap_in_its_namespace() -> None:
         "apiGroups": [""], "resources": ["configmaps"], "resourceNames": [XID_TABLE_CONFIGMAP], "verbs": ["get"]})]
     (role,) = [r for r in roles if r["metadata"]["name"] == "gpupack-node-agent-xid-table"]
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == namespace
+
+
+def test_the_controller_deletes_only_pods_still_gated_on_capacity() -> None:
+    """Issue 33, item 5: the controller may delete a pod (an auto pod stranded in its recorded mode,
+    for its owner to re-create), and the shipped policy confines that to pods still gated, which
+    never ran. RBAC alone would let a stolen controller token delete any running pod."""
+    objects = _base_install()
+    roles = _bound_roles(objects, "gpupack-controller")
+    deletes = [r for role in roles for r in role["rules"]
+               if "" in r.get("apiGroups", []) and "pods" in r.get("resources", []) and "delete" in r.get("verbs", [])]
+    assert deletes, "the controller cannot delete a stranded pod"
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = {o["spec"]["policyName"]: o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"}
+    policy = policies["gpupack-controller-pod-deletes"]
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["operations"], rule["resources"]) == (["DELETE"], ["pods"])
+    assert "gpupack-controller" in policy["spec"]["matchConditions"][0]["expression"]
+    assert any(CAPACITY_GATE in v["expression"] and "oldObject" in v["expression"]
+               for v in policy["spec"]["validations"])
+    assert bindings["gpupack-controller-pod-deletes"]["spec"]["validationActions"] == ["Deny"]
