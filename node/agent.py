@@ -63,8 +63,8 @@ from node.policy import ReshapeRules, reshape_rules
 from node.pods import PodUse, busy_instances, pod_uses
 from node.process_owners import process_owners_for
 from node.settings import AgentSettings
-from sharing.crd import GPUNodeSpec, LayoutRefusal
-from sharing.keys import mig_profile_of
+from sharing.crd import MAX_SHARED_IN_USE, GPUNodeSpec, LayoutRefusal
+from sharing.keys import SHARED_RESOURCE, mig_profile_of
 
 log = logging.getLogger("gpupack.agent")
 EVENT_REPEAT_SECONDS = 600.0
@@ -242,7 +242,10 @@ class Agent:
             snapshot = self.snapshot()
             node = self.kube.get_node(name)
             labels = dict((node.get("metadata") or {}).get("labels") or {})
-        sharing = {"mode": spec.sharing.mode, "replicas": spec.sharing.replicas} if spec else None
+        # inUse: the replicas the node's pods hold, so the webhook's choice of a mode for an auto pod
+        # sees a full node as full (unreported, it took every replica as free: issue 33, item 5).
+        sharing = {"mode": spec.sharing.mode, "replicas": spec.sharing.replicas,
+                   "inUse": min(MAX_SHARED_IN_USE, sum(u.count for u in uses if u.resource == SHARED_RESOURCE))} if spec else None
         conds.extend(self.advertiser.publish(self, snapshot, node, spec, labels))
         self._mark_node(node, len(snapshot.gpus))
         self._publish(snapshot, generation if spec else status.get("observedGeneration"), sharing, status, conds,

@@ -60,6 +60,8 @@ POD_REF_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])
 MAX_GPUS_PER_NODE = 16  # HGX-2 class machines carry 16 GPUs
 MAX_MIG_INSTANCES = 7  # at most 7 GPU instances per GPU on every MIG-capable model
 MAX_SHARING_REPLICAS = 64
+MAX_SHARED_IN_USE = MAX_SHARING_REPLICAS * MAX_GPUS_PER_NODE
+"""Replicas a node's pods can hold at most (``status.sharing.inUse``)."""
 
 
 def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
@@ -121,6 +123,16 @@ class SharingConfig(ApiModel):
         if self.mode == "none" and self.replicas != 1:
             raise ValueError("replicas must be 1 when mode is none")
         return self
+
+
+class SharingStatus(SharingConfig):
+    """The node's sharing as the agent applied it, and how many of its replicas pods hold."""
+
+    in_use: int = Field(
+        0, ge=0, le=MAX_SHARED_IN_USE,
+        description="Shared replicas (nvidia.com/gpu.shared) held by the pods bound to the node: what the "
+                    "webhook's choice of a mode for an auto pod counts as taken.",
+    )
 
 
 class MigInstanceSpec(ApiModel):
@@ -386,7 +398,7 @@ class GPUNodeStatus(ApiModel):
     gpus: Annotated[
         list[GPUStatus], Field(json_schema_extra=_list_map("index"))
     ] = Field(default_factory=list, max_length=MAX_GPUS_PER_NODE)
-    sharing: SharingConfig | None = None
+    sharing: SharingStatus | None = None
     summary: NodeSummary | None = None
     conditions: Annotated[
         list[Condition], Field(json_schema_extra=_list_map("type"))

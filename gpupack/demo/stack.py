@@ -120,6 +120,9 @@ class Stack:
     controller_metrics_port: int = 0
     backend: Backend = DEFAULT_BACKEND
     """Which backend the demo's nodes run: the device plugin's, or a DRA node pool."""
+    controller_manager: bool = False
+    """Also run kube-controller-manager (always on a DRA pool): owners' controllers re-create the pods
+    gpupack deletes for them (``controller.readmit``)."""
     controller_policy: str | None = None
     """The controller's ``--policy`` (None: its default)."""
     probe_sharing: str | None = None
@@ -131,11 +134,11 @@ class Stack:
     # ------------------------------------------------------------ lifecycle
     def start(self, say: Any) -> None:
         say("control plane: finding or building kube-apiserver, kube-scheduler, etcd (first run: minutes)")
-        binaries = ensure_binaries(progress=sys.stderr)
         dra = self.backend == "dra"
+        binaries = ensure_binaries(progress=sys.stderr, controller_manager=dra or self.controller_manager)
         self.plane = ControlPlane(binaries, ControlPlaneConfig(
             workdir=self.workdir / "cluster", keep_workdir=self.keep, tie_to_parent=not self.keep,
-            controller_manager=dra))
+            controller_manager=dra or self.controller_manager))
         self.plane.start()
         say(f"control plane: up in {self.plane.startup_seconds or 0:.1f}s at {self.plane.server}")
         self.admin = self.plane.admin_client()
