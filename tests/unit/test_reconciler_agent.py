@@ -531,3 +531,27 @@ def test_layout_applied_waits_for_every_gpu_of_the_spec() -> None:
     # True only once both GPUs have their layout, and from then on.
     assert all(status == "False" for status, g0, g1 in seen if g0 != target or g1 != target)
     assert seen[-1] == ("True", target, target)
+
+
+def test_a_shared_node_reports_the_replicas_its_pods_hold() -> None:
+    """Issue 33, item 5: without ``status.sharing.inUse`` the webhook took every replica of a full
+    MPS node as free and recorded auto pods ``mps`` there while MIG instances sat idle."""
+    kube = FakeKube("n1")
+    sim = SimulatedNvml(H200, 1, seed="n1", mig_enabled=False)
+    clock = Clock()
+    agent = Agent(_settings(), sim, kube, clock=clock)  # type: ignore[arg-type]
+    agent.tick()
+    kube.set_spec({"sharing": {"mode": "mps", "replicas": 4}, "gpus": [{"index": 0, "migEnabled": False}]})
+    for i in range(3):
+        kube.pods.append({"metadata": {"name": f"p{i}", "namespace": "team", "uid": f"u{i}"},
+                          "spec": {"nodeName": "n1", "containers": [
+                              {"name": "c", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}]},
+                          "status": {"phase": "Running"}})
+    kube.pods.append({"metadata": {"name": "elsewhere", "namespace": "team", "uid": "u9"},
+                      "spec": {"nodeName": "n2", "containers": [
+                          {"name": "c", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}]}})
+    for _ in range(3):
+        agent.tick()
+        clock.t += 3
+    assert kube.gpunode is not None
+    assert kube.gpunode["status"]["sharing"] == {"mode": "mps", "replicas": 4, "inUse": 3}
