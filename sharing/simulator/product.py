@@ -35,6 +35,10 @@ the live system does (docs/simulator.md, "Product model"):
   ``gpupack.io/gpu-memory`` under a policy without a default). A node list with
   a MIG-capable type is refused: MIG placement is ``--mig``'s replay.
 
+Each pod is decided against the state the pods before it left, so a burst never strands pods
+in a mode here; the live webhook decides from the GPUNodes' last reported status, and the
+controller re-admits the pods a burst left in a mode with no room (``controller.readmit``).
+
 The protocol's other rules hold: pods arrive in the seeded order and never
 leave, a pod that fits nowhere is dropped, allocation counts the milli pods
 asked for (``occupied`` counts what their replicas reserve).
