@@ -165,15 +165,18 @@ class Kube(KubeClient):
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         call(self._core.create_namespaced_pod_eviction, name, namespace, body, _preload_content=False)
 
-    def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+    def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
         """Delete the pod only if it is still that object at that version (preconditions): a pod
-        released or changed in between is left alone (KubeError, conflict). Gone already: done."""
+        released or changed in between is left alone (KubeError, conflict). False: gone already
+        (a watch cache that has not seen the delete yet lists it once more)."""
         body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
         try:
             call(self._core.delete_namespaced_pod, name, namespace, body=body, _preload_content=False)
         except KubeError as exc:
             if not exc.not_found:
                 raise
+            return False
+        return True
 
     # ------------------------------------------------------------------ lease
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -210,12 +210,14 @@ class Controller:
                 continue
             namespace, name = item.pod.split("/", 1)
             try:
-                self.kube.delete_pod(namespace, name, item.uid, item.resource_version)
+                gone_now = self.kube.delete_pod(namespace, name, item.uid, item.resource_version)
             except KubeError as exc:
                 if not exc.conflict:  # changed meanwhile (released, say): judged again next cycle
                     self._fail(report, "readmit", f"{item.pod}: {exc}")
                 continue
             deleted.add(item.pod)
+            if not gone_now:
+                continue  # deleted by an earlier cycle: said then
             report.readmitted.append(item.pod)
             log.info("re-admitted %s: %s", item.pod, item.why)
             owner = {**item.owner, "namespace": namespace}

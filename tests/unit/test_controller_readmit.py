@@ -158,12 +158,15 @@ class FakeKube(Kube):
         self.status[f"{namespace}/{name}"] = body
         return None
 
-    def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str) -> None:
+    def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
+        if f"{namespace}/{name}" not in self.pods:
+            return False
         meta = self.pods[f"{namespace}/{name}"]["metadata"]
         if (meta["uid"], meta["resourceVersion"]) != (uid, resource_version):
             raise KubeError(409, "precondition failed")
         self.deleted.append((f"{namespace}/{name}", {"uid": uid, "resourceVersion": resource_version}))
         del self.pods[f"{namespace}/{name}"]
+        return True
 
     def event(self, involved: Any, type_: str, reason: str, message: str, host: str | None = None) -> None:
         self.events.append((dict(involved), reason, message))
@@ -212,3 +215,13 @@ def test_a_pod_changed_since_it_was_read_is_left_alone() -> None:
 def test_with_messages_keeps_the_other_waits() -> None:
     plan = Plan(waiting=(Wait("a/x", "r1"), Wait("a/y", "r2")))
     assert with_messages(plan, {}, {"a/x"}).waiting == (Wait("a/y", "r2"),)
+
+
+def test_a_pod_a_stale_cache_still_lists_is_not_announced_twice() -> None:
+    pod = admitted("owned", BURST_VIEW)
+    kube = FakeKube([mps_node(4), mig_node(3)], [pod])
+    _cycle(kube)
+    kube.list_pods = lambda: [pod]  # type: ignore[method-assign]  # the watch has not seen the delete yet
+    report = _cycle(kube)
+    assert len(kube.events) == 1 and report.readmitted == [] and not report.errors
+    assert "team/owned" not in kube.status
