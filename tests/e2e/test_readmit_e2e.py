@@ -116,14 +116,18 @@ def test_the_controllers_token_deletes_only_pods_still_gated(
              "spec": {"containers": [{"name": "main", "image": "registry.invalid/app:1"}]}}
     core.create_namespaced_pod(namespace, plain)
 
-    def refused() -> ApiException | None:
+    def refused(dry_run: str | None) -> ApiException | None:
         try:
-            controller.delete_namespaced_pod("running-workload", namespace)
+            controller.delete_namespaced_pod("running-workload", namespace, dry_run=dry_run)
         except ApiException as exc:
             return exc if exc.status == 403 else None
-        pytest.fail("the controller's token deleted a pod that is not gated on gpupack.io/capacity")
+        return None
 
-    refusal = wait_for("the pod-deletes policy to refuse the controller", refused, timeout_s=60)
+    # A policy just installed reaches the admission chain asynchronously: wait on a dry run (admitted
+    # like the real delete, but it deletes nothing), then ask for real.
+    wait_for("the pod-deletes policy to be enforced", lambda: refused("All"), timeout_s=60)
+    refusal = refused(None)
+    assert refusal is not None, "the controller's token deleted a pod that is not gated on gpupack.io/capacity"
     assert "gated on gpupack.io/capacity" in str(refusal.body)
     assert core.read_namespaced_pod("running-workload", namespace).metadata.deletion_timestamp is None
 
