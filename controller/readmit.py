@@ -32,7 +32,7 @@ from controller.planner import Plan, Wait
 from controller.podview import read_record
 from controller.view import Pod, Snapshot
 from sharing.allocation import Allocation
-from sharing.decision import decide
+from sharing.decision import DecisionMemo, decide
 from sharing.inventory import AdmissionPolicy, Inventory
 from sharing.lenient import as_list, as_map
 from sharing.request import AdmissionRefusal, ContainerRequest, PodRequest, parse_mode
@@ -95,16 +95,17 @@ def request_of(obj: Mapping[str, Any], allocation: Allocation, namespace: str, n
 
 
 def stranded_in(obj: Mapping[str, Any], allocation: Allocation, pod: Pod, policy: AdmissionPolicy,
-                inventory: Inventory, now: datetime) -> str | None:
+                inventory: Inventory, now: datetime, memo: DecisionMemo | None = None) -> str | None:
     """The mode the webhook would now choose for this waiting pod, when it is another mode with
-    capacity now and the pod let gpupack choose; else None (module docstring)."""
+    capacity now and the pod let gpupack choose; else None (module docstring). ``memo``: one for
+    ``inventory`` (a backlog of pods of a few shapes asks the same question)."""
     if not pod.gated or pod.backend == "dra" or not chose_mode(obj, allocation):
         return None
     if now - pod.created < timedelta(seconds=READMIT_AFTER_SECONDS):
         return None
     try:
         decision = decide(request_of(obj, allocation, pod.namespace, pod.name), policy, inventory,
-                          engine_places=True, backend=pod.backend)
+                          engine_places=True, backend=pod.backend, memo=memo)
     except AdmissionRefusal:
         return None
     if decision.mode == allocation.mode or not decision.capacity_exists:
@@ -132,6 +133,7 @@ def readmissions(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping[str,
                         key=lambda p: (p.created, p.key))
     out: list[Readmission] = []
     view: Inventory | None = None
+    memo: DecisionMemo | None = None
     for pod in candidates:
         if len(out) >= limit:
             break
@@ -141,9 +143,10 @@ def readmissions(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping[str,
         _, allocation, _ = read_record(obj)
         if allocation is None or not chose_mode(obj, allocation):
             continue
-        if view is None:
+        if view is None or memo is None:
             view = inventory()
-        chosen = stranded_in(obj, allocation, pod, view.policy_for(pod.namespace), view, now)
+            memo = DecisionMemo(view)
+        chosen = stranded_in(obj, allocation, pod, memo.policy_for(pod.namespace), view, now, memo)
         if chosen is None:
             continue
         meta = as_map(obj.get("metadata"))
