@@ -77,7 +77,7 @@ def _status(product: str, mig_instances: int, in_use: int) -> crd.GPUNodeStatus:
         gpus=[crd.GPUStatus(index=0, uuid="GPU-1234", product=product, memory_mib=81920,
                             mig_enabled=True, instances=instances,
                             utilization=crd.GPUUtilization(gpu_percent=37, memory_used_mib=1024))],
-        sharing=crd.SharingConfig(),
+        sharing=crd.SharingStatus(),
         summary=crd.NodeSummary(gpus=1, mig_instances=mig_instances, instances_in_use=in_use),
         conditions=[_condition("Ready", "True")],
         reconfiguration=crd.ReconfigurationStatus.model_validate(
