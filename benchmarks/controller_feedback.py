@@ -10,7 +10,7 @@ Placement (both runs): a pod asking ``m`` milli belongs to class
 GPU each cover ``m``); it goes to the first node of its class with a free
 replica (first GPU with a free replica), and a new node of the class is opened
 when none has one. Static: every node keeps ``r = k``. Loop: every control
-period each node's ``r`` is re-decided by ``controller.feedback.decide_replicas``
+period each node's ``r`` is re-decided by ``controller.planning.feedback.decide_replicas``
 (the controller's own code) from the measured busy percent of its GPUs;
 running pods keep their replica when ``r`` drops (changes affect new pods only).
 
@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas  # noqa: E402
+from controller.planning.feedback import FeedbackSettings, GpuLoad, decide_replicas  # noqa: E402
 from sharing.simulator.traces import load_pods  # noqa: E402
 
 GPUS_PER_NODE = 8

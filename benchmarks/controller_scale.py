@@ -56,8 +56,8 @@ from controller.settings import ControllerSettings  # noqa: E402
 from kube.times import format_time  # noqa: E402
 from mig.catalog import get_model  # noqa: E402
 from mig.geometry import fits  # noqa: E402
-from sharing.allocation import Allocation, ContainerAllocation  # noqa: E402
-from sharing.keys import ALLOCATION_ANNOTATION  # noqa: E402
+from sharing.api.allocation import Allocation, ContainerAllocation  # noqa: E402
+from sharing.api.keys import ALLOCATION_ANNOTATION  # noqa: E402
 
 H100 = get_model("H100-80GB")
 LAYOUTS = (("1g.10gb",) * 7, ("2g.20gb", "2g.20gb", "3g.40gb"), ("3g.40gb", "4g.40gb"), ("1g.10gb",) * 3 + ("4g.40gb",))
@@ -174,7 +174,7 @@ def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class MemoryKube:
-    """What ``controller.caches.CachedKube`` gives the controller once its caches have listed:
+    """What ``controller.watch_caches.CachedKube`` gives the controller once its caches have listed:
     lists of shared objects; writes that replace an object by a new version."""
 
     def __init__(self, gpunodes: list[dict[str, Any]], nodes: list[dict[str, Any]], pods: list[dict[str, Any]],

@@ -30,13 +30,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.view import Gpu, Node, Pod, Snapshot  # noqa: E402
-from sharing.keys import ALLOCATION_ANNOTATION  # noqa: E402
-from sharing.node_policy import NodePolicy  # noqa: E402
-from controller.planner import plan  # noqa: E402
+from controller.state.snapshot import Gpu, Node, Pod, Snapshot  # noqa: E402
+from sharing.api.keys import ALLOCATION_ANNOTATION  # noqa: E402
+from sharing.rules.node_policy import NodePolicy  # noqa: E402
+from controller.planning.planner import plan  # noqa: E402
 from mig.catalog import get_model  # noqa: E402
 from mig.geometry import fits  # noqa: E402
-from sharing.allocation import Allocation, ContainerAllocation  # noqa: E402
+from sharing.api.allocation import Allocation, ContainerAllocation  # noqa: E402
 
 H100 = get_model("H100-80GB")
 LAYOUTS = (("1g.10gb",) * 7, ("2g.20gb", "2g.20gb", "3g.40gb"), ("3g.40gb", "4g.40gb"), ("1g.10gb",) * 3 + ("4g.40gb",))

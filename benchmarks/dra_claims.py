@@ -27,7 +27,7 @@ Two variants (``--variant``):
   1g.10gb, 2g.20gb, 1g.10gb, 3g.40gb (in turn).
 
 Each pod's claim comes from the ResourceClaimTemplate that
-``sharing.dra.claims.pod_claims`` builds for its one container (the webhook's
+``sharing.admission.dra_claims.pod_claims`` builds for its one container (the webhook's
 future DRA path), so pods of one shape share a template. Pods ask 100m CPU
 and 256 MiB besides and are created by 8 client threads as fast as the API
 server takes them.
@@ -46,12 +46,12 @@ Three paths (``--path``, repeatable), one after the other on the same nodes:
   reported too: kube-controller-manager makes them under its client rate limit;
 * ``dra-direct``: the same, but each pod references a ResourceClaim with its
   template's spec that this script creates just before the pod (named by
-  ``sharing.backend.pod_claim_name``, as gpupack's controller is to create
+  ``sharing.api.backend.pod_claim_name``, as gpupack's controller is to create
   them): kube-scheduler's rate without kube-controller-manager in the way;
 * ``device-plugin``: the DRA pods are deleted, the same nodes are relabelled
   ``gpupack.io/backend=device-plugin`` and advertise in Node status what NVIDIA's
   device plugin would: ``nvidia.com/gpu.shared`` replicas (node ``i`` split as
-  finely as the ``i mod 5``-th share from the largest allows, ``sharing.replicas.largest_replicas``,
+  finely as the ``i mod 5``-th share from the largest allows, ``sharing.rules.replicas.largest_replicas``,
   labelled with ``nvidia.com/gpu.replicas``; a pod is pinned to the replica
   counts that hold its share, as the webhook pins it), or, for ``mig``, a static
   layout of 3g.40gb + 2g.20gb + 2 x 1g.10gb on every GPU as ``nvidia.com/mig-*``.
@@ -97,15 +97,15 @@ from node.advertising.dra_pool import plan  # noqa: E402
 from node.nvml.simulated import SimulatedNvml  # noqa: E402
 from node.settings import AgentSettings  # noqa: E402
 from node.snapshot import read_snapshot  # noqa: E402
-from sharing.decision import ContainerDecision  # noqa: E402
+from sharing.admission.decision import ContainerDecision  # noqa: E402
 from sharing.dra import names, validate, wire  # noqa: E402
-from sharing.dra.claims import PodClaims, pod_claims  # noqa: E402
+from sharing.admission.dra_claims import PodClaims, pod_claims  # noqa: E402
 from sharing.dra.model import ResourceSlice  # noqa: E402
 from sharing.dra.share_policy import SHARES as SHARE_POLICY  # noqa: E402
 from sharing.dra.slices import node_slices  # noqa: E402
-from sharing.backend import POD_CLAIM, pod_claim_name  # noqa: E402
-from sharing.keys import BACKEND_LABEL, PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL  # noqa: E402
-from sharing.replicas import MAX_MILLI, fits_replicas, largest_replicas  # noqa: E402
+from sharing.api.backend import POD_CLAIM, pod_claim_name  # noqa: E402
+from sharing.api.keys import BACKEND_LABEL, PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL  # noqa: E402
+from sharing.rules.replicas import MAX_MILLI, fits_replicas, largest_replicas  # noqa: E402
 
 Variant = Literal["shared", "mig"]
 Path_ = Literal["dra", "dra-direct", "device-plugin"]
@@ -190,7 +190,7 @@ def dra_pod(variant: Variant, pod_index: int, run: str, claim: str | None = None
 
 def direct_claim(variant: Variant, pod_index: int, name: str) -> dict[str, Any]:
     """The ResourceClaim of pod ``pod_index`` itself, with its template's spec: what gpupack's controller is
-    to create for a DRA pod (``sharing.backend``), and what kube-controller-manager would make of the template."""
+    to create for a DRA pod (``sharing.api.backend``), and what kube-controller-manager would make of the template."""
     shape = claims_of(variant, pod_index)
     return {"apiVersion": names.API_VERSION, "kind": "ResourceClaim",
             "metadata": {"name": name, "labels": dict(shape.template_spec["metadata"]["labels"])},

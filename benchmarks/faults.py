@@ -58,7 +58,7 @@ import httpx  # noqa: E402
 
 from gpupack.devcluster.process import free_port  # noqa: E402
 from webhook.certs import write_self_signed  # noqa: E402
-from webhook.testing import gpu_container, make_pod, make_review  # noqa: E402
+from gpupack.testing.admission_reviews import gpu_container, make_pod, make_review  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 LEASE_SECONDS = 4  # the controller's leader lease in the outage experiment (15 s in the manifests)
@@ -197,8 +197,8 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
     from gpupack.devcluster.binaries import ensure_binaries
     from gpupack.devcluster.controlplane import ControlPlane
     from kube.times import parse_time
-    from sharing.allocation import Allocation, ContainerAllocation
-    from sharing.keys import ALLOCATION_ANNOTATION
+    from sharing.api.allocation import Allocation, ContainerAllocation
+    from sharing.api.keys import ALLOCATION_ANNOTATION
 
     h100 = "NVIDIA-H100-80GB-HBM3"
     plane = ControlPlane(ensure_binaries(progress=sys.stderr)).start()
@@ -427,7 +427,7 @@ def webhook_killed() -> dict[str, Any]:
 
     from gpupack.demo.stack import DEMO_NAMESPACE, Stack
     from gpupack.devcluster.process import ManagedProcess
-    from sharing.keys import MILLI_RESOURCE
+    from sharing.api.keys import MILLI_RESOURCE
 
     stack = Stack(workdir=Path(tempfile.mkdtemp(prefix="gpupack-faults-webhook-")))
     try:

@@ -125,7 +125,7 @@ def load_plan(count: int, seed: int, floor: bool, mig_fraction: float = 0.5) -> 
 
 
 def pod_manifest(ask: PodAsk, run_id: str) -> dict[str, Any]:
-    from sharing.keys import DURATION_ANNOTATION, MILLI_RESOURCE, SHARING_ANNOTATION, WHOLE_RESOURCE
+    from sharing.api.keys import DURATION_ANNOTATION, MILLI_RESOURCE, SHARING_ANNOTATION, WHOLE_RESOURCE
 
     annotations = {DURATION_ANNOTATION: str(ask.duration_s)}
     if ask.kind == "whole":
@@ -299,7 +299,7 @@ class Bench:
         from gpupack.devcluster.process import free_port
         from gpupack.replay.mapping import REPLAY_LABEL
         from node.nvml.simulated import simulated_backend
-        from sharing.keys import BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL
+        from sharing.api.keys import BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL
 
         # As the replay's: its webhook probe asks for an MPS share, which needs no shared node yet.
         self.stack = Stack(self.workdir, nodes=(), probe_sharing="mps")
@@ -351,7 +351,7 @@ class Bench:
         from kubernetes import client
 
         from gpupack.demo.stack import GROUP, VERSION
-        from sharing.keys import PRODUCT_LABEL
+        from sharing.api.keys import PRODUCT_LABEL
 
         deadline = time.monotonic() + 120 + 0.5 * len(names)
         while True:

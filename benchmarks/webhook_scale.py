@@ -185,8 +185,8 @@ def _median_s(fn: Any, repeat: int) -> float:
 
 
 def per_event(n: int, events: int = 2000) -> dict[str, Any]:
-    from sharing.decision import DecisionMemo
-    from sharing.inventory import build_inventory
+    from sharing.admission.decision import DecisionMemo
+    from sharing.admission.inventory import build_inventory
     from webhook.admission import review_pod
     from webhook.inventory_source import InventoryHolder
     from webhook.inventory_watch import KubernetesWatch, kept

@@ -20,17 +20,17 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from controller.draclaims import ClaimBuildError, claim_body, existing_pin
-from controller.draplan import DraPlacement, DraPlan, dra_nodes, plan_dra
-from controller.drausage import ClaimConflict, Hold, read_usage
+from controller.writes.dra_claims import ClaimBuildError, claim_body, existing_pin
+from controller.planning.draplan import DraPlacement, DraPlan, dra_nodes, plan_dra
+from controller.state.dra_usage import ClaimConflict, Hold, read_usage
 from controller.kube import Kube
-from controller.planner import Release
-from controller.view import Pod, Snapshot
+from controller.planning.planner import Release
+from controller.state.snapshot import Pod, Snapshot
 from kube.errors import KubeError
-from sharing.allocation import trusted_allocation
+from sharing.api.allocation import trusted_allocation
 from sharing.dra.share_policy import SHARES, SharePolicy
-from sharing.keys import ALLOCATION_ANNOTATION
-from sharing.lenient import as_map as _map
+from sharing.api.keys import ALLOCATION_ANNOTATION
+from sharing.api.fields import as_map as _map
 
 log = logging.getLogger("gpupack.controller")
 REFUSED_REASON = "ClaimNotOwned"

@@ -24,7 +24,7 @@ from kube import safejson
 from kube.client import JSON_PATCH, MERGE_PATCH, KubeClient, call
 from kube.errors import KubeError
 from kube.informer import Lister
-from sharing.crd import GROUP, VERSION
+from sharing.api.crd import GROUP, VERSION
 
 log = logging.getLogger("gpupack.controller.kube")
 
@@ -98,7 +98,7 @@ class Kube(KubeClient):
                            _preload_content=False, idempotent=True))
 
     def list_resource_claims(self) -> list[dict[str, Any]]:
-        """Every ResourceClaim (the DRA pool's usage, ``controller.drausage``)."""
+        """Every ResourceClaim (the DRA pool's usage, ``controller.state.dra_usage``)."""
         return _items(call(self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, CLAIMS,
                            _preload_content=False, idempotent=True))
 
@@ -116,7 +116,7 @@ class Kube(KubeClient):
     # ---------------------------------------------------------------- writing
     def create_resource_claim(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Not retried: a lost answer would read as a conflict, which the caller resolves by reading
-        the claim back (``controller.draclaims.existing_pin``). The claim as created (None when the
+        the claim back (``controller.writes.dra_claims.existing_pin``). The claim as created (None when the
         answer is not one)."""
         return _body(call(self._custom.create_namespaced_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, namespace,
                           CLAIMS, dict(body), _preload_content=False))
@@ -134,7 +134,7 @@ class Kube(KubeClient):
 
     # Writes answer with the object as the API server holds it afterwards (None when the answer
     # is not one), so a cache that has not seen the write yet can be read past
-    # (``controller.caches``).
+    # (``controller.watch_caches``).
     def patch_gpunode(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         return _body(call(self._custom.patch_cluster_custom_object, GROUP, VERSION, "gpunodes", name, dict(body),
                           _content_type=MERGE_PATCH, _preload_content=False, idempotent=True))

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter as PromCounter, Gauge, Histogram
 
-from controller.capacity import mig_claims, shared_claims, whole_pinned
-from controller.drausage import Hold
-from controller.view import Node, Snapshot
-from sharing.backend import node_backend
+from controller.state.claims import mig_claims, shared_claims, whole_pinned
+from controller.state.dra_usage import Hold
+from controller.state.snapshot import Node, Snapshot
+from sharing.api.backend import node_backend
 from sharing.packing.specs import GPU_MILLI
 
 
@@ -38,7 +38,7 @@ def _held(node: Node, device_holds: Sequence[Hold]) -> float:
 
 def cluster_figures(snapshot: Snapshot, dra_holds: Sequence[Hold] = ()) -> tuple[float, float, int]:
     """(allocation ratio, fragmentation, GPUs) of the snapshot; ``dra_holds``: what the DRA pool's
-    claims hold (``controller.drausage``), the one record of which device a DRA pod uses."""
+    claims hold (``controller.state.dra_usage``), the one record of which device a DRA pod uses."""
     held_on: defaultdict[tuple[str, int], list[Hold]] = defaultdict(list)
     for hold in dra_holds:
         held_on[hold.node, hold.device.gpu].append(hold)

@@ -1,6 +1,6 @@
 """Wiring: watch caches wake a planning loop that runs only on the elected leader.
 
-The controller's watch caches (:mod:`controller.caches`: one list-then-watch
+The controller's watch caches (:mod:`controller.watch_caches`: one list-then-watch
 informer per kind it reads) are its only watches: a change that matters
 *wakes* the loop (no per-object handler state, nothing persisted on the
 objects). The loop waits ``batch_seconds`` after the first wake for more
@@ -33,13 +33,13 @@ from typing import Any
 
 import kopf
 
-from controller.caches import CachedKube, ClusterCaches
+from controller.watch_caches import CachedKube, ClusterCaches
 from controller.leader import LeaderElector, LeaseSettings
 from controller.metrics import ControllerMetrics
 from controller.reconcile import Controller, CycleReport
 from controller.settings import ControllerSettings
 from kube.backoff import Backoff
-from sharing.crd import GROUP, VERSION
+from sharing.api.crd import GROUP, VERSION
 
 log = logging.getLogger("gpupack.controller")
 

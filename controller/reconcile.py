@@ -2,15 +2,15 @@
 
 ``Controller.cycle`` lists GPUNodes, Nodes, pods and SharingPolicies (through
 :class:`controller.kube.Kube`, the only API door; in ``controller run`` a
-:class:`controller.caches.CachedKube` answers from watch caches), builds the
+:class:`controller.watch_caches.CachedKube` answers from watch caches), builds the
 snapshot (re-reading only the objects that changed since the last cycle,
-:class:`controller.snapshot_cache.SnapshotCache`), runs the planner and the
+:class:`controller.state.incremental.SnapshotCache`), runs the planner and the
 feedback loop, and applies the result:
 
 1. the per-GPU idle record (an annotation on each GPUNode);
 2. new layouts and sharing configs (``GPUNode.spec``), and the mig-parted configs
    agents in GPU Operator mode ask for, into mig-manager's ConfigMap
-   (``controller.mig_configs``);
+   (``controller.writes.mig_configs``);
 3. released pods: pin (affinity), then lift the gate — two guarded patches; on the DRA
    node pool the pod's ResourceClaim, pinned to the engine's device, is created first
    (``controller.dracycle``);
@@ -33,30 +33,30 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 from controller.dracycle import DraCycle
-from controller.draplan import DraPlacement, DraPlan
-from controller.evictions import evictions
-from controller.feedback import FeedbackSettings, GpuLoad, Recommendation, decide_replicas, right_size
+from controller.planning.draplan import DraPlacement, DraPlan
+from controller.planning.evictions import evictions
+from controller.planning.feedback import FeedbackSettings, GpuLoad, Recommendation, decide_replicas, right_size
 from controller.kube import Kube
-from controller.migplan import LayoutChange
-from controller.mig_configs import published_config
+from controller.planning.migplan import LayoutChange
+from controller.writes.mig_configs import published_config
 from controller.metrics import ControllerMetrics, cluster_figures
-from controller.view import FailedDevice, Node, Pod, Snapshot
-from controller.wait_status import StatusPatch, placement_patches
-from controller.patches import gpus_spec, release_ops, sharing_spec
-from controller.planner import Plan, Release, SharingChange, plan
+from controller.state.snapshot import FailedDevice, Node, Pod, Snapshot
+from controller.writes.wait_status import StatusPatch, placement_patches
+from controller.writes.patches import gpus_spec, release_ops, sharing_spec
+from controller.planning.planner import Plan, Release, SharingChange, plan
 from controller.settings import ControllerSettings
-from controller.podview import pod_from_object
-from controller.readmit import readmissions, with_messages
-from controller.policy_status import needs_write, policy_reports, status_for
-from controller.snapshot import busy_by_node, encode_idle, idle_record, scoped, update_idle
-from controller.snapshot_cache import SnapshotCache
+from controller.state.pods import pod_from_object
+from controller.planning.readmit import readmissions, with_messages
+from controller.writes.policy_status import needs_write, policy_reports, status_for
+from controller.state.build import busy_by_node, encode_idle, idle_record, scoped, update_idle
+from controller.state.incremental import SnapshotCache
 from kube.errors import KubeError
 from mig.migparted import MigConfigError
-from sharing.backend import node_backend
-from sharing.gpunode import MigConfigRequest
-from sharing.inventory import Inventory, build_inventory
+from sharing.api.backend import node_backend
+from sharing.api.gpunode import MigConfigRequest
+from sharing.admission.inventory import Inventory, build_inventory
 from kube.times import format_time, parse_time
-from sharing.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
+from sharing.api.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
 
 log = logging.getLogger("gpupack.controller")
 
@@ -74,11 +74,11 @@ class CycleReport:
     released: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
     readmitted: list[str] = field(default_factory=list)
-    """Gated pods deleted for their owners to re-create, stranded in their mode (``controller.readmit``)."""
+    """Gated pods deleted for their owners to re-create, stranded in their mode (``controller.planning.readmit``)."""
     """Pods evicted from failed GPUs this cycle (``--evict-on-gpu-fault``)."""
     errors: list[str] = field(default_factory=list)
     dra: DraPlan = field(default_factory=DraPlan)
-    """The DRA pool's placements and waits (``controller.draplan``)."""
+    """The DRA pool's placements and waits (``controller.planning.draplan``)."""
     replica_changes: list[tuple[str, int, int]] = field(default_factory=list)
     recommendations: int = 0
     allocation_ratio: float = 0.0
@@ -176,7 +176,7 @@ class Controller:
     # ------------------------------------------------------------------ steps
     def _placement_status(self, result: Plan, snapshot: Snapshot, pod_objs: Mapping[str, Mapping[str, Any]],
                           now: datetime, report: CycleReport) -> None:
-        """Say why each gated pod waits (``controller.wait_status``): one write when the reason changes.
+        """Say why each gated pod waits (``controller.writes.wait_status``): one write when the reason changes.
         Pods arriving at 20/s each get one, so they are written ``write_workers`` at a time."""
         patches = placement_patches(result, snapshot, pod_objs, now, report.dra, set(report.released))
 
@@ -190,7 +190,7 @@ class Controller:
 
     def _readmit(self, result: Plan, snapshot: Snapshot, pod_objs: Mapping[str, Mapping[str, Any]],
                  objects: tuple[Sequence[Mapping[str, Any]], ...], now: datetime, report: CycleReport) -> Plan:
-        """Re-admit the pods stranded in the mode the webhook chose (``controller.readmit``): delete
+        """Re-admit the pods stranded in the mode the webhook chose (``controller.planning.readmit``): delete
         those a controller owns (gated: they never ran), with preconditions on uid and
         resourceVersion, and say on the bare ones how to let gpupack choose again. The plan whose
         waits the Placement conditions then report."""
@@ -353,7 +353,7 @@ class Controller:
 
     def _evict(self, failed: tuple[FailedDevice, ...], pod_objs: Mapping[str, dict[str, Any]],
                report: CycleReport) -> None:
-        """Evict the pods of failed devices that their controllers recreate (``controller.evictions``)."""
+        """Evict the pods of failed devices that their controllers recreate (``controller.planning.evictions``)."""
         allowed = set(self.settings.namespace_list)
         for eviction in evictions(failed, pod_objs):
             if allowed and eviction.namespace not in allowed:
@@ -386,7 +386,7 @@ class Controller:
             m.degraded_node.labels(node.name).set(1 if node.degraded else 0)
 
     def _note_skipped(self, entries: tuple[str, ...]) -> None:
-        """Log the GPUNode entries the one reader (``sharing.gpunode``) left out, once each; count them."""
+        """Log the GPUNode entries the one reader (``sharing.api.gpunode``) left out, once each; count them."""
         self._skipped = _log_new(self._skipped, entries, "GPUNode %s")
         self.metrics.skipped_entries.set(len(self._skipped))
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kube.settings import settings_from_env
-from sharing.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
+from sharing.api.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
 
 ENV_PREFIX = "GPUPACK_CONTROLLER_"
 
@@ -77,12 +77,12 @@ class ControllerSettings:
     """Evict the pods of a failed GPU or MIG instance through the Eviction API (PodDisruptionBudgets
     honoured) when a controller other than a DaemonSet will recreate them elsewhere. Off by default:
     a pod may still run on a GPU with, say, a pending page retirement, and only its owner knows
-    whether a restart costs more than the risk (``controller.evictions``)."""
+    whether a restart costs more than the risk (``controller.planning.evictions``)."""
     mig_parted_namespace: str = GPU_OPERATOR_NAMESPACE
     mig_parted_configmap: str = MIG_PARTED_CONFIGMAP
     """GPU Operator mode: the ConfigMap (in ``mig_parted_namespace``) mig-manager reads. The
     controller is its only gpupack writer: it publishes the configs node agents ask for in
-    their GPUNode status (``controller.mig_configs``)."""
+    their GPUNode status (``controller.writes.mig_configs``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ControllerSettings:

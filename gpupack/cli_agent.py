@@ -36,7 +36,7 @@ from gpupack.cli import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError, non_negati
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import NvmlBackend
 from node.settings import BACKENDS, LAYOUT_APPLY_MODES, AgentSettings
-from sharing.simulator.openb_models import OPENB_GPUS
+from mig.openb_gpus import OPENB_GPUS
 
 
 def _simulated(spec: str, state_file: str, seed: str, delay_s: float = 0.0) -> NvmlBackend:

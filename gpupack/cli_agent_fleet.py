@@ -1,4 +1,4 @@
-"""``gpupack agent fleet``: the node agent for many SIMULATED nodes in one process (``node.fleet``)."""
+"""``gpupack agent fleet``: the node agent for many SIMULATED nodes in one process (``gpupack.fleet.agents``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gpupack.cli import EXIT_OK, UsageError, non_negative_float, positive_float
 from node.settings import AgentSettings
 
 if TYPE_CHECKING:
-    from node.fleet import BackendOpener
+    from gpupack.fleet.agents import BackendOpener
 
 DESCRIPTION = """\
 SIMULATION ONLY. Runs the node agent for many simulated nodes in one process, so
@@ -42,8 +42,8 @@ Every agent option also has its environment variable GPUPACK_AGENT_<OPTION>.
 def _run(args: argparse.Namespace, open_backend: BackendOpener) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from kube.client import KubeConfigError
-    from node.fleet import Fleet, FleetSettings, fleet_configmaps
-    from node.fleet_kube import ApiCounts, FleetCaches, SharedKube, counting_api_client
+    from gpupack.fleet.agents import Fleet, FleetSettings, fleet_configmaps
+    from gpupack.fleet.kube import ApiCounts, FleetCaches, SharedKube, counting_api_client
 
     overrides: dict[str, Any] = {"poll_seconds": args.poll_seconds, "heartbeat_seconds": args.heartbeat_seconds,
                                  "idle_seconds": args.idle_seconds}

@@ -98,7 +98,7 @@ def _kube(kubeconfig: str | None) -> Any:
 def _ack(args: argparse.Namespace) -> int:
     from kube.errors import KubeError
     from node.health.ack import acknowledge
-    from sharing.keys import HEALTH_ACK_ANNOTATION
+    from sharing.api.keys import HEALTH_ACK_ANNOTATION
 
     if not args.all and not args.gpu:
         raise UsageError("say which GPUs: --gpu INDEX (repeatable) or --all")
@@ -126,7 +126,7 @@ def _ack(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from kube.errors import KubeError
-    from sharing.gpunode import read_gpunode
+    from sharing.api.gpunode import read_gpunode
 
     kube = _kube(args.kubeconfig)
     try:

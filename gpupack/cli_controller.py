@@ -59,8 +59,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     from controller.kube import Kube
-    from controller.planner import plan
-    from controller.snapshot import build_snapshot
+    from controller.planning.planner import plan
+    from controller.state.build import build_snapshot
     from kube.client import KubeConfigError
     from kube.errors import KubeError
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
-from sharing.backend import BACKENDS, DEFAULT_BACKEND
+from sharing.api.backend import BACKENDS, DEFAULT_BACKEND
 
 
 def _say(quiet: bool) -> Any:

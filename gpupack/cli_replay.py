@@ -78,7 +78,7 @@ def _plan(args: argparse.Namespace, nodes: Any, trace: Any) -> Any:
             products(pod)
     except ValueError as exc:
         raise UsageError(f"{exc} (gpupack replay maps openb's GPU types onto products: "
-                         "sharing/simulator/openb_models.py)") from None
+                         "mig/openb_gpus.py)") from None
     return plan
 
 

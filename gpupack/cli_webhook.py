@@ -106,7 +106,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _decide(args: argparse.Namespace) -> int:
-    from sharing.patch import apply_patch
+    from sharing.admission.patch import apply_patch
     from webhook.admission import review_pod
     from webhook.inventory_source import InventoryError, InventoryHolder, load_file
     from webhook.settings import WebhookSettings

@@ -63,8 +63,8 @@ from node.policy import ReshapeRules, reshape_rules
 from node.pods import PodUse, busy_instances, pod_uses
 from node.process_owners import process_owners_for
 from node.settings import AgentSettings
-from sharing.crd import MAX_SHARED_IN_USE, GPUNodeSpec, LayoutRefusal
-from sharing.keys import SHARED_RESOURCE, mig_profile_of
+from sharing.api.crd import MAX_SHARED_IN_USE, GPUNodeSpec, LayoutRefusal
+from sharing.api.keys import SHARED_RESOURCE, mig_profile_of
 
 log = logging.getLogger("gpupack.agent")
 EVENT_REPEAT_SECONDS = 600.0
@@ -280,7 +280,7 @@ class Agent:
 
     def step(self) -> Pause:
         """One tick with the loop's failure handling: what ``run_forever`` does before it waits, and what
-        a host of many agents (``node.fleet``) calls. A failing tick backs off (:class:`kube.backoff.Backoff`),
+        a host of many agents (``gpupack.fleet.agents``) calls. A failing tick backs off (:class:`kube.backoff.Backoff`),
         logged once per change; the answer says how long to wait and whether a change of the GPUNode may
         end the wait early."""
         try:
@@ -357,7 +357,7 @@ class Agent:
             return
         if not changed and now - self._last_patch < self.s.heartbeat_seconds:
             return
-        # The heartbeat is what tells the controller this agent is alive (sharing.gpunode reads it).
+        # The heartbeat is what tells the controller this agent is alive (sharing.api.gpunode reads it).
         self.remember(self.kube.patch_gpunode_status(self.s.node_name, {**status, "heartbeatTime": format_time(now)}))
         self.metrics.patches.inc()
         self._last_status, self._last_patch = status, now

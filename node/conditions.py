@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kube.conditions import Cond, Status, merge_conditions
-from sharing.crd import LayoutRefusal
+from sharing.api.crd import LayoutRefusal
 
 __all__ = [
     "DEVICE_PLUGIN_READY", "LAYOUT_APPLIED", "NVML_READY", "SPEC_VALID", "Cond", "LayoutReport", "Status",

@@ -25,7 +25,7 @@ from node.planning import IdleTracker
 from node.policy import ReshapeRules
 from node.pods import PodUse
 from node.settings import AgentSettings
-from sharing.crd import GPUNodeSpec
+from sharing.api.crd import GPUNodeSpec
 
 
 class JournalStore(Protocol):

@@ -13,7 +13,7 @@ from mig.errors import MigError
 from mig.migparted import builtin_config, layout_for
 from mig.model import PlacedInstance, Placement
 from node.snapshot import NodeSnapshot
-from sharing.crd import GPUNodeSpec
+from sharing.api.crd import GPUNodeSpec
 
 
 def desired_layouts(spec: GPUNodeSpec, snapshot: NodeSnapshot) -> tuple[dict[int, list[str] | None], dict[int, str]]:

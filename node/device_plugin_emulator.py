@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.snapshot import NodeSnapshot
-from sharing.keys import (
+from sharing.api.keys import (
     DEPLOY_DEVICE_PLUGIN_LABEL,
     NVIDIA_PREFIX,
     PRODUCT_LABEL,

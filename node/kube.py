@@ -26,7 +26,7 @@ from urllib3.exceptions import HTTPError as TransportError
 from kube import safejson
 from kube.client import MERGE_PATCH, KubeClient, KubeConfigError, as_kube_error, call
 from kube.errors import KubeError
-from sharing.crd import GROUP, VERSION
+from sharing.api.crd import GROUP, VERSION
 
 PLURAL = "gpunodes"
 

@@ -3,7 +3,7 @@
 Instead of calling NVML, the agent (1) asks for a mig-parted config for its node in
 its GPUNode's status (``status.reconfiguration.migConfigEntries``); the controller, the
 only writer of the ConfigMap mig-manager reads, publishes it there
-(``controller.mig_configs``), so an agent can never change another node's entry;
+(``controller.writes.mig_configs``), so an agent can never change another node's entry;
 (2) once it is published, the agent points the node's ``nvidia.com/mig.config`` label
 at it, and (3) follows ``nvidia.com/mig.config.state`` to ``success`` or ``failed``
 (with a timeout). mig-manager destroys and recreates *every* instance
@@ -33,7 +33,7 @@ import yaml
 
 from mig.migparted import MigConfigEntry
 from node.snapshot import NodeSnapshot
-from sharing.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, WHOLE_RESOURCE, mig_config_name
+from sharing.api.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, WHOLE_RESOURCE, mig_config_name
 
 HandshakeState = Literal["pending", "success", "failed", "timeout"]
 

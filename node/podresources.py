@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sharing.keys import NVIDIA_PREFIX
+from sharing.api.keys import NVIDIA_PREFIX
 
 if TYPE_CHECKING:
     from node.kubeletapi.podresources_v1_pb2 import ListPodResourcesResponse

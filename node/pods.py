@@ -30,7 +30,7 @@ from typing import Any
 
 from mig.model import PlacedInstance
 from node.snapshot import GpuSnapshot, NodeSnapshot
-from sharing.keys import NVIDIA_PREFIX, SHARED_RESOURCE, WHOLE_RESOURCE, mig_profile_of
+from sharing.api.keys import NVIDIA_PREFIX, SHARED_RESOURCE, WHOLE_RESOURCE, mig_profile_of
 
 SIM_PID_BASE = 4_000_000  # simulated pod processes live above this pid
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")

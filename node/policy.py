@@ -3,7 +3,7 @@
 The controller plans within the policy, but the agent is the last line before
 NVML, so it checks again (a hand-edited ``GPUNode`` spec must not reshape a GPU
 outside its window either). Which policies apply and how several merge is
-``sharing.node_policy``'s one reading, the same the controller plans with: the
+``sharing.rules.node_policy``'s one reading, the same the controller plans with: the
 longest idle time, frozen if any says ``maxConcurrent: 0``, and a moment is
 inside the windows only if every matching policy that lists windows has one
 open. Active reconfigurations are always finished: a window closing mid-way
@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sharing.crd import read_policies
-from sharing.node_policy import NodePolicy, policy_for_node
+from sharing.api.crd import read_policies
+from sharing.rules.node_policy import NodePolicy, policy_for_node
 
 
 @dataclass(frozen=True)

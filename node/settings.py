@@ -13,7 +13,7 @@ from typing import Any, Final, Literal
 
 from kube.settings import settings_from_env
 from sharing.dra.share_policy import SHARES
-from sharing.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
+from sharing.api.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
 
 LayoutApplyMode = Literal["direct", "operator"]
 """How the agent applies a MIG layout: NVML directly, or through the GPU Operator's mig-manager."""

@@ -21,7 +21,7 @@ from mig.model import GpuModel, Placement, Profile
 from node.dcgm import Activity, gpu_percent
 from node.nvml.errors import GPU_IS_LOST, NvmlError
 from node.nvml.protocol import DeviceInfo, GpuInstance, NvmlReader, GpuProcess, InstanceProfile, Utilization
-from sharing.crd import DeviceHealth, GPUNodeStatus, GPUStatus, LayoutRefusal, MemorySignalsSeen
+from sharing.api.crd import DeviceHealth, GPUNodeStatus, GPUStatus, LayoutRefusal, MemorySignalsSeen
 
 
 @dataclass(frozen=True)

@@ -25,16 +25,16 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
-from sharing.backend import pod_claim_name
-from sharing.allocation import gpu_ask
-from sharing.decision import DecisionMemo, PodDecision, cpu_pod_decision, decide, policy_for
-from sharing.dra.claims import names_gpupack_class
-from sharing.inventory import Inventory
-from sharing.keys import BACKEND_LABEL, CAPACITY_GATE, SKIP_LABEL
-from sharing.lenient import as_map
-from sharing.patch import build_patch
-from sharing.pool_choice import UnknownBackend, choose_pool
-from sharing.request import AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
+from sharing.api.backend import pod_claim_name
+from sharing.api.allocation import gpu_ask
+from sharing.admission.decision import DecisionMemo, PodDecision, cpu_pod_decision, decide, policy_for
+from sharing.admission.dra_claims import names_gpupack_class
+from sharing.admission.inventory import Inventory
+from sharing.api.keys import BACKEND_LABEL, CAPACITY_GATE, SKIP_LABEL
+from sharing.api.fields import as_map
+from sharing.admission.patch import build_patch
+from sharing.admission.pool_choice import UnknownBackend, choose_pool
+from sharing.api.request import AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
 from webhook import claim_validation
 from webhook.forged_marks import refuse_forged_marks, refuse_taken_claim_name
 from webhook.jsonio import dumps
@@ -230,7 +230,7 @@ def _review_pod(
 
 def _cpu_pod(uid: str, pod: dict[str, Any], inventory: Inventory) -> Answer:
     """A pod that asks for no GPU, labelled for the DRA pool: the packing engine places it there
-    (``sharing.decision.cpu_pod_decision``). Any gpupack mark it carries is replaced by the
+    (``sharing.admission.decision.cpu_pod_decision``). Any gpupack mark it carries is replaced by the
     webhook's own, so a hand-written one changes nothing; its reinvocation changes nothing either."""
     decision = cpu_pod_decision()
     warnings = None

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sharing.keys import NODE_NAME_EXTRA
+from sharing.api.keys import NODE_NAME_EXTRA
 
 API_VERSION = "authorization.k8s.io/v1"
 NODE_NAME_FIELD = "spec.nodeName"

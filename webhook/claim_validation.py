@@ -1,6 +1,6 @@
 """Checks on users' ResourceClaims and ResourceClaimTemplates that ask for gpupack's devices.
 
-``sharing.dra.claims.check_claim`` knows what gpupack's devices can never serve
+``sharing.admission.dra_claims.check_claim`` knows what gpupack's devices can never serve
 (a share above a whole GPU, an unknown MIG profile, more memory than any GPU
 has); this module gives it the cluster's bounds and turns its problems into
 one denial. The bounds are the DRA node pool's (``Inventory.pool``): only its
@@ -19,9 +19,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sharing.crd import MAX_GPUS_PER_NODE
-from sharing.dra.claims import KNOWN_PROFILES, ClaimBounds, ClaimProblem, check_claim
-from sharing.inventory import Inventory
+from sharing.api.crd import MAX_GPUS_PER_NODE
+from sharing.admission.dra_claims import KNOWN_PROFILES, ClaimBounds, ClaimProblem, check_claim
+from sharing.admission.inventory import Inventory
 
 GROUP: Final = "resource.k8s.io"
 KINDS: Final = ("ResourceClaim", "ResourceClaimTemplate")

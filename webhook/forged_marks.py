@@ -5,8 +5,8 @@ The allocation record (``gpupack.io/allocation``), the scheduling gate
 entry ``gpupack`` all make gpupack count a pod as using GPUs or hold it back.
 A pod may carry them only as the webhook left them (its own reinvocation sees
 them again): a record must describe what the pod requests
-(``sharing.allocation.trusted_allocation``) and be one the namespace's
-SharingPolicy could have produced (``sharing.record_policy.record_problem``: a
+(``sharing.api.allocation.trusted_allocation``) and be one the namespace's
+SharingPolicy could have produced (``sharing.admission.record_policy.record_problem``: a
 hand-written record matching the pod's own requests must not carry a mode or
 MIG profile the policy forbids), and a claim entry needs a trusted DRA record
 naming that claim. Anything else was written by the pod's creator and is refused.
@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sharing.allocation import has_capacity_gate, trusted_allocation
-from sharing.backend import POD_CLAIM
-from sharing.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE
-from sharing.inventory import AdmissionPolicy
-from sharing.lenient import as_list, as_map
-from sharing.record_policy import record_problem
-from sharing.request import AdmissionRefusal, Reason
+from sharing.api.allocation import has_capacity_gate, trusted_allocation
+from sharing.api.backend import POD_CLAIM
+from sharing.api.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE
+from sharing.admission.inventory import AdmissionPolicy
+from sharing.api.fields import as_list, as_map
+from sharing.admission.record_policy import record_problem
+from sharing.api.request import AdmissionRefusal, Reason
 
 
 def _claim_entry(spec: Mapping[str, Any]) -> Mapping[str, Any] | None:

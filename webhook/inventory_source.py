@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from kube.inputfile import read_text
-from sharing.decision import DecisionMemo
-from sharing.inventory import Inventory, build_inventory
+from sharing.admission.decision import DecisionMemo
+from sharing.admission.inventory import Inventory, build_inventory
 
 log = logging.getLogger("gpupack.webhook.inventory")
 

@@ -3,13 +3,13 @@
 One :class:`kube.informer.Informer` (the project's one list-then-watch
 implementation) per kind: ``GPUNode``, ``SharingPolicy``, ``Namespace``
 (namespace labels serve SharingPolicy namespace selectors and the pool choice of
-``sharing.pool_choice``) and the ``Node`` objects of the DRA node pool
+``sharing.admission.pool_choice``) and the ``Node`` objects of the DRA node pool
 (``gpupack.io/backend=dra``: every other node is in the device plugin's pool, so
 only these need to be known). This is the webhook's only module that talks to the
 API server, and it only lists and watches.
 
 Cost per event does not grow with the cluster. Each event goes to
-:class:`sharing.inventory_parts.InventoryParts`, which reads that one object
+:class:`sharing.admission.inventory_parts.InventoryParts`, which reads that one object
 and says whether anything an Inventory holds changed. A heartbeat (every agent
 rewrites its GPUNode's status about once a minute: ~20 events/s at 1,250 nodes)
 changes nothing, so no snapshot is published and the decisions remembered for
@@ -35,10 +35,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kube.informer import DELETED, Informer, Lister
-from sharing.crd import GROUP, VERSION
-from sharing.inventory import Inventory
-from sharing.inventory_parts import KINDS, InventoryParts
-from sharing.keys import BACKEND_LABEL
+from sharing.api.crd import GROUP, VERSION
+from sharing.admission.inventory import Inventory
+from sharing.admission.inventory_parts import KINDS, InventoryParts
+from sharing.api.keys import BACKEND_LABEL
 from webhook.inventory_source import InventoryHolder
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Checks on a SharingPolicy beyond its schema: what only gpupack's catalog knows.
 
-The CRD's OpenAPI schema and CEL rules (generated from ``sharing.crd``) already
+The CRD's OpenAPI schema and CEL rules (generated from ``sharing.api.crd``) already
 reject most malformed policies at the API server; the validating webhook runs
 the same pydantic model (so a policy created where the CRD is older still gets
 the same messages) and adds what a schema cannot say: that every MIG profile
@@ -17,8 +17,8 @@ from pydantic import ValidationError
 
 from mig.catalog import all_models
 from mig.migparted import builtin_config_names
-from sharing.crd import SharingPolicy
-from sharing.request import AdmissionRefusal, parse_quantity
+from sharing.api.crd import SharingPolicy
+from sharing.api.request import AdmissionRefusal, parse_quantity
 
 _MAX_ERRORS = 8
 

@@ -48,10 +48,10 @@ import numpy as np
 from gpupack.demo.stack import DEMO_NAMESPACE, DemoNode, Stack
 from gpupack.demo.workload import SHAPES, DemoPod
 from mig.catalog import get_model
-from sharing.allocation import Allocation
+from sharing.api.allocation import Allocation
 from sharing.dra.names import mig_device_name, parse_device_name
 from sharing.dra.share_policy import DEFAULT_MILLI_STEP
-from sharing.keys import ALLOCATION_ANNOTATION
+from sharing.api.keys import ALLOCATION_ANNOTATION
 from sharing.packing.cluster import ClusterState
 from sharing.packing.mig_layouts import full_profile
 from sharing.packing.registry import make_policy
@@ -175,14 +175,14 @@ def model_placements(nodes: Sequence[DemoNode], pods: Sequence[DemoPod], policy:
     ``typical`` is what the fragmentation-aware policies measure fragmentation against:
     ``workload``, every pod of the run, known in advance (the FGD protocol, and the simulator's
     openb figures); ``arrived``, the pods arrived so far, the live controller's rule (it knows
-    the pods that exist, ``controller.draplan``), so the policy is rebuilt before each pod.
+    the pods that exist, ``controller.planning.draplan``), so the policy is rebuilt before each pod.
     """
     ordered = sorted(nodes, key=lambda n: n.name)
     specs = [NodeSpec(n.name, NODE_CPU_MILLI, NODE_MEMORY_MIB, n.gpus, get_model(n.model).product) for n in ordered]
     engine_pods = [PodSpec(p.name, p.cpu_milli, 0, 1 if p.milli else 0, p.milli) for p in pods]
 
     def typical_of(some: Sequence[PodSpec]) -> TypicalPods:
-        # The live controller's typical pods are the pods its engine places (controller.draplan):
+        # The live controller's typical pods are the pods its engine places (controller.planning.draplan):
         # here every pod, GPU pods as claimed and the ones asking for no GPU as they are.
         return TypicalPods.from_pods([as_claimed(p, unit) for p in some] or [NO_GPU_POD])
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from node.nvml.simulated import post_to_inbox
-from sharing.keys import DEGRADED_LABEL, HEALTH_ACK_ANNOTATION, mig_resource
+from sharing.api.keys import DEGRADED_LABEL, HEALTH_ACK_ANNOTATION, mig_resource
 
 StepKind = Literal["xid-busy-instance", "lose-gpu", "ecc", "acknowledge"]
 

@@ -1,7 +1,7 @@
 """What the demo shows: counts, per-GPU layouts and the allocation figures, from the API server.
 
 Everything here reads the cluster through plain list calls and pure helpers
-(``controller.snapshot``/``controller.metrics``), so what it reports is what
+(``controller.state.build``/``controller.metrics``), so what it reports is what
 ``kubectl`` would show, not what the demo believes it did.
 """
 
@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from controller.draplan import dra_nodes
-from controller.drausage import read_usage
+from controller.planning.draplan import dra_nodes
+from controller.state.dra_usage import read_usage
 from controller.metrics import cluster_figures
-from controller.snapshot import build_snapshot
+from controller.state.build import build_snapshot
 from kube.times import parse_time
-from sharing.allocation import Allocation, AllocationError, has_capacity_gate
-from sharing.keys import ALLOCATION_ANNOTATION
+from sharing.api.allocation import Allocation, AllocationError, has_capacity_gate
+from sharing.api.keys import ALLOCATION_ANNOTATION
 from sharing.dra.names import DRIVER
 from sharing.packing.specs import GPU_MILLI
 

@@ -40,8 +40,8 @@ from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.process import ManagedProcess, free_port
 from gpupack.devcluster.state import Component, DevClusterRecord
-from sharing.backend import DEFAULT_BACKEND, Backend
-from sharing.keys import (
+from sharing.api.backend import DEFAULT_BACKEND, Backend
+from sharing.api.keys import (
     BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, HOSTNAME_LABEL, MILLI_RESOURCE, OWN_PREFIX, SHARING_ANNOTATION,
 )
 
@@ -122,7 +122,7 @@ class Stack:
     """Which backend the demo's nodes run: the device plugin's, or a DRA node pool."""
     controller_manager: bool = False
     """Also run kube-controller-manager (always on a DRA pool): owners' controllers re-create the pods
-    gpupack deletes for them (``controller.readmit``)."""
+    gpupack deletes for them (``controller.planning.readmit``)."""
     controller_policy: str | None = None
     """The controller's ``--policy`` (None: its default)."""
     probe_sharing: str | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from sharing.keys import BACKEND_LABEL, MEMORY_RESOURCE, MILLI_RESOURCE, SHARING_ANNOTATION
+from sharing.api.keys import BACKEND_LABEL, MEMORY_RESOURCE, MILLI_RESOURCE, SHARING_ANNOTATION
 
 SHAPES: tuple[tuple[int, str | None, str | None, int], ...] = (
     # (milli, gpu-memory, gpupack.io/sharing, weight)

@@ -31,7 +31,7 @@ from kubernetes import client
 
 from gpupack.devcluster.apply import REPO_ROOT, Manifest, load_manifests
 from gpupack.devcluster.errors import StartFailed
-from sharing.keys import HOSTNAME_LABEL, SIMULATED_GPUS_ANNOTATION
+from sharing.api.keys import HOSTNAME_LABEL, SIMULATED_GPUS_ANNOTATION
 
 KWOK_DIR = REPO_ROOT / "tools" / "kwok"
 STAGES_DIR = KWOK_DIR / "stages"
@@ -43,7 +43,7 @@ MANAGED_ANNOTATION = "kwok.x-k8s.io/node"
 MANAGED_VALUE = "fake"
 """kwok manages exactly the Nodes annotated ``kwok.x-k8s.io/node=fake`` (kwok's own convention)."""
 
-# DURATION_ANNOTATION (sharing.keys): seconds a pod on a KWOK node runs before it ends Succeeded
+# DURATION_ANNOTATION (sharing.api.keys): seconds a pod on a KWOK node runs before it ends Succeeded
 # (a plain number: "90", "2.5"); read by ``tools/kwok/stages/pod-complete.yaml``, which spells it
 # too (a unit test checks the two agree).
 

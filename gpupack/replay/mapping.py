@@ -6,7 +6,7 @@ as its CPU (``64000m``) and memory (``262144Mi``) capacity, room for
 :data:`NODE_POD_CAPACITY` pods (the protocol has no per-node pod limit), and
 the annotation ``gpupack.io/simulated-gpus=TYPE:COUNT`` (``V100M16:8``) that
 ``gpupack agent fleet`` reads to serve the node with COUNT simulated GPUs of
-that openb type. The type's product (``sharing.simulator.openb_models``, the
+that openb type. The type's product (``mig.openb_gpus``, the
 one mapping every openb replay uses) is what the fleet's device-plugin
 emulator labels as ``nvidia.com/gpu.product``, as GPU feature discovery
 would; the Node is created without GPU resources or GPU labels: the emulated
@@ -38,13 +38,13 @@ from typing import Any, Final
 
 from gpupack.devcluster.apply import Manifest
 from gpupack.devcluster.kwok import node_address, node_manifest
-from sharing.keys import (
+from sharing.api.keys import (
     BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, MILLI_RESOURCE, PRODUCT_LABEL, SHARING_ANNOTATION,
     SIMULATED_GPUS_ANNOTATION, WHOLE_RESOURCE,
 )
-from sharing.keys import REPLAY_LABEL as REPLAY_LABEL  # on the replay's Nodes and pods; defined with every key
+from sharing.api.keys import REPLAY_LABEL as REPLAY_LABEL  # on the replay's Nodes and pods; defined with every key
 from sharing.packing.specs import NodeSpec, PodSpec
-from sharing.simulator.openb_models import openb_gpu
+from mig.openb_gpus import openb_gpu
 
 NODE_POD_CAPACITY: Final = 1000
 """Pods a replay Node holds: more than any openb node ever gets, so the count never binds (the protocol has none)."""
@@ -55,7 +55,7 @@ CONTAINER: Final = "main"
 
 def simulated_gpus(node: NodeSpec) -> str | None:
     """``TYPE:COUNT`` for the fleet annotation; None for a CPU-only node. ValueError for a GPU
-    type ``sharing.simulator.openb_models`` does not know."""
+    type ``mig.openb_gpus`` does not know."""
     if node.gpu_count == 0:
         return None
     openb_gpu(node.gpu_model)  # an unknown type fails here, naming the known ones

@@ -5,7 +5,7 @@
 
   - a gated pod (``gpupack.io/capacity``: every fractional pod, placed by
     gpupack's packing engine): the controller's placement condition says
-    ``NoCapacity`` (``sharing.placement_status``);
+    ``NoCapacity`` (``sharing.api.placement_status``);
   - an ungated pod of kube-scheduler's (whole GPUs asked as ``nvidia.com/gpu``,
     CPU-only pods): ``PodScheduled=False`` with reason ``Unschedulable``. A pod
     the controller released (it carries gpupack's allocation record) that
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
-from sharing.allocation import has_capacity_gate
-from sharing.keys import ALLOCATION_ANNOTATION
-from sharing.placement_status import read_placement
+from sharing.api.allocation import has_capacity_gate
+from sharing.api.keys import ALLOCATION_ANNOTATION
+from sharing.api.placement_status import read_placement
 
 Outcome = Literal["bound", "unplaceable", "waiting"]
 Decider = Literal["scheduler", "controller", "released-unschedulable", "admission", "timeout"]

@@ -49,7 +49,7 @@ from gpupack.replay.progress import ProgressBar, format_duration
 from gpupack.replay.stack import NAMESPACE, ReplayStack
 from kube.informer import Informer
 from sharing.packing.specs import GPU_MILLI, PodSpec
-from sharing.placement_status import read_placement
+from sharing.api.placement_status import read_placement
 from sharing.simulator.arrivals import RunPlan
 
 Result = Literal["bound", "unplaceable", "timeout"]

@@ -43,7 +43,7 @@ from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.kwok import wait_ready
 from gpupack.replay.mapping import REPLAY_LABEL, kube_node_name, replay_node
-from sharing.keys import PRODUCT_LABEL, WHOLE_RESOURCE
+from sharing.api.keys import PRODUCT_LABEL, WHOLE_RESOURCE
 from sharing.packing.specs import NodeSpec
 
 NAMESPACE = DEMO_NAMESPACE

@@ -52,7 +52,7 @@ from node.pods import PodUse
 from node.policy import ReshapeRules
 from node.settings import AgentSettings
 from node.snapshot import NodeSnapshot
-from sharing.crd import GPUNodeSpec
+from sharing.api.crd import GPUNodeSpec
 from sharing.dra import names, validate
 from sharing.dra.model import ResourceSlice
 from sharing.dra.share_policy import SHARES

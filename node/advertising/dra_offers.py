@@ -18,7 +18,7 @@ builders each GPU gets, and with what bounds:
   ``none`` one whole-GPU device for one claim (``gpu_devices.whole_gpu``).
 
 **Reshaping allowed** means what it means on the device-plugin backend
-(``sharing.node_policy``): a SharingPolicy selects the node, does not pin a
+(``sharing.rules.node_policy``): a SharingPolicy selects the node, does not pin a
 static layout, has not frozen it (``maxConcurrent: 0``) and, if it lists
 windows, one is open now. Otherwise only the existing instances are offered: a
 claim for a new placement creates a MIG instance, which is a reshape.
@@ -49,7 +49,7 @@ from sharing.dra.gpu_devices import shared_gpu, whole_gpu
 from sharing.dra.mig_devices import mig_gpu
 from sharing.dra.model import DraModelError, GpuOffer
 from sharing.dra.share_policy import SHARES, SharePolicy
-from sharing.modes import NodeSharingMode
+from sharing.api.modes import NodeSharingMode
 
 MiB = 2**20
 DeviceKey = tuple[int, int | None]

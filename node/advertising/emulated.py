@@ -19,8 +19,8 @@ from node.snapshot import NodeSnapshot
 from node.journal import Journal
 from node.nvml.simulated import SimulatedNvml
 from node.pods import SIM_PID_BASE, PodUse, assign_pods, sim_pid
-from sharing.crd import GPUNodeSpec
-from sharing.keys import DEPLOY_DEVICE_PLUGIN_LABEL
+from sharing.api.crd import GPUNodeSpec
+from sharing.api.keys import DEPLOY_DEVICE_PLUGIN_LABEL
 
 
 class EmulatedDevicePlugin:

@@ -19,8 +19,8 @@ from node.snapshot import NodeSnapshot
 from node.journal import Journal
 from node.operator_mode import device_plugin_config
 from node.pods import PodUse
-from sharing.crd import GPUNodeSpec
-from sharing.keys import DEVICE_PLUGIN_CONFIG_LABEL, per_node_name
+from sharing.api.crd import GPUNodeSpec
+from sharing.api.keys import DEVICE_PLUGIN_CONFIG_LABEL, per_node_name
 
 log = logging.getLogger("gpupack.agent")
 RESTARTED = "device plugin restarted"

@@ -11,7 +11,7 @@ sends the list again at every interval, changed or not.
 The plugin does not watch the GPUs itself. The node agent does (``node.health``:
 XIDs, ECC errors, lost GPUs) and writes each fault into its GPUNode's status;
 the plugin reads that status through the one reader of it
-(``sharing.gpunode.read_gpunode``), so a fault has one meaning for the agent's
+(``sharing.api.gpunode.read_gpunode``), so a fault has one meaning for the agent's
 ResourceSlices (the device is withdrawn: no new claim gets it), the controller
 and the kubelet (the claims that hold it are told).
 
@@ -38,8 +38,8 @@ from typing import Any, Final, Literal
 
 from kube.times import seconds_since
 from node.draplugin.journal import DeviceRecord
-from sharing.crd import DeviceHealth
-from sharing.gpunode import GpuNodeReading, GpuReading, read_gpunode
+from sharing.api.crd import DeviceHealth
+from sharing.api.gpunode import GpuNodeReading, GpuReading, read_gpunode
 
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
 MAX_MESSAGE: Final = 1024

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from kube.times import format_time, parse_time
-from sharing.keys import HEALTH_ACK_ANNOTATION
+from sharing.api.keys import HEALTH_ACK_ANNOTATION
 
 __all__ = ["Acknowledgements", "acknowledge", "read_acknowledgements"]
 

@@ -12,7 +12,7 @@ then acts on them:
   withholds from the Node's allocatable; when such a fault ends, the plugin is
   restarted (it never marks a device healthy again by itself);
 * the Node: label ``gpupack.io/gpu-degraded=true`` while a fault the plugin keeps
-  advertising lasts (gpupack's pods keep off, see ``sharing.decision``), and the
+  advertising lasts (gpupack's pods keep off, see ``sharing.admission.decision``), and the
   taint ``gpupack.io/gpu-unhealthy`` (effect from the settings) while every GPU of
   the node is unhealthy.
 
@@ -38,8 +38,8 @@ from node.health.tracker import DeviceKey, Fault, HealthReport, HealthTracker, p
 from node.health.xids import XID_TABLE_CONFIGMAP, XID_TABLE_KEY, XidRule, XidTableError, merged, parse_overrides
 from node.nvml.protocol import XidEvent
 from node.snapshot import NodeSnapshot
-from sharing.crd import DeviceHealth
-from sharing.keys import DEGRADED_LABEL, UNHEALTHY_TAINT
+from sharing.api.crd import DeviceHealth
+from sharing.api.keys import DEGRADED_LABEL, UNHEALTHY_TAINT
 
 log = logging.getLogger("gpupack.agent")
 GPUS_HEALTHY = "GpusHealthy"

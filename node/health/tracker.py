@@ -48,7 +48,7 @@ from node.health.plugin import withdraws
 from node.health.xids import BUILTIN, XidRule, classify
 from node.nvml.protocol import MemoryHealth, XidEvent
 from node.snapshot import NodeSnapshot
-from sharing.crd import DeviceHealth, HealthRecovery, MemorySignal, MemorySignalsSeen
+from sharing.api.crd import DeviceHealth, HealthRecovery, MemorySignal, MemorySignalsSeen
 
 DeviceKey = tuple[int, int | None]
 """(GPU index, GPU-instance id), the id None for the whole GPU."""

@@ -29,7 +29,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from kube.inputfile import nesting_problem
-from sharing.crd import HealthRecovery
+from sharing.api.crd import HealthRecovery
 
 XidAction = Literal["application", "unhealthy"]
 """``application``: the application's fault, the GPU stays healthy; ``unhealthy``: the

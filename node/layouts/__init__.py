@@ -19,7 +19,7 @@ from node.context import AgentContext
 from node.snapshot import NodeSnapshot
 from node.layouts.direct import DirectLayouts
 from node.layouts.mig_manager import MigManagerLayouts
-from sharing.crd import GPUNodeSpec
+from sharing.api.crd import GPUNodeSpec
 
 __all__ = ["DirectLayouts", "LayoutApplier", "MigManagerLayouts", "layouts_for"]
 

@@ -25,8 +25,8 @@ from node.kube import Kube
 from node.mig_loop import GpuDriver, GpuTarget, StartRules
 from node.planning import StartDecision
 from node.reconciler import MigReconciler, finish
-from sharing.crd import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
-from sharing.keys import DEPLOY_DEVICE_PLUGIN_LABEL, MIG_CONFIG_STATE_LABEL, mig_profile_of
+from sharing.api.crd import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
+from sharing.api.keys import DEPLOY_DEVICE_PLUGIN_LABEL, MIG_CONFIG_STATE_LABEL, mig_profile_of
 
 log = logging.getLogger("gpupack.agent")
 PAUSED_VALUE = "paused-for-mig-change"  # the value mig-manager uses; the plugin DaemonSet selects "true"

@@ -5,7 +5,7 @@ the controller has published it into mig-manager's ConfigMap, select it with
 ``nvidia.com/mig.config`` and follow the handshake (``nvidia.com/mig.config.state``);
 else, when GPUs' specs differ and they are idle, ask for a per-node config in the
 GPUNode's status (``reconfiguration.migConfigEntries``). The agent only reads the
-ConfigMap: the controller is its writer (``controller.mig_configs``), so no agent
+ConfigMap: the controller is its writer (``controller.writes.mig_configs``), so no agent
 can change another node's config. The pure parts (per-device entries, handshake
 states) are in ``node.operator_mode``.
 """
@@ -23,8 +23,8 @@ from node.snapshot import NodeSnapshot
 from mig.migparted import MigConfigError, entries_to_data, parse_config
 from node.operator_mode import handshake_state, plan_node_config
 from node.pods import busy_instances
-from sharing.crd import GPUNodeSpec, LayoutRefusal
-from sharing.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, MIG_PARTED_CONFIG_KEY
+from sharing.api.crd import GPUNodeSpec, LayoutRefusal
+from sharing.api.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, MIG_PARTED_CONFIG_KEY
 
 
 def reconcile_operator(ctx: AgentContext, spec: GPUNodeSpec, generation: int, snapshot: NodeSnapshot,

@@ -3,7 +3,7 @@
 ``SimulatedNvml`` simulates GPUs of one product: a ``mig.model.GpuModel`` from
 ``mig/``'s catalog (MIG-capable), or a :class:`PlainGpu`, a GPU without MIG.
 The plain GPUs are openb's seven GPU types, taken from the one mapping every
-openb replay uses (``sharing.simulator.openb_models.OPENB_GPUS``, which the
+openb replay uses (``mig.openb_gpus.OPENB_GPUS``, which the
 trace simulator's product model reads): this module adds only what NVML reports
 and that mapping does not hold, never a second table of products or memory.
 
@@ -20,12 +20,12 @@ and that mapping does not hold, never a second table of products or memory.
 * **Memory** is the mapping's, except for ``G2`` and ``G3``, whose memory the
   trace does not give (0 in the mapping). NVML always reports a size, and the
   live system reads 0 as "no memory known": the webhook offers no MPS or
-  time-slicing share on a node whose GPUs report 0 MiB (``sharing.options``
+  time-slicing share on a node whose GPUs report 0 MiB (``sharing.admission.options``
   skips it), so MPS pods the product model places on a G2/G3 node would never
   be admitted there. A simulated G2/G3 therefore reports the smallest memory of
   the trace's known GPUs (:func:`stand_in_memory_mib`, 16 GiB). openb pods state
   no GPU memory, so any positive size leaves the memory half of the replica rule
-  unbound (``sharing.replicas``) and the live system agrees with the product
+  unbound (``sharing.rules.replicas``) and the live system agrees with the product
   model; the smallest known size is the cautious choice for pods that do state
   memory: none is admitted to a G2/G3 that would not fit the smallest GPU of
   the trace's cluster.
@@ -38,7 +38,7 @@ from typing import Final, TypeAlias
 
 from mig.catalog import find_model, model_names
 from mig.model import GpuModel
-from sharing.simulator.openb_models import OPENB_GPUS, OpenbGpu
+from mig.openb_gpus import OPENB_GPUS, OpenbGpu
 
 NVIDIA_VENDOR_ID: Final = "10DE"
 

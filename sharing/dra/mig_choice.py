@@ -1,6 +1,6 @@
 """The engine's choice of a MIG placement on a DRA pool: which node, GPU and placement a pod's requests get.
 
-The rule (``controller.dramig`` builds the GPUs from the cluster; the
+The rule (``controller.planning.dramig`` builds the GPUs from the cluster; the
 simulator's DRA model on MIG GPUs, ``sharing.simulator.dra_mig``, calls the
 same functions, so the live choice and the model's are one implementation).
 
@@ -23,7 +23,7 @@ request of ``profile`` (:func:`choose`):
 1. an **existing instance** of that profile that no claim holds (nothing is
    created: no NVML call at prepare, no reshape);
 2. otherwise a **new placement**, by ``mig.geometry.best_placement`` (the rule
-   the device-plugin path's ``controller.migplan`` and the published device
+   the device-plugin path's ``controller.planning.migplan`` and the published device
    order share: the placement after which the most valuable profiles still
    fit, ties to the highest start), next to every existing instance, every
    placement claims hold or were promised, and every faulted instance.

@@ -15,7 +15,7 @@ the next cycle (this controller's or a new leader's) counts it as taken:
 ``milli`` and ``memoryBytes`` are what a share consumes (already rounded by
 ``SharePolicy``), present on ``shared`` devices only; ``profile`` and ``start``
 on ``mig`` devices only. :class:`PinnedDevice` is also how the controller reads
-an allocated device back (``controller.drausage``): one value type for "what a
+an allocated device back (``controller.state.dra_usage``): one value type for "what a
 claim holds of a device", promised or allocated.
 
 :meth:`PinnedDevice.selectors` are the CEL selectors that pin a request to the
@@ -32,8 +32,8 @@ from typing import Any, Final
 from mig.model import GpuModel, PlacedInstance
 from sharing.dra import names
 from sharing.dra.wire import SelectorJSON
-from sharing.keys import DRA_PINNED_ANNOTATION
-from sharing.records import json_record
+from sharing.api.keys import DRA_PINNED_ANNOTATION
+from sharing.api.json_records import json_record
 
 ANNOTATION: Final = DRA_PINNED_ANNOTATION
 VERSION: Final = "v1"

@@ -4,7 +4,7 @@ The one reading of an allocation result (request, driver, pool, device,
 ``shareID``, ``consumedCapacity``), shared by the kubelet plugin (which refuses
 a claim with a malformed entry, ``node.draplugin.claims``) and the controller
 (which counts what each device holds and names what it skips,
-``controller.drausage``).
+``controller.state.dra_usage``).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ from sharing.packing.node_sharing import least_feedable, most_feedable, small_sp
 from sharing.packing.policy import decide
 from sharing.packing.state_cache import RequestKey, StateCache
 from sharing.packing.typical import TypicalPods
-from sharing.replicas import largest_replicas
+from sharing.rules.replicas import largest_replicas
 
 STRANDING_WEIGHT = 8.0
 """Milli of fragmentation one milli of newly stranded GPU counts as (w above).

@@ -128,7 +128,7 @@ class TypicalCounts:
     """The typical pods of the pods counted so far, kept as pods arrive.
 
     A rule that measures fragmentation against the pods that exist now (the
-    live controller's: ``controller.draplan``) needs a new table as each pod
+    live controller's: ``controller.planning.draplan``) needs a new table as each pod
     arrives; counting the keys once, here, spares recounting every pod each
     time. ``table()`` equals ``TypicalPods.from_pods`` of the pods added.
     """

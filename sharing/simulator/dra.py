@@ -41,7 +41,7 @@ default); the packing engine steers the allocator, so it chooses node and GPU
   pods are kube-scheduler's too, and no typical pods are read.
 - **Typical pods.** FGD and gpupack measure fragmentation against typical
   pods (``sharing.packing.typical``). ``typical="present"`` (the default) is
-  the live controller's rule (``controller.draplan`` builds them, every
+  the live controller's rule (``controller.planning.draplan`` builds them, every
   planning cycle, from the DRA GPU pods that exist: placed and pending, each
   pod's first claimed share, no CPU-only pod): here the GPU pods arrived so
   far and the arriving one, as claimed (the protocol's pods never leave, and
@@ -58,7 +58,7 @@ default); the packing engine steers the allocator, so it chooses node and GPU
   changes). ``typical="workload"`` is the FGD protocol's rule: the whole
   run's pods, known in advance.
 - **openb's GPUs** map onto products as in every openb replay
-  (``sharing.simulator.openb_models``); none is MIG-capable, so MIG
+  (``mig.openb_gpus``); none is MIG-capable, so MIG
   placements (partitionable devices) are not exercised by this model, and a
   node list with a MIG-capable type is refused. openb pods state no GPU
   memory, so the device's memory capacity never binds.
@@ -95,7 +95,7 @@ from sharing.packing.typical import TypicalRule as TypicalRule
 from sharing.packing.typical import NO_GPU_POD as NO_GPU_POD  # re-exported: its tests read it here
 from sharing.packing.typical import TypicalCounts, TypicalPods, same_table
 from sharing.simulator.metrics import alloc_by_level
-from sharing.simulator.openb_models import openb_gpu
+from mig.openb_gpus import openb_gpu
 from sharing.simulator.product import DEFAULT_TYPICAL_EVERY as DEFAULT_TYPICAL_EVERY  # one batch rule, re-exported
 from sharing.simulator.product import scheduler_pick
 from sharing.simulator.replay import Clock, _continue_stream
@@ -193,7 +193,7 @@ class PresentTypical:
     The pods the engine places are its GPU pods and, with ``cpu_pods="engine"``,
     the pods that ask for no GPU as well: live, the controller places those (labelled
     ``gpupack.io/backend=dra``) and counts them among its typical pods
-    (``controller.draplan``), as the FGD protocol's table counts every pod. Left
+    (``controller.planning.draplan``), as the FGD protocol's table counts every pod. Left
     out, the scores ignore what CPU the CPU-only pods will want, which cost
     gpupack 0.6 and 0.9 points on default and cpu200 (seed 42, docs/simulator.md).
     """

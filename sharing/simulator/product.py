@@ -7,7 +7,7 @@ the live system does (docs/simulator.md, "Product model"):
 
 - **Node-wide replicas.** A node is fresh, whole or shared with ``r`` replicas
   per GPU (``sharing.packing.node_sharing``); a pod of ``m`` milli fits a
-  replica when ``r * m <= 1000`` (``sharing.replicas``), takes one replica and
+  replica when ``r * m <= 1000`` (``sharing.rules.replicas``), takes one replica and
   occupies ``1000 / r``. Whole-GPU pods never land on a shared node, and a
   shared node never takes a whole-GPU pod.
 - **Who places what**, by live path:
@@ -28,7 +28,7 @@ the live system does (docs/simulator.md, "Product model"):
 
   Whole-GPU and CPU-only pods are scored by kube-scheduler in both (MostAllocated
   with the weights ``manifests/`` ships: ``sharing.packing.kube_scoring``).
-- **openb's GPUs** are not MIG-capable (``sharing.simulator.openb_models`` maps
+- **openb's GPUs** are not MIG-capable (``mig.openb_gpus`` maps
   openb's types onto GPU products, the one mapping for every openb replay), so
   every fractional pod is an MPS share; openb pods state no GPU memory, so the
   memory half of the replica rule never binds (as for a pod that gives no
@@ -37,7 +37,7 @@ the live system does (docs/simulator.md, "Product model"):
 
 Each pod is decided against the state the pods before it left, so a burst never strands pods
 in a mode here; the live webhook decides from the GPUNodes' last reported status, and the
-controller re-admits the pods a burst left in a mode with no room (``controller.readmit``).
+controller re-admits the pods a burst left in a mode with no room (``controller.planning.readmit``).
 
 The protocol's other rules hold: pods arrive in the seeded order and never
 leave, a pod that fits nowhere is dropped, allocation counts the milli pods
@@ -63,9 +63,9 @@ from sharing.packing.node_sharing import (
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.typical import NO_GPU_POD, TYPICAL_RULES, TypicalCounts, TypicalPods, TypicalRule, same_table
-from sharing.replicas import largest_replicas, replica_milli, takes_whole_gpu
+from sharing.rules.replicas import largest_replicas, replica_milli, takes_whole_gpu
 from sharing.simulator.metrics import alloc_by_level
-from sharing.simulator.openb_models import openb_gpu
+from mig.openb_gpus import openb_gpu
 from sharing.simulator.replay import Clock, _continue_stream
 from sharing.simulator.arrivals import plan_run
 
@@ -323,7 +323,7 @@ def scheduler_pick(
 class PresentPods:
     """The ``present`` rule's typical pods: the GPU pods placed so far and the arriving one, as the
     engine sees them (:func:`engine_view`). Live, the controller builds its policy each cycle from
-    the GPU pods that exist (``controller.sharedplan.typical_pods``); a replay submits one pod at a
+    the GPU pods that exist (``controller.planning.sharedplan.typical_pods``); a replay submits one pod at a
     time and deletes a pod never placed, so those are the placed ones and the one waiting."""
 
     def __init__(self, live_path: LivePath) -> None:

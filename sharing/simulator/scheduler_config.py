@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from sharing.keys import SHARED_RESOURCE, WHOLE_RESOURCE
+from sharing.api.keys import SHARED_RESOURCE, WHOLE_RESOURCE
 from sharing.packing.kube_scoring import MostAllocatedWeights
 
 SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "manifests" / "scheduler" / "kube-scheduler-config.yaml"

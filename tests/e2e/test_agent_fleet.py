@@ -28,10 +28,10 @@ from gpupack.cli_agent import open_backend
 from gpupack.devcluster import kwok
 from gpupack.devcluster.apply import apply_objects, gpupack_manifests
 from gpupack.devcluster.controlplane import ControlPlane
-from node.fleet import Fleet, FleetSettings, fleet_configmaps
-from node.fleet_kube import ApiCounts, FleetCaches, SharedKube, counting_api_client, reads, writes
+from gpupack.fleet.agents import Fleet, FleetSettings, fleet_configmaps
+from gpupack.fleet.kube import ApiCounts, FleetCaches, SharedKube, counting_api_client, reads, writes
 from node.settings import AgentSettings
-from sharing.keys import HOSTNAME_LABEL, SIMULATED_GPUS_ANNOTATION
+from sharing.api.keys import HOSTNAME_LABEL, SIMULATED_GPUS_ANNOTATION
 from tests.e2e.waiting import wait_for
 
 WAIT_S = 90.0
@@ -223,7 +223,7 @@ def test_nodes_are_picked_up_and_dropped_while_the_fleet_runs(
 def test_a_spec_change_reshapes_a_fleet_nodes_gpu(
         api: Any, fleet_nodes: tuple[RunningFleet, list[str], list[str]]) -> None:
     """The reshape writes its journal into the GPUNode's status and reads it back on the next steps,
-    before the watch cache has it: the fleet's agent must see its own writes (``node.fleet_kube``)."""
+    before the watch cache has it: the fleet's agent must see its own writes (``gpupack.fleet.kube``)."""
     running, _t4, a100 = fleet_nodes
     node = a100[0]
     layout = [{"index": 0, "migEnabled": True, "layout": [{"profile": "3g.20gb"}, {"profile": "3g.20gb"}]}]

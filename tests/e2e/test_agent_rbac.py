@@ -26,7 +26,7 @@ from node.kube import Kube
 from sharing.dra import names, wire
 from sharing.dra.gpu_devices import shared_gpu
 from sharing.dra.slices import node_slices
-from sharing.keys import HOSTNAME_LABEL, UNHEALTHY_TAINT, per_node_name
+from sharing.api.keys import HOSTNAME_LABEL, UNHEALTHY_TAINT, per_node_name
 
 POLICY = Path(__file__).resolve().parents[2] / "manifests" / "agent" / "node-restriction-policy.yaml"
 

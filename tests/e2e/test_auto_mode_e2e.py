@@ -26,7 +26,7 @@ from gpupack.devcluster.apply import local_webhook_config
 from tests.e2e.tenants import tenant_client
 from tests.e2e.test_webhook_e2e import GROUP, VERSION, Webhook, _wait
 from tests.unit.test_decision import A100, H100, mig_node, shared_node
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 SELECT_LABEL = "gpupack-e2e-auto-mode"
 MPS_NODE = "e2e-auto-a100-mps"

@@ -25,8 +25,8 @@ import pytest
 from kubernetes import client
 
 from gpupack.devcluster.process import ManagedProcess
-from sharing.allocation import Allocation, ContainerAllocation
-from sharing.keys import ALLOCATION_ANNOTATION
+from sharing.api.allocation import Allocation, ContainerAllocation
+from sharing.api.keys import ALLOCATION_ANNOTATION
 from tests.e2e.waiting import wait_for
 
 GROUP, VERSION = "gpupack.io", "v1alpha1"
@@ -339,7 +339,7 @@ def test_a_whole_day_window_lets_the_controller_and_the_agent_reshape(h: Harness
     """A window whose start equals its end is the whole day for both readers: the controller
     plans the reshape and the agent applies it (the controller once read it as never open)."""
     node = h.node("allday", 1, {0: ["7g.80gb"]})
-    from sharing.crd import WEEKDAYS
+    from sharing.api.crd import WEEKDAYS
 
     today = WEEKDAYS[time.gmtime().tm_wday]
     h.policy(windows=[{"start": "03:00", "end": "03:00", "days": [today]}])

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sharing import crd
+from sharing.api import crd
 from tests.unit.test_crd_cases import CASES, SPEC_MODELS, Case
 
 PLURALS = {"GPUNode": "gpunodes", "SharingPolicy": "sharingpolicies"}

@@ -26,7 +26,7 @@ from kubernetes.dynamic import DynamicClient
 
 from gpupack.devcluster.apply import MANIFESTS, apply_objects, load_manifests
 from gpupack.devcluster.clients import api_client
-from sharing import crd
+from sharing.api import crd
 
 NS = "gpupack-system"
 OPERATOR_NS = "gpu-operator"  # the GPU Operator's namespace, where the agent has a Role

@@ -11,7 +11,7 @@ The controller counted every unallocated claim's pin as a promise, so every new 
   controller's ServiceAccount (and ``system:masters``) set or change ``gpupack.io/*`` annotations on a
   claim of any class; the tenant's token gets 403/422.
 * Without the policy, or with such a claim written by an administrator, the controller ignores the pin
-  (``controller.drausage.pin_untrusted``): on a pool whose every GPU is "pinned" by such claims, a new
+  (``controller.state.dra_usage.pin_untrusted``): on a pool whose every GPU is "pinned" by such claims, a new
   DRA pod is released and kube-scheduler allocates it the engine's device.
 * A gated DRA pod the engine cannot place carries the ``gpupack.io/Placement`` condition (item 8).
 """
@@ -27,10 +27,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sharing.backend import pod_claim_name
+from sharing.api.backend import pod_claim_name
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
-from sharing.keys import DRA_REQUEUES_ANNOTATION, PLACEMENT_CONDITION
+from sharing.api.keys import DRA_REQUEUES_ANNOTATION, PLACEMENT_CONDITION
 from tests.e2e.tenants import tenant_client
 from tests.e2e.test_dra_placement import GPUS, Pool, admin, plane, pool  # noqa: F401 (fixtures)
 from tests.e2e.waiting import wait_for

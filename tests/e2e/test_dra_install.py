@@ -2,7 +2,7 @@
 
 * The DaemonSets under Kubernetes' own DaemonSet controller (a control plane whose
   kube-controller-manager runs it): every GPU node gets the agent of its backend
-  (``gpupack.io/backend``, ``sharing.backend.node_backend``) and only that one; nodes
+  (``gpupack.io/backend``, ``sharing.api.backend.node_backend``) and only that one; nodes
   without GPUs, or with the agent switched off, get neither. No kubelet runs, so the pods
   stay Pending; what is checked is which node each pod the controller made is bound for.
 * The validating webhook's claim rules, evaluated by the API server: only ResourceClaims
@@ -31,9 +31,9 @@ from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.components import DEFAULT_CONTROLLERS
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.errors import DevClusterError
-from sharing.backend import node_backend
+from sharing.api.backend import node_backend
 from sharing.dra import wire
-from sharing.keys import BACKEND_LABEL
+from sharing.api.keys import BACKEND_LABEL
 from tests.e2e.planes import own_plane
 from tests.e2e.waiting import wait_for
 

@@ -8,7 +8,7 @@ and described by GPUNodes whose status the test writes (as an agent would);
 ``manifests/dra`` applied. Pods are created exactly as the webhook admits them
 to the DRA pool (gated, the allocation record, a reference to a claim that does
 not exist yet, each container naming its request, affinity to the pool: built
-with ``sharing.allocation.Allocation``). Then the controller's cycle runs.
+with ``sharing.api.allocation.Allocation``). Then the controller's cycle runs.
 
 Checked:
 
@@ -19,7 +19,7 @@ Checked:
   what the engine promised and in what kube-scheduler allocated; pods that fit
   nowhere stay at the gate;
 * a pod kube-scheduler sets aside while the share it is pinned to has room (it
-  counts a claim being bound twice for a moment; ``controller.draplan``,
+  counts a claim being bound twice for a moment; ``controller.planning.draplan``,
   "Stalled promises") is bound all the same: a later cycle re-creates its claim;
 * a deleted pod's claim is garbage-collected by kube-controller-manager, and its
   capacity is offered again: a waiting pod gets that very device.
@@ -46,11 +46,11 @@ from gpupack.devcluster.apply import apply_objects, load_manifests
 from gpupack.devcluster.controlplane import ControlPlane
 from mig.catalog import get_model
 from mig.units import parse_quantity
-from sharing.backend import pod_claim_name
+from sharing.api.backend import pod_claim_name
 from sharing.dra import names
 from sharing.dra.gpu_devices import shared_gpu
 from sharing.dra.pinned import ANNOTATION, Pinned
-from sharing.keys import BACKEND_LABEL
+from sharing.api.keys import BACKEND_LABEL
 from tests.e2e.test_dra_slices import TIMEOUT_S, Dra, gpu_uuid
 from tests.e2e.waiting import repeating, wait_for
 from tests.unit.test_controller_dra import dra_allocation, dra_pod, gpunode

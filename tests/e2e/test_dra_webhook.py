@@ -22,10 +22,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpupack.devcluster.apply import local_webhook_config
-from sharing.backend import CLAIM_PREFIX
+from sharing.api.backend import CLAIM_PREFIX
 from tests.e2e.test_webhook_e2e import Webhook
 from tests.e2e.waiting import wait_for
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 SELECT_LABEL = "gpupack-e2e-dra-webhook"
 GROUP, VERSION = "gpupack.io", "v1alpha1"

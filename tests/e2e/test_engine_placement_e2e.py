@@ -31,7 +31,7 @@ from gpupack.demo.stack import DEMO_NAMESPACE, DemoNode, Stack
 from mig.catalog import get_model
 from node.nvml.simulated import SimulatedNvml
 from tests.e2e.waiting import wait_for
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 GROUP, VERSION = "gpupack.io", "v1alpha1"
 NODES = (DemoNode("whole-a", "A100-80GB", 2), DemoNode("mps-a", "A100-80GB", 2, sharing="mps", replicas=4))

@@ -53,11 +53,11 @@ from gpupack.devcluster.process import ManagedProcess, free_port
 from mig.catalog import get_model
 from node.nvml.simulated import SimulatedNvml
 from node.pods import sim_pid
-from sharing.keys import DEGRADED_LABEL, UNHEALTHY_TAINT
+from sharing.api.keys import DEGRADED_LABEL, UNHEALTHY_TAINT
 from tests.e2e.test_controller_e2e import GROUP, VERSION, Harness
 from tests.e2e.waiting import wait_for
 from webhook.certs import make_self_signed
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT_POLICY_RBAC = ROOT / "manifests" / "agent" / "rbac-policies.yaml"

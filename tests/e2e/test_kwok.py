@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from gpupack.devcluster import kwok
 from gpupack.devcluster.clients import api_client
 from gpupack.devcluster.controlplane import ControlPlane
-from sharing.keys import DURATION_ANNOTATION
+from sharing.api.keys import DURATION_ANNOTATION
 from tests.e2e.waiting import wait_for
 
 WAIT_S = 90.0  # generous: the 2-core CI machine runs other components too

@@ -35,9 +35,9 @@ from gpupack.demo.stack import DEMO_NAMESPACE, DemoNode, Stack
 from mig.catalog import get_model
 from mig.model import Placement
 from node.nvml.simulated import SimulatedNvml
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
+from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
 from tests.e2e.waiting import wait_for
-from webhook.testing import gpu_container
+from gpupack.testing.admission_reviews import gpu_container
 
 NODES = (DemoNode("mps-a", "A100-80GB", 1, sharing="mps", replicas=4), DemoNode("h100-a", "H100-80GB", 1))
 BURST = 6

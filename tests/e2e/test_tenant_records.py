@@ -24,11 +24,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sharing.allocation import Allocation, ContainerAllocation
+from sharing.api.allocation import Allocation, ContainerAllocation
 from tests.e2e.test_webhook_e2e import (  # noqa: F401 (fixtures)
     GROUP, PREFIX, SELECT_LABEL, VERSION, _refused, _wait, gpu_namespace, tenant, webhook,
 )
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 

@@ -35,7 +35,7 @@ from tests.e2e.tenants import tenant_client
 from tests.e2e.waiting import wait_for
 from tests.processes import stop_process
 from webhook.certs import make_self_signed
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 SELECT_LABEL = "gpupack-e2e-webhook"

@@ -25,7 +25,7 @@ from kubernetes.client.rest import ApiException
 
 from gpupack.devcluster.apply import local_webhook_config
 from tests.e2e.test_webhook_e2e import Webhook, _wait
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 SELECT_LABEL = "gpupack-e2e-flood"
 FLOOD_SOURCE = "127.0.0.2"

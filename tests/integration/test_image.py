@@ -31,7 +31,7 @@ import pytest
 
 from gpupack.devcluster.process import free_port
 from webhook.certs import make_self_signed
-from webhook.testing import gpu_container, make_pod, make_review
+from gpupack.testing.admission_reviews import gpu_container, make_pod, make_review
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from gpupack.devcluster.process import free_port
 from tests.processes import stop_process
 from webhook.certs import make_self_signed
-from webhook.testing import gpu_container, make_pod, make_review
+from gpupack.testing.admission_reviews import gpu_container, make_pod, make_review
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,7 +1,7 @@
-"""The agent fleet (``node.fleet``): its schedule, its shared reads, and its nodes coming and going.
+"""The agent fleet (``gpupack.fleet.agents``): its schedule, its shared reads, and its nodes coming and going.
 
 The agents are the real ``node.agent.Agent`` with simulated GPUs; the API server is an
-in-memory stand-in behind ``node.fleet_kube.SharedKube``'s write calls (our own wrapper),
+in-memory stand-in behind ``gpupack.fleet.kube.SharedKube``'s write calls (our own wrapper),
 and its watch caches are fed events by hand, so a test decides when the cache catches up.
 """
 
@@ -19,12 +19,12 @@ from kubernetes import client
 from gpupack.cli_agent import open_backend
 from kube.informer import Informer
 from node.agent import Pause
-from node.fleet import Fleet, FleetSettings, merged_with_node_label
-from node.fleet_kube import ApiCounts, FleetCaches, SharedKube, request_kind
-from node.fleet_schedule import FleetSchedule
+from gpupack.fleet.agents import Fleet, FleetSettings, merged_with_node_label
+from gpupack.fleet.kube import ApiCounts, FleetCaches, SharedKube, request_kind
+from gpupack.fleet.schedule import FleetSchedule
 from node.metrics import AgentMetrics
 from node.settings import AgentSettings
-from sharing.keys import BACKEND_LABEL, SIMULATED_GPUS_ANNOTATION
+from sharing.api.keys import BACKEND_LABEL, SIMULATED_GPUS_ANNOTATION
 
 
 class Clock:
@@ -257,7 +257,7 @@ class FakeApi(SharedKube):
 
 
 def _trigger(kind: str) -> Any:
-    from node import fleet_kube
+    from gpupack.fleet import kube as fleet_kube
     return fleet_kube._node_trigger if kind == "nodes" else fleet_kube._gpunode_trigger
 
 

@@ -1,4 +1,4 @@
-"""The gpupack.io/allocation annotation: one writer and one reader (sharing.allocation)."""
+"""The gpupack.io/allocation annotation: one writer and one reader (sharing.api.allocation)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from sharing.allocation import Allocation, AllocationError, ContainerAllocation, trusted_allocation
-from sharing.keys import ALLOCATION_ANNOTATION
-from sharing.patch import apply_patch
+from sharing.api.allocation import Allocation, AllocationError, ContainerAllocation, trusted_allocation
+from sharing.api.keys import ALLOCATION_ANNOTATION
+from sharing.admission.patch import apply_patch
 from webhook.admission import review_pod
 from webhook.inventory_source import InventoryHolder, load_file
 from webhook.settings import WebhookSettings
-from webhook.testing import gpu_container, make_pod, make_review
+from gpupack.testing.admission_reviews import gpu_container, make_pod, make_review
 
 RECORD = Allocation(
     mode="mps", gated=True, capacity_existed=False, policy="p", reason="r", gpu_model="NVIDIA-L4", replicas=4,

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sharing.inventory import build_inventory
-from sharing.options import Option, option_rank
+from sharing.admission.inventory import build_inventory
+from sharing.admission.options import Option, option_rank
 from tests.unit.test_decision import A100, H100, mig_node, run, shared_node
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 SMALL_MIG = [("1g.10gb", i, False) for i in range(7)]  # all idle, none fits a 10 GiB ask
 

@@ -1,4 +1,4 @@
-"""controller.caches: reads answered from the watch caches, what is kept of each object, which
+"""controller.watch_caches: reads answered from the watch caches, what is kept of each object, which
 changes wake a cycle, and reading past a cache that has not seen the controller's own write yet."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from controller.caches import CachedKube, ClusterCaches, keep_node, keep_pod
+from controller.watch_caches import CachedKube, ClusterCaches, keep_node, keep_pod
 from controller.kube import Kube
 from kube.informer import Informer
 
@@ -140,8 +140,8 @@ PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 
 def gated_pod() -> dict[str, Any]:
-    from sharing.allocation import Allocation, ContainerAllocation
-    from sharing.keys import ALLOCATION_ANNOTATION
+    from sharing.api.allocation import Allocation, ContainerAllocation
+    from sharing.api.keys import ALLOCATION_ANNOTATION
 
     allocation = Allocation(mode="mig", gated=True, capacity_existed=True, policy="p", reason="r", gpu_model=PRODUCT,
                             containers=(ContainerAllocation("c", "containers", 100, None, "nvidia.com/mig-1g.10gb",
@@ -211,11 +211,11 @@ def test_a_cache_that_has_not_seen_a_release_does_not_release_the_pod_again(monk
 
 
 def test_a_pod_that_cannot_be_placed_is_told_why_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The cycle writes the gpupack.io/Placement condition (controller.wait_status) through the status
+    """The cycle writes the gpupack.io/Placement condition (controller.writes.wait_status) through the status
     subresource, and a second cycle, its cache not yet showing the write, writes nothing again."""
     from controller.reconcile import Controller
     from controller.settings import ControllerSettings
-    from sharing.placement_status import read_placement
+    from sharing.api.placement_status import read_placement
 
     pod = gated_pod()
     node = one_gpu_node()

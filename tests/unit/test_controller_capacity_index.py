@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from controller.capacity import FreeCapacity
+from controller.planning.capacity import FreeCapacity
 
 PROFILES = ("1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb")
 

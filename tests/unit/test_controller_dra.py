@@ -11,21 +11,21 @@ from typing import Any, Literal
 
 import pytest
 
-from controller.draclaims import ClaimBuildError, claim_body, claim_requests
-from controller.drausage import read_usage
+from controller.writes.dra_claims import ClaimBuildError, claim_body, claim_requests
+from controller.state.dra_usage import read_usage
 from controller.reconcile import Controller
 from controller.settings import ControllerSettings
-from controller.snapshot import node_from_objects
+from controller.state.build import node_from_objects
 from kube.errors import KubeError
 from mig.catalog import get_model
-from sharing.allocation import Allocation, ContainerAllocation, resource_for
-from sharing.backend import POD_CLAIM
+from sharing.api.allocation import Allocation, ContainerAllocation, resource_for
+from sharing.api.backend import POD_CLAIM
 from sharing.dra import names
-from sharing.dra.claims import device_request
+from sharing.admission.dra_claims import device_request
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import SHARES, GiB, SharePolicy
-from sharing.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE, DRA_REQUEUES_ANNOTATION, HOSTNAME_LABEL
-from sharing.modes import AllocationMode
+from sharing.api.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE, DRA_REQUEUES_ANNOTATION, HOSTNAME_LABEL
+from sharing.api.modes import AllocationMode
 
 H100 = get_model("H100-80GB")
 NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
@@ -35,7 +35,7 @@ NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
 def dra_allocation(mode: AllocationMode, claim: str, milli: Sequence[int] = (300,),
                    memory: Sequence[int | None] | None = None, profiles: Sequence[str | None] | None = None,
                    fallback: tuple[str, ...] | None = None) -> Allocation:
-    """The record the webhook writes on a DRA pod (``sharing.allocation``)."""
+    """The record the webhook writes on a DRA pod (``sharing.api.allocation``)."""
     memory = memory or [None] * len(milli)
     profiles = profiles or [None] * len(milli)
     containers = tuple(ContainerAllocation(f"c{k}", "containers", m, b, f"gpu-{k}", p)
@@ -358,7 +358,7 @@ def test_the_device_plugin_planner_never_uses_a_dra_node() -> None:
 # ------------------------------------------------------------------ the cluster figures
 def test_a_dra_gpu_counts_what_its_claims_hold() -> None:
     from controller.metrics import cluster_figures
-    from controller.view import Snapshot
+    from controller.state.snapshot import Snapshot
 
     node = node_from_objects(gpunode("a", 2), node_object("a"))
     assert node is not None
@@ -377,7 +377,7 @@ def test_a_dra_gpu_counts_what_its_claims_hold() -> None:
 
 
 def test_a_cycle_pins_and_ungates_a_pod_that_asks_for_no_gpu_without_a_claim() -> None:
-    from sharing.decision import cpu_pod_decision
+    from sharing.admission.decision import cpu_pod_decision
 
     record = cpu_pod_decision().allocation()
     pod = {"apiVersion": "v1", "kind": "Pod",

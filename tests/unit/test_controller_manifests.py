@@ -18,7 +18,7 @@ from mig.catalog import all_models
 from node.health.monitor import TAINT_EFFECTS
 from node.health.xids import XID_TABLE_CONFIGMAP
 from node.settings import AgentSettings
-from sharing.keys import CAPACITY_GATE, UNHEALTHY_TAINT
+from sharing.api.keys import CAPACITY_GATE, UNHEALTHY_TAINT
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from controller.mig_configs import published_config
+from controller.writes.mig_configs import published_config
 from mig.migparted import MigConfigError, parse_config
-from sharing.gpunode import MigConfigRequest, read_gpunode
-from sharing.keys import is_mig_config_of, mig_config_name, per_node_name
+from sharing.api.gpunode import MigConfigRequest, read_gpunode
+from sharing.api.keys import is_mig_config_of, mig_config_name, per_node_name
 
 ADMIN = "version: v1\nmig-configs:\n  all-disabled:\n  - devices: all\n    mig-enabled: false\n"
 ENTRIES = [{"devices": [0], "mig-enabled": True, "mig-devices": {"1g.10gb": 7}}]
@@ -87,7 +87,7 @@ def test_config_names_belong_to_one_node(node: str) -> None:
 
 
 def test_the_cycles_snapshot_carries_each_request_once_read() -> None:
-    from controller.snapshot import build_snapshot
+    from controller.state.build import build_snapshot
 
     asking = _asking("node-a", "gpupack-node-a-g3")
     other = _asking("node-b", "gpupack-node-a-g3")  # another node's name: left out, said so

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from controller.migplan import LayoutChange
-from controller.patches import gpus_spec, pin_ops, release_ops, ungate_ops
+from controller.planning.migplan import LayoutChange
+from controller.writes.patches import gpus_spec, pin_ops, release_ops, ungate_ops
 from mig.model import PlacedInstance, Placement
-from sharing.patch import apply_patch
+from sharing.admission.patch import apply_patch
 
 GATE = {"name": "gpupack.io/capacity"}
 

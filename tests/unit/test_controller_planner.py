@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from controller.migplan import minimal_change
-from controller.planner import Plan, plan
-from controller.view import Gpu, Node, Pod, Snapshot
+from controller.planning.migplan import minimal_change
+from controller.planning.planner import Plan, plan
+from controller.state.snapshot import Gpu, Node, Pod, Snapshot
 from mig.catalog import get_model
 from mig.geometry import validate_layout
 from mig.model import PlacedInstance, Placement
-from sharing.node_policy import NodePolicy, PolicyWindows
-from sharing.windows import Window
+from sharing.rules.node_policy import NodePolicy, PolicyWindows
+from sharing.rules.windows import Window
 
 H100 = get_model("H100-80GB")
 A100 = get_model("A100-80GB")
@@ -262,7 +262,7 @@ def test_masked_nodes_leave_the_engines_state_cache_true() -> None:
     engine's state, which the policy's cache recorded; later pods of the same cycle
     were then scored against nodes with no CPU. Every cached state must stay the
     node's true one, and a later pod must be placed as a fresh cycle would place it."""
-    from controller.sharedplan import SharedPlacer
+    from controller.planning.sharedplan import SharedPlacer
 
     nodes = [node(name, gpu(0, mig=False), gpu(1, mig=False), sharing="mps", replicas=4) for name in ("a", "b", "c")]
     nodes = [replace(n, cpu_milli=64_000, memory_mib=256_000) for n in nodes]
@@ -418,7 +418,7 @@ def test_controller_and_product_model_place_whole_gpu_pods_alike() -> None:
     """gpupack's rule for whole-GPU pods, in the live placer and the product model: a whole-GPU
     node in use first; when none fits, the idle node whose CPU could feed the fewest replicas."""
 
-    from controller.sharedplan import SharedPlacer
+    from controller.planning.sharedplan import SharedPlacer
     from sharing.packing.cluster import ClusterState
     from sharing.packing.gpupack_policy import GpupackPolicy
     from sharing.packing.kube_scoring import MostAllocatedWeights
@@ -612,8 +612,8 @@ def test_a_node_switching_for_a_pod_counts_as_its_capacity_on_the_labels_it_will
 def test_the_engines_typical_pods_are_the_gpu_pods_that_exist() -> None:
     """The rule the product model replays (``present``): gpupack's shared and whole-GPU pods and the
     pods asking ``nvidia.com/gpu`` themselves, each as the engine sees it, keyed by product."""
-    from controller.sharedplan import typical_pods
-    from controller.view import PlainGpuPod
+    from controller.planning.sharedplan import typical_pods
+    from controller.state.snapshot import PlainGpuPod
 
     pods = [replace(shared_pod("a", milli=200), cpu_milli=1000, products=("Tesla-T4",)),
             replace(whole_pod("w", gpus=2), cpu_milli=3000), mig_pod("m")]
@@ -630,8 +630,8 @@ def test_the_engines_typical_pods_are_the_gpu_pods_that_exist() -> None:
 def test_a_backlog_searches_at_most_a_cycles_worth_of_layouts_oldest_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each layout search walks every changeable GPU; with thousands waiting, an unbounded cycle
     grew with the backlog. The pods past the bound wait for the next cycle, with no verdict."""
-    import controller.planner as planner
-    from controller.wait_status import quiet
+    import controller.planning.planner as planner
+    from controller.writes.wait_status import quiet
 
     monkeypatch.setattr(planner, "MIG_SEARCHES_PER_CYCLE", 2)
     empty = tuple(gpu(i, ()) for i in range(4))  # MIG on, no instance: every pod needs a layout
@@ -645,7 +645,7 @@ def test_a_backlog_searches_at_most_a_cycles_worth_of_layouts_oldest_first(monke
 
 
 def test_pods_of_a_shape_no_gpu_can_take_cost_one_search_a_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
-    import controller.planner as planner
+    import controller.planning.planner as planner
 
     searches: list[int] = []
     real = planner._mig_candidates

@@ -3,7 +3,7 @@
 A burst of ``auto`` pods is decided against one GPUNode status: every pod sees the same free MPS
 replicas and is recorded ``mps``. Once the MPS node is full, the ones left over wait in ``mps``
 while MIG instances sit idle. The pods here are made by the webhook's own decision and patch
-(``sharing.decision``, ``sharing.patch``), so the rule reads what the webhook really writes.
+(``sharing.admission.decision``, ``sharing.admission.patch``), so the rule reads what the webhook really writes.
 """
 
 from __future__ import annotations
@@ -12,21 +12,21 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from controller.kube import Kube
-from controller.planner import Plan, Wait
-from controller.podview import pod_from_object
-from controller.readmit import READMIT_AFTER_SECONDS, readmissions, stranded_in, with_messages
+from controller.planning.planner import Plan, Wait
+from controller.state.pods import pod_from_object
+from controller.planning.readmit import READMIT_AFTER_SECONDS, readmissions, stranded_in, with_messages
 from controller.reconcile import Controller
 from controller.settings import ControllerSettings
-from controller.snapshot import build_snapshot
+from controller.state.build import build_snapshot
 from kube.errors import KubeError
 from kube.times import format_time
-from sharing.allocation import Allocation
-from sharing.decision import decide
-from sharing.inventory import DEFAULT_POLICY, Inventory, build_inventory
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
-from sharing.patch import apply_patch, build_patch
-from sharing.request import parse_pod
-from webhook.testing import gpu_container, make_pod
+from sharing.api.allocation import Allocation
+from sharing.admission.decision import decide
+from sharing.admission.inventory import DEFAULT_POLICY, Inventory, build_inventory
+from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
+from sharing.admission.patch import apply_patch, build_patch
+from sharing.api.request import parse_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc)
 OLD = NOW - timedelta(seconds=READMIT_AFTER_SECONDS + 5)

@@ -6,7 +6,7 @@ import json
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from controller.snapshot import (
+from controller.state.build import (
     build_snapshot,
     busy_gpus,
     encode_idle,
@@ -18,13 +18,13 @@ from controller.snapshot import (
 from kube.times import format_time
 from mig.catalog import get_model
 from mig.model import Placement as MigPlacement
-from sharing.keys import IDLE_SINCE_ANNOTATION
+from sharing.api.keys import IDLE_SINCE_ANNOTATION
 from node.layouts.direct import layout_report
 from node.snapshot import read_snapshot, status_from_snapshot
 from node.journal import Journal
 from node.nvml.simulated import SimulatedNvml
 from node.planning import StartDecision
-from sharing.allocation import Allocation, ContainerAllocation
+from sharing.api.allocation import Allocation, ContainerAllocation
 
 NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
@@ -32,7 +32,7 @@ PRODUCT = "NVIDIA-H100-80GB-HBM3"
 
 def pod(name: str, *, gated: bool = True, node: str | None = None, pinned: str | None = None,
         phase: str = "Pending", annotation: Any = None) -> dict[str, Any]:
-    # The webhook's own writer (sharing.allocation), so the reader is tested on what it will get.
+    # The webhook's own writer (sharing.api.allocation), so the reader is tested on what it will get.
     allocation = annotation if annotation is not None else Allocation(
         mode="mig", gated=gated, capacity_existed=True, policy="p", reason="r", gpu_model=PRODUCT,
         containers=(ContainerAllocation("c", "containers", 100, None, "nvidia.com/mig-1g.10gb", "1g.10gb"),),

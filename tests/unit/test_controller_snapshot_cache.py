@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from controller.snapshot import build_snapshot, encode_idle
-from controller.snapshot_cache import SnapshotCache
-from sharing.allocation import Allocation, ContainerAllocation
-from sharing.keys import ALLOCATION_ANNOTATION, IDLE_SINCE_ANNOTATION
+from controller.state.build import build_snapshot, encode_idle
+from controller.state.incremental import SnapshotCache
+from sharing.api.allocation import Allocation, ContainerAllocation
+from sharing.api.keys import ALLOCATION_ANNOTATION, IDLE_SINCE_ANNOTATION
 
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)

@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from controller import planner
+from controller.planning import planner
 from controller.reconcile import CycleReport
 from controller.metrics import ControllerMetrics
 from controller.operator import Loop
-from controller.planner import Plan, Wait, plan
+from controller.planning.planner import Plan, Wait, plan
 from controller.settings import ControllerSettings
-from controller.view import Gpu, Node, Pod, Snapshot
+from controller.state.snapshot import Gpu, Node, Pod, Snapshot
 from mig.catalog import get_model
-from sharing.node_policy import NodePolicy
+from sharing.rules.node_policy import NodePolicy
 
 H100 = get_model("H100-80GB")
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -69,7 +69,7 @@ class CountingController:
 
 
 class FakeCaches:
-    """What the loop uses of controller.caches.ClusterCaches."""
+    """What the loop uses of controller.watch_caches.ClusterCaches."""
 
     def __init__(self) -> None:
         self.on_change: Callable[[str], None] | None = None

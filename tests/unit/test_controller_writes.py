@@ -47,7 +47,7 @@ def test_one_worker_writes_one_at_a_time() -> None:
 
 def test_a_waiting_pods_condition_failing_is_reported_for_that_pod_only(monkeypatch: pytest.MonkeyPatch) -> None:
     from controller.kube import KubeError
-    from controller.wait_status import StatusPatch
+    from controller.writes.wait_status import StatusPatch
 
     patches = [StatusPatch("ns", f"p{i}", {"status": {}}) for i in range(3)]
     monkeypatch.setattr("controller.reconcile.placement_patches", lambda *_: patches)
@@ -70,8 +70,8 @@ def test_right_size_judges_only_pods_a_whole_window_old_and_writes_each_once(mon
     from datetime import datetime, timedelta, timezone
 
     from controller.reconcile import CycleReport
-    from controller.view import Gpu, Node, Pod, Snapshot
-    from sharing.keys import RECOMMENDED_MILLI_ANNOTATION
+    from controller.state.snapshot import Gpu, Node, Pod, Snapshot
+    from sharing.api.keys import RECOMMENDED_MILLI_ANNOTATION
 
     now = datetime(2026, 12, 2, 5, 0, tzinfo=timezone.utc)
     node = Node("n", "NVIDIA-H100-80GB-HBM3", None, (), "mps", 2, (Gpu(0, 81559, False, utilization_percent=4),),  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from sharing import crd
+from sharing.api import crd
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupack.devcluster import crdgen
-from sharing import crd
+from sharing.api import crd
 from tests.unit.test_crd_cases import CASES, SPEC_MODELS
 
 
@@ -34,7 +34,7 @@ def test_committed_manifest_matches_models(desc: crdgen.CrdDescriptor) -> None:
     for directory in (crdgen.CRD_DIR, *(d for d in crdgen.CRD_COPIES if d.is_dir())):
         committed = (directory / desc.filename).read_text(encoding="utf-8")
         assert committed == expected, (
-            f"{directory / desc.filename} drifted from sharing/crd.py; "
+            f"{directory / desc.filename} drifted from sharing/api/crd.py; "
             "run: python -m gpupack.devcluster.crdgen --write"
         )
 

@@ -12,12 +12,12 @@ from hypothesis import strategies as st
 
 from mig.catalog import get_model
 from mig.fit import smallest_covering_profile
-from sharing.decision import MPS_MEMORY_ENV, MPS_THREADS_ENV, decide
-from sharing.allocation import Allocation
-from sharing.inventory import Inventory, build_inventory
-from sharing.keys import CAPACITY_GATE, SHARED_RESOURCE, STRATEGY_LABEL
-from sharing.request import AdmissionRefusal, Reason, parse_pod
-from webhook.testing import gpu_container, make_pod
+from sharing.admission.decision import MPS_MEMORY_ENV, MPS_THREADS_ENV, decide
+from sharing.api.allocation import Allocation
+from sharing.admission.inventory import Inventory, build_inventory
+from sharing.api.keys import CAPACITY_GATE, SHARED_RESOURCE, STRATEGY_LABEL
+from sharing.api.request import AdmissionRefusal, Reason, parse_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -287,8 +287,8 @@ def test_chosen_mig_profile_always_covers_the_ask(milli: int, memory_gib: int | 
 @settings(max_examples=200, deadline=None)
 def test_profile_choice_agrees_with_mig_fit(product: str, milli: int, memory_mib: int | None) -> None:
     """Without a policy filter, the least-waste profile is the mig package's smallest covering one."""
-    from sharing.decision import covering_profile
-    from sharing.inventory import DEFAULT_POLICY
+    from sharing.admission.decision import covering_profile
+    from sharing.admission.inventory import DEFAULT_POLICY
 
     model = get_model(product)
     memory = None if memory_mib is None else memory_mib * 2**20
@@ -311,7 +311,7 @@ def test_profile_choice_agrees_with_mig_fit(product: str, milli: int, memory_mib
     ],
 )
 def test_peak_devices(roles: tuple[str, ...], peak: int) -> None:
-    from sharing.decision import peak_devices
+    from sharing.admission.decision import peak_devices
 
     assert peak_devices(["r"] * len(roles), roles) == {"r": peak}  # type: ignore[arg-type]
 

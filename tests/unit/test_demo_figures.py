@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from gpupack.demo.progress import figures
-from sharing.allocation import Allocation, ContainerAllocation
-from sharing.keys import ALLOCATION_ANNOTATION
-from sharing.modes import AllocationMode
+from sharing.api.allocation import Allocation, ContainerAllocation
+from sharing.api.keys import ALLOCATION_ANNOTATION
+from sharing.api.modes import AllocationMode
 
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 

@@ -29,7 +29,7 @@ from node.settings import AgentSettings
 from sharing.dra import names, validate
 from sharing.dra.model import ResourceSlice
 from sharing.dra.share_policy import SHARES
-from sharing.options import DRA_SHARES
+from sharing.admission.options import DRA_SHARES
 from tests.unit.test_reconciler_agent import Clock, FakeKube
 
 H100 = get_model("H100-80GB")

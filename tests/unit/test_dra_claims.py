@@ -1,4 +1,4 @@
-"""Claims from pod requests (sharing.dra.claims): the template spec, the pod patch data, and the
+"""Claims from pod requests (sharing.admission.dra_claims): the template spec, the pod patch data, and the
 checks of users' own claims."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, Literal
 import pytest
 
 from mig import units
-from sharing.decision import ContainerDecision
+from sharing.admission.decision import ContainerDecision
 from sharing.dra import names
-from sharing.dra.claims import (
+from sharing.admission.dra_claims import (
     POD_CLAIM,
     ClaimBounds,
     ClaimReason,
@@ -23,9 +23,9 @@ from sharing.dra.claims import (
 )
 from sharing.dra.model import DraModelError
 from sharing.dra.share_policy import GiB, SharePolicy
-from sharing.inventory import AdmissionPolicy
-from sharing.modes import AllocationMode
-from sharing.request import Reason
+from sharing.admission.inventory import AdmissionPolicy
+from sharing.api.modes import AllocationMode
+from sharing.api.request import Reason
 
 H100 = 81559 * 2**20
 
@@ -309,7 +309,7 @@ def test_refusals_name_the_request_and_the_rule(obj: dict[str, Any], reason: Rea
 
 
 def test_the_same_words_as_the_pod_webhook() -> None:
-    from sharing.request import AdmissionRefusal, parse_milli, parse_memory
+    from sharing.api.request import AdmissionRefusal, parse_milli, parse_memory
 
     for value, check in (("1500", parse_milli), ("250m", parse_milli), ("0.5", parse_memory)):
         with pytest.raises(AdmissionRefusal) as pod:

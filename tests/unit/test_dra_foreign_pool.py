@@ -3,7 +3,7 @@
 A compromised agent on node ``b`` published a slice with ``nodeName: b`` and ``pool.name: a``
 copying ``a``'s devices; kube-scheduler allocated them to pods running on ``b``, and the controller
 charged ``a``'s real GPUs. The admission policy now refuses such a slice; the controller's reading
-of allocations (``controller.drausage``) also refuses to count a result whose pool is not the node
+of allocations (``controller.state.dra_usage``) also refuses to count a result whose pool is not the node
 the allocation is confined to, and names it.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from controller.drausage import read_usage
-from controller.snapshot import node_from_objects
+from controller.state.dra_usage import read_usage
+from controller.state.build import node_from_objects
 from sharing.dra import names
 from sharing.dra.results import allocated_node
 from tests.unit.test_controller_dra import gpunode, node_object

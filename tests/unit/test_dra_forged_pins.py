@@ -1,21 +1,21 @@
 """A pin (``gpupack.io/dra-pinned``) counts only when gpupack's controller could have written it
 (issue 33, item 1): a tenant's claim carrying one, on any DeviceClass, promises nothing and is
-adopted by no pod; the controller's own claims still count. ``controller.drausage.pin_untrusted``."""
+adopted by no pod; the controller's own claims still count. ``controller.state.dra_usage.pin_untrusted``."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from controller.drausage import read_usage
-from controller.podview import pod_from_object
-from controller.snapshot import node_from_objects
-from controller.view import Node, Pod
-from sharing.dra.claims import MANAGED_BY
+from controller.state.dra_usage import read_usage
+from controller.state.pods import pod_from_object
+from controller.state.build import node_from_objects
+from controller.state.snapshot import Node, Pod
+from sharing.admission.dra_claims import MANAGED_BY
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import SharePolicy
-from sharing.keys import DRA_REQUEUES_ANNOTATION, PLACEMENT_CONDITION
-from sharing.placement_status import NO_CAPACITY, WAITING_FOR_CAPACITY
-from controller.draclaims import claim_body
+from sharing.api.keys import DRA_REQUEUES_ANNOTATION, PLACEMENT_CONDITION
+from sharing.api.placement_status import NO_CAPACITY, WAITING_FOR_CAPACITY
+from controller.writes.dra_claims import claim_body
 from controller.reconcile import Controller
 from tests.unit.test_controller_manifests import _base_install
 from controller.settings import ControllerSettings

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from controller.podview import _terms
-from controller.view import Pod
+from controller.state.pods import _terms
+from controller.state.snapshot import Pod
 from gpupack import cli_agent, cli_draplugin
 from node.draplugin.settings import PluginSettings
 from node.settings import AgentSettings
-from sharing.backend import node_backend
+from sharing.api.backend import node_backend
 from sharing.dra import wire
-from sharing.keys import BACKEND_LABEL, UNHEALTHY_TAINT
+from sharing.api.keys import BACKEND_LABEL, UNHEALTHY_TAINT
 from tests.unit.test_controller_manifests import _base_install, _bound_roles, _docs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def _literal_env(container: dict[str, Any]) -> dict[str, str]:
 
 def _admits(backend: str, labels: dict[str, str]) -> bool:
     """Whether the DaemonSet's required node affinity allows a node with ``labels`` (the controller's
-    reading of node affinity, ``controller.view.Pod.admits``)."""
+    reading of node affinity, ``controller.state.snapshot.Pod.admits``)."""
     pod = Pod(namespace="gpupack-system", name=backend, mode="whole", created=datetime.now(timezone.utc),
               terms=_terms(_pod_spec(backend)))
     assert pod.terms, f"the {backend} DaemonSet has no required node affinity"
@@ -70,7 +70,7 @@ SWITCH = "nvidia.com/gpu.deploy.gpupack-node-agent"
     pytest.param(GPU, {"device-plugin"}, id="gpu-node-unlabelled"),
     pytest.param({**GPU, BACKEND_LABEL: "device-plugin"}, {"device-plugin"}, id="gpu-node-device-plugin"),
     pytest.param({**GPU, BACKEND_LABEL: "dra"}, {"dra"}, id="gpu-node-dra"),
-    # A value that names no backend is the default's (sharing.backend.node_backend): the device plugin's.
+    # A value that names no backend is the default's (sharing.api.backend.node_backend): the device plugin's.
     pytest.param({**GPU, BACKEND_LABEL: "nvidia-dra"}, {"device-plugin"}, id="gpu-node-unknown-backend"),
     pytest.param({BACKEND_LABEL: "dra"}, set(), id="cpu-node-labelled-dra"),
     pytest.param({}, set(), id="cpu-node"),
@@ -79,7 +79,7 @@ SWITCH = "nvidia.com/gpu.deploy.gpupack-node-agent"
 ])
 def test_every_gpu_node_runs_the_agent_of_its_backend_and_only_that(labels: dict[str, str], runs: set[str]) -> None:
     """A GPU is owned by one backend, never both: the two DaemonSets split the GPU nodes exactly as
-    ``sharing.backend.node_backend`` reads the label."""
+    ``sharing.api.backend.node_backend`` reads the label."""
     assert {backend for backend in DAEMONSETS if _admits(backend, labels)} == runs
     if runs:
         assert runs == {node_backend(labels)}

@@ -1,4 +1,4 @@
-"""The DRA pool's engine (controller.draplan, controller.dramig): tables, the simulator's choice, and
+"""The DRA pool's engine (controller.planning.draplan, controller.planning.dramig): tables, the simulator's choice, and
 random bursts that must never over-commit a GPU or overlap MIG placements."""
 
 from __future__ import annotations
@@ -13,18 +13,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.draplan import MAX_REQUEUES, REQUEUE_AFTER_S, DraPlan, plan_dra
-from controller.drausage import read_usage
-from controller.view import Gpu, Node, Pod, Snapshot
+from controller.planning.draplan import MAX_REQUEUES, REQUEUE_AFTER_S, DraPlan, plan_dra
+from controller.state.dra_usage import read_usage
+from controller.state.snapshot import Gpu, Node, Pod, Snapshot
 from mig.catalog import get_model
 from mig.geometry import validate_layout
 from mig.model import GpuModel, PlacedInstance, Placement
 from sharing.dra import names
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import GiB, SharePolicy
-from sharing.keys import BACKEND_LABEL, DRA_REQUEUES_ANNOTATION
-from sharing.modes import AllocationMode, NodeSharingMode
-from sharing.node_policy import NodePolicy
+from sharing.api.keys import BACKEND_LABEL, DRA_REQUEUES_ANNOTATION
+from sharing.api.modes import AllocationMode, NodeSharingMode
+from sharing.rules.node_policy import NodePolicy
 from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.cluster import ClusterState
 from sharing.packing.registry import make_policy
@@ -445,7 +445,7 @@ def own_promise(p: Pod, pinned: Pinned) -> dict[str, Any]:
 
 
 def test_a_promise_a_users_claim_took_is_re_pinned_to_another_gpu_of_its_node() -> None:
-    from controller.drausage import broken_promises
+    from controller.state.dra_usage import broken_promises
 
     p = released(pod("p", milli=(400,)), "a")
     mine = own_promise(p, Pinned("a", (pinned_share(0, 400),)))
@@ -475,7 +475,7 @@ def test_a_broken_promise_with_no_room_left_on_its_node_waits_with_the_reason() 
 
 
 def test_whole_gpu_and_mig_promises_break_on_any_overlap_and_only_then() -> None:
-    from controller.drausage import broken_promises
+    from controller.state.dra_usage import broken_promises
 
     nodes = [node("w", 1, sharing="none"), mig_node("m", gpu(0, mig=True))]
     whole = promised("cw", Pinned("w", (PinnedDevice("gpu-0", "gpu", 0),)))

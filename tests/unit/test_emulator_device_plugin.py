@@ -11,7 +11,7 @@ from node.device_plugin_emulator import advertise, node_patches
 from node.snapshot import read_snapshot
 from node.nvml.simulated import SimulatedNvml
 from node.pods import PodUse, assign_pods
-from sharing.keys import SIMULATED_LABEL
+from sharing.api.keys import SIMULATED_LABEL
 
 H200 = get_model("H200")
 

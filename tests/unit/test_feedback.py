@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.feedback import FeedbackSettings, GpuLoad, decide_replicas, right_size
+from controller.planning.feedback import FeedbackSettings, GpuLoad, decide_replicas, right_size
 
 NOW = datetime(2026, 11, 30, tzinfo=timezone.utc)
 

@@ -1,4 +1,4 @@
-"""One reading of a GPUNode (sharing.gpunode) for the webhook's inventory and the controller's
+"""One reading of a GPUNode (sharing.api.gpunode) for the webhook's inventory and the controller's
 snapshot: the same object, odd entries included, gives the same GPUs, instances and sharing."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from controller.snapshot import node_from_objects
-from sharing.gpunode import read_gpunode
-from sharing.inventory import node_from_object
+from controller.state.build import node_from_objects
+from sharing.api.gpunode import read_gpunode
+from sharing.admission.inventory import node_from_object
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -75,8 +75,8 @@ def test_webhook_and_controller_read_one_node_alike(
 def test_what_is_left_out_is_logged_once_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     from controller.reconcile import Controller
     from controller.settings import ControllerSettings
-    from controller.snapshot import build_snapshot
-    from sharing.inventory import build_inventory
+    from controller.state.build import build_snapshot
+    from sharing.admission.inventory import build_inventory
 
     obj = gpunode([GOOD, *ODD])
     reading = read_gpunode(obj)

@@ -19,8 +19,8 @@ from node.agent import Agent
 from node.health.ack import acknowledge
 from node.nvml.simulated import SimulatedNvml, post_to_inbox
 from node.settings import AgentSettings
-from sharing.gpunode import read_gpunode
-from sharing.keys import DEGRADED_LABEL, HEALTH_ACK_ANNOTATION, UNHEALTHY_TAINT
+from sharing.api.gpunode import read_gpunode
+from sharing.api.keys import DEGRADED_LABEL, HEALTH_ACK_ANNOTATION, UNHEALTHY_TAINT
 from tests.unit.test_reconciler_agent import Clock, FakeKube
 
 H200 = get_model("H200")

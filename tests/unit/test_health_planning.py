@@ -2,7 +2,7 @@
 
 A fault reaches the controller and the webhook only through ``GPUNode.status``
 (``gpus[].health``, ``instances[].health``, ``summary.degraded``), read by
-``sharing.gpunode``; these tests write such statuses and check that nothing
+``sharing.api.gpunode``; these tests write such statuses and check that nothing
 counts, plans on, reshapes or shares a faulted device, and that a degraded node
 gets no new pod.
 """
@@ -15,17 +15,17 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.capacity import FreeCapacity
-from controller.planner import plan
-from controller.snapshot import build_snapshot
-from controller.view import Snapshot
+from controller.planning.capacity import FreeCapacity
+from controller.planning.planner import plan
+from controller.state.build import build_snapshot
+from controller.state.snapshot import Snapshot
 from mig.catalog import get_model
-from sharing.decision import decide
-from sharing.gpunode import read_gpunode
-from sharing.inventory import build_inventory
-from sharing.keys import DEGRADED_LABEL, IDLE_SINCE_ANNOTATION
-from sharing.node_policy import NodePolicy
-from sharing.request import parse_pod
+from sharing.admission.decision import decide
+from sharing.api.gpunode import read_gpunode
+from sharing.admission.inventory import build_inventory
+from sharing.api.keys import DEGRADED_LABEL, IDLE_SINCE_ANNOTATION
+from sharing.rules.node_policy import NodePolicy
+from sharing.api.request import parse_pod
 from tests.unit.test_controller_planner import NOW, POLICY, mig_pod, shared_pod
 
 H100 = get_model("H100-80GB")
@@ -201,7 +201,7 @@ def test_every_decision_keeps_pods_off_degraded_nodes() -> None:
 
 
 def test_pods_of_failed_devices_are_evicted_only_when_their_controller_recreates_them() -> None:
-    from controller.evictions import evictions
+    from controller.planning.evictions import evictions
 
     sick = dict(FAULT, pods=["team/rs-pod", "team/ds-pod", "team/bare", "team/elsewhere"])
     snap = snapshot(gpunode("a", [mig_gpu(0, [("1g.10gb", 0, 1, True)], health=sick)]))

@@ -23,8 +23,8 @@ from node.health.xids import BUILTIN, XidRule, merged
 from node.nvml.errors import NvmlError
 from node.nvml.simulated import SimulatedNvml
 from node.snapshot import GpuSnapshot, NodeSnapshot, read_snapshot, status_from_snapshot
-from sharing.crd import GPUNodeStatus
-from sharing.keys import HEALTH_ACK_ANNOTATION
+from sharing.api.crd import GPUNodeStatus
+from sharing.api.keys import HEALTH_ACK_ANNOTATION
 
 H200 = get_model("H200")
 THREE_G = H200.profile("3g.71gb")

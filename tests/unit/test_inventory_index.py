@@ -1,4 +1,4 @@
-"""sharing.inventory_index: each grouped answer equals asking the nodes one by one (random snapshots)."""
+"""sharing.admission.inventory_index: each grouped answer equals asking the nodes one by one (random snapshots)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sharing.inventory import Inventory, NodeView, build_inventory
+from sharing.admission.inventory import Inventory, NodeView, build_inventory
 from tests.unit.test_inventory_parts import gpunode
 
 PROFILES = ("1g.10gb", "3g.40gb", "2g.20gb")

@@ -1,4 +1,4 @@
-"""sharing.inventory_parts: an inventory kept one object at a time equals build_inventory from scratch."""
+"""sharing.admission.inventory_parts: an inventory kept one object at a time equals build_inventory from scratch."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from sharing.inventory import build_inventory
-from sharing.inventory_parts import InventoryParts
+from sharing.admission.inventory import build_inventory
+from sharing.admission.inventory_parts import InventoryParts
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-80GB"

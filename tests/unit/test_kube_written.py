@@ -1,11 +1,11 @@
-"""kube.written: a component reads its own writes until its informer shows them, and never longer."""
+"""kube.own_writes: a component reads its own writes until its informer shows them, and never longer."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kube.informer import Informer
-from kube.written import ABSENT, WrittenObjects, version_of
+from kube.own_writes import ABSENT, WrittenObjects, version_of
 from tests.unit.test_controller_caches import lister
 
 

@@ -20,7 +20,7 @@ from gpupack.devcluster import components, kwok
 from gpupack.devcluster.binaries import NAMES, Binaries, ensure_binaries, optional_names
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.errors import BuildFailed
-from sharing.keys import DURATION_ANNOTATION
+from sharing.api.keys import DURATION_ANNOTATION
 
 PORTS = {"apiserver": 6443, "etcd": 2379, "etcd-peer": 2380, "scheduler": 10259, "kwok": 10247}
 BUILD_SH = Path(__file__).resolve().parents[2] / "tools" / "k8s" / "build.sh"

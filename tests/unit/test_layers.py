@@ -120,11 +120,11 @@ def test_the_cycle_finder_sees_a_type_only_cycle(tmp_path: Path) -> None:
     assert import_cycle(module_graph(tmp_path)) == ["mig.a", "mig.b", "mig.a"]
 
 
-# Keys may be spelled only where they are defined: ``sharing/keys.py`` (and ``mig/model.py``
+# Keys may be spelled only where they are defined: ``sharing/api/keys.py`` (and ``mig/model.py``
 # for the MIG resource prefix, below ``sharing``). The emulator writes the GFD labels nothing
 # of gpupack reads, as GPU feature discovery would, so it spells those itself.
 KEY_PREFIXES = ("gpupack.io/", "nvidia.com/", "kubernetes.io/")
-KEY_HOMES = {"sharing/keys.py", "mig/model.py", "node/device_plugin_emulator.py"}
+KEY_HOMES = {"sharing/api/keys.py", "mig/model.py", "node/device_plugin_emulator.py"}
 NOT_KEYS = {"gpupack.io/v1alpha1"}  # the API version, defined with the CRD models
 
 
@@ -145,7 +145,7 @@ def test_labels_annotations_and_resources_are_spelled_in_one_module(package: str
         for path in sorted((ROOT / package).rglob("*.py"))
         if str(path.relative_to(ROOT)) not in KEY_HOMES and (keys := spelled_keys(path))
     }
-    assert spelled == {}, "use the names in sharing/keys.py"
+    assert spelled == {}, "use the names in sharing/api/keys.py"
 
 
 def test_spelled_keys_finds_a_literal(tmp_path: Path) -> None:

@@ -30,8 +30,8 @@ from node.nvml.protocol import NvmlBackend
 from node.nvml.simulated import SimulatedNvml, post_to_inbox, simulated_backend
 from node.settings import AgentSettings
 from node.snapshot import read_snapshot, status_from_snapshot
-from sharing.keys import PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL, WHOLE_RESOURCE
-from sharing.simulator.openb_models import OPENB_GPUS
+from sharing.api.keys import PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL, WHOLE_RESOURCE
+from mig.openb_gpus import OPENB_GPUS
 from tests.unit.test_reconciler_agent import Clock, FakeKube
 
 T4 = openb_plain_gpu("T4")

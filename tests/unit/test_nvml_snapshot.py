@@ -15,12 +15,12 @@ from node.nvml import errors
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, InstanceProfile
 from node.nvml.simulated import Fault, SimulatedNvml
-from controller.mig_configs import published_config
+from controller.writes.mig_configs import published_config
 from node.operator_mode import device_plugin_config, handshake_state, plan_node_config
-from sharing.gpunode import MigConfigRequest
-from sharing.keys import mig_config_name, per_node_name
+from sharing.api.gpunode import MigConfigRequest
+from sharing.api.keys import mig_config_name, per_node_name
 from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device
-from sharing.crd import GPUNodeStatus
+from sharing.api.crd import GPUNodeStatus
 
 H200 = get_model("H200")
 

@@ -12,12 +12,12 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharing.decision import Expression, decide
-from sharing.inventory import Inventory, build_inventory
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
-from sharing.patch import apply_patch, build_patch, escape, merge_terms, unescape
-from sharing.request import parse_pod
-from webhook.testing import gpu_container, make_pod
+from sharing.admission.decision import Expression, decide
+from sharing.admission.inventory import Inventory, build_inventory
+from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
+from sharing.admission.patch import apply_patch, build_patch, escape, merge_terms, unescape
+from sharing.api.request import parse_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 

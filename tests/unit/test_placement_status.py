@@ -1,5 +1,5 @@
-"""The controller's placement condition on gated pods (``sharing.placement_status``) and the cycle's
-patches of it (``controller.wait_status``): one reader, one writer, and when each reason is written."""
+"""The controller's placement condition on gated pods (``sharing.api.placement_status``) and the cycle's
+patches of it (``controller.writes.wait_status``): one reader, one writer, and when each reason is written."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from controller.planner import Plan, Release, SharingChange, Wait
-from controller.view import Gpu, Node, Pod, Snapshot
+from controller.planning.planner import Plan, Release, SharingChange, Wait
+from controller.state.snapshot import Gpu, Node, Pod, Snapshot
 from kube.times import format_time
-from controller.wait_status import placement_patches, quiet
-from sharing.keys import PLACEMENT_CONDITION
-from sharing.placement_status import (
+from controller.writes.wait_status import placement_patches, quiet
+from sharing.api.keys import PLACEMENT_CONDITION
+from sharing.api.placement_status import (
     NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, placement_condition, placement_patch, read_placement,
 )
 
@@ -180,7 +180,7 @@ def test_a_pod_seconds_old_is_not_told_it_waits_for_capacity_being_created_but_i
 def test_waiting_conditions_are_written_at_most_a_cycles_worth_at_a_time_oldest_first() -> None:
     from dataclasses import replace
 
-    from controller.wait_status import WAITING_WRITES_PER_CYCLE
+    from controller.writes.wait_status import WAITING_WRITES_PER_CYCLE
 
     count = WAITING_WRITES_PER_CYCLE + 5
     pods = tuple(replace(pod(f"p{i:03d}"), created=CREATED - timedelta(seconds=count - i)) for i in range(count))

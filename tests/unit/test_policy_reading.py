@@ -1,4 +1,4 @@
-"""One reading of a SharingPolicy (sharing.crd.read_policies) for the webhook, the controller
+"""One reading of a SharingPolicy (sharing.api.crd.read_policies) for the webhook, the controller
 and the node agent: the same objects are applied, or left out, by all three alike."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from controller.snapshot import build_snapshot
+from controller.state.build import build_snapshot
 from node.policy import reshape_rules
-from sharing.crd import NamespaceRule, SharingPolicySpec, read_policies
-from sharing.inventory import build_inventory
+from sharing.api.crd import NamespaceRule, SharingPolicySpec, read_policies
+from sharing.admission.inventory import build_inventory
 
 
 def policy(name: str | None, spec: Any, generation: int = 1) -> dict[str, Any]:

@@ -1,12 +1,12 @@
-"""SharingPolicy status: what the controller made of each policy (controller.policy_status)."""
+"""SharingPolicy status: what the controller made of each policy (controller.writes.policy_status)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from controller.policy_status import needs_write, policy_reports, status_for
-from sharing.crd import SharingPolicyStatus
+from controller.writes.policy_status import needs_write, policy_reports, status_for
+from sharing.api.crd import SharingPolicyStatus
 
 NOW = datetime(2026, 12, 1, 7, 0, tzinfo=timezone.utc)
 NODES = [("a1", {"pool": "a", "zone": "x"}), ("a2", {"pool": "a", "zone": "y"}), ("b1", {"pool": "b", "zone": "x"})]

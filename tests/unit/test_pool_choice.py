@@ -1,4 +1,4 @@
-"""Which node pool a pod goes to (sharing.pool_choice), and the inventory's pools it reads."""
+"""Which node pool a pod goes to (sharing.admission.pool_choice), and the inventory's pools it reads."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from sharing.inventory import Inventory, build_inventory
-from sharing.pool_choice import UnknownBackend, choose_pool
+from sharing.admission.inventory import Inventory, build_inventory
+from sharing.admission.pool_choice import UnknownBackend, choose_pool
 from webhook.inventory_source import load_objects
 from webhook.inventory_watch import DRA_NODES_SELECTOR, kept
 

@@ -14,7 +14,7 @@ from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.specs import NodeSpec, PodSpec
 from sharing.packing.node_sharing import FRESH, WHOLE, least_feedable, most_feedable, switch_choice, switch_for, waste_first
 from sharing.packing.typical import TypicalPods
-from sharing.replicas import fits_replicas, largest_replicas, takes_whole_gpu
+from sharing.rules.replicas import fits_replicas, largest_replicas, takes_whole_gpu
 from sharing.simulator.product import LivePath, ProductReplay
 from sharing.simulator.scheduler_config import SHIPPED_CONFIG, SchedulerConfigError, load_weights
 
@@ -186,7 +186,7 @@ def test_weights_come_from_the_shipped_scheduler_config(tmp_path: Path) -> None:
 
 
 def test_every_openb_gpu_type_maps_to_a_product_without_mig() -> None:
-    from sharing.simulator.openb_models import OPENB_GPUS, openb_gpu
+    from mig.openb_gpus import OPENB_GPUS, openb_gpu
 
     assert set(OPENB_GPUS) == {"V100M16", "V100M32", "P100", "T4", "A10", "G2", "G3"}  # the node list's types
     assert not any(g.mig_capable for g in OPENB_GPUS.values())
@@ -196,7 +196,7 @@ def test_every_openb_gpu_type_maps_to_a_product_without_mig() -> None:
 
 
 def test_present_typical_pods_are_the_placed_gpu_pods_and_the_arriving_one() -> None:
-    """The live controller's rule (``controller.sharedplan.typical_pods``): the GPU pods that exist,
+    """The live controller's rule (``controller.planning.sharedplan.typical_pods``): the GPU pods that exist,
     as the engine sees them (above half a GPU: a whole GPU); CPU-only pods are not GPU pods."""
     from sharing.simulator.product import PresentPods
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from controller.snapshot import refused_gpus
+from controller.state.build import refused_gpus
 from kube.errors import KubeError
 from mig.catalog import get_model
 from node.agent import Agent
@@ -219,9 +219,9 @@ def test_settings_from_environment_and_bad_values() -> None:
 
 
 def _publish_as_controller(kube: FakeKube, namespace: str = "gpu-operator") -> None:
-    """What the controller's cycle does with the agent's request (``controller.mig_configs``)."""
-    from controller.mig_configs import published_config
-    from sharing.gpunode import read_gpunode
+    """What the controller's cycle does with the agent's request (``controller.writes.mig_configs``)."""
+    from controller.writes.mig_configs import published_config
+    from sharing.api.gpunode import read_gpunode
 
     assert kube.gpunode is not None
     reading = read_gpunode(kube.gpunode)

@@ -15,7 +15,7 @@ from mig.model import PlacedInstance, Placement
 from node.journal import Journal
 from node.layouts.direct import journal_from_status, journal_wire
 from node.operator_mode import _entry
-from sharing.crd import GPUNodeStatus, ReconfigurationStatus
+from sharing.api.crd import GPUNodeStatus, ReconfigurationStatus
 
 
 def journal(label: str | None) -> Journal:

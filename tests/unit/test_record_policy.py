@@ -1,8 +1,8 @@
 """A record is honoured only if the namespace's SharingPolicy could have produced it (issue 33, item 3).
 
-``sharing.record_policy.record_problem`` is the rule; the webhook refuses a pod that arrives with an
+``sharing.admission.record_policy.record_problem`` is the rule; the webhook refuses a pod that arrives with an
 out-of-policy record (``webhook.forged_marks``) and the controller neither counts nor releases one
-that got past admission (``controller.snapshot.assemble``).
+that got past admission (``controller.state.build.assemble``).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
-from sharing.allocation import Allocation, ContainerAllocation
-from sharing.inventory import AdmissionPolicy, Inventory, admission_policy, build_inventory
-from sharing.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
-from sharing.patch import apply_patch
-from sharing.record_policy import record_problem
+from sharing.api.allocation import Allocation, ContainerAllocation
+from sharing.admission.inventory import AdmissionPolicy, Inventory, admission_policy, build_inventory
+from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE
+from sharing.admission.patch import apply_patch
+from sharing.admission.record_policy import record_problem
 from webhook.admission import review_pod
 from webhook.settings import WebhookSettings
-from webhook.testing import gpu_container, make_pod, make_review
+from gpupack.testing.admission_reviews import gpu_container, make_pod, make_review
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 
@@ -177,7 +177,7 @@ def controller_pod(record: Allocation, namespace: str = "team") -> dict[str, Any
 
 
 def test_the_snapshot_leaves_out_a_record_outside_the_namespaces_policy() -> None:
-    from controller.snapshot import build_snapshot
+    from controller.state.build import build_snapshot
 
     pods = [controller_pod(mig_record()), controller_pod(mig_record(), "big"),
             controller_pod(mig_record("7g.80gb"), "big")]
@@ -195,7 +195,7 @@ def test_the_controller_does_not_release_a_record_that_got_past_admission(
     """A whole cycle, reading from the caches: the namespace's labels decide which rule applies. Under the
     mps-only rule the hand-written mig record is neither released nor given the free 1g.10gb; under a
     rule that allows mig the same pod is released."""
-    from controller.caches import ClusterCaches
+    from controller.watch_caches import ClusterCaches
     from controller.kube import Kube
     from controller.reconcile import Controller
     from controller.settings import ControllerSettings
@@ -271,11 +271,11 @@ def test_the_validating_webhook_bounds_a_claim_by_its_namespaces_policy(
 
 
 def test_the_create_policy_lets_through_exactly_the_user_keys_and_the_webhooks_record() -> None:
-    """The ValidatingAdmissionPolicy spells the names in CEL; they must be sharing.keys' (one reading)."""
+    """The ValidatingAdmissionPolicy spells the names in CEL; they must be sharing.api.keys' (one reading)."""
     import re
     from pathlib import Path
 
-    from sharing.keys import USER_POD_ANNOTATIONS, USER_POD_LABELS
+    from sharing.api.keys import USER_POD_ANNOTATIONS, USER_POD_LABELS
 
     docs = yaml.safe_load_all((Path(__file__).resolve().parents[2] / "manifests/rbac/pod-marks-policy.yaml").read_text())
     (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"

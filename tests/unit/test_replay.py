@@ -26,18 +26,18 @@ from gpupack.replay.progress import ProgressBar, bar_line
 from gpupack.replay.report import as_json, as_text
 from gpupack.replay.runner import LiveRun, PodResult, submission_order
 from gpupack.replay.stack import fleet_argv, node_advertised, policy_object
-from sharing.inventory import build_inventory
-from sharing.keys import (
+from sharing.admission.inventory import build_inventory
+from sharing.api.keys import (
     MILLI_RESOURCE, PLACEMENT_CONDITION, PRODUCT_LABEL, SHARING_ANNOTATION, SIMULATED_GPUS_ANNOTATION, WHOLE_RESOURCE,
 )
 from sharing.packing.specs import NodeSpec, PodSpec
-from sharing.patch import apply_patch
+from sharing.admission.patch import apply_patch
 from sharing.simulator.arrivals import RunPlan, plan_run
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.traces import load_nodes, load_pods
 from webhook.admission import mutate
 from webhook.settings import WebhookSettings
-from webhook.testing import make_review
+from gpupack.testing.admission_reviews import make_review
 
 NODES_CSV = """sn,cpu_milli,memory_mib,gpu,model
 openb-node-0000,64000,262144,2,T4

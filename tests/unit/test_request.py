@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharing.request import (
+from sharing.api.request import (
     AdmissionRefusal,
     Reason,
     parse_milli,
     parse_pod,
     parse_quantity,
 )
-from webhook.testing import gpu_container, make_pod
+from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 
 @pytest.mark.parametrize(

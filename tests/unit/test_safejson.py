@@ -131,7 +131,7 @@ def test_informer_leaves_out_an_object_its_keep_function_fails_on() -> None:
 
 
 def test_record_annotation_nested_deep_is_a_clear_error() -> None:
-    from sharing.records import json_record
+    from sharing.api.json_records import json_record
 
     for text in ("[" * 50_000 + "]" * 50_000, '{"a":' * 20_000 + "1" + "}" * 20_000):
         with pytest.raises(ValueError, match="nested too deep|longer than"):
@@ -175,7 +175,7 @@ def test_webhook_inventory_is_synced_with_every_other_node_when_one_gpunode_is_d
 def test_controller_caches_keep_waking_the_cycle_for_other_nodes_after_a_deep_one() -> None:
     """The controller's GPUNode cache: after a deep event for one node, another node's update
     (its agent reporting Succeeded) still arrives and wakes the cycle."""
-    from controller.caches import ClusterCaches
+    from controller.watch_caches import ClusterCaches
 
     woken: list[str] = []
     gpunodes = RawLister(['{"metadata":{"resourceVersion":"9"},"items":[' + node_json("a", "1") + ","
@@ -202,9 +202,9 @@ def test_mig_parted_config_nested_deep_is_a_config_error() -> None:
 
 def test_gpunode_json_annotations_nested_deep_read_as_malformed() -> None:
     """The health acknowledgement (admin) and idle-since (controller) annotations of a GPUNode."""
-    from controller.snapshot import idle_record
+    from controller.state.build import idle_record
     from node.health.ack import read_acknowledgements
-    from sharing.keys import HEALTH_ACK_ANNOTATION, IDLE_SINCE_ANNOTATION
+    from sharing.api.keys import HEALTH_ACK_ANNOTATION, IDLE_SINCE_ANNOTATION
 
     deep = "[" * 50_000 + "]" * 50_000
     acks = read_acknowledgements({HEALTH_ACK_ANNOTATION: deep})

@@ -19,7 +19,7 @@ from sharing.packing.specs import NodeSpec, PodSpec
 from sharing.packing.typical import TypicalPods
 from sharing.simulator.arrivals import RunPlan
 from sharing.simulator.dra import DraReplay, as_claimed, check_share_unit, claimed_milli, run_dra
-from sharing.simulator.openb_models import OpenbGpu
+from mig.openb_gpus import OpenbGpu
 from sharing.simulator.product import ProductReplay, run_product
 from sharing.simulator.replay import run_once
 from sharing.simulator.workload import Workload

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from sharing.inventory import Inventory, build_inventory
+from sharing.admission.inventory import Inventory, build_inventory
 from webhook.admission import validate
 from webhook.app import build_app
 from webhook.inventory_source import InventoryHolder
 from webhook.settings import WebhookSettings
-from webhook.testing import make_review
+from gpupack.testing.admission_reviews import make_review
 
 SETTINGS = WebhookSettings()
 A30, H100 = "NVIDIA-A30", "NVIDIA-H100-80GB-HBM3"

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import yaml
 
-from sharing import decision as decision_module
-from sharing.decision import DecisionMemo, decide
-from sharing.inventory import Inventory, build_inventory
-from sharing.patch import apply_patch
-from sharing.request import parse_pod
+from sharing.admission import decision as decision_module
+from sharing.admission.decision import DecisionMemo, decide
+from sharing.admission.inventory import Inventory, build_inventory
+from sharing.admission.patch import apply_patch
+from sharing.api.request import parse_pod
 from webhook.admission import mutate, review_pod, uid_hint, validate
 from webhook.settings import WebhookSettings
-from webhook.testing import gpu_container, make_pod, make_review
+from gpupack.testing.admission_reviews import gpu_container, make_pod, make_review
 
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = WebhookSettings()

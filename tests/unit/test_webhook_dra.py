@@ -1,6 +1,6 @@
 """The webhook's DRA path: a pod bound for the DRA node pool references a ResourceClaim instead of
 device-plugin resources (docs/dra-pods.md). ``review_pod`` is called as a function and its patch
-applied with ``sharing.patch.apply_patch``."""
+applied with ``sharing.admission.patch.apply_patch``."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from typing import Any
 import pytest
 
 from mig.catalog import get_model
-from sharing.allocation import Allocation, trusted_allocation
-from sharing.backend import pod_claim_name
-from sharing.decision import decide
-from sharing.dra.claims import pod_claims
-from sharing.inventory import Inventory, build_inventory
-from sharing.patch import apply_patch
-from sharing.request import parse_pod
+from sharing.api.allocation import Allocation, trusted_allocation
+from sharing.api.backend import pod_claim_name
+from sharing.admission.decision import decide
+from sharing.admission.dra_claims import pod_claims
+from sharing.admission.inventory import Inventory, build_inventory
+from sharing.admission.patch import apply_patch
+from sharing.api.request import parse_pod
 from webhook.admission import review_pod
 from webhook.settings import WebhookSettings
-from webhook.testing import gpu_container, make_pod, make_review
+from gpupack.testing.admission_reviews import gpu_container, make_pod, make_review
 
 H100, A100, L40S = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L40S"  # L40S: no MIG
 SETTINGS = WebhookSettings()
@@ -112,7 +112,7 @@ def test_request_names_follow_the_claim_core_init_containers_first() -> None:
     assert named == {"init": [{"name": "gpupack", "request": "gpu-0"}],
                      "app-a": [{"name": "gpupack", "request": "gpu-1"}],
                      "app-b": [{"name": "gpupack", "request": "gpu-2"}]}
-    # The same names sharing.dra.claims gives the same decided containers.
+    # The same names sharing.admission.dra_claims gives the same decided containers.
     request = parse_pod(pod, "default")
     assert request is not None
     decision = decide(request, MPS_POOL.policy_for("default"), MPS_POOL, backend="dra")

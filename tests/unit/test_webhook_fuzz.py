@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from sharing.patch import apply_patch
+from sharing.admission.patch import apply_patch
 from webhook.app import build_app
 from webhook.inventory_source import InventoryHolder, load_file
 from webhook.metrics import Metrics
 from webhook.settings import WebhookSettings
-from webhook.testing import gpu_container, make_pod, make_review
+from gpupack.testing.admission_reviews import gpu_container, make_pod, make_review
 
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 64 * 1024

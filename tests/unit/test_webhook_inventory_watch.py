@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from kube.informer import Lister
-from sharing.inventory import build_inventory
+from sharing.admission.inventory import build_inventory
 from tests.unit.test_informer import Answer, ScriptedLister, listing
 from webhook.inventory_source import InventoryHolder
 from webhook.inventory_watch import KubernetesWatch

@@ -1,6 +1,6 @@
-"""One reading of SharingPolicies for a node (``sharing.node_policy``): the controller and the agent agree.
+"""One reading of SharingPolicies for a node (``sharing.rules.node_policy``): the controller and the agent agree.
 
-Before ``sharing.windows``, a window with ``start == end`` was open all day for the
+Before ``sharing.rules.windows``, a window with ``start == end`` was open all day for the
 agent and never for the controller, so the controller never planned a reshape that
 the agent would have accepted. Both now call one merge; these tables run the
 controller's reading (``merge``) and the agent's (``reshape_rules``) side by side
@@ -13,10 +13,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from sharing.node_policy import merge, policy_for_node
+from sharing.rules.node_policy import merge, policy_for_node
 from node.policy import reshape_rules
-from sharing.crd import SharingPolicySpec
-from sharing.windows import window_contains
+from sharing.api.crd import SharingPolicySpec
+from sharing.rules.windows import window_contains
 
 MONDAY = datetime(2026, 11, 30, tzinfo=timezone.utc)  # a Monday
 

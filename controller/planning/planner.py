@@ -1,0 +1,681 @@
+"""One planning cycle: which gated pods to release where, and what capacity to create.
+
+Input: a :class:`~controller.state.snapshot.Snapshot` and the time (injected). Output: a
+:class:`Plan` that :mod:`controller.operator` applies. Pure and deterministic:
+pods are taken oldest first (then by name), so a pod never starves behind
+newer ones, and the same snapshot always yields the same plan.
+
+For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
+(the capacity it was admitted for went to another pod), in order:
+
+1. if capacity for it exists now (free MIG instances, or free replicas on a node
+   sharing GPUs the way it asked), choose the node and **release** it (pin to
+   the node, lift the gate; an ungated pod is left to kube-scheduler). MIG: best fit, the node with the fewest free
+   instances of the profiles it needs; shared: the ``sharing.packing`` engine
+   (:mod:`controller.planning.sharedplan`);
+2. otherwise, if the capacity can be *created* within the policy's bounds
+   (selected by a SharingPolicy, window open, ``maxConcurrent`` not reached, GPU
+   idle for ``idleSeconds`` before anything on it is destroyed), plan the
+   change (:mod:`controller.planning.migplan`, or a node sharing change) and let the pod
+   **wait** for it: its gate is lifted in a later cycle, once the node agent
+   reports the new capacity;
+3. otherwise the pod **waits**, with the reason.
+
+Capacity planned in this cycle is reused by the next pods of the same cycle
+(batching), so a burst of demand reshapes as few GPUs as possible. Nodes with
+a static layout policy are brought to it (idle GPUs only) before any demand.
+
+Cost: a cycle with nothing waiting (and no static layout or whole-GPU demand to
+serve) returns at once. Otherwise a pod is placed by looking at candidates, not
+at every node: MIG best fit comes from the ledger's per-profile index
+(:class:`controller.planning.capacity.MigIndex`), capacity in flight and free whole GPUs
+from the names of the nodes that have some, and what depends only on the cycle
+(nodes an idle switch could go to) or on a pod's shape (the replica counts it
+fits) is computed once. The plans are the ones a scan of every node gives.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from itertools import islice
+from datetime import datetime
+
+from controller.planning.capacity import FreeCapacity, unreported_claims
+from controller.state.claims import mig_claims, shared_claims, whole_pinned
+from controller.planning.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
+from controller.planning.sharedplan import SharedPlacer
+from controller.state.snapshot import Node, Pod, Snapshot
+from mig.model import GpuModel
+from mig.reach import plan_reconfiguration
+from sharing.api.backend import node_backend
+from sharing.api.keys import REPLICAS_LABEL, STRATEGY_LABEL
+from sharing.api.modes import NodeSharingMode
+from sharing.rules.node_policy import NodePolicy
+from sharing.packing.node_sharing import splits_before_wasting
+from sharing.rules.replicas import MAX_REPLICAS
+
+
+@dataclass(frozen=True)
+class SharingChange:
+    node: str
+    mode: NodeSharingMode
+    replicas: int
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Release:
+    pod: str
+    node: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Wait:
+    pod: str
+    reason: str
+    deferred: bool = False
+    """Not judged this cycle (its layout search was left to the next one): no verdict on it yet."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    layouts: tuple[LayoutChange, ...] = ()
+    sharing: tuple[SharingChange, ...] = ()
+    releases: tuple[Release, ...] = ()
+    waiting: tuple[Wait, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.layouts or self.sharing or self.releases)
+
+
+@dataclass
+class _Cycle:
+    snapshot: Snapshot
+    now: datetime
+    free: FreeCapacity
+    budget: dict[tuple[str, ...], int]
+    mig_mode_changes: bool = False
+    demand: Counter[str] = field(default_factory=Counter)
+    """MIG profiles the cycle's waiting pods still need (the layout engine's ``missing``)."""
+    recent: dict[str, float] | None = None
+    """Recent request mix, decayed per arrival as the simulator does (made when a reshape is
+    first considered: it sorts every MIG pod)."""
+    layouts: dict[tuple[str, int], LayoutChange] = field(default_factory=dict)
+    sharing: dict[str, SharingChange] = field(default_factory=dict)
+    planned_shares: Counter[str] = field(default_factory=Counter)
+    planned_whole: Counter[str] = field(default_factory=Counter)
+    whole_busy: Counter[str] = field(default_factory=Counter)
+    """Nodes with whole-GPU pods bound or pinned: never split into replicas under them."""
+    waiting: tuple[Pod, ...] = ()
+    """The cycle's waiting pods, oldest first."""
+    current: int = 0
+    """Index in ``waiting`` of the pod being planned: the ones after it are still to come."""
+    by_name: dict[str, Node] = field(default_factory=dict)
+    position: dict[str, int] = field(default_factory=dict)
+    """Each node's place in ``snapshot.nodes``: loops over an index keep the snapshot's order."""
+    switchable: list[tuple[Node, NodePolicy]] | None = None
+    """Nodes that may be split into replicas this cycle as far as nothing but the pod and the
+    policy budget is concerned (:func:`_switchable`); made on first use."""
+    returnable: list[Node] | None = None
+    """Shared nodes that may return to whole-GPU use as far as nothing but the pod, the budget
+    and the GPUs needed is concerned (:func:`_idle_shared_nodes`); made on first use."""
+    own_size: dict[tuple[object, ...], int] = field(default_factory=dict)
+    """:func:`_own_size` by pod shape and node bounds: pods of one shape ask the same question."""
+    own_sizes: dict[tuple[object, ...], dict[str, int]] = field(default_factory=dict)
+    """:func:`_own_sizes` by pod shape."""
+    mig_searches: int = 0
+    """Layout searches made this cycle (:data:`MIG_SEARCHES_PER_CYCLE`)."""
+    mig_hopeless: dict[tuple[object, ...], str] = field(default_factory=dict)
+    """Pod shapes (:func:`_mig_shape`) a search found no change for this cycle, with the reason."""
+    mig_nodes: list[_MigNode] | None = None
+    """Nodes a MIG change could go to, and their GPUs as candidates (:func:`_mig_nodes`); made on first use."""
+    last_of_shape: dict[str, dict[tuple[object, ...], tuple[int, Pod]]] | None = None
+    """Per sharing mode and pod shape, the last waiting pod of that shape and its index (:func:`_kept_for_later`)."""
+
+    def in_order(self, names: set[str]) -> list[Node]:
+        """The nodes named, in the snapshot's order."""
+        return [self.by_name[n] for n in sorted(names, key=self.position.__getitem__) if n in self.by_name]
+
+
+def _idle_enough(idle_since: datetime | None, now: datetime, seconds: int) -> bool:
+    return idle_since is not None and (now - idle_since).total_seconds() >= seconds
+
+
+def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
+    """GPUs (and node sharing changes) still being applied, per policy group."""
+    out: Counter[tuple[str, ...]] = Counter()
+    for node in snapshot.nodes:
+        policy = snapshot.policies.get(node.name)
+        if policy is None:
+            continue
+        out[policy.names] += sum(1 for g in node.gpus if g.reshaping)
+        if node.sharing != node.spec_sharing or node.replicas != node.spec_replicas:
+            out[policy.names] += 1
+    return out
+
+
+RECENT_DECAY = 0.99
+"""Weight a request keeps per later arrival in the recent mix (the simulator's constant)."""
+
+
+def recent_mix(pods: tuple[Pod, ...]) -> dict[str, float]:
+    """Histogram of requested MIG profiles, each weighted ``RECENT_DECAY ** later arrivals``."""
+    ordered = sorted((p for p in pods if p.mode == "mig"), key=lambda p: (p.created, p.key))
+    mix: dict[str, float] = {}
+    for later, pod in enumerate(reversed(ordered)):
+        for profile in pod.profiles:
+            mix[profile] = mix.get(profile, 0.0) + RECENT_DECAY**later
+    return mix
+
+
+def allowed_on(pod: Pod, node: Node, labels: dict[str, str] | None = None) -> bool:
+    """The pod admits the node: its product, its nodeSelector and required affinity (pinning a pod
+    to a node its own terms exclude would leave it unschedulable), and the node it is already
+    pinned to, if any (a controller that crashed between pinning and lifting the gate must
+    finish on that node). ``labels``: the node's labels to judge by (default: its own)."""
+    return (
+        (not pod.products or node.product in pod.products)
+        and (pod.node is None or pod.node == node.name)
+        and pod.admits(node.label_map if labels is None else labels)
+    )
+
+
+def _can_take(cycle: _Cycle, pod: Pod, node: Node) -> bool:
+    """The pod admits the node (:func:`allowed_on`) and its CPU and memory requests fit in what the
+    node's pods, and those released to it this cycle, leave (``FreeCapacity.fits``)."""
+    return allowed_on(pod, node) and cycle.free.fits(node.name, pod)
+
+
+def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharingMode, replicas: int) -> bool:
+    """``_allowed`` judged on the labels GPU feature discovery gives the node once it shares
+    by ``mode`` into ``replicas`` (the webhook's terms name the sharing the pod needs, which
+    an idle node about to be switched does not have yet)."""
+    labels = {**node.label_map, STRATEGY_LABEL: mode, REPLICAS_LABEL: str(replicas if mode != "none" else 1)}
+    return allowed_on(pod, node, labels)
+
+
+def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:
+    return policy is not None and policy.window_open(cycle.now) and cycle.budget.get(policy.names, 0) > 0
+
+
+@dataclass(frozen=True)
+class _MigNode:
+    """A node whose GPUs the planner may reshape, with what of each GPU does not depend on the pod
+    or on what the cycle has planned so far (made once per cycle, :func:`_mig_nodes`)."""
+
+    node: Node
+    model: GpuModel
+    policy: NodePolicy
+    found: dict[int, GpuCandidate]
+    """Per GPU index that may be changed: the GPU as it is (unused instances may go if it is idle)."""
+    extend: dict[int, GpuCandidate]
+    """The same GPUs, nothing destroyed: only free slices may be used."""
+
+
+def _mig_nodes(cycle: _Cycle, claims: dict[str, Counter[str]]) -> list[_MigNode]:
+    """The nodes with GPUs a MIG change could go to, once per cycle: at fleet size the per-pod
+    walk over every GPU (building a candidate for each) was most of a cycle with MIG pods waiting."""
+    if cycle.mig_nodes is None:
+        cycle.mig_nodes = []
+        for node in cycle.snapshot.nodes:
+            policy = cycle.snapshot.policies.get(node.name)
+            if node.model is None or policy is None or policy.static_layout is not None:
+                continue
+            quiet = not unreported_claims(node, claims.get(node.name, Counter()))
+            found: dict[int, GpuCandidate] = {}
+            extend: dict[int, GpuCandidate] = {}
+            for gpu in node.gpus:
+                if gpu.reshaping or gpu.faulted:
+                    continue  # a GPU with a fault is never reshaped (node.health)
+                if not gpu.mig_enabled and (not cycle.mig_mode_changes or node.sharing != "none"
+                                            or node.spec_sharing != "none"):
+                    # Turning MIG on needs a GPU reset (operator mode only), and full GPUs
+                    # of a shared node belong to its MPS/time-slicing pool.
+                    continue
+                idle = quiet and not gpu.in_use and _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds)
+                found[gpu.index] = GpuCandidate(node.name, gpu.index, node.model, gpu.mig_enabled, gpu.instances,
+                                                gpu.in_use, idle)
+                extend[gpu.index] = replace(found[gpu.index], may_destroy=False) if idle else found[gpu.index]
+            cycle.mig_nodes.append(_MigNode(node, node.model, policy, found, extend))
+    return cycle.mig_nodes
+
+
+def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]], *,
+                    extend_only: bool) -> list[GpuCandidate]:
+    """The GPUs a change for ``pod`` may go to, in the snapshot's order; with ``extend_only``, as
+    changes that destroy nothing. A GPU already changed this cycle may only be added to."""
+    planned: dict[str, list[LayoutChange]] = {}
+    for change in cycle.layouts.values():
+        planned.setdefault(change.node, []).append(change)
+    out: list[GpuCandidate] = []
+    for entry in _mig_nodes(cycle, claims):
+        node, policy = entry.node, entry.policy
+        if not _can_take(cycle, pod, node) or not all(policy.allows_profile(p) for p in pod.profiles):
+            continue
+        ready = entry.extend if extend_only else entry.found
+        changed = planned.get(node.name)
+        if changed is None:
+            if _open(policy, cycle):
+                out.extend(ready.values())
+            continue
+        by_index = {c.index: c for c in changed}
+        is_open = _open(policy, cycle)
+        for gpu in node.gpus:
+            planned_here = by_index.get(gpu.index)
+            if planned_here is not None:
+                out.append(GpuCandidate(node.name, gpu.index, entry.model, True, planned_here.layout,
+                                        planned_here.layout, False))
+            elif is_open and gpu.index in ready:
+                out.append(ready[gpu.index])
+    return out
+
+
+MIG_SEARCHES_PER_CYCLE = 200
+"""Layout searches (a pod with no free or incoming instance) a cycle makes at most, oldest pods first;
+the rest wait for the next cycle. Each searches every changeable GPU of the fleet: with a backlog of
+thousands, an unbounded cycle grew with the backlog and released nothing for minutes."""
+
+
+def _mig_shape(pod: Pod) -> tuple[object, ...]:
+    """What of a pod a layout search depends on: two pods alike in it find the same GPUs."""
+    return (tuple(sorted(pod.profiles)), pod.products, pod.node, pod.node_selector, pod.terms, pod.cpu_milli,
+            pod.memory_mib)
+
+
+def _merge(old: LayoutChange | None, new: LayoutChange) -> LayoutChange:
+    if old is None:
+        return new
+    created = tuple(sorted(set(old.create) | set(new.create)))
+    return LayoutChange(old.node, old.index, old.kind, new.layout, old.destroy, created, old.reason + "; " + new.reason)
+
+
+def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Release | Wait:
+    need = Counter(pod.profiles)
+    node: str | None
+    if need:
+        node = cycle.free.best_mig(need, lambda name: _can_take(cycle, pod, cycle.by_name[name]))
+    else:  # nothing to look up in the index: every node the pod admits fits
+        fitting = [n.name for n in cycle.snapshot.nodes if _can_take(cycle, pod, n)]
+        node = min(fitting, key=lambda name: (sum(cycle.free.mig_free(name).values()), name)) if fitting else None
+    if node is not None:
+        cycle.free.take_mig(node, pod.profiles)
+        return Release(pod.key, node, f"free {', '.join(sorted(pod.profiles))} on {node}")
+    for n in cycle.in_order(cycle.free.incoming_mig_nodes):
+        incoming = cycle.free.incoming_mig.get(n.name)
+        if incoming and _can_take(cycle, pod, n) and all(incoming[p] >= k for p, k in need.items()):
+            incoming.subtract(need)
+            return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
+    shape = _mig_shape(pod)
+    if shape in cycle.mig_hopeless:
+        return Wait(pod.key, cycle.mig_hopeless[shape])
+    if cycle.mig_searches >= MIG_SEARCHES_PER_CYCLE:
+        return Wait(pod.key, f"capacity for {', '.join(sorted(pod.profiles))} is searched for in the next cycle "
+                             f"(at most {MIG_SEARCHES_PER_CYCLE} layout searches a cycle, oldest pods first)",
+                    deferred=True)
+    cycle.mig_searches += 1
+    # Cheapest first: create in free slices (nothing destroyed, no idle time needed);
+    # then the simulator's layout engine on idle GPUs; then the fewest-destroys change
+    # (for idle GPUs whose policy forbids every layout the engine would pick).
+    change = best_change(_mig_candidates(cycle, pod, claims, extend_only=True), pod.profiles)
+    candidates: list[GpuCandidate] = []
+    if change is None:
+        candidates = _mig_candidates(cycle, pod, claims, extend_only=False)
+        policies = cycle.snapshot.policies
+        if cycle.recent is None:
+            cycle.recent = recent_mix(cycle.snapshot.pods)
+        change = engine_reshape(candidates, pod.profiles, cycle.demand, cycle.recent,
+                                lambda node, profile: policies[node].allows_profile(profile))
+    if change is None:
+        change = best_change(candidates, pod.profiles)
+    if change is None:
+        reason = (f"no free {', '.join(sorted(pod.profiles))} and no GPU may be reshaped for it now "
+                  "(policy selector, allowed profiles, window, maxConcurrent, idle time)")
+        # Nothing this cycle plans later gives a pod of this shape more: capacity and budget only
+        # shrink, and a GPU changed for another pod has fewer free slices than before.
+        cycle.mig_hopeless[shape] = reason
+        return Wait(pod.key, reason)
+    key = (change.node, change.index)
+    if key not in cycle.layouts:
+        policy = cycle.snapshot.policies[change.node]
+        cycle.budget[policy.names] -= 1
+    cycle.layouts[key] = _merge(cycle.layouts.get(key), change)
+    # Instances about to be destroyed are no longer free; the new ones beyond this
+    # pod's are capacity in flight for the next pods of the cycle.
+    cycle.free.destroy_mig(change.node, (i.profile for i in change.destroy))
+    spare = Counter(i.profile for i in change.create) - Counter(pod.profiles)
+    cycle.free.add_incoming_mig(change.node, spare)
+    return Wait(pod.key, f"capacity being created: {change.reason}")
+
+
+def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod | None) -> list[Node]:
+    """Shared nodes that may return to whole-GPU use now: converged, policy window open and
+    budget left, every GPU idle long enough, no replica claimed, at least ``gpus`` GPUs."""
+    if cycle.returnable is None:
+        cycle.returnable = []
+        for node in cycle.snapshot.nodes:
+            policy = cycle.snapshot.policies.get(node.name)
+            if policy is None or not policy.window_open(cycle.now):
+                continue
+            if node.spec_sharing == "none" or not node.converged or taken[node.name]:
+                continue
+            if any(g.mig_enabled for g in node.gpus) or node.faulted:
+                continue
+            if all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
+                cycle.returnable.append(node)
+    out = [
+        node for node in cycle.returnable
+        if node.name not in cycle.sharing and _open(cycle.snapshot.policies.get(node.name), cycle)
+        and len(node.full_gpus) >= gpus
+        and (pod is None or (_allowed_after_switch(pod, node, "none", 1) and cycle.free.fits(node.name, pod)))
+    ]
+    return sorted(out, key=lambda n: (len(n.full_gpus), n.name))
+
+
+def _switch_back(cycle: _Cycle, node: Node, why: str) -> None:
+    policy = cycle.snapshot.policies[node.name]
+    cycle.budget[policy.names] -= 1
+    cycle.sharing[node.name] = SharingChange(node.name, "none", 1, why)
+    cycle.planned_whole[node.name] = len(node.full_gpus)
+
+
+def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
+    """A ``whole`` pod: the engine's choice among nodes with free whole GPUs; else an idle
+    shared node switched back to whole-GPU use (``sharing.packing.node_sharing``)."""
+    need = pod.whole_gpus
+    # Free whole GPUs only decrease during a cycle: the nodes that had some are the candidates.
+    nodes = cycle.in_order(cycle.free.whole_nodes) if need > 0 else cycle.snapshot.nodes
+    fitting = [n for n in nodes if cycle.free.whole[n.name] >= need and _can_take(cycle, pod, n)]
+    node = placer.place_whole(pod, fitting, dict(cycle.free.whole))
+    if node is not None:
+        cycle.free.take_whole(node, need)
+        return Release(pod.key, node, f"{need} whole GPU(s) on {node} (packing engine)")
+    incoming = cycle.in_order(cycle.free.incoming_whole_nodes) if need > 0 else cycle.snapshot.nodes
+    for n in incoming:
+        if cycle.free.incoming_whole[n.name] >= need and _can_take(cycle, pod, n):
+            cycle.free.incoming_whole[n.name] -= need
+            return Wait(pod.key, f"capacity being created: {n.name} returning to whole GPUs (in flight)")
+    for name, change in sorted(cycle.sharing.items()):
+        if change.mode == "none" and cycle.planned_whole[name] >= need and cycle.free.fits(name, pod) \
+                and _allowed_after_switch(pod, cycle.by_name[name], "none", 1):
+            cycle.planned_whole[name] -= need
+            return Wait(pod.key, f"capacity being created: {name} returning to whole GPUs")
+    idle = _idle_shared_nodes(cycle, taken, need, pod)
+    if not idle:
+        return Wait(pod.key, f"no node has {need} free whole GPU(s), and no idle shared node may return to whole-GPU "
+                             "use now (policy selector, window, maxConcurrent, idle time)")
+    _switch_back(cycle, idle[0], f"{pod.key} needs {need} whole GPU(s)")
+    cycle.planned_whole[idle[0].name] -= need
+    return Wait(pod.key, f"capacity being created: {idle[0].name} returning to whole GPUs")
+
+
+def _own_size(cycle: _Cycle, pod: Pod, node: Node) -> int:
+    """The replica count a split of ``node`` could give ``pod`` at most (its policy's bounds;
+    the device plugin's without one), 0 when none fits."""
+    policy = cycle.snapshot.policies.get(node.name)
+    top, bottom = (policy.max_replicas, policy.min_replicas) if policy is not None else (MAX_REPLICAS, 1)
+    memory = max((g.memory_mib for g in node.gpus), default=0)
+    key = (pod.milli, pod.memory_bytes, memory, top, bottom)
+    size = cycle.own_size.get(key)
+    if size is None:
+        size = cycle.own_size[key] = next((r for r in range(top, bottom - 1, -1) if _shared_ok(pod, node, r)), 0)
+    return size
+
+
+def _own_sizes(cycle: _Cycle, pod: Pod, placer: SharedPlacer) -> dict[str, int]:
+    """:func:`_own_size` of every shared node, once per pod shape and cycle (never changed by its users)."""
+    key = (pod.milli, pod.memory_bytes)
+    sizes = cycle.own_sizes.get(key)
+    if sizes is None:
+        sizes = cycle.own_sizes[key] = {n.name: _own_size(cycle, pod, n) for n in placer.nodes}
+    return sizes
+
+
+def _kept_for_later(cycle: _Cycle, mode: str, node: Node) -> bool:
+    """Whether a pod still to come this cycle, of ``mode``, has ``node``'s current split as its own
+    size. An idle node split for a burst (``_replicas_for_demand``) is then kept for the burst
+    rather than split again for the first pod of another size, which, with a backlog, split the
+    same nodes back and forth while both sizes waited."""
+    if cycle.last_of_shape is None:
+        cycle.last_of_shape = {}
+        for index, waiting in enumerate(cycle.waiting):
+            if waiting.shares > 0:
+                cycle.last_of_shape.setdefault(waiting.mode, {})[(waiting.milli, waiting.memory_bytes)] = (index, waiting)
+    return any(index > cycle.current and _own_size(cycle, later, node) == node.replicas
+               for index, later in cycle.last_of_shape.get(mode, {}).values())
+
+
+def _switchable(cycle: _Cycle, taken: Counter[str]) -> list[tuple[Node, NodePolicy]]:
+    """Nodes an idle split could go to, judged on everything that does not change within the
+    cycle (the policy's budget and the nodes switched this cycle do, and are checked per pod)."""
+    if cycle.switchable is None:
+        cycle.switchable = []
+        for node in cycle.snapshot.nodes:
+            policy = cycle.snapshot.policies.get(node.name)
+            if policy is None or not policy.window_open(cycle.now):
+                continue
+            if not node.converged or not node.gpus or any(g.mig_enabled for g in node.gpus) or taken[node.name]:
+                continue
+            if node.faulted:
+                continue  # a GPU with a fault is never shared (node.health)
+            if cycle.whole_busy[node.name]:
+                continue
+            if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
+                continue
+            cycle.switchable.append((node, policy))
+    return cycle.switchable
+
+
+def _take_replica(cycle: _Cycle, pod: Pod, placer: SharedPlacer, why: str,
+                  own_size: dict[str, int] | None = None) -> Release | None:
+    """``pod`` released to the free replica the engine picks (of its own size per node with
+    ``own_size``, else waste first), the replicas taken; None when none fits."""
+    node = placer.place(pod, dict(cycle.free.shared), own_size=own_size)
+    if node is None:
+        return None
+    cycle.free.take_shared(node, pod.shares)
+    return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine{why})")
+
+
+def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
+    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+    # A policy that splits before it wastes (sharing.packing.node_sharing, rule 2) first takes
+    # only replicas of the pod's own size, and a larger one only when no idle node may be split.
+    split_first = splits_before_wasting(placer.policy)
+    own = _own_sizes(cycle, pod, placer) if split_first else None
+    released = _take_replica(cycle, pod, placer, "", own)
+    if released is not None:
+        return released
+    incoming = cycle.in_order(cycle.free.incoming_shared_nodes) if pod.shares > 0 else cycle.snapshot.nodes
+    for n in incoming:
+        # Judged on the labels the node will carry once its switch is done: its current ones
+        # may not name the sharing the pod's terms ask for yet, and judged on those the pod
+        # would never count this capacity and another idle node would be split for it.
+        if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares
+                and _allowed_after_switch(pod, n, n.spec_sharing, n.spec_replicas) and cycle.free.fits(n.name, pod)
+                and _shared_ok(pod, n, n.spec_replicas)):
+            cycle.free.incoming_shared[n.name] -= pod.shares
+            return Wait(pod.key, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
+    for name, change in sorted(cycle.sharing.items()):
+        target = cycle.by_name[name]
+        if (change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas)
+                and _allowed_after_switch(pod, target, change.mode, change.replicas) and cycle.free.fits(name, pod)):
+            cycle.planned_shares[name] -= pod.shares
+            return Wait(pod.key, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
+    idle: list[tuple[Node, int]] = []
+    for node_, policy in _switchable(cycle, taken):
+        if node_.name in cycle.sharing or not _open(policy, cycle) or not cycle.free.fits(node_.name, pod):
+            continue
+        fitting = [
+            r for r in range(policy.max_replicas, policy.min_replicas - 1, -1)
+            if _shared_ok(pod, node_, r) and _allowed_after_switch(pod, node_, mode, r)
+        ]
+        if not fitting or (node_.sharing == pod.mode and node_.replicas == fitting[0]):
+            continue
+        if node_.sharing == pod.mode and _kept_for_later(cycle, pod.mode, node_):
+            continue
+        idle.append((node_, fitting[0]))
+    # The engine's policy chooses which idle node to split (sharing.packing.node_sharing). One that
+    # splits before it wastes makes a small split, else takes a larger free replica, else any split.
+    best = placer.switch(pod, idle, small_only=split_first)
+    if best is None and split_first:
+        released = _take_replica(cycle, pod, placer, "; no idle node to split into few replicas")
+        if released is not None:
+            return released
+        best = placer.switch(pod, idle)
+    if best is None:
+        return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
+                             "may be switched to it now (policy selector, window, maxConcurrent, idle time)")
+    chosen, largest = best
+    policy = cycle.snapshot.policies[chosen.name]
+    fitting = [r for r in range(largest, policy.min_replicas - 1, -1)
+               if _shared_ok(pod, chosen, r) and _allowed_after_switch(pod, chosen, mode, r)]
+    replicas = _replicas_for_demand(cycle, pod, chosen, mode, fitting)
+    if chosen.sharing == mode and chosen.replicas == replicas:
+        # The demand wants the split the node has: a switch would change nothing, and the pod
+        # would wait on it for ever. It takes a replica as the nodes are.
+        released = _take_replica(cycle, pod, placer, "; the waiting pods keep the splits")
+        if released is not None:
+            return released
+        return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits")
+    cycle.budget[policy.names] -= 1
+    cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
+    cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
+    return Wait(pod.key, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
+
+
+DEMAND_LOOKAHEAD = 256
+"""Waiting pods a node's replica count is chosen for, at most: enough for a burst onto one
+node (8 GPUs x 8 replicas is 64 pods), bounded so a fleet's backlog costs a cycle little."""
+
+
+def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharingMode, fitting: list[int]) -> int:
+    """The replica count (one of ``fitting``, largest first) that serves the most of the waiting
+    demand the cycle sees: ``pod`` and the waiting pods after it of the same mode, oldest
+    first, as many as the node's replicas hold, counted in the milli they ask. Ties go to the
+    larger count (less replica waste), so a lone pod gets the most replicas it fits."""
+    later = (p for p in cycle.waiting[cycle.current + 1 :] if p.mode == pod.mode)
+    same_mode = list(islice(later, DEMAND_LOOKAHEAD))
+
+    def served(replicas: int) -> int:
+        room = len(node.full_gpus) * replicas
+        total = 0
+        for other in [pod, *same_mode]:
+            if other.shares > room:
+                break
+            if _shared_ok(other, node, replicas) and _allowed_after_switch(other, node, mode, replicas):
+                room -= other.shares
+                total += sum(other.milli)
+        return total
+
+    return max(fitting, key=lambda r: (served(r), r))
+
+
+def _whole_demand_elsewhere(cycle: _Cycle, taken: Counter[str]) -> None:
+    """Pods that are not gpupack's wait for ``nvidia.com/gpu`` kube-scheduler found nowhere:
+    idle shared nodes return to whole-GPU use until the free and incoming whole GPUs cover them."""
+    short = cycle.snapshot.whole_waiting - sum(cycle.free.whole.values()) - sum(cycle.free.incoming_whole.values())
+    short -= sum(cycle.planned_whole.values())
+    for node in _idle_shared_nodes(cycle, taken, 1, None):
+        if short <= 0:
+            return
+        if _open(cycle.snapshot.policies.get(node.name), cycle):
+            _switch_back(cycle, node, f"{cycle.snapshot.whole_waiting} whole GPU(s) asked by unschedulable pods")
+            short -= len(node.full_gpus)
+
+
+def _shared_ok(pod: Pod, node: Node, replicas: int) -> bool:
+    return pod.fits_replicas(replicas, max((g.memory_mib for g in node.gpus), default=0))
+
+
+def _static_layouts(cycle: _Cycle) -> None:
+    for node in cycle.snapshot.nodes:
+        policy = cycle.snapshot.policies.get(node.name)
+        if node.model is None or policy is None or policy.static_layout is None:
+            continue
+        for gpu in node.gpus:
+            if not _open(policy, cycle) or gpu.reshaping or gpu.in_use or gpu.faulted:
+                continue
+            if not gpu.mig_enabled and not cycle.mig_mode_changes:
+                continue
+            if gpu.mig_enabled and sorted(gpu.profiles.elements()) == list(policy.static_layout):
+                continue
+            if not _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds):
+                continue
+            plan = plan_reconfiguration(node.model, gpu.instances if gpu.mig_enabled else (), (), policy.static_layout)
+            if plan is None:
+                continue
+            kind: ChangeKind = "reshape" if gpu.mig_enabled else "enable"
+            why = f"static layout of {','.join(policy.names)} on GPU {gpu.index} of {node.name}"
+            cycle.layouts[(node.name, gpu.index)] = LayoutChange(node.name, gpu.index, kind, plan.target, plan.destroy, plan.create, why)
+            cycle.budget[policy.names] -= 1
+
+
+def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig_mode_changes: bool = False) -> Plan:
+    """The plan for one cycle (see the module docstring).
+
+    ``mig_mode_changes``: also turn MIG on for idle full GPUs. Off by default: a MIG
+    mode change needs a GPU reset, which only the GPU Operator's mig-manager
+    (the agent's operator mode) performs; a direct-mode agent refuses it.
+    """
+    # A node whose agent is silent is left out: its free capacity and the capacity being
+    # created there may never come (the agent applies layouts and reports them), so pods
+    # are planned elsewhere and its reshapes in flight do not hold its policy's budget.
+    # A degraded node (a GPU fault the device plugin keeps advertising) is left out the same way:
+    # the kubelet could hand a new pod the failing device.
+    # The DRA node pool and its pods are controller.planning.draplan's: kube-scheduler allocates devices
+    # there from ResourceSlices, and nothing this planner counts or writes applies to them.
+    snapshot = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if not n.stale and not n.degraded
+                                            and node_backend(n.label_map) != "dra"),
+                       pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
+    budget_in_flight = in_flight(snapshot)
+    budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
+    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=lambda p: (p.created, p.key))
+    if not waiting_pods and snapshot.whole_waiting <= 0 and not any(
+            p.static_layout is not None for p in snapshot.policies.values()):
+        # Nothing waits and no policy pins a layout: every step below would find nothing to do.
+        return Plan()
+    claims = mig_claims(snapshot.pods)
+    cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot, claims), budget, mig_mode_changes)
+    cycle.by_name = {n.name: n for n in snapshot.nodes}
+    cycle.position = {n.name: i for i, n in enumerate(snapshot.nodes)}
+    cycle.demand = Counter(prof for p in waiting_pods if p.mode == "mig" for prof in p.profiles)
+    _static_layouts(cycle)
+    taken = shared_claims(snapshot.pods)
+    placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name, room=cycle.free.room,
+                          plain=snapshot.plain_gpu_pods)
+    cycle.whole_busy = whole_pinned(snapshot.pods) + Counter({n.name: n.whole_taken for n in snapshot.nodes})
+    releases: list[Release] = []
+    waiting: list[Wait] = []
+    cycle.waiting = tuple(waiting_pods)
+    for index, pod in enumerate(cycle.waiting):
+        cycle.current = index
+        if pod.mode == "mig":
+            outcome: Release | Wait = _plan_mig(cycle, pod, claims)
+        elif pod.mode == "whole":
+            outcome = _plan_whole(cycle, pod, placer, taken)
+        else:
+            outcome = _plan_shared(cycle, pod, placer, taken)
+        if pod.mode == "mig":
+            cycle.demand.subtract(Counter(pod.profiles))
+            cycle.demand = +cycle.demand
+        if isinstance(outcome, Release) and not pod.gated:
+            # Ungated: kube-scheduler places it; the capacity is only held for it this cycle.
+            outcome = Wait(pod.key, f"capacity exists on {outcome.node}; kube-scheduler retries the pod")
+        if isinstance(outcome, Release):
+            cycle.free.take_room(outcome.node, pod)
+            releases.append(outcome)
+        else:
+            waiting.append(outcome)
+    _whole_demand_elsewhere(cycle, taken)
+    return Plan(
+        layouts=tuple(cycle.layouts[k] for k in sorted(cycle.layouts)),
+        sharing=tuple(cycle.sharing[k] for k in sorted(cycle.sharing)),
+        releases=tuple(releases),
+        waiting=tuple(waiting),
+    )
+
+
+__all__ = ["LayoutChange", "Plan", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan"]

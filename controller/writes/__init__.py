@@ -1,0 +1,1 @@
+"""What the controller writes, as pure functions from decisions to objects and patches."""

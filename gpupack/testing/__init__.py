@@ -1,0 +1,1 @@
+"""Builders shared by the tests and the benchmarks (not used by any live component)."""

@@ -1,0 +1,1 @@
+"""The webhook's decision core: what a fractional request becomes, against a precomputed inventory."""

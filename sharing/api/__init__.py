@@ -1,0 +1,1 @@
+"""Wire types: the API objects, annotations, labels and records every component reads and writes."""
