@@ -124,7 +124,7 @@ def test_the_cycle_finder_sees_a_type_only_cycle(tmp_path: Path) -> None:
 # for the MIG resource prefix, below ``sharing``). The emulator writes the GFD labels nothing
 # of gpupack reads, as GPU feature discovery would, so it spells those itself.
 KEY_PREFIXES = ("gpupack.io/", "nvidia.com/", "kubernetes.io/")
-KEY_HOMES = {"sharing/api/keys.py", "mig/model.py", "node/device_plugin_emulator.py"}
+KEY_HOMES = {"sharing/api/keys.py", "mig/model.py", "node/base/device_plugin_emulator.py"}
 NOT_KEYS = {"gpupack.io/v1alpha1"}  # the API version, defined with the CRD models
 
 
