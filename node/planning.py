@@ -18,7 +18,7 @@ from typing import Literal
 from mig.geometry import fits, validate_layout
 from mig.model import GpuModel, PlacedInstance
 from mig.reach import ReconfigurationPlan, plan_reconfiguration
-from node.journal import format_instance
+from node.base.journal import format_instance
 
 StartKind = Literal["unchanged", "start", "wait", "refuse", "blocked"]
 """``blocked``: a reshape could start but policy forbids it now (frozen, outside its window)."""

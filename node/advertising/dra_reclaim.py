@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mig.model import PlacedInstance
-from node.context import AgentContext
+from node.base.context import AgentContext
 from node.draplugin.journal import ClaimedDevices, read_claimed_devices
 from node.draplugin.nvml_lock import lock_path, try_hold
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 
 log = logging.getLogger("gpupack.agent")
 

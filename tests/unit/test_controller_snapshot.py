@@ -20,8 +20,8 @@ from mig.catalog import get_model
 from mig.model import Placement as MigPlacement
 from sharing.api.keys import IDLE_SINCE_ANNOTATION
 from node.layouts.direct import layout_report
-from node.snapshot import read_snapshot, status_from_snapshot
-from node.journal import Journal
+from node.base.snapshot import read_snapshot, status_from_snapshot
+from node.base.journal import Journal
 from node.nvml.simulated import SimulatedNvml
 from node.planning import StartDecision
 from sharing.api.allocation import Allocation, ContainerAllocation

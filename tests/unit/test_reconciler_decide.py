@@ -6,9 +6,9 @@ import pytest
 
 from mig.catalog import get_model
 from mig.model import PlacedInstance, Placement
-from node.journal import Journal, parse_instance
+from node.base.journal import Journal, parse_instance
 from node.planning import IdleTracker, decide_start
-from node.reconciler import Create, Destroy, Transition, decide
+from node.layouts.reconciler import Create, Destroy, Transition, decide
 
 H200 = get_model("H200")
 

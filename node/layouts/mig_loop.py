@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mig.model import GpuModel, PlacedInstance
-from node.journal import NVML_PHASES, Journal
+from node.base.journal import NVML_PHASES, Journal
 from node.planning import IdleTracker, StartDecision, decide_start, decide_start_pinned
-from node.reconciler import BusyFn, MigReconciler
+from node.layouts.reconciler import BusyFn, MigReconciler
 from node.nvml.protocol import NvmlReader
 
 
