@@ -19,7 +19,9 @@ the live system does (docs/simulator.md, "Product model"):
   node that wastes the least (largest ``r <= k``), and only when none has one
   does the controller split an idle node into ``k`` (a policy may split first
   and waste last; where whole-GPU pods go and which node is split are the
-  policy's choice).
+  policy's choice). The order is ``sharing.packing.shared_sequence``'s, the
+  live planner's too; a split is sized by ``sharing.rules.replicas``
+  (``replicas_for_demand``) for the pod alone, as the model sees no backlog.
 
   ``scheduler`` (gpupack before the product model; kept to measure what the
   engine path recovers): fractional pods are ungated and scored by
