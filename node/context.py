@@ -21,8 +21,8 @@ from node.journal import Journal
 from node.kube import Kube
 from node.metrics import AgentMetrics
 from node.nvml.protocol import GpuInstance, NvmlBackend
-from node.planning import IdleTracker
-from node.policy import ReshapeRules
+from node.idle_tracking import IdleTracker
+from node.reshape_rules import ReshapeRules
 from node.pods import PodUse
 from node.settings import AgentSettings
 from sharing.api.crd import GPUNodeSpec

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from mig.model import GpuModel, PlacedInstance
 from node.journal import NVML_PHASES, Journal
-from node.planning import IdleTracker, StartDecision, decide_start, decide_start_pinned
+from node.idle_tracking import IdleTracker
+from node.reshape_start import StartDecision, decide_start, decide_start_pinned
 from node.reconciler import BusyFn, MigReconciler
 from node.nvml.protocol import NvmlReader
 
