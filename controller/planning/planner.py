@@ -15,7 +15,8 @@ For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
    (:mod:`controller.planning.sharedplan`);
 2. otherwise, if the capacity can be *created* within the policy's bounds
    (selected by a SharingPolicy, window open, ``maxConcurrent`` not reached, GPU
-   idle for ``idleSeconds`` before anything on it is destroyed), plan the
+   idle for ``idleSeconds`` before anything on it is destroyed: the one gate,
+   ``sharing.rules.reshape_gate``, that the node agent asks too), plan the
    change (:mod:`controller.planning.migplan`, or a node sharing change) and let the pod
    **wait** for it: its gate is lifted in a later cycle, once the node agent
    reports the new capacity;
