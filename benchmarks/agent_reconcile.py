@@ -55,8 +55,8 @@ def _expected(layout: list[str]) -> dict[str, str]:
 def latency(cp: ControlPlane, admin: Any, reshapes: int) -> dict[str, Any]:
     from gpupack.cli_agent import open_backend
     from node.agent import Agent
-    from node.kube import Kube
-    from node.settings import AgentSettings
+    from node.base.kube import Kube
+    from node.base.settings import AgentSettings
 
     core, custom = client.CoreV1Api(admin), client.CustomObjectsApi(admin)
     node = "bench-latency"

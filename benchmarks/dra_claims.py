@@ -95,8 +95,8 @@ from mig.units import parse_quantity  # noqa: E402
 from node.advertising.dra_offers import OfferRules, node_offer  # noqa: E402
 from node.advertising.dra_pool import plan  # noqa: E402
 from node.nvml.simulated import SimulatedNvml  # noqa: E402
-from node.settings import AgentSettings  # noqa: E402
-from node.snapshot import read_snapshot  # noqa: E402
+from node.base.settings import AgentSettings  # noqa: E402
+from node.base.snapshot import read_snapshot  # noqa: E402
 from sharing.admission.decision import ContainerDecision  # noqa: E402
 from sharing.dra import names, validate, wire  # noqa: E402
 from sharing.admission.dra_claims import PodClaims, pod_claims  # noqa: E402

@@ -99,6 +99,46 @@ def quantile(values: list[float], q: float) -> float:
 # ----------------------------------------------------------------------------- webhook
 
 
+FLOOD_PER_SOURCE = 400  # under the webhook's default max_connections_per_source (500)
+ONE_SOURCE_TRIES = 600  # over it
+
+
+def sources_for(connections: int) -> int:
+    return -(-connections // FLOOD_PER_SOURCE)
+
+
+def one_source_over_its_cap(port: int, context: ssl.SSLContext, tries: int) -> dict[str, int]:
+    """Open ``tries`` stalled connections from one fresh source; how many the webhook kept open.
+
+    Past ``max_connections_per_source`` the webhook closes a source's new connections at once,
+    so they never count toward the global cap that every other source shares."""
+    opened: list[ssl.SSLSocket] = []
+    refused = 0
+    for _ in range(tries):
+        try:
+            raw = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=("127.0.2.1", 0))
+            tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
+            tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n")
+            opened.append(tls)
+        except (ssl.SSLError, ConnectionError, OSError):
+            refused += 1
+    time.sleep(1)
+    held = 0
+    for tls in opened:
+        tls.settimeout(0.01)
+        try:
+            if tls.recv(1) == b"":
+                refused += 1
+            else:
+                held += 1
+        except (TimeoutError, socket.timeout):
+            held += 1  # nothing to read and not closed: the webhook still holds it
+        except (ssl.SSLError, ConnectionError, OSError):
+            refused += 1
+        tls.close()
+    return {"opened": tries, "held_open": held, "closed_by_webhook": refused}
+
+
 def webhook_under_stalled_clients(stalled: int, partial_bodies: int, requests: int) -> dict[str, Any]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 4 * (stalled + partial_bodies) + 256)), hard))
@@ -134,8 +174,12 @@ def webhook_under_stalled_clients(stalled: int, partial_bodies: int, requests: i
             baseline = admissions("before")
             sockets: list[ssl.SSLSocket] = []
             opened = time.monotonic()
+            # The flood comes from many sources, each under the per-source cap (as a botnet, or
+            # many tenants' pods, would), so it meets the global limits; one source over its cap
+            # is measured below. Linux routes all of 127.0.0.0/8 to loopback.
             for i in range(stalled + partial_bodies):
-                raw = socket.create_connection(("127.0.0.1", port), timeout=60)
+                source = f"127.0.1.{1 + i // FLOOD_PER_SOURCE}"
+                raw = socket.create_connection(("127.0.0.1", port), timeout=60, source_address=(source, 0))
                 tls = context.wrap_socket(raw, server_hostname="127.0.0.1")
                 if i < stalled:
                     tls.sendall(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n")
@@ -168,6 +212,7 @@ def webhook_under_stalled_clients(stalled: int, partial_bodies: int, requests: i
             time.sleep(2)
             after_rss = rss_mib(proc.pid)
             after = admissions("after")
+            one_source = one_source_over_its_cap(port, context, ONE_SOURCE_TRIES)
             client.close()
         finally:
             proc.terminate()
@@ -176,7 +221,8 @@ def webhook_under_stalled_clients(stalled: int, partial_bodies: int, requests: i
             except subprocess.TimeoutExpired:
                 proc.kill()
     return {
-        "stalled_connections": stalled, "partial_bodies": partial_bodies, "seconds_to_open_them": round(open_seconds, 1),
+        "stalled_connections": stalled, "partial_bodies": partial_bodies, "flood_sources": sources_for(stalled + partial_bodies),
+        "one_source_over_its_cap": one_source, "seconds_to_open_them": round(open_seconds, 1),
         "closed_by_webhook_within_12s": closed, "admissions_not_200": refused,
         "rss_mib": {"idle": round(idle_rss, 1), "peak_during_stall": round(max(peak), 1), "after": round(after_rss, 1)},
         "admission_ms": {

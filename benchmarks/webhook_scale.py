@@ -68,7 +68,7 @@ def _time(second: int) -> str:
 
 
 def gpunode(i: int, rng: random.Random) -> dict[str, Any]:
-    """GPUNode ``gpu-<i>`` as the API server returns it (status as ``node.snapshot`` writes it)."""
+    """GPUNode ``gpu-<i>`` as the API server returns it (status as ``node.base.snapshot`` writes it)."""
     name = f"gpu-{i:05d}"
     kind = ("mig", "mig", "mps", "time-slicing")[i % 4]
     product = H100 if kind == "mig" else A100

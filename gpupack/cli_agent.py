@@ -35,7 +35,7 @@ from typing import Any
 from gpupack.cli import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import NvmlBackend
-from node.settings import BACKENDS, LAYOUT_APPLY_MODES, AgentSettings
+from node.base.settings import BACKENDS, LAYOUT_APPLY_MODES, AgentSettings
 from mig.openb_gpus import OPENB_GPUS
 
 
@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from node.agent import Agent
     from kube.errors import KubeError
-    from node.kube import Kube, KubeConfigError
+    from node.base.kube import Kube, KubeConfigError
     from node.metrics import AgentMetrics
 
     # The local inputs first (a simulated node's state file), then the cluster: a bad file is
@@ -136,7 +136,7 @@ def _deprecated_inventory(args: argparse.Namespace) -> int:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from node.snapshot import read_snapshot
+    from node.base.snapshot import read_snapshot
 
     settings = _settings(args)
     backend, error = open_backend(settings)

@@ -10,7 +10,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from gpupack.cli import EXIT_OK, UsageError, non_negative_float, positive_float
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 
 if TYPE_CHECKING:
     from gpupack.fleet.agents import BackendOpener

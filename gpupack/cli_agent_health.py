@@ -87,7 +87,7 @@ def _fault(args: argparse.Namespace) -> int:
 
 
 def _kube(kubeconfig: str | None) -> Any:
-    from node.kube import Kube, KubeConfigError
+    from node.base.kube import Kube, KubeConfigError
 
     try:
         return Kube.connect(kubeconfig)

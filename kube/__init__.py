@@ -3,7 +3,7 @@
 - ``kube.client``: credentials (:func:`~kube.client.api_client`), error translation,
   retries of idempotent calls on transient failures, and Events, in
   :class:`~kube.client.KubeClient`; each component subclasses it with the calls
-  it makes (``controller/kube.py``, ``node/kube.py``) and the webhook's watch
+  it makes (``controller/kube.py``, ``node/base/kube.py``) and the webhook's watch
   loads its credentials through it.
 - ``kube.errors``: what a Kubernetes API failure means (:class:`KubeError`: conflict,
   invalid, not found), so the components agree on it.

@@ -1,7 +1,7 @@
 """The part of a Kubernetes client that every gpupack component shares.
 
 Each component keeps a small subclass of :class:`KubeClient` with the calls it
-makes (``controller/kube.py``, ``node/kube.py``); what they have in common lives
+makes (``controller/kube.py``, ``node/base/kube.py``); what they have in common lives
 here once:
 
 - **credentials**: :func:`api_client` loads in-cluster credentials inside a pod,

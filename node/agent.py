@@ -26,7 +26,7 @@ asks which it got:
 - which pod owns which device (step 1): ``node.process_owners`` (the kubelet's
   PodResources API and ``/proc``, or the simulator's process ids).
 
-Parts see the agent as ``node.context.AgentContext`` and import nothing of it.
+Parts see the agent as ``node.base.context.AgentContext`` and import nothing of it.
 
 Journal writes are never rate-limited: they are the write-ahead log of a reshape,
 and an NVML step only runs after its journal write succeeded.
@@ -48,21 +48,21 @@ from kube.backoff import Backoff
 from kube.errors import KubeError
 from kube.times import format_time
 from mig.model import PlacedInstance
-from node import conditions as C
-from node.dcgm import Activity, parse_activity
+from node.base import conditions as C
+from node.base.dcgm import Activity, parse_activity
 from node.advertising import advertiser_for
 from node.health.monitor import HealthMonitor
-from node.snapshot import GpuSnapshot, NodeSnapshot, known_from_status, read_snapshot, status_from_snapshot
+from node.base.snapshot import GpuSnapshot, NodeSnapshot, known_from_status, read_snapshot, status_from_snapshot
 from node.layouts import layouts_for
-from node.kube import Kube
+from node.base.kube import Kube
 from node.metrics import AgentMetrics
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance, NvmlBackend
-from node.idle_tracking import IdleTracker
-from node.reshape_rules import ReshapeRules, reshape_rules
-from node.pods import PodUse, busy_instances, pod_uses
+from node.base.idle_tracking import IdleTracker
+from node.base.reshape_rules import ReshapeRules, reshape_rules
+from node.base.pods import PodUse, busy_instances, pod_uses
 from node.process_owners import process_owners_for
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from sharing.api.crd import MAX_SHARED_IN_USE, GPUNodeSpec, LayoutRefusal
 from sharing.api.keys import SHARED_RESOURCE, mig_profile_of
 

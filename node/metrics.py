@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from node.health.tracker import HealthReport
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 
 XID_KINDS = ("application", "unhealthy", "unknown")
 """``kind`` of ``gpupack_gpu_xid_errors_total``: the application's fault (device stays healthy), an XID

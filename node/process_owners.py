@@ -4,7 +4,7 @@
   ``/proc``, plus the kubelet's PodResources API, which names the devices every
   admitted pod got, process or not.
 - :class:`SimulatedProcesses`: the simulator's processes carry ids derived from
-  the pod's uid (``node.pods.sim_pid``); there is no kubelet to ask.
+  the pod's uid (``node.base.pods.sim_pid``); there is no kubelet to ask.
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 from node.nvml.protocol import NvmlBackend
 from node.nvml.simulated import SimulatedNvml
 from node.podresources import PodResourcesError, device_owners, list_pod_devices
-from node.pods import PodUse, pod_uid_of_pid, pods_by_device, sim_pid
-from node.settings import AgentSettings
+from node.base.pods import PodUse, pod_uid_of_pid, pods_by_device, sim_pid
+from node.base.settings import AgentSettings
 
 log = logging.getLogger("gpupack.agent")
 

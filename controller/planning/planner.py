@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from itertools import islice
 from datetime import datetime
 
@@ -54,9 +55,9 @@ from sharing.api.backend import node_backend
 from sharing.api.keys import REPLICAS_LABEL, STRATEGY_LABEL
 from sharing.api.modes import NodeSharingMode
 from sharing.rules.node_policy import NodePolicy
+from sharing.packing.shared_sequence import EXACT, LARGER, ReplicaStep, place_shared
+from sharing.rules.replicas import MAX_REPLICAS, fits_split, most_replicas, replicas_for_demand
 from sharing.rules.reshape_gate import idle_long_enough, reshape_gate
-from sharing.packing.node_sharing import splits_before_wasting
-from sharing.rules.replicas import MAX_REPLICAS
 
 
 @dataclass(frozen=True)
@@ -428,11 +429,11 @@ def _own_size(cycle: _Cycle, pod: Pod, node: Node) -> int:
     the device plugin's without one), 0 when none fits."""
     policy = cycle.snapshot.policies.get(node.name)
     top, bottom = (policy.max_replicas, policy.min_replicas) if policy is not None else (MAX_REPLICAS, 1)
-    memory = max((g.memory_mib for g in node.gpus), default=0)
+    memory = node.gpu_memory_bytes
     key = (pod.milli, pod.memory_bytes, memory, top, bottom)
     size = cycle.own_size.get(key)
     if size is None:
-        size = cycle.own_size[key] = next((r for r in range(top, bottom - 1, -1) if _shared_ok(pod, node, r)), 0)
+        size = cycle.own_size[key] = most_replicas(pod.asks, memory, bottom, top)
     return size
 
 
@@ -493,71 +494,93 @@ def _take_replica(cycle: _Cycle, pod: Pod, placer: SharedPlacer, why: str,
     return Release(pod.key, node, f"{pod.mode} replica on {node} (packing engine{why})")
 
 
+class _SharedSteps:
+    """The planner's steps of ``sharing.packing.shared_sequence.place_shared`` for one shared pod:
+    the engine's choices (``SharedPlacer``) over the cycle's ledger, capacity in flight or
+    planned this cycle, and splits sized for the waiting demand the cycle sees."""
+
+    def __init__(self, cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> None:
+        self.cycle = cycle
+        self.pod = pod
+        self.placer = placer
+        self.taken = taken
+        self.mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+        self._idle: list[tuple[Node, int]] | None = None
+
+    def replica(self, step: ReplicaStep) -> Release | None:
+        cycle, pod = self.cycle, self.pod
+        own = _own_sizes(cycle, pod, self.placer) if step == EXACT else None
+        why = "; no idle node to split into few replicas" if step == LARGER else ""
+        return _take_replica(cycle, pod, self.placer, why, own)
+
+    def coming(self) -> Wait | None:
+        cycle, pod = self.cycle, self.pod
+        incoming = cycle.in_order(cycle.free.incoming_shared_nodes) if pod.shares > 0 else cycle.snapshot.nodes
+        for n in incoming:
+            # Judged on the labels the node will carry once its switch is done: its current ones
+            # may not name the sharing the pod's terms ask for yet, and judged on those the pod
+            # would never count this capacity and another idle node would be split for it.
+            if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares
+                    and _allowed_after_switch(pod, n, n.spec_sharing, n.spec_replicas) and cycle.free.fits(n.name, pod)
+                    and _shared_ok(pod, n, n.spec_replicas)):
+                cycle.free.incoming_shared[n.name] -= pod.shares
+                return Wait(pod.key, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
+        for name, change in sorted(cycle.sharing.items()):
+            target = cycle.by_name[name]
+            if (change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas)
+                    and _allowed_after_switch(pod, target, change.mode, change.replicas) and cycle.free.fits(name, pod)):
+                cycle.planned_shares[name] -= pod.shares
+                return Wait(pod.key, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
+        return None
+
+    def idle(self) -> list[tuple[Node, int]]:
+        """The idle nodes that may be split for the pod, each with its own size there (the most
+        replicas its policy allows that the pod fits, on the labels the split gives the node)."""
+        if self._idle is None:
+            cycle, pod, mode = self.cycle, self.pod, self.mode
+            self._idle = []
+            for node_, policy in _switchable(cycle, self.taken):
+                if node_.name in cycle.sharing or not _open(policy, cycle) or not cycle.free.fits(node_.name, pod):
+                    continue
+                own = most_replicas(pod.asks, node_.gpu_memory_bytes, policy.min_replicas, policy.max_replicas,
+                                    admits=partial(_allowed_after_switch, pod, node_, mode))
+                if not own or (node_.sharing == pod.mode and node_.replicas == own):
+                    continue
+                if node_.sharing == pod.mode and _kept_for_later(cycle, pod.mode, node_):
+                    continue
+                self._idle.append((node_, own))
+        return self._idle
+
+    def idle_split(self, small_only: bool) -> tuple[Node, int] | None:
+        # The engine's policy chooses which idle node to split (sharing.packing.node_sharing).
+        return self.placer.switch(self.pod, self.idle(), small_only=small_only)
+
+    def split(self, choice: tuple[Node, int]) -> Release | Wait:
+        cycle, pod, mode = self.cycle, self.pod, self.mode
+        chosen, _ = choice
+        policy = cycle.snapshot.policies[chosen.name]
+        replicas = _replicas_for_demand(cycle, pod, chosen, mode, policy)
+        if chosen.sharing == mode and chosen.replicas == replicas:
+            # The demand wants the split the node has: a switch would change nothing, and the pod
+            # would wait on it for ever. It takes a replica as the nodes are.
+            released = _take_replica(cycle, pod, self.placer, "; the waiting pods keep the splits")
+            if released is not None:
+                return released
+            return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits")
+        cycle.budget[policy.names] -= 1
+        cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
+        cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
+        return Wait(pod.key, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
+
+
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
-    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
-    # A policy that splits before it wastes (sharing.packing.node_sharing, rule 2) first takes
-    # only replicas of the pod's own size, and a larger one only when no idle node may be split.
-    split_first = splits_before_wasting(placer.policy)
-    own = _own_sizes(cycle, pod, placer) if split_first else None
-    released = _take_replica(cycle, pod, placer, "", own)
-    if released is not None:
-        return released
-    incoming = cycle.in_order(cycle.free.incoming_shared_nodes) if pod.shares > 0 else cycle.snapshot.nodes
-    for n in incoming:
-        # Judged on the labels the node will carry once its switch is done: its current ones
-        # may not name the sharing the pod's terms ask for yet, and judged on those the pod
-        # would never count this capacity and another idle node would be split for it.
-        if (n.spec_sharing == pod.mode and cycle.free.incoming_shared[n.name] >= pod.shares
-                and _allowed_after_switch(pod, n, n.spec_sharing, n.spec_replicas) and cycle.free.fits(n.name, pod)
-                and _shared_ok(pod, n, n.spec_replicas)):
-            cycle.free.incoming_shared[n.name] -= pod.shares
-            return Wait(pod.key, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
-    for name, change in sorted(cycle.sharing.items()):
-        target = cycle.by_name[name]
-        if (change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas)
-                and _allowed_after_switch(pod, target, change.mode, change.replicas) and cycle.free.fits(name, pod)):
-            cycle.planned_shares[name] -= pod.shares
-            return Wait(pod.key, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
-    idle: list[tuple[Node, int]] = []
-    for node_, policy in _switchable(cycle, taken):
-        if node_.name in cycle.sharing or not _open(policy, cycle) or not cycle.free.fits(node_.name, pod):
-            continue
-        fitting = [
-            r for r in range(policy.max_replicas, policy.min_replicas - 1, -1)
-            if _shared_ok(pod, node_, r) and _allowed_after_switch(pod, node_, mode, r)
-        ]
-        if not fitting or (node_.sharing == pod.mode and node_.replicas == fitting[0]):
-            continue
-        if node_.sharing == pod.mode and _kept_for_later(cycle, pod.mode, node_):
-            continue
-        idle.append((node_, fitting[0]))
-    # The engine's policy chooses which idle node to split (sharing.packing.node_sharing). One that
-    # splits before it wastes makes a small split, else takes a larger free replica, else any split.
-    best = placer.switch(pod, idle, small_only=split_first)
-    if best is None and split_first:
-        released = _take_replica(cycle, pod, placer, "; no idle node to split into few replicas")
-        if released is not None:
-            return released
-        best = placer.switch(pod, idle)
-    if best is None:
+    """A shared pod: a free replica, capacity being created, or an idle node split, in the order
+    ``sharing.packing.shared_sequence`` gives the live planner and the product model alike."""
+    outcome = place_shared(_SharedSteps(cycle, pod, placer, taken), placer.policy)
+    if outcome is None:
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")
-    chosen, largest = best
-    policy = cycle.snapshot.policies[chosen.name]
-    fitting = [r for r in range(largest, policy.min_replicas - 1, -1)
-               if _shared_ok(pod, chosen, r) and _allowed_after_switch(pod, chosen, mode, r)]
-    replicas = _replicas_for_demand(cycle, pod, chosen, mode, fitting)
-    if chosen.sharing == mode and chosen.replicas == replicas:
-        # The demand wants the split the node has: a switch would change nothing, and the pod
-        # would wait on it for ever. It takes a replica as the nodes are.
-        released = _take_replica(cycle, pod, placer, "; the waiting pods keep the splits")
-        if released is not None:
-            return released
-        return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits")
-    cycle.budget[policy.names] -= 1
-    cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
-    cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
-    return Wait(pod.key, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
+    return outcome
 
 
 DEMAND_LOOKAHEAD = 256
@@ -565,26 +588,16 @@ DEMAND_LOOKAHEAD = 256
 node (8 GPUs x 8 replicas is 64 pods), bounded so a fleet's backlog costs a cycle little."""
 
 
-def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharingMode, fitting: list[int]) -> int:
-    """The replica count (one of ``fitting``, largest first) that serves the most of the waiting
-    demand the cycle sees: ``pod`` and the waiting pods after it of the same mode, oldest
-    first, as many as the node's replicas hold, counted in the milli they ask. Ties go to the
-    larger count (less replica waste), so a lone pod gets the most replicas it fits."""
+def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharingMode, policy: NodePolicy) -> int:
+    """The replica count ``node`` is split into for ``pod`` (``replicas.replicas_for_demand``, in the
+    policy's bounds): the demand is the pod and the waiting pods after it of the same mode, oldest
+    first, each judged on the labels the split gives the node."""
     later = (p for p in cycle.waiting[cycle.current + 1 :] if p.mode == pod.mode)
-    same_mode = list(islice(later, DEMAND_LOOKAHEAD))
-
-    def served(replicas: int) -> int:
-        room = len(node.full_gpus) * replicas
-        total = 0
-        for other in [pod, *same_mode]:
-            if other.shares > room:
-                break
-            if _shared_ok(other, node, replicas) and _allowed_after_switch(other, node, mode, replicas):
-                room -= other.shares
-                total += sum(other.milli)
-        return total
-
-    return max(fitting, key=lambda r: (served(r), r))
+    demand = [pod, *islice(later, DEMAND_LOOKAHEAD)]
+    return replicas_for_demand(
+        [p.asks for p in demand], gpus=len(node.full_gpus), gpu_memory_bytes=node.gpu_memory_bytes,
+        minimum=policy.min_replicas, maximum=policy.max_replicas,
+        admits=lambda index, replicas: _allowed_after_switch(demand[index], node, mode, replicas))
 
 
 def _whole_demand_elsewhere(cycle: _Cycle, taken: Counter[str]) -> None:
@@ -601,7 +614,7 @@ def _whole_demand_elsewhere(cycle: _Cycle, taken: Counter[str]) -> None:
 
 
 def _shared_ok(pod: Pod, node: Node, replicas: int) -> bool:
-    return pod.fits_replicas(replicas, max((g.memory_mib for g in node.gpus), default=0))
+    return fits_split(replicas, pod.asks, node.gpu_memory_bytes)
 
 
 def _static_layouts(cycle: _Cycle) -> None:

@@ -23,9 +23,11 @@ from sharing.api.backend import DEFAULT_BACKEND, Backend
 from sharing.api.crd import labels_match
 from sharing.api.gpunode import MigConfigRequest
 from sharing.api.modes import AllocationMode, NodeSharingMode
-from sharing.rules.replicas import fits_replicas
+from sharing.rules.replicas import Ask, fits_split
 from sharing.rules.node_policy import NodePolicy
 
+MIB = 2**20
+"""Bytes in a MiB: GPU memory is reported in MiB, and the replica rule takes bytes."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,11 @@ class Node:
     def faulted(self) -> bool:
         return any(g.faulted for g in self.gpus)
 
+    @cached_property
+    def gpu_memory_bytes(self) -> int:
+        """The memory the replica rule judges a shared pod by here: its largest GPU's (0: no GPU)."""
+        return max((g.memory_mib for g in self.gpus), default=0) * MIB
+
     @property
     def room(self) -> tuple[int, int] | None:
         """Allocatable CPU milli and memory MiB not requested by its pods; None when the allocatable
@@ -188,11 +195,14 @@ class Pod:
         """Whole GPUs the pod takes (mode ``whole``: one per GPU container)."""
         return len(self.milli) if self.mode == "whole" else 0
 
+    @cached_property
+    def asks(self) -> tuple[Ask, ...]:
+        """Each GPU container's compute milli and memory bytes (None: not asked), as ``sharing.rules.replicas`` takes them."""
+        return tuple(zip(self.milli, self.memory_bytes))
+
     def fits_replicas(self, replicas: int, gpu_memory_mib: int) -> bool:
         """The webhook's rule (``sharing.rules.replicas``) for every GPU container of the pod."""
-        return all(
-            fits_replicas(replicas, m, mem, gpu_memory_mib * 1024 * 1024) for m, mem in zip(self.milli, self.memory_bytes)
-        )
+        return fits_split(replicas, self.asks, gpu_memory_mib * MIB)
 
 
 def _matches(expression: tuple[str, str, tuple[str, ...]], labels: dict[str, str]) -> bool:

@@ -54,7 +54,7 @@ from gpupack.fleet.schedule import FleetSchedule, Step
 from node.health.xids import XID_TABLE_CONFIGMAP
 from node.metrics import AgentMetrics
 from node.nvml.protocol import NvmlBackend
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from sharing.api.backend import node_backend
 from sharing.api.keys import SIMULATED_GPUS_ANNOTATION
 

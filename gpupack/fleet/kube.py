@@ -1,6 +1,6 @@
 """SIMULATION: the node agent's API calls for a fleet of agents in one process (``gpupack agent fleet``).
 
-A node agent run alone (``node.kube.Kube``) reads its Node, its GPUNode, the pods
+A node agent run alone (``node.base.kube.Kube``) reads its Node, its GPUNode, the pods
 on its node and every SharingPolicy on each tick: five requests every few seconds,
 about 1,000 a second at 1,250 nodes. :class:`SharedKube` is the same client with
 its reads answered from shared watch caches (:class:`FleetCaches`, each a
@@ -56,7 +56,7 @@ from kube.client import MERGE_PATCH, api_client, call
 from kube.errors import KubeError
 from kube.informer import DELETED, Informer, object_key
 from kube.own_writes import WrittenObjects
-from node.kube import PLURAL, Kube
+from node.base.kube import PLURAL, Kube
 from sharing.api.crd import GROUP, VERSION
 
 FLEET = ""
@@ -248,7 +248,7 @@ def _node_trigger(obj: Mapping[str, Any]) -> object:
 
 
 class SharedKube(Kube):
-    """``node.kube.Kube`` for many agents at once: reads from :class:`FleetCaches`, writes to the API server."""
+    """``node.base.kube.Kube`` for many agents at once: reads from :class:`FleetCaches`, writes to the API server."""
 
     def __init__(self, api: client.ApiClient, caches: FleetCaches) -> None:
         super().__init__(api)

@@ -9,7 +9,7 @@
   publishes the node's DRA ResourceSlices (``--backend dra``).
 
 The agent picks one when it starts (:func:`advertiser_for`) and its loop never
-asks which; the protocol is ``node.context.Advertiser``.
+asks which; the protocol is ``node.base.context.Advertiser``.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from __future__ import annotations
 from node.advertising.dra import DraPublisher
 from node.advertising.emulated import EmulatedDevicePlugin
 from node.advertising.stock import StockDevicePlugin
-from node.context import Advertiser
-from node.settings import AgentSettings
+from node.base.context import Advertiser
+from node.base.settings import AgentSettings
 
 __all__ = ["Advertiser", "DraPublisher", "EmulatedDevicePlugin", "StockDevicePlugin", "advertiser_for"]
 

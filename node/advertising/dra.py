@@ -4,7 +4,7 @@ On a node pool run with Dynamic Resource Allocation (``--backend dra``) no
 device plugin hands out GPUs: kube-scheduler allocates ResourceClaims against
 the ResourceSlices the agent publishes, and gpupack's kubelet plugin prepares
 them. :class:`DraPublisher` is the agent's advertiser there
-(``node.context.Advertiser``). Each tick, ``publish``:
+(``node.base.context.Advertiser``). Each tick, ``publish``:
 
 0. destroys the MIG instances no claim holds that have been idle for the
    SharingPolicy's idle time, where reshaping is allowed
@@ -41,17 +41,17 @@ from pathlib import Path
 from typing import Any
 
 from kube.errors import KubeError
-from node import conditions as C
+from node.base import conditions as C
 from node.advertising.dra_offers import NodeOffer, OfferRules, node_offer
 from node.advertising.dra_pool import Plan, Published, plan
 from node.advertising.dra_reclaim import reclaim_idle
-from node.context import AgentContext, JournalStore
+from node.base.context import AgentContext, JournalStore
 from node.draplugin.journal import read_claimed_devices
-from node.journal import Journal
-from node.pods import PodUse
-from node.reshape_rules import ReshapeRules
-from node.settings import AgentSettings
-from node.snapshot import NodeSnapshot
+from node.base.journal import Journal
+from node.base.pods import PodUse
+from node.base.reshape_rules import ReshapeRules
+from node.base.settings import AgentSettings
+from node.base.snapshot import NodeSnapshot
 from sharing.api.crd import GPUNodeSpec
 from sharing.dra import names, validate
 from sharing.dra.model import ResourceSlice

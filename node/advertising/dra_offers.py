@@ -44,7 +44,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from node.draplugin.journal import ClaimedDevices
-from node.snapshot import GpuSnapshot, NodeSnapshot
+from node.base.snapshot import GpuSnapshot, NodeSnapshot
 from sharing.dra.gpu_devices import shared_gpu, whole_gpu
 from sharing.dra.mig_devices import mig_gpu
 from sharing.dra.model import DraModelError, GpuOffer

@@ -12,7 +12,7 @@ device-plugin backend, and invariant 1 holds (never touch an instance in use):
 * the kubelet plugin's journal is readable, every file of it, and no claim in it
   holds or is creating an instance at the instance's placement;
 * no process uses it, and it has been idle (no process, no pod) for the
-  policy's idle time (``node.idle_tracking.IdleTracker``, which the agent feeds each tick);
+  policy's idle time (``node.base.idle_tracking.IdleTracker``, which the agent feeds each tick);
 * it has no fault (a faulted instance waits for its recovery, ``node.health``).
 
 The destroy itself happens holding the node's MIG-change lock
@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mig.model import PlacedInstance
-from node.context import AgentContext
+from node.base.context import AgentContext
 from node.draplugin.journal import ClaimedDevices, read_claimed_devices
 from node.draplugin.nvml_lock import lock_path, try_hold
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 
 log = logging.getLogger("gpupack.agent")
 

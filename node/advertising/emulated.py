@@ -3,7 +3,7 @@
 On a simulated node (no kubelet device plugin, no real processes)
 :class:`EmulatedDevicePlugin` plays the plugin: ``allocate`` hands bound pods a
 device and a simulated process inside it (Allocate, and the workload), and
-``publish`` patches the Node with what ``node.device_plugin_emulator`` computes
+``publish`` patches the Node with what ``node.base.device_plugin_emulator`` computes
 from NVML and the spec's sharing. Nothing has to be paused or restarted.
 """
 
@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from node import conditions as C
-from node.context import AgentContext, JournalStore
-from node.device_plugin_emulator import advertise, node_patches
-from node.snapshot import NodeSnapshot
-from node.journal import Journal
+from node.base import conditions as C
+from node.base.context import AgentContext, JournalStore
+from node.base.device_plugin_emulator import advertise, node_patches
+from node.base.snapshot import NodeSnapshot
+from node.base.journal import Journal
 from node.nvml.simulated import SimulatedNvml
-from node.pods import SIM_PID_BASE, PodUse, assign_pods, sim_pid
+from node.base.pods import SIM_PID_BASE, PodUse, assign_pods, sim_pid
 from sharing.api.crd import GPUNodeSpec
 from sharing.api.keys import DEPLOY_DEVICE_PLUGIN_LABEL
 

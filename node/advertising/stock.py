@@ -13,12 +13,12 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from node import conditions as C
-from node.context import AgentContext, JournalStore
-from node.snapshot import NodeSnapshot
-from node.journal import Journal
-from node.operator_mode import device_plugin_config
-from node.pods import PodUse
+from node.base import conditions as C
+from node.base.context import AgentContext, JournalStore
+from node.base.snapshot import NodeSnapshot
+from node.base.journal import Journal
+from node.base.operator_mode import device_plugin_config
+from node.base.pods import PodUse
 from sharing.api.crd import GPUNodeSpec
 from sharing.api.keys import DEVICE_PLUGIN_CONFIG_LABEL, per_node_name
 

@@ -24,7 +24,7 @@ from kube.client import KubeClient
 from kube.errors import KubeError
 from kube.inputfile import read_text
 from node.draplugin.health import NodeHealthView, node_view, unreadable
-from node.kube import get_gpunode
+from node.base.kube import get_gpunode
 
 
 class GpuNodeUnreadable(Exception):

@@ -4,7 +4,7 @@
 device, what was planned and what was done. The plugin writes it (atomically,
 fsynced: ``node.draplugin.files``) *before* the NVML call it announces and again
 after, so a plugin killed at any instant leaves a record saying what may have
-happened. Like the agent's reconfiguration journal (``node.journal``) it records
+happened. Like the agent's reconfiguration journal (``node.base.journal``) it records
 intent and facts, not a step counter: a restart re-reads NVML and decides from
 both.
 

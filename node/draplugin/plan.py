@@ -36,7 +36,7 @@ from node.draplugin.mps import mps_limits
 from node.draplugin.settings import ShareMode
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import NvmlReader
-from node.snapshot import model_from_nvml
+from node.base.snapshot import model_from_nvml
 from sharing.dra.names import DRIVER
 from sharing.packing.mig_layouts import full_profile
 

@@ -29,15 +29,15 @@ from datetime import datetime
 from typing import Any
 
 from kube.errors import KubeError
-from node import conditions as C
-from node.context import AgentContext
+from node.base import conditions as C
+from node.base.context import AgentContext
 from node.health.ack import read_acknowledgements
 from node.health.plugin import withdrawn_devices
 from node.health.signals import read_signals
 from node.health.tracker import DeviceKey, Fault, HealthReport, HealthTracker, pods_on
 from node.health.xids import XID_TABLE_CONFIGMAP, XID_TABLE_KEY, XidRule, XidTableError, merged, parse_overrides
 from node.nvml.protocol import XidEvent
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 from sharing.api.crd import DeviceHealth
 from sharing.api.keys import DEGRADED_LABEL, UNHEALTHY_TAINT
 

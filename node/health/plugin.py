@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 
 PLUGIN_IGNORED_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
 

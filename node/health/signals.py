@@ -11,7 +11,7 @@ from __future__ import annotations
 from node.health.tracker import Signals
 from node.nvml.errors import GPU_IS_LOST, NvmlError
 from node.nvml.protocol import HealthReader, MemoryHealth
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 
 
 def read_signals(backend: HealthReader, snapshot: NodeSnapshot) -> tuple[Signals, tuple[str, ...]]:

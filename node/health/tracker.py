@@ -47,7 +47,7 @@ from node.health.ack import Acknowledgements
 from node.health.plugin import withdraws
 from node.health.xids import BUILTIN, XidRule, classify
 from node.nvml.protocol import MemoryHealth, XidEvent
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 from sharing.api.crd import DeviceHealth, HealthRecovery, MemorySignal, MemorySignalsSeen
 
 DeviceKey = tuple[int, int | None]

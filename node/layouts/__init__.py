@@ -5,7 +5,7 @@
 - :class:`~node.layouts.mig_manager.MigManagerLayouts` (``--mode operator``):
   the GPU Operator's mig-manager does, from a config the agent writes.
 
-Both answer with a :class:`~node.conditions.LayoutReport`. The agent picks one
+Both answer with a :class:`~node.base.conditions.LayoutReport`. The agent picks one
 when it starts (:func:`layouts_for`).
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from node import conditions as C
-from node.context import AgentContext
-from node.snapshot import NodeSnapshot
+from node.base import conditions as C
+from node.base.context import AgentContext
+from node.base.snapshot import NodeSnapshot
 from node.layouts.direct import DirectLayouts
 from node.layouts.mig_manager import MigManagerLayouts
 from sharing.api.crd import GPUNodeSpec

@@ -15,16 +15,16 @@ from dataclasses import replace
 from typing import Any
 
 from kube.times import format_time
-from node import conditions as C
-from node.desired import desired_layouts, pinned_layouts
-from node.context import AgentContext
-from node.device_plugin_emulator import advertise
-from node.snapshot import NodeSnapshot
-from node.journal import NVML_PHASES, Journal, format_instance
-from node.kube import Kube
-from node.mig_loop import GpuDriver, GpuTarget, StartRules
-from node.reshape_start import StartDecision
-from node.reconciler import MigReconciler, finish
+from node.base import conditions as C
+from node.layouts.desired import desired_layouts, pinned_layouts
+from node.base.context import AgentContext
+from node.base.device_plugin_emulator import advertise
+from node.base.snapshot import NodeSnapshot
+from node.base.journal import NVML_PHASES, Journal, format_instance
+from node.base.kube import Kube
+from node.layouts.mig_loop import GpuDriver, GpuTarget, StartRules
+from node.layouts.reshape_start import StartDecision
+from node.layouts.reconciler import MigReconciler, finish
 from sharing.api.crd import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
 from sharing.api.keys import DEPLOY_DEVICE_PLUGIN_LABEL, MIG_CONFIG_STATE_LABEL, mig_profile_of
 

@@ -7,7 +7,7 @@ else, when GPUs' specs differ and they are idle, ask for a per-node config in th
 GPUNode's status (``reconfiguration.migConfigEntries``). The agent only reads the
 ConfigMap: the controller is its writer (``controller.writes.mig_configs``), so no agent
 can change another node's config. The pure parts (per-device entries, handshake
-states) are in ``node.operator_mode``.
+states) are in ``node.base.operator_mode``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from kube.times import format_time, parse_time
-from node import conditions as C
-from node.context import AgentContext
-from node.desired import desired_layouts
-from node.snapshot import NodeSnapshot
+from node.base import conditions as C
+from node.base.context import AgentContext
+from node.layouts.desired import desired_layouts
+from node.base.snapshot import NodeSnapshot
 from mig.migparted import MigConfigError, entries_to_data, parse_config
-from node.operator_mode import handshake_state, plan_node_config
-from node.pods import busy_instances
+from node.base.operator_mode import handshake_state, plan_node_config
+from node.base.pods import busy_instances
 from sharing.api.crd import GPUNodeSpec, LayoutRefusal
 from sharing.api.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, MIG_PARTED_CONFIG_KEY
 

@@ -9,7 +9,7 @@ and that mapping does not hold, never a second table of products or memory.
 
 * **NVML's name** is derived from the product. The product is GFD's
   ``nvidia.com/gpu.product``, which is NVML's name with spaces as dashes
-  (``node.snapshot.GpuSnapshot.product``); NVML's names for these GPUs put one
+  (``node.base.snapshot.GpuSnapshot.product``); NVML's names for these GPUs put one
   space after the brand and dashes after it ("Tesla V100-SXM2-16GB", "Tesla
   P100-PCIE-16GB", "Tesla T4", "NVIDIA A10"), so the name is the product with
   its first dash turned into a space. A simulated node's GPUNode ``product`` is

@@ -41,7 +41,7 @@ from mig.model import GpuModel, Profile
 from sharing.dra.share_policy import SHARES
 from sharing.admission.inventory import Inventory, NodeView, AdmissionPolicy
 from sharing.admission.inventory_index import SharedGroup
-from sharing.rules.replicas import MAX_REPLICAS, fits_replicas, needs_whole_gpu
+from sharing.rules.replicas import fits_split, most_replicas, needs_whole_gpu
 from sharing.api.modes import AllocationMode
 from sharing.api.request import MAX_MILLI, ContainerRequest
 from sharing.api.keys import BACKEND_LABEL, PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL, WHOLE_RESOURCE
@@ -124,12 +124,6 @@ def mig_could_fit(model: GpuModel, need: Mapping[str, int], gpus: int) -> bool:
     if any(n > gpus * model.profile(name).max_count for name, n in need.items()):
         return False
     return sum(n * model.profile(name).compute_slices for name, n in need.items()) <= gpus * model.compute_slices
-
-
-def _most_replicas(asks: Sequence[tuple[int, int | None]], gpu_bytes: int) -> int:
-    """The most replicas a GPU of ``gpu_bytes`` could be split into with every ask still fitting one."""
-    return max((r for r in range(1, MAX_REPLICAS + 1) if all(fits_replicas(r, m, mem, gpu_bytes) for m, mem in asks)),
-               default=0)
 
 
 def fmt_bytes(n: int) -> str:
@@ -245,7 +239,7 @@ def shared_option(
         r, gpu_bytes = group.replicas, group.gpu_memory_mib * _MIB
         if gpu_bytes == 0:
             continue
-        if all(fits_replicas(r, milli, mem, gpu_bytes) for milli, mem in asks):
+        if fits_split(r, asks, gpu_bytes):
             waste = sum(
                 (1 / r - milli / MAX_MILLI) + (0.0 if mem is None else 1 / r - mem / gpu_bytes) for milli, mem in asks
             )
@@ -261,7 +255,7 @@ def shared_option(
             ((Expression(STRATEGY_LABEL, "In", (mode,)),),),
         )
     replicas_needed = peak_devices([SHARED_RESOURCE] * len(asks), roles)[SHARED_RESOURCE]
-    most = max((full * _most_replicas(asks, mib * _MIB) for full, mib in inventory.index.full_gpu_shapes), default=0)
+    most = max((full * most_replicas(asks, mib * _MIB) for full, mib in inventory.index.full_gpu_shapes), default=0)
     if replicas_needed > most:
         raise NeverFits(f"{mode}: the pod holds {replicas_needed} replicas at once; no node could ever "
                         f"offer more than {most} (its full GPUs, each split as finely as the pod's asks allow)")

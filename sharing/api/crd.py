@@ -320,7 +320,7 @@ class ReconfigurationPlanStep(ApiModel):
 
 
 class ReconfigurationJournal(ApiModel):
-    """The direct mode's journal of one GPU's reconfiguration (``node.journal.Journal``'s wire form)."""
+    """The direct mode's journal of one GPU's reconfiguration (``node.base.journal.Journal``'s wire form)."""
 
     gpu_uuid: str = Field(alias="gpuUUID", max_length=128)
     gpu_index: int = Field(ge=0, le=63)

@@ -4,9 +4,11 @@ Under the device-plugin backend a node is *fresh* (nothing placed, may become
 anything), *whole* (hands out ``nvidia.com/gpu``) or *shared* with ``r``
 replicas per GPU (hands out ``nvidia.com/gpu.shared`` only). The rules below are
 the live controller's (``controller.planning.sharedplan``, ``controller.planning.planner``) and the
-simulator's product model's (``sharing.simulator.product``): one implementation.
+simulator's product model's (``sharing.simulator.product``): one implementation. The order in
+which a shared pod tries them is ``sharing.packing.shared_sequence``'s, and the replica counts
+(``k``, a split's size) come from ``sharing.rules.replicas``.
 
-1. **Waste first.** A pod fitting ``k`` replicas (``sharing.rules.replicas.largest_replicas``)
+1. **Waste first.** A pod fitting ``k`` replicas (its own size, ``sharing.rules.replicas.most_replicas``)
    may use a node split into ``r <= k``; it occupies ``1000 / r`` of a GPU, so the
    nodes with the largest ``r`` waste the least. Among those, the packing policy
    chooses (``sharing.packing.policy.decide``).

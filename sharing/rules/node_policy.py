@@ -18,7 +18,7 @@ it:
   utilisation: the lowest.
 
 The controller plans with :class:`NodePolicy` (``controller.state.build``) and the
-node agent enforces it before touching NVML (``node.reshape_rules``); whether a
+node agent enforces it before touching NVML (``node.base.reshape_rules``); whether a
 change may start now is one gate for both (``sharing.rules.reshape_gate``), so the
 two can only disagree if they read different policies.
 """
@@ -33,6 +33,7 @@ from mig.migparted import builtin_config, layout_for
 from mig.model import GpuModel
 from sharing.api.crd import WEEKDAYS, SharingPolicySpec
 from sharing.api.modes import AllocationMode
+from sharing.rules.replicas import MAX_REPLICAS
 from sharing.rules.windows import Window, minutes_of
 
 
@@ -67,7 +68,8 @@ class NodePolicy:
     """The policies that say ``maxConcurrent: 0``."""
     idle_seconds: int = 300
     min_replicas: int = 1
-    max_replicas: int = 8
+    max_replicas: int = MAX_REPLICAS
+    """With ``min_replicas``, the bounds of the replica count a split gives the node (``sharing.rules.replicas``)."""
     target_utilization: int = 80
 
     def window_open(self, now: datetime) -> bool:

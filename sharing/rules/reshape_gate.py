@@ -5,10 +5,10 @@ SharingPolicy bounds of the node (:class:`sharing.rules.node_policy.NodePolicy`,
 merged once for everyone) allow it *now*. Every driver asks :func:`reshape_gate`:
 the controller's planner (MIG layouts, static layouts, sharing switches), its view of
 what a DRA node offers (``controller.planning.dramig``), the node agent before it
-applies its GPUNode spec (``node.reshape_rules``) and the DRA advertiser before it
+applies its GPUNode spec (``node.base.reshape_rules``) and the DRA advertiser before it
 offers new MIG placements (``node.advertising.dra``). Each passes what it knows;
 a rule whose input a caller does not pass is that caller's to judge (the agent
-judges idleness per MIG instance, with its own clocks, ``node.idle_tracking``).
+judges idleness per MIG instance, with its own clocks, ``node.base.idle_tracking``).
 
 The rules, in order; the first that refuses is the answer (:data:`GateReason`):
 

@@ -19,7 +19,9 @@ the live system does (docs/simulator.md, "Product model"):
   node that wastes the least (largest ``r <= k``), and only when none has one
   does the controller split an idle node into ``k`` (a policy may split first
   and waste last; where whole-GPU pods go and which node is split are the
-  policy's choice).
+  policy's choice). The order is ``sharing.packing.shared_sequence``'s, the
+  live planner's too; a split is sized by ``sharing.rules.replicas``
+  (``replicas_for_demand``) for the pod alone, as the model sees no backlog.
 
   ``scheduler`` (gpupack before the product model; kept to measure what the
   engine path recovers): fractional pods are ungated and scored by
@@ -57,13 +59,14 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.kube_scoring import MostAllocatedWeights, most_allocated
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.node_sharing import (
-    FRESH, WHOLE, exact_replicas, place_whole, shared_candidates, splits_before_wasting, switch_choice,
+    FRESH, WHOLE, exact_replicas, place_whole, shared_candidates, switch_choice,
     switch_for, waste_first,
 )
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
 from sharing.packing.typical import NO_GPU_POD, TYPICAL_RULES, TypicalCounts, TypicalPods, TypicalRule, same_table
-from sharing.rules.replicas import largest_replicas, replica_milli, takes_whole_gpu
+from sharing.packing.shared_sequence import EXACT, ReplicaStep, place_shared
+from sharing.rules.replicas import Ask, largest_replicas, most_replicas, replica_milli, replicas_for_demand, takes_whole_gpu
 from sharing.simulator.metrics import alloc_by_level
 from mig.openb_gpus import openb_gpu
 from sharing.simulator.replay import Clock, _continue_stream
@@ -215,27 +218,7 @@ class ProductReplay:
         return float(pod.gpu_total_milli)
 
     def _shared_by_engine(self, pod: PodSpec) -> float | None:
-        c = self.cluster
-        k = largest_replicas(pod.gpu_milli)
-        feasible = c.feasible(pod)
-        candidates = feasible & shared_candidates(self.modes, self.free_replicas(), k)
-        split_first = splits_before_wasting(self.policy)
-        first = exact_replicas(candidates, self.modes, k) if split_first else waste_first(candidates, self.modes)
-        if first.any():
-            return self._replica_by_policy(pod, first)
-        idle = feasible & (self.modes == FRESH)
-        switched: int | None = None
-        if split_first:
-            # A small split, else a larger free replica, else any split (node_sharing, rule 2).
-            switched = switch_for(self.policy, c, pod, idle, k, small_only=True)
-            if switched is None and candidates.any():
-                return self._replica_by_policy(pod, waste_first(candidates, self.modes))
-        if switched is None:
-            switched = switch_for(self.policy, c, pod, idle, k)
-        if switched is None:
-            return None
-        self.modes[switched] = k
-        return self._take_replica(pod, switched, self.policy.choose_gpus(c, pod, switched)[0])
+        return place_shared(_EngineSteps(self, pod), self.policy)
 
     def _replica_by_policy(self, pod: PodSpec, nodes: BoolArray) -> float:
         outcome = decide(self.cluster, pod, self.policy, nodes)
@@ -290,6 +273,41 @@ class ProductReplay:
         values, counts = np.unique(self.modes, return_counts=True)
         names = {FRESH: "fresh", WHOLE: "whole"}
         return {names.get(int(v), f"r{int(v)}"): int(n) for v, n in zip(values, counts)}
+
+
+class _EngineSteps:
+    """The product model's steps of ``shared_sequence.place_shared`` for one pod: its masks over the
+    model's arrays. It sees no backlog, so a split is sized for the pod alone, and it has no
+    capacity in flight (a split takes effect at once)."""
+
+    def __init__(self, replay: ProductReplay, pod: PodSpec) -> None:
+        self.replay = replay
+        self.pod = pod
+        # openb pods state no GPU memory: the memory half of the replica rule never binds.
+        self.asks: tuple[Ask, ...] = ((pod.gpu_milli, None),)
+        self.own_size = most_replicas(self.asks, 0)
+        cluster = replay.cluster
+        self.feasible = cluster.feasible(pod)
+        self.candidates = self.feasible & shared_candidates(replay.modes, replay.free_replicas(), self.own_size)
+
+    def replica(self, step: ReplicaStep) -> float | None:
+        modes = self.replay.modes
+        nodes = exact_replicas(self.candidates, modes, self.own_size) if step == EXACT else waste_first(self.candidates, modes)
+        return self.replay._replica_by_policy(self.pod, nodes) if nodes.any() else None
+
+    def coming(self) -> float | None:
+        return None
+
+    def idle_split(self, small_only: bool) -> int | None:
+        replay = self.replay
+        idle = self.feasible & (replay.modes == FRESH)
+        return switch_for(replay.policy, replay.cluster, self.pod, idle, self.own_size, small_only=small_only)
+
+    def split(self, choice: int) -> float:
+        replay = self.replay
+        cluster = replay.cluster
+        replay.modes[choice] = replicas_for_demand([self.asks], gpus=int(cluster.gpu_count[choice]), gpu_memory_bytes=0)
+        return replay._take_replica(self.pod, choice, replay.policy.choose_gpus(cluster, self.pod, choice)[0])
 
 
 def scheduler_pick(

@@ -22,9 +22,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from node.agent import Agent
-from node.kube import Kube
+from node.base.kube import Kube
 from node.metrics import AgentMetrics
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from gpupack.cli_agent import open_backend
 from tests.e2e.waiting import wait_for
 

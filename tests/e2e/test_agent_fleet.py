@@ -30,7 +30,7 @@ from gpupack.devcluster.apply import apply_objects, gpupack_manifests
 from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.fleet.agents import Fleet, FleetSettings, fleet_configmaps
 from gpupack.fleet.kube import ApiCounts, FleetCaches, SharedKube, counting_api_client, reads, writes
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from sharing.api.keys import HOSTNAME_LABEL, SIMULATED_GPUS_ANNOTATION
 from tests.e2e.waiting import wait_for
 

@@ -25,7 +25,7 @@ from controller.reconcile import Controller
 from controller.settings import ControllerSettings
 from mig.migparted import layout_for, parse_config
 from node.nvml.simulated import SimulatedNvml
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from tests.e2e.test_agent_e2e import RunningAgent, _condition, _gpunode, _wait
 from tests.e2e.waiting import repeating
 

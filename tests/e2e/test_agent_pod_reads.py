@@ -29,7 +29,7 @@ from gpupack.devcluster.apply import apply_objects, gpupack_manifests, node_isol
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
 from gpupack.devcluster.process import free_port
-from node.kube import Kube as AgentKube
+from node.base.kube import Kube as AgentKube
 from webhook.certs import make_self_signed
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from gpupack.devcluster.apply import load_manifests
 from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.kubeconfig import kubeconfig_dict, write_kubeconfig
 from kube.errors import KubeError
-from node.kube import Kube
+from node.base.kube import Kube
 from sharing.dra import names, wire
 from sharing.dra.gpu_devices import shared_gpu
 from sharing.dra.slices import node_slices
@@ -181,7 +181,7 @@ def test_agent_may_touch_only_its_own_nodes_entries_in_the_gpu_operator_namespac
         agent.delete_namespaced_pod(plugin_pods[other], operator_ns)
     agent.delete_namespaced_pod(plugin_pods[own], operator_ns)  # its own node's device plugin: allowed
 
-    # A node name over 42 characters has a shortened, hashed entry (node.operator_mode): still its own.
+    # A node name over 42 characters has a shortened, hashed entry (node.base.operator_mode): still its own.
     long_node = f"vap-{uuid.uuid4().hex}-{'n' * 24}"
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=long_node)))
     long_agent = client.CoreV1Api(_agent_on(control_plane, core, sa, long_node, tmp_path).api)

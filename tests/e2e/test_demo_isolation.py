@@ -19,7 +19,7 @@ from kubernetes import client
 
 from gpupack.demo.stack import DemoNode, Stack
 from kube.errors import KubeError
-from node.kube import Kube
+from node.base.kube import Kube
 
 POLICIES = ("gpupack-node-agent-own-node", "gpupack-node-agent-own-resources", "gpupack-node-agent-own-slices",
             "gpupack-node-agent-own-events")

@@ -46,7 +46,7 @@ from kubernetes.client.exceptions import ApiException
 from gpupack.devcluster.process import ManagedProcess
 from kube.times import parse_time
 from node.advertising.dra import SLICES_PUBLISHED
-from node.kube import Kube
+from node.base.kube import Kube
 from sharing.dra import names
 from sharing.dra.results import allocated_node
 from tests.e2e.waiting import wait_for

@@ -52,7 +52,7 @@ from gpupack.devcluster.controlplane import ControlPlane
 from gpupack.devcluster.process import ManagedProcess, free_port
 from mig.catalog import get_model
 from node.nvml.simulated import SimulatedNvml
-from node.pods import sim_pid
+from node.base.pods import sim_pid
 from sharing.api.keys import DEGRADED_LABEL, UNHEALTHY_TAINT
 from tests.e2e.test_controller_e2e import GROUP, VERSION, Harness
 from tests.e2e.waiting import wait_for

@@ -23,7 +23,7 @@ from gpupack.fleet.agents import Fleet, FleetSettings, merged_with_node_label
 from gpupack.fleet.kube import ApiCounts, FleetCaches, SharedKube, request_kind
 from gpupack.fleet.schedule import FleetSchedule
 from node.metrics import AgentMetrics
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from sharing.api.keys import BACKEND_LABEL, SIMULATED_GPUS_ANNOTATION
 
 

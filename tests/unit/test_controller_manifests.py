@@ -17,7 +17,7 @@ from controller.settings import ENV_PREFIX, ControllerSettings
 from mig.catalog import all_models
 from node.health.monitor import TAINT_EFFECTS
 from node.health.xids import XID_TABLE_CONFIGMAP
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from sharing.api.keys import CAPACITY_GATE, UNHEALTHY_TAINT
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,10 +20,10 @@ from mig.catalog import get_model
 from mig.model import Placement as MigPlacement
 from sharing.api.keys import IDLE_SINCE_ANNOTATION
 from node.layouts.direct import layout_report
-from node.snapshot import read_snapshot, status_from_snapshot
-from node.journal import Journal
+from node.base.snapshot import read_snapshot, status_from_snapshot
+from node.base.journal import Journal
 from node.nvml.simulated import SimulatedNvml
-from node.reshape_start import StartDecision
+from node.layouts.reshape_start import StartDecision
 from sharing.api.allocation import Allocation, ContainerAllocation
 
 NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)

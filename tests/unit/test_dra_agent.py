@@ -25,7 +25,7 @@ from node.advertising.dra import SLICES_PUBLISHED
 from node.advertising.dra_pool import QUANTITY_KEYS
 from node.agent import Agent
 from node.nvml.simulated import SimulatedNvml
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from sharing.dra import names, validate
 from sharing.dra.model import ResourceSlice
 from sharing.dra.share_policy import SHARES

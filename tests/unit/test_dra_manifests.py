@@ -19,7 +19,7 @@ from controller.state.pods import _terms
 from controller.state.snapshot import Pod
 from gpupack import cli_agent, cli_draplugin
 from node.draplugin.settings import PluginSettings
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from sharing.api.backend import node_backend
 from sharing.dra import wire
 from sharing.api.keys import BACKEND_LABEL, UNHEALTHY_TAINT

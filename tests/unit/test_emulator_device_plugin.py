@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from mig.catalog import get_model
-from node.device_plugin_emulator import advertise, node_patches
-from node.snapshot import read_snapshot
+from node.base.device_plugin_emulator import advertise, node_patches
+from node.base.snapshot import read_snapshot
 from node.nvml.simulated import SimulatedNvml
-from node.pods import PodUse, assign_pods
+from node.base.pods import PodUse, assign_pods
 from sharing.api.keys import SIMULATED_LABEL
 
 H200 = get_model("H200")

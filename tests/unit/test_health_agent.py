@@ -18,7 +18,7 @@ from mig.catalog import get_model
 from node.agent import Agent
 from node.health.ack import acknowledge
 from node.nvml.simulated import SimulatedNvml, post_to_inbox
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from sharing.api.gpunode import read_gpunode
 from sharing.api.keys import DEGRADED_LABEL, HEALTH_ACK_ANNOTATION, UNHEALTHY_TAINT
 from tests.unit.test_reconciler_agent import Clock, FakeKube

@@ -24,7 +24,7 @@ from node.health.tracker import Ended, Fault, HealthReport, HealthTracker
 from node.metrics import XID_KINDS, AgentMetrics
 from node.nvml.protocol import XidEvent
 from node.nvml.simulated import SimulatedNvml
-from node.snapshot import NodeSnapshot, read_snapshot
+from node.base.snapshot import NodeSnapshot, read_snapshot
 from tests.unit.test_controller_helm import _generator
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from node.health.tracker import DeviceKey, HealthReport, HealthTracker, Signals
 from node.health.xids import BUILTIN, XidRule, merged
 from node.nvml.errors import NvmlError
 from node.nvml.simulated import SimulatedNvml
-from node.snapshot import GpuSnapshot, NodeSnapshot, read_snapshot, status_from_snapshot
+from node.base.snapshot import GpuSnapshot, NodeSnapshot, read_snapshot, status_from_snapshot
 from sharing.api.crd import GPUNodeStatus
 from sharing.api.keys import HEALTH_ACK_ANNOTATION
 

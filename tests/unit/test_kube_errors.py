@@ -36,7 +36,7 @@ def test_the_api_message_is_kept() -> None:
 def test_both_components_share_one_client() -> None:
     from controller.kube import Kube as ControllerKube
     from kube.client import KubeClient
-    from node.kube import Kube as AgentKube
+    from node.base.kube import Kube as AgentKube
 
     assert issubclass(ControllerKube, KubeClient) and issubclass(AgentKube, KubeClient)
     # What they share is not redefined: credentials, events and error translation come from one place.

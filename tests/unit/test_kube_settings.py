@@ -6,7 +6,7 @@ import pytest
 
 from controller.settings import ControllerSettings
 from kube.settings import env_value
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 from webhook.settings import WebhookSettings
 
 

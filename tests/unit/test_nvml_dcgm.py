@@ -6,8 +6,8 @@ import pytest
 
 from mig.catalog import get_model
 from mig.model import Placement
-from node.dcgm import gpu_percent, parse_activity
-from node.snapshot import read_snapshot
+from node.base.dcgm import gpu_percent, parse_activity
+from node.base.snapshot import read_snapshot
 from node.nvml.simulated import SimulatedNvml
 
 H200 = get_model("H200")

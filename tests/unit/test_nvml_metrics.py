@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mig.catalog import get_model
 from mig.model import Placement
-from node.snapshot import read_snapshot
+from node.base.snapshot import read_snapshot
 from node.metrics import AgentMetrics
 from node.nvml.simulated import SimulatedNvml
 

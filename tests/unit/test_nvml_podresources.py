@@ -156,7 +156,7 @@ def test_agent_on_a_real_node_pins_what_the_kubelet_says_a_pod_holds(socket_dir:
     from mig.catalog import get_model
     from node.agent import Agent
     from node.nvml.simulated import SimulatedNvml
-    from node.settings import AgentSettings
+    from node.base.settings import AgentSettings
     from tests.unit.test_reconciler_agent import Clock, FakeKube
 
     h200 = get_model("H200")

@@ -13,7 +13,7 @@ from gpupack.cli import main
 from mig.catalog import get_model, model_for_pci_device_id
 from mig.model import GpuModel, Placement
 from node.agent import Agent
-from node.device_plugin_emulator import advertise
+from node.base.device_plugin_emulator import advertise
 from node.nvml import errors
 from node.nvml.catalog_check import check_gpu
 from node.nvml.errors import NvmlError
@@ -28,8 +28,8 @@ from node.nvml.products import (
 )
 from node.nvml.protocol import NvmlBackend
 from node.nvml.simulated import SimulatedNvml, post_to_inbox, simulated_backend
-from node.settings import AgentSettings
-from node.snapshot import read_snapshot, status_from_snapshot
+from node.base.settings import AgentSettings
+from node.base.snapshot import read_snapshot, status_from_snapshot
 from sharing.api.keys import PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL, WHOLE_RESOURCE
 from mig.openb_gpus import OPENB_GPUS
 from tests.unit.test_reconciler_agent import Clock, FakeKube

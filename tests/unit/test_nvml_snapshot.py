@@ -10,16 +10,16 @@ import yaml
 from mig.catalog import get_model
 from mig.migparted import parse_config
 from mig.model import Placement
-from node.snapshot import model_from_nvml, read_snapshot, status_from_snapshot
+from node.base.snapshot import model_from_nvml, read_snapshot, status_from_snapshot
 from node.nvml import errors
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import DeviceInfo, InstanceProfile
 from node.nvml.simulated import Fault, SimulatedNvml
 from controller.writes.mig_configs import published_config
-from node.operator_mode import device_plugin_config, handshake_state, plan_node_config
+from node.base.operator_mode import device_plugin_config, handshake_state, plan_node_config
 from sharing.api.gpunode import MigConfigRequest
 from sharing.api.keys import mig_config_name, per_node_name
-from node.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device
+from node.base.pods import PodUse, busy_instances, pod_uid_of_pid, pod_uses, pods_by_device
 from sharing.api.crd import GPUNodeStatus
 
 H200 = get_model("H200")

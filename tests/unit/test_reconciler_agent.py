@@ -1,4 +1,4 @@
-"""The agent loop against an in-memory stand-in for ``node.kube.Kube`` (our own wrapper).
+"""The agent loop against an in-memory stand-in for ``node.base.kube.Kube`` (our own wrapper).
 
 Covers what the e2e test cannot force: NVML missing, an agent killed in the middle
 of a reshape and restarted, and settings from the environment.
@@ -17,7 +17,7 @@ from kube.errors import KubeError
 from mig.catalog import get_model
 from node.agent import Agent
 from node.nvml.simulated import SimulatedNvml
-from node.settings import AgentSettings
+from node.base.settings import AgentSettings
 
 H200 = get_model("H200")
 

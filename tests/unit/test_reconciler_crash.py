@@ -29,13 +29,13 @@ from hypothesis import strategies as st
 from mig.catalog import get_model
 from mig.geometry import fits
 from mig.model import GpuModel, PlacedInstance
-from node.journal import Journal
-from node.mig_loop import GpuDriver, GpuTarget, StartRules
+from node.base.journal import Journal
+from node.layouts.mig_loop import GpuDriver, GpuTarget, StartRules
 from node.nvml import errors
 from node.nvml.protocol import GpuInstance
 from node.nvml.simulated import Fault, SimulatedNvml
-from node.idle_tracking import IdleTracker
-from node.reconciler import MigReconciler, finish
+from node.base.idle_tracking import IdleTracker
+from node.layouts.reconciler import MigReconciler, finish
 
 MODELS = [get_model("H200"), get_model("A30")]
 PERMANENT_CODES = (errors.NOT_SUPPORTED, errors.RESET_REQUIRED)

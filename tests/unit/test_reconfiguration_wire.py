@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from mig.migparted import entries_to_data
 from mig.model import PlacedInstance, Placement
-from node.journal import Journal
+from node.base.journal import Journal
 from node.layouts.direct import journal_from_status, journal_wire
-from node.operator_mode import _entry
+from node.base.operator_mode import _entry
 from sharing.api.crd import GPUNodeStatus, ReconfigurationStatus
 
 

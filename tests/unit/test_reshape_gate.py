@@ -1,6 +1,6 @@
 """The one reshape/switch gate (``sharing.rules.reshape_gate``): each reason, its order, its message.
 
-The planner, ``controller.planning.dramig``, the agent (``node.reshape_rules``) and the
+The planner, ``controller.planning.dramig``, the agent (``node.base.reshape_rules``) and the
 DRA advertiser all ask it; the last tests check that the callers' answers are the gate's.
 """
 
@@ -13,7 +13,7 @@ import pytest
 
 from controller.planning.dramig import creation_rule
 from node.advertising.dra import reshape_blocked
-from node.reshape_rules import reshape_rules
+from node.base.reshape_rules import reshape_rules
 from sharing.api.crd import SharingPolicySpec
 from sharing.rules.node_policy import NodePolicy, policy_for_node
 from sharing.rules.reshape_gate import GateReason, idle_long_enough, reshape_gate

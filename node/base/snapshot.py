@@ -18,7 +18,7 @@ from typing import Any
 
 from mig.catalog import find_model, model_for_pci_device_id
 from mig.model import GpuModel, Placement, Profile
-from node.dcgm import Activity, gpu_percent
+from node.base.dcgm import Activity, gpu_percent
 from node.nvml.errors import GPU_IS_LOST, NvmlError
 from node.nvml.protocol import DeviceInfo, GpuInstance, NvmlReader, GpuProcess, InstanceProfile, Utilization
 from sharing.api.crd import DeviceHealth, GPUNodeStatus, GPUStatus, LayoutRefusal, MemorySignalsSeen

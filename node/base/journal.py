@@ -4,7 +4,7 @@ The journal is written to ``GPUNode.status.reconfiguration`` *before* the first
 NVML call of a reconfiguration and after every step, so it survives a crash or a
 kill of the agent. It records intent (previous layout, target layout, the plan),
 not progress counters the recovery depends on: after a restart the reconciler
-re-derives the next step from what NVML reports (see ``node.reconciler.decide``),
+re-derives the next step from what NVML reports (see ``node.layouts.reconciler.decide``),
 which makes every step idempotent. ``steps`` is a human-readable log for SREs.
 
 Phases::

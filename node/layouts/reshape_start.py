@@ -1,11 +1,11 @@
 """Whether to start reshaping one GPU to its spec now: start, wait or refuse (pure).
 
 Given which instances are in use and which have not been idle long enough (the
-agent's clocks, ``node.idle_tracking``), :func:`decide_start` finds a plan that
+agent's clocks, ``node.base.idle_tracking``), :func:`decide_start` finds a plan that
 pins them (``mig.reach``), or says what it waits for or why the spec cannot be
 reached. Whether policy lets a reshape start at all now (frozen, outside its
 window) is not decided here: the layouts driver asks the gate
-(``sharing.rules.reshape_gate``, through ``node.reshape_rules``) and
+(``sharing.rules.reshape_gate``, through ``node.base.reshape_rules``) and
 ``node.mig_loop`` reports ``blocked`` in place of a start or a wait.
 """
 
@@ -19,7 +19,7 @@ from typing import Literal
 from mig.geometry import fits, validate_layout
 from mig.model import GpuModel, PlacedInstance
 from mig.reach import ReconfigurationPlan, plan_reconfiguration
-from node.journal import format_instance
+from node.base.journal import format_instance
 
 StartKind = Literal["unchanged", "start", "wait", "refuse", "blocked"]
 """``blocked``: a reshape could start but policy forbids it now (frozen, outside its window)."""

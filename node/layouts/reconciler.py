@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mig.model import PlacedInstance
-from node.journal import Journal, Phase, format_instance
+from node.base.journal import Journal, Phase, format_instance
 from node.nvml import errors as nvml_errors
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance, NvmlReader, MigPartitioner

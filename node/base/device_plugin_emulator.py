@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 from sharing.api.keys import (
     DEPLOY_DEVICE_PLUGIN_LABEL,
     NVIDIA_PREFIX,

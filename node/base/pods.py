@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mig.model import PlacedInstance
-from node.snapshot import GpuSnapshot, NodeSnapshot
+from node.base.snapshot import GpuSnapshot, NodeSnapshot
 from sharing.api.keys import NVIDIA_PREFIX, SHARED_RESOURCE, WHOLE_RESOURCE, mig_profile_of
 
 SIM_PID_BASE = 4_000_000  # simulated pod processes live above this pid

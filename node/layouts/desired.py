@@ -12,7 +12,7 @@ from __future__ import annotations
 from mig.errors import MigError
 from mig.migparted import builtin_config, layout_for
 from mig.model import PlacedInstance, Placement
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 from sharing.api.crd import GPUNodeSpec
 
 

@@ -14,10 +14,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mig.model import GpuModel, PlacedInstance
-from node.journal import NVML_PHASES, Journal
-from node.idle_tracking import IdleTracker
-from node.reshape_start import StartDecision, decide_start, decide_start_pinned
-from node.reconciler import BusyFn, MigReconciler
+from node.base.journal import NVML_PHASES, Journal
+from node.base.idle_tracking import IdleTracker
+from node.layouts.reshape_start import StartDecision, decide_start, decide_start_pinned
+from node.layouts.reconciler import BusyFn, MigReconciler
 from node.nvml.protocol import NvmlReader
 
 

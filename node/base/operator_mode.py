@@ -19,7 +19,7 @@ Sharing: the per-node device-plugin config (time-slicing or MPS with ``replicas`
 the key ``gpupack-<node>`` of the device plugin's ConfigMap and selected with the
 ``nvidia.com/device-plugin.config`` label.
 
-The functions here are pure; ``node.layouts.mig_manager`` does the I/O through ``node.kube``.
+The functions here are pure; ``node.layouts.mig_manager`` does the I/O through ``node.base.kube``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any, Literal
 import yaml
 
 from mig.migparted import MigConfigEntry
-from node.snapshot import NodeSnapshot
+from node.base.snapshot import NodeSnapshot
 from sharing.api.keys import MIG_CONFIG_LABEL, MIG_CONFIG_STATE_LABEL, WHOLE_RESOURCE, mig_config_name
 
 HandshakeState = Literal["pending", "success", "failed", "timeout"]

@@ -14,18 +14,30 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from prometheus_client import Counter, Histogram
+
 from mig.model import PlacedInstance
-from node import conditions as C
-from node.snapshot import NodeSnapshot
-from node.journal import Journal
-from node.kube import Kube
-from node.metrics import AgentMetrics
+from node.base import conditions as C
+from node.base.snapshot import NodeSnapshot
+from node.base.journal import Journal
+from node.base.kube import Kube
 from node.nvml.protocol import GpuInstance, NvmlBackend
-from node.idle_tracking import IdleTracker
-from node.reshape_rules import ReshapeRules
-from node.pods import PodUse
-from node.settings import AgentSettings
+from node.base.idle_tracking import IdleTracker
+from node.base.reshape_rules import ReshapeRules
+from node.base.pods import PodUse
+from node.base.settings import AgentSettings
 from sharing.api.crd import GPUNodeSpec
+
+
+class ReshapeMetrics(Protocol):
+    """The agent's metrics (``node.metrics.AgentMetrics``) a part records: finished reshapes and how
+    long they took. Only these, so the parts sit below the agent's metrics, which read ``node.health``."""
+
+    @property
+    def reconfigurations(self) -> Counter: ...
+
+    @property
+    def reconfigure_seconds(self) -> Histogram: ...
 
 
 class JournalStore(Protocol):
@@ -74,7 +86,6 @@ class AgentContext(Protocol):
     s: AgentSettings
     kube: Kube
     backend: NvmlBackend | None
-    metrics: AgentMetrics
     clock: Callable[[], float]
     sleep: Callable[[float], None]
     idle: IdleTracker
@@ -82,6 +93,11 @@ class AgentContext(Protocol):
     busy_ctx: tuple[dict[str, list[str]], list[PodUse]]
     """This tick's pods per device (GPU or MIG UUID), and pod uses no device was found for."""
     advertiser: Advertiser
+
+    @property
+    def metrics(self) -> ReshapeMetrics:
+        """What the parts record of the agent's metrics."""
+        ...
 
     def remember(self, obj: Mapping[str, Any]) -> None:
         """Note the resourceVersion and generation of an object the agent just wrote."""
