@@ -58,8 +58,8 @@ from node.base.kube import Kube
 from node.metrics import AgentMetrics
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance, NvmlBackend
-from node.planning import IdleTracker
-from node.policy import ReshapeRules, reshape_rules
+from node.base.idle_tracking import IdleTracker
+from node.base.reshape_rules import ReshapeRules, reshape_rules
 from node.base.pods import PodUse, busy_instances, pod_uses
 from node.process_owners import process_owners_for
 from node.base.settings import AgentSettings

@@ -19,13 +19,14 @@ from controller.state.snapshot import Node
 from mig.model import PlacedInstance
 from sharing.dra.mig_choice import MigGpu
 from sharing.rules.node_policy import NodePolicy
+from sharing.rules.reshape_gate import reshape_gate
 
 
 def creation_rule(policy: NodePolicy | None, now: datetime) -> Callable[[str], bool]:
-    """The agent's rule for offering new placements (``node.advertising.dra.reshape_blocked``): a
-    SharingPolicy selects the node, pins no static layout, has not frozen it (``maxConcurrent: 0``)
-    and its window is open; then only its allowed profiles."""
-    if policy is None or policy.static_layout is not None or policy.max_concurrent <= 0 or not policy.window_open(now):
+    """The agent's rule for offering new placements (``node.advertising.dra.reshape_blocked``): the
+    gate for a layout gpupack chooses (``sharing.rules.reshape_gate``: a SharingPolicy selects the
+    node, pins no static layout, has not frozen it, its window is open); then only its allowed profiles."""
+    if not reshape_gate(policy, now, dynamic_layout=True).allowed or policy is None:  # None: refused; typed
         return lambda profile: False
     return policy.allows_profile
 

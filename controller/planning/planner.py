@@ -15,7 +15,8 @@ For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
    (:mod:`controller.planning.sharedplan`);
 2. otherwise, if the capacity can be *created* within the policy's bounds
    (selected by a SharingPolicy, window open, ``maxConcurrent`` not reached, GPU
-   idle for ``idleSeconds`` before anything on it is destroyed), plan the
+   idle for ``idleSeconds`` before anything on it is destroyed: the one gate,
+   ``sharing.rules.reshape_gate``, that the node agent asks too), plan the
    change (:mod:`controller.planning.migplan`, or a node sharing change) and let the pod
    **wait** for it: its gate is lifted in a later cycle, once the node agent
    reports the new capacity;
@@ -37,6 +38,7 @@ fits) is computed once. The plans are the ones a scan of every node gives.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import islice
@@ -55,6 +57,7 @@ from sharing.api.modes import NodeSharingMode
 from sharing.rules.node_policy import NodePolicy
 from sharing.packing.shared_sequence import EXACT, LARGER, ReplicaStep, place_shared
 from sharing.rules.replicas import MAX_REPLICAS, fits_split, most_replicas, replicas_for_demand
+from sharing.rules.reshape_gate import idle_long_enough, reshape_gate
 
 
 @dataclass(frozen=True)
@@ -141,8 +144,9 @@ class _Cycle:
         return [self.by_name[n] for n in sorted(names, key=self.position.__getitem__) if n in self.by_name]
 
 
-def _idle_enough(idle_since: datetime | None, now: datetime, seconds: int) -> bool:
-    return idle_since is not None and (now - idle_since).total_seconds() >= seconds
+def _idle_for(idle_since: datetime | None, now: datetime) -> float | None:
+    """Seconds a GPU has been idle at ``now`` (the gate's ``idle_for``); None: in use."""
+    return None if idle_since is None else (now - idle_since).total_seconds()
 
 
 def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
@@ -198,8 +202,12 @@ def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharingMode, replicas:
     return allowed_on(pod, node, labels)
 
 
-def _open(policy: NodePolicy | None, cycle: _Cycle) -> bool:
-    return policy is not None and policy.window_open(cycle.now) and cycle.budget.get(policy.names, 0) > 0
+def _open(policy: NodePolicy | None, cycle: _Cycle, idle_for: Iterable[float | None] = ()) -> bool:
+    """The gate (``sharing.rules.reshape_gate``) for a change this cycle plans now on a node under
+    ``policy``, whose GPUs it touches have been idle ``idle_for``: what counts against ``maxConcurrent``
+    is what ``cycle.budget`` has counted down (changes in flight, and planned this cycle)."""
+    in_flight = policy.max_concurrent - cycle.budget.get(policy.names, 0) if policy is not None else 0
+    return reshape_gate(policy, cycle.now, in_flight=in_flight, idle_for=idle_for).allowed
 
 
 @dataclass(frozen=True)
@@ -223,7 +231,10 @@ def _mig_nodes(cycle: _Cycle, claims: dict[str, Counter[str]]) -> list[_MigNode]
         cycle.mig_nodes = []
         for node in cycle.snapshot.nodes:
             policy = cycle.snapshot.policies.get(node.name)
-            if node.model is None or policy is None or policy.static_layout is not None:
+            # A layout the engine chooses: the gate's rules that hold for the whole cycle (a policy
+            # selects the node, pins no static layout, is not frozen, its window is open). Its budget
+            # changes as the cycle plans: ``_mig_candidates`` asks ``_open`` per pod.
+            if node.model is None or policy is None or not reshape_gate(policy, cycle.now, dynamic_layout=True).allowed:
                 continue
             quiet = not unreported_claims(node, claims.get(node.name, Counter()))
             found: dict[int, GpuCandidate] = {}
@@ -236,7 +247,8 @@ def _mig_nodes(cycle: _Cycle, claims: dict[str, Counter[str]]) -> list[_MigNode]
                     # Turning MIG on needs a GPU reset (operator mode only), and full GPUs
                     # of a shared node belong to its MPS/time-slicing pool.
                     continue
-                idle = quiet and not gpu.in_use and _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds)
+                idle = quiet and not gpu.in_use and idle_long_enough(_idle_for(gpu.idle_since, cycle.now),
+                                                                      policy.idle_seconds)
                 found[gpu.index] = GpuCandidate(node.name, gpu.index, node.model, gpu.mig_enabled, gpu.instances,
                                                 gpu.in_use, idle)
                 extend[gpu.index] = replace(found[gpu.index], may_destroy=False) if idle else found[gpu.index]
@@ -357,14 +369,14 @@ def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod |
     if cycle.returnable is None:
         cycle.returnable = []
         for node in cycle.snapshot.nodes:
-            policy = cycle.snapshot.policies.get(node.name)
-            if policy is None or not policy.window_open(cycle.now):
-                continue
             if node.spec_sharing == "none" or not node.converged or taken[node.name]:
                 continue
             if any(g.mig_enabled for g in node.gpus) or node.faulted:
                 continue
-            if all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
+            # The gate's rules that hold for the whole cycle, every GPU idle long enough; the
+            # budget is asked per pod below.
+            if reshape_gate(cycle.snapshot.policies.get(node.name), cycle.now,
+                            idle_for=(_idle_for(g.idle_since, cycle.now) for g in node.gpus)).allowed:
                 cycle.returnable.append(node)
     out = [
         node for node in cycle.returnable
@@ -455,7 +467,7 @@ def _switchable(cycle: _Cycle, taken: Counter[str]) -> list[tuple[Node, NodePoli
         cycle.switchable = []
         for node in cycle.snapshot.nodes:
             policy = cycle.snapshot.policies.get(node.name)
-            if policy is None or not policy.window_open(cycle.now):
+            if policy is None:  # the gate below refuses it too; the pair needs the policy
                 continue
             if not node.converged or not node.gpus or any(g.mig_enabled for g in node.gpus) or taken[node.name]:
                 continue
@@ -463,7 +475,9 @@ def _switchable(cycle: _Cycle, taken: Counter[str]) -> list[tuple[Node, NodePoli
                 continue  # a GPU with a fault is never shared (node.health)
             if cycle.whole_busy[node.name]:
                 continue
-            if not all(_idle_enough(g.idle_since, cycle.now, policy.idle_seconds) for g in node.gpus):
+            # The gate's rules that hold for the whole cycle, every GPU idle long enough; the
+            # budget is asked per pod (``_open``).
+            if not reshape_gate(policy, cycle.now, idle_for=(_idle_for(g.idle_since, cycle.now) for g in node.gpus)).allowed:
                 continue
             cycle.switchable.append((node, policy))
     return cycle.switchable
@@ -609,13 +623,13 @@ def _static_layouts(cycle: _Cycle) -> None:
         if node.model is None or policy is None or policy.static_layout is None:
             continue
         for gpu in node.gpus:
-            if not _open(policy, cycle) or gpu.reshaping or gpu.in_use or gpu.faulted:
+            if gpu.reshaping or gpu.in_use or gpu.faulted:
                 continue
             if not gpu.mig_enabled and not cycle.mig_mode_changes:
                 continue
             if gpu.mig_enabled and sorted(gpu.profiles.elements()) == list(policy.static_layout):
                 continue
-            if not _idle_enough(gpu.idle_since, cycle.now, policy.idle_seconds):
+            if not _open(policy, cycle, (_idle_for(gpu.idle_since, cycle.now),)):
                 continue
             plan = plan_reconfiguration(node.model, gpu.instances if gpu.mig_enabled else (), (), policy.static_layout)
             if plan is None:

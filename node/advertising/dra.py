@@ -49,7 +49,7 @@ from node.base.context import AgentContext, JournalStore
 from node.draplugin.journal import read_claimed_devices
 from node.base.journal import Journal
 from node.base.pods import PodUse
-from node.policy import ReshapeRules
+from node.base.reshape_rules import ReshapeRules
 from node.base.settings import AgentSettings
 from node.base.snapshot import NodeSnapshot
 from sharing.api.crd import GPUNodeSpec
@@ -64,14 +64,15 @@ SLICES_PUBLISHED = "ResourceSlicesPublished"
 
 
 def reshape_blocked(rules: ReshapeRules, now: float) -> str | None:
-    """Why no new MIG placement may be offered at ``now`` (epoch seconds); None when they may."""
-    policy = rules.policy
-    if policy is None:
-        return "no SharingPolicy selects this node" + (f" ({'; '.join(rules.problems)})" if rules.problems else "")
-    if policy.static_layout is not None:
-        return f"SharingPolicy {', '.join(policy.names)} pins a static layout"
-    allowed, why = rules.may_start(now)
-    return None if allowed else why
+    """Why no new MIG placement may be offered at ``now`` (epoch seconds); None when they may. A new
+    placement is a layout gpupack chooses, so the gate (``sharing.rules.reshape_gate``) needs a policy
+    selecting the node, pinning no static layout, not frozen, its window open."""
+    answer = rules.gate(now, needs_policy=True, dynamic_layout=True)
+    if answer.allowed:
+        return None
+    if answer.reason == "no-policy" and rules.problems:
+        return f"{answer.message} ({'; '.join(rules.problems)})"
+    return answer.message
 
 
 class DraPublisher:

@@ -12,7 +12,7 @@ device-plugin backend, and invariant 1 holds (never touch an instance in use):
 * the kubelet plugin's journal is readable, every file of it, and no claim in it
   holds or is creating an instance at the instance's placement;
 * no process uses it, and it has been idle (no process, no pod) for the
-  policy's idle time (``node.planning.IdleTracker``, which the agent feeds each tick);
+  policy's idle time (``node.base.idle_tracking.IdleTracker``, which the agent feeds each tick);
 * it has no fault (a faulted instance waits for its recovery, ``node.health``).
 
 The destroy itself happens holding the node's MIG-change lock

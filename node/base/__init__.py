@@ -7,7 +7,8 @@ wires the parts together and is imported by none of them:
 - ``context``: the protocol the parts act on the agent through, and the types it
   carries: ``settings``, ``kube`` (the agent's Kubernetes calls), ``snapshot``
   (with ``dcgm``'s activity), ``pods``, ``journal`` (the reconfiguration record),
-  ``conditions``;
+  ``conditions``, ``idle_tracking`` (the agent's idle clocks) and ``reshape_rules``
+  (the SharingPolicies selecting the node, as the agent asks the reshape gate);
 - what two parts speak alike: ``operator_mode`` (the GPU Operator's mig-manager
   and device-plugin configs) and ``device_plugin_emulator`` (SIMULATION).
 """

@@ -22,8 +22,8 @@ from node.base.snapshot import NodeSnapshot
 from node.base.journal import Journal
 from node.base.kube import Kube
 from node.nvml.protocol import GpuInstance, NvmlBackend
-from node.planning import IdleTracker
-from node.policy import ReshapeRules
+from node.base.idle_tracking import IdleTracker
+from node.base.reshape_rules import ReshapeRules
 from node.base.pods import PodUse
 from node.base.settings import AgentSettings
 from sharing.api.crd import GPUNodeSpec

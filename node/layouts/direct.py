@@ -23,7 +23,7 @@ from node.base.snapshot import NodeSnapshot
 from node.base.journal import NVML_PHASES, Journal, format_instance
 from node.base.kube import Kube
 from node.layouts.mig_loop import GpuDriver, GpuTarget, StartRules
-from node.planning import StartDecision
+from node.layouts.reshape_start import StartDecision
 from node.layouts.reconciler import MigReconciler, finish
 from sharing.api.crd import GPUNodeSpec, LayoutRefusal, LayoutRefusalPhase
 from sharing.api.keys import DEPLOY_DEVICE_PLUGIN_LABEL, MIG_CONFIG_STATE_LABEL, mig_profile_of

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from mig.model import GpuModel, PlacedInstance
 from node.base.journal import NVML_PHASES, Journal
-from node.planning import IdleTracker, StartDecision, decide_start, decide_start_pinned
+from node.base.idle_tracking import IdleTracker
+from node.layouts.reshape_start import StartDecision, decide_start, decide_start_pinned
 from node.layouts.reconciler import BusyFn, MigReconciler
 from node.nvml.protocol import NvmlReader
 

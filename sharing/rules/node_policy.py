@@ -18,8 +18,9 @@ it:
   utilisation: the lowest.
 
 The controller plans with :class:`NodePolicy` (``controller.state.build``) and the
-node agent enforces it before touching NVML (``node.policy``), so the two can
-only disagree if they read different policies.
+node agent enforces it before touching NVML (``node.base.reshape_rules``); whether a
+change may start now is one gate for both (``sharing.rules.reshape_gate``), so the
+two can only disagree if they read different policies.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from node.layouts.direct import layout_report
 from node.base.snapshot import read_snapshot, status_from_snapshot
 from node.base.journal import Journal
 from node.nvml.simulated import SimulatedNvml
-from node.planning import StartDecision
+from node.layouts.reshape_start import StartDecision
 from sharing.api.allocation import Allocation, ContainerAllocation
 
 NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)

@@ -165,13 +165,14 @@ ROOMS: dict[str, dict[str, set[str]]] = {
     "node": {
         "node.kubeletapi": set(),  # generated gRPC stubs of the kubelet's APIs
         "node.nvml": set(),  # NVML backends: the real one and the simulation
-        # what the agent's parts share: the context protocol and its types, operator and emulator protocols
+        # what the agent's parts share: the context protocol and its types (idle clocks, reshape rules
+        # among them), operator and emulator protocols
         "node.base": {"node.nvml"},
         "node.draplugin": {"node.base", "node.nvml", "node.kubeletapi"},  # the DRA kubelet plugin
         "node.health": {"node.base", "node.nvml"},  # GPU faults: signals, XID table, tracker, monitor
         "node.layouts": {"node.base", "node.nvml"},  # how a layout reaches the GPU: NVML or mig-manager
         "node.advertising": {"node.base", "node.nvml", "node.draplugin"},  # how GPUs reach the kubelet
-        # the agent: its loop, metrics, idle clocks and reshape rules, and the wiring of its parts
+        # the agent: its loop, metrics, who owns a device, and the wiring of its parts
         "node": {"node.kubeletapi", "node.nvml", "node.base", "node.draplugin", "node.health", "node.layouts",
                  "node.advertising"},
     },
@@ -187,16 +188,9 @@ ROOMS: dict[str, dict[str, set[str]]] = {
 }
 
 # Imports the table forbids that are known, each with the change that removes it. The test fails
-# when one is no longer made, so this list only shrinks. The agent's reshape rules (``node/policy.py``,
-# ``node/planning.py``) are being merged into one rule in ``sharing/rules`` (issue 34, item 1); what
-# stays of them in ``node/`` then moves into ``node.base`` (or lower), and these go.
-KNOWN_EDGES: set[tuple[str, str]] = {
-    # (importing room, imported module)
-    ("node.base", "node.planning"),  # context.AgentContext.idle: IdleTracker
-    ("node.base", "node.policy"),  # context.AgentContext.rules: ReshapeRules
-    ("node.layouts", "node.planning"),  # direct, mig_loop: the start decision
-    ("node.advertising", "node.policy"),  # dra: ReshapeRules
-}
+# when one is no longer made, so this list only shrinks. Empty since the agent's reshape rules became
+# one gate in ``sharing/rules`` and what the agent keeps of them moved into ``node.base`` (issue 34).
+KNOWN_EDGES: set[tuple[str, str]] = set()  # (importing room, imported module)
 
 SIMULATOR = "sharing.simulator"
 LIVE = {"mig", "kube", "webhook", "node", "controller", "sharing"}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from controller.state.build import build_snapshot
-from node.policy import reshape_rules
+from node.base.reshape_rules import reshape_rules
 from sharing.api.crd import NamespaceRule, SharingPolicySpec, read_policies
 from sharing.admission.inventory import build_inventory
 

@@ -34,7 +34,7 @@ from node.layouts.mig_loop import GpuDriver, GpuTarget, StartRules
 from node.nvml import errors
 from node.nvml.protocol import GpuInstance
 from node.nvml.simulated import Fault, SimulatedNvml
-from node.planning import IdleTracker
+from node.base.idle_tracking import IdleTracker
 from node.layouts.reconciler import MigReconciler, finish
 
 MODELS = [get_model("H200"), get_model("A30")]

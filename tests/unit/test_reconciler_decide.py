@@ -7,7 +7,8 @@ import pytest
 from mig.catalog import get_model
 from mig.model import PlacedInstance, Placement
 from node.base.journal import Journal, parse_instance
-from node.planning import IdleTracker, decide_start
+from node.base.idle_tracking import IdleTracker
+from node.layouts.reshape_start import decide_start
 from node.layouts.reconciler import Create, Destroy, Transition, decide
 
 H200 = get_model("H200")
@@ -123,7 +124,7 @@ def test_placement_matters_a_busy_instance_in_the_way_means_wait() -> None:
     ],
 )
 def test_decide_start_pinned(current: list[str], busy: list[str], target: list[str], kind: str, reason_has: str) -> None:
-    from node.planning import decide_start_pinned
+    from node.layouts.reshape_start import decide_start_pinned
 
     busy_set = frozenset(map(pi, busy))
     decision = decide_start_pinned(H200, tuple(map(pi, current)), busy_set, busy_set, tuple(map(pi, target)), 60.0)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from node.policy import reshape_rules
+from node.base.reshape_rules import reshape_rules
 
 
 def _ts(day: int, hour: int, minute: int = 0) -> float:

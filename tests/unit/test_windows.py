@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from sharing.rules.node_policy import merge, policy_for_node
-from node.policy import reshape_rules
+from node.base.reshape_rules import reshape_rules
 from sharing.api.crd import SharingPolicySpec
 from sharing.rules.windows import window_contains
 

@@ -1,17 +1,18 @@
-"""Whether to start reshaping a GPU now: idle tracking and the start decision (pure).
+"""Whether to start reshaping one GPU to its spec now: start, wait or refuse (pure).
 
-An instance may be touched only after it has been idle (no process, no pod
-assigned) for the policy's idle time. ``IdleTracker`` remembers since when each
-instance has been idle, using the injected clock. It is deliberately *not*
-persisted: after an agent restart every instance counts as idle only from the
-restart on, so the agent waits one more idle period instead of trusting a stale
-record. That costs at most one idle period of delay and never safety.
+Given which instances are in use and which have not been idle long enough (the
+agent's clocks, ``node.base.idle_tracking``), :func:`decide_start` finds a plan that
+pins them (``mig.reach``), or says what it waits for or why the spec cannot be
+reached. Whether policy lets a reshape start at all now (frozen, outside its
+window) is not decided here: the layouts driver asks the gate
+(``sharing.rules.reshape_gate``, through ``node.base.reshape_rules``) and
+``node.mig_loop`` reports ``blocked`` in place of a start or a wait.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -29,34 +30,6 @@ class StartDecision:
     kind: StartKind
     reason: str = ""
     plan: ReconfigurationPlan | None = None
-
-
-class IdleTracker:
-    """Since when each (GPU, instance) has been idle."""
-
-    def __init__(self) -> None:
-        self._since: dict[tuple[str, PlacedInstance], float] = {}
-
-    def observe(self, gpu_uuid: str, instances: Iterable[PlacedInstance], busy: Iterable[PlacedInstance], now: float) -> None:
-        busy_set = set(busy)
-        present = set(instances)
-        for key in [k for k in self._since if k[0] == gpu_uuid and k[1] not in present]:
-            del self._since[key]
-        for instance in present:
-            key = (gpu_uuid, instance)
-            if instance in busy_set:
-                self._since.pop(key, None)
-            else:
-                self._since.setdefault(key, now)
-
-    def not_idle_long_enough(
-        self, gpu_uuid: str, instances: Iterable[PlacedInstance], now: float, idle_seconds: float
-    ) -> frozenset[PlacedInstance]:
-        """Instances that are busy or have been idle for less than ``idle_seconds``."""
-        return frozenset(
-            i for i in instances
-            if (since := self._since.get((gpu_uuid, i))) is None or now - since < idle_seconds
-        )
 
 
 def decide_start(
