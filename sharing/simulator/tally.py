@@ -1,0 +1,72 @@
+"""What a shares run logs after every arrival, and the figures it reports from that log.
+
+A shares run replays fractional pods as shares of full GPUs, so it first
+refuses a node list with MIG-capable GPUs (``refuse_mig_capable``).
+
+The product model (``sharing.simulator.product``) and the DRA model
+(``sharing.simulator.dra``) keep one log: after every attempt, placed or
+failed, the GPU milli arrived so far (failed pods included), allocated so far
+and occupied so far (what the placed pods' shares hold, rounding included),
+and the decision's time. Their allocation and occupancy per level, median
+decision time and final allocation come from it by one reading
+(``sharing.simulator.metrics.alloc_by_level``, ``PROTOCOL.md`` §5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from mig.openb_gpus import openb_gpu
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
+from sharing.simulator.metrics import alloc_by_level
+
+
+def refuse_mig_capable(nodes: Sequence[NodeSpec], replays: str) -> None:
+    """ValueError naming the first MIG-capable GPU type (by name) among ``nodes``: a shares model
+    (``replays`` says what it replays instead) has no rule for MIG placements."""
+    for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
+        if openb_gpu(gpu_type).mig_capable:
+            raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: {replays}")
+
+
+class ArrivalTally:
+    """One run's log, one row per arrival (module docstring)."""
+
+    def __init__(self, count: int) -> None:
+        self.arrived = np.zeros(count, dtype=np.int64)
+        self.used = np.zeros(count, dtype=np.int64)
+        self.occupied = np.zeros(count, dtype=np.int64)
+        self.times = np.zeros(count, dtype=np.int64)
+        self.demand = self.allocated = self.failed = 0
+        # Whole milli under the DRA model; a replica's 1000/r is fractional under the product model,
+        # so the sum is kept exact and only its log row is rounded.
+        self.reserved: float = 0
+
+    def record(self, i: int, pod: PodSpec, taken: float | None, elapsed_ns: int) -> None:
+        """Log arrival ``i``: ``taken`` is the milli its placement occupies, None when it failed."""
+        self.times[i] = elapsed_ns
+        self.demand += pod.gpu_total_milli
+        if taken is None:
+            self.failed += 1
+        else:
+            self.allocated += pod.gpu_total_milli
+            self.reserved += taken
+        self.arrived[i], self.used[i], self.occupied[i] = self.demand, self.allocated, round(self.reserved)
+
+    def alloc_at(self, total_gpus: int) -> dict[int, float | None]:
+        """Allocation percent per arrived-demand level."""
+        return alloc_by_level(self.arrived, self.used, total_gpus)
+
+    def occupied_at(self, total_gpus: int) -> dict[int, float | None]:
+        """Occupied percent (the shares' rounding included) per arrived-demand level."""
+        return alloc_by_level(self.arrived, self.occupied, total_gpus)
+
+    def decision_us_median(self) -> float:
+        """Median decision time in microseconds."""
+        return float(np.median(self.times)) / 1000.0
+
+    def final_alloc_percent(self, total_gpus: int) -> float:
+        """Allocated milli after the last arrival, in percent of the GPUs' capacity."""
+        return 100.0 * self.allocated / (total_gpus * GPU_MILLI)
