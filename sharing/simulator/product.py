@@ -484,12 +484,8 @@ def run_product(
         live_path=live_path,
         seed=seed,
         pods=count,
-        failed_pods=tally.failed,
-        alloc_at=tally.alloc_at(total_gpus),
-        occupied_at=tally.occupied_at(total_gpus),
-        decision_us_median=tally.decision_us_median(),
-        final_alloc_percent=tally.final_alloc_percent(total_gpus),
         split=replay.split(tally.allocated, tally.reserved),
         node_modes=replay.node_modes(),
         divergences=tuple(divergences),
+        **tally.figures(total_gpus),
     )

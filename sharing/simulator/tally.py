@@ -15,6 +15,7 @@ decision time and final allocation come from it by one reading
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 import numpy as np
 
@@ -29,6 +30,19 @@ def refuse_mig_capable(nodes: Sequence[NodeSpec], replays: str) -> None:
     for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
         if openb_gpu(gpu_type).mig_capable:
             raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: {replays}")
+
+
+class RunFigures(TypedDict):
+    """What a shares run reports from its log, under its result's field names."""
+
+    failed_pods: int
+    alloc_at: dict[int, float | None]
+    """Allocation percent per arrived-demand level."""
+    occupied_at: dict[int, float | None]
+    """Occupied percent (the shares' rounding included) per arrived-demand level."""
+    decision_us_median: float
+    final_alloc_percent: float
+    """Allocated milli after the last arrival, in percent of the GPUs' capacity."""
 
 
 class ArrivalTally:
@@ -55,18 +69,12 @@ class ArrivalTally:
             self.reserved += taken
         self.arrived[i], self.used[i], self.occupied[i] = self.demand, self.allocated, round(self.reserved)
 
-    def alloc_at(self, total_gpus: int) -> dict[int, float | None]:
-        """Allocation percent per arrived-demand level."""
-        return alloc_by_level(self.arrived, self.used, total_gpus)
-
-    def occupied_at(self, total_gpus: int) -> dict[int, float | None]:
-        """Occupied percent (the shares' rounding included) per arrived-demand level."""
-        return alloc_by_level(self.arrived, self.occupied, total_gpus)
-
-    def decision_us_median(self) -> float:
-        """Median decision time in microseconds."""
-        return float(np.median(self.times)) / 1000.0
-
-    def final_alloc_percent(self, total_gpus: int) -> float:
-        """Allocated milli after the last arrival, in percent of the GPUs' capacity."""
-        return 100.0 * self.allocated / (total_gpus * GPU_MILLI)
+    def figures(self, total_gpus: int) -> RunFigures:
+        """The run's figures over ``total_gpus`` GPUs (module docstring)."""
+        return RunFigures(
+            failed_pods=self.failed,
+            alloc_at=alloc_by_level(self.arrived, self.used, total_gpus),
+            occupied_at=alloc_by_level(self.arrived, self.occupied, total_gpus),
+            decision_us_median=float(np.median(self.times)) / 1000.0,
+            final_alloc_percent=100.0 * self.allocated / (total_gpus * GPU_MILLI),
+        )
