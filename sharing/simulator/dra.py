@@ -93,12 +93,12 @@ from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec, Re
 from sharing.packing.typical import TYPICAL_RULES as TYPICAL_RULES  # re-exported: the simulator's CLI reads it here
 from sharing.packing.typical import TypicalRule as TypicalRule
 from sharing.packing.typical import NO_GPU_POD as NO_GPU_POD  # re-exported: its tests read it here
-from sharing.packing.typical import TypicalCounts, TypicalPods, same_table
+from sharing.packing.typical import TypicalCounts, TypicalPods, check_typical_rule, same_table
 from sharing.simulator.product import DEFAULT_TYPICAL_EVERY as DEFAULT_TYPICAL_EVERY  # one batch rule, re-exported
 from sharing.simulator.product import scheduler_pick
 from sharing.simulator.replay import Clock, _continue_stream
-from sharing.simulator.arrivals import plan_run
-from sharing.simulator.tally import ArrivalTally, refuse_mig_capable
+from sharing.simulator.arrivals import plan_run, refuse_mig_capable
+from sharing.simulator.tally import ArrivalTally
 
 CpuPods = Literal["scheduler", "engine"]
 CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
@@ -338,11 +338,10 @@ def run_dra(
     on the seed's sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``)."""
     name = canonical_policy_name(policy_name)
     check_share_unit(share_unit)
-    if typical not in TYPICAL_RULES:
-        raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
+    check_typical_rule(typical)
     refuse_mig_capable(nodes, "the DRA model replays consumable-capacity shares only, not MIG placements")
     plan = plan_run(nodes, trace_pods, seed, inflate, max_nodes)
-    ordered = sorted(plan.nodes, key=lambda n: n.name)
+    ordered = plan.by_name
     total_gpus = plan.gpus
     workload = plan.workload
     # The scorers measure fragmentation against what the typical pods' claims reserve.

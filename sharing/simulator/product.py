@@ -64,12 +64,12 @@ from sharing.packing.node_sharing import (
 )
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
-from sharing.packing.typical import NO_GPU_POD, TYPICAL_RULES, TypicalCounts, TypicalPods, TypicalRule, same_table
+from sharing.packing.typical import NO_GPU_POD, TypicalCounts, TypicalPods, TypicalRule, check_typical_rule, same_table
 from sharing.packing.shared_sequence import EXACT, ReplicaStep, place_shared
 from sharing.rules.replicas import Ask, largest_replicas, most_replicas, replica_milli, replicas_for_demand, takes_whole_gpu
 from sharing.simulator.replay import Clock, _continue_stream
-from sharing.simulator.arrivals import plan_run
-from sharing.simulator.tally import ArrivalTally, refuse_mig_capable
+from sharing.simulator.arrivals import plan_run, refuse_mig_capable
+from sharing.simulator.tally import ArrivalTally
 
 SCHEDULER_TIES_STREAM: Final = 0x6B7562
 """Second word of the seed of the generator kube-scheduler's ties are drawn from (a stream apart
@@ -418,13 +418,12 @@ def run_product(
     ablation, as ``benchmarks/product_ablation.py`` runs); ``policy_name`` still
     names the registered policy the run reports."""
     name = canonical_policy_name(policy_name)
-    if typical not in TYPICAL_RULES:
-        raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
+    check_typical_rule(typical)
     if typical_every < 1:
         raise ValueError(f"typical_every must be at least 1, got {typical_every}")
     refuse_mig_capable(nodes, "the product model replays MPS sharing only")
     plan = plan_run(nodes, trace_pods, seed, inflate, max_nodes)
-    ordered = sorted(plan.nodes, key=lambda n: n.name)
+    ordered = plan.by_name
     total_gpus = plan.gpus
     workload = plan.workload
     if stop_after is not None and not 1 <= stop_after <= len(workload.pods):

@@ -1,8 +1,5 @@
 """What a shares run logs after every arrival, and the figures it reports from that log.
 
-A shares run replays fractional pods as shares of full GPUs, so it first
-refuses a node list with MIG-capable GPUs (``refuse_mig_capable``).
-
 The product model (``sharing.simulator.product``) and the DRA model
 (``sharing.simulator.dra``) keep one log: after every attempt, placed or
 failed, the GPU milli arrived so far (failed pods included), allocated so far
@@ -14,22 +11,12 @@ decision time and final allocation come from it by one reading
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TypedDict
 
 import numpy as np
 
-from mig.openb_gpus import openb_gpu
-from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
+from sharing.packing.specs import GPU_MILLI, PodSpec
 from sharing.simulator.metrics import alloc_by_level
-
-
-def refuse_mig_capable(nodes: Sequence[NodeSpec], replays: str) -> None:
-    """ValueError naming the first MIG-capable GPU type (by name) among ``nodes``: a shares model
-    (``replays`` says what it replays instead) has no rule for MIG placements."""
-    for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
-        if openb_gpu(gpu_type).mig_capable:
-            raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: {replays}")
 
 
 class RunFigures(TypedDict):
