@@ -37,8 +37,8 @@ from sharing.rules.node_policy import NodePolicy, policies_for_nodes
 from sharing.admission.record_policy import record_problem
 
 __all__ = [
-    "NodeParse", "PodParse", "assemble", "build_snapshot", "busy_by_node", "busy_gpus", "encode_idle", "format_time",
-    "idle_record", "merge_policies", "namespace_policies", "node_from_objects", "parse_node", "parse_pod", "parse_time", "pod_from_object",
+    "NodeParse", "PodParse", "SnapshotReader", "assemble", "build_snapshot", "busy_by_node", "busy_gpus", "encode_idle", "format_time",
+    "idle_record", "merge_policies", "namespace_policies", "node_from_objects", "object_meta", "parse_node", "parse_pod", "parse_time", "pod_from_object",
     "refused_gpus", "scoped", "update_idle",
 ]
 
@@ -372,29 +372,61 @@ def _with_usage(node: Node, whole: int, cpu: int, memory: int) -> Node:
     return replace(node, whole_taken=whole, cpu_used_milli=cpu, memory_used_mib=memory)
 
 
-def build_snapshot(
-    gpunodes: Iterable[Mapping[str, Any]],
-    nodes: Iterable[Mapping[str, Any]],
-    pods: Iterable[Mapping[str, Any]],
-    policies: Iterable[Mapping[str, Any]],
-    *,
-    now: datetime | None = None,
-    stale_after_s: float | None = None,
-    namespaces: Iterable[Mapping[str, Any]] | None = None,
-) -> Snapshot:
-    """The cycle's snapshot, every object read afresh (``controller.state.incremental`` keeps the
-    readings of objects that did not change); policies that fail validation are ignored (the
-    webhook rejects them at the door).
+def object_meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's ``metadata`` (empty when it has none)."""
+    meta = obj.get("metadata")
+    return meta if type(meta) is dict else _map(meta)  # the common case without an ABC check: every object, every cycle
 
-    With ``now`` and ``stale_after_s`` (the controller's ``agent_stale_seconds``), a node whose
-    agent's heartbeat is older than that is marked stale. ``namespaces``: the Namespace objects,
-    whose labels the SharingPolicies' namespace rules may select (:func:`namespace_policies`)."""
-    node_objs = {str(_map(n.get("metadata")).get("name")): n for n in nodes}
-    parsed = [p for g in gpunodes
-              if (p := parse_node(g, node_objs.get(str(_map(g.get("metadata")).get("name"))))) is not None]
-    policy_list = list(policies)
-    return assemble(parsed, (parse_pod(obj) for obj in pods), merge_policies(policy_list),
-                    now=now, stale_after_s=stale_after_s, policy_of=namespace_policies(policy_list, namespaces))
+
+class SnapshotReader:
+    """Builds the cycle's snapshot from the API objects, every object read afresh.
+
+    The one build: :func:`build_snapshot` is this class's, and
+    ``controller.state.incremental.SnapshotCache`` overrides the three ``read_*`` steps to keep
+    the readings of objects that did not change."""
+
+    def read_nodes(self, gpunodes: Iterable[Mapping[str, Any]],
+                   node_objs: Mapping[str, Mapping[str, Any]]) -> list[NodeParse | None]:
+        """Each GPUNode's reading, with its Node (by name) when there is one."""
+        return [parse_node(g, node_objs.get(str(object_meta(g).get("name")))) for g in gpunodes]
+
+    def read_pods(self, pods: Iterable[Mapping[str, Any]]) -> Iterable[PodParse]:
+        """Each pod's reading."""
+        return (parse_pod(obj) for obj in pods)
+
+    def read_policies(self, policies: list[Mapping[str, Any]]) -> PolicyMerge:
+        """The SharingPolicies, merged per node."""
+        return merge_policies(policies)
+
+    def build(
+        self,
+        gpunodes: Iterable[Mapping[str, Any]],
+        nodes: Iterable[Mapping[str, Any]],
+        pods: Iterable[Mapping[str, Any]],
+        policies: Iterable[Mapping[str, Any]],
+        *,
+        now: datetime | None = None,
+        stale_after_s: float | None = None,
+        namespaces: Iterable[Mapping[str, Any]] | None = None,
+    ) -> Snapshot:
+        """The cycle's snapshot; policies that fail validation are ignored (the webhook rejects
+        them at the door).
+
+        With ``now`` and ``stale_after_s`` (the controller's ``agent_stale_seconds``), a node whose
+        agent's heartbeat is older than that is marked stale. ``namespaces``: the Namespace objects,
+        whose labels the SharingPolicies' namespace rules may select (:func:`namespace_policies`)."""
+        node_objs = {str(object_meta(n).get("name")): n for n in nodes}
+        parsed = [p for p in self.read_nodes(gpunodes, node_objs) if p is not None]
+        policy_list = list(policies)
+        # The SharingPolicy check of each pod's record is made afresh every build (the policies and
+        # namespaces may change while the pod does not); it reads a few policies, once per namespace.
+        return assemble(parsed, self.read_pods(pods), self.read_policies(policy_list),
+                        now=now, stale_after_s=stale_after_s, policy_of=namespace_policies(policy_list, namespaces))
+
+
+build_snapshot = SnapshotReader().build
+"""The cycle's snapshot, every object read afresh (:meth:`SnapshotReader.build`;
+``controller.state.incremental`` keeps the readings of objects that did not change)."""
 
 
 def _failed_devices(reading: GpuNodeReading) -> list[FailedDevice]:

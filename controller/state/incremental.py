@@ -25,11 +25,11 @@ Readings of objects that are gone are dropped at the next build.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from datetime import datetime
 from typing import Any
 
-from controller.state.build import NodeParse, PodParse, assemble, merge_policies, namespace_policies, parse_node, parse_pod
-from controller.state.snapshot import Node, Snapshot
+from controller.state.build import NodeParse, PodParse, PolicyMerge, SnapshotReader, merge_policies, parse_node, parse_pod
+from controller.state.build import object_meta as _meta
+from controller.state.snapshot import Node
 from sharing.api.keys import IDLE_SINCE_ANNOTATION
 from sharing.api.fields import as_map as _map
 from sharing.rules.node_policy import NodePolicy
@@ -38,12 +38,7 @@ NodeKey = tuple[str, str, str]
 PolicyKey = tuple[tuple[str, str], ...]
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if type(meta) is dict else _map(meta)  # the common case without an ABC check: every object, every cycle
-
-
-class SnapshotCache:
+class SnapshotCache(SnapshotReader):
     """Builds snapshots like ``build_snapshot``, keeping the readings of unchanged objects."""
 
     def __init__(self) -> None:
@@ -56,27 +51,12 @@ class SnapshotCache:
         self.parsed_pods = 0
         """Pods read by the last build."""
 
-    def build(
-        self,
-        gpunodes: Iterable[Mapping[str, Any]],
-        nodes: Iterable[Mapping[str, Any]],
-        pods: Iterable[Mapping[str, Any]],
-        policies: Iterable[Mapping[str, Any]],
-        *,
-        now: datetime | None = None,
-        stale_after_s: float | None = None,
-        namespaces: Iterable[Mapping[str, Any]] | None = None,
-    ) -> Snapshot:
-        node_objs = {str(_meta(n).get("name")): n for n in nodes}
-        parsed = [p for p in self._read_nodes(gpunodes, node_objs) if p is not None]
-        policy_objs = list(policies)
-        # The SharingPolicy check of each pod's record is made afresh every build (the policies and
-        # namespaces may change while the pod does not); it reads a few policies, once per namespace.
-        return assemble(parsed, self._read_pods(pods), lambda built: self._merged(policy_objs, built),
-                        now=now, stale_after_s=stale_after_s, policy_of=namespace_policies(policy_objs, namespaces))
+    def read_policies(self, policies: list[Mapping[str, Any]]) -> PolicyMerge:
+        # Merged again only when a policy or a node's labels or model changed (``_merged``).
+        return lambda built: self._merged(policies, built)
 
-    def _read_nodes(self, gpunodes: Iterable[Mapping[str, Any]],
-                    node_objs: Mapping[str, Mapping[str, Any]]) -> list[NodeParse | None]:
+    def read_nodes(self, gpunodes: Iterable[Mapping[str, Any]],
+                   node_objs: Mapping[str, Mapping[str, Any]]) -> list[NodeParse | None]:
         kept: dict[str, tuple[NodeKey, NodeParse | None]] = {}
         out: list[NodeParse | None] = []
         self.parsed_nodes = 0
@@ -100,7 +80,7 @@ class SnapshotCache:
         self._nodes = kept
         return out
 
-    def _read_pods(self, pods: Iterable[Mapping[str, Any]]) -> list[PodParse]:
+    def read_pods(self, pods: Iterable[Mapping[str, Any]]) -> list[PodParse]:
         kept: dict[str, tuple[tuple[str, str], PodParse]] = {}
         out: list[PodParse] = []
         self.parsed_pods = 0

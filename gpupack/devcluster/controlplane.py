@@ -332,11 +332,16 @@ class ControlPlane:
         self.processes.append(proc)
         return proc
 
+    def _wait_answering(self, proc: ManagedProcess, url: str, expect: str = "ok",
+                        verify: ssl.SSLContext | bool = True, what: str | None = None) -> None:
+        """Wait, up to the start timeout, until ``url`` answers ``expect`` (``what``, by default the
+        process and the URL, names the wait in the error); fail fast if ``proc`` exits."""
+        wait_until(lambda: _http_ok(url, expect, verify), what or f"{proc.name} {url}", self.config.start_timeout_s, proc)
+
     def _start_etcd(self) -> None:
         proc = self._launch("etcd", components.etcd_argv(self.binaries, self.workdir, self.ports))
         url = components.etcd_url(self.ports)
-        wait_until(lambda: _http_ok(f"{url}/health", '"health":"true"'),
-                   f"etcd health at {url}/health", self.config.start_timeout_s, proc)
+        self._wait_answering(proc, f"{url}/health", '"health":"true"', what=f"etcd health at {url}/health")
 
     def _start_apiserver(self) -> None:
         argv = components.apiserver_argv(self.binaries, self.workdir, self.ports, self.config.authorization_config)
@@ -344,18 +349,14 @@ class ControlPlane:
         d = self.workdir / "pki"
         ssl_ctx = ssl.create_default_context(cafile=str(self.ca_file))
         ssl_ctx.load_cert_chain(d / "admin.crt", d / "admin.key")
-        wait_until(lambda: _http_ok(f"{self.server}/readyz", "ok", ssl_ctx),
-                   f"kube-apiserver {self.server}/readyz", self.config.start_timeout_s, proc)
+        self._wait_answering(proc, f"{self.server}/readyz", verify=ssl_ctx)
 
     def _start_scheduler(self) -> None:
         components.write_scheduler_config(self.workdir)
         argv = components.scheduler_argv(self.binaries, self.workdir, self.ports)
         proc = self._launch("kube-scheduler", argv)
-        url = components.scheduler_url(self.ports)
         # Its serving cert is self-signed in --cert-dir; /readyz is open to all.
-        insecure = _self_signed_context()
-        wait_until(lambda: _http_ok(f"{url}/readyz", "ok", insecure),
-                   f"kube-scheduler {url}/readyz", self.config.start_timeout_s, proc)
+        self._wait_answering(proc, f"{components.scheduler_url(self.ports)}/readyz", verify=_self_signed_context())
 
     def _start_controller_manager(self) -> None:
         if not self.config.controller_manager:  # no port, certificate or kubeconfig was made for it
@@ -363,11 +364,9 @@ class ControlPlane:
                                "with ControlPlaneConfig(controller_manager=True)")
         argv = components.controller_manager_argv(self.binaries, self.workdir, self.ports, self.config.controllers)
         proc = self._launch(CONTROLLER_MANAGER, argv)
-        url = components.controller_manager_url(self.ports)
         # Self-signed serving cert in --cert-dir, like kube-scheduler; /healthz is open to all.
-        insecure = _self_signed_context()
-        wait_until(lambda: _http_ok(f"{url}/healthz", "ok", insecure),
-                   f"kube-controller-manager {url}/healthz", self.config.start_timeout_s, proc)
+        self._wait_answering(proc, f"{components.controller_manager_url(self.ports)}/healthz",
+                             verify=_self_signed_context())
 
     def _start_kwok(self) -> None:
         if not self.config.kwok:  # no port, certificate or kubeconfig was made for it
@@ -378,10 +377,8 @@ class ControlPlane:
         kwok.write_config(components.kwok_config_path(self.workdir))
         argv = components.kwok_argv(self.binaries, self.workdir, self.ports)
         proc = self._launch(KWOK, argv, components.kwok_env(self.workdir))
-        url = components.kwok_url(self.ports)
         # Plain HTTP on loopback; /healthz answers once its controllers have started.
-        wait_until(lambda: _http_ok(f"{url}/healthz", "ok"),
-                   f"kwok {url}/healthz", self.config.start_timeout_s, proc)
+        self._wait_answering(proc, f"{components.kwok_url(self.ports)}/healthz")
 
 
 def apiserver_ready(server: str, workdir: str | Path) -> bool:

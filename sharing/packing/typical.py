@@ -25,6 +25,12 @@ TYPICAL_RULES: Final[tuple[TypicalRule, ...]] = ("present", "workload")
 """``present``: the GPU pods that exist when a pod is placed (the live controller's rule, the
 default); ``workload``: every pod of the run, known in advance (the FGD protocol's)."""
 
+
+def check_typical_rule(typical: str) -> None:
+    """ValueError unless ``typical`` is one of :data:`TYPICAL_RULES`."""
+    if typical not in TYPICAL_RULES:
+        raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
+
 NO_GPU_POD: Final = PodSpec("no-gpu-pod-yet", 0, 0, 1, GPU_MILLI // 2)
 """The typical pod while no GPU pod exists yet (under the ``present`` rule a table needs one): half a
 GPU, no CPU. The live controller's engines and the simulator's models all start from it."""

@@ -33,6 +33,7 @@ from typing import Final
 
 import numpy as np
 
+from mig.openb_gpus import openb_gpu
 from sharing.packing.specs import NodeSpec, PodSpec
 from sharing.simulator.workload import Workload, build_workload
 
@@ -59,6 +60,12 @@ class RunPlan:
     def gpus(self) -> int:
         """GPUs of the plan's nodes: the capacity the arrivals were tuned to."""
         return sum(n.gpu_count for n in self.nodes)
+
+    @property
+    def by_name(self) -> list[NodeSpec]:
+        """The plan's nodes by name: the order a run's cluster keeps, whose first node wins the
+        engine's ties as the live controller's first node by name does."""
+        return sorted(self.nodes, key=lambda n: n.name)
 
     @property
     def sampled(self) -> bool:
@@ -112,3 +119,12 @@ def plan_run(
         max_nodes=max_nodes,
         cluster_nodes=len(nodes),
     )
+
+
+def refuse_mig_capable(nodes: Sequence[NodeSpec], replays: str) -> None:
+    """ValueError naming the first MIG-capable GPU type (by name) among ``nodes``: a model that
+    replays fractional pods as shares of full GPUs (``replays`` says what it replays) has no rule
+    for MIG placements."""
+    for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
+        if openb_gpu(gpu_type).mig_capable:
+            raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: {replays}")

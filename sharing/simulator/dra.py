@@ -93,13 +93,12 @@ from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec, Re
 from sharing.packing.typical import TYPICAL_RULES as TYPICAL_RULES  # re-exported: the simulator's CLI reads it here
 from sharing.packing.typical import TypicalRule as TypicalRule
 from sharing.packing.typical import NO_GPU_POD as NO_GPU_POD  # re-exported: its tests read it here
-from sharing.packing.typical import TypicalCounts, TypicalPods, same_table
-from sharing.simulator.metrics import alloc_by_level
-from mig.openb_gpus import openb_gpu
+from sharing.packing.typical import TypicalCounts, TypicalPods, check_typical_rule, same_table
 from sharing.simulator.product import DEFAULT_TYPICAL_EVERY as DEFAULT_TYPICAL_EVERY  # one batch rule, re-exported
 from sharing.simulator.product import scheduler_pick
 from sharing.simulator.replay import Clock, _continue_stream
-from sharing.simulator.arrivals import plan_run
+from sharing.simulator.arrivals import plan_run, refuse_mig_capable
+from sharing.simulator.tally import ArrivalTally
 
 CpuPods = Literal["scheduler", "engine"]
 CPU_PODS: Final[tuple[CpuPods, ...]] = ("scheduler", "engine")
@@ -299,7 +298,7 @@ class DraReplay:
         out: BoolArray = c.gpu_present & (c.gpu_free < GPU_MILLI) & ~self.whole
         return out
 
-    def split(self, requested_milli: int, occupied_milli: int) -> DraCapacitySplit:
+    def split(self, requested_milli: int, occupied_milli: float) -> DraCapacitySplit:
         c = self.cluster
         total = float(c.total_gpus * GPU_MILLI)
         idle = c.gpu_present & (c.gpu_free == GPU_MILLI)
@@ -339,16 +338,10 @@ def run_dra(
     on the seed's sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``)."""
     name = canonical_policy_name(policy_name)
     check_share_unit(share_unit)
-    if typical not in TYPICAL_RULES:
-        raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
-    for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
-        if openb_gpu(gpu_type).mig_capable:
-            raise ValueError(
-                f"GPU type {gpu_type!r} is MIG-capable: the DRA model replays consumable-capacity shares only, "
-                "not MIG placements"
-            )
+    check_typical_rule(typical)
+    refuse_mig_capable(nodes, "the DRA model replays consumable-capacity shares only, not MIG placements")
     plan = plan_run(nodes, trace_pods, seed, inflate, max_nodes)
-    ordered = sorted(plan.nodes, key=lambda n: n.name)
+    ordered = plan.by_name
     total_gpus = plan.gpus
     workload = plan.workload
     # The scorers measure fragmentation against what the typical pods' claims reserve.
@@ -365,11 +358,7 @@ def run_dra(
     replay = DraReplay(cluster, engine, weights, share_unit, cpu_pods, gpu_pods)
     builds = 1
     count = len(workload.pods)
-    arrived = np.zeros(count, dtype=np.int64)
-    used = np.zeros(count, dtype=np.int64)
-    occupied = np.zeros(count, dtype=np.int64)
-    times = np.zeros(count, dtype=np.int64)
-    demand = allocated = reserved = failed = 0
+    tally = ArrivalTally(count)
     for i, pod in enumerate(workload.pods):
         start = clock()
         if tracked and present.advance(i):
@@ -377,29 +366,18 @@ def run_dra(
             replay.policy = make_policy(name, rng=rng, typical=present.table)
             builds += 1
         taken = replay.place(pod)
-        times[i] = clock() - start
-        demand += pod.gpu_total_milli
-        if taken is None:
-            failed += 1
-        else:
-            allocated += pod.gpu_total_milli
-            reserved += taken
-        arrived[i], used[i], occupied[i] = demand, allocated, reserved
+        tally.record(i, pod, taken, clock() - start)
     return DraRun(
         policy=name,
         seed=seed,
         share_unit=share_unit,
         cpu_pods=cpu_pods,
         pods=count,
-        failed_pods=failed,
-        alloc_at=alloc_by_level(arrived, used, total_gpus),
-        occupied_at=alloc_by_level(arrived, occupied, total_gpus),
-        decision_us_median=float(np.median(times)) / 1000.0,
-        final_alloc_percent=100.0 * allocated / (total_gpus * GPU_MILLI),
-        split=replay.split(allocated, reserved),
+        split=replay.split(tally.allocated, tally.reserved),
         gpu_modes=replay.gpu_modes(),
         typical=typical,
         typical_every=typical_every,
         policy_builds=builds,
         gpu_pods=gpu_pods,
+        **tally.figures(total_gpus),
     )

@@ -64,13 +64,12 @@ from sharing.packing.node_sharing import (
 )
 from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import canonical_policy_name, make_policy
-from sharing.packing.typical import NO_GPU_POD, TYPICAL_RULES, TypicalCounts, TypicalPods, TypicalRule, same_table
+from sharing.packing.typical import NO_GPU_POD, TypicalCounts, TypicalPods, TypicalRule, check_typical_rule, same_table
 from sharing.packing.shared_sequence import EXACT, ReplicaStep, place_shared
 from sharing.rules.replicas import Ask, largest_replicas, most_replicas, replica_milli, replicas_for_demand, takes_whole_gpu
-from sharing.simulator.metrics import alloc_by_level
-from mig.openb_gpus import openb_gpu
 from sharing.simulator.replay import Clock, _continue_stream
-from sharing.simulator.arrivals import plan_run
+from sharing.simulator.arrivals import plan_run, refuse_mig_capable
+from sharing.simulator.tally import ArrivalTally
 
 SCHEDULER_TIES_STREAM: Final = 0x6B7562
 """Second word of the seed of the generator kube-scheduler's ties are drawn from (a stream apart
@@ -419,15 +418,12 @@ def run_product(
     ablation, as ``benchmarks/product_ablation.py`` runs); ``policy_name`` still
     names the registered policy the run reports."""
     name = canonical_policy_name(policy_name)
-    if typical not in TYPICAL_RULES:
-        raise ValueError(f"unknown typical-pods rule {typical!r}; choose one of {', '.join(TYPICAL_RULES)}")
+    check_typical_rule(typical)
     if typical_every < 1:
         raise ValueError(f"typical_every must be at least 1, got {typical_every}")
-    for gpu_type in sorted({n.gpu_model for n in nodes if n.gpu_count}):
-        if openb_gpu(gpu_type).mig_capable:
-            raise ValueError(f"GPU type {gpu_type!r} is MIG-capable: the product model replays MPS sharing only")
+    refuse_mig_capable(nodes, "the product model replays MPS sharing only")
     plan = plan_run(nodes, trace_pods, seed, inflate, max_nodes)
-    ordered = sorted(plan.nodes, key=lambda n: n.name)
+    ordered = plan.by_name
     total_gpus = plan.gpus
     workload = plan.workload
     if stop_after is not None and not 1 <= stop_after <= len(workload.pods):
@@ -453,12 +449,7 @@ def run_product(
     replay = ProductReplay(cluster, policy, weights, live_path,
                            scheduler_ties=np.random.default_rng([seed, SCHEDULER_TIES_STREAM, scheduler_draw]))
     count = len(arrivals)
-    arrived = np.zeros(count, dtype=np.int64)
-    used = np.zeros(count, dtype=np.int64)
-    occupied = np.zeros(count, dtype=np.int64)
-    times = np.zeros(count, dtype=np.int64)
-    demand = allocated = failed = 0
-    reserved = 0.0
+    tally = ArrivalTally(count)
     if follow is not None and len(follow) != count:
         raise ValueError(f"follow: {len(follow)} outcomes for {count} pods")
     position = {n.name: i for i, n in enumerate(ordered)}
@@ -480,30 +471,20 @@ def run_product(
                 current = now
                 replay.policy = build(now)
         taken = replay.place(pod)
-        times[i] = clock() - start
+        tally.record(i, pod, taken, clock() - start)
         if follow is not None:
             model_node = None if replay.last_node is None else ordered[replay.last_node].name
             if model_node != live_node:
                 divergences.append(Divergence(i, pod.name, live_node, model_node))
-        demand += pod.gpu_total_milli
-        if taken is None:
-            failed += 1
-        else:
-            allocated += pod.gpu_total_milli
-            reserved += taken
+        if taken is not None:
             present.placed(pod)
-        arrived[i], used[i], occupied[i] = demand, allocated, round(reserved)
     return ProductRun(
         policy=name,
         live_path=live_path,
         seed=seed,
         pods=count,
-        failed_pods=failed,
-        alloc_at=alloc_by_level(arrived, used, total_gpus),
-        occupied_at=alloc_by_level(arrived, occupied, total_gpus),
-        decision_us_median=float(np.median(times)) / 1000.0,
-        final_alloc_percent=100.0 * allocated / (total_gpus * GPU_MILLI),
-        split=replay.split(allocated, reserved),
+        split=replay.split(tally.allocated, tally.reserved),
         node_modes=replay.node_modes(),
         divergences=tuple(divergences),
+        **tally.figures(total_gpus),
     )

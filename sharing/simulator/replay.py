@@ -64,7 +64,7 @@ def run_once(
     ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``)."""
     name = canonical_policy_name(policy_name)
     plan = plan_run(nodes, trace_pods, seed, inflate, max_nodes)
-    ordered = sorted(plan.nodes, key=lambda n: n.name)
+    ordered = plan.by_name
     total_gpus = plan.gpus
     workload = plan.workload
     typical = TypicalPods.from_pods(workload.originals)

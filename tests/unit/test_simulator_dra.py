@@ -10,6 +10,7 @@ import pytest
 
 import sharing.simulator.dra as dra
 import sharing.simulator.product as product
+import sharing.simulator.arrivals as arrivals
 from sharing.packing.cluster import ClusterState, IntArray
 from sharing.packing.fgd import FgdPolicy
 from sharing.packing.fragmentation import FloatArray
@@ -243,7 +244,7 @@ def test_the_same_seed_gives_the_same_arrivals_under_both_backends(monkeypatch: 
 
 
 def test_a_mig_capable_gpu_type_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dra, "openb_gpu", lambda model: OpenbGpu("NVIDIA-A100", 80 * 1024, mig_capable=True))
+    monkeypatch.setattr(arrivals, "openb_gpu", lambda model: OpenbGpu("NVIDIA-A100", 80 * 1024, mig_capable=True))
     with pytest.raises(ValueError, match="MIG-capable: the DRA model replays consumable-capacity shares only"):
         run_dra(nodes([1]), TRACE, "FGD", 42, WEIGHTS)
 
