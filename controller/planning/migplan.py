@@ -186,7 +186,7 @@ def engine_reshape(
         model = group[0].model
         idle = [(i, tuple(sorted(x.profile for x in c.current))) for i, c in enumerate(group)]
         missing = {p: n for p, n in (demand | want).items() if model.has_profile(p)}
-        for reshape in _ENGINE.plan(model, idle, missing, recent):
+        for reshape in _ENGINE.reshapes(model, idle, missing, recent):  # lazily: the first acceptable one is taken
             c = group[reshape.gpu]
             if any(Counter(reshape.layout)[p] < n for p, n in want.items()):
                 continue

@@ -25,7 +25,7 @@ profiles the waiting pods need":
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -173,31 +173,50 @@ class GpupackStrategy:
     def plan(
         self, model: GpuModel, idle: Sequence[tuple[int, Layout]], missing: Mapping[str, int], recent: Mapping[str, float]
     ) -> list[Reshape]:
+        return list(self.reshapes(model, idle, missing, recent))
+
+    def reshapes(
+        self, model: GpuModel, idle: Sequence[tuple[int, Layout]], missing: Mapping[str, int], recent: Mapping[str, float]
+    ) -> Iterator[Reshape]:
+        """:meth:`plan`'s reshapes one at a time, in the same order.
+
+        Each reshape costs a pass over the idle GPUs, and a plan for a large backlog holds
+        as many reshapes as there are idle GPUs; a caller that takes the first acceptable
+        reshape (the live planner, per pod) stops after one pass instead of paying for the
+        whole plan."""
         need = Counter({p: n for p, n in missing.items() if n > 0})
         layouts = usable_layouts(model)
         pool = list(idle)
-        out: list[Reshape] = []
         while need and pool:
+            # What a layout would supply and leave spare depends on the layout alone, and
+            # idle GPUs cut alike differ only in their index, where the lowest wins: so each
+            # layout is scored once a pass, and only the first GPU of each current layout is
+            # weighed (an idle pool of 1,600 GPUs holds a handful of distinct layouts).
+            scored = [(layout, _supply(layout, need), self._leftover_value(model, layout, need, recent))
+                      for layout in layouts]
+            weighed: set[Layout] = set()
             best_key: tuple[float, ...] | None = None
             best: tuple[int, Layout] | None = None
             for i, (gpu, current) in enumerate(pool):
+                if current in weighed:
+                    continue
+                weighed.add(current)
+                cur_supply = _supply(current, need)
                 cur_value = self._leftover_value(model, current, Counter(), recent)
-                for layout in layouts:
-                    supply = _supply(layout, need)
-                    if supply <= _supply(current, need):
+                for layout, supply, spare_value in scored:
+                    if supply <= cur_supply:
                         continue
                     # Most demand covered, then most useful spares, then the idle GPU whose
                     # current layout is least useful to lose, then the lowest index.
-                    key = (supply, self._leftover_value(model, layout, need, recent), -cur_value, -i)
+                    key = (supply, spare_value, -cur_value, -i)
                     if best_key is None or key > best_key:
                         best_key, best = key, (i, layout)
             if best is None:
                 break
             i, layout = best
             gpu, _ = pool.pop(i)
-            out.append(Reshape(gpu, layout))
+            yield Reshape(gpu, layout)
             need -= Counter(layout)
-        return out
 
 
 def make_strategy(name: str) -> LayoutStrategy:
