@@ -16,6 +16,7 @@ from mig.model import Placement
 from node.base.dcgm import Activity
 from node.base.pods import PodUse, sim_pid
 from node.base.snapshot import read_snapshot
+from node.metrics import AgentMetrics
 from node.nvml import errors
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import ProcessSample
@@ -197,3 +198,25 @@ def test_the_sampler_skips_mig_gpus_and_gpus_without_processes() -> None:
     reader = Reader([])
     assert ProcessSampler().read(reader, read_snapshot(sim, sim.kind)) == {}
     assert ProcessSampler().read(reader, read_snapshot(plain, plain.kind)) == {0: ()} and reader.asked == []
+
+
+# ------------------------------------------------------------------------------ metrics
+def test_metrics_name_each_use_as_dcgm_exporter_does_and_drop_what_went() -> None:
+    metrics = AgentMetrics()
+    mig = PodGpuUse("a/mig", "main", 0, "GPU-0", 3, "instance", 25.0, 40_000)
+    shared = PodGpuUse("b/shared", "", 1, "GPU-1", None, "processes", 45.0, 20_000)
+    nowhere = PodGpuUse("b/nowhere", "main", None, "", None, None, None, None, "no device")
+    metrics.observe_pod_usage([mig, shared, nowhere])
+
+    def value(name: str, use: PodGpuUse) -> float | None:
+        labels = {"gpu": "" if use.gpu is None else str(use.gpu), "UUID": use.gpu_uuid,
+                  "GPU_I_ID": "" if use.gi_id is None else str(use.gi_id), "namespace": use.namespace,
+                  "pod": use.name, "container": use.container}
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert value("DCGM_FI_PROF_GR_ENGINE_ACTIVE", mig) == 0.25 and value("DCGM_FI_DEV_GPU_UTIL", mig) is None
+    assert value("DCGM_FI_DEV_GPU_UTIL", shared) == 45.0 and value("DCGM_FI_DEV_FB_USED", shared) == 20_000
+    assert value("gpupack_pod_gpu_use_attributed", nowhere) == 0.0 and value("DCGM_FI_DEV_FB_USED", nowhere) is None
+    metrics.observe_pod_usage([shared])
+    assert value("DCGM_FI_PROF_GR_ENGINE_ACTIVE", mig) is None and value("gpupack_pod_gpu_use_attributed", mig) is None
+    assert value("DCGM_FI_DEV_GPU_UTIL", shared) == 45.0
