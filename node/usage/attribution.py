@@ -17,9 +17,11 @@ A use that cannot be read is marked unattributed, with the reason, and never gue
 (the recommender never resizes such a pod): the GPU failed or is lost; the device's
 utilisation is not reported (an instance without DCGM data, a GPU that does not support
 it); per-process samples could not be read (an NVML error) or do not exist (several pods
-time-slicing one MIG instance); or the pod has no process of its own resolved while some
-process on its shared GPU belongs to no known pod (it may be the pod's: the pod is found
-from the cgroup of each process, which needs ``hostPID``). A pod with at least one
+time-slicing one MIG instance); a process of no known pod used the shared GPU's SMs (its
+work may be a pod's: under MPS, NVML may count clients' kernels to the MPS server); or
+the pod has no process of its own resolved while some process on its shared GPU belongs
+to no known pod (it may be the pod's: the pod is found from the cgroup of each process,
+which needs ``hostPID``). A pod with at least one
 resolved process is attributed: all of a pod's processes share its cgroup, so they
 resolve alike. A pod no device is known for is unattributed too.
 
@@ -164,16 +166,21 @@ def _instance_uses(poll: Poll, gpu: GpuSnapshot, inst: GpuInstance, holders: Seq
 def _process_uses(poll: Poll, gpu: GpuSnapshot, holders: Sequence[str]) -> list[_Use]:
     read = poll.samples.get(gpu.info.index, "not read")
     mine = _own_processes(poll, gpu.processes)
-    strangers = sum(1 for p in gpu.processes if p.pid not in poll.pods_by_pid)
+    strangers = [p.pid for p in gpu.processes if p.pid not in poll.pods_by_pid]
     uses = []
     for pod in holders:
         processes = mine.get(pod, [])
         if isinstance(read, str):
             uses.append(_Use(pod, "processes", None, _memory(processes),
                              f"per-process utilisation of GPU {gpu.info.index} unreadable: {read}"))
+        elif any(_sm_of(read, pid) > 0 for pid in strangers):
+            # Whose work was it? Under MPS NVML may count the clients' kernels to the MPS server.
+            uses.append(_Use(pod, "processes", None, _memory(processes),
+                             f"a process on GPU {gpu.info.index} that belongs to no known pod used its SMs: "
+                             "the split between pods is unknown"))
         elif not processes and strangers:
             uses.append(_Use(pod, "processes", None, None,
-                             f"{strangers} process(es) on GPU {gpu.info.index} belong to no known pod, and none "
+                             f"{len(strangers)} process(es) on GPU {gpu.info.index} belong to no known pod, and none "
                              "is known to be this pod's"))
         else:
             uses.append(_Use(pod, "processes", _percent(sum(_sm_of(read, p.pid) for p in processes)),

@@ -100,17 +100,27 @@ def test_unreadable_process_samples_leave_shared_pods_unattributed() -> None:
     assert "unreadable: NVML_ERROR_NO_PERMISSION" in found.unattributed
 
 
-def test_a_process_of_no_known_pod_unattributes_only_pods_without_their_own() -> None:
+def test_an_idle_process_of_no_known_pod_unattributes_only_pods_without_their_own() -> None:
     sim = _plain()
     known, unknown = _use("a/known", SHARED_RESOURCE), _use("a/unknown", SHARED_RESOURCE)
     _run(sim, known, 1000, 30.0)
     sim.start_process(0, 77, 3000)  # its cgroup could not be read: whose is it?
-    sim.set_process_load(0, 77, 60.0)
     uuid = sim.device_info(0).uuid
     found = {u.pod: u for u in _poll(sim, [known, unknown], by_device={uuid: ["a/known", "a/unknown"]})}
     assert found["a/known"].attributed and found["a/known"].sm_percent == 30.0
     assert not found["a/unknown"].attributed and found["a/unknown"].memory_used_mib is None
     assert "1 process(es) on GPU 0 belong to no known pod" in found["a/unknown"].unattributed
+
+
+def test_a_busy_process_of_no_known_pod_unattributes_every_pod_sharing_the_gpu() -> None:
+    sim = _plain()
+    client = _use("a/client", SHARED_RESOURCE)
+    _run(sim, client, 1000, 0.0)
+    sim.start_process(0, 78, 500)  # as an MPS server would be, if NVML counted its clients' kernels to it
+    sim.set_process_load(0, 78, 60.0)
+    [found] = _poll(sim, [client])
+    assert not found.attributed and found.sm_percent is None and found.memory_used_mib == 1000
+    assert "belongs to no known pod used its SMs" in found.unattributed
 
 
 def _mig() -> tuple[SimulatedNvml, int]:
