@@ -93,23 +93,18 @@ class AgentMetrics:
             "gpupack_node_gpu_degraded",
             "1 while a GPU or MIG instance has a fault the device plugin keeps advertising: the node is "
             "labelled degraded and gpupack keeps new pods off it; else 0.", registry=r)
-        # Per-pod use: see observe_pod_usage.
-        self.pod_gpu_util = Gauge(
-            "DCGM_FI_DEV_GPU_UTIL",
-            "GPU utilization (in %) of the pod: the GPU's own on a GPU the pod holds alone, the sum of its "
-            "processes' SM samples on a shared GPU.", POD_LABELS, registry=r)
-        self.pod_engine_active = Gauge(
-            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
-            "Ratio of time the graphics engine is active, of the MIG instance the pod holds (from dcgm-exporter).",
-            POD_LABELS, registry=r)
-        self.pod_fb_used = Gauge(
-            "DCGM_FI_DEV_FB_USED",
-            "Framebuffer memory used (in MiB) by the pod: the GPU's on a GPU the pod holds alone, its processes' "
-            "elsewhere.", POD_LABELS, registry=r)
-        self.pod_attributed = Gauge(
-            "gpupack_pod_gpu_use_attributed",
-            "1 if the pod's use of this GPU or MIG instance is measured, 0 if it cannot be attributed (the agent "
-            "logs why; such a pod is never resized).", POD_LABELS, registry=r)
+        # Per-pod use: see observe_pod_usage. Each gauge: (dcgm-exporter's name, help).
+        self.pod_gpu_util, self.pod_engine_active, self.pod_fb_used, self.pod_attributed = (
+            Gauge(name, text, POD_LABELS, registry=r) for name, text in (
+                ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %) of the pod: the GPU's own on a GPU the pod holds "
+                 "alone, the sum of its processes' SM samples on a shared GPU."),
+                ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active, of the MIG instance "
+                 "the pod holds (from dcgm-exporter)."),
+                ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB) by the pod: the GPU's on a GPU the pod "
+                 "holds alone, its processes' elsewhere."),
+                ("gpupack_pod_gpu_use_attributed", "1 if the pod's use of this GPU or MIG instance is measured, 0 if "
+                 "it cannot be attributed (the agent logs why; such a pod is never resized)."),
+            ))
         self._series: dict[Gauge, set[tuple[str, ...]]] = {}
         """Label values set per gauge kept by ``_sync`` (health, per-pod use), so series that went can be removed."""
         self._gpu_uuids: dict[int, str] = {}
