@@ -13,7 +13,9 @@ its predecessor's memory:
 4. after a reshape, make the device plugin re-advertise and wait for the Node's
    allocatable to show it, then close the journal;
 5. write the sharing config, emulate the device plugin's advertisement
-   (simulation), and publish status (rate-limited) with conditions and metrics.
+   (simulation), and publish status (rate-limited) with conditions and metrics;
+6. attribute the GPUs' use to pods (``node.usage``) and export it as metrics
+   (``pod_usage``; nothing is written to the API server).
 
 The agent is the loop; its parts are chosen once, when it starts, and it never
 asks which it got:
@@ -62,6 +64,8 @@ from node.base.idle_tracking import IdleTracker
 from node.base.reshape_rules import ReshapeRules, reshape_rules
 from node.base.pods import PodUse, busy_instances, pod_uses
 from node.process_owners import process_owners_for
+from node.usage.attribution import Poll, attribute
+from node.usage.sampler import ProcessSampler
 from node.base.settings import AgentSettings
 from sharing.api.crd import MAX_SHARED_IN_USE, GPUNodeSpec, LayoutRefusal
 from sharing.api.keys import SHARED_RESOURCE, mig_profile_of
@@ -108,6 +112,7 @@ class Agent:
         self.layouts = layouts_for(settings.mode)
         self.advertiser = advertiser_for(settings)
         self.owners = process_owners_for(backend, settings)
+        self.sampler = ProcessSampler()
         self._dcgm_at = -1e18
         self.rules = ReshapeRules(settings.idle_seconds)
         self._policy_warning = ""
@@ -253,7 +258,17 @@ class Agent:
         busy_gi = {g.info.index: g.busy_gi_ids() for g in snapshot.gpus}
         self.metrics.observe(snapshot, busy_gi)
         self.metrics.observe_health(self.health.last, snapshot, now)
+        self._observe_pod_usage(snapshot, uses)
         return wait
+
+    def _observe_pod_usage(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> None:
+        """Per-pod use of this poll, as metrics (``node.usage``); the tick's last snapshot and pod map."""
+        if not self.s.pod_usage or self.backend is None:
+            return
+        samples = self.sampler.read(self.backend, snapshot)
+        poll = Poll(snapshot, uses, self.busy_ctx[0], self.owners.pods_by_pid(snapshot, uses), samples,
+                    self._dcgm_activity())
+        self.metrics.observe_pod_usage(attribute(poll))
 
     def _mark_node(self, node: Mapping[str, Any], gpu_count: int) -> None:
         """The degraded label and the unhealthy taint (``node.health.monitor``)."""

@@ -9,17 +9,31 @@ Health (``observe_health``, fed each tick with the ``node.health`` tracker's
 report): ``gpupack_gpu_healthy``, ``gpupack_mig_instance_healthy``,
 ``gpupack_gpu_xid_errors_total``, ``gpupack_gpu_fault_seconds``,
 ``gpupack_node_gpu_degraded`` (docs/health-metrics.md).
+
+Per-pod use (``observe_pod_usage``, fed each poll with ``node.usage.attribution``'s
+uses), named as NVIDIA's dcgm-exporter names the same quantity (its default counters,
+``etc/default-counters.csv``: ``DCGM_FI_DEV_GPU_UTIL`` in %, ``DCGM_FI_DEV_FB_USED`` in
+MiB; ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` as a ratio, its profiling field) and labelled as
+it labels a pod's series: ``gpu``, ``UUID`` (the GPU's), ``GPU_I_ID`` (empty off MIG),
+``namespace``, ``pod``, ``container``. Unlike dcgm-exporter, each value is the pod's own
+share of a shared GPU, not the whole device's. A use that cannot be attributed has no
+utilisation series; ``gpupack_pod_gpu_use_attributed`` says which are (docs/node-agent.md,
+"Per-pod GPU use"). Series of pods that went are removed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from node.health.tracker import HealthReport
 from node.base.snapshot import NodeSnapshot
+from node.usage.attribution import PodGpuUse
+
+POD_LABELS = ["gpu", "UUID", "GPU_I_ID", "namespace", "pod", "container"]
+"""dcgm-exporter's labels of a pod's series (the node comes from the scrape, as for every series here)."""
 
 XID_KINDS = ("application", "unhealthy", "unknown")
 """``kind`` of ``gpupack_gpu_xid_errors_total``: the application's fault (device stays healthy), an XID
@@ -79,8 +93,20 @@ class AgentMetrics:
             "gpupack_node_gpu_degraded",
             "1 while a GPU or MIG instance has a fault the device plugin keeps advertising: the node is "
             "labelled degraded and gpupack keeps new pods off it; else 0.", registry=r)
+        # Per-pod use: see observe_pod_usage. Each gauge: (dcgm-exporter's name, help).
+        self.pod_gpu_util, self.pod_engine_active, self.pod_fb_used, self.pod_attributed = (
+            Gauge(name, text, POD_LABELS, registry=r) for name, text in (
+                ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %) of the pod: the GPU's own on a GPU the pod holds "
+                 "alone, the sum of its processes' SM samples on a shared GPU."),
+                ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active, of the MIG instance "
+                 "the pod holds (from dcgm-exporter)."),
+                ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB) by the pod: the GPU's on a GPU the pod "
+                 "holds alone, its processes' elsewhere."),
+                ("gpupack_pod_gpu_use_attributed", "1 if the pod's use of this GPU or MIG instance is measured, 0 if "
+                 "it cannot be attributed (the agent logs why; such a pod is never resized)."),
+            ))
         self._series: dict[Gauge, set[tuple[str, ...]]] = {}
-        """Label values set per health gauge, so series of devices or faults that went can be removed."""
+        """Label values set per gauge kept by ``_sync`` (health, per-pod use), so series that went can be removed."""
         self._gpu_uuids: dict[int, str] = {}
         self._instances: frozenset[tuple[int, int]] = frozenset()
         """Devices of the last snapshot NVML answered: kept while NVML is down, so faults stay visible."""
@@ -133,6 +159,28 @@ class AgentMetrics:
         for (index, _gi), fault in report.began:
             if fault.xid is not None and fault.reason != "UnknownXid":
                 self.xid_errors.labels(str(index), str(fault.xid), "unhealthy").inc()
+
+    def observe_pod_usage(self, uses: Sequence[PodGpuUse]) -> None:
+        """Per-pod use of one poll: each series set, those of pods or devices that went removed."""
+        util: dict[tuple[str, ...], float] = {}
+        active: dict[tuple[str, ...], float] = {}
+        memory: dict[tuple[str, ...], float] = {}
+        attributed: dict[tuple[str, ...], float] = {}
+        for use in uses:
+            labels = ("" if use.gpu is None else str(use.gpu), use.gpu_uuid, "" if use.gi_id is None else str(use.gi_id),
+                      use.namespace, use.name, use.container)
+            attributed[labels] = 1.0 if use.attributed else 0.0
+            if use.memory_used_mib is not None:
+                memory[labels] = float(use.memory_used_mib)
+            if use.sm_percent is not None and use.attributed:
+                if use.source == "instance":
+                    active[labels] = use.sm_percent / 100.0
+                else:
+                    util[labels] = use.sm_percent
+        self._sync(self.pod_gpu_util, util)
+        self._sync(self.pod_engine_active, active)
+        self._sync(self.pod_fb_used, memory)
+        self._sync(self.pod_attributed, attributed)
 
     def _sync(self, gauge: Gauge, wanted: Mapping[tuple[str, ...], float]) -> None:
         for labels in self._series.get(gauge, set()) - set(wanted):

@@ -17,7 +17,7 @@ from node.base.snapshot import NodeSnapshot
 from node.nvml.protocol import NvmlBackend
 from node.nvml.simulated import SimulatedNvml
 from node.podresources import PodResourcesError, device_owners, list_pod_devices
-from node.base.pods import PodUse, pod_uid_of_pid, pods_by_device, sim_pid
+from node.base.pods import PodUse, pod_uid_of_pid, pods_by_device, pods_by_pid, sim_pid
 from node.base.settings import AgentSettings
 
 log = logging.getLogger("gpupack.agent")
@@ -29,25 +29,44 @@ PodMap = tuple[dict[str, list[str]], list[PodUse]]
 class ProcessOwners(Protocol):
     def pods_by_device(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> PodMap: ...
 
+    def pods_by_pid(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> dict[int, str]:
+        """The pod (``namespace/name``) of each GPU process whose pod is known: how the use of a shared
+        GPU is split between its pods (``node.usage``)."""
+        ...
+
 
 class SimulatedProcesses:
     def pods_by_device(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> PodMap:
-        uid_of_pid = {sim_pid(u.uid, o): u.uid for u in uses for o in range(u.count)}
-        return pods_by_device(snapshot, uses, uid_of_pid)
+        return pods_by_device(snapshot, uses, self._uid_of_pid(uses))
+
+    def pods_by_pid(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> dict[int, str]:
+        return pods_by_pid(uses, self._uid_of_pid(uses))
+
+    @staticmethod
+    def _uid_of_pid(uses: list[PodUse]) -> dict[int, str]:
+        return {sim_pid(u.uid, o): u.uid for u in uses for o in range(u.count)}
 
 
 class KubeletProcesses:
     def __init__(self, pod_resources_socket: str) -> None:
         self.socket = Path(pod_resources_socket)
 
-    def pods_by_device(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> PodMap:
+    def pods_by_pid(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> dict[int, str]:
+        return pods_by_pid(uses, self._uid_of_pid(snapshot))
+
+    @staticmethod
+    def _uid_of_pid(snapshot: NodeSnapshot) -> dict[int, str]:
+        """Pod uid of each GPU process, from its cgroup in ``/proc`` (needs ``hostPID``)."""
         uid_of_pid = {}
         for gpu in snapshot.gpus:
             for proc in gpu.processes:
                 uid = pod_uid_of_pid(proc.pid)
                 if uid:
                     uid_of_pid[proc.pid] = uid
-        by_device, unresolved = pods_by_device(snapshot, uses, uid_of_pid)
+        return uid_of_pid
+
+    def pods_by_device(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> PodMap:
+        by_device, unresolved = pods_by_device(snapshot, uses, self._uid_of_pid(snapshot))
         try:
             owners = device_owners(list_pod_devices(self.socket))
         except PodResourcesError as exc:

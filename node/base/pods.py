@@ -45,6 +45,8 @@ class PodUse:
     uid: str
     resource: str
     count: int
+    containers: tuple[str, ...] = ()
+    """Names of the pod's containers (init containers too) that ask for ``resource``."""
 
 
 def pod_uses(pods: Iterable[Mapping[str, Any]], node_name: str) -> list[PodUse]:
@@ -57,6 +59,7 @@ def pod_uses(pods: Iterable[Mapping[str, Any]], node_name: str) -> list[PodUse]:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         wanted: Counter[str] = Counter()
+        askers: dict[str, list[str]] = {}
         for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
             limits = ((container.get("resources") or {}).get("limits")) or {}
             for name, value in limits.items():
@@ -65,8 +68,11 @@ def pod_uses(pods: Iterable[Mapping[str, Any]], node_name: str) -> list[PodUse]:
                         wanted[name] += int(str(value))
                     except ValueError:
                         continue
+                    if container.get("name"):
+                        askers.setdefault(name, []).append(str(container["name"]))
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        uses.extend(PodUse(key, str(meta.get("uid", "")), r, c) for r, c in sorted(wanted.items()) if c > 0)
+        uses.extend(PodUse(key, str(meta.get("uid", "")), r, c, tuple(askers.get(r, ())))
+                    for r, c in sorted(wanted.items()) if c > 0)
     return uses
 
 
@@ -154,6 +160,12 @@ def pods_by_device(
             resolved.add(uid)
     unresolved = [u for u in uses if u.uid not in resolved]
     return by_device, unresolved
+
+
+def pods_by_pid(uses: Sequence[PodUse], uid_of_pid: Mapping[int, str]) -> dict[int, str]:
+    """GPU process id -> ``namespace/name`` of the pod it runs in, for the pods of ``uses``."""
+    key_of_uid = {u.uid: u.key for u in uses}
+    return {pid: key_of_uid[uid] for pid, uid in uid_of_pid.items() if uid in key_of_uid}
 
 
 def busy_instances(

@@ -76,6 +76,11 @@ class AgentSettings:
     """Kubelet PodResources API (which pod holds which device); unreachable: /proc cgroups are used."""
     dcgm_exporter_url: str = ""
     """Optional dcgm-exporter metrics URL for per-MIG-instance activity; empty: not used."""
+    pod_usage: bool = True
+    """Attribute the GPUs' use to pods every poll and export it as per-pod Prometheus metrics
+    (``node.usage``; docs/node-agent.md, "Per-pod GPU use"). On by default: it costs one NVML
+    per-process read per GPU with processes and writes nothing to the API server. Off: no such
+    reads and no per-pod series."""
     namespace: str = "gpupack-system"
     """gpupack's namespace (from the downward API): where the XID table ConfigMap lives."""
     unhealthy_taint_effect: str = "NoSchedule"

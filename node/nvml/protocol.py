@@ -1,9 +1,10 @@
 """The NVML backend interface: small Protocols and the plain values they return.
 
-Three narrow roles, as mig-parted splits its managers: ``NvmlReader`` reads (devices,
+Four narrow roles, as mig-parted splits its managers: ``NvmlReader`` reads (devices,
 profiles, instances, processes, utilisation), ``MigPartitioner`` creates and
-destroys GPU instances at explicit placements, and ``HealthReader`` reads fault
-signals (XID events, memory errors, resets). ``NvmlBackend`` is all three. The real
+destroys GPU instances at explicit placements, ``HealthReader`` reads fault
+signals (XID events, memory errors, resets), and ``UsageReader`` reads per-process
+utilisation samples (what each pod uses of a shared GPU). ``NvmlBackend`` is all four. The real
 backend (``node.nvml.real``) and the simulation (``node.nvml.simulated``) implement
 it; everything above this layer sees only these types, never pynvml's ctypes.
 
@@ -76,6 +77,23 @@ class GpuProcess:
     used_memory_mib: int
     gi_id: int | None = None
     ci_id: int | None = None
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process's utilisation over NVML's last sample period (``nvmlProcessUtilizationSample_t``).
+
+    NVML returns one per process that had *non-zero* utilisation in the period: a running
+    process absent from the samples was idle.
+    """
+
+    pid: int
+    timestamp_us: int
+    """CPU time of the sample, microseconds since the epoch: what the next read passes as ``since_us``."""
+    sm_percent: float
+    """Share of the period a kernel of this process ran on the SMs (``smUtil``), 0..100."""
+    memory_percent: float
+    """Share of the period this process read or wrote device memory (``memUtil``), 0..100; not its size."""
 
 
 UtilSource = Literal["nvml", "memory-and-processes", "dcgm"]
@@ -163,6 +181,16 @@ class NvmlReader(Protocol):
 
 
 @runtime_checkable
+class UsageReader(Protocol):
+    def process_utilization(self, index: int, since_us: int) -> tuple[ProcessSample, ...]:
+        """``nvmlDeviceGetProcessUtilization``: the samples of GPU ``index`` newer than ``since_us``
+        (0: every sample NVML still holds). No sample newer than ``since_us`` (every process idle, or
+        none running) is an empty tuple, where NVML answers NOT_FOUND. NOT_SUPPORTED on a MIG-enabled
+        GPU (NVML samples no process there) and on GPUs older than Maxwell."""
+        ...
+
+
+@runtime_checkable
 class MigPartitioner(Protocol):
     def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> GpuInstance:
         """Create a GPU instance at ``placement`` and its one full-size compute instance."""
@@ -174,7 +202,7 @@ class MigPartitioner(Protocol):
 
 
 @runtime_checkable
-class NvmlBackend(NvmlReader, MigPartitioner, HealthReader, Protocol):
+class NvmlBackend(NvmlReader, MigPartitioner, HealthReader, UsageReader, Protocol):
     kind: str
     """``nvml`` or ``simulated``: published in status so nobody mistakes one for the other."""
 

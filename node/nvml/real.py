@@ -11,6 +11,12 @@ whose GPU-instance id matches. Utilisation: ``nvmlDeviceGetUtilizationRates`` is
 NOT_SUPPORTED on MIG-enabled GPUs, so there memory use and process presence are
 reported instead (``source="memory-and-processes"``).
 
+Per-process utilisation (``process_utilization``) is ``nvmlDeviceGetProcessUtilization``:
+the samples newer than the timestamp passed, NOT_FOUND (no sample newer) read as none.
+nvidia-ml-py sizes the buffer with a first call and raises the code of that call when it
+is not INSUFFICIENT_SIZE, so "no sample at all" can also come back as SUCCESS: read as
+none too.
+
 Health signals follow NVIDIA's k8s-device-plugin (``internal/rm/health.go``). Every
 GPU is registered for ``nvmlEventTypeXidCriticalError`` in one event set, created on
 the first ``xid_events()`` call; a GPU that answers NOT_SUPPORTED (too old for
@@ -42,6 +48,7 @@ from node.nvml.protocol import (
     GpuProcess,
     InstanceProfile,
     MemoryHealth,
+    ProcessSample,
     Utilization,
     XidEvent,
 )
@@ -240,6 +247,16 @@ class RealNvml:
                 raise
             return Utilization(None, used, total, procs, "memory-and-processes")
         return Utilization(float(rates.gpu), used, total, procs, "nvml")
+
+    # ---------------------------------------------------------------- usage side
+    def process_utilization(self, index: int, since_us: int) -> tuple[ProcessSample, ...]:
+        try:
+            raw = self._call(self._nvml.nvmlDeviceGetProcessUtilization, self._handle(index), since_us)
+        except NvmlError as exc:
+            if exc.code in (errors.NOT_FOUND, errors.SUCCESS):  # no sample newer than since_us
+                return ()
+            raise
+        return tuple(ProcessSample(int(s.pid), int(s.timeStamp), float(s.smUtil), float(s.memUtil)) for s in raw)
 
     # ---------------------------------------------------------------- write side
     def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> GpuInstance:

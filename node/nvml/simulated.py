@@ -17,7 +17,16 @@ answers with NVML's real error codes:
   call on a GPU without MIG (profiles, instances, create, destroy, and a MIG-mode
   change either way: such a GPU has no MIG mode to set);
 * ``RESET_REQUIRED`` while a MIG-mode change is pending (needs a GPU reset);
-* ``NOT_FOUND`` for an unknown GPU-instance id.
+* ``NOT_FOUND`` for an unknown GPU-instance id;
+* ``NOT_SUPPORTED`` for per-process utilisation on a MIG-enabled GPU.
+
+Per-process utilisation (``process_utilization``) follows ``nvmlDeviceGetProcessUtilization``:
+the simulated driver samples every ``SAMPLE_PERIOD_S``; a read returns, for the latest
+sample period newer than the timestamp passed, one sample per process whose SM load
+(``set_process_load``) is above zero, stamped with the period's start in microseconds;
+a read with nothing newer returns none (NVML's NOT_FOUND). A GPU's own utilisation is at
+least its processes' summed SM load (capped at 100), as a GPU is busy whenever one of
+its processes runs a kernel.
 
 Tests and the demo can inject faults (an error code for the next N calls of an
 operation, optionally *after* the operation took effect, as a driver that hangs
@@ -63,6 +72,7 @@ from node.nvml.protocol import (
     GpuProcess,
     InstanceProfile,
     MemoryHealth,
+    ProcessSample,
     Utilization,
     XidEvent,
 )
@@ -74,7 +84,10 @@ INBOX_OPERATIONS = ("xid", "ecc", "remap", "lose", "reset", "reboot", "repair")
 """What another process may post to a simulated node's inbox (``gpupack agent fault``)."""
 OPERATIONS = (
     "device_info", "instance_profiles", "gpu_instances", "processes", "utilization", "create", "destroy",
+    "process_utilization",
 )
+SAMPLE_PERIOD_S = 1.0
+"""The simulated driver's utilisation sample period (NVML's is 1/6 s to 1 s, by product)."""
 
 T = TypeVar("T")
 CallHook = Callable[[str, int, str], None]
@@ -95,6 +108,8 @@ class _Process:
     pid: int
     used_memory_mib: int
     gi_id: int | None
+    sm_percent: float = 0.0
+    """SM load the process puts on its GPU, 0..100 (``set_process_load``)."""
 
 
 @dataclass
@@ -226,8 +241,19 @@ class SimulatedNvml:
             # As on hardware: no whole-GPU utilisation rate in MIG mode.
             util = Utilization(None, used, self.model.memory_mib, len(gpu.processes), "memory-and-processes")
         else:
-            util = Utilization(gpu.load_percent, used, self.model.memory_mib, len(gpu.processes), "nvml")
+            busy = max(gpu.load_percent, min(100.0, sum(p.sm_percent for p in gpu.processes)))
+            util = Utilization(busy, used, self.model.memory_mib, len(gpu.processes), "nvml")
         return self._leave("utilization", index, util)
+
+    def process_utilization(self, index: int, since_us: int) -> tuple[ProcessSample, ...]:
+        gpu = self._enter("process_utilization", index)
+        if gpu.mig_enabled:
+            raise NvmlError(errors.NOT_SUPPORTED, f"no per-process utilisation on GPU {index}: MIG mode is on")
+        period_us = int(SAMPLE_PERIOD_S * 1_000_000)
+        latest = int(self.clock() * 1_000_000) // period_us * period_us
+        samples = () if latest <= since_us else tuple(
+            ProcessSample(p.pid, latest, p.sm_percent, 0.0) for p in gpu.processes if p.sm_percent > 0)
+        return self._leave("process_utilization", index, samples)
 
     # ---------------------------------------------------------------- write side
     def create_gpu_instance(self, index: int, profile_id: int, placement: Placement) -> GpuInstance:
@@ -399,6 +425,17 @@ class SimulatedNvml:
     def stop_process(self, index: int, pid: int) -> None:
         gpu = self._gpu(index)
         gpu.processes = [p for p in gpu.processes if p.pid != pid]
+        self._save()
+
+    def set_process_load(self, index: int, pid: int, percent: float) -> None:
+        """The SM load (0..100) process ``pid`` puts on GPU ``index`` from now on."""
+        if not 0 <= percent <= 100:
+            raise ValueError(f"SM load must be 0..100 percent, got {percent}")
+        gpu = self._gpu(index)
+        proc = next((p for p in gpu.processes if p.pid == pid), None)
+        if proc is None:
+            raise ValueError(f"no process {pid} on GPU {index}")
+        proc.sm_percent = percent
         self._save()
 
     def set_load(self, index: int, percent: float) -> None:

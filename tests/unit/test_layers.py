@@ -172,9 +172,10 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "node.health": {"node.base", "node.nvml"},  # GPU faults: signals, XID table, tracker, monitor
         "node.layouts": {"node.base", "node.nvml"},  # how a layout reaches the GPU: NVML or mig-manager
         "node.advertising": {"node.base", "node.nvml", "node.draplugin"},  # how GPUs reach the kubelet
+        "node.usage": {"node.base", "node.nvml"},  # what each pod uses of the GPUs: samples, attribution
         # the agent: its loop, metrics, who owns a device, and the wiring of its parts
         "node": {"node.kubeletapi", "node.nvml", "node.base", "node.draplugin", "node.health", "node.layouts",
-                 "node.advertising"},
+                 "node.advertising", "node.usage"},
     },
     "gpupack": {
         "gpupack.testing": set(),  # builders for the tests and benchmarks, for no command

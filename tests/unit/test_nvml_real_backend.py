@@ -66,6 +66,8 @@ class FakePynvml:
         # (GPU index, query) -> value; a query with no entry answers NOT_SUPPORTED.
         # Queries: ("ecc", error type, counter type), "retired", "remapped".
         self.memory: dict[tuple[int, Any], Any] = {}
+        self.process_utilization_error: int | None = None
+        """An NVML code every ``nvmlDeviceGetProcessUtilization`` raises (None: answer from the simulation)."""
 
     def _do(self, fn: Any, *args: Any) -> Any:
         try:
@@ -141,6 +143,15 @@ class FakePynvml:
                                 gpuInstanceId=NO_INSTANCE if p.gi_id is None else p.gi_id,
                                 computeInstanceId=NO_INSTANCE if p.gi_id is None else 0)
                 for p in self.sim.processes(h[1])]
+
+    def nvmlDeviceGetProcessUtilization(self, h: tuple[str, int], since_us: int) -> list[Any]:
+        if self.process_utilization_error is not None:
+            raise pynvml.NVMLError(self.process_utilization_error)
+        samples = self._do(self.sim.process_utilization, h[1], since_us)
+        if not samples:  # what libnvidia-ml answers when no sample is newer than since_us
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return [SimpleNamespace(pid=s.pid, timeStamp=s.timestamp_us, smUtil=int(s.sm_percent),
+                                memUtil=int(s.memory_percent), encUtil=0, decUtil=0) for s in samples]
 
     def nvmlDeviceGetUtilizationRates(self, h: tuple[str, int]) -> Any:
         util = self.sim.utilization(h[1])
@@ -462,3 +473,32 @@ def test_unreadable_boot_id_gives_a_stable_fallback(tmp_path: Path, name: str) -
         path.mkdir()
     _sim, _fake, real = _pair(boot_id_path=path)
     assert real.boot_id() == UNKNOWN_BOOT_ID == real.reset_marker(0)
+
+
+def test_process_utilization_reads_samples_since_a_timestamp() -> None:
+    sim, _fake, real = _pair(mig_enabled=False)
+    sim.clock = lambda: 50.5
+    sim.start_process(0, 11, 2048)
+    sim.start_process(0, 12, 1024)
+    sim.set_process_load(0, 11, 40.0)
+    samples = real.process_utilization(0, 0)
+    assert [(s.pid, s.timestamp_us, s.sm_percent) for s in samples] == [(11, 50_000_000, 40.0)]  # 12 idle: absent
+    assert real.process_utilization(0, samples[0].timestamp_us) == ()  # NOT_FOUND: nothing newer
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_SUCCESS], ids=["not-found", "success"])
+def test_process_utilization_without_samples_is_empty(code: int) -> None:
+    _sim, fake, real = _pair(mig_enabled=False)
+    fake.process_utilization_error = code  # SUCCESS: nvidia-ml-py's sizing call found no sample at all
+    assert real.process_utilization(1, 0) == ()
+
+
+def test_process_utilization_on_mig_and_other_errors_are_raised() -> None:
+    _sim, fake, real = _pair(mig_enabled=True)
+    with pytest.raises(NvmlError) as info:
+        real.process_utilization(0, 0)
+    assert info.value.code == errors.NOT_SUPPORTED
+    fake.process_utilization_error = pynvml.NVML_ERROR_NO_PERMISSION
+    with pytest.raises(NvmlError) as info:
+        real.process_utilization(0, 0)
+    assert info.value.code == errors.NO_PERMISSION

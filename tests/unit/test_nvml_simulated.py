@@ -179,3 +179,47 @@ def test_corrupt_state_file_is_refused(tmp_path: Path) -> None:
     path.write_text("{not json")
     with pytest.raises(ValueError, match="state file"):
         SimulatedNvml(H200, 1, path)
+
+
+def test_process_utilization_samples_busy_processes_once_per_period() -> None:
+    sim = SimulatedNvml(get_model("H200"), 1, mig_enabled=False)
+    now = [100.4]
+    sim.clock = lambda: now[0]
+    sim.start_process(0, 21, 4096)
+    sim.start_process(0, 22, 4096)
+    sim.set_process_load(0, 21, 30.0)
+    sim.set_process_load(0, 22, 80.0)
+    first = sim.process_utilization(0, 0)
+    assert {(s.pid, s.sm_percent, s.timestamp_us) for s in first} == {(21, 30.0, 100_000_000), (22, 80.0, 100_000_000)}
+    assert sim.process_utilization(0, 100_000_000) == ()  # same period: nothing newer (NVML's NOT_FOUND)
+    sim.set_process_load(0, 22, 0.0)
+    now[0] = 101.0
+    assert [(s.pid, s.timestamp_us) for s in sim.process_utilization(0, 100_000_000)] == [(21, 101_000_000)]
+    assert sim.utilization(0).gpu_percent == 30.0  # the GPU is busy while any process runs a kernel
+
+
+def test_process_utilization_is_not_supported_in_mig_mode_and_takes_faults() -> None:
+    sim = SimulatedNvml(H200, 1)
+    with pytest.raises(NvmlError) as info:
+        sim.process_utilization(0, 0)
+    assert info.value.code == errors.NOT_SUPPORTED
+    plain = SimulatedNvml(H200, 1, mig_enabled=False)
+    plain.inject_fault(Fault("process_utilization", errors.NO_PERMISSION))
+    with pytest.raises(NvmlError) as info:
+        plain.process_utilization(0, 0)
+    assert info.value.code == errors.NO_PERMISSION
+    assert plain.process_utilization(0, 0) == ()
+
+
+def test_process_load_is_checked_and_kept_across_a_restart(tmp_path: Path) -> None:
+    state = tmp_path / "nvml.json"
+    sim = SimulatedNvml(H200, 1, state, mig_enabled=False)
+    sim.start_process(0, 31, 512)
+    with pytest.raises(ValueError, match="0..100"):
+        sim.set_process_load(0, 31, 120.0)
+    with pytest.raises(ValueError, match="no process 32"):
+        sim.set_process_load(0, 32, 10.0)
+    sim.set_process_load(0, 31, 55.0)
+    again = SimulatedNvml(H200, 1, state)
+    again.clock = lambda: 9.0
+    assert [s.sm_percent for s in again.process_utilization(0, 0)] == [55.0]

@@ -1,0 +1,84 @@
+"""The agent's per-pod GPU use, ticked on a simulated MPS node: metrics per pod, series of gone
+pods removed, an NVML that cannot read process utilisation, and the setting that turns it off."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from node.agent import Agent
+from node.base.pods import sim_pid
+from node.base.settings import AgentSettings
+from node.nvml import errors
+from node.nvml.errors import NvmlError
+from node.nvml.simulated import Fault, SimulatedNvml, simulated_backend
+from sharing.api.keys import SHARED_RESOURCE
+from tests.unit.test_nvml_simulated_plain import _pod
+from tests.unit.test_reconciler_agent import Clock, FakeKube
+
+
+def _mps_node(tmp_path: Path, **changes: object) -> tuple[Agent, SimulatedNvml, FakeKube]:
+    kube = FakeKube("n1")
+    sim = simulated_backend("T4", 1, tmp_path / "s.json", "n1")
+    settings = AgentSettings(node_name="n1", simulate="T4:1", emulate_device_plugin=True, min_patch_seconds=0.1,
+                             metrics_port=0).with_(**changes)
+    agent = Agent(settings, sim, kube, clock=Clock())  # type: ignore[arg-type]
+    agent.tick()
+    kube.set_spec({"sharing": {"mode": "mps", "replicas": 4}})
+    kube.pods = [_pod("a", SHARED_RESOURCE), _pod("b", SHARED_RESOURCE)]
+    for _ in range(3):
+        agent.tick()
+    sim.clock = Clock()  # samples move on one period per read
+    return agent, sim, kube
+
+
+def _value(agent: Agent, name: str, pod: str) -> float | None:
+    uuid = agent.snapshot().gpus[0].info.uuid
+    labels = {"gpu": "0", "UUID": uuid, "GPU_I_ID": "", "namespace": "ml", "pod": pod, "container": "c"}
+    return agent.metrics.registry.get_sample_value(name, labels)
+
+
+def test_pods_sharing_a_gpu_each_get_their_own_use(tmp_path: Path) -> None:
+    agent, sim, kube = _mps_node(tmp_path)
+    assert len(sim.processes(0)) == 2  # the emulated device plugin ran both pods on the one GPU
+    sim.set_process_load(0, sim_pid("uid-a"), 30.0)
+    sim.set_process_load(0, sim_pid("uid-b"), 60.0)
+    agent.tick()
+    assert (_value(agent, "DCGM_FI_DEV_GPU_UTIL", "a"), _value(agent, "DCGM_FI_DEV_GPU_UTIL", "b")) == (30.0, 60.0)
+    assert _value(agent, "gpupack_pod_gpu_use_attributed", "a") == 1.0
+    assert _value(agent, "DCGM_FI_DEV_FB_USED", "b") == sim.processes(0)[1].used_memory_mib
+
+    kube.pods = [_pod("a", SHARED_RESOURCE)]  # b is gone: its series go with it
+    agent.tick()
+    assert _value(agent, "DCGM_FI_DEV_GPU_UTIL", "b") is None
+    assert _value(agent, "gpupack_pod_gpu_use_attributed", "b") is None
+    assert _value(agent, "gpupack_pod_gpu_use_attributed", "a") == 1.0
+
+
+def test_unreadable_process_utilisation_unattributes_the_gpus_pods_and_logs_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    agent, sim, _kube = _mps_node(tmp_path)
+    sim.set_process_load(0, sim_pid("uid-a"), 30.0)
+    agent.tick()
+    assert _value(agent, "DCGM_FI_DEV_GPU_UTIL", "a") == 30.0
+    sim.inject_fault(Fault("process_utilization", errors.NO_PERMISSION, times=3))
+    with caplog.at_level(logging.WARNING, logger="gpupack.agent"):
+        for _ in range(3):
+            agent.tick()
+    assert _value(agent, "gpupack_pod_gpu_use_attributed", "a") == 0.0
+    assert _value(agent, "DCGM_FI_DEV_GPU_UTIL", "a") is None  # no figure rather than a guessed one
+    assert _value(agent, "DCGM_FI_DEV_FB_USED", "a") is not None  # memory is still measured
+    assert sum("per-process utilisation unreadable" in r.getMessage() for r in caplog.records) == 1
+    agent.tick()  # the fault is spent: measured again
+    assert _value(agent, "DCGM_FI_DEV_GPU_UTIL", "a") == 30.0
+
+
+def test_the_setting_turns_it_off(tmp_path: Path) -> None:
+    agent, sim, _kube = _mps_node(tmp_path, pod_usage=False)
+    sim.inject_fault(Fault("process_utilization", errors.NO_PERMISSION))
+    agent.tick()
+    assert _value(agent, "gpupack_pod_gpu_use_attributed", "a") is None
+    with pytest.raises(NvmlError):  # the fault is still pending: the agent made no per-process read
+        sim.process_utilization(0, 0)
