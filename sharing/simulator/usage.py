@@ -1,0 +1,44 @@
+"""``gpupack simulate usage``'s run: a usage trace replayed minute by minute, with its baselines.
+
+Each pod of the trace lives from its first sample to its last and first asks for a whole GPU
+(what it held in production). A run reports, from one replay of the trace on GPUs of one model
+(its memory from ``mig.catalog``), the figures of ``sharing.simulator.usage_figures`` for the
+packing under test beside the oracle's saving and the naive static packing's figures
+(``sharing.simulator.usage_baselines``), so every figure sits next to its bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mig.catalog import get_model
+from sharing.simulator.usage_baselines import StaticRule, oracle_seatings, static_seatings
+from sharing.simulator.usage_figures import measure
+from sharing.usage.trace import UsageTrace
+
+MIB = 1024 * 1024
+
+
+def gpu_memory_bytes(model_name: str) -> tuple[str, int]:
+    """(product name, memory in bytes) of a GPU model; ``mig.errors.UnknownModelError`` (listing
+    the known names) for a name the catalog does not know."""
+    model = get_model(model_name)
+    return model.product, model.memory_mib * MIB
+
+
+def baselines(trace: UsageTrace, model_name: str, static: StaticRule = StaticRule()) -> dict[str, Any]:
+    """The oracle's saving and the static packing's figures, whole run and after its warm-up."""
+    product, memory = gpu_memory_bytes(model_name)
+    oracle = measure(trace, memory, oracle_seatings(trace, memory))
+    warmup = round(static.warmup_s / trace.step_s)
+    after = measure(trace, memory, static_seatings(trace, memory, static), from_step=warmup)
+    return {
+        "gpu": product,
+        "gpu_memory_bytes": memory,
+        "pods": oracle.pods,
+        "gpu_hours_baseline": oracle.gpu_hours_baseline,
+        "oracle_gpu_hours_saved_pct": oracle.gpu_hours_saved_pct,
+        "static": dataclasses.asdict(measure(trace, memory, static_seatings(trace, memory, static))),
+        "static_after_warmup": dataclasses.asdict(after),
+    }
