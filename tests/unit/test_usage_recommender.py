@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -139,6 +140,6 @@ def test_a_workloads_pods_share_one_history() -> None:
      {"sample_interval_s": 0.0}],
     ids=lambda d: next(iter(d)),
 )
-def test_settings_out_of_range_are_refused(bad: dict[str, float]) -> None:
+def test_settings_out_of_range_are_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         dataclasses.replace(RecommenderSettings(), **bad)
