@@ -10,11 +10,14 @@ packing under test beside the oracle's saving and the naive static packing's fig
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from mig.catalog import get_model
 from sharing.simulator.usage_baselines import StaticRule, oracle_seatings, static_seatings
 from sharing.simulator.usage_figures import measure
+from sharing.simulator.usage_replay import RightSizing, right_sizing_seatings
+from sharing.usage.recommender import WorkloadKey
 from sharing.usage.trace import UsageTrace
 
 MIB = 1024 * 1024
@@ -42,3 +45,13 @@ def baselines(trace: UsageTrace, model_name: str, static: StaticRule = StaticRul
         "static": dataclasses.asdict(measure(trace, memory, static_seatings(trace, memory, static))),
         "static_after_warmup": dataclasses.asdict(after),
     }
+
+
+def run_usage(trace: UsageTrace, model_name: str, policy: RightSizing = RightSizing(),
+              workloads: Mapping[str, WorkloadKey] | None = None, static: StaticRule = StaticRule()) -> dict[str, Any]:
+    """The issue's JSON for one run of ``policy`` on ``trace``: its figures, and beside them the
+    oracle's saving and the static packing's figures (``baselines``)."""
+    bounds = baselines(trace, model_name, static)
+    memory = bounds["gpu_memory_bytes"]
+    figures = measure(trace, memory, right_sizing_seatings(trace, memory, policy, workloads))
+    return {"mode": policy.mode, **bounds, **dataclasses.asdict(figures)}
