@@ -130,6 +130,8 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             size = target(pod.pod) if policy.mode != "off" else None
             cluster.seat(pod.pod, size or whole_gpu(gpu_memory_bytes))
             live[pod.pod] = pod
+        # The step's use happens in these seats; the updater's moves take effect from the next step.
+        seating = {name: Seat(gpu, size.memory_bytes) for name, (gpu, size) in cluster.seats.items()}
         for name, pod in live.items():
             used = pod.memory_bytes[step - pod.first_step]
             limit = cluster.seats[name][1].memory_bytes
@@ -144,4 +146,4 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             for move in choose_moves(candidates, recent, policy.updater):
                 cluster.seat(move.pod, move.target, avoid=cluster.seats[move.pod][0])
                 moves.setdefault(move.workload, []).append(now)
-        yield {name: Seat(gpu, size.memory_bytes) for name, (gpu, size) in cluster.seats.items()}
+        yield seating
