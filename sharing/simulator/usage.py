@@ -9,8 +9,9 @@ packing under test beside the oracle's saving and the naive static packing's fig
 
 from __future__ import annotations
 
+import csv
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mig.catalog import get_model
@@ -55,3 +56,28 @@ def run_usage(trace: UsageTrace, model_name: str, policy: RightSizing = RightSiz
     memory = bounds["gpu_memory_bytes"]
     figures = measure(trace, memory, right_sizing_seatings(trace, memory, policy, workloads))
     return {"mode": policy.mode, **bounds, **dataclasses.asdict(figures)}
+
+
+def parse_workloads(text: str, source: str, pods: Sequence[str]) -> dict[str, WorkloadKey]:
+    """pod -> workload from a CSV with the columns ``container_ip`` and ``workload`` (header first).
+
+    Pods the file does not name stay their own workloads; a pod the trace does not hold, an empty
+    workload name or a pod named twice is an error naming the source and line."""
+    rows = csv.reader(text.splitlines())
+    header = [name.strip() for name in next(rows, [])]
+    if header[:2] != ["container_ip", "workload"] or len(header) != 2:
+        raise ValueError(f"{source}:1: expected the header container_ip,workload, got {','.join(header)!r}")
+    known = set(pods)
+    out: dict[str, WorkloadKey] = {}
+    for line, row in enumerate(rows, start=2):
+        if not row:
+            continue
+        if len(row) != 2 or not row[1].strip():
+            raise ValueError(f"{source}:{line}: expected a container_ip and a workload name")
+        pod, workload = row[0].strip(), row[1].strip()
+        if pod not in known:
+            raise ValueError(f"{source}:{line}: pod {pod!r} is not in the trace")
+        if pod in out:
+            raise ValueError(f"{source}:{line}: pod {pod!r} named twice")
+        out[pod] = WorkloadKey("trace", "Workload", workload, "main")
+    return out

@@ -54,7 +54,7 @@ class RightSizing:
 
 
 def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
-    """Each pod its own workload of one replica (a trace names no owners)."""
+    """Each pod its own workload of one replica (a trace names no owners; ``workloads`` maps some)."""
     return {p.pod: WorkloadKey("trace", "Pod", p.pod, "main") for p in trace.pods}
 
 
@@ -106,7 +106,7 @@ class _Cluster:
 def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: RightSizing,
                           workloads: Mapping[str, WorkloadKey] | None = None) -> Iterator[Seating]:
     """The run's seating at each step (module docstring)."""
-    owners = dict(workloads) if workloads is not None else own_workloads(trace)
+    owners = {**own_workloads(trace), **(workloads or {})}
     recommender = Recommender(policy.recommender)
     cluster = _Cluster(gpu_memory_bytes, policy)
     moves: dict[WorkloadKey, list[float]] = {}
