@@ -32,9 +32,11 @@ def gpu_memory_bytes(model_name: str) -> tuple[str, int]:
 
 
 def baselines(trace: UsageTrace, model_name: str, static: StaticRule = StaticRule()) -> dict[str, Any]:
-    """The oracle's saving and the static packing's figures, whole run and after its warm-up."""
+    """The oracle's and the peak oracle's savings and the static packing's figures, whole run and
+    after its warm-up."""
     product, memory = gpu_memory_bytes(model_name)
     oracle = measure(trace, memory, oracle_seatings(trace, memory))
+    peak_oracle = measure(trace, memory, oracle_seatings(trace, memory, by_peak=True))
     warmup = round(static.warmup_s / trace.step_s)
     after = measure(trace, memory, static_seatings(trace, memory, static), from_step=warmup)
     return {
@@ -43,6 +45,7 @@ def baselines(trace: UsageTrace, model_name: str, static: StaticRule = StaticRul
         "pods": oracle.pods,
         "gpu_hours_baseline": oracle.gpu_hours_baseline,
         "oracle_gpu_hours_saved_pct": oracle.gpu_hours_saved_pct,
+        "peak_oracle_gpu_hours_saved_pct": peak_oracle.gpu_hours_saved_pct,
         "static": dataclasses.asdict(measure(trace, memory, static_seatings(trace, memory, static))),
         "static_after_warmup": dataclasses.asdict(after),
     }

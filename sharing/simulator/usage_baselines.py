@@ -5,7 +5,9 @@ Both are the issue's (35) definitions, kept here so every run reports them besid
 * **Oracle**: at every step, re-pack every live pod knowing its use at that step: first fit
   decreasing by memory used, a GPU taking a pod while the memory used sums to at most the GPU's
   and the duty cycles to at most 100 %. No limits, no cost for a move: the bound no online
-  policy reaches, and the measure of the gap.
+  policy reaches, and the measure of the gap. **The peak oracle** packs the same way with each
+  pod's memory its whole life's peak at every step: the bound of any packing that gives each pod
+  a hard memory limit, however well it knows the pod.
 * **Static**: each pod holds a whole GPU for its first ``warmup_s`` (6 h), then is sized once by
   the ``duty_percentile`` (95th) of its duty cycle and ``memory_margin`` (1.1) x its peak memory
   over those hours, and placed by first fit on a GPU whose limits and sizes leave room (limits
@@ -54,11 +56,13 @@ def live(trace: UsageTrace, step: int) -> list[PodUsage]:
     return [p for p in trace.pods if p.first_step <= step < p.end_step]
 
 
-def oracle_seatings(trace: UsageTrace, gpu_memory_bytes: int) -> Iterator[Seating]:
-    """The oracle's seating at each step (module docstring)."""
+def oracle_seatings(trace: UsageTrace, gpu_memory_bytes: int, *, by_peak: bool = False) -> Iterator[Seating]:
+    """The oracle's seating at each step (module docstring); ``by_peak``: each pod takes its whole
+    life's peak memory at every step, the bound of any packing by per-pod hard memory limits."""
+    peaks = {p.pod: max(p.memory_bytes) for p in trace.pods}
     for step in range(trace.steps):
-        items = [Item(p.pod, p.memory_bytes[step - p.first_step], p.duty_percent[step - p.first_step])
-                 for p in live(trace, step)]
+        items = [Item(p.pod, peaks[p.pod] if by_peak else p.memory_bytes[step - p.first_step],
+                      p.duty_percent[step - p.first_step]) for p in live(trace, step)]
         yield {pod: Seat(gpu) for pod, gpu in first_fit_decreasing(items, gpu_memory_bytes).items()}
 
 

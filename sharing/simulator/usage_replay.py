@@ -11,7 +11,9 @@ its workload is its own unless the run maps pods to workloads. At every step (th
    pod is observed at its limit, all it could hold.
 4. In ``recreate`` mode the updater (``sharing.usage.updater``) picks pods far from their
    recommendation; each move is make-before-break: the replacement is seated at its new size
-   while the old pod still holds its share, then the old share is freed.
+   while the old pod still holds its share, then the old share is freed. Every
+   ``consolidate_every_s`` it also empties a GPU whose pods all fit elsewhere
+   (``sharing.usage.consolidation``), within the same per-workload move budget.
 
 ``off`` recommends only: pods keep their whole GPUs (the run's figures are the baseline's).
 
@@ -33,6 +35,7 @@ from typing import Literal
 from sharing.dra.share_policy import SHARES, SharePolicy
 from sharing.rules.replicas import MAX_MILLI
 from sharing.simulator.usage_figures import Seat, Seating
+from sharing.usage.consolidation import Share, consolidation_moves
 from sharing.usage.recommender import Recommender, RecommenderSettings, WorkloadKey
 from sharing.usage.sizing import GpuLoad, Size, fits, size_for, whole_gpu
 from sharing.usage.trace import PodUsage, UsageTrace
@@ -51,6 +54,8 @@ class RightSizing:
     updater: UpdaterSettings = field(default_factory=UpdaterSettings)
     shares: SharePolicy = SHARES
     compute_overcommit: float = 1.0
+    consolidate_every_s: float | None = 3600.0
+    """How often ``recreate`` tries to empty a GPU into the others' room (None: never)."""
 
 
 def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
@@ -91,9 +96,20 @@ class _Cluster:
             self.loads[gpu] = GpuLoad()
         else:
             gpu = best[1]
+        self.place(pod, size, gpu)
+
+    def place(self, pod: str, size: Size, gpu: int) -> None:
+        """Seat ``pod`` on ``gpu`` (its old share still held while the new one is taken), then free the old."""
         self.loads[gpu] = self.loads[gpu].plus(size)
         self.leave(pod)
         self.seats[pod] = (gpu, size)
+
+    def shares(self, owners: Mapping[str, WorkloadKey]) -> dict[int, list[Share]]:
+        """Each GPU's shares, for consolidation."""
+        out: dict[int, list[Share]] = {gpu: [] for gpu in self.loads}
+        for pod, (gpu, size) in self.seats.items():
+            out[gpu].append(Share(pod, owners[pod], size))
+        return out
 
     def leave(self, pod: str) -> None:
         if pod in self.seats:
@@ -146,4 +162,13 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             for move in choose_moves(candidates, recent, policy.updater):
                 cluster.seat(move.pod, move.target, avoid=cluster.seats[move.pod][0])
                 moves.setdefault(move.workload, []).append(now)
+            every = policy.consolidate_every_s
+            if every is not None and step % max(1, round(every / trace.step_s)) == 0:
+                budget = {key: policy.updater.max_moves_per_interval - sum(1 for t in times if t > horizon)
+                          for key, times in moves.items()}
+                budget = {key: budget.get(key, policy.updater.max_moves_per_interval) for key in set(owners.values())}
+                for drain in consolidation_moves(cluster.shares(owners), gpu_memory_bytes, budget,
+                                                 policy.compute_overcommit):
+                    cluster.place(drain.pod, cluster.seats[drain.pod][1], drain.to_gpu)
+                    moves.setdefault(drain.workload, []).append(now)
         yield seating

@@ -1,7 +1,7 @@
 """The right-sizer's updater (``Recreate`` mode), pure: which pods to move to their recommended size.
 
 A pod is **far** from its recommendation (:func:`is_far`) when its memory limit is below the
-recommended memory (it risks an OOM: always far), above it by more than ``memory_slack`` (it holds
+recommended memory by more than ``memory_risk_slack`` (it risks an OOM), above it by more than ``memory_slack`` (it holds
 memory others could use), or when its compute differs from the recommended by more than
 ``compute_slack`` either way. :func:`choose_moves` picks, among far pods, at most
 ``max_moves_per_interval`` per workload per ``interval_s`` (counting moves already made in the
@@ -29,6 +29,10 @@ class UpdaterSettings:
 
     memory_slack: float = 0.25
     """A limit up to 25 % above the recommendation stays: moving costs a restart."""
+    memory_risk_slack: float = 0.1
+    """A limit up to this fraction below the recommendation stays too: the recommendation's own
+    margin still stands between the observed peak and the limit, and a peak that passes the limit
+    is an OOM, which raises the recommendation past the slack at once."""
     compute_slack: float = 1.0
     """Compute within a factor of two either way stays: memory, not compute, binds these GPUs."""
     max_moves_per_interval: int = 1
@@ -36,7 +40,7 @@ class UpdaterSettings:
     interval_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        if self.memory_slack < 0 or self.compute_slack < 0 or self.max_moves_per_interval < 0 or self.interval_s <= 0:
+        if min(self.memory_slack, self.memory_risk_slack) < 0 or self.compute_slack < 0 or self.max_moves_per_interval < 0 or self.interval_s <= 0:
             raise ValueError(f"updater settings must not be negative (interval positive), got {self}")
 
 
@@ -50,14 +54,15 @@ class Candidate:
     target: Size
 
 
-def at_risk(current: Size, target: Size) -> bool:
-    """Its memory limit is below the recommendation: the next peak may be an OOM."""
-    return current.memory_bytes < target.memory_bytes
+def at_risk(current: Size, target: Size, settings: UpdaterSettings) -> bool:
+    """Its memory limit is below the recommendation by more than ``memory_risk_slack``: the next
+    peak may be an OOM."""
+    return current.memory_bytes * (1 + settings.memory_risk_slack) < target.memory_bytes
 
 
 def is_far(current: Size, target: Size, settings: UpdaterSettings) -> bool:
     """Whether a pod sized ``current`` is far from ``target`` (module docstring)."""
-    if at_risk(current, target):
+    if at_risk(current, target, settings):
         return True
     if current.memory_bytes > target.memory_bytes * (1 + settings.memory_slack):
         return True
@@ -69,7 +74,8 @@ def choose_moves(candidates: Sequence[Candidate], moved_this_interval: Mapping[W
                  settings: UpdaterSettings) -> tuple[Candidate, ...]:
     """The far candidates to move now, in the order to try them (module docstring)."""
     far = [c for c in candidates if is_far(c.current, c.target, settings)]
-    far.sort(key=lambda c: (not at_risk(c.current, c.target), c.target.memory_bytes - c.current.memory_bytes, c.pod))
+    far.sort(key=lambda c: (not at_risk(c.current, c.target, settings), c.target.memory_bytes - c.current.memory_bytes,
+                            c.pod))
     left = dict(moved_this_interval)
     chosen = []
     for candidate in far:

@@ -126,7 +126,7 @@ def test_a_small_limit_is_raised_by_at_least_the_minimum_bump() -> None:
 
 
 def test_a_workloads_pods_share_one_history() -> None:
-    recommender = Recommender()
+    recommender = Recommender(RecommenderSettings(min_observed_s=3600.0))
     other = WorkloadKey("ns", "Deployment", "sd", "sidecar")
     recommender.observe(KEY, 0.0, 5.0, GIB)
     recommender.observe(KEY, 3600.0, 5.0, 2 * GIB)  # another pod of the workload

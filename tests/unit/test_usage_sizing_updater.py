@@ -51,11 +51,17 @@ def test_memory_is_never_overcommitted_and_compute_only_by_policy() -> None:
     ids=["same", "memory-below", "memory-within-slack", "memory-above-slack", "compute-far", "compute-near"],
 )
 def test_far_from_the_recommendation(current: Size, target: Size, far: bool) -> None:
-    assert is_far(current, target, UpdaterSettings(memory_slack=0.25, compute_slack=1.0)) is far
+    assert is_far(current, target, UpdaterSettings(memory_slack=0.25, memory_risk_slack=0.0, compute_slack=1.0)) is far
+
+
+def test_a_limit_a_little_below_the_recommendation_waits_for_its_oom() -> None:
+    settings = UpdaterSettings(memory_risk_slack=0.1)
+    assert not is_far(Size(100, 19 * GB), Size(100, 20 * GB), settings)  # within 10 %: the margin still holds
+    assert is_far(Size(100, 18 * GB), Size(100, 20 * GB), settings)
 
 
 def test_moves_are_bounded_per_workload_and_risk_goes_first() -> None:
-    settings = UpdaterSettings(max_moves_per_interval=1)
+    settings = UpdaterSettings(max_moves_per_interval=1, memory_risk_slack=0.0)
     wasteful = Candidate("a-1", A, Size(1000, 80 * GB), Size(100, 20 * GB))
     risky = Candidate("a-2", A, Size(100, 10 * GB), Size(100, 20 * GB))
     other = Candidate("b-1", B, Size(1000, 80 * GB), Size(100, 20 * GB))
