@@ -75,13 +75,12 @@ class _Cluster:
 
     def share(self, size: Size) -> Size:
         """The share a size takes under the share policy: a whole GPU when its memory rounds past
-        what a GPU serves, or when it takes all of a GPU's compute and no over-commit lets another
-        share join (with over-commit the GPU publishes ``1000 * compute_overcommit`` milli, so a
-        1000-milli share leaves room)."""
+        what a GPU serves, or when it rounds to all of a GPU's compute (a pod predicted to use a
+        whole GPU gets one, over-commit or not: over-commit is only against predicted use)."""
         shares = self.policy.shares
-        milli = min(MAX_MILLI, shares.consumed_milli(size.milli))
+        milli = shares.consumed_milli(size.milli)
         memory = shares.consumed_memory(size.memory_bytes)
-        if memory > shares.max_memory(self.gpu_memory) or (milli >= MAX_MILLI and self.policy.compute_overcommit <= 1.0):
+        if milli >= MAX_MILLI or memory > shares.max_memory(self.gpu_memory):
             return whole_gpu(self.gpu_memory)
         return Size(milli, memory)
 
