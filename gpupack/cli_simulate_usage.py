@@ -49,10 +49,12 @@ def register(subparsers: Any) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--trace", required=True, type=Path, metavar="DIR",
                    help=f"folder holding {DUTY_FILE} and {MEMORY_FILE}")
-    p.add_argument("--gpu", required=True, metavar="MODEL", help="GPU model the pods run on (e.g. H100-80GB, H200-141GB)")
+    p.add_argument("--gpu", required=True, metavar="MODEL",
+                   help="GPU model the pods run on (e.g. H100-80GB, H200-141GB)")
     p.add_argument("--mode", choices=MODES, default="recreate", help="the right-sizer's mode (default recreate)")
     p.add_argument("--seed", type=int, default=42, metavar="N", help="recorded; the replay draws nothing at random")
-    p.add_argument("--workloads", type=Path, metavar="FILE", help="CSV container_ip,workload grouping pods into workloads")
+    p.add_argument("--workloads", type=Path, metavar="FILE",
+                   help="CSV container_ip,workload grouping pods into workloads")
     p.add_argument("--compute-overcommit", type=finite_float, default=1.0, metavar="F",
                    help="predicted duty cycles on a GPU may sum to F x 100 %% (as a SharingPolicy allowing "
                         "over-commit would; default 1.0, none); memory is never over-committed")

@@ -58,7 +58,8 @@ def _pct(part: float, whole: float) -> float:
     return round(100.0 * part / whole, 3) if whole else 0.0
 
 
-def measure(trace: UsageTrace, gpu_memory_bytes: int, seatings: Iterable[Seating], *, from_step: int = 0) -> UsageFigures:
+def measure(trace: UsageTrace, gpu_memory_bytes: int, seatings: Iterable[Seating], *,
+            from_step: int = 0) -> UsageFigures:
     """The figures of a run that seated ``trace``'s pods step by step (one seating per step, from
     step 0), counted from ``from_step`` on (a warm-up left out); every live pod must be seated."""
     step_hours = trace.step_s / 3600.0

@@ -1,9 +1,9 @@
 """The right-sizer's updater (``Recreate`` mode), pure: which pods to move to their recommended size.
 
 A pod is **far** from its recommendation (:func:`is_far`) when its memory limit is below the
-recommended memory by more than ``memory_risk_slack`` (it risks an OOM), above it by more than ``memory_slack`` (it holds
-memory others could use), or when its compute differs from the recommended by more than
-``compute_slack`` either way. :func:`choose_moves` picks, among far pods, at most
+recommended memory by more than ``memory_risk_slack`` (it risks an OOM), above it by more than
+``memory_slack`` (it holds memory others could use), or when its compute differs from the
+recommended by more than ``compute_slack`` either way. :func:`choose_moves` picks, among far pods, at most
 ``max_moves_per_interval`` per workload per ``interval_s`` (counting moves already made in the
 interval), those at risk first, then those that free the most memory.
 
@@ -40,7 +40,8 @@ class UpdaterSettings:
     interval_s: float = 3600.0
 
     def __post_init__(self) -> None:
-        if min(self.memory_slack, self.memory_risk_slack) < 0 or self.compute_slack < 0 or self.max_moves_per_interval < 0 or self.interval_s <= 0:
+        slacks = (self.memory_slack, self.memory_risk_slack, self.compute_slack)
+        if min(slacks) < 0 or self.max_moves_per_interval < 0 or self.interval_s <= 0:
             raise ValueError(f"updater settings must not be negative (interval positive), got {self}")
 
 
