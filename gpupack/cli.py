@@ -14,8 +14,10 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from gpupack import __version__
+from kube.inputfile import check_regular_file
 
 # Command-group modules, in the order they appear in ``gpupack --help``.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -72,6 +74,21 @@ def describe_input_error(exc: OSError | UnicodeDecodeError) -> str:
         return f"input is not UTF-8 text ({exc.reason} at byte {exc.start})"
     where = f"{exc.filename}: " if exc.filename else ""
     return f"{where}{exc.strerror or exc}"
+
+
+def check_trace_files(*paths: str | Path) -> None:
+    """Refuse a trace that is not a regular file (a FIFO, /dev/zero), in one line.
+
+    Traces are read as a stream, a row at a time, so they have no size limit
+    (kube.inputfile.read_text bounds the inputs that are read whole); a device or a FIFO
+    would still never end or never start."""
+    for path in paths:
+        try:
+            check_regular_file(path)
+        except FileNotFoundError:
+            continue  # the trace reader names a missing file itself, with the run's other trace errors
+        except OSError as exc:
+            raise UsageError(describe_input_error(exc)) from None
 
 
 class _Parser(argparse.ArgumentParser):

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, finite_float, positive_float
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, check_trace_files, finite_float, positive_float
 
 HOW_LONG = (
     "On a 2-core machine a run takes a minute or two to start (control plane, nodes, agents; a first run "
@@ -53,7 +53,6 @@ def _say(quiet: bool) -> Any:
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any]:
-    from gpupack.cli_simulate import check_trace_files
     from sharing.simulator.traces import TraceError, load_nodes, load_pods
 
     try:

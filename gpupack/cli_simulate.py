@@ -41,6 +41,10 @@ times onto ``--mig-gpus`` MIG-capable GPUs of MODEL instead, under a layout
 strategy (``--policy`` static-balanced, static-1g, static-whole, greedy,
 gpupack or all), and reports allocation, pods never placed, mean wait and GPUs
 reshaped (docs/simulator.md).
+
+``gpupack simulate usage --trace DIR --gpu MODEL`` replays another kind of trace: per-pod
+GPU use (GenTD26), through the right-sizer that sizes pods by what they use rather than
+what they ask; ``gpupack simulate usage --help`` says more.
 """
 
 from __future__ import annotations
@@ -53,8 +57,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_OK, UsageError, describe_input_error, finite_float, non_negative_float
-from kube.inputfile import check_regular_file
+from gpupack.cli import EXIT_OK, UsageError, check_trace_files, finite_float, non_negative_float
+from gpupack.cli_simulate_usage import register as register_usage
 from sharing.packing.mig_layouts import MIG_STRATEGIES, make_strategy
 from sharing.packing.registry import POLICY_NAMES, canonical_policy_name
 from sharing.packing.specs import NodeSpec
@@ -84,21 +88,6 @@ TEXT_LEVELS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 125, 130)
 """Levels shown in the text table (the reference table's columns); JSON has every level."""
 
 
-def check_trace_files(*paths: str | Path) -> None:
-    """Refuse a trace that is not a regular file (a FIFO, /dev/zero), in one line.
-
-    Traces are read as a stream, a row at a time, so they have no size limit
-    (kube.inputfile.read_text bounds the inputs that are read whole); a device or a FIFO
-    would still never end or never start."""
-    for path in paths:
-        try:
-            check_regular_file(path)
-        except FileNotFoundError:
-            continue  # the trace reader names a missing file itself, with the run's other trace errors
-        except OSError as exc:
-            raise UsageError(describe_input_error(exc)) from None
-
-
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "simulate",
@@ -106,12 +95,14 @@ def register(subparsers: Any) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nodes", required=True, type=Path, help="node list CSV (openb_node_list_gpu_node.csv)")
-    p.add_argument("--pods", required=True, type=Path, help="pod list CSV (openb_pod_list_<workload>.csv)")
+    # --nodes, --pods and --policy are required for an openb replay, checked in run():
+    # `gpupack simulate usage` takes none of them.
+    p.add_argument("--nodes", type=Path, help="node list CSV (openb_node_list_gpu_node.csv); required")
+    p.add_argument("--pods", type=Path, help="pod list CSV (openb_pod_list_<workload>.csv); required")
     p.add_argument(
         "--policy",
-        required=True,
-        help=f"one of {', '.join(POLICY_NAMES)} (case-insensitive); with --mig: {', '.join(MIG_STRATEGIES)} or all",
+        help=f"one of {', '.join(POLICY_NAMES)} (case-insensitive); with --mig: {', '.join(MIG_STRATEGIES)} or all; "
+             "required",
     )
     seeds = p.add_mutually_exclusive_group()
     seeds.add_argument("--seed", type=int, help="one run with this seed (default 42)")
@@ -175,7 +166,10 @@ def register(subparsers: Any) -> None:
         "--reshape-delay", type=non_negative_float, default=60.0, metavar="SECONDS",
         help="time a GPU is unavailable while reshaped (default 60)",
     )
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, simulate_parser=p)
+    usage = p.add_subparsers(dest="simulation", title="another kind of trace (gpupack simulate usage --help)",
+                             parser_class=type(p))
+    register_usage(usage)
 
 
 def _seeds(args: argparse.Namespace) -> tuple[int, ...]:
@@ -240,6 +234,10 @@ def _node_sample(args: argparse.Namespace, nodes: Sequence[NodeSpec], seeds: Seq
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = [flag for flag, value in (("--nodes", args.nodes), ("--pods", args.pods), ("--policy", args.policy))
+               if value is None]
+    if missing:  # argparse's own words, as when the flags were required=True
+        args.simulate_parser.error(f"the following arguments are required: {', '.join(missing)}")
     backend, share_unit = _backend(args)
     if args.max_nodes is not None:
         if args.mig:

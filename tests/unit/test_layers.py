@@ -152,8 +152,11 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         "sharing.dra": {"sharing.api", "sharing.rules", "sharing.packing"},  # the DRA device model
         # the webhook's decision core: request -> options -> decision -> patch, and its inventory
         "sharing.admission": {"sharing.api", "sharing.rules", "sharing.packing", "sharing.dra"},
+        # use, not only requests: usage traces, the recommender and right-sizing, pure (issue 35)
+        "sharing.usage": {"sharing.api", "sharing.rules"},
         # trace simulator and product model: drives the rooms above, never imported by live code
-        "sharing.simulator": {"sharing.api", "sharing.rules", "sharing.packing", "sharing.dra", "sharing.admission"},
+        "sharing.simulator": {"sharing.api", "sharing.rules", "sharing.packing", "sharing.dra", "sharing.admission",
+                              "sharing.usage"},
     },
     "controller": {
         "controller.state": set(),  # the cycle's snapshot types and building them from API objects

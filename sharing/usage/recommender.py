@@ -1,0 +1,151 @@
+"""The right-sizer's recommender: from observed GPU use to a size per workload and container.
+
+One history per :class:`WorkloadKey` (an owner reference and a container name): every pod of the
+workload adds its samples to it, as the Kubernetes VPA aggregates a workload's containers.
+
+* **Compute** is the ``duty_percentile`` of a decaying histogram of the duty cycle
+  (``sharing.usage.histogram``), times ``1 + duty_margin``, at most 100 %.
+* **Memory** is the peak over a sliding window (``sharing.usage.peaks``), times
+  ``1 + memory_margin``. GPU memory is not elastic: use above a limit is an OOM, so memory is
+  sized from its peak rather than a percentile.
+* **An OOM or memory-limit hit raises the memory at once** (Google Autopilot's method, which VPA
+  follows): the memory the container was allowed, times ``oom_bump_ratio`` and at least
+  ``oom_min_bump_bytes`` more, is counted as a peak sample, so the next recommendation covers it
+  and the window remembers it.
+* **Confidence** grows with observed time: the lesser of the history's span and its samples
+  times ``sample_interval_s``, in days (VPA's measure). No recommendation is made before
+  ``min_observed_s`` of history: a pod keeps what it asked for until then.
+
+Pure and clock-free: callers pass sample times, so the simulator replays a trace and a live
+recommender its scrapes through the same code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from sharing.usage.histogram import DecayingHistogram, HistogramOptions
+from sharing.usage.peaks import PeakOptions, WindowedPeak
+
+MIB = 1024 * 1024
+DAY_S = 24 * 3600.0
+
+
+@dataclass(frozen=True, order=True)
+class WorkloadKey:
+    """A workload's container: its owner reference (namespace, kind, name) and the container's name."""
+
+    namespace: str
+    kind: str
+    name: str
+    container: str
+
+
+@dataclass(frozen=True)
+class RecommenderSettings:
+    """How use becomes a recommendation; every field's unit and reason in its docstring."""
+
+    duty_percentile: float = 0.99
+    """Share (0..1) of the decayed duty-cycle weight the compute recommendation covers: bursts from
+    0 % are the norm in inference, and at 0.95 shared GPUs saturate in 0.1-0.6 % of minutes on
+    the GenTD26 half (docs/usage.md)."""
+    duty_margin: float = 0.15
+    """Compute headroom over the percentile (VPA's safety margin, 15 %)."""
+    memory_margin: float = 0.1
+    """Memory headroom over the window's peak. 10 %: on the GenTD26 half, 20 % leaves most 80 GB GPUs
+    holding one pod, 5 % costs 0.3 % of pod-minutes over their limit (docs/usage.md)."""
+    oom_bump_ratio: float = 1.2
+    """After an OOM, memory is at least 1.2 x what the container was allowed (VPA's OOM bump)."""
+    oom_min_bump_bytes: int = 100 * MIB
+    """... and at least 100 MiB more than it (VPA's minimum bump)."""
+    min_observed_s: float = 7200.0
+    """No recommendation before two hours of history: a pod keeps what it asked for until then.
+    Memory peaks grow over a pod's first hours (model and adapter loads); one hour gave 2.5 x the
+    OOMs on the GenTD26 half."""
+    sample_interval_s: float = 60.0
+    """The expected time between samples, to turn a sample count into time for the confidence."""
+    duty: HistogramOptions = field(default_factory=lambda: HistogramOptions(max_value=100.0, first_bucket=0.5))
+    """Duty cycle in percent: 50 buckets from 0.5 % wide up to 100 %, half-life one day."""
+    memory: PeakOptions = field(default_factory=PeakOptions)
+    """Memory peaks per hour, remembered for a day."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.duty_percentile <= 1:
+            raise ValueError(f"duty_percentile must be in (0, 1], got {self.duty_percentile}")
+        if min(self.duty_margin, self.memory_margin, self.min_observed_s) < 0 or self.oom_bump_ratio < 1:
+            raise ValueError("margins and min_observed_s must not be negative, and oom_bump_ratio at least 1")
+        if self.sample_interval_s <= 0:
+            raise ValueError(f"sample_interval_s must be positive, got {self.sample_interval_s}")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A size for one workload's container, and how much history stands behind it."""
+
+    duty_percent: float
+    """Compute, in percent of one GPU (1000 gpu-milli = 100 %)."""
+    memory_bytes: int
+    observed_s: float
+    """The history's span: first sample to last."""
+    confidence_days: float
+    ooms: int
+    """Memory-limit hits recorded for this container (each raised the memory at once)."""
+
+
+class ContainerHistory:
+    """One workload container's history (mutable: updated per sample, see the histogram's reason)."""
+
+    def __init__(self, settings: RecommenderSettings) -> None:
+        self.duty = DecayingHistogram(settings.duty)
+        self.memory = WindowedPeak(settings.memory)
+        self.first_s = math.inf
+        self.last_s = -math.inf
+        self.samples = 0
+        self.ooms = 0
+
+    def observe(self, time_s: float, duty_percent: float, memory_bytes: int) -> None:
+        self.duty.add(duty_percent, time_s)
+        self.memory.add(float(memory_bytes), time_s)
+        self.first_s = min(self.first_s, time_s)
+        self.last_s = max(self.last_s, time_s)
+        self.samples += 1
+
+
+class Recommender:
+    """Histories by workload container, and recommendations from them (module docstring)."""
+
+    def __init__(self, settings: RecommenderSettings = RecommenderSettings()) -> None:
+        self.settings = settings
+        self.histories: dict[WorkloadKey, ContainerHistory] = {}
+
+    def _history(self, key: WorkloadKey) -> ContainerHistory:
+        history = self.histories.get(key)
+        if history is None:
+            history = self.histories[key] = ContainerHistory(self.settings)
+        return history
+
+    def observe(self, key: WorkloadKey, time_s: float, duty_percent: float, memory_bytes: int) -> None:
+        """One sample of one of the workload's pods."""
+        self._history(key).observe(time_s, duty_percent, memory_bytes)
+
+    def record_oom(self, key: WorkloadKey, time_s: float, allowed_bytes: int) -> None:
+        """The container hit its memory limit of ``allowed_bytes``: raise its memory at once."""
+        history = self._history(key)
+        bumped = max(allowed_bytes * self.settings.oom_bump_ratio, allowed_bytes + self.settings.oom_min_bump_bytes)
+        history.memory.add(bumped, time_s)
+        history.ooms += 1
+
+    def recommend(self, key: WorkloadKey) -> Recommendation | None:
+        """The container's recommendation, or None before ``min_observed_s`` of history (or none at all)."""
+        history = self.histories.get(key)
+        if history is None or history.samples == 0:
+            return None
+        observed = history.last_s - history.first_s
+        if observed < self.settings.min_observed_s:
+            return None
+        s = self.settings
+        duty = min(100.0, history.duty.percentile(s.duty_percentile) * (1 + s.duty_margin))
+        memory = math.ceil(history.memory.peak() * (1 + s.memory_margin))
+        confidence = min(observed, history.samples * s.sample_interval_s) / DAY_S
+        return Recommendation(duty, memory, observed, confidence, history.ooms)
