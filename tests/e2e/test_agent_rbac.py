@@ -198,6 +198,13 @@ def _slice(node: str) -> dict[str, Any]:
     return dict(wire.slice_json(item))
 
 
+
+def _delete_slices(admin: Kube, *nodes: str) -> None:
+    """Every slice of gpupack's driver on ``nodes``, deleted as the admin (a test's clean-up)."""
+    for node in nodes:
+        for item in admin.list_resource_slices(node, names.DRIVER):
+            admin.delete_resource_slice(item["metadata"]["name"])
+
 def test_agent_may_publish_only_its_own_nodes_resource_slices(
     control_plane: ControlPlane, admin_client: Any, gpupack_installed: list[dict[str, Any]],
     apply_manifests: Callable[..., list[dict[str, Any]]], tmp_path: Path,
@@ -270,9 +277,7 @@ def test_agent_may_publish_only_its_own_nodes_resource_slices(
         with pytest.raises(KubeError, match="for its own node"):
             Kube.connect(str(path)).create_resource_slice(_slice(own))
     finally:
-        for node in (own, other):
-            for item in admin.list_resource_slices(node, names.DRIVER):
-                admin.delete_resource_slice(item["metadata"]["name"])
+        _delete_slices(admin, own, other)
 
 
 def test_agent_may_not_publish_its_slices_in_another_nodes_pool(
@@ -331,9 +336,7 @@ def test_agent_may_not_publish_its_slices_in_another_nodes_pool(
         agent.delete_resource_slice(stray["metadata"]["name"])
         assert [s["metadata"]["name"] for s in admin.list_resource_slices(own, names.DRIVER)] == [name]
     finally:
-        for node in (own, other):
-            for item in admin.list_resource_slices(node, names.DRIVER):
-                admin.delete_resource_slice(item["metadata"]["name"])
+        _delete_slices(admin, own, other)
 
 
 def test_agent_records_events_only_about_its_own_node_and_keeps_its_hostname_label(

@@ -20,11 +20,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
-from gpupack.devcluster.apply import local_webhook_config
 from tests.e2e.tenants import tenant_client
-from tests.e2e.test_webhook_e2e import GROUP, VERSION, Webhook, _wait
+from tests.e2e.test_webhook_e2e import GROUP, VERSION, Webhook, _wait, labelled_mutating_config, registered
 from tests.unit.test_decision import A100, H100, mig_node, shared_node
 from gpupack.testing.admission_reviews import gpu_container, make_pod
 
@@ -45,11 +43,8 @@ def _nodes() -> list[dict[str, Any]]:
 def webhook(admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[str], Path],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
     custom = client.CustomObjectsApi(admin_client)
-    registration = client.AdmissionregistrationV1Api(admin_client)
     hook = Webhook(tmp_path_factory.mktemp("auto-mode-e2e"), sa_kubeconfig("gpupack-webhook"))
-    mutating = local_webhook_config("mutating", hook.url, hook.ca_bundle, f"gpupack-e2e-auto-{uuid.uuid4().hex[:6]}")
-    mutating["webhooks"][0]["namespaceSelector"]["matchExpressions"].append(
-        {"key": SELECT_LABEL, "operator": "In", "values": ["on"]})
+    mutating = labelled_mutating_config(hook, f"gpupack-e2e-auto-{uuid.uuid4().hex[:6]}", SELECT_LABEL)
     created: list[str] = []
     try:
         for node in _nodes():
@@ -60,13 +55,9 @@ def webhook(admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[
                                                       {"status": status})
         _wait("webhook ready (inventory synced)", lambda: hook.get("/readyz")[0] == 200)
         _wait("both GPUNodes in the webhook's view", lambda: hook.metric("gpupack_webhook_inventory_nodes") >= 2)
-        registration.create_mutating_webhook_configuration(mutating)
-        yield hook
+        with registered(admin_client, mutating):
+            yield hook
     finally:
-        try:
-            registration.delete_mutating_webhook_configuration(mutating["metadata"]["name"])
-        except ApiException:
-            pass
         for name in created:
             custom.delete_cluster_custom_object(GROUP, VERSION, "gpunodes", name)
         hook.stop()

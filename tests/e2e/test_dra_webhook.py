@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpupack.devcluster.apply import local_webhook_config
 from sharing.api.backend import CLAIM_PREFIX
-from tests.e2e.test_webhook_e2e import Webhook
+from tests.e2e.test_webhook_e2e import Webhook, registered
 from tests.e2e.waiting import wait_for
 from gpupack.testing.admission_reviews import gpu_container, make_pod
 
@@ -50,7 +50,6 @@ def dra_webhook(
     # Typed as Any: the client's stubs want its model classes, these tests send plain dicts.
     core: Any = client.CoreV1Api(admin_client)
     custom: Any = client.CustomObjectsApi(admin_client)
-    registration: Any = client.AdmissionregistrationV1Api(admin_client)
     suffix = uuid.uuid4().hex[:6]
     node_name = f"e2e-dra-{suffix}"
     hook = Webhook(tmp_path_factory.mktemp("dra-webhook"), sa_kubeconfig("gpupack-webhook"))
@@ -66,13 +65,10 @@ def dra_webhook(
             "gpus": [{"index": i, "uuid": f"GPU-{suffix}-{i}", "product": A100, "memoryMiB": 81920, "migEnabled": False}
                      for i in range(2)]}})
         wait_for("webhook ready (inventory synced)", lambda: hook.get("/readyz")[0] == 200, 60.0, interval_s=0.25)
-        registration.create_mutating_webhook_configuration(mutating)
-        registration.create_validating_webhook_configuration(validating)
-        yield hook
+        with registered(admin_client, mutating, validating):
+            yield hook
     finally:
         for delete, name in (
-            (registration.delete_mutating_webhook_configuration, mutating["metadata"]["name"]),
-            (registration.delete_validating_webhook_configuration, validating["metadata"]["name"]),
             (lambda n: custom.delete_cluster_custom_object(GROUP, VERSION, "gpunodes", n), node_name),
             (core.delete_node, node_name),
         ):

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,22 +95,52 @@ def _gpunodes() -> list[dict[str, Any]]:
     return nodes
 
 
+def labelled_mutating_config(hook: Webhook, name: str, label: str) -> dict[str, Any]:
+    """The shipped mutating configuration, calling ``hook``, for the namespaces labelled ``label=on``
+    only (the shipped exclusions stay in force too)."""
+    mutating = local_webhook_config("mutating", hook.url, hook.ca_bundle, name)
+    mutating["webhooks"][0]["namespaceSelector"]["matchExpressions"].append(
+        {"key": label, "operator": "In", "values": ["on"]})
+    return mutating
+
+
+@contextmanager
+def registered(admin_client: Any, *configs: dict[str, Any]) -> Iterator[None]:
+    """``configs`` (Mutating- and ValidatingWebhookConfigurations) created on entry, in order, and
+    deleted on exit; one already gone is fine."""
+    registration = client.AdmissionregistrationV1Api(admin_client)
+    calls: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+        "MutatingWebhookConfiguration": (registration.create_mutating_webhook_configuration,
+                                         registration.delete_mutating_webhook_configuration),
+        "ValidatingWebhookConfiguration": (registration.create_validating_webhook_configuration,
+                                           registration.delete_validating_webhook_configuration),
+    }
+    made: list[dict[str, Any]] = []
+    try:
+        for config in configs:
+            calls[config["kind"]][0](config)
+            made.append(config)
+        yield
+    finally:
+        for config in made:
+            try:
+                calls[config["kind"]][1](config["metadata"]["name"])
+            except ApiException:
+                pass
+
+
 @pytest.fixture(scope="module")
 def webhook(
     admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[str], Path],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Webhook]:
     custom = client.CustomObjectsApi(admin_client)
-    registration = client.AdmissionregistrationV1Api(admin_client)
     created: list[str] = []
     hook = Webhook(tmp_path_factory.mktemp("webhook-e2e"), sa_kubeconfig("gpupack-webhook"))
     suffix = uuid.uuid4().hex[:6]
-    mutating = local_webhook_config("mutating", hook.url, hook.ca_bundle, f"gpupack-e2e-{suffix}")
+    # Only namespaces this module labels mutate; validation stays as shipped.
+    mutating = labelled_mutating_config(hook, f"gpupack-e2e-{suffix}", SELECT_LABEL)
     validating = local_webhook_config("validating", hook.url, hook.ca_bundle, f"gpupack-e2e-{suffix}")
-    # Only namespaces this module labels; the shipped exclusions stay in force too.
-    mutating["webhooks"][0]["namespaceSelector"]["matchExpressions"].append(
-        {"key": SELECT_LABEL, "operator": "In", "values": ["on"]}
-    )
     try:
         for node in _gpunodes():
             status = node.pop("status")
@@ -119,18 +150,9 @@ def webhook(
         _wait("webhook ready (inventory synced)", lambda: hook.get("/readyz")[0] == 200)
         _wait("all example GPUNodes in the webhook's view",
               lambda: hook.metric("gpupack_webhook_inventory_nodes") >= len(created))
-        registration.create_mutating_webhook_configuration(mutating)
-        registration.create_validating_webhook_configuration(validating)
-        yield hook
+        with registered(admin_client, mutating, validating):
+            yield hook
     finally:
-        for delete, name in (
-            (registration.delete_mutating_webhook_configuration, mutating["metadata"]["name"]),
-            (registration.delete_validating_webhook_configuration, validating["metadata"]["name"]),
-        ):
-            try:
-                delete(name)
-            except ApiException:
-                pass
         for name in created:
             custom.delete_cluster_custom_object(GROUP, VERSION, "gpunodes", name)
         hook.stop()

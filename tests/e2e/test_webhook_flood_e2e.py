@@ -23,8 +23,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from gpupack.devcluster.apply import local_webhook_config
-from tests.e2e.test_webhook_e2e import Webhook, _wait
+from tests.e2e.test_webhook_e2e import Webhook, _wait, labelled_mutating_config, registered
 from gpupack.testing.admission_reviews import gpu_container, make_pod
 
 SELECT_LABEL = "gpupack-e2e-flood"
@@ -47,19 +46,12 @@ def capped_webhook(admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Cal
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    registration = client.AdmissionregistrationV1Api(admin_client)
-    mutating = local_webhook_config("mutating", hook.url, hook.ca_bundle, f"gpupack-flood-{uuid.uuid4().hex[:6]}")
-    mutating["webhooks"][0]["namespaceSelector"]["matchExpressions"].append(
-        {"key": SELECT_LABEL, "operator": "In", "values": ["on"]})
+    mutating = labelled_mutating_config(hook, f"gpupack-flood-{uuid.uuid4().hex[:6]}", SELECT_LABEL)
     try:
         _wait("webhook ready", lambda: hook.get("/readyz")[0] == 200)
-        registration.create_mutating_webhook_configuration(mutating)
-        yield hook
+        with registered(admin_client, mutating):
+            yield hook
     finally:
-        try:
-            registration.delete_mutating_webhook_configuration(mutating["metadata"]["name"])
-        except ApiException:
-            pass
         hook.stop()
         print(hook.log_path.read_text()[-3000:])
 
