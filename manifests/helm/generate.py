@@ -217,8 +217,9 @@ def render() -> dict[str, str]:
             "    {{- with .Values.prometheusRules.labels }}\n    {{- toYaml . | nindent 4 }}\n    {{- end }}\n"})
     out = {k: HEADER + v for k, v in files.items()}
     # CRDs go to crds/: Helm installs them once and never deletes them, so an
-    # uninstall keeps every GPUNode and SharingPolicy (and the GPUs' layouts).
-    for crd in ("gpupack.io_gpunodes.yaml", "gpupack.io_sharingpolicies.yaml"):
+    # uninstall keeps every GPUNode, SharingPolicy and GPURecommendation (and the GPUs' layouts).
+    # The list is the kustomization's, so a new CRD reaches both installs.
+    for crd in yaml.safe_load(_load("crds/kustomization.yaml"))["resources"]:
         out[f"crds/{crd}"] = _load(f"crds/{crd}")
     return out
 

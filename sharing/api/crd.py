@@ -530,6 +530,24 @@ class ReplicaPolicy(ApiModel):
         return self
 
 
+RightSizingMode = Literal["Off", "Initial", "Recreate"]
+"""How far the right-sizer acts on a workload's recommendation (issue 35), the VPA's modes:
+``Off`` recommends only; ``Initial`` also sizes new pods at admission; ``Recreate`` also evicts
+running pods far from their recommendation so they come back sized."""
+RIGHT_SIZING_MODES: tuple[RightSizingMode, ...] = ("Off", "Initial", "Recreate")
+
+
+class RightSizingPolicy(ApiModel):
+    """Whether and how gpupack sizes pods of the policy's namespaces by what they use (opt-in)."""
+
+    mode: RightSizingMode = Field("Off", description="Off (recommend only), Initial or Recreate.")
+    compute_overcommit: float = Field(
+        1.0, ge=1.0, le=4.0,
+        description="Predicted compute a GPU may carry, in GPUs (1.0: none over-committed). Memory never is.")
+    max_evictions_per_hour: int = Field(
+        1, ge=0, le=60, description="Recreate: pods of one workload evicted per hour at most (0: none).")
+
+
 class SharingPolicySpec(ApiModel):
     """An admin's policy for the nodes it selects."""
 
@@ -546,6 +564,8 @@ class SharingPolicySpec(ApiModel):
     layout: LayoutPolicy = Field(default_factory=LayoutPolicy)
     reshaping: ReshapingPolicy = Field(default_factory=ReshapingPolicy)
     replicas: ReplicaPolicy = Field(default_factory=ReplicaPolicy)
+    right_sizing: RightSizingPolicy | None = Field(
+        None, description="Sizing pods of the matched namespaces by their observed GPU use; absent: Off.")
 
     def modes_for(self, namespace: str, labels: Mapping[str, str] | None) -> tuple[Mode, ...]:
         """The sharing modes pods of ``namespace`` may use under this policy (no rules: all)."""
@@ -586,6 +606,62 @@ class SharingPolicyStatus(ApiModel):
         return self
 
 
+# ------------------------------------------------------------- GPURecommendation
+
+
+RecommendationSource = Literal["Agents", "Prometheus"]
+"""Where the recommender read the use: the node agents' histograms or a Prometheus server."""
+
+
+class WorkloadTargetRef(ApiModel):
+    """The workload a recommendation is for (``sharing.api.workload.WorkloadRef``, namespace implied)."""
+
+    kind: str = Field(min_length=1, max_length=63)
+    name: str = Field(min_length=1, max_length=253)
+
+
+class ContainerRecommendation(ApiModel):
+    """A size for one container of the workload, and the history behind it."""
+
+    container_name: str = Field(min_length=1, max_length=63)
+    gpu_milli: int = Field(ge=0, le=1000, description="Compute, thousandths of one GPU.")
+    gpu_memory: str = Field(pattern=MEMORY_QUANTITY_PATTERN, max_length=32, description="GPU memory limit.")
+    observed_seconds: int = Field(0, ge=0, description="The history's span: first sample to last.")
+    confidence_days: float = Field(0.0, ge=0, description="Observed time in days (the VPA's measure).")
+    ooms: int = Field(0, ge=0, description="Memory-limit hits seen; each raised the memory at once.")
+    pods: int = Field(0, ge=0, description="Pods whose use the history holds.")
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return int(parse_quantity(self.gpu_memory))
+
+
+class GPURecommendationSpec(ApiModel):
+    """Written by the controller when it first sees the workload's use."""
+
+    target_ref: WorkloadTargetRef
+
+
+class GPURecommendationStatus(ApiModel):
+    """The recommendation (written by the controller's recommender)."""
+
+    source: RecommendationSource | None = None
+    mode: RightSizingMode | None = Field(None, description="The right-sizing mode in force for the workload.")
+    containers: Annotated[
+        list[ContainerRecommendation], Field(json_schema_extra=_list_map("containerName"))
+    ] = Field(default_factory=list, max_length=32)
+    last_update_time: datetime | None = Field(None, strict=False)
+    conditions: Annotated[
+        list[Condition], Field(json_schema_extra=_list_map("type"))
+    ] = Field(default_factory=list, max_length=16)
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> GPURecommendationStatus:
+        _unique(self.containers, "container_name", "containers")
+        _unique(self.conditions, "type", "conditions")
+        return self
+
+
 # ------------------------------------------------------------ whole resources
 
 
@@ -614,6 +690,16 @@ class SharingPolicy(ApiModel):
     metadata: ObjectMeta
     spec: SharingPolicySpec = Field(default_factory=SharingPolicySpec)
     status: SharingPolicyStatus | None = None
+
+
+class GPURecommendation(ApiModel):
+    """Namespaced, one per workload, named by ``sharing.api.workload.recommendation_name``."""
+
+    api_version: Literal["gpupack.io/v1alpha1"] = API_VERSION
+    kind: Literal["GPURecommendation"] = "GPURecommendation"
+    metadata: ObjectMeta
+    spec: GPURecommendationSpec
+    status: GPURecommendationStatus | None = None
 
 
 # ------------------------------------------------------------ one reader
