@@ -37,6 +37,9 @@ DRA_PINNED_ANNOTATION: Final = "gpupack.io/dra-pinned"
 DRA_REQUEUES_ANNOTATION: Final = "gpupack.io/dra-requeues"
 """ResourceClaim (DRA pool): how many times the controller re-created the claim, same pin, to make
 kube-scheduler try its pod again (``controller.planning.draplan``, "Stalled promises")."""
+RIGHT_SIZING_LABEL: Final = "gpupack.io/right-sizing"
+"""Namespace label: the right-sizing mode for its pods (``Off``, ``Initial``, ``Recreate``), over
+what the SharingPolicies say (``sharing.rules.right_sizing``)."""
 RECOMMENDED_MILLI_ANNOTATION: Final = "gpupack.io/recommended-gpu-milli"
 """The feedback loop's right-size recommendation."""
 PLACEMENT_CONDITION: Final = "gpupack.io/Placement"

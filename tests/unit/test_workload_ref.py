@@ -67,3 +67,24 @@ def test_right_sizing_is_off_unless_a_policy_says_otherwise() -> None:
     assert spec.right_sizing is not None and spec.right_sizing.max_evictions_per_hour == 1
     with pytest.raises(ValidationError):
         SharingPolicySpec.model_validate({"rightSizing": {"mode": "Auto"}})
+
+
+def test_right_sizing_mode_label_wins_then_the_most_cautious_policy() -> None:
+    from sharing.rules.right_sizing import right_sizing_for
+
+    recreate = SharingPolicySpec.model_validate({"rightSizing": {"mode": "Recreate", "computeOvercommit": 1.5}})
+    initial_for_a = SharingPolicySpec.model_validate({
+        "rightSizing": {"mode": "Initial", "computeOvercommit": 2.0, "maxEvictionsPerHour": 3},
+        "namespaces": [{"names": ["a"], "allowedModes": ["mps"]}]})
+    silent = SharingPolicySpec()
+    assert right_sizing_for([("s", silent)], "a", {}).mode == "Off"
+    assert right_sizing_for([("r", recreate)], "b", {}).mode == "Recreate"
+    both = right_sizing_for([("r", recreate), ("i", initial_for_a)], "a", {})
+    assert (both.mode, both.compute_overcommit, both.max_evictions_per_hour) == ("Initial", 1.5, 1)
+    assert right_sizing_for([("r", recreate), ("i", initial_for_a)], "b", {}).mode == "Recreate"
+    opted_in = right_sizing_for([("s", silent)], "a", {"gpupack.io/right-sizing": "Recreate"})
+    assert (opted_in.mode, opted_in.source, opted_in.evicts) == ("Recreate", "namespace label", True)
+    opted_out = right_sizing_for([("r", recreate)], "b", {"gpupack.io/right-sizing": "Off"})
+    assert opted_out.mode == "Off" and not opted_out.sizes_new_pods
+    odd = right_sizing_for([("r", recreate)], "b", {"gpupack.io/right-sizing": "yes"})
+    assert odd.mode == "Recreate" and odd.ignored_label is not None and "yes" in odd.ignored_label
