@@ -5,25 +5,24 @@ time-slicing (``sharing.rules.replicas``). Here each pod of a usage trace asks f
 and lives from its first sample to its last, on a pool of nodes of ``gpus_per_node`` GPUs that
 grows as needed (so ``gpu_hours`` counts the GPUs the pods need):
 
-* a pod goes to the first node, in the order nodes were opened, with a GPU holding fewer pods
-  than the node's ``r``; on that node to the GPU with the fewest pods (the device plugin hands
+* a pod goes to the first node, in the order nodes were opened, with a GPU holding fewer than
+  ``r`` pods; on that node to the GPU with the fewest pods (the device plugin hands
   out the replicas of its least used GPU first), the lowest index on a tie; a new node when
   none has room;
 * a pod never moves: nothing in the product moves a running pod off its replica;
 * memory: **time-slicing** has no memory limit (a pod holds what it uses; the GPU overflows
-  when its pods use more than it has); **MPS** gives each replica ``1 / r`` of the GPU's memory,
-  the ``r`` of the pod's node when the pod started (the limit a client gets when it starts).
+  when its pods use more than it has); **MPS** gives each replica ``1 / r`` of the GPU's memory
+  (the device plugin's even per-replica limit), a hard limit: use above it is an OOM.
 
 Its figures are read by the same measuring stick as every usage run
-(``sharing.simulator.usage_figures``). ``retune`` lets a driver change a node's ``r`` after
-each step from what its GPUs did (the replica loop's benchmark); a changed ``r`` applies from
-the next step, to pods placed from then on: pods already on a GPU keep their replica and their
-limit, so a GPU may hold more pods than its node's new ``r`` (``oversubscribed_gpu_steps``).
+(``sharing.simulator.usage_figures``); ``benchmarks/static_replicas_trace.py`` prints them for
+every replica count. A driver that changed a node's ``r`` as the trace went (the replica loop,
+measured this way and removed: benchmarks/controller.md) is in the project's history.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,41 +31,19 @@ from sharing.usage.trace import UsageTrace
 
 Sharing = Literal["time-slicing", "mps"]
 SHARINGS: tuple[Sharing, ...] = ("time-slicing", "mps")
-DUTY_CAPACITY = 100.0
-"""The most busy time a GPU reports, in percent: NVML's utilisation of a GPU whose pods ask for
-more is 100."""
-
-
-@dataclass
-class SharedNode:
-    """One node of the pool: its replica count and, per GPU, the pods on it."""
-
-    replicas: int
-    gpus: list[list[str]]
-
-    def busy_percent(self, duty: dict[str, float]) -> list[float]:
-        """Per GPU, the busy percent its pods' duty cycles give it (capped as NVML caps it)."""
-        return [min(DUTY_CAPACITY, sum(duty[p] for p in pods)) for pods in self.gpus]
-
-
-Retune = Callable[[int, int, SharedNode, Sequence[float]], int]
-"""``(step, node index, node, busy percent per GPU) -> the node's replica count from the next step``."""
 
 
 @dataclass
 class ReplicaReplay:
-    """One run of a trace on GPUs shared into ``replicas`` (module docstring); counts as it goes."""
+    """One run of a trace on GPUs shared into ``replicas`` (module docstring)."""
 
     trace: UsageTrace
     gpu_memory_bytes: int
     replicas: int
     sharing: Sharing = "time-slicing"
     gpus_per_node: int = 8
-    retune: Retune | None = None
-    nodes: list[SharedNode] = field(default_factory=list)
-    replica_changes: int = 0
-    oversubscribed_gpu_steps: int = 0
-    """GPU-steps holding more pods than the node's replica count at that step."""
+    nodes: list[list[list[str]]] = field(default_factory=list)
+    """Per node opened, per GPU, the pods on it now."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -76,39 +53,27 @@ class ReplicaReplay:
         if self.sharing not in SHARINGS:
             raise ValueError(f"sharing must be one of {', '.join(SHARINGS)}, got {self.sharing!r}")
 
-    def _place(self, pod: str) -> tuple[int, int]:
-        for index, node in enumerate(self.nodes):
-            room = [g for g, pods in enumerate(node.gpus) if len(pods) < node.replicas]
+    def _place(self, pod: str) -> int:
+        """The pod's GPU, numbered across the pool (module docstring)."""
+        for index, gpus in enumerate(self.nodes):
+            room = [g for g, pods in enumerate(gpus) if len(pods) < self.replicas]
             if room:
-                gpu = min(room, key=lambda g: (len(node.gpus[g]), g))
-                node.gpus[gpu].append(pod)
-                return index, gpu
-        self.nodes.append(SharedNode(self.replicas, [[] for _ in range(self.gpus_per_node)]))
-        self.nodes[-1].gpus[0].append(pod)
-        return len(self.nodes) - 1, 0
+                gpu = min(room, key=lambda g: (len(gpus[g]), g))
+                gpus[gpu].append(pod)
+                return index * self.gpus_per_node + gpu
+        self.nodes.append([[pod]] + [[] for _ in range(self.gpus_per_node - 1)])
+        return (len(self.nodes) - 1) * self.gpus_per_node
 
     def seatings(self) -> Iterator[Seating]:
         """Each step's seating, for ``usage_figures.measure``."""
+        limit = self.gpu_memory_bytes // self.replicas if self.sharing == "mps" else None
         seats: dict[str, Seat] = {}
-        where: dict[str, tuple[int, int]] = {}
         for step in range(self.trace.steps):
             for pod in self.trace.pods:
-                if pod.end_step == step and pod.pod in where:
-                    at, gpu = where.pop(pod.pod)
-                    self.nodes[at].gpus[gpu].remove(pod.pod)
-                    del seats[pod.pod]
+                if pod.end_step == step and pod.pod in seats:
+                    gpu = seats.pop(pod.pod).gpu
+                    self.nodes[gpu // self.gpus_per_node][gpu % self.gpus_per_node].remove(pod.pod)
             for pod in self.trace.pods:
                 if pod.first_step == step:
-                    at, gpu = where[pod.pod] = self._place(pod.pod)
-                    replicas = self.nodes[at].replicas
-                    limit = self.gpu_memory_bytes // replicas if self.sharing == "mps" else None
-                    seats[pod.pod] = Seat(at * self.gpus_per_node + gpu, limit)
-            self.oversubscribed_gpu_steps += sum(len(pods) > n.replicas for n in self.nodes for pods in n.gpus)
+                    seats[pod.pod] = Seat(self._place(pod.pod), limit)
             yield dict(seats)
-            if self.retune is not None:
-                duty = {p.pod: p.duty_percent[step - p.first_step] for p in self.trace.pods if p.pod in where}
-                for index, node in enumerate(self.nodes):
-                    wanted = self.retune(step, index, node, node.busy_percent(duty))
-                    if wanted != node.replicas:
-                        node.replicas = wanted
-                        self.replica_changes += 1

@@ -1,13 +1,11 @@
-"""A usage trace on GPUs shared into replicas (sharing.simulator.usage_replicas): placement, limits, retuning."""
+"""A usage trace on GPUs shared into replicas (sharing.simulator.usage_replicas): placement and limits."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import pytest
 
 from sharing.simulator.usage_figures import Seat, measure
-from sharing.simulator.usage_replicas import ReplicaReplay, SharedNode
+from sharing.simulator.usage_replicas import ReplicaReplay
 from sharing.usage.trace import PodUsage, SignalCounts, UsageTrace
 
 GB = 10**9
@@ -48,23 +46,6 @@ def test_mps_gives_each_pod_its_share_of_memory_and_time_slicing_overflows() -> 
     hot = trace_of(pod("a", 2, duty=60), pod("b", 2, duty=50))
     saturated = measure(hot, 10 * GB, ReplicaReplay(hot, 10 * GB, 2, gpus_per_node=1).seatings())
     assert saturated.saturated_gpu_minutes_pct == 100.0  # 110 % asked of one GPU at both steps
-
-
-def test_a_retuned_count_applies_to_new_pods_only() -> None:
-    seen: list[tuple[int, list[float]]] = []
-
-    def down_to_one(step: int, index: int, node: SharedNode, busy: Sequence[float]) -> int:
-        seen.append((step, list(busy)))
-        return 1
-
-    trace = trace_of(pod("a", 3), pod("b", 3), pod("c", 2, first=1))
-    replay = ReplicaReplay(trace, 10 * GB, 2, "mps", gpus_per_node=1, retune=down_to_one)
-    seatings = list(replay.seatings())
-    assert seen[0] == (0, [20.0])  # a and b at 10 % each on the one GPU
-    assert seatings[0]["a"] == seatings[2]["a"] == Seat(0, 5 * GB)  # kept its replica and its limit
-    assert seatings[1]["c"] == Seat(1, 5 * GB)  # node 0 has one replica per GPU now: a new node, at the start count
-    assert replay.replica_changes == 2  # each node once, to 1
-    assert replay.oversubscribed_gpu_steps == 2  # GPU 0 holds 2 pods on 1 replica at steps 1 and 2
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
