@@ -16,8 +16,8 @@ file written before the fleet starts, as a real node is set up) and a node label
 (no idle time before a change, every node may change at once). One ``gpupack
 agent fleet`` process serves every node, ``gpupack webhook serve`` is registered
 over TLS as the mutating/validating webhook, ``gpupack controller run`` plans
-(its default 10 s resync and 0.5 s batching). The pieces are the demo's ``Stack``'s public steps, as ``gpupack.replay.stack``
-uses them (its webhook probe asking for an MPS share: ``probe_sharing="mps"``).
+(its default 10 s resync and 0.5 s batching). The pieces are the demo's ``Stack``'s
+public steps, as ``gpupack.replay.stack`` uses them (its webhook probe asking for an MPS share: ``probe_sharing="mps"``).
 
 **What runs (``--floor``).** The same control plane and KWOK fleet, the Nodes
 advertising ``nvidia.com/gpu: 8`` themselves, no gpupack component: plain pods
