@@ -41,6 +41,9 @@ from typing import Literal
 from mig.catalog import all_models
 
 COLUMNS = ("value", "timestamp_anon", "container_ip")
+DUTY_FILE = "pod_gpu_duty_cycle_anon.csv"
+MEMORY_FILE = "pod_gpu_memory_used_bytes_anon.csv"
+"""The trace folder's two files, as the published trace names them."""
 Signal = Literal["duty", "memory"]
 MAX_DUTY_PERCENT = 100.0
 MAX_MEMORY_BYTES = max(model.memory_mib for model in all_models()) * 1024 * 1024
