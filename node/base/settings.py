@@ -140,7 +140,8 @@ class AgentSettings:
             raise ValueError(f"unhealthy_taint_effect {self.unhealthy_taint_effect!r} is not one of NoSchedule, "
                              "PreferNoSchedule, NoExecute, none")
         if self.usage_time_scale <= 0:
-            raise ValueError(f"usage_time_scale must be above 0 (trace seconds per second), got {self.usage_time_scale}")
+            raise ValueError(f"usage_time_scale must be above 0 (trace seconds per second), "
+                             f"got {self.usage_time_scale}")
         if self.usage_trace_start < 0:
             raise ValueError(f"usage_trace_start must be a Unix time (0: the node's own), got {self.usage_trace_start}")
         if (self.usage_trace or self.usage_trace_pods) and not self.simulate:

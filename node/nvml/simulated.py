@@ -553,7 +553,8 @@ class SimulatedNvml:
             if not fits and not proc.memory_capped:
                 proc.memory_limit_hits += 1
                 log.warning("SIMULATED NVML: pid %d on GPU %d wants %d MiB, %d MiB more than its device has free: "
-                            "the allocation fails (an OOM in its workload)", proc.pid, gpu.index, mib, mib - proc.used_memory_mib)
+                            "the allocation fails (an OOM in its workload)", proc.pid, gpu.index, mib,
+                            mib - proc.used_memory_mib)
             proc.memory_capped = not fits
 
     def _device_memory_mib(self, gpu: _Gpu, gi_id: int | None) -> int:

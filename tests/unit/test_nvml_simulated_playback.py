@@ -69,7 +69,8 @@ def test_processes_play_trace_pods_in_order_of_appearance(tmp_path: Path) -> Non
 
 
 def test_an_explicit_mapping_binds_a_process_by_its_pod(tmp_path: Path) -> None:
-    trace = load_usage_trace(write_usage_trace(tmp_path / "t", {"p-a": [(10.0, GIB)] * 2, "p-b": [(30.0, 3 * GIB)] * 2}))
+    trace = load_usage_trace(write_usage_trace(tmp_path / "t", {
+        "p-a": [(10.0, GIB)] * 2, "p-b": [(30.0, 3 * GIB)] * 2}))
     sim = simulated_backend("T4", 1)
     _playing(sim, trace, pods={"ml/b": "p-b"})
     sim.start_process(0, 7, owner="ml/b")
