@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from node.base.kube import Kube
 from node.metrics import AgentMetrics
 from node.base.settings import AgentSettings
 from gpupack.cli_agent import open_backend
+from gpupack.demo.usage import pod_series
 from gpupack.devcluster.process import free_port
 from gpupack.testing.usage_traces import GIB, write_usage_trace
 from tests.e2e.waiting import wait_for
@@ -266,16 +266,6 @@ def test_sharing_policy_freezes_the_layout_until_lifted(
           lambda: _allocatable(admin_client, node).get("nvidia.com/mig-7g.80gb") == "1")
 
 
-def _pod_series(url: str, namespace: str, pod: str) -> dict[str, float]:
-    """The pod's per-pod GPU series on the agent's metrics endpoint, by metric name (real HTTP)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url, timeout=2) as response:
-        text = response.read().decode()
-    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-            if s.labels.get("namespace") == namespace and s.labels.get("pod") == pod}
-
-
 def test_an_agent_playing_a_usage_trace_shows_the_traces_use_on_its_metrics_endpoint(
     admin_client: Any, namespace: str, node_name: str, agent_kubeconfig: Callable[[str], Path], tmp_path: Path,
     apply_manifests: Callable[..., list[dict[str, Any]]],
@@ -298,10 +288,10 @@ def test_an_agent_playing_a_usage_trace_shows_the_traces_use_on_its_metrics_endp
         pod = _pod(admin_client, namespace, node_name, "nvidia.com/gpu")
         url = f"http://127.0.0.1:{port}/metrics"
         first = _wait("the trace's first phase on the metrics endpoint", lambda: (
-            s := _pod_series(url, namespace, pod)).get("DCGM_FI_DEV_GPU_UTIL") == 37.5 and s)
+            s := pod_series(url).get((namespace, pod), {})).get("DCGM_FI_DEV_GPU_UTIL") == 37.5 and s)
         assert first["DCGM_FI_DEV_FB_USED"] == 7 * 1024 and first["gpupack_pod_gpu_use_attributed"] == 1.0
         second = _wait("the trace's second phase", lambda: (
-            s := _pod_series(url, namespace, pod)).get("DCGM_FI_DEV_GPU_UTIL") == 62.5 and s, 90)
+            s := pod_series(url).get((namespace, pod), {})).get("DCGM_FI_DEV_GPU_UTIL") == 62.5 and s, 90)
         assert second["DCGM_FI_DEV_FB_USED"] == 9 * 1024
     finally:
         stop_process(agent)
