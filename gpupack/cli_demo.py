@@ -272,8 +272,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="make GPUs fail during the run (an XID on a busy MIG instance, a lost GPU, an ECC burst, "
                         "an acknowledgement) and measure how the cluster routes around them")
     p.add_argument("--usage-trace", type=Path, default=None, metavar="DIR",
-                   help="the simulated GPU processes play this GenTD26 usage trace (e.g. ../shared/traces/genai-usage): "
-                        "the progress lines and the summary add the pods' use, read from the agents' per-pod metrics")
+                   help="the simulated GPU processes play this GenTD26 usage trace (e.g. "
+                        "../shared/traces/genai-usage): the progress lines and the summary add the pods' use, read "
+                        "from the agents' per-pod metrics")
     p.add_argument("--usage-time-scale", type=positive_float, default=60.0, metavar="F",
                    help="with --usage-trace: trace seconds played per second (default 60)")
     p.set_defaults(handler=_handler)

@@ -29,7 +29,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_OK, UsageError, finite_float, load_usage_trace as load_trace
+from gpupack.cli import EXIT_OK, UsageError, finite_float, load_usage_trace
 from kube.inputfile import read_text
 from mig.errors import UnknownModelError
 from sharing.simulator.usage import gpu_memory_bytes, parse_workloads, run_usage
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_bytes(args.gpu)
     except UnknownModelError as exc:
         raise UsageError(f"--gpu: {exc}") from None
-    trace = load_trace(args.trace)
+    trace = load_usage_trace(args.trace)
     workloads: dict[str, WorkloadKey] | None = None
     if args.workloads is not None:
         try:

@@ -7,8 +7,8 @@ sample with the columns ``value``, ``timestamp_anon`` and ``container_ip`` *in a
 ``container_ip`` names the pod and joins the two files.
 
 Pure: this module parses lines it is given. Opening the files (refusing a FIFO or a device)
-is the caller's edge, so the simulator's command line and, later, the node agent's simulated
-NVML read the same trace through this one reader.
+is the caller's edge (``gpupack.cli.load_usage_trace``), so ``gpupack simulate usage`` and the
+node agent's simulated NVML (``sharing.usage.playback``) read the same trace through this one reader.
 
 Rules for bad input, each counted in :class:`SignalCounts` so a run says what it dropped:
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import main
-from gpupack.cli_simulate_usage import DUTY_FILE, MEMORY_FILE
+from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
 
 GIB = 2**30
 
