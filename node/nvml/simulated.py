@@ -71,8 +71,6 @@ from pathlib import Path
 from typing import TypeVar
 
 from kube.inputfile import InputFileError, read_text
-from sharing.usage.playback import TracePlayer
-from sharing.usage.trace import UsageTrace
 from mig.geometry import can_add
 from mig.model import GpuModel, PlacedInstance, Placement
 from node.nvml import errors
@@ -88,6 +86,8 @@ from node.nvml.protocol import (
     Utilization,
     XidEvent,
 )
+from sharing.usage.playback import TracePlayer
+from sharing.usage.trace import UsageTrace
 
 log = logging.getLogger("gpupack.simulated-nvml")
 STATE_VERSION = 1
