@@ -76,7 +76,7 @@ class RightSizedFrom:
         name, generation, updated = raw.get("recommendation"), raw.get("generation"), raw.get("updated")
         if not isinstance(name, str) or not name:
             raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION}: recommendation is not a name")
-        if not _count(generation):
+        if not isinstance(generation, int) or not _count(generation):
             raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION}: generation is not a non-negative integer")
         if updated is not None and not isinstance(updated, str):
             raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION}: updated is not a time")
