@@ -20,11 +20,10 @@ namespace's SharingPolicy default applied then).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sharing.api.json_records import json_record
+from sharing.api.json_records import record_text, versioned_record
 from sharing.api.keys import RIGHT_SIZED_ANNOTATION
 
 VERSION: Final = "v1"
@@ -65,14 +64,12 @@ class RightSizedFrom:
                 for c in self.containers
             ],
         }
-        return json.dumps(record, separators=(",", ":"), sort_keys=True)
+        return record_text(record)
 
     @classmethod
     def from_annotation(cls, text: object) -> RightSizedFrom:
         """The record in ``text``; :class:`RightSizedError` naming the first problem otherwise."""
-        raw = json_record(text, RIGHT_SIZED_ANNOTATION, RightSizedError)
-        if raw.get("version") != VERSION:
-            raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION} version {raw.get('version')!r:.32} is not {VERSION!r}")
+        raw = versioned_record(text, RIGHT_SIZED_ANNOTATION, RightSizedError, VERSION)
         name, generation, updated = raw.get("recommendation"), raw.get("generation"), raw.get("updated")
         if not isinstance(name, str) or not name:
             raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION}: recommendation is not a name")
