@@ -83,7 +83,8 @@ def size_pod(request: PodRequest, pod: Mapping[str, Any], right_sizing: RightSiz
     name = recommendation_name(workload)
     why = f"right-sizing {right_sizing.mode} ({right_sizing.source})"
     if lookup is None:
-        return Sized(request, note=f"{why}: the webhook has not synced the GPURecommendations yet; not sized")
+        return Sized(request, note=f"{why}: the webhook holds no GPURecommendations (not listed yet, or it "
+                                   "serves an inventory file); not sized")
     found = lookup(request.namespace, name)
     if found is None:
         return Sized(request, note=f"{why}: no GPURecommendation {name!r} for {workload}; not sized")

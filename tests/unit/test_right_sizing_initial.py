@@ -119,7 +119,7 @@ def test_before_the_recommendations_are_synced_nothing_is_sized() -> None:
     request = parse_pod(pod, NS)
     assert request is not None
     out = size_pod(request, pod, RightSizing("Initial"), None, 81920)
-    assert out.request == request and "not synced" in out.note
+    assert out.request == request and "holds no GPURecommendations" in out.note
 
 
 def test_multi_container_pods_size_only_the_containers_recommended() -> None:
