@@ -130,3 +130,20 @@ def test_initial_sizes_a_deployments_new_pod_from_its_recommendation_and_off_doe
     assert (record["mode"], record["containers"][0]["milli"]) == ("whole", 1000)
     assert stored["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert "env" not in stored["spec"]["containers"][0]
+
+
+def test_a_tenant_cannot_create_a_pod_with_a_hand_written_right_sized_record(gpu_namespace: str, tenant: Any) -> None:
+    """A pod without the webhook's allocation record never reaches the webhook; the create-marks policy
+    refuses the record on it (enforced by the API server)."""
+    core: Any = client.CoreV1Api(tenant)
+    pod = make_pod({"name": "main", "image": "example.com/app:1"}, name="forged-sized", namespace=gpu_namespace,
+                   annotations={RIGHT_SIZED_ANNOTATION: "{}"})
+
+    def refused() -> bool:
+        try:
+            core.create_namespaced_pod(gpu_namespace, copy.deepcopy(pod), dry_run="All")
+        except client.ApiException as exc:
+            return exc.status in (403, 422) and "written by gpupack's webhook only" in str(exc.body)
+        return False
+
+    wait_for("the create-marks ValidatingAdmissionPolicy to refuse the record", refused, 60.0, interval_s=0.25)
