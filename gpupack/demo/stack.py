@@ -223,9 +223,8 @@ class Stack:
                 "nodeSelector": {"matchLabels": {DEMO_LABEL: "on"}},
                 # A demo runs minutes, not hours: reshape GPUs idle for 2 s, four at a time.
                 "reshaping": {"maxConcurrent": 4, "idleSeconds": 2},
-                # The simulated GPUs report 0 % busy; a wider range would let the feedback
-                # loop pack the MPS node beyond what the webhook's r * milli <= 1000 rule admits.
-                "replicas": {"min": 2, "max": 4, "targetUtilization": 80},
+                # A node split for MPS gets 2..4 replicas (sharing.rules.replicas).
+                "replicas": {"min": 2, "max": 4},
             },
         })
 

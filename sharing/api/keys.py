@@ -44,8 +44,6 @@ RIGHT_SIZED_ANNOTATION: Final = "gpupack.io/right-sized-from"
 """Pod: written by the webhook when it sized the pod from its workload's GPURecommendation (right-sizing
 ``Initial`` or ``Recreate``): what each sized container asked for, what it was given, and which
 recommendation said so (``sharing.api.right_sized``)."""
-RECOMMENDED_MILLI_ANNOTATION: Final = "gpupack.io/recommended-gpu-milli"
-"""The feedback loop's right-size recommendation."""
 PLACEMENT_CONDITION: Final = "gpupack.io/Placement"
 """Pod condition type: the controller's word on a gated pod it has not placed (``sharing.api.placement_status``)."""
 
@@ -65,8 +63,6 @@ SIMULATED_GPUS_ANNOTATION: Final = "gpupack.io/simulated-gpus"
 node with (a MIG catalog model or an openb GPU type, as ``gpupack agent run --simulate`` takes)."""
 IDLE_SINCE_ANNOTATION: Final = "gpupack.io/idle-since"
 """GPUNode: since when the controller has seen the node idle."""
-REPLICAS_CHANGED_ANNOTATION: Final = "gpupack.io/replicas-changed-at"
-"""GPUNode: when the controller last changed the node's sharing."""
 HEALTH_ACK_ANNOTATION: Final = "gpupack.io/health-acknowledged"
 """GPUNode: an admin's acknowledgement that faults have been dealt with (``sharing.health``)."""
 DEGRADED_LABEL: Final = "gpupack.io/gpu-degraded"

@@ -225,7 +225,7 @@ def test_the_controller_does_not_release_a_record_that_got_past_admission(
 
     monkeypatch.setattr(Kube, "event", event)
     monkeypatch.setattr(Kube, "patch_policy_status", lambda self, name, body: policy)
-    controller = Controller(cached_kube(caches), ControllerSettings(feedback=False, right_size=False))
+    controller = Controller(cached_kube(caches), ControllerSettings())
     report = controller.cycle()
     assert report.errors == [] and report.released == released and patched == released
     assert controller.metrics.untrusted_allocations._value.get() == (0 if released else 1)
