@@ -3,7 +3,9 @@
 The kubelet sends the plugin only claim references (namespace, name, UID): the
 allocation itself is in the ResourceClaim's ``status.allocation.devices.results``
 (one entry per device: request, driver, pool, device, ``shareID`` and
-``consumedCapacity`` for a share of a shared device). A :class:`ClaimSource`
+``consumedCapacity`` for a share of a shared device), and the configuration the claim gave its
+requests in ``status.allocation.devices.config`` (a right-sized share's predicted use,
+``sharing.dra.share_config``, kept on each result). A :class:`ClaimSource`
 returns those entries for one claim; :func:`allocation_from_claim` is the one
 reading of the API's JSON, shared by every source (the API server's, a file's).
 
@@ -15,10 +17,11 @@ the kubelet as that claim's error; it never stops the other claims of a call.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from sharing.dra.results import AllocatedDevice, ResultError, read_result
+from sharing.dra.share_config import predicted_by_request
 
 
 class ClaimError(Exception):
@@ -62,7 +65,13 @@ def allocation_from_claim(obj: Mapping[str, Any], claim: ClaimRef) -> tuple[Allo
     results = devices.get("results") if isinstance(devices, Mapping) else None
     if not isinstance(results, list):
         raise ClaimError(f"{claim}: status.allocation.devices.results is missing or not a list")
-    return tuple(_result(raw, claim, i) for i, raw in enumerate(results))
+    try:
+        predicted = predicted_by_request(allocation, f"{claim}: status.allocation")
+    except ResultError as exc:
+        raise ClaimError(str(exc)) from None
+    read = (_result(raw, claim, i) for i, raw in enumerate(results))
+    return tuple(replace(r, predicted_milli=predicted.get(r.request, predicted.get(r.base_request, predicted.get("*"))))
+                 for r in read)
 
 
 def _result(raw: object, claim: ClaimRef, index: int) -> AllocatedDevice:
