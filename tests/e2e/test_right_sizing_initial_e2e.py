@@ -95,6 +95,20 @@ def _sized_on_dry_run(admin_client: Any, namespace: str, pod: dict[str, Any]) ->
     return RIGHT_SIZED_ANNOTATION in (created.metadata.annotations or {})
 
 
+def _right_sized_share(stored: dict[str, Any]) -> tuple[Allocation, RightSizedFrom]:
+    """The records of a stored pod sized from ``_recommend``'s 12Gi, checked to be an MPS share with that
+    memory limit and no SM cap of its own (the recommendation's milli is a predicted duty cycle, not a
+    share of the SMs)."""
+    container = stored["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+    assert {e["name"]: e["value"] for e in container["env"]} == {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"}
+    annotations = stored["metadata"]["annotations"]
+    allocation = Allocation.from_annotation(annotations[ALLOCATION_ANNOTATION])
+    assert allocation.mode == "mps" and allocation.containers[0].memory_bytes == 12 * 1024**3
+    return allocation, RightSizedFrom.from_annotation(annotations[RIGHT_SIZED_ANNOTATION])
+
+
 def test_initial_sizes_a_deployments_new_pod_from_its_recommendation_and_off_does_not(
     webhook: Webhook, admin_client: Any, gpu_namespace: str, tenant: Any,
 ) -> None:
@@ -109,18 +123,11 @@ def test_initial_sizes_a_deployments_new_pod_from_its_recommendation_and_off_doe
 
     as_tenant.create_namespaced_pod(gpu_namespace, first)
     stored = admin_client.sanitize_for_serialization(core.read_namespaced_pod("web-sized", gpu_namespace))
-    container = stored["spec"]["containers"][0]
     # The recommendation's 150 milli and 12Gi, decided by the normal path: an MPS share with its memory
-    # limit, and no SM cap of its own (150 milli is a predicted duty cycle, not a share of the SMs).
-    assert container["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
-    assert {e["name"]: e["value"] for e in container["env"]} == {
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"}
-    annotations = stored["metadata"]["annotations"]
-    record = json.loads(annotations[ALLOCATION_ANNOTATION])
-    assert (record["mode"], record["containers"][0]["milli"], record["containers"][0]["memoryBytes"]) == (
-        "mps", 150, 12 * 1024**3)
-    sized = RightSizedFrom.from_annotation(annotations[RIGHT_SIZED_ANNOTATION])
-    assert (sized.recommendation, sized.updated) == ("deployment-web", NOW)
+    # limit; no over-commit, so it is accounted its predicted 150 milli.
+    allocation, sized = _right_sized_share(stored)
+    assert (allocation.containers[0].milli, allocation.containers[0].predicted_milli) == (150, 150)
+    assert (sized.recommendation, sized.updated, sized.compute_overcommit) == ("deployment-web", NOW, 1.0)
     (main,) = sized.containers
     assert (main.asked_milli, main.asked_memory_bytes, main.milli, main.memory_bytes) == (
         1000, 40 * 1024**3, 150, 12 * 1024**3)
@@ -188,18 +195,9 @@ def test_a_policy_that_overcommits_compute_accounts_the_pod_a_fraction_of_its_pr
                                                                                   gpu_namespace))
     finally:
         custom.delete_cluster_custom_object(GROUP, VERSION, "sharingpolicies", name)
-    container = stored["spec"]["containers"][0]
-    # Predicted 150 milli, accounted ceil(150 / 2.0) = 75: the replicas it takes count 75, the MPS
-    # limits are the memory limit and no SM cap.
-    assert container["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
-    assert {e["name"]: e["value"] for e in container["env"]} == {
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"}
-    annotations = stored["metadata"]["annotations"]
-    allocation = Allocation.from_annotation(annotations[ALLOCATION_ANNOTATION])
-    (recorded,) = allocation.containers
-    assert (allocation.mode, recorded.milli, recorded.predicted_milli, recorded.memory_bytes) == (
-        "mps", 75, 150, 12 * 1024**3)
-    sized = RightSizedFrom.from_annotation(annotations[RIGHT_SIZED_ANNOTATION])
+    # Predicted 150 milli, accounted ceil(150 / 2.0) = 75: the replicas it takes count 75.
+    allocation, sized = _right_sized_share(stored)
+    assert (allocation.containers[0].milli, allocation.containers[0].predicted_milli) == (75, 150)
     assert sized.compute_overcommit == 2.0
     (main,) = sized.containers
     assert (main.asked_milli, main.milli, main.accounted, main.memory_bytes) == (1000, 150, 75, 12 * 1024**3)
