@@ -15,9 +15,11 @@ for a driver's own parameters, which kube-scheduler copies into ``status.allocat
 
 One entry per right-sized container. :func:`claim_config` builds the entries from the pod's
 allocation record (for the claim the controller creates); :func:`predicted_by_request` reads them
-back from a claim's allocation (for the kubelet plugin). Entries of other drivers, and of other kinds
-of ours, are not this module's business and are left alone; one of ours that does not read is an
-error (a share must not silently get a limit it was not given).
+back from a claim's allocation (for the kubelet plugin, which honours them only on a claim the
+controller created, ``node.draplugin.claims``: a tenant's claim must not lift its own SM cap).
+Entries of other drivers, and of other kinds of ours, are not this module's business and are left
+alone; one of ours that does not read is an error (a share must not silently get a limit it was not
+given).
 """
 
 from __future__ import annotations

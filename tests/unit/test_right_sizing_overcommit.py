@@ -22,7 +22,7 @@ from sharing.admission.inventory import Inventory, build_inventory
 from sharing.admission.patch import apply_patch
 from sharing.admission.right_sizing import size_pod
 from sharing.api.allocation import Allocation, AllocationError, ContainerAllocation
-from sharing.api.keys import ALLOCATION_ANNOTATION, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL
+from sharing.api.keys import ALLOCATION_ANNOTATION, DRA_PINNED_ANNOTATION, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL
 from sharing.api.request import PodRequest, parse_pod
 from sharing.api.right_sized import RightSizedError, RightSizedFrom
 from sharing.dra import names
@@ -254,14 +254,16 @@ def test_a_right_sized_dra_pod_asks_its_claim_for_the_accounted_milli_and_names_
         "apiVersion": "gpu.gpupack.io/v1alpha1", "kind": "RightSizedShare", "predictedMilli": 400}}}]
 
 
-def allocated_claim(config: list[Any] | None) -> dict[str, Any]:
-    """The claim as kube-scheduler allocates it: a share of GPU 1, and the claim's config copied."""
+def allocated_claim(config: list[Any] | None, pinned: bool = True) -> dict[str, Any]:
+    """The claim as kube-scheduler allocates it: a share of GPU 1, and the claim's config copied;
+    ``pinned``: created by the controller (its pin annotation, which only it may write)."""
     share = {"request": "gpu-0", "driver": names.DRIVER, "pool": "node-a", "device": "gpu-1-shared",
              "shareID": "s1", "consumedCapacity": {names.MILLI: "200", names.MEMORY: "16Gi"}}
     devices: dict[str, Any] = {"results": [share]}
     if config is not None:
         devices["config"] = [{"source": "FromClaim", **entry} for entry in config]
-    return {"metadata": {"uid": "u1"}, "status": {"allocation": {"devices": devices}}}
+    annotations = {DRA_PINNED_ANNOTATION: "{}"} if pinned else {}
+    return {"metadata": {"uid": "u1", "annotations": annotations}, "status": {"allocation": {"devices": devices}}}
 
 
 @pytest.fixture
@@ -281,6 +283,10 @@ def test_the_kubelet_plugin_gives_a_right_sized_share_no_thread_limit(nvml: Simu
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=16384M")
     (plain,) = plan_claim(allocation_from_claim(allocated_claim(None), ref), nvml, node="node-a", share_mode="mps")
     assert plain.mps is not None and plain.mps.thread_percentage == 20  # unchanged: consumed milli / 10
+    # A tenant's own claim (no controller's pin) that names itself right-sized keeps its SM cap.
+    tenants = allocated_claim(list(claim_config(allocation)), pinned=False)
+    (forged,) = plan_claim(allocation_from_claim(tenants, ref), nvml, node="node-a", share_mode="mps")
+    assert forged.mps is not None and forged.mps.thread_percentage == 20
 
 
 def test_other_drivers_and_kinds_are_left_alone_and_a_bad_entry_of_ours_is_refused() -> None:
