@@ -47,7 +47,8 @@ H100 = get_model("H100-80GB")
     pytest.param(120, 1.5, 80, id="1.5"),
     pytest.param(600, 1.5, 400, id="1.5-exact-despite-the-float"),
     pytest.param(121, 1.5, 81, id="1.5-rounded-up"),
-    pytest.param(1000, 2.0, 500, id="a-whole-gpu-at-2"),
+    pytest.param(999, 2.0, 500, id="almost-a-whole-gpu-at-2"),
+    pytest.param(1000, 2.0, 1000, id="a-whole-gpu-is-never-over-committed"),
     pytest.param(1, 4.0, 1, id="never-below-1"),
 ])
 def test_accounted_milli_divides_the_prediction_by_the_overcommit_rounded_up(
