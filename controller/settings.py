@@ -78,6 +78,19 @@ class ControllerSettings:
     honoured) when a controller other than a DaemonSet will recreate them elsewhere. Off by default:
     a pod may still run on a GPU with, say, a pending page retirement, and only its owner knows
     whether a restart costs more than the risk (``controller.planning.evictions``)."""
+    recommend: bool = True
+    """Run the right-sizer's recommender (issue 35): read the per-pod use the node agents publish,
+    and keep one ``GPURecommendation`` per workload (``controller.recommending``). Acting on it
+    is opt-in per namespace or SharingPolicy (``rightSizing.mode``)."""
+    recommend_seconds: float = 60.0
+    """Seconds between two recommender cycles. A minute: agents publish every five, and a history
+    needs hours before the first recommendation, so a shorter interval only costs CPU."""
+    recommend_min_observed_seconds: float = 7200.0
+    """History a workload container needs before its first recommendation (the recommender's
+    ``min_observed_s``, whose docstring gives the reason for two hours). Tests shorten it."""
+    recommendation_refresh_seconds: float = 600.0
+    """A recommendation whose size, mode and condition are unchanged is rewritten (its observed
+    time and confidence) at most this often, so a steady cluster costs few writes."""
     mig_parted_namespace: str = GPU_OPERATOR_NAMESPACE
     mig_parted_configmap: str = MIG_PARTED_CONFIGMAP
     """GPU Operator mode: the ConfigMap (in ``mig_parted_namespace``) mig-manager reads. The
@@ -104,6 +117,11 @@ class ControllerSettings:
             raise ValueError(f"agent_stale_seconds must be a positive number, got {self.agent_stale_seconds}")
         if self.lease_seconds < 3:
             raise ValueError(f"lease_seconds must be at least 3, got {self.lease_seconds}")
+        if self.recommend_seconds <= 0 or self.recommendation_refresh_seconds < 0:
+            raise ValueError("recommend_seconds must be positive and recommendation_refresh_seconds not negative")
+        if self.recommend_min_observed_seconds < 0:
+            raise ValueError(f"recommend_min_observed_seconds must not be negative, got "
+                             f"{self.recommend_min_observed_seconds}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be 0..65535, got {self.metrics_port}")
         from sharing.packing.registry import canonical_policy_name

@@ -34,6 +34,8 @@ def _settings(args: argparse.Namespace) -> Any:
         "evict_on_gpu_fault": True if args.evict_on_gpu_fault else None,
         "namespaces": args.namespaces, "agent_stale_seconds": args.agent_stale_seconds,
         "mig_parted_namespace": args.mig_parted_namespace, "mig_parted_configmap": args.mig_parted_configmap,
+        "recommend": False if args.no_recommend else None, "recommend_seconds": args.recommend_seconds,
+        "recommend_min_observed_seconds": args.recommend_min_observed_seconds,
     }
     try:
         return ControllerSettings.from_env(**overrides)
@@ -106,6 +108,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--namespaces", help="comma-separated namespaces whose pods to place (default: all)")
     p.add_argument("--no-feedback", action="store_true", help="do not run the replica feedback loop")
+    p.add_argument("--no-recommend", action="store_true", help="do not run the right-sizer's recommender")
+    p.add_argument("--recommend-seconds", type=positive_float, help="seconds between recommender cycles (default 60)")
+    p.add_argument("--recommend-min-observed-seconds", type=non_negative_float,
+                   help="history a workload container needs before its first recommendation (default 7200)")
     p.add_argument("--evict-on-gpu-fault", action="store_true",
                    help="evict pods of a failed GPU or MIG instance (Eviction API, PodDisruptionBudgets honoured) "
                         "when a controller other than a DaemonSet recreates them; default: leave them running")
