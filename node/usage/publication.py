@@ -22,7 +22,9 @@ devices, or several GPU containers) are published with the reason and never size
 sticky for the pod's life: a history with holes where its use was unknown would understate it.
 
 A restarted agent reads its histories back from its GPUNode (:meth:`UsageAggregator.restore`),
-so nothing but the minutes since the last publication is lost.
+so nothing but the minutes since the last publication is lost. A pod that had hit its limit is
+taken to be still at it, so the episode in force is not counted twice; a new one needs a sample
+below the limit first.
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ class UsageAggregator:
             except ValueError as exc:
                 log.warning("usage of %s not restored: %s", record.pod, exc)
                 continue
+            # A pod that hit its limit before may still sit there: its episode is not counted again.
             self.pods[(record.pod, record.uid, record.container)] = _Pod(
-                history, hits, record.unattributed, gpu_memory_mib=record.gpu_memory_mib)
+                history, hits, record.unattributed, at_limit=hits.count > 0, gpu_memory_mib=record.gpu_memory_mib)
         return len(usage.pods)
