@@ -122,7 +122,8 @@ class RecommenderCycle:
                 name=key.container, recommendation=self.recommender.recommend(key),
                 pods=live.get(key, 0) + self.source.gone_pods.get(key, 0), gpu_memory_bytes=memory.get(key, 0) * MIB,
                 observed_s=max(0.0, history.last_s - history.first_s) if history.samples else 0.0,
-                gone=None if gone is None else encode(gone, LimitHits(gone.ooms), self.source.gone_memory_mib.get(key, 0)),
+                gone=None if gone is None else encode(gone, LimitHits(gone.ooms),
+                                                      self.source.gone_memory_mib.get(key, 0)),
                 gone_pods=self.source.gone_pods.get(key, 0)))
         now = datetime.fromtimestamp(now_s, timezone.utc)
         writes = []
