@@ -23,6 +23,7 @@ from sharing.api.crd import NodeUsage, PodUsage, to_wire
 from sharing.api.keys import RIGHT_SIZING_LABEL
 from sharing.usage.compact import LimitHits, encode
 from sharing.usage.recommender import ContainerHistory, Recommendation, RecommenderSettings
+from sharing.usage.sizing import size_for
 
 GIB = 1024**3
 T0 = 1.8e9
@@ -136,7 +137,7 @@ def test_a_workloads_pods_are_merged_into_one_recommendation() -> None:
     [container] = obj["status"]["containers"]
     settings = RecommenderSettings()
     p99 = settings.duty.bucket_start(settings.duty.bucket(40.0) + 1)  # the busier replica's bucket
-    assert container["gpuMilli"] == round(p99 * 1.15 * 10 + 0.4999)
+    assert container["gpuMilli"] == size_for(Recommendation(min(100.0, p99 * 1.15), 0, 0, 0, 0), 80 * GIB).milli
     assert _bytes(container["gpuMemory"]) == _rounded(30 * GIB * 1.1)  # the larger peak + 10 %
     assert (container["pods"], container["ooms"], obj["status"]["mode"], obj["status"]["source"]) == (
         2, 0, "Off", "Agents")
