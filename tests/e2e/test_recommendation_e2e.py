@@ -102,11 +102,12 @@ def test_a_workloads_use_becomes_its_recommendation(
         admin_client: Any, gpu_node: str, namespace: str, tmp_path: Path, processes: list[ManagedProcess],
         sa_kubeconfig: Callable[[str], Path], agent_kubeconfig: Callable[[str], Path]) -> None:
     core, custom = client.CoreV1Api(admin_client), client.CustomObjectsApi(admin_client)
-    uids = {}
+    uids: dict[str, str] = {}
     for replica in LOADS:
         body = _replica(f"web-7c9d4-{replica}", "web-7c9d4", "7c9d4")
         body["spec"]["nodeName"] = gpu_node
-        uids[replica] = core.create_namespaced_pod(namespace, body).metadata.uid
+        created: Any = core.create_namespaced_pod(namespace, body)  # type: ignore[arg-type]
+        uids[replica] = str(created.metadata.uid)
     # Each replica's process, given its load and memory before the agent starts: the emulated
     # device plugin keeps a process it finds for a pod it places.
     state = tmp_path / f"{gpu_node}.json"
@@ -133,7 +134,8 @@ def test_a_workloads_use_becomes_its_recommendation(
     thread.start()
     try:
         def published() -> NodeUsage | None:
-            status = custom.get_cluster_custom_object(GROUP, VERSION, "gpunodes", gpu_node).get("status") or {}
+            obj: Any = custom.get_cluster_custom_object(GROUP, VERSION, "gpunodes", gpu_node)
+            status = obj.get("status") or {}
             usage = NodeUsage.model_validate(status["usage"]) if status.get("usage") else None
             return usage if usage and len([p for p in usage.pods if p.samples]) == 2 else None
 
@@ -143,7 +145,7 @@ def test_a_workloads_use_becomes_its_recommendation(
 
         def recommendation() -> dict[str, Any] | None:
             try:
-                obj: dict[str, Any] = custom.get_namespaced_custom_object(
+                obj: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
                     GROUP, VERSION, namespace, "gpurecommendations", "deployment-web")
             except client.ApiException as exc:
                 if exc.status == 404:
