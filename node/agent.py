@@ -118,8 +118,9 @@ class Agent:
         self.sampler = ProcessSampler()
         self.usage = UsageAggregator()
         self._usage_restored = False
-        self._usage_at = clock()
-        """When the histories were last considered for publication (the first is one interval after start)."""
+        self._usage_at: float | None = None
+        """When the histories were last considered for publication (the first tick's time: the first
+        publication is one interval after start)."""
         self._usage_written: dict[str, Any] | None = None
         self._dcgm_at = -1e18
         self.rules = ReshapeRules(settings.idle_seconds)
@@ -219,6 +220,9 @@ class Agent:
         if not self._usage_restored:  # a restarted agent goes on with the histories it published
             self._usage_restored = True
             self.usage.restore(status)
+            # What the API server holds: nothing to write while it stays empty; what a predecessor
+            # wrote is rewritten at the first interval (its gone pods are dropped then).
+            self._usage_written = None if status.get("usage") else to_wire(self.usage.usage())
         snapshot = self.snapshot()
         pods = self.kube.list_node_pods(name)
         uses = pod_uses(pods, name)
@@ -270,10 +274,11 @@ class Agent:
         busy_gi = {g.info.index: g.busy_gi_ids() for g in snapshot.gpus}
         self.metrics.observe(snapshot, busy_gi)
         self.metrics.observe_health(self.health.last, snapshot, now)
-        self._observe_pod_usage(snapshot, uses, pods)
+        self._observe_pod_usage(snapshot, uses, pods, now)
         return wait
 
-    def _observe_pod_usage(self, snapshot: NodeSnapshot, uses: list[PodUse], pods: list[dict[str, Any]]) -> None:
+    def _observe_pod_usage(self, snapshot: NodeSnapshot, uses: list[PodUse], pods: list[dict[str, Any]],
+                           now: float) -> None:
         """Per-pod use of this poll, as metrics and into the published histories (``node.usage``);
         the tick's last snapshot and pod map."""
         if not self.s.pod_usage or self.backend is None:
@@ -283,12 +288,13 @@ class Agent:
                     self._dcgm_activity())
         attributed = attribute(poll)
         self.metrics.observe_pod_usage(attributed)
-        now = self.clock()
         self.usage.observe(attributed, {u.key: u.uid for u in uses}, snapshot, allocated_memory(pods), now)
         self._publish_usage(now)
 
     def _publish_usage(self, now: float) -> None:
         """``status.usage`` every ``usage_publish_seconds`` at most, and only when it changed."""
+        if self._usage_at is None:
+            self._usage_at = now
         if now - self._usage_at < self.s.usage_publish_seconds:
             return
         self._usage_at = now

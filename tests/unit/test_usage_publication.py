@@ -80,14 +80,29 @@ def test_each_pod_container_is_published_with_its_history_and_limit_hits(tmp_pat
     assert not pods["ml/a"].unattributed and pods["ml/a"].samples >= 10
 
 
+def _usage_patches(agent: Agent) -> float | None:
+    return agent.metrics.registry.get_sample_value("gpupack_agent_usage_patches_total")
+
+
 def test_publication_waits_for_its_interval_and_skips_what_did_not_change(tmp_path: Path) -> None:
     kube = FakeKube("n1")
     agent, _sim = _agent(tmp_path, kube)
-    for _ in range(30):  # no pods: one (empty) publication once the interval passed, then nothing new
+    for _ in range(30):  # no pods ever: nothing to write
         agent.tick()
-    assert agent.metrics.registry.get_sample_value("gpupack_agent_usage_patches_total") == 1.0
+    assert _usage_patches(agent) == 0.0 and "usage" not in (kube.gpunode or {}).get("status", {})
+    kube.set_spec({"sharing": {"mode": "mps", "replicas": 4}})
+    kube.pods = [_pod("b", SHARED_RESOURCE)]
+    agent.tick()
+    assert _usage_patches(agent) == 0.0  # within the interval: not yet
+    for _ in range(12):
+        agent.tick()
+    written = _usage_patches(agent)
+    assert written is not None and written >= 1 and "publishedTime" in kube.gpunode["status"]["usage"]  # type: ignore[index]
+    kube.pods = []
+    for _ in range(24):  # the pod has gone: its record goes, once, and nothing is written after
+        agent.tick()
     assert kube.gpunode is not None and kube.gpunode["status"]["usage"]["pods"] == []
-    assert "publishedTime" in kube.gpunode["status"]["usage"]
+    assert _usage_patches(agent) == written + 1
 
 
 def test_a_pod_whose_use_cannot_be_attributed_is_published_so_for_good(tmp_path: Path) -> None:
