@@ -150,7 +150,3 @@ class ControllerMetrics:
             registry=r)
         self.recommender_seconds = Histogram(
             "gpupack_recommender_cycle_seconds", "Duration of one recommender cycle.", registry=r)
-        self.recommendations = Gauge("gpupack_rightsize_recommendations", "Pods with a right-size recommendation.", registry=r)
-        self.recommended_savings = Gauge(
-            "gpupack_rightsize_savings_milli", "Sum over pods of requested minus recommended gpu-milli.", registry=r,
-        )

@@ -119,7 +119,7 @@ def test_a_workloads_use_becomes_its_recommendation(
     controller = ManagedProcess("controller", [
         sys.executable, "-m", "gpupack", "controller", "run", "--kubeconfig", str(sa_kubeconfig("gpupack-controller")),
         "--metrics-port", "0", "--namespaces", namespace, "--identity", "rec-e2e", "--lease-name",
-        f"rec-{uuid.uuid4().hex[:6]}", "--lease-seconds", "4", "--resync-seconds", "1", "--no-feedback",
+        f"rec-{uuid.uuid4().hex[:6]}", "--lease-seconds", "4", "--resync-seconds", "1",
         "--recommend-seconds", "1", "--recommend-min-observed-seconds", str(MIN_OBSERVED_S)],
         tmp_path / "controller.log")
     controller.start()
