@@ -11,7 +11,6 @@ the API server renders it with the columns ``kubectl get gpurec`` shows.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import threading
@@ -35,9 +34,9 @@ from sharing.api.crd import GROUP, NodeUsage, VERSION
 from sharing.api.keys import ALLOCATION_ANNOTATION, SHARED_RESOURCE
 from sharing.usage.recommender import Recommendation, RecommenderSettings
 from sharing.usage.sizing import size_for
+from tests.e2e.tables import table_row
 from tests.e2e.waiting import wait_for
 
-TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 MIB = 1024**2
 MIN_OBSERVED_S = 20
 LOADS = {"a": (30.0, 6000), "b": (20.0, 3000)}
@@ -84,18 +83,6 @@ def processes(tmp_path: Path) -> Iterator[list[ManagedProcess]]:
         log = proc.log_path.read_text(errors="replace")[-2000:] if proc.log_path.exists() else ""
         proc.stop(grace_s=5.0)
         print(f"--- {proc.name} ---\n{log}")
-
-
-def _table(admin: Any, namespace: str, name: str) -> dict[str, Any]:
-    """What ``kubectl get gpurec`` asks for: the server renders the printer columns."""
-    method, url, headers, _, _ = admin.param_serialize(
-        "GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/gpurecommendations/{name}",
-        header_params={"Accept": TABLE})
-    response = admin.call_api(method, url, header_params=headers)
-    response.read()
-    table = json.loads(response.data)
-    columns = [c["name"] for c in table["columnDefinitions"]]
-    return dict(zip(columns, table["rows"][0]["cells"]))
 
 
 def test_a_workloads_use_becomes_its_recommendation(
@@ -174,7 +161,8 @@ def test_a_workloads_use_becomes_its_recommendation(
     assert container["observedSeconds"] >= MIN_OBSERVED_S
     assert (status["mode"], status["source"], status["conditions"][0]["reason"]) == ("Off", "Agents", "Recommended")
 
-    row = _table(admin_client, namespace, "deployment-web")
+    # What `kubectl get gpurec` asks for: the server renders the printer columns.
+    row = table_row(admin_client, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/gpurecommendations/deployment-web")
     assert (row["Name"], row["Kind"], row["Workload"]) == ("deployment-web", "Deployment", "web")
     assert (row["GPU-Milli"], row["GPU-Memory"]) == (container["gpuMilli"], container["gpuMemory"])
     assert (row["Mode"], row["Provided"]) == ("Off", "True")
