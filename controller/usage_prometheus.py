@@ -16,6 +16,7 @@ It meets ``controller.usage_source.UsageSource`` structurally (``source``, ``fee
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import urllib.error
@@ -106,7 +107,7 @@ class PrometheusUsageSource:
             # Prometheus explains a refused query (400, 422, 503) in a JSON body: say what it said.
             detail = _error_of(exc.read())
             raise _ReadFailed("http", f"{self.url} answered HTTP {exc.code}{detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:  # refused, timed out, cut off
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             raise _ReadFailed("unreachable", f"cannot reach {self.url} ({reason})") from None
         try:

@@ -86,10 +86,11 @@ def range_to_read(next_s: float | None, now_s: float, step_s: float, lookback_s:
     """The times to read at ``now_s``: from ``next_s`` (the previous read's ``next_start``; the
     first read: ``now_s - lookback_s``), never further back than ``lookback_s`` nor more points
     than Prometheus answers; on the grid of multiples of ``step_s``, so every read evaluates the
-    same instants. None when no step has passed since the previous read."""
+    same instants (a lookback under one step reads one step back, or a read might never find a
+    time on the grid). None when no step has passed since the previous read."""
     if step_s <= 0 or lookback_s < 0:
         raise ValueError(f"step must be positive and lookback not negative, got {step_s}, {lookback_s}")
-    earliest = now_s - min(lookback_s, (MAX_POINTS - 1) * step_s)
+    earliest = now_s - min(max(lookback_s, step_s), (MAX_POINTS - 1) * step_s)
     start = math.ceil(max(earliest, next_s if next_s is not None else earliest) / step_s) * step_s
     return QueryRange(start, now_s, step_s) if start <= now_s else None
 

@@ -167,8 +167,8 @@ def test_the_prometheus_source_feeds_what_the_agent_measured(
              owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"web-{template_hash}",
                     "uid": str(uuid.uuid4()), "controller": True},
              labels={"pod-template-hash": template_hash})
-        core = client.CoreV1Api(admin_client)
-        listed: list[dict[str, Any]] = admin_client.sanitize_for_serialization(core.list_namespaced_pod(namespace).items)
+        listed: list[dict[str, Any]] = admin_client.sanitize_for_serialization(
+            client.CoreV1Api(admin_client).list_namespaced_pod(namespace).items)
         pods = {f"{namespace}/{p['metadata']['name']}": p for p in listed}
         pids = {name.split("/")[1].split("-")[0]: sim_pid(pod["metadata"]["uid"]) for name, pod in pods.items()}
         _wait("both pods' processes running", lambda: {p.pid for p in sim.processes(0)} >= set(pids.values()))

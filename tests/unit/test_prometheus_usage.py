@@ -62,6 +62,9 @@ def test_the_range_to_read(next_s: float | None, now_s: float, expected: tuple[f
 
 def test_no_read_before_a_step_passed_and_never_more_points_than_prometheus_answers() -> None:
     assert range_to_read(1020.0, 1019.0, 20.0, 60.0) is None
+    zero = range_to_read(None, 1005.0, 20.0, 0.0)  # no lookback still reads the latest step
+    assert zero is not None and (zero.start, zero.next_start) == (1000.0, 1020.0)
+    assert range_to_read(zero.next_start, 1030.0, 20.0, 0.0) == type(zero)(1020.0, 1030.0, 20.0)
     window = range_to_read(None, 1e9, 1.0, 1e7)
     assert window is not None and window.end - window.start < MAX_POINTS
     with pytest.raises(ValueError, match="step must be positive"):
