@@ -16,6 +16,8 @@ from kube.settings import settings_from_env
 from sharing.api.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
 
 ENV_PREFIX = "GPUPACK_CONTROLLER_"
+USAGE_SOURCES = ("agents", "prometheus")
+"""Where the right-sizer may read per-pod GPU use (``ControllerSettings.usage_source``)."""
 
 
 def _default_identity() -> str:
@@ -86,6 +88,19 @@ class ControllerSettings:
     """GPU Operator mode: the ConfigMap (in ``mig_parted_namespace``) mig-manager reads. The
     controller is its only gpupack writer: it publishes the configs node agents ask for in
     their GPUNode status (``controller.writes.mig_configs``)."""
+    usage_source: str = "agents"
+    """Where the right-sizer reads per-pod GPU use: ``agents`` (gpupack's node agents) or
+    ``prometheus`` (a Prometheus server that already scrapes per-pod GPU series, from the agents
+    or dcgm-exporter: ``controller.usage_prometheus``; docs/right-sizing.md)."""
+    prometheus_url: str = ""
+    """With ``usage_source=prometheus``: the server's base URL (``http://host:9090``; its
+    ``/api/v1/query_range`` is read)."""
+    prometheus_selector: str = ""
+    """Extra label matchers for the series read, e.g. ``job="gpupack-node-agent"``: where
+    dcgm-exporter's whole-GPU series share the names, select the agents' per-pod shares."""
+    prometheus_lookback_seconds: float = 86400.0
+    """How far back the first read goes (and a read after an outage at most): a day, the
+    recommender's memory-peak window, so a restarted controller recommends from what it missed."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ControllerSettings:
@@ -112,6 +127,13 @@ class ControllerSettings:
         if self.recommend_min_observed_seconds < 0:
             raise ValueError(f"recommend_min_observed_seconds must not be negative, got "
                              f"{self.recommend_min_observed_seconds}")
+        if self.usage_source not in USAGE_SOURCES:
+            raise ValueError(f"usage_source must be one of {', '.join(USAGE_SOURCES)}, got {self.usage_source!r}")
+        if self.usage_source == "prometheus" and not self.prometheus_url.startswith(("http://", "https://")):
+            raise ValueError("usage_source prometheus needs prometheus_url, http(s)://host:port, got "
+                             f"{self.prometheus_url!r}")
+        if not self.prometheus_lookback_seconds >= 0:
+            raise ValueError(f"prometheus_lookback_seconds must be >= 0, got {self.prometheus_lookback_seconds}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be 0..65535, got {self.metrics_port}")
         from sharing.packing.registry import canonical_policy_name
