@@ -41,11 +41,12 @@ from sharing.api.crd import (
 )
 from sharing.api.fields import as_list, as_map
 from sharing.api.workload import WorkloadRef, recommendation_name
+from sharing.api.recommendation import PROVIDED_CONDITION
 from sharing.dra.wire import quantity
 from sharing.usage.recommender import Recommendation
 from sharing.usage.sizing import size_for
 
-PROVIDED = "RecommendationProvided"
+PROVIDED = PROVIDED_CONDITION
 MIB = 1024 * 1024
 
 
