@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from sharing.packing.duty_sum import PERCENTS, DutyProfile, profile
 from sharing.usage.histogram import DecayingHistogram, HistogramOptions
 from sharing.usage.peaks import PeakOptions, WindowedPeak
 
@@ -59,6 +60,12 @@ class RecommenderSettings:
     """After an OOM, memory is at least 1.2 x what the container was allowed (VPA's OOM bump)."""
     oom_min_bump_bytes: int = 100 * MIB
     """... and at least 100 MiB more than it (VPA's minimum bump)."""
+    first_memory_margin: float | None = None
+    """Memory headroom of the first recommendation, at ``min_observed_s``, shrinking linearly to
+    ``memory_margin`` at ``margin_settle_s`` of history: a short history has seen fewer of the
+    pod's peaks. None: ``memory_margin`` from the start."""
+    margin_settle_s: float = 6 * 3600.0
+    """History after which the memory headroom is ``memory_margin`` (with ``first_memory_margin``)."""
     min_observed_s: float = 7200.0
     """No recommendation before two hours of history: a pod keeps what it asked for until then.
     Memory peaks grow over a pod's first hours (model and adapter loads); one hour gave 2.5 x the
@@ -75,6 +82,8 @@ class RecommenderSettings:
             raise ValueError(f"duty_percentile must be in (0, 1], got {self.duty_percentile}")
         if min(self.duty_margin, self.memory_margin, self.min_observed_s) < 0 or self.oom_bump_ratio < 1:
             raise ValueError("margins and min_observed_s must not be negative, and oom_bump_ratio at least 1")
+        if self.first_memory_margin is not None and self.first_memory_margin < 0:
+            raise ValueError(f"first_memory_margin must not be negative, got {self.first_memory_margin}")
         if self.sample_interval_s <= 0:
             raise ValueError(f"sample_interval_s must be positive, got {self.sample_interval_s}")
 
@@ -146,6 +155,25 @@ class Recommender:
             return None
         s = self.settings
         duty = min(100.0, history.duty.percentile(s.duty_percentile) * (1 + s.duty_margin))
-        memory = math.ceil(history.memory.peak() * (1 + s.memory_margin))
+        memory = math.ceil(history.memory.peak() * (1 + self.memory_margin(observed)))
         confidence = min(observed, history.samples * s.sample_interval_s) / DAY_S
         return Recommendation(duty, memory, observed, confidence, history.ooms)
+
+    def duty_profile(self, key: WorkloadKey) -> DutyProfile | None:
+        """The container's decayed share of time at each whole percent of duty cycle, 0..100, once it
+        has a recommendation (None before): what a GPU's predicted duty *sum* is made from
+        (``sharing.packing.duty_sum``). Apart from :meth:`recommend` because only placement needs it."""
+        history = self.histories.get(key)
+        if history is None or self.recommend(key) is None:
+            return None
+        weights = history.duty.unit_weights()
+        return profile(weights) if len(weights) <= PERCENTS and sum(weights) > 0 else None
+
+    def memory_margin(self, observed_s: float) -> float:
+        """The memory headroom after ``observed_s`` of history (``first_memory_margin``'s schedule)."""
+        s = self.settings
+        if s.first_memory_margin is None:
+            return s.memory_margin
+        span = s.margin_settle_s - s.min_observed_s
+        done = 1.0 if span <= 0 else min(1.0, max(0.0, (observed_s - s.min_observed_s) / span))
+        return s.first_memory_margin + (s.memory_margin - s.first_memory_margin) * done
