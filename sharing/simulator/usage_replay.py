@@ -69,13 +69,14 @@ def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
     return {p.pod: WorkloadKey("trace", "Pod", p.pod, "main") for p in trace.pods}
 
 
-def share_of(size: Size, gpu_memory_bytes: int, shares: SharePolicy) -> Size:
+def share_of(size: Size, gpu_memory_bytes: int, shares: SharePolicy, predicted_sum: bool = False) -> Size:
     """The share a size takes under the share policy: a whole GPU when its memory rounds past
-    what a GPU serves, or when it rounds to all of a GPU's compute (a pod predicted to use a
-    whole GPU gets one, over-commit or not: over-commit is only against predicted use)."""
+    what a GPU serves, or when it rounds to all of a GPU's compute and compute is placed by caps
+    (a pod whose own cap is a whole GPU gets one); placed by the predicted sum
+    (``predicted_sum``), such a pod keeps its memory size and shares while the sum allows."""
     milli = shares.consumed_milli(size.milli)
     memory = shares.consumed_memory(size.memory_bytes)
-    if milli >= MAX_MILLI or memory > shares.max_memory(gpu_memory_bytes):
+    if (milli >= MAX_MILLI and not predicted_sum) or memory > shares.max_memory(gpu_memory_bytes):
         return whole_gpu(gpu_memory_bytes)
     return Size(milli, memory)
 
@@ -93,16 +94,19 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
         by_start.setdefault(pod.first_step, []).append(pod)
         by_end.setdefault(pod.end_step, []).append(pod)
     live: dict[str, PodUsage] = {}
+    killed: set[str] = set()  # pods OOM-killed since they were seated
 
     def target(pod: str) -> Size | None:
         recommendation = recommender.recommend(owners[pod])
         if recommendation is None:
             return None
-        return share_of(size_for(recommendation, gpu_memory_bytes), gpu_memory_bytes, policy.shares)
+        return share_of(size_for(recommendation, gpu_memory_bytes), gpu_memory_bytes, policy.shares,
+                        policy.duty_quantile is not None)
 
     for step in range(trace.steps):
         now = trace.start_s + step * trace.step_s
         for pod in by_end.get(step, []):
+            killed.discard(pod.pod)
             cluster.leave(pod.pod)
             live.pop(pod.pod, None)
         for pod in by_start.get(step, []):
@@ -116,13 +120,15 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             limit = cluster.seats[name][1].memory_bytes
             if used > limit:
                 recommender.record_oom(owners[name], now, limit)
+                killed.add(name)
             recommender.observe(owners[name], now, pod.duty_percent[step - pod.first_step], min(used, limit))
         if policy.mode == "recreate":
             horizon = now - policy.updater.interval_s
             recent = {key: sum(1 for t in times if t > horizon) for key, times in moves.items()}
-            candidates = [Candidate(name, owners[name], cluster.seats[name][1], wanted)
+            candidates = [Candidate(name, owners[name], cluster.seats[name][1], wanted, name in killed)
                           for name in live if (wanted := target(name)) is not None]
             for move in choose_moves(candidates, recent, policy.updater):
+                killed.discard(move.pod)
                 cluster.seat(move.pod, move.target, recommender.duty_profile(move.workload),
                              avoid=cluster.seats[move.pod][0])
                 moves.setdefault(move.workload, []).append(now)
