@@ -96,9 +96,11 @@ def load_trace(folder: Path) -> UsageTrace:
 
 def recommender_settings(args: argparse.Namespace) -> RecommenderSettings:
     """The recommender's settings with the flags given; each flag's range is checked here."""
-    changes: dict[str, float] = {}
-    ranges = (("learn_minutes", "min_observed_s", 60.0, 0.0, 24 * 60.0), ("memory_margin", "memory_margin", 1.0, 0.0, 2.0),
-              ("first_memory_margin", "first_memory_margin", 1.0, 0.0, 2.0), ("oom_bump", "oom_bump_ratio", 1.0, 1.0, 3.0))
+    changes: dict[str, Any] = {}
+    ranges = (("learn_minutes", "min_observed_s", 60.0, 0.0, 24 * 60.0),
+              ("memory_margin", "memory_margin", 1.0, 0.0, 2.0),
+              ("first_memory_margin", "first_memory_margin", 1.0, 0.0, 2.0),
+              ("oom_bump", "oom_bump_ratio", 1.0, 1.0, 3.0))  # (flag, setting, to the setting's unit, range)
     for flag, field, scale, low, high in ranges:
         value = getattr(args, flag)
         if value is None:
