@@ -18,8 +18,8 @@ and the naive static packing's figures; ``--json`` prints them as one JSON objec
 bound of any packing by per-pod hard memory limits. ``--compute-overcommit F`` lets predicted
 duty cycles on a GPU sum to F x 100 %, as a SharingPolicy that allows it would, and
 ``--duty-quantile Q`` also bounds the *predicted sum* of a GPU's pods' duty cycles at that
-quantile. ``--learn-minutes``, ``--memory-margin``, ``--first-memory-margin``, ``--oom-bump`` and
-``--max-drains`` change the right-sizer's settings, to measure alternatives (docs/usage.md). Bad input (a missing
+quantile. ``--learn-minutes``, ``--memory-margin``, ``--first-memory-margin``, ``--oom-bump``,
+``--margin-over-oom`` and ``--max-drains`` change the right-sizer's settings, to measure alternatives (docs/usage.md). Bad input (a missing
 column, a row that cannot be placed, an unknown GPU model) is refused in one line; dropped and
 filled samples are counted under ``trace``.
 """
@@ -74,6 +74,8 @@ def register(subparsers: Any) -> None:
                         "6 hours of history (default 0.5)")
     p.add_argument("--oom-bump", type=finite_float, metavar="F",
                    help="after an OOM, memory is at least F x the limit hit (default 1.1)")
+    p.add_argument("--margin-over-oom", action="store_true",
+                   help="apply the memory margin on top of an OOM's bump (VPA's way) instead of the bump alone")
     p.add_argument("--max-drains", type=int, default=1, metavar="N",
                    help="GPUs one hourly consolidation may empty (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -108,7 +110,7 @@ def recommender_settings(args: argparse.Namespace) -> RecommenderSettings:
         if not low <= value <= high:
             raise UsageError(f"--{flag.replace('_', '-')} must be between {low:g} and {high:g}, got {value:g}")
         changes[field] = value * scale
-    return dataclasses.replace(RecommenderSettings(), **changes)
+    return dataclasses.replace(RecommenderSettings(), margin_over_oom=args.margin_over_oom, **changes)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -118,5 +118,5 @@ def test_the_right_sizers_settings_are_flags(tmp_path: Path, capsys: pytest.Capt
     assert quick["gpu_hours_saved_pct"] > slow["gpu_hours_saved_pct"]  # less time on a whole GPU
     summed = run_json(capsys, "--trace", str(trace), "--gpu", "H100-80GB", "--learn-minutes", "10",
                       "--compute-overcommit", "2", "--duty-quantile", "0.999", "--memory-margin", "0",
-                      "--first-memory-margin", "0", "--oom-bump", "1.2", "--max-drains", "2")
+                      "--first-memory-margin", "0", "--oom-bump", "1.2", "--margin-over-oom", "--max-drains", "2")
     assert summed["gpu_memory_overflow_minutes"] == 0.0 and summed["pods"] == 4

@@ -169,3 +169,14 @@ def test_the_duty_profile_is_the_histograms_share_of_time_per_percent() -> None:
     assert profile[1] == pytest.approx(0.75, rel=0.01)  # 0 % samples, counted at their bucket's end (0.5 %, up)
     assert sum(profile[50:53]) == pytest.approx(0.25, rel=0.01)  # the bursts, at most a bucket above 50 %
     assert Recommender().duty_profile(KEY) is None  # no history, no profile
+
+
+def test_an_ooms_bump_is_a_floor_unless_the_margin_goes_over_it() -> None:
+    settings = RecommenderSettings(memory_margin=0.1, first_memory_margin=None, oom_bump_ratio=1.1)
+    floor, over = Recommender(settings), Recommender(dataclasses.replace(settings, margin_over_oom=True))
+    for recommender in (floor, over):
+        feed(recommender, 2.0, 5.0, 10 * GIB)
+        recommender.record_oom(KEY, 7300.0, allowed_bytes=11 * GIB)
+    at_floor, above = floor.recommend(KEY), over.recommend(KEY)
+    assert at_floor is not None and at_floor.memory_bytes == pytest.approx(11 * GIB * 1.1, abs=1)  # the bump alone
+    assert above is not None and above.memory_bytes == pytest.approx(11 * GIB * 1.21, abs=1)  # VPA's: margin on top
