@@ -63,8 +63,8 @@ def register(subparsers: Any) -> None:
                         "over-commit would; default 1.0, none); memory is never over-committed")
     p.add_argument("--duty-quantile", type=finite_float, metavar="Q",
                    help="also admit a share only while the GPU's predicted duty-cycle sum (its pods' duty "
-                        "histograms convolved) stays at most 100 %% at quantile Q (e.g. 0.999); a pod whose own "
-                        "cap is a whole GPU then shares too. Over-commit: needs --compute-overcommit above 1")
+                        "histograms convolved) stays at most 100 %% at quantile Q (e.g. 0.995). Over-commit: "
+                        "needs --compute-overcommit above 1")
     p.add_argument("--learn-minutes", type=finite_float, metavar="M",
                    help="history before a pod's first recommendation (default 60)")
     p.add_argument("--memory-margin", type=finite_float, metavar="F",

@@ -69,14 +69,15 @@ def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
     return {p.pod: WorkloadKey("trace", "Pod", p.pod, "main") for p in trace.pods}
 
 
-def share_of(size: Size, gpu_memory_bytes: int, shares: SharePolicy, predicted_sum: bool = False) -> Size:
+def share_of(size: Size, gpu_memory_bytes: int, shares: SharePolicy) -> Size:
     """The share a size takes under the share policy: a whole GPU when its memory rounds past
-    what a GPU serves, or when it rounds to all of a GPU's compute and compute is placed by caps
-    (a pod whose own cap is a whole GPU gets one); placed by the predicted sum
-    (``predicted_sum``), such a pod keeps its memory size and shares while the sum allows."""
+    what a GPU serves, or when it rounds to all of a GPU's compute (a pod predicted to use a
+    whole GPU gets one, over-commit or not: over-commit is only against predicted use). Placed by
+    the predicted duty sum, such pods still take whole GPUs: on the GenTD26 half their bursts
+    come together (docs/usage.md), which a sum of independent profiles does not see."""
     milli = shares.consumed_milli(size.milli)
     memory = shares.consumed_memory(size.memory_bytes)
-    if (milli >= MAX_MILLI and not predicted_sum) or memory > shares.max_memory(gpu_memory_bytes):
+    if milli >= MAX_MILLI or memory > shares.max_memory(gpu_memory_bytes):
         return whole_gpu(gpu_memory_bytes)
     return Size(milli, memory)
 
@@ -100,8 +101,7 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
         recommendation = recommender.recommend(owners[pod])
         if recommendation is None:
             return None
-        return share_of(size_for(recommendation, gpu_memory_bytes), gpu_memory_bytes, policy.shares,
-                        policy.duty_quantile is not None)
+        return share_of(size_for(recommendation, gpu_memory_bytes), gpu_memory_bytes, policy.shares)
 
     for step in range(trace.steps):
         now = trace.start_s + step * trace.step_s
