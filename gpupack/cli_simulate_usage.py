@@ -19,9 +19,9 @@ bound of any packing by per-pod hard memory limits. ``--compute-overcommit F`` l
 duty cycles on a GPU sum to F x 100 %, as a SharingPolicy that allows it would, and
 ``--duty-quantile Q`` also bounds the *predicted sum* of a GPU's pods' duty cycles at that
 quantile. ``--learn-minutes``, ``--memory-margin``, ``--first-memory-margin``, ``--oom-bump``,
-``--margin-over-oom`` and ``--max-drains`` change the right-sizer's settings, to measure alternatives (docs/usage.md). Bad input (a missing
-column, a row that cannot be placed, an unknown GPU model) is refused in one line; dropped and
-filled samples are counted under ``trace``.
+``--oom-floor`` and ``--max-drains`` change the right-sizer's settings, to measure
+alternatives (docs/usage.md). Bad input (a missing column, a row that cannot be placed, an
+unknown GPU model) is refused in one line; dropped and filled samples are counted under ``trace``.
 """
 
 from __future__ import annotations
@@ -32,16 +32,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_OK, UsageError, check_trace_files, finite_float
+from gpupack.cli import EXIT_OK, UsageError, finite_float, load_usage_trace
 from kube.inputfile import read_text
 from mig.errors import UnknownModelError
 from sharing.simulator.usage import gpu_memory_bytes, parse_workloads, run_usage
 from sharing.simulator.usage_replay import MODES, RightSizing
 from sharing.usage.recommender import RecommenderSettings, WorkloadKey
-from sharing.usage.trace import UsageTrace, UsageTraceError, parse_usage
+from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
 
-DUTY_FILE = "pod_gpu_duty_cycle_anon.csv"
-MEMORY_FILE = "pod_gpu_memory_used_bytes_anon.csv"
 SHOWN = ("gpu_hours_saved_pct", "saturated_gpu_minutes_pct", "gpu_memory_overflow_minutes",
          "pod_minutes_over_limit_pct", "evictions_per_pod_day", "evictions_after_first_per_pod_day")
 
@@ -74,26 +72,13 @@ def register(subparsers: Any) -> None:
                         "6 hours of history (default 0.5)")
     p.add_argument("--oom-bump", type=finite_float, metavar="F",
                    help="after an OOM, memory is at least F x the limit hit (default 1.1)")
-    p.add_argument("--margin-over-oom", action="store_true",
-                   help="apply the memory margin on top of an OOM's bump (VPA's way) instead of the bump alone")
+    p.add_argument("--oom-floor", action="store_true",
+                   help="an OOM's bump is a floor of the memory recommendation, not a peak the margin multiplies "
+                        "(VPA's way, the default)")
     p.add_argument("--max-drains", type=int, default=1, metavar="N",
                    help="GPUs one hourly consolidation may empty (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
-
-
-def load_trace(folder: Path) -> UsageTrace:
-    """The trace in ``folder``; the files are checked as regular files first (no FIFO, no device)."""
-    duty, memory = folder / DUTY_FILE, folder / MEMORY_FILE
-    for path in (duty, memory):
-        if not path.is_file():
-            raise UsageError(f"{path}: no such file (a usage trace folder holds {DUTY_FILE} and {MEMORY_FILE})")
-    check_trace_files(duty, memory)
-    try:
-        with duty.open(encoding="utf-8", newline="") as d, memory.open(encoding="utf-8", newline="") as m:
-            return parse_usage(d, m, duty_source=str(duty), memory_source=str(memory))
-    except UsageTraceError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def recommender_settings(args: argparse.Namespace) -> RecommenderSettings:
@@ -110,7 +95,7 @@ def recommender_settings(args: argparse.Namespace) -> RecommenderSettings:
         if not low <= value <= high:
             raise UsageError(f"--{flag.replace('_', '-')} must be between {low:g} and {high:g}, got {value:g}")
         changes[field] = value * scale
-    return dataclasses.replace(RecommenderSettings(), margin_over_oom=args.margin_over_oom, **changes)
+    return dataclasses.replace(RecommenderSettings(), margin_over_oom=not args.oom_floor, **changes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_bytes(args.gpu)
     except UnknownModelError as exc:
         raise UsageError(f"--gpu: {exc}") from None
-    trace = load_trace(args.trace)
+    trace = load_usage_trace(args.trace)
     workloads: dict[str, WorkloadKey] | None = None
     if args.workloads is not None:
         try:

@@ -35,6 +35,7 @@ from sharing.api.allocation import Allocation
 from sharing.admission.decision import DecisionMemo, decide
 from sharing.admission.inventory import AdmissionPolicy, Inventory
 from sharing.api.fields import as_list, as_map
+from sharing.api.workload import controller_owner
 from sharing.api.request import AdmissionRefusal, ContainerRequest, PodRequest, parse_mode
 
 READMIT_AFTER_SECONDS: Final = 10
@@ -111,15 +112,6 @@ def stranded_in(obj: Mapping[str, Any], allocation: Allocation, pod: Pod, policy
     if decision.mode == allocation.mode or not decision.capacity_exists:
         return None
     return decision.mode
-
-
-def controller_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The pod's ownerReference with ``controller: true``, if any."""
-    for ref in as_list(as_map(obj.get("metadata")).get("ownerReferences")):
-        ref = as_map(ref)
-        if ref.get("controller") is True and isinstance(ref.get("kind"), str) and isinstance(ref.get("name"), str):
-            return ref
-    return None
 
 
 def readmissions(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping[str, Any]],

@@ -30,7 +30,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel
@@ -60,6 +60,7 @@ class CrdDescriptor:
     status_model: type[BaseModel]
     description: str
     printer_columns: tuple[dict[str, Any], ...]
+    scope: Literal["Cluster", "Namespaced"] = "Cluster"
 
     @property
     def name(self) -> str:
@@ -124,6 +125,31 @@ CRDS: tuple[CrdDescriptor, ...] = (
             _column("Applied", ".status.appliedTime", "date", priority=1),
             AGE,
         ),
+    ),
+    CrdDescriptor(
+        kind="GPURecommendation",
+        plural="gpurecommendations",
+        short_names=("gpurec",),
+        spec_model=crd.GPURecommendationSpec,
+        status_model=crd.GPURecommendationStatus,
+        description=(
+            "The right-sizer's recommendation for one workload (one per workload, in its namespace): "
+            "GPU compute and memory per container from observed use, and the history behind it."
+        ),
+        printer_columns=(
+            _column("Kind", ".spec.targetRef.kind"),
+            _column("Workload", ".spec.targetRef.name"),
+            _column("GPU-Milli", ".status.containers[0].gpuMilli", "integer"),
+            _column("GPU-Memory", ".status.containers[0].gpuMemory"),
+            _column("Confidence-Days", ".status.containers[0].confidenceDays", "number"),
+            _column("Mode", ".status.mode"),
+            _column("Provided", '.status.conditions[?(@.type=="RecommendationProvided")].status'),
+            _column("Source", ".status.source", priority=1),
+            _column("OOMs", ".status.containers[0].ooms", "integer", priority=1),
+            _column("Updated", ".status.lastUpdateTime", "date", priority=1),
+            AGE,
+        ),
+        scope="Namespaced",
     ),
 )
 
@@ -207,7 +233,7 @@ def build_crd(desc: CrdDescriptor) -> dict[str, Any]:
                 "shortNames": list(desc.short_names),
                 "categories": ["gpupack"],
             },
-            "scope": "Cluster",
+            "scope": desc.scope,
             "versions": [
                 {
                     "name": crd.VERSION,

@@ -114,9 +114,7 @@ def _extras() -> dict[str, dict[str, str]]:
             '            - {name: GPUPACK_CONTROLLER_LEASE_SECONDS, value: "15"}\n':
                 _quoted("GPUPACK_CONTROLLER_LEASE_SECONDS", ".Values.controller.leaseSeconds")
                 + _quoted("GPUPACK_CONTROLLER_LEASE_NAMESPACE", ".Values.namespace")
-                + _quoted("GPUPACK_CONTROLLER_POLICY", ".Values.controller.policy")
-                + _quoted("GPUPACK_CONTROLLER_FEEDBACK", ".Values.controller.feedback")
-                + _quoted("GPUPACK_CONTROLLER_RIGHT_SIZE", ".Values.controller.rightSize"),
+                + _quoted("GPUPACK_CONTROLLER_POLICY", ".Values.controller.policy"),
             '            - {name: GPUPACK_CONTROLLER_MIG_MODE_CHANGES, value: "false"}\n':
                 _quoted("GPUPACK_CONTROLLER_MIG_MODE_CHANGES", ".Values.controller.migModeChanges"),
             # What manifests/gpu-fault-evictions patches, as a value (which also renders its RBAC).
@@ -217,8 +215,9 @@ def render() -> dict[str, str]:
             "    {{- with .Values.prometheusRules.labels }}\n    {{- toYaml . | nindent 4 }}\n    {{- end }}\n"})
     out = {k: HEADER + v for k, v in files.items()}
     # CRDs go to crds/: Helm installs them once and never deletes them, so an
-    # uninstall keeps every GPUNode and SharingPolicy (and the GPUs' layouts).
-    for crd in ("gpupack.io_gpunodes.yaml", "gpupack.io_sharingpolicies.yaml"):
+    # uninstall keeps every GPUNode, SharingPolicy and GPURecommendation (and the GPUs' layouts).
+    # The list is the kustomization's, so a new CRD reaches both installs.
+    for crd in yaml.safe_load(_load("crds/kustomization.yaml"))["resources"]:
         out[f"crds/{crd}"] = _load(f"crds/{crd}")
     return out
 

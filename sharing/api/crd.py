@@ -390,6 +390,100 @@ class NodeSummary(ApiModel):
         False, description="A fault the device plugin does not withdraw by itself: gpupack sends no new pods here.")
 
 
+# ------------------------------------------------------------- published use (issue 35)
+
+
+MAX_CHECKPOINT_WEIGHT = 10000
+"""A histogram's largest bucket weight once written: the others are scaled to integers beside it
+(the Kubernetes VPA's ``MaxCheckpointWeight``, its ``VerticalPodAutoscalerCheckpoint`` format)."""
+MAX_HISTOGRAM_BUCKETS = 256
+MAX_PEAK_INTERVALS = 192
+"""Hourly memory peaks remembered for a day are 24; room for shorter intervals or longer windows."""
+MAX_USAGE_PODS = 256
+"""Pod containers one GPUNode publishes at most (``status.usage.pods``): a node's GPUs are held by
+far fewer (16 GPUs x 7 MIG instances is 112); the rest are left out and counted."""
+
+
+class HistogramCheckpoint(ApiModel):
+    """A decaying histogram, sparse: bucket ``buckets[i]`` holds ``weights[i]`` (integers, the largest
+    ``MAX_CHECKPOINT_WEIGHT``) of ``totalWeight``, decayed to ``referenceSeconds``
+    (``sharing.usage.compact``)."""
+
+    reference_seconds: float = Field(0.0, ge=0, description="Unix time the weights are decayed to.")
+    total_weight: float = Field(0.0, ge=0, description="The histogram's total weight before scaling.")
+    buckets: list[Annotated[int, Field(ge=0, le=MAX_HISTOGRAM_BUCKETS)]] = Field(
+        default_factory=list, max_length=MAX_HISTOGRAM_BUCKETS)
+    weights: list[Annotated[int, Field(ge=1, le=MAX_CHECKPOINT_WEIGHT)]] = Field(
+        default_factory=list, max_length=MAX_HISTOGRAM_BUCKETS)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> HistogramCheckpoint:
+        if len(self.buckets) != len(self.weights):
+            raise ValueError(f"buckets ({len(self.buckets)}) and weights ({len(self.weights)}) differ in length")
+        if len(set(self.buckets)) != len(self.buckets):
+            raise ValueError("buckets must not repeat")
+        return self
+
+
+class PeakCheckpoint(ApiModel):
+    """Memory peaks, one per interval: interval ``intervals[i]`` (its start is ``intervals[i] x
+    intervalSeconds``, Unix time) peaked at ``bytes[i]``."""
+
+    interval_seconds: int = Field(3600, ge=1, le=86400)
+    intervals: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_PEAK_INTERVALS)
+    bytes: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_PEAK_INTERVALS)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> PeakCheckpoint:
+        if len(self.intervals) != len(self.bytes):
+            raise ValueError(f"intervals ({len(self.intervals)}) and bytes ({len(self.bytes)}) differ in length")
+        return self
+
+
+class UsageHistory(ApiModel):
+    """One container's use, compactly: what ``sharing.usage.recommender.ContainerHistory`` holds."""
+
+    first_seconds: float = Field(0.0, ge=0, description="Unix time of the first sample.")
+    last_seconds: float = Field(0.0, ge=0, description="Unix time of the last sample.")
+    samples: int = Field(0, ge=0)
+    duty: HistogramCheckpoint = Field(default_factory=HistogramCheckpoint, description="Duty cycle, percent.")
+    memory: PeakCheckpoint = Field(default_factory=PeakCheckpoint, description="GPU memory used, bytes.")
+    limit_hits: int = Field(0, ge=0, description="Times the container's GPU memory reached its limit.")
+    last_hit_seconds: float | None = Field(None, ge=0, description="Unix time of the last limit hit.")
+    last_hit_limit_bytes: int | None = Field(None, ge=0, description="The limit the last hit reached.")
+    gpu_memory_mib: int = Field(0, ge=0, alias="gpuMemoryMiB",
+                                description="The largest GPU (or MIG instance) memory the use was seen on.")
+
+
+class PodUsage(UsageHistory):
+    """One pod container's use on this node, as the agent aggregated it."""
+
+    pod: str = Field(pattern=POD_REF_PATTERN, max_length=317, description="namespace/name")
+    uid: str = Field("", max_length=64)
+    container: str = Field("", max_length=63, description="Empty: several containers ask for GPUs.")
+    unattributed: str = Field(
+        "", max_length=1024,
+        description="Why this pod's use is not known to be its own (never sized); empty when it is.")
+
+
+class NodeUsage(ApiModel):
+    """What the node's pods used of its GPUs, aggregated on the node (written every few minutes)."""
+
+    published_time: datetime | None = Field(None, strict=False)
+    pods: list[PodUsage] = Field(default_factory=list, max_length=MAX_USAGE_PODS)
+    left_out: int = Field(0, ge=0, description="Pod containers not published (more than the list holds).")
+
+    @model_validator(mode="after")
+    def _unique_pods(self) -> NodeUsage:
+        seen: set[tuple[str, str, str]] = set()
+        for pod in self.pods:
+            key = (pod.pod, pod.uid, pod.container)
+            if key in seen:
+                raise ValueError(f"pods: duplicate {key}")
+            seen.add(key)
+        return self
+
+
 class GPUNodeStatus(ApiModel):
     """Observed state, written by the node agent."""
 
@@ -410,6 +504,8 @@ class GPUNodeStatus(ApiModel):
                     "default). The controller stops planning on a node whose heartbeat is older than its "
                     "agentStaleSeconds.",
     )
+    usage: NodeUsage | None = Field(
+        None, description="Per-pod GPU use aggregated on the node (issue 35), written every few minutes.")
 
     @model_validator(mode="after")
     def _unique_keys(self) -> GPUNodeStatus:
@@ -514,20 +610,44 @@ class ReshapingPolicy(ApiModel):
 
 
 class ReplicaPolicy(ApiModel):
-    """Bounds for the MPS/time-slicing replica count the feedback loop may choose."""
+    """Bounds for the MPS/time-slicing replica count gpupack splits a node's GPUs into."""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(("self.min <= self.max", "min must not exceed max"))
     )
     min: int = Field(1, ge=1, le=MAX_SHARING_REPLICAS)
     max: int = Field(8, ge=1, le=MAX_SHARING_REPLICAS)
-    target_utilization: int = Field(80, ge=1, le=100, description="Percent of GPU busy time.")
+    target_utilization: int = Field(
+        80, ge=1, le=100,
+        description="Deprecated and ignored: read only by the replica feedback loop, which was removed. Kept so "
+                    "that policies which set it stay valid.",
+    )
+    """Kept, not removed: a SharingPolicy stored with it must still read (``extra="forbid"``), and a
+    CRD schema without it would make the API server prune it from objects users wrote."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ReplicaPolicy:
         if self.min > self.max:
             raise ValueError("min must not exceed max")
         return self
+
+
+RightSizingMode = Literal["Off", "Initial", "Recreate"]
+"""How far the right-sizer acts on a workload's recommendation (issue 35), the VPA's modes:
+``Off`` recommends only; ``Initial`` also sizes new pods at admission; ``Recreate`` also evicts
+running pods far from their recommendation so they come back sized."""
+RIGHT_SIZING_MODES: tuple[RightSizingMode, ...] = ("Off", "Initial", "Recreate")
+
+
+class RightSizingPolicy(ApiModel):
+    """Whether and how gpupack sizes pods of the policy's namespaces by what they use (opt-in)."""
+
+    mode: RightSizingMode = Field("Off", description="Off (recommend only), Initial or Recreate.")
+    compute_overcommit: float = Field(
+        1.0, ge=1.0, le=4.0,
+        description="Predicted compute a GPU may carry, in GPUs (1.0: none over-committed). Memory never is.")
+    max_evictions_per_hour: int = Field(
+        1, ge=0, le=60, description="Recreate: pods of one workload evicted per hour at most (0: none).")
 
 
 class SharingPolicySpec(ApiModel):
@@ -546,6 +666,8 @@ class SharingPolicySpec(ApiModel):
     layout: LayoutPolicy = Field(default_factory=LayoutPolicy)
     reshaping: ReshapingPolicy = Field(default_factory=ReshapingPolicy)
     replicas: ReplicaPolicy = Field(default_factory=ReplicaPolicy)
+    right_sizing: RightSizingPolicy | None = Field(
+        None, description="Sizing pods of the matched namespaces by their observed GPU use; absent: Off.")
 
     def modes_for(self, namespace: str, labels: Mapping[str, str] | None) -> tuple[Mode, ...]:
         """The sharing modes pods of ``namespace`` may use under this policy (no rules: all)."""
@@ -586,6 +708,74 @@ class SharingPolicyStatus(ApiModel):
         return self
 
 
+# ------------------------------------------------------------- GPURecommendation
+
+
+RecommendationSource = Literal["Agents", "Prometheus"]
+"""Where the recommender read the use: the node agents' histograms or a Prometheus server."""
+
+
+class WorkloadTargetRef(ApiModel):
+    """The workload a recommendation is for (``sharing.api.workload.WorkloadRef``, namespace implied)."""
+
+    kind: str = Field(min_length=1, max_length=63)
+    name: str = Field(min_length=1, max_length=253)
+
+
+class ContainerRecommendation(ApiModel):
+    """A size for one container of the workload, and the history behind it."""
+
+    container_name: str = Field(min_length=1, max_length=63)
+    gpu_milli: int = Field(ge=0, le=1000, description="Compute, thousandths of one GPU.")
+    gpu_memory: str = Field(pattern=MEMORY_QUANTITY_PATTERN, max_length=32, description="GPU memory limit.")
+    observed_seconds: int = Field(0, ge=0, description="The history's span: first sample to last.")
+    confidence_days: float = Field(0.0, ge=0, description="Observed time in days (the VPA's measure).")
+    ooms: int = Field(0, ge=0, description="Memory-limit hits seen; each raised the memory at once.")
+    pods: int = Field(0, ge=0, description="Pods whose use the history holds.")
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return int(parse_quantity(self.gpu_memory))
+
+
+
+class ContainerCheckpoint(UsageHistory):
+    """The merged history of one container of the workload's pods that have gone."""
+
+    container_name: str = Field(min_length=1, max_length=63)
+    pods: int = Field(0, ge=0, description="Gone pods whose history this holds.")
+
+class GPURecommendationSpec(ApiModel):
+    """Written by the controller when it first sees the workload's use."""
+
+    target_ref: WorkloadTargetRef
+
+
+class GPURecommendationStatus(ApiModel):
+    """The recommendation (written by the controller's recommender)."""
+
+    source: RecommendationSource | None = None
+    mode: RightSizingMode | None = Field(None, description="The right-sizing mode in force for the workload.")
+    containers: Annotated[
+        list[ContainerRecommendation], Field(json_schema_extra=_list_map("containerName"))
+    ] = Field(default_factory=list, max_length=32)
+    last_update_time: datetime | None = Field(None, strict=False)
+    conditions: Annotated[
+        list[Condition], Field(json_schema_extra=_list_map("type"))
+    ] = Field(default_factory=list, max_length=16)
+    checkpoint: list[ContainerCheckpoint] = Field(
+        default_factory=list, max_length=32,
+        description="The history of the workload's pods that have gone, per container, so a rollout "
+                    "does not forget it (the live pods' history is on their nodes' GPUNodes).")
+
+    @model_validator(mode="after")
+    def _unique_keys(self) -> GPURecommendationStatus:
+        _unique(self.containers, "container_name", "containers")
+        _unique(self.checkpoint, "container_name", "checkpoint")
+        _unique(self.conditions, "type", "conditions")
+        return self
+
+
 # ------------------------------------------------------------ whole resources
 
 
@@ -614,6 +804,16 @@ class SharingPolicy(ApiModel):
     metadata: ObjectMeta
     spec: SharingPolicySpec = Field(default_factory=SharingPolicySpec)
     status: SharingPolicyStatus | None = None
+
+
+class GPURecommendation(ApiModel):
+    """Namespaced, one per workload, named by ``sharing.api.workload.recommendation_name``."""
+
+    api_version: Literal["gpupack.io/v1alpha1"] = API_VERSION
+    kind: Literal["GPURecommendation"] = "GPURecommendation"
+    metadata: ObjectMeta
+    spec: GPURecommendationSpec
+    status: GPURecommendationStatus | None = None
 
 
 # ------------------------------------------------------------ one reader

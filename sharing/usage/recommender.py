@@ -11,8 +11,8 @@ workload adds its samples to it, as the Kubernetes VPA aggregates a workload's c
   memory is sized from its peak rather than a percentile.
 * **An OOM or memory-limit hit raises the memory at once** (Google Autopilot's method, which VPA
   follows): the memory the container was allowed, times ``oom_bump_ratio`` and at least
-  ``oom_min_bump_bytes`` more, is a floor of the recommendation for the window (or, with
-  ``margin_over_oom``, a peak sample the margin applies to, as in VPA).
+  ``oom_min_bump_bytes`` more, is a peak sample the margin applies to, as in VPA (or, without
+  ``margin_over_oom``, a floor of the recommendation for the window).
 * **Confidence** grows with observed time: the lesser of the history's span and its samples
   times ``sample_interval_s``, in days (VPA's measure). No recommendation is made before
   ``min_observed_s`` of history: a pod keeps what it asked for until then.
@@ -68,11 +68,12 @@ class RecommenderSettings:
     the GenTD26 half 1.2 lifts a 37 GiB pod to 44 GiB, past what pairs on an 80 GB GPU, while
     1.1 keeps OOMs under the target because an OOM-killed pod moves at once
     (``sharing.usage.updater``)."""
-    margin_over_oom: bool = False
+    margin_over_oom: bool = True
     """Whether an OOM's bumped memory counts as a peak, the margin then applying on top of the bump
-    (VPA's way), or only as a floor of the recommendation, the bump being the OOM's own margin.
-    A floor: on the GenTD26 half the margin on top left limits at 1.12 x the pods' lifetime peaks
-    (median) and cost 1.1 points of GPU-hours on 80 GB GPUs (docs/usage.md)."""
+    (VPA's way, and the one the agents' compact histories carry: ``sharing.usage.compact`` keeps
+    peaks), or only as a floor of the recommendation, the bump being the OOM's own margin. The
+    floor measured 1.1 points more GPU-hours saved on 80 GB GPUs on the GenTD26 half
+    (docs/usage.md), but the compact form does not carry it yet."""
     oom_min_bump_bytes: int = 100 * MIB
     """... and at least 100 MiB more than it (VPA's minimum bump)."""
     first_memory_margin: float | None = 0.5

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import main
-from gpupack.cli_simulate_usage import DUTY_FILE, MEMORY_FILE
+from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
 
 GIB = 2**30
 
@@ -65,7 +65,7 @@ def test_workloads_group_pods(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ("args", "message"),
     [
         (["--gpu", "H300"], "unknown GPU model 'H300'; valid models:"),
-        (["--gpu", "H100", "--trace", "missing"], "no such file"),
+        (["--gpu", "H100", "--trace", "missing"], "missing: no such folder"),
         (["--gpu", "H100", "--workloads", "w.csv"], "w.csv:2: pod 'ghost' is not in the trace"),
         (["--gpu", "H100", "--bad-duty"], ":1: missing column(s) container_ip"),
         (["--gpu", "H100", "--learn-minutes", "-5"], "--learn-minutes must be between 0 and 1440, got -5"),
@@ -118,5 +118,5 @@ def test_the_right_sizers_settings_are_flags(tmp_path: Path, capsys: pytest.Capt
     assert quick["gpu_hours_saved_pct"] > slow["gpu_hours_saved_pct"]  # less time on a whole GPU
     summed = run_json(capsys, "--trace", str(trace), "--gpu", "H100-80GB", "--learn-minutes", "10",
                       "--compute-overcommit", "2", "--duty-quantile", "0.999", "--memory-margin", "0",
-                      "--first-memory-margin", "0", "--oom-bump", "1.2", "--margin-over-oom", "--max-drains", "2")
+                      "--first-memory-margin", "0", "--oom-bump", "1.2", "--oom-floor", "--max-drains", "2")
     assert summed["gpu_memory_overflow_minutes"] == 0.0 and summed["pods"] == 4

@@ -173,7 +173,7 @@ def test_the_duty_profile_is_the_histograms_share_of_time_per_percent() -> None:
 
 def test_an_ooms_bump_is_a_floor_unless_the_margin_goes_over_it() -> None:
     settings = RecommenderSettings(memory_margin=0.1, first_memory_margin=None, oom_bump_ratio=1.1)
-    floor, over = Recommender(settings), Recommender(dataclasses.replace(settings, margin_over_oom=True))
+    floor, over = Recommender(dataclasses.replace(settings, margin_over_oom=False)), Recommender(settings)
     for recommender in (floor, over):
         feed(recommender, 2.0, 5.0, 10 * GIB)
         recommender.record_oom(KEY, 7300.0, allowed_bytes=11 * GIB)
