@@ -59,21 +59,21 @@ class RecommenderSettings:
     """Compute headroom over the percentile (VPA's safety margin, 15 %)."""
     memory_margin: float = 0.05
     """Memory headroom over the window's peak once the history is settled (``margin_settle_s``).
-    5 %: on the GenTD26 half two 80 GB pods share a GPU only when their peaks with the margin sum
-    to at most its memory, and at 10 % fewer than a third of the pods pair even knowing their
-    lifetime peaks; the OOMs a small margin costs are bounded by ``first_memory_margin`` and the
+    5 %: on the GenTD26 half two pods share an 80 GB GPU only when their peaks with the margin sum
+    to at most its memory; knowing their lifetime peaks, 26 pairs of the 63 long-lived pods form at
+    5 % and 19 at 10 %. The OOMs a small margin costs are bounded by ``first_memory_margin`` and the
     OOM bump (docs/usage.md)."""
     oom_bump_ratio: float = 1.1
     """After an OOM, memory is at least 1.1 x what the container was allowed. VPA bumps by 1.2; on
-    the GenTD26 half 1.2 lifts a 37 GiB pod to 44 GiB, past what pairs on an 80 GB GPU, while
-    1.1 keeps OOMs under the target because an OOM-killed pod moves at once
-    (``sharing.usage.updater``)."""
+    the GenTD26 half 1.2 lifts a 37 GiB pod to 44 GiB, past what pairs on an 80 GB GPU (2 points
+    of GPU-hours on H100), while 1.1 keeps OOMs under the target because an OOM-killed pod moves
+    at once (``sharing.usage.updater``)."""
     margin_over_oom: bool = True
     """Whether an OOM's bumped memory counts as a peak, the margin then applying on top of the bump
     (VPA's way, and the one the agents' compact histories carry: ``sharing.usage.compact`` keeps
     peaks), or only as a floor of the recommendation, the bump being the OOM's own margin. The
     floor measured 1.1 points more GPU-hours saved on 80 GB GPUs on the GenTD26 half
-    (docs/usage.md), but the compact form does not carry it yet."""
+    (docs/usage.md), but the compact form does not carry it yet (``compact.merged`` does)."""
     oom_min_bump_bytes: int = 100 * MIB
     """... and at least 100 MiB more than it (VPA's minimum bump)."""
     first_memory_margin: float | None = 0.5
@@ -85,8 +85,8 @@ class RecommenderSettings:
     min_observed_s: float = 3600.0
     """No recommendation before an hour of history: a pod keeps what it asked for until then. With a
     constant 10 % margin one hour gave 2.5 x the OOMs of two; with the first recommendation's
-    wider margin (``first_memory_margin``) an hour costs none more, and every hour a pod waits on
-    a whole GPU costs about 5 % of its GPU-hours (docs/usage.md, learning time)."""
+    wider margin (``first_memory_margin``) an hour costs none more than two, and two hours save
+    2.6-3.5 points of GPU-hours less (docs/usage.md, learning time)."""
     sample_interval_s: float = 60.0
     """The expected time between samples, to turn a sample count into time for the confidence."""
     duty: HistogramOptions = field(default_factory=lambda: HistogramOptions(max_value=100.0, first_bucket=0.5))
