@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sharing.packing.duty_sum import DutyProfile, quantile, summed
+from sharing.packing.duty_sum import PERCENTS, DutyProfile, quantile, summed
 from sharing.packing.specs import GPU_MILLI
 
 
@@ -87,7 +87,7 @@ class FitRule:
 def _cap_profile(size: Size) -> DutyProfile:
     """A pod without a profile is predicted at its cap, always."""
     percent = min(100, -(-size.milli * 100 // GPU_MILLI))
-    return tuple(1.0 if i == percent else 0.0 for i in range(101))
+    return tuple(1.0 if i == percent else 0.0 for i in range(PERCENTS))
 
 
 class SharedGpus:
@@ -104,12 +104,10 @@ class SharedGpus:
     def pods_on(self, gpu: int) -> list[str]:
         return sorted(self.on.get(gpu, ()))
 
-    def admits(self, gpu: int, size: Size, duty: DutyProfile | None = None, leaving: str | None = None) -> bool:
-        """Whether ``gpu`` takes a share of ``size`` (and ``duty``), ``leaving``'s share freed first."""
+    def admits(self, gpu: int, size: Size, duty: DutyProfile | None = None) -> bool:
+        """Whether ``gpu`` takes a share of ``size`` (and ``duty``) beside the shares it holds."""
         load = self.loads.get(gpu, GpuLoad())
-        others = [p for p in self.pods_on(gpu) if p != leaving]
-        if leaving is not None and self.seats.get(leaving, (None,))[0] == gpu:
-            load = load.minus(self.seats[leaving][1])
+        others = self.pods_on(gpu)
         if not fits(load, size, self.rule.gpu_memory_bytes, self.rule.compute_overcommit):
             return False
         if self.rule.duty_quantile is None or not others:
