@@ -19,6 +19,12 @@ before, its last after). It does not exit: the process is the pod's, and the pod
 
 * explicitly, by the pod that owns it (``namespace/name``) through ``pods``: a trace pod listed
   there is played only by the pods that name it;
+* explicitly, by the pod's **workload**: an entry ``namespace/NAME`` also binds the pods a
+  Deployment ``NAME`` makes, named ``NAME-<pod-template-hash>-<suffix>`` (the ReplicaSet's name,
+  ``NAME-<hash>``, and a generated suffix: :func:`deployment_of`). So a pod that replaces another
+  (a rollout, a ``Recreate`` move) plays on where its workload's trace pod is, on one timeline.
+  The pod's own name wins over its workload's; the agent sees only a process's pod, not its
+  owners, so the workload is read from the name, the one rule Deployments follow;
 * otherwise, in order of appearance, by the first trace pod in :attr:`TracePlayer.order` (first
   sample, then name) that no running process plays and no mapping names; when every such trace pod
   is played, by the one played by the fewest processes, first in that order.
@@ -34,6 +40,16 @@ from dataclasses import dataclass
 from sharing.usage.trace import PodUsage, UsageTrace
 
 MAPPING_COLUMNS = ("pod", "container_ip")
+
+
+def deployment_of(pod: str) -> str | None:
+    """``namespace/NAME`` of the Deployment whose ReplicaSet names its pods as pod ``pod``
+    (``namespace/NAME-<hash>-<suffix>``) would be named; None for a name of fewer parts."""
+    namespace, _, name = pod.partition("/")
+    parts = name.rsplit("-", 2)
+    if not namespace or len(parts) < 3 or not all(parts):
+        return None
+    return f"{namespace}/{parts[0]}"
 
 
 class PlaybackError(ValueError):
@@ -96,6 +112,9 @@ class TracePlayer:
         node's running processes play (one entry per process)."""
         if owner in self.pods:
             return self.pods[owner]
+        workload = deployment_of(owner)
+        if workload is not None and workload in self.pods:
+            return self.pods[workload]
         count = dict.fromkeys(self._free_order, 0)
         for name in playing:
             if name in count:
@@ -104,8 +123,8 @@ class TracePlayer:
 
 
 def parse_pod_mapping(lines: Iterable[str], source: str) -> dict[str, str]:
-    """A CSV of ``pod,container_ip`` (header first; ``pod`` is ``namespace/name``): which trace pod each
-    named pod plays. ``PlaybackError`` naming ``source`` and the line for a missing column, a pod
+    """A CSV of ``pod,container_ip`` (header first; ``pod`` is ``namespace/name``, a pod's or a
+    Deployment's: :meth:`TracePlayer.choose`): which trace pod each named pod plays. ``PlaybackError`` naming ``source`` and the line for a missing column, a pod
     that is not ``namespace/name``, an empty trace pod, or a pod named twice."""
     reader = csv.reader(lines)
     header = [name.strip() for name in next(reader, [])]

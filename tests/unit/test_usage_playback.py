@@ -10,7 +10,7 @@ import pytest
 
 from gpupack.cli import load_usage_trace
 from gpupack.testing.usage_traces import GIB, write_usage_trace
-from sharing.usage.playback import PlaybackError, PlayedUse, TracePlayer, parse_pod_mapping
+from sharing.usage.playback import PlaybackError, PlayedUse, TracePlayer, deployment_of, parse_pod_mapping
 from sharing.usage.trace import DUTY_FILE, UsageTrace
 
 START = 5000.0
@@ -68,6 +68,26 @@ def test_an_explicit_mapping_binds_by_the_owner_and_keeps_its_pods_for_it(trace:
     for _ in range(3):
         others.append(player.choose("ml/other", others))
     assert others == ["p-a", "p-b", "p-a"]  # p-late is the mapped pod's, not for order of appearance
+
+
+@pytest.mark.parametrize(("pod", "workload"), [
+    ("ns/web-7c4d9f8b6-x2x9z", "ns/web"), ("ns/my-web-7c4d9f8b6-x2x9z", "ns/my-web"),
+    ("ns/web-x2x9z", None), ("ns/web", None), ("web-7c4d9f8b6-x2x9z", None), ("ns/web--x", None),
+])
+def test_a_deployments_pod_is_read_from_its_name(pod: str, workload: str | None) -> None:
+    assert deployment_of(pod) == workload
+
+
+def test_a_mapping_by_workload_binds_every_pod_of_the_deployment_and_the_pods_own_name_wins(
+        trace: UsageTrace) -> None:
+    player = TracePlayer(trace, time_scale=60.0, start_s=START, pods={"ns/web": "p-a", "ns/web-1a2b3c-pinned": "p-b"})
+    assert player.choose("ns/web-1a2b3c-first", []) == "p-a"
+    # A replacement (a Recreate move, a rollout: another hash, another suffix) plays on the same trace pod,
+    # where the one timeline is: its workload's use continues.
+    assert player.choose("ns/web-9f8e7d-again", ["p-a"]) == "p-a"
+    assert player.use("p-a", START + 1.0) == PlayedUse(60.0, 6 * GIB, True)
+    assert player.choose("ns/web-1a2b3c-pinned", ["p-a"]) == "p-b"
+    assert player.choose("other/web-1a2b3c-first", ["p-a"]) == "p-late"  # another namespace: not the workload
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
