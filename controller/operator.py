@@ -38,6 +38,7 @@ from controller.leader import LeaderElector, LeaseSettings
 from controller.metrics import ControllerMetrics
 from controller.reconcile import Controller, CycleReport
 from controller.recommending import RecommenderCycle, RecommenderLoop
+from sharing.usage.trace_clock import trace_clock
 from controller.settings import ControllerSettings
 from kube.backoff import Backoff
 from sharing.api.crd import GROUP, VERSION
@@ -189,7 +190,8 @@ def run(settings: ControllerSettings, kubeconfig: str | None) -> int:
     loop = Loop(Controller(kube, settings, metrics), elector, settings, caches=kube.caches)
     loop.thread.start()
     # The recommender runs on its own interval, on the leader, reading the planning loop's caches.
-    recommender = RecommenderLoop(RecommenderCycle(kube, settings, metrics), elector.is_leader)
+    clock = trace_clock(settings.usage_clock_start, settings.usage_time_scale)  # the wall's, but in a replay
+    recommender = RecommenderLoop(RecommenderCycle(kube, settings, metrics, clock), elector.is_leader)
     if settings.recommend:
         recommender.thread.start()
     try:

@@ -6,6 +6,8 @@ option overrides both.
 
 from __future__ import annotations
 
+import math
+
 import os
 import socket
 from collections.abc import Mapping
@@ -82,6 +84,15 @@ class ControllerSettings:
     """History a workload container needs before its first recommendation: the recommender's
     ``min_observed_s`` (an hour; its docstring gives the reason), the one default the simulator
     measured. Tests shorten it."""
+    usage_time_scale: float = 1.0
+    """A live usage replay's clock (``sharing.usage.trace_clock``): the recommender reads time as
+    ``usage_clock_start + (now - usage_clock_start) x usage_time_scale``, the clock the agents time
+    the histories by when they play a trace with ``--usage-trace-clock``, so its hour of history,
+    half-life and hourly peaks keep their meaning in trace time. 1: the wall's (any real cluster).
+    With the agents' source only (Prometheus's series are timed by the wall)."""
+    usage_clock_start: float = 0.0
+    """Unix time at which the replay's trace clock and the wall's read the same (the agents'
+    ``--usage-trace-start``)."""
     recommendation_refresh_seconds: float = 600.0
     """A recommendation whose size, mode and condition are unchanged is rewritten (its observed
     time and confidence) at most this often, so a steady cluster costs few writes."""
@@ -126,6 +137,11 @@ class ControllerSettings:
             raise ValueError(f"lease_seconds must be at least 3, got {self.lease_seconds}")
         if self.recommend_seconds <= 0 or self.recommendation_refresh_seconds < 0:
             raise ValueError("recommend_seconds must be positive and recommendation_refresh_seconds not negative")
+        if not (math.isfinite(self.usage_time_scale) and self.usage_time_scale > 0):
+            raise ValueError(f"usage_time_scale must be a number above 0, got {self.usage_time_scale}")
+        if self.usage_time_scale != 1.0 and self.usage_source != "agents":
+            raise ValueError("usage_time_scale is a replay's clock for the agents' usage source; Prometheus "
+                             "times its series by the wall")
         if self.recommend_min_observed_seconds < 0:
             raise ValueError(f"recommend_min_observed_seconds must not be negative, got "
                              f"{self.recommend_min_observed_seconds}")

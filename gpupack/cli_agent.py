@@ -113,6 +113,7 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
         "usage_trace": None if args.usage_trace is None else str(args.usage_trace),
         "usage_time_scale": args.usage_time_scale, "usage_trace_start": args.usage_trace_start,
         "usage_trace_pods": None if args.usage_trace_pods is None else str(args.usage_trace_pods),
+        "usage_trace_clock": True if args.usage_trace_clock else None,
     }
     try:
         settings = AgentSettings.from_env(**overrides)
@@ -226,6 +227,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--usage-trace-pods", default=None, type=Path, metavar="FILE",
                    help="CSV pod,container_ip: the trace pod each pod (namespace/name) plays; others in order of "
                         "appearance")
+    p.add_argument("--usage-trace-clock", action="store_true",
+                   help="with --usage-trace: time the pods' use histories on the trace's clock (--usage-time-scale "
+                        "times faster from --usage-trace-start), as a live replay's controller does "
+                        "(docs/usage.md, \"Live replay\")")
     p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="who hands GPUs to containers: the NVIDIA device plugin (device-plugin, the default) or "
                         "DRA, with the agent publishing the node's ResourceSlices (dra); one backend per node pool")

@@ -35,6 +35,7 @@ def _settings(args: argparse.Namespace) -> Any:
         "mig_parted_namespace": args.mig_parted_namespace, "mig_parted_configmap": args.mig_parted_configmap,
         "recommend": False if args.no_recommend else None, "recommend_seconds": args.recommend_seconds,
         "recommend_min_observed_seconds": args.recommend_min_observed_seconds,
+        "usage_time_scale": args.usage_time_scale, "usage_clock_start": args.usage_clock_start,
         "usage_source": args.usage_source, "prometheus_url": args.prometheus_url,
         "prometheus_selector": args.prometheus_selector,
         "prometheus_lookback_seconds": args.prometheus_lookback_seconds,
@@ -113,6 +114,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recommend-seconds", type=positive_float, help="seconds between recommender cycles (default 60)")
     p.add_argument("--recommend-min-observed-seconds", type=non_negative_float,
                    help="history a workload container needs before its first recommendation (default 3600)")
+    p.add_argument("--usage-time-scale", type=positive_float, metavar="F",
+                   help="REPLAY: the recommender reads time on a usage trace's clock, F times faster than the wall's "
+                        "from --usage-clock-start, as agents playing the trace with --usage-trace-clock time the use "
+                        "(default 1: the wall's)")
+    p.add_argument("--usage-clock-start", type=non_negative_float, metavar="UNIX_SECONDS",
+                   help="REPLAY: when the trace clock and the wall's read the same (the agents' --usage-trace-start)")
     p.add_argument("--evict-on-gpu-fault", action="store_true",
                    help="evict pods of a failed GPU or MIG instance (Eviction API, PodDisruptionBudgets honoured) "
                         "when a controller other than a DaemonSet recreates them; default: leave them running")

@@ -69,6 +69,7 @@ from node.process_owners import process_owners_for
 from node.usage.attribution import Poll, attribute
 from node.usage.publication import UsageAggregator, allocated_memory
 from node.usage.sampler import ProcessSampler
+from sharing.usage.trace_clock import trace_time
 from node.base.settings import AgentSettings
 from sharing.api.crd import MAX_SHARED_IN_USE, GPUNodeSpec, LayoutRefusal, to_wire
 from sharing.api.keys import SHARED_RESOURCE, mig_profile_of
@@ -288,8 +289,17 @@ class Agent:
                     self._dcgm_activity())
         attributed = attribute(poll)
         self.metrics.observe_pod_usage(attributed)
-        self.usage.observe(attributed, {u.key: u.uid for u in uses}, snapshot, allocated_memory(pods), now)
+        self.usage.observe(attributed, {u.key: u.uid for u in uses}, snapshot, allocated_memory(pods),
+                           self._usage_time(now))
         self._publish_usage(now)
+
+    def _usage_time(self, now: float) -> float:
+        """When this poll's use happened on the histories' clock: the wall's, or with
+        ``usage_trace_clock`` the played trace's (``sharing.usage.trace_clock``)."""
+        player = getattr(self.backend, "player", None)
+        if not self.s.usage_trace_clock or player is None:
+            return now
+        return trace_time(now, player.start_s, player.time_scale)
 
     def _publish_usage(self, now: float) -> None:
         """``status.usage`` every ``usage_publish_seconds`` at most, and only when it changed."""

@@ -54,6 +54,11 @@ class AgentSettings:
     usage_trace_pods: str = ""
     """A CSV ``pod,container_ip`` naming the trace pod each pod (``namespace/name``) plays; the
     other pods take trace pods in order of appearance. Empty: all do."""
+    usage_trace_clock: bool = False
+    """With ``usage_trace``: time the pods' use histories (``status.usage``) on the trace's clock
+    (``sharing.usage.trace_clock``: ``usage_time_scale`` times faster than the wall's from
+    ``usage_trace_start``), so a replay's right-sizer keeps its hour of history, its half-life and
+    its hourly peaks in trace time; the controller then runs with the same scale and start."""
     poll_seconds: float = 5.0
     """Seconds between NVML reads; NVML reads are cheap, the API patches are rate-limited."""
     min_patch_seconds: float = 2.0
@@ -152,6 +157,8 @@ class AgentSettings:
             raise ValueError(f"usage_trace_start must be a Unix time (0: the node's own), got {self.usage_trace_start}")
         if (self.usage_trace or self.usage_trace_pods) and not self.simulate:
             raise ValueError("usage_trace and usage_trace_pods are for simulated nodes only (with simulate)")
+        if self.usage_trace_clock and not self.usage_trace:
+            raise ValueError("usage_trace_clock times use on a usage trace's clock: set usage_trace too")
         if self.usage_trace_pods and not self.usage_trace:
             raise ValueError("usage_trace_pods maps pods to a usage trace's pods: set usage_trace too")
         if not 0 <= self.metrics_port <= 65535:
