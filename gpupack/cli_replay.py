@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, check_trace_files, finite_float, positive_float
+from gpupack.cli_replay_usage import register as register_usage
 
 HOW_LONG = (
     "On a 2-core machine a run takes a minute or two to start (control plane, nodes, agents; a first run "
@@ -85,6 +86,9 @@ def run(args: argparse.Namespace) -> int:
     from sharing.packing.dual_prices import remembering_every_solution
     from sharing.packing.registry import canonical_policy_name
 
+    missing = [flag for flag, value in (("--nodes", args.nodes), ("--pods", args.pods)) if value is None]
+    if missing:  # argparse's own words, as when the flags were required=True
+        args.replay_parser.error(f"the following arguments are required: {', '.join(missing)}")
     began = time.monotonic()
     if args.inflate <= 0:
         raise UsageError(f"--inflate must be greater than 0, got {args.inflate}")
@@ -170,8 +174,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "each arrived-demand level beside the simulator's product model and the FGD protocol, the pods "
                     "never placed, creation-to-bound latency and what the run cost. " + HOW_LONG,
     )
-    p.add_argument("--nodes", required=True, metavar="FILE", help="openb node list (openb_node_list_gpu_node.csv)")
-    p.add_argument("--pods", required=True, metavar="FILE", help="openb pod list (openb_pod_list_*.csv)")
+    # --nodes and --pods are required for an openb replay, checked in run(): `gpupack replay usage` needs neither.
+    p.add_argument("--nodes", metavar="FILE", help="openb node list (openb_node_list_gpu_node.csv); required")
+    p.add_argument("--pods", metavar="FILE", help="openb pod list (openb_pod_list_*.csv); required")
     p.add_argument("--seed", type=int, default=42, help="the protocol's seed: arrival order and node sample (default 42)")
     p.add_argument("--inflate", type=finite_float, default=1.3,
                    help="arrived demand as a multiple of the nodes' GPU capacity (default 1.3)")
@@ -191,4 +196,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--workdir", metavar="DIR", help="keep the control plane's data and every component's log here "
                                                     "(default: a temporary directory, removed afterwards)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, replay_parser=p)
+    usage = p.add_subparsers(dest="replay_kind", title="another kind of trace (gpupack replay usage --help)",
+                             parser_class=type(p))
+    register_usage(usage)
