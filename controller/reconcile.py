@@ -14,7 +14,10 @@ feedback loop, and applies the result:
 3. released pods: pin (affinity), then lift the gate — two guarded patches; on the DRA
    node pool the pod's ResourceClaim, pinned to the engine's device, is created first
    (``controller.dracycle``);
-4. replica changes from the feedback loop, right-size recommendations.
+4. evictions: pods of failed GPUs (``--evict-on-gpu-fault``) and, in namespaces whose
+   right-sizing mode is ``Recreate``, pods far from their recommendation
+   (``controller.planning.right_size_evictions``), both through one eviction writer;
+5. replica changes from the feedback loop, right-size recommendations.
 
 Every write is independent: one failure is counted and logged, the rest of
 the cycle goes on, and the next cycle starts again from what the API server
@@ -34,7 +37,9 @@ from typing import Any, TypeVar
 
 from controller.dracycle import DraCycle
 from controller.planning.draplan import DraPlacement, DraPlan
-from controller.planning.evictions import evictions
+from controller.planning.evictions import Eviction, Outcome, eviction_outcome, evictions
+from controller.planning.right_size_candidates import read_recommendations
+from controller.planning.right_size_evictions import EvictionMemory, namespace_modes, plan_evictions
 from controller.planning.feedback import FeedbackSettings, GpuLoad, Recommendation, decide_replicas, right_size
 from controller.kube import Kube
 from controller.planning.migplan import LayoutChange
@@ -53,6 +58,8 @@ from controller.state.incremental import SnapshotCache
 from kube.errors import KubeError
 from mig.migparted import MigConfigError
 from sharing.api.backend import node_backend
+from sharing.api.crd import read_policies
+from sharing.api.fields import as_map
 from sharing.api.gpunode import MigConfigRequest
 from sharing.admission.inventory import Inventory, build_inventory
 from kube.times import format_time, parse_time
@@ -73,9 +80,13 @@ class CycleReport:
     plan: Plan = field(default_factory=Plan)
     released: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
+    """Pods evicted from failed GPUs this cycle (``--evict-on-gpu-fault``)."""
+    right_size_evicted: list[str] = field(default_factory=list)
+    """Pods evicted this cycle to be recreated at their recommended size (``Recreate``)."""
+    right_size_blocked: list[str] = field(default_factory=list)
+    """Pods ``Recreate`` would evict this cycle that a PodDisruptionBudget kept (429)."""
     readmitted: list[str] = field(default_factory=list)
     """Gated pods deleted for their owners to re-create, stranded in their mode (``controller.planning.readmit``)."""
-    """Pods evicted from failed GPUs this cycle (``--evict-on-gpu-fault``)."""
     errors: list[str] = field(default_factory=list)
     dra: DraPlan = field(default_factory=DraPlan)
     """The DRA pool's placements and waits (``controller.planning.draplan``)."""
@@ -108,6 +119,12 @@ class Controller:
         """Pods whose allocation is ignored."""
         self._stale: frozenset[str] = frozenset()
         """GPUNodes whose agent is silent."""
+        self._evicted_to_size = EvictionMemory()
+        """``Recreate``'s evictions of the last hour, per workload (its budget)."""
+        self._blocked_to_size: frozenset[str] = frozenset()
+        """Pods whose right-size eviction a PodDisruptionBudget refused last cycle (their Event is written)."""
+        self._held_to_size: frozenset[str] = frozenset()
+        self._unreadable_recs: frozenset[str] = frozenset()
 
     def cycle(self) -> CycleReport:
         began = time.perf_counter()
@@ -156,6 +173,7 @@ class Controller:
         self._placement_status(result, snapshot, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
             self._evict(failed, pod_objs, report)
+        self._right_size_evict(pod_objs, policies, namespaces, now, report)
         if self.settings.feedback:
             self._feedback(snapshot, result, by_name, now, report)
         if self.settings.right_size:
@@ -358,23 +376,85 @@ class Controller:
         for eviction in evictions(failed, pod_objs):
             if allowed and eviction.namespace not in allowed:
                 continue  # a scoped controller evicts only the pods it places
-            try:
-                self.kube.evict_pod(eviction.namespace, eviction.name)
-            except KubeError as exc:
-                if exc.status == 429:  # a PodDisruptionBudget says not now: next cycle
-                    log.info("eviction of %s waits for its PodDisruptionBudget: %s", eviction.key, exc)
-                elif not exc.not_found:
-                    self._fail(report, "evict", f"{eviction.key}: {exc}")
+            if self._post_eviction(eviction, "gpu-fault", report) != "evicted":
                 continue
             report.evicted.append(eviction.key)
             self.metrics.evictions.inc()
-            log.info("evicted %s: %s", eviction.key, eviction.why)
             try:
                 self.kube.event({"apiVersion": "v1", "kind": "Pod", "namespace": eviction.namespace,
                                  "name": eviction.name}, "Warning", "EvictedFromFailedGpu",
                                 f"gpupack evicted this pod: {eviction.why}; its controller recreates it elsewhere")
             except KubeError as exc:
                 log.warning("event on %s not recorded: %s", eviction.key, exc)
+
+    def _post_eviction(self, eviction: Eviction, cause: str, report: CycleReport) -> Outcome:
+        """The controller's one eviction writer: the Eviction API, which honours PodDisruptionBudgets
+        (``controller.planning.evictions.eviction_outcome`` reads its answer). ``cause``: who asks
+        (``gpu-fault``, ``right-size``), for the log and the blocked-evictions metric."""
+        try:
+            self.kube.evict_pod(eviction.namespace, eviction.name)
+        except KubeError as exc:
+            outcome = eviction_outcome(exc.status)
+            if outcome == "blocked":  # a PodDisruptionBudget says not now: next cycle
+                self.metrics.evictions_blocked.labels(cause).inc()
+                log.info("eviction of %s waits for its PodDisruptionBudget: %s", eviction.key, exc)
+            elif outcome == "failed":
+                grant = (f"; the controller may not evict pods: install {_EVICTION_GRANTS[cause]}"
+                         if exc.status == 403 else "")
+                self._fail(report, "evict", f"{eviction.key}: {exc}{grant}")
+            return outcome
+        log.info("evicted %s (%s): %s", eviction.key, cause, eviction.why)
+        return "evicted"
+
+    def _right_size_evict(self, pod_objs: Mapping[str, dict[str, Any]], policies: Sequence[Mapping[str, Any]],
+                          namespaces: Sequence[Mapping[str, Any]], now: datetime, report: CycleReport) -> None:
+        """``Recreate``: evict pods far from their workload's recommendation, within each workload's
+        budget, never its last ready replica (``controller.planning.right_size_evictions``). Reads
+        the GPURecommendations only when some namespace is in ``Recreate``."""
+        self._evicted_to_size.begin_cycle(now)
+        allowed = set(self.settings.namespace_list)
+        pods = {k: p for k, p in pod_objs.items() if not allowed or k.partition("/")[0] in allowed}
+        specs = [(e.name, e.spec) for e in read_policies(policies) if e.spec is not None]
+        metas = [as_map(n.get("metadata")) for n in namespaces]
+        labels = {str(m.get("name")): {str(k): str(v) for k, v in as_map(m.get("labels")).items()} for m in metas}
+        modes = namespace_modes(specs, labels, {k.partition("/")[0] for k in pods})
+        if not any(m.evicts for m in modes.values()):
+            self._blocked_to_size = frozenset()
+            return
+        try:
+            recommendations, problems = read_recommendations(self.kube.list_recommendations())
+        except KubeError as exc:
+            self._fail(report, "right-size-evict", f"GPURecommendations not read, no pod evicted: {exc}")
+            return
+        self._unreadable_recs = _log_new(self._unreadable_recs, tuple(problems), "GPURecommendation %s; ignored")
+        chosen = plan_evictions(pods, modes, recommendations, self._evicted_to_size, now)
+        self._held_to_size = _log_new(self._held_to_size, chosen.held, "Recreate leaves %s")
+        blocked: set[str] = set()
+        for item in chosen.evictions:
+            eviction, pod_ref = item.eviction, {"apiVersion": "v1", "kind": "Pod", "namespace": item.eviction.namespace,
+                                                "name": item.eviction.name}
+            outcome = self._post_eviction(eviction, "right-size", report)
+            if outcome == "blocked":
+                blocked.add(eviction.key)
+                if eviction.key in self._blocked_to_size:
+                    continue  # said once while it stays blocked
+                event = ("Warning", "RightSizeEvictionBlocked",
+                         f"gpupack would evict this pod to resize it, but a PodDisruptionBudget forbids it now "
+                         f"(it tries again each cycle): {eviction.why}")
+            elif outcome == "evicted":
+                self._evicted_to_size.record(item.workload, now)
+                report.right_size_evicted.append(eviction.key)
+                self.metrics.right_size_evictions.labels(item.reason).inc()
+                event = ("Normal", "EvictedToRightSize",
+                         f"gpupack evicted this pod to resize it: {eviction.why}; its controller recreates it")
+            else:
+                continue
+            try:
+                self.kube.event(pod_ref, *event)
+            except KubeError as exc:
+                log.warning("event on %s not recorded: %s", eviction.key, exc)
+        self._blocked_to_size = frozenset(blocked)
+        report.right_size_blocked = sorted(blocked)
 
     def _note_health(self, snapshot: Snapshot) -> None:
         """What the planner leaves out for GPU faults this cycle (metrics: also when it began to)."""
@@ -577,6 +657,10 @@ def _loads(node: Node, pods: int) -> list[GpuLoad]:
         GpuLoad(float(g.utilization_percent or 0), base + (1 if i < extra else 0))
         for i, g in enumerate(gpus)
     ]
+
+
+_EVICTION_GRANTS = {"gpu-fault": "manifests/gpu-fault-evictions", "right-size": "manifests/right-sizing-recreate"}
+"""The optional component that grants ``create`` on ``pods/eviction``, per cause."""
 
 
 def _log_new(logged: frozenset[str], entries: tuple[str, ...], message: str) -> frozenset[str]:
