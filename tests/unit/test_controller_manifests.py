@@ -144,6 +144,21 @@ def test_the_eviction_component_grants_exactly_eviction_and_turns_it_on() -> Non
     assert ControllerSettings.from_env({EVICT_ENV: "true"}).evict_on_gpu_fault is True
 
 
+def test_the_recreate_component_grants_exactly_eviction_and_reading_recommendations() -> None:
+    """Right-sizing's Recreate mode (docs/right-sizing.md): the namespaces' modes are the switch, this
+    component the grant; the default install has neither (the test above)."""
+    component = MANIFESTS / "right-sizing-recreate"
+    (kustomization,) = _docs(component / "kustomization.yaml")
+    assert kustomization["kind"] == "Component" and kustomization["resources"] == ["rbac.yaml"]
+    assert "patches" not in kustomization  # no setting to turn on
+    objects = _docs(component / "rbac.yaml")
+    assert {o["kind"] for o in objects} == {"ClusterRole", "ClusterRoleBinding"} and len(objects) == 2
+    (role,) = _bound_roles(objects, "gpupack-controller")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+                             {"apiGroups": ["gpupack.io"], "resources": ["gpurecommendations"], "verbs": ["list"]}]
+    assert "right-sizing-recreate" not in MANIFESTS.joinpath("kustomization.yaml").read_text()
+
+
 # ------------------------------------------------------------------------ node agent
 
 @pytest.fixture(scope="module")
