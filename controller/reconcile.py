@@ -59,9 +59,8 @@ from kube.errors import KubeError
 from mig.migparted import MigConfigError
 from sharing.api.backend import node_backend
 from sharing.api.crd import read_policies
-from sharing.api.fields import as_map
 from sharing.api.gpunode import MigConfigRequest
-from sharing.admission.inventory import Inventory, build_inventory
+from sharing.admission.inventory import Inventory, build_inventory, name_and_labels
 from kube.times import format_time, parse_time
 from sharing.api.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
 
@@ -173,7 +172,7 @@ class Controller:
         self._placement_status(result, snapshot, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
             self._evict(failed, pod_objs, report)
-        self._right_size_evict(pod_objs, policies, namespaces, now, report)
+        self._right_size_evict(pod_objs, snapshot.untrusted_pods, policies, namespaces, now, report)
         if self.settings.feedback:
             self._feedback(snapshot, result, by_name, now, report)
         if self.settings.right_size:
@@ -406,17 +405,19 @@ class Controller:
         log.info("evicted %s (%s): %s", eviction.key, cause, eviction.why)
         return "evicted"
 
-    def _right_size_evict(self, pod_objs: Mapping[str, dict[str, Any]], policies: Sequence[Mapping[str, Any]],
-                          namespaces: Sequence[Mapping[str, Any]], now: datetime, report: CycleReport) -> None:
+    def _right_size_evict(self, pod_objs: Mapping[str, dict[str, Any]], untrusted: Sequence[str],
+                          policies: Sequence[Mapping[str, Any]], namespaces: Sequence[Mapping[str, Any]],
+                          now: datetime, report: CycleReport) -> None:
         """``Recreate``: evict pods far from their workload's recommendation, within each workload's
         budget, never its last ready replica (``controller.planning.right_size_evictions``). Reads
         the GPURecommendations only when some namespace is in ``Recreate``."""
         self._evicted_to_size.begin_cycle(now)
         allowed = set(self.settings.namespace_list)
-        pods = {k: p for k, p in pod_objs.items() if not allowed or k.partition("/")[0] in allowed}
+        ignored = {entry.partition(": ")[0] for entry in untrusted}  # never resized: gpupack ignores their record
+        pods = {k: p for k, p in pod_objs.items()
+                if (not allowed or k.partition("/")[0] in allowed) and k not in ignored}
         specs = [(e.name, e.spec) for e in read_policies(policies) if e.spec is not None]
-        metas = [as_map(n.get("metadata")) for n in namespaces]
-        labels = {str(m.get("name")): {str(k): str(v) for k, v in as_map(m.get("labels")).items()} for m in metas}
+        labels = {name: own for name, own in map(name_and_labels, namespaces) if name is not None}
         modes = namespace_modes(specs, labels, {k.partition("/")[0] for k in pods})
         if not any(m.evicts for m in modes.values()):
             self._blocked_to_size = frozenset()

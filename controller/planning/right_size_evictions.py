@@ -51,6 +51,9 @@ WINDOW = timedelta(hours=1)
 MEMORY_GAP = timedelta(minutes=1)
 """Cycles further apart than this may have had another leader between them: the memory restarts."""
 
+_STAMP = timedelta(seconds=1)
+"""The resolution of an object's ``creationTimestamp``."""
+
 Reason = Literal["at-risk", "far"]
 """Why a pod is evicted: its memory limit is below the recommendation (an OOM may come), or it
 is otherwise far from it (``sharing.usage.updater``)."""
@@ -104,7 +107,9 @@ class EvictionMemory:
         if since <= start:
             return remembered
         created = (parse_time(as_map(p.get("metadata")).get("creationTimestamp")) for p in pods)
-        return remembered + sum(1 for c in created if c is not None and start < c < since)
+        # creationTimestamp is whole seconds: a pod stamped within the second before ``since`` may
+        # have been created after it, and is known to be no replacement.
+        return remembered + sum(1 for c in created if c is not None and start < c and c + _STAMP < since)
 
 
 def namespace_modes(policies: Sequence[tuple[str, SharingPolicySpec]],

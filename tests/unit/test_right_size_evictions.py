@@ -119,6 +119,11 @@ def test_a_new_memory_counts_pods_created_in_the_hour_it_does_not_cover() -> Non
     pods = [pod("a"), pod("b"), young]
     fresh = EvictionMemory()
     assert evicted(plan(pods, [recommendation()], memory=fresh)) == []
+    # A pod stamped in the memory's first second was created after it began (stamps are whole seconds).
+    same_second = EvictionMemory()
+    same_second.begin_cycle(NOW + timedelta(milliseconds=400))
+    assert evicted(plan([pod("a"), pod("b"), pod("c", created=NOW)], [recommendation()], memory=same_second,
+                        now=NOW + timedelta(milliseconds=500))) == ["team/a"]
     # A memory that covers the hour knows the young pod is no replacement.
     assert evicted(plan(pods, [recommendation()], memory=covering(NOW))) == ["team/a"]
 
