@@ -68,7 +68,7 @@ class RecreateHarness(Harness):
 
         super().__init__(admin, sa, tmp, namespace, plane.node_agent_kubeconfig)
         self.apps = client.AppsV1Api(admin)
-        self.policy = client.PolicyV1Api(admin)
+        self.budgets = client.PolicyV1Api(admin)
         self.node_name = f"rc-{self.run}"
         self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=self.node_name, labels={
             "kubernetes.io/hostname": self.node_name, "e2e-ctl": self.run})))
@@ -132,7 +132,8 @@ class RecreateHarness(Harness):
         return [(str(e.involved_object.name), str(e.type), str(e.message or "")) for e in items]
 
     def remove(self) -> None:
-        for d in self.apps.list_namespaced_deployment(self.namespace).items:
+        deployments: list[Any] = self.apps.list_namespaced_deployment(self.namespace).items
+        for d in deployments:
             self.apps.delete_namespaced_deployment(d.metadata.name, self.namespace)
         self.cleanup()
         self.core.delete_node(self.node_name)
@@ -168,7 +169,8 @@ def test_one_pod_per_budget_is_evicted_and_a_lone_replica_never(h: RecreateHarne
                                             lambda: h.events("EvictedToRightSize"), WAIT_S)
     assert evicted in web and type_ == "Normal"
     assert "GPURecommendation deployment-web recommends 100 milli and 20.0 GiB" in message
-    assert h.core.read_namespaced_pod(evicted, h.namespace).metadata.deletion_timestamp is not None
+    gone: Any = h.core.read_namespaced_pod(evicted, h.namespace)
+    assert gone.metadata.deletion_timestamp is not None  # graceful: no kubelet here to finish it
     (kept,) = set(web) - {evicted}
     replacement = wait_for("the ReplicaSet's replacement bound", lambda: (
         p := [x for x in h.live("web") if x.metadata.name not in web and x.spec.node_name]) and p[0], WAIT_S)
@@ -183,12 +185,12 @@ def test_one_pod_per_budget_is_evicted_and_a_lone_replica_never(h: RecreateHarne
 def test_a_pod_disruption_budget_keeps_the_pods(h: RecreateHarness) -> None:
     h.leading("ctl-guarded")
     guarded = h.deployment("guarded", 2)
-    h.policy.create_namespaced_pod_disruption_budget(h.namespace, client.V1PodDisruptionBudget(
+    h.budgets.create_namespaced_pod_disruption_budget(h.namespace, client.V1PodDisruptionBudget(
         metadata=client.V1ObjectMeta(name="guarded"),
         spec=client.V1PodDisruptionBudgetSpec(min_available=2,
                                               selector=client.V1LabelSelector(match_labels={"app": "guarded"}))))
     wait_for("the budget to count both pods healthy and allow no disruption", lambda: (
-        s := h.policy.read_namespaced_pod_disruption_budget("guarded", h.namespace).status)
+        s := h.budgets.read_namespaced_pod_disruption_budget("guarded", h.namespace).status)
         and s.current_healthy == 2 and s.disruptions_allowed == 0, WAIT_S)
     h.recommend("guarded")
 

@@ -21,7 +21,7 @@ class FakeKube(Kube):
     PodDisruptionBudget that allows no disruption makes the API server do."""
 
     def __init__(self, pods: list[dict[str, Any]], mode: str = "Recreate") -> None:
-        super().__init__(api=None)
+        super().__init__(api=None)  # type: ignore[arg-type]  # every call it makes is overridden
         self.pods = pods
         self.namespaces = [{"metadata": {"name": "team", "labels": {RIGHT_SIZING_LABEL: mode}}}]
         self.recommendations = [recommendation()]
