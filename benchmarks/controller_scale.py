@@ -7,7 +7,8 @@ allocatable, a SharingPolicy, the cluster's pods), and writes that change those
 objects as the API server would (a new ``resourceVersion``; JSON and merge
 patches applied). What is timed is ``controller.reconcile.Controller.cycle``
 whole: snapshot, idle records, policy status, planning, releases (pin and
-ungate), feedback, right-sizing, metrics.
+ungate), metrics (before the replica loop and right-sizing were removed it also
+timed those; benchmarks/controller.md).
 
 The cluster: 8 H100 GPUs per node; nine nodes in ten run MIG in one of four
 layouts, one in ten shares its GPUs by MPS x4; about 40 % of the MIG instances
@@ -260,7 +261,7 @@ class MemoryKube:
 def one_size(nodes: int, repeats: int) -> dict[str, Any]:
     kube = MemoryKube(*cluster(nodes))
     now = [NOW]
-    settings = ControllerSettings(metrics_port=0, feedback=True, right_size=True)
+    settings = ControllerSettings(metrics_port=0)
     pods_at_start = len(kube.pods)
 
     walls: dict[str, list[float]] = {}

@@ -126,7 +126,7 @@ def live(nodes: int, pods: int) -> dict[str, Any]:
         kc = plane.serviceaccount_kubeconfig("gpupack-controller")
         log = (tmp / "controller.log").open("wb")
         ctl = subprocess.Popen([sys.executable, "-m", "gpupack", "controller", "run", "--kubeconfig", str(kc),
-                                "--metrics-port", "0", "--resync-seconds", "2", "--batch-seconds", "0.2", "--no-feedback"],
+                                "--metrics-port", "0", "--resync-seconds", "2", "--batch-seconds", "0.2"],
                                stdout=log, stderr=subprocess.STDOUT)
         time.sleep(4)  # controller connected and leading
 

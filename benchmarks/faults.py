@@ -290,7 +290,7 @@ def apiserver_outage(outage_s: float, etcd_outage_s: float) -> dict[str, Any]:
         def start_controller(name: str, *extra: str) -> None:
             start(name, ["controller", "run", "--kubeconfig", str(plane.serviceaccount_kubeconfig("gpupack-controller")),
                          "--metrics-port", "0", "--identity", name, "--lease-seconds", str(LEASE_SECONDS),
-                         "--resync-seconds", "1", "--no-feedback", *extra])
+                         "--resync-seconds", "1", *extra])
 
         start_controller("controller")
 

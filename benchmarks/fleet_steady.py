@@ -16,9 +16,8 @@ file written before the fleet starts, as a real node is set up) and a node label
 (no idle time before a change, every node may change at once). One ``gpupack
 agent fleet`` process serves every node, ``gpupack webhook serve`` is registered
 over TLS as the mutating/validating webhook, ``gpupack controller run`` plans
-(``--no-feedback``: simulated GPUs report 0 % busy; its default 10 s resync and
-0.5 s batching). The pieces are the demo's ``Stack``'s public steps, as ``gpupack.replay.stack``
-uses them (its webhook probe asking for an MPS share: ``probe_sharing="mps"``).
+(its default 10 s resync and 0.5 s batching). The pieces are the demo's ``Stack``'s
+public steps, as ``gpupack.replay.stack`` uses them (its webhook probe asking for an MPS share: ``probe_sharing="mps"``).
 
 **What runs (``--floor``).** The same control plane and KWOK fleet, the Nodes
 advertising ``nvidia.com/gpu: 8`` themselves, no gpupack component: plain pods
@@ -340,7 +339,7 @@ class Bench:
                                            "--state-dir", str(state), "--metrics-port", str(self.fleet_port)])
         self.stack.start_webhook()
         _say("webhook: serving over TLS, registered with the API server")
-        self.stack.start_controller("controller", "--no-feedback", "--metrics-port", str(free_port()),
+        self.stack.start_controller("controller", "--metrics-port", str(free_port()),
                                     "--resync-seconds", "10", "--batch-seconds", "0.5")
         _say("controller: running")
         self._wait_published(set(mig_nodes + mps_nodes))

@@ -1,1 +1,1 @@
-"""Cluster controller (kopf, watch caches): layout planning for pending demand, gate lifting, utilisation feedback."""
+"""Cluster controller (kopf, watch caches): layout planning for pending demand, gate lifting."""

@@ -156,10 +156,6 @@ class Kube(KubeClient):
         return _body(call(self._core.patch_namespaced_pod, name, namespace, [dict(o) for o in ops],
                           _content_type=JSON_PATCH, _preload_content=False))
 
-    def merge_patch_pod(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        return _body(call(self._core.patch_namespaced_pod, name, namespace, dict(body),
-                          _content_type=MERGE_PATCH, _preload_content=False, idempotent=True))
-
     def patch_pod_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """A strategic-merge patch of the pod's ``status`` subresource (conditions merge by type, so
         kube-scheduler's own stay as they are)."""

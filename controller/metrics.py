@@ -146,7 +146,3 @@ class ControllerMetrics:
         self.cached = Gauge("gpupack_controller_cached_objects", "Objects held in the watch caches.", ["kind"], registry=r)
         self.rejected = Gauge("gpupack_controller_rejected_objects", "Objects the watch caches left out as unreadable "
                               "(nested deeper than any reader survives); their names are logged.", ["kind"], registry=r)
-        self.recommendations = Gauge("gpupack_rightsize_recommendations", "Pods with a right-size recommendation.", registry=r)
-        self.recommended_savings = Gauge(
-            "gpupack_rightsize_savings_milli", "Sum over pods of requested minus recommended gpu-milli.", registry=r,
-        )

@@ -4,8 +4,7 @@
 :class:`controller.kube.Kube`, the only API door; in ``controller run`` a
 :class:`controller.watch_caches.CachedKube` answers from watch caches), builds the
 snapshot (re-reading only the objects that changed since the last cycle,
-:class:`controller.state.incremental.SnapshotCache`), runs the planner and the
-feedback loop, and applies the result:
+:class:`controller.state.incremental.SnapshotCache`), runs the planner, and applies the result:
 
 1. the per-GPU idle record (an annotation on each GPUNode);
 2. new layouts and sharing configs (``GPUNode.spec``), and the mig-parted configs
@@ -16,8 +15,7 @@ feedback loop, and applies the result:
    (``controller.dracycle``);
 4. evictions: pods of failed GPUs (``--evict-on-gpu-fault``) and, in namespaces whose
    right-sizing mode is ``Recreate``, pods far from their recommendation
-   (``controller.planning.right_size_evictions``), both through one eviction writer;
-5. replica changes from the feedback loop, right-size recommendations.
+   (``controller.planning.right_size_evictions``), both through one eviction writer.
 
 Every write is independent: one failure is counted and logged, the rest of
 the cycle goes on, and the next cycle starts again from what the API server
@@ -28,11 +26,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 from controller.dracycle import DraCycle
@@ -40,12 +37,11 @@ from controller.planning.draplan import DraPlacement, DraPlan
 from controller.planning.evictions import Eviction, Outcome, eviction_outcome, evictions
 from controller.planning.right_size_candidates import read_recommendations
 from controller.planning.right_size_evictions import EvictionMemory, namespace_modes, plan_evictions
-from controller.planning.feedback import FeedbackSettings, GpuLoad, Recommendation, decide_replicas, right_size
 from controller.kube import Kube
 from controller.planning.migplan import LayoutChange
 from controller.writes.mig_configs import published_config
 from controller.metrics import ControllerMetrics, cluster_figures
-from controller.state.snapshot import FailedDevice, Node, Pod, Snapshot
+from controller.state.snapshot import FailedDevice, Snapshot
 from controller.writes.wait_status import StatusPatch, placement_patches
 from controller.writes.patches import gpus_spec, release_ops, sharing_spec
 from controller.planning.planner import Plan, Release, SharingChange, plan
@@ -57,12 +53,11 @@ from controller.state.build import busy_by_node, encode_idle, idle_record, scope
 from controller.state.incremental import SnapshotCache
 from kube.errors import KubeError
 from mig.migparted import MigConfigError
-from sharing.api.backend import node_backend
 from sharing.api.crd import read_policies
 from sharing.api.gpunode import MigConfigRequest
 from sharing.admission.inventory import Inventory, build_inventory, name_and_labels
-from kube.times import format_time, parse_time
-from sharing.api.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY, MILLI_RESOURCE, RECOMMENDED_MILLI_ANNOTATION, REPLICAS_CHANGED_ANNOTATION
+from kube.times import parse_time
+from sharing.api.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY
 
 log = logging.getLogger("gpupack.controller")
 
@@ -89,8 +84,6 @@ class CycleReport:
     errors: list[str] = field(default_factory=list)
     dra: DraPlan = field(default_factory=DraPlan)
     """The DRA pool's placements and waits (``controller.planning.draplan``)."""
-    replica_changes: list[tuple[str, int, int]] = field(default_factory=list)
-    recommendations: int = 0
     allocation_ratio: float = 0.0
     fragmentation: float = 0.0
     seconds: float = 0.0
@@ -108,9 +101,6 @@ class Controller:
         self.clock = clock
         self.snapshots = SnapshotCache()
         """Each object's reading, kept while the object does not change."""
-        # Utilisation history per node for the feedback loop's peak-hold. In memory on
-        # purpose: a new leader starts with an empty window, which only delays a change.
-        self._history: dict[str, list[tuple[datetime, list[float]]]] = {}
         # What the last cycle logged: each entry is logged once, when it appears.
         self._skipped: frozenset[str] = frozenset()
         """GPUNode status entries left out as unreadable."""
@@ -173,10 +163,6 @@ class Controller:
         if self.settings.evict_on_gpu_fault:
             self._evict(failed, pod_objs, report)
         self._right_size_evict(pod_objs, snapshot.untrusted_pods, policies, namespaces, now, report)
-        if self.settings.feedback:
-            self._feedback(snapshot, result, by_name, now, report)
-        if self.settings.right_size:
-            self._right_size(snapshot, pod_objs, now, report)
         ratio, frag, gpus = cluster_figures(snapshot, self.dra.holds)
         report.allocation_ratio, report.fragmentation = ratio, frag
         m = self.metrics
@@ -550,114 +536,10 @@ class Controller:
             return release, str(exc)
         return release, None
 
-    def _feedback(self, snapshot: Snapshot, result: Plan, by_name: Mapping[str, dict[str, Any]], now: datetime,
-                  report: CycleReport) -> None:
-        changing = {c.node for c in result.sharing}
-        pods_on: Counter[str] = Counter()
-        for p in snapshot.pods:
-            if p.mode != "mig" and p.node is not None and not p.gated:
-                pods_on[p.node] += p.shares
-        settings = FeedbackSettings(cooldown_seconds=self.settings.feedback_cooldown_seconds)
-        for node in snapshot.nodes:
-            policy = snapshot.policies.get(node.name)
-            if policy is None or node.sharing == "none" or node.name in changing or not node.converged:
-                continue
-            if node_backend(node.label_map) == "dra":
-                continue  # replicas mean nothing on the DRA pool: every claim takes its own share
-            if any(g.utilization_percent is None for g in node.full_gpus):
-                continue  # not measured (NVML cannot say, or the agent has not reported): no signal
-            loads = self._held(node.name, _loads(node, pods_on[node.name]), now)
-            annotations = ((by_name.get(node.name) or {}).get("metadata") or {}).get("annotations") or {}
-            decision = decide_replicas(
-                node.replicas, loads, minimum=policy.min_replicas, maximum=policy.max_replicas,
-                target=policy.target_utilization, settings=settings,
-                last_change=parse_time(annotations.get(REPLICAS_CHANGED_ANNOTATION)), now=now,
-            )
-            if not decision.changed:
-                continue
-            try:
-                self.kube.patch_gpunode(node.name, {
-                    "metadata": {"annotations": {REPLICAS_CHANGED_ANNOTATION: format_time(now)}},
-                    "spec": {"sharing": {"mode": node.sharing, "replicas": decision.proposed}},
-                })
-            except KubeError as exc:
-                self._fail(report, "feedback", f"{node.name}: {exc}")
-                continue
-            report.replica_changes.append((node.name, decision.current, decision.proposed))
-            self.metrics.sharing_changes.labels("utilisation").inc()
-            log.info("replicas %s: %d -> %d (%s)", node.name, decision.current, decision.proposed, decision.reason)
-
-    def _held(self, node: str, loads: list[GpuLoad], now: datetime) -> list[GpuLoad]:
-        window = self.settings.feedback_window_seconds
-        history = [(t, b) for t, b in self._history.get(node, []) if (now - t).total_seconds() <= window]
-        history.append((now, [g.busy_percent for g in loads]))
-        self._history[node] = history
-        return [GpuLoad(max(b[i] for _, b in history if i < len(b)), g.pods) for i, g in enumerate(loads)]
-
-    def _right_size(self, snapshot: Snapshot, pods: Mapping[str, dict[str, Any]], now: datetime,
-                    report: CycleReport) -> None:
-        """Shared pods only: per-pod use is estimated as the node's busy time split evenly over its pods.
-        A pod is judged once it has existed a whole ``feedback_window_seconds``: before, its peak over
-        the window is not known, and at a fleet's churn a recommendation (an annotation and an
-        event) for every pod seconds old was two writes per pod that said nothing yet."""
-        judged_before = now - timedelta(seconds=self.settings.feedback_window_seconds)
-        per_node: dict[str, list[str]] = {}
-        for p in snapshot.pods:
-            if p.mode != "mig" and p.bound and p.node is not None and p.created <= judged_before:
-                per_node.setdefault(p.node, []).append(p.key)
-        count = savings = 0
-        by_key = {p.key: p for p in snapshot.pods}
-        todo: list[tuple[Pod, Recommendation]] = []
-        for node in snapshot.nodes:
-            keys = per_node.get(node.name, [])
-            measured = [g.utilization_percent for g in node.full_gpus if g.utilization_percent is not None]
-            if not keys or not measured:
-                continue
-            per_pod_milli = 10.0 * sum(measured) / len(keys)
-            for key in keys:
-                pod = by_key[key]
-                rec = right_size(max(pod.milli), [per_pod_milli])
-                if rec is None:
-                    continue
-                count += 1
-                savings += rec.requested_milli - rec.recommended_milli
-                obj = pods.get(key) or {}
-                current = ((obj.get("metadata") or {}).get("annotations") or {}).get(RECOMMENDED_MILLI_ANNOTATION)
-                if current != str(rec.recommended_milli):
-                    todo.append((pod, rec))
-
-        def write(item: tuple[Pod, Recommendation]) -> None:
-            pod, rec = item
-            self.kube.merge_patch_pod(pod.namespace, pod.name, {"metadata": {"annotations": {
-                RECOMMENDED_MILLI_ANNOTATION: str(rec.recommended_milli)}}})
-            self.kube.event({"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace,
-                             "uid": pod.uid}, "Normal", "RightSize",
-                            f"{MILLI_RESOURCE} {rec.requested_milli} -> {rec.recommended_milli}: {rec.reason}")
-
-        # A write and an event per new pod with a recommendation: in parallel, as the releases.
-        for (pod, _), error in zip(todo, self._write_each(write, todo)):
-            if error is not None:
-                self._fail(report, "right-size", f"{pod.key}: {error}")
-        report.recommendations = count
-        self.metrics.recommendations.set(count)
-        self.metrics.recommended_savings.set(savings)
-
     def _fail(self, report: CycleReport, stage: str, message: str) -> None:
         report.errors.append(f"{stage}: {message}")
         self.metrics.reconcile_errors.labels(stage).inc()
         log.warning("%s failed: %s", stage, message)
-
-
-def _loads(node: Node, pods: int) -> list[GpuLoad]:
-    """Per GPU busy percent and pods; the device plugin spreads replicas, so pods are split evenly."""
-    gpus = node.full_gpus
-    if not gpus:
-        return []
-    base, extra = divmod(pods, len(gpus))
-    return [
-        GpuLoad(float(g.utilization_percent or 0), base + (1 if i < extra else 0))
-        for i, g in enumerate(gpus)
-    ]
 
 
 _EVICTION_GRANTS = {"gpu-fault": "manifests/gpu-fault-evictions", "right-size": "manifests/right-sizing-recreate"}

@@ -51,20 +51,10 @@ class ControllerSettings:
     write_workers: int = 8
     """Pods pinned and ungated in parallel: each release is two round trips, and a burst
     of hundreds of pods would otherwise wait on them one by one."""
-    feedback: bool = True
-    """Run the utilisation feedback loop on shared nodes."""
-    feedback_cooldown_seconds: int = 300
-    """Minimum time between two replica changes of one node."""
     mig_mode_changes: bool = False
     """Let the planner turn MIG on for idle full GPUs. Needs a GPU reset, which only the
     agent's operator mode (mig-manager) performs; off so a direct-mode agent is never
     asked for a change it must refuse (the agent would answer LayoutRefused on every cycle)."""
-    feedback_window_seconds: float = 600.0
-    """The loop judges a node by the PEAK of each GPU's utilisation over this window, not
-    the latest sample: pods vary, and a quiet minute must not pack a node that was busy
-    a few minutes ago (benchmarks/controller.md: without it the loop saturated 2-5x more)."""
-    right_size: bool = True
-    """Annotate pods that use far less than they asked with a recommendation."""
     namespaces: str = ""
     """Comma-separated namespaces whose pods this controller places; empty: all. For a
     scoped install (and tests sharing a cluster); capacity held by other pods still counts."""

@@ -274,10 +274,6 @@ class CachedKube(Kube):
         answer = super().json_patch_pod(namespace, name, ops)
         return self._note("pods", f"{namespace}/{name}", None if answer is None else keep_pod(answer))
 
-    def merge_patch_pod(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        answer = super().merge_patch_pod(namespace, name, body)
-        return self._note("pods", f"{namespace}/{name}", None if answer is None else keep_pod(answer))
-
     def patch_pod_status(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         answer = super().patch_pod_status(namespace, name, body)
         return self._note("pods", f"{namespace}/{name}", None if answer is None else keep_pod(answer))

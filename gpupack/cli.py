@@ -15,9 +15,13 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpupack import __version__
 from kube.inputfile import check_regular_file
+
+if TYPE_CHECKING:
+    from sharing.usage.trace import UsageTrace
 
 # Command-group modules, in the order they appear in ``gpupack --help``.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -89,6 +93,28 @@ def check_trace_files(*paths: str | Path) -> None:
             continue  # the trace reader names a missing file itself, with the run's other trace errors
         except OSError as exc:
             raise UsageError(describe_input_error(exc)) from None
+
+
+def load_usage_trace(folder: Path) -> UsageTrace:
+    """The GenTD26 usage trace in ``folder`` (``sharing.usage.trace``, the one reader), for every command that
+    plays or replays one; the files are checked as regular files first (no FIFO, no device). ``UsageError``
+    naming the folder or file and the problem."""
+    from sharing.usage.trace import DUTY_FILE, MEMORY_FILE, UsageTraceError, parse_usage
+
+    if not folder.is_dir():
+        raise UsageError(f"{folder}: no such folder (a usage trace folder holds {DUTY_FILE} and {MEMORY_FILE})")
+    duty, memory = folder / DUTY_FILE, folder / MEMORY_FILE
+    for path in (duty, memory):
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file (a usage trace folder holds {DUTY_FILE} and {MEMORY_FILE})")
+    check_trace_files(duty, memory)
+    try:
+        with duty.open(encoding="utf-8", newline="") as d, memory.open(encoding="utf-8", newline="") as m:
+            return parse_usage(d, m, duty_source=str(duty), memory_source=str(memory))
+    except UsageTraceError as exc:
+        raise UsageError(str(exc)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{folder}: usage trace unreadable: {exc}") from None
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,6 +6,8 @@ SIMULATED NVML backend instead of the GPU driver (MODEL: a MIG catalog model
 such as H200, or an openb GPU type without MIG such as T4 or V100M32), with
 ``--state-file`` so a restarted agent sees the same GPUs; add ``--emulate-device-plugin`` to advertise
 resources on the Node as the NVIDIA device plugin would (simulation only).
+``--usage-trace DIR`` (simulation) makes the GPU processes play a GenTD26 usage
+trace, ``--usage-time-scale`` times faster than it was recorded.
 ``--backend dra`` runs the node on Dynamic Resource Allocation: no device plugin,
 the agent publishes the node's ResourceSlices (driver ``gpu.gpupack.io``,
 docs/dra.md); the default, ``device-plugin``, keeps the NVIDIA device plugin.
@@ -30,13 +32,18 @@ import logging
 import signal
 import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
+from gpupack.cli import (
+    EXIT_BAD_INPUT, EXIT_NO, EXIT_OK, UsageError, describe_input_error, load_usage_trace, non_negative_float,
+    positive_float)
+from kube.inputfile import read_text
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import NvmlBackend
 from node.base.settings import BACKENDS, LAYOUT_APPLY_MODES, AgentSettings
 from mig.openb_gpus import OPENB_GPUS
+from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
 
 
 def _simulated(spec: str, state_file: str, seed: str, delay_s: float = 0.0) -> NvmlBackend:
@@ -59,11 +66,35 @@ def _simulated(spec: str, state_file: str, seed: str, delay_s: float = 0.0) -> N
         raise UsageError(str(exc)) from None
 
 
+def _play_usage_trace(backend: NvmlBackend, settings: AgentSettings) -> None:
+    """``--usage-trace DIR``: the simulated processes play the trace (``SimulatedNvml.play_trace``)."""
+    from node.nvml.simulated import SimulatedNvml
+    from sharing.usage.playback import PlaybackError, parse_pod_mapping
+
+    assert isinstance(backend, SimulatedNvml)  # settings refuse a trace without --simulate
+    trace = load_usage_trace(Path(settings.usage_trace))
+    pods = None
+    if settings.usage_trace_pods:
+        try:
+            pods = parse_pod_mapping(read_text(settings.usage_trace_pods).splitlines(), settings.usage_trace_pods)
+        except OSError as exc:
+            raise UsageError(f"--usage-trace-pods: {describe_input_error(exc)}") from None
+        except PlaybackError as exc:  # names the file and line
+            raise UsageError(f"--usage-trace-pods: {exc}") from None
+    try:
+        backend.play_trace(trace, settings.usage_time_scale, settings.usage_trace_start or None, pods)
+    except PlaybackError as exc:  # a mapping naming a pod the trace does not hold
+        raise UsageError(f"--usage-trace {settings.usage_trace}: {exc}") from None
+
+
 def open_backend(settings: AgentSettings) -> tuple[NvmlBackend | None, str]:
     """The backend, or (None, why) when NVML cannot be opened (reported, not fatal)."""
     if settings.simulate:
-        return _simulated(settings.simulate, settings.state_file, settings.node_name or "gpupack-sim",
-                          settings.simulate_delay_seconds), ""
+        backend = _simulated(settings.simulate, settings.state_file, settings.node_name or "gpupack-sim",
+                             settings.simulate_delay_seconds)
+        if settings.usage_trace:
+            _play_usage_trace(backend, settings)
+        return backend, ""
     from node.nvml.real import RealNvml
 
     try:
@@ -78,6 +109,9 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
         "poll_seconds": args.poll_seconds, "idle_seconds": args.idle_seconds, "metrics_port": args.metrics_port,
         "emulate_device_plugin": True if args.emulate_device_plugin else None,
         "heartbeat_seconds": args.heartbeat_seconds, "backend": args.backend,
+        "usage_trace": None if args.usage_trace is None else str(args.usage_trace),
+        "usage_time_scale": args.usage_time_scale, "usage_trace_start": args.usage_trace_start,
+        "usage_trace_pods": None if args.usage_trace_pods is None else str(args.usage_trace_pods),
     }
     try:
         settings = AgentSettings.from_env(**overrides)
@@ -177,6 +211,18 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "keep it well under the controller's --agent-stale-seconds)")
     p.add_argument("--emulate-device-plugin", action="store_true",
                    help="SIMULATION: advertise Node resources/labels as the NVIDIA device plugin and GFD would")
+    p.add_argument("--usage-trace", default=None, type=Path, metavar="DIR",
+                   help="SIMULATION: the GPU processes play the pods of this GenTD26 usage trace (a folder holding "
+                        f"{DUTY_FILE} and {MEMORY_FILE}): duty cycle as SM load, and memory; one trace pod per "
+                        "process, in order of appearance (docs/node-agent.md, \"Playing a usage trace\")")
+    p.add_argument("--usage-time-scale", default=None, type=positive_float, metavar="F",
+                   help="trace seconds played per second (default 60: one trace minute a second)")
+    p.add_argument("--usage-trace-start", default=None, type=non_negative_float, metavar="UNIX_SECONDS",
+                   help="when the trace's first step plays, so several nodes share one timeline (default: when this "
+                        "node first played it, kept in its state file)")
+    p.add_argument("--usage-trace-pods", default=None, type=Path, metavar="FILE",
+                   help="CSV pod,container_ip: the trace pod each pod (namespace/name) plays; others in order of "
+                        "appearance")
     p.add_argument("--backend", default=None, choices=BACKENDS,
                    help="who hands GPUs to containers: the NVIDIA device plugin (device-plugin, the default) or "
                         "DRA, with the agent publishing the node's ResourceSlices (dra); one backend per node pool")

@@ -30,7 +30,6 @@ def _settings(args: argparse.Namespace) -> Any:
         "min_cycle_seconds": args.min_cycle_seconds, "cache_sync_seconds": args.cache_sync_seconds,
         "metrics_port": args.metrics_port, "identity": args.identity, "lease_seconds": args.lease_seconds,
         "lease_namespace": args.lease_namespace, "lease_name": args.lease_name, "log_level": args.log_level,
-        "feedback": False if args.no_feedback else None,
         "evict_on_gpu_fault": True if args.evict_on_gpu_fault else None,
         "namespaces": args.namespaces, "agent_stale_seconds": args.agent_stale_seconds,
         "mig_parted_namespace": args.mig_parted_namespace, "mig_parted_configmap": args.mig_parted_configmap,
@@ -105,7 +104,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-name", help="name of the leader Lease (default gpupack-controller)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--namespaces", help="comma-separated namespaces whose pods to place (default: all)")
-    p.add_argument("--no-feedback", action="store_true", help="do not run the replica feedback loop")
     p.add_argument("--evict-on-gpu-fault", action="store_true",
                    help="evict pods of a failed GPU or MIG instance (Eviction API, PodDisruptionBudgets honoured) "
                         "when a controller other than a DaemonSet recreates them; default: leave them running")
@@ -118,7 +116,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    parser = subparsers.add_parser("controller", help="cluster controller: layouts, gates, utilisation feedback")
+    parser = subparsers.add_parser("controller", help="cluster controller: layouts, gates, placement")
     sub = parser.add_subparsers(dest="controller_command", metavar="SUBCOMMAND")
     run = sub.add_parser("run", help="run the controller (leader-elected)")
     _common(run)

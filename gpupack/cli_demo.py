@@ -15,6 +15,10 @@ summary then adds ``faults_injected``, ``pods_placed_on_unhealthy``,
 pods ask the same way, each gets a ResourceClaim that kube-scheduler allocates
 on the device gpupack's engine chose, and the summary adds ``claims_allocated``
 (distinct claims of gpupack's driver seen allocated over the run).
+``--usage-trace DIR`` makes the nodes' simulated GPU processes play a GenTD26 usage
+trace (``--usage-time-scale`` times faster); each progress line then shows the pods'
+use as the agents export it, and the summary adds ``pods_with_use``,
+``pods_use_measured``, ``pod_gpu_util_mean_pct`` and ``pod_gpu_memory_gib``.
 
 Exit codes: 0 = every admitted pod was scheduled, 1 = some were not (or the
 stack did not start), 2 = bad input.
@@ -28,11 +32,12 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, non_negative_float, positive_float
+from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, load_usage_trace, non_negative_float, positive_float
 from sharing.api.backend import BACKENDS, DEFAULT_BACKEND
 
 
@@ -71,6 +76,9 @@ def run_demo(args: argparse.Namespace) -> int:
     stack = Stack(workdir, keep=args.keep)
     stack.controller_metrics = args.fault
     stack.backend = args.backend
+    if args.usage_trace is not None:
+        load_usage_trace(args.usage_trace)  # a bad trace is refused before anything starts
+        stack.usage_trace, stack.usage_time_scale = args.usage_trace.resolve(), args.usage_time_scale
     if args.keep:
         from gpupack.devcluster import state as cluster_state
 
@@ -142,6 +150,8 @@ def run_demo(args: argparse.Namespace) -> int:
             if args.layouts:
                 for line in progress.gpu_lines(gpunodes):
                     say(line)
+            if stack.agent_metrics_ports:
+                say("        " + _pod_use(stack.agent_metrics_ports.values()).line())
             next_print = now_m + args.interval
         waiting = c["gated"] + c["pending"]
         if faults is not None and faults.busy():
@@ -179,6 +189,11 @@ def run_demo(args: argparse.Namespace) -> int:
     if claims is not None and claim_objs is not None:
         claims.observe(claim_objs)
         summary["claims_allocated"] = claims.allocated
+    if stack.agent_metrics_ports:
+        use = _pod_use(stack.agent_metrics_ports.values())
+        summary.update({"pods_with_use": use.pods, "pods_use_measured": use.measured,
+                        "pod_gpu_util_mean_pct": _round(use.mean_util_percent),
+                        "pod_gpu_memory_gib": round(use.memory_gib, 1)})
     ok = summary["pods_unscheduled"] == 0
     if faults is not None:
         summary.update(faults.summary())
@@ -221,6 +236,12 @@ def _claims(admin: Any) -> list[dict[str, Any]]:
     return list(listed.get("items") or [])
 
 
+def _pod_use(ports: Iterable[int]) -> Any:
+    from gpupack.demo.usage import scrape
+
+    return scrape(f"http://127.0.0.1:{port}/metrics" for port in ports)
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
@@ -250,4 +271,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--fault", action="store_true",
                    help="make GPUs fail during the run (an XID on a busy MIG instance, a lost GPU, an ECC burst, "
                         "an acknowledgement) and measure how the cluster routes around them")
+    p.add_argument("--usage-trace", type=Path, default=None, metavar="DIR",
+                   help="the simulated GPU processes play this GenTD26 usage trace (e.g. "
+                        "../shared/traces/genai-usage): the progress lines and the summary add the pods' use, read "
+                        "from the agents' per-pod metrics")
+    p.add_argument("--usage-time-scale", type=positive_float, default=60.0, metavar="F",
+                   help="with --usage-trace: trace seconds played per second (default 60)")
     p.set_defaults(handler=_handler)

@@ -29,16 +29,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gpupack.cli import EXIT_OK, UsageError, check_trace_files, finite_float
+from gpupack.cli import EXIT_OK, UsageError, finite_float, load_usage_trace
 from kube.inputfile import read_text
 from mig.errors import UnknownModelError
 from sharing.simulator.usage import gpu_memory_bytes, parse_workloads, run_usage
 from sharing.simulator.usage_replay import MODES, RightSizing
 from sharing.usage.recommender import WorkloadKey
-from sharing.usage.trace import UsageTrace, UsageTraceError, parse_usage
+from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
 
-DUTY_FILE = "pod_gpu_duty_cycle_anon.csv"
-MEMORY_FILE = "pod_gpu_memory_used_bytes_anon.csv"
 SHOWN = ("gpu_hours_saved_pct", "saturated_gpu_minutes_pct", "gpu_memory_overflow_minutes",
          "pod_minutes_over_limit_pct", "evictions_per_pod_day", "evictions_after_first_per_pod_day")
 
@@ -62,20 +60,6 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def load_trace(folder: Path) -> UsageTrace:
-    """The trace in ``folder``; the files are checked as regular files first (no FIFO, no device)."""
-    duty, memory = folder / DUTY_FILE, folder / MEMORY_FILE
-    for path in (duty, memory):
-        if not path.is_file():
-            raise UsageError(f"{path}: no such file (a usage trace folder holds {DUTY_FILE} and {MEMORY_FILE})")
-    check_trace_files(duty, memory)
-    try:
-        with duty.open(encoding="utf-8", newline="") as d, memory.open(encoding="utf-8", newline="") as m:
-            return parse_usage(d, m, duty_source=str(duty), memory_source=str(memory))
-    except UsageTraceError as exc:
-        raise UsageError(str(exc)) from None
-
-
 def run(args: argparse.Namespace) -> int:
     if args.nodes is not None or args.pods is not None or args.policy is not None:
         raise UsageError("--nodes, --pods and --policy belong to `gpupack simulate`; `gpupack simulate usage` "
@@ -84,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_bytes(args.gpu)
     except UnknownModelError as exc:
         raise UsageError(f"--gpu: {exc}") from None
-    trace = load_trace(args.trace)
+    trace = load_usage_trace(args.trace)
     workloads: dict[str, WorkloadKey] | None = None
     if args.workloads is not None:
         try:

@@ -34,6 +34,8 @@ from sharing.api.keys import BACKEND_LABEL, CAPACITY_GATE, SKIP_LABEL
 from sharing.api.fields import as_map
 from sharing.admission.patch import build_patch
 from sharing.admission.pool_choice import UnknownBackend, choose_pool
+from sharing.admission.right_sizing import RecommendationLookup, size_pod
+from sharing.rules.right_sizing import right_sizing_for
 from sharing.api.request import AdmissionRefusal, Reason, parse_pod, pod_wants_gpupack
 from webhook import claim_validation
 from webhook.forged_marks import refuse_forged_marks, refuse_taken_claim_name
@@ -60,6 +62,8 @@ class Answer:
     outcome: Outcome
     reason: str | None = None
     decision: PodDecision | None = None
+    right_sized: bool = False
+    """The pod's request was sized from its workload's recommendation."""
 
 
 class BadReview(Exception):
@@ -152,15 +156,20 @@ def _deny(uid: str, reason: str, message: str, code: int = 403) -> Answer:
 
 
 def review_pod(
-    review: Any, inventory: Inventory, settings: WebhookSettings, memo: DecisionMemo | None = None
+    review: Any, inventory: Inventory, settings: WebhookSettings, memo: DecisionMemo | None = None,
+    recommendations: RecommendationLookup | None = None,
 ) -> Answer:
-    """Answer a pod review; the full :class:`Answer` (``mutate`` returns its review)."""
+    """Answer a pod review; the full :class:`Answer` (``mutate`` returns its review).
+
+    ``recommendations``: the workloads' GPURecommendations (``webhook.recommendation_watch``), which
+    size the pods of namespaces in right-sizing ``Initial`` or ``Recreate``
+    (``sharing.admission.right_sizing``); None: no pod is sized."""
     try:
         uid, request = envelope(review)
     except BadReview as bad:
         return _deny(bad.uid, "MalformedReview", bad.message, code=400)
     try:
-        return _review_pod(uid, request, inventory, settings.placement == "engine", memo)
+        return _review_pod(uid, request, inventory, settings.placement == "engine", memo, recommendations)
     except AdmissionRefusal as refusal:
         return _deny(uid, refusal.reason, refusal.message)
     except UnknownBackend as bad:
@@ -174,7 +183,8 @@ def review_pod(
 
 
 def _review_pod(
-    uid: str, request: dict[str, Any], inventory: Inventory, engine_places: bool, memo: DecisionMemo | None
+    uid: str, request: dict[str, Any], inventory: Inventory, engine_places: bool, memo: DecisionMemo | None,
+    recommendations: RecommendationLookup | None,
 ) -> Answer:
     if not _resource_is(request, "", "Pod") or request.get("subResource"):
         return _allow(uid, "gpupack: not a pod create; nothing to do")
@@ -209,7 +219,10 @@ def _review_pod(
         )
     pool = choose_pool(labels if isinstance(labels, dict) else None, parsed.namespace, inventory)
     policy = policy_for(inventory, parsed.namespace, memo)
-    decision = decide(parsed, policy, inventory, engine_places=engine_places, memo=memo, backend=pool.backend)
+    sized = size_pod(parsed, pod, right_sizing_for(inventory.policies, parsed.namespace,
+                                                   inventory.namespace_labels.get(parsed.namespace)),
+                     recommendations, inventory.pool(pool.backend).max_gpu_memory_mib)
+    decision = decide(sized.request, policy, inventory, engine_places=engine_places, memo=memo, backend=pool.backend)
     warnings: list[str] = []
     if pool.backend == "dra":
         # Named now, from the review's uid: the pod may have only a generateName, and the
@@ -217,15 +230,15 @@ def _review_pod(
         decision = replace(decision, claim=pod_claim_name(uid))
         if not inventory.pool("dra").nodes:
             warnings.append(NO_DRA_NODE_WARNING)
-    patch = build_patch(pod, decision)
+    patch = build_patch(pod, decision, sized.record)
     if not decision.capacity_exists:
         warnings.append(
             f"gpupack: no free {decision.mode} capacity fits this pod yet; it waits at scheduling gate "
             f"{CAPACITY_GATE} until gpupack creates it"
         )
-    message = f"gpupack: {decision.reason} (pool: {pool.why})"
+    message = f"gpupack: {decision.reason} (pool: {pool.why})" + (f"; {sized.note}" if sized.note else "")
     answer = review_response(uid, True, message=message, patch=patch, warnings=warnings or None)
-    return Answer(answer, "allowed", decision=decision)
+    return Answer(answer, "allowed", decision=decision, right_sized=sized.record is not None)
 
 
 def _cpu_pod(uid: str, pod: dict[str, Any], inventory: Inventory) -> Answer:

@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 from webhook.admission import Answer, review_pod, review_response, review_validation, uid_hint
 from webhook.authorization import review_access
 from webhook.inventory_source import InventoryHolder
+from webhook.recommendation_watch import RecommendationWatch
 from webhook.jsonio import JSONDecodeError, dumps, loads
 from webhook.metrics import Metrics
 from webhook.settings import WebhookSettings
@@ -122,9 +123,11 @@ def build_app(
     metrics: Metrics | None = None,
     tls: ReloadingTLS | None = None,
     on_startup: Callable[[], None] | None = None,
+    recommendations: RecommendationWatch | None = None,
 ) -> AdmissionApp:
     """The ASGI app. ``tls`` enables the rotation check loop; ``on_startup`` starts
-    the inventory watch (so nothing runs at import or build time)."""
+    the inventory watch (so nothing runs at import or build time); ``recommendations``: the
+    GPURecommendations right-sizing sizes pods from (None: no pod is sized)."""
     metrics = metrics if metrics is not None else Metrics()
     holder.listeners.append(lambda inv: _inventory_gauges(metrics, holder))
     _inventory_gauges(metrics, holder)
@@ -175,6 +178,8 @@ def build_app(
                 metrics.denials.labels(answer.reason).inc()
             if answer.decision is not None:
                 metrics.decisions.labels(answer.decision.mode, "true" if answer.decision.gated else "false").inc()
+            if answer.right_sized:
+                metrics.right_sized.inc()
             return payload
 
         return handle
@@ -214,16 +219,18 @@ def build_app(
 
     api.router.add_route("/authorize", post_only, methods=["GET", "PUT", "DELETE", "PATCH"])
     handlers = {
-        "/mutate": admit("mutate", lambda review: _review_with_memo(review, holder, settings)),
+        "/mutate": admit("mutate", lambda review: _review_with_memo(review, holder, settings, recommendations)),
         "/validate": admit("validate", lambda review: review_validation(review, holder.current, settings)),
         "/authorize": authorize,
     }
     return AdmissionApp(api, handlers, settings.max_body_bytes)
 
 
-def _review_with_memo(review: Any, holder: InventoryHolder, settings: WebhookSettings) -> Answer:
+def _review_with_memo(review: Any, holder: InventoryHolder, settings: WebhookSettings,
+                      recommendations: RecommendationWatch | None) -> Answer:
     memo = holder.memo  # read once: the memo and its snapshot always belong together
-    return review_pod(review, memo.inventory, settings, memo)
+    lookup = recommendations.lookup if recommendations is not None and recommendations.synced else None
+    return review_pod(review, memo.inventory, settings, memo, lookup)
 
 
 def _inventory_gauges(metrics: Metrics, holder: InventoryHolder) -> None:

@@ -9,7 +9,8 @@ them again): a record must describe what the pod requests
 SharingPolicy could have produced (``sharing.admission.record_policy.record_problem``: a
 hand-written record matching the pod's own requests must not carry a mode or
 MIG profile the policy forbids), and a claim entry needs a trusted DRA record
-naming that claim. Anything else was written by the pod's creator and is refused.
+naming that claim, and the record of a right-sized pod (``gpupack.io/right-sized-from``)
+needs the allocation record beside it. Anything else was written by the pod's creator and is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from sharing.api.allocation import has_capacity_gate, trusted_allocation
 from sharing.api.backend import POD_CLAIM
-from sharing.api.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE
+from sharing.api.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE, RIGHT_SIZED_ANNOTATION
 from sharing.admission.inventory import AdmissionPolicy
 from sharing.api.fields import as_list, as_map
 from sharing.admission.record_policy import record_problem
@@ -63,6 +64,13 @@ def refuse_forged_marks(pod: dict[str, Any], policy: AdmissionPolicy | None) -> 
             )
         if _claim_entry(spec) is not None:
             raise _forged_claim_entry("the pod carries no gpupack allocation record")
+        if RIGHT_SIZED_ANNOTATION in annotations:
+            # The webhook writes it only beside its allocation record, when it sized the pod.
+            raise AdmissionRefusal(
+                Reason.FORGED_ALLOCATION,
+                f"annotation {RIGHT_SIZED_ANNOTATION} is written by gpupack's webhook only, when it sizes a pod "
+                f"from its workload's GPURecommendation; remove it",
+            )
         return
     allocation, distrust = trusted_allocation(text, spec)
     if allocation is None:

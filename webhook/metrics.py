@@ -59,6 +59,12 @@ class Metrics:
         self.inventory_synced = Gauge(
             "gpupack_webhook_inventory_synced", "1 once the inventory view is synced.", registry=self.registry
         )
+        self.right_sized = Counter(
+            "gpupack_webhook_right_sized_pods",
+            "Pods whose gpupack request was sized from their workload's GPURecommendation (right-sizing "
+            "Initial or Recreate) before the decision.",
+            registry=self.registry,
+        )
         self.tls_reloads = Counter(
             "gpupack_webhook_tls_reloads", "Serving certificate reloads after rotation.", registry=self.registry
         )

@@ -19,6 +19,7 @@ from kube.client import api_client
 from webhook.app import AdmissionApp, build_app
 from webhook.inventory_source import FileWatch, InventoryHolder, load_file
 from webhook.inventory_watch import KubernetesWatch
+from webhook.recommendation_watch import RecommendationWatch
 from webhook.metrics import Metrics
 from webhook.settings import WebhookSettings
 from webhook.source_limits import SourceLimiter
@@ -78,14 +79,21 @@ def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvi
     tls = ReloadingTLS(settings.tls_cert, settings.tls_key, on_reload=metrics.tls_reloads.inc)
     holder = InventoryHolder()
     on_startup = None
+    recommendations = None
     if settings.inventory_file:
         load_file(holder, settings.inventory_file)
         on_startup = FileWatch(holder, settings.inventory_file, every=2.0).start
     else:
         # Credentials load now, so a bad kubeconfig is reported before the server starts.
-        watch = KubernetesWatch.from_api(holder, api_client(kubeconfig), settings)
-        on_startup = watch.start
-    app = build_app(holder, settings, metrics, tls, on_startup)
+        api = api_client(kubeconfig)
+        watch = KubernetesWatch.from_api(holder, api, settings)
+        recommendations = RecommendationWatch.from_api(api, settings)
+        started = recommendations
+
+        def on_startup() -> None:
+            watch.start()
+            started.start()
+    app = build_app(holder, settings, metrics, tls, on_startup, recommendations)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -1,6 +1,6 @@
 """The controller's snapshot of the cluster: frozen value types, built once per cycle.
 
-The planner and the feedback loop are functions of a :class:`Snapshot` and a
+The planner is a function of a :class:`Snapshot` and a
 time; nothing here talks to Kubernetes. :mod:`controller.state.build` builds these
 types from raw API objects (dicts), :mod:`controller.kube` fetches the objects.
 

@@ -125,6 +125,13 @@ class Stack:
     gpupack deletes for them (``controller.planning.readmit``)."""
     controller_policy: str | None = None
     """The controller's ``--policy`` (None: its default)."""
+    usage_trace: Path | None = None
+    """A GenTD26 usage trace the agents' simulated GPU processes play (``--usage-trace``), one timeline for
+    every node from the moment the agents start; None: the processes use nothing."""
+    usage_time_scale: float = 60.0
+    """Trace seconds played per second (the agents' ``--usage-time-scale``)."""
+    agent_metrics_ports: dict[str, int] = field(default_factory=dict)
+    """Node -> its agent's loopback metrics port, served while a usage trace plays (the per-pod use)."""
     probe_sharing: str | None = None
     """The ``gpupack.io/sharing`` annotation of the dry-run pod that ``_wait_mutating`` creates to see
     that the API server calls the mutating webhook; None asks nothing, i.e. ``auto``. An openb replay
@@ -153,8 +160,9 @@ class Stack:
         described = [f"{n.name} ({n.gpus} x {n.model}" + (f", {n.sharing} x{n.replicas})" if n.sharing != "none" else ")")
                      for n in self.nodes]
         say("nodes: " + ", ".join(described))
+        trace_start = time.time()  # one timeline for every node
         for node in self.nodes:
-            self._agent(node)
+            self._agent(node, trace_start)
         self.start_webhook()
         say("webhook: serving over TLS, registered with the API server")
         if self.controller_metrics:
@@ -223,9 +231,8 @@ class Stack:
                 "nodeSelector": {"matchLabels": {DEMO_LABEL: "on"}},
                 # A demo runs minutes, not hours: reshape GPUs idle for 2 s, four at a time.
                 "reshaping": {"maxConcurrent": 4, "idleSeconds": 2},
-                # The simulated GPUs report 0 % busy; a wider range would let the feedback
-                # loop pack the MPS node beyond what the webhook's r * milli <= 1000 rule admits.
-                "replicas": {"min": 2, "max": 4, "targetUtilization": 80},
+                # A node split for MPS gets 2..4 replicas (sharing.rules.replicas).
+                "replicas": {"min": 2, "max": 4},
             },
         })
 
@@ -246,7 +253,7 @@ class Stack:
             custom.create_cluster_custom_object(GROUP, VERSION, "gpunodes", {
                 "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": {"name": node.name}, "spec": spec})
 
-    def _agent(self, node: DemoNode) -> ManagedProcess:
+    def _agent(self, node: DemoNode, trace_start: float) -> ManagedProcess:
         state = self.state_file(node.name)
         if not state.exists() and (node.sharing != "none" or self.backend == "dra"):
             # A shared node's GPUs run with MIG off; changing MIG mode needs a GPU reset,
@@ -257,10 +264,16 @@ class Stack:
 
             SimulatedNvml(get_model(node.model), node.gpus, state, seed=node.name, mig_enabled=node.sharing == "none")
         advertising = ["--backend", "dra"] if self.backend == "dra" else ["--emulate-device-plugin"]
+        usage: list[str] = []
+        if self.usage_trace is not None:
+            self.agent_metrics_ports[node.name] = free_port()
+            usage = ["--usage-trace", str(self.usage_trace), "--usage-time-scale", str(self.usage_time_scale),
+                     "--usage-trace-start", str(trace_start)]
         return self.start_process(f"agent-{node.name}", [
             "agent", "run", "--node", node.name, "--simulate", node.simulate,
-            "--state-file", str(state), *advertising,
-            "--poll-seconds", "0.5", "--idle-seconds", "1", "--metrics-port", "0",
+            "--state-file", str(state), *advertising, *usage,
+            "--poll-seconds", "0.5", "--idle-seconds", "1",
+            "--metrics-port", str(self.agent_metrics_ports.get(node.name, 0)),
             "--kubeconfig", self.agent_kubeconfig(node.name),
         ])
 

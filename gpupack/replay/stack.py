@@ -15,9 +15,7 @@ with three differences:
   (simulated NVML + emulated NVIDIA device plugin per node, as ``agent run
   --simulate --emulate-device-plugin`` gives one node), run with the admin
   kubeconfig as docs/agent-fleet.md says (it watches cluster-wide);
-* the controller runs with ``--no-feedback`` (simulated GPUs report 0 % busy,
-  and the feedback loop would raise replica counts beyond what the product
-  model knows), a 0.5 s resync and 0.1 s batching.
+* the controller runs with a 0.5 s resync and 0.1 s batching.
 
 One SharingPolicy selects the replay's nodes: any replica count 1..8 (the
 device plugin's), every node may change at once (``maxConcurrent`` = nodes),
@@ -136,8 +134,8 @@ class ReplayStack:
         self._agents(say)
         self.stack.start_webhook()
         say("webhook: serving over TLS, registered with the API server")
-        self.stack.start_controller("controller", "--no-feedback", "--resync-seconds", "0.5", "--batch-seconds", "0.1")
-        say("controller: running (leader-elected; --no-feedback)")
+        self.stack.start_controller("controller", "--resync-seconds", "0.5", "--batch-seconds", "0.1")
+        say("controller: running (leader-elected)")
         self._wait_advertised(say)
         self.setup_seconds = time.monotonic() - began
 

@@ -114,9 +114,7 @@ def _extras() -> dict[str, dict[str, str]]:
             '            - {name: GPUPACK_CONTROLLER_LEASE_SECONDS, value: "15"}\n':
                 _quoted("GPUPACK_CONTROLLER_LEASE_SECONDS", ".Values.controller.leaseSeconds")
                 + _quoted("GPUPACK_CONTROLLER_LEASE_NAMESPACE", ".Values.namespace")
-                + _quoted("GPUPACK_CONTROLLER_POLICY", ".Values.controller.policy")
-                + _quoted("GPUPACK_CONTROLLER_FEEDBACK", ".Values.controller.feedback")
-                + _quoted("GPUPACK_CONTROLLER_RIGHT_SIZE", ".Values.controller.rightSize"),
+                + _quoted("GPUPACK_CONTROLLER_POLICY", ".Values.controller.policy"),
             '            - {name: GPUPACK_CONTROLLER_MIG_MODE_CHANGES, value: "false"}\n':
                 _quoted("GPUPACK_CONTROLLER_MIG_MODE_CHANGES", ".Values.controller.migModeChanges"),
             # What manifests/gpu-fault-evictions patches, as a value (which also renders its RBAC).

@@ -77,13 +77,14 @@ def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[Po
         for inst in gpu.instances:
             where[inst.uuid] = (gpu.info.index, inst.gi_id)
     keep: set[int] = set()
+    key_of = {u.uid: u.key for u in uses}  # the process knows its pod, as a real one's cgroup does
     for slot, device in wanted.items():
         uid, ordinal = slot.rsplit("/", 1)
         pid = sim_pid(uid, int(ordinal))
         keep.add(pid)
         if pid not in device_at and device in where and device not in lost:
             index, gi_id = where[device]
-            sim.start_process(index, pid, 1024, gi_id)
+            sim.start_process(index, pid, 1024, gi_id, owner=key_of.get(uid, ""))
     for pid, (index, _gi, _dev) in device_at.items():
         if pid >= SIM_PID_BASE and pid not in keep:
             sim.stop_process(index, pid)

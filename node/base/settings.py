@@ -41,6 +41,19 @@ class AgentSettings:
     """Simulated backend only: JSON state, so a restarted agent sees the same GPUs."""
     simulate_delay_seconds: float = 0.0
     """Simulated backend only: seconds each GPU-instance create/destroy takes (demos, kill tests)."""
+    usage_trace: str = ""
+    """Simulated backend only: a GenTD26 usage-trace folder whose pods' duty cycle and memory the
+    simulated GPU processes play (docs/node-agent.md, "Playing a usage trace"); empty: none."""
+    usage_time_scale: float = 60.0
+    """Trace seconds played per second of the clock. 60 (one trace minute a second) plays the 22.8
+    hours of GenTD26 in 22.8 minutes, a 57 s step every 0.95 s: an agent polling about once a second
+    sees nearly every step, one polling every 5 s (the default) about one step in five."""
+    usage_trace_start: float = 0.0
+    """Unix time at which the trace's first step plays, so the nodes of one replay share a timeline;
+    0: the node's own, kept in its state file from its first play (else when the agent starts)."""
+    usage_trace_pods: str = ""
+    """A CSV ``pod,container_ip`` naming the trace pod each pod (``namespace/name``) plays; the
+    other pods take trace pods in order of appearance. Empty: all do."""
     poll_seconds: float = 5.0
     """Seconds between NVML reads; NVML reads are cheap, the API patches are rate-limited."""
     min_patch_seconds: float = 2.0
@@ -126,6 +139,15 @@ class AgentSettings:
         if self.unhealthy_taint_effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute", "none"):
             raise ValueError(f"unhealthy_taint_effect {self.unhealthy_taint_effect!r} is not one of NoSchedule, "
                              "PreferNoSchedule, NoExecute, none")
+        if self.usage_time_scale <= 0:
+            raise ValueError(f"usage_time_scale must be above 0 (trace seconds per second), "
+                             f"got {self.usage_time_scale}")
+        if self.usage_trace_start < 0:
+            raise ValueError(f"usage_trace_start must be a Unix time (0: the node's own), got {self.usage_trace_start}")
+        if (self.usage_trace or self.usage_trace_pods) and not self.simulate:
+            raise ValueError("usage_trace and usage_trace_pods are for simulated nodes only (with simulate)")
+        if self.usage_trace_pods and not self.usage_trace:
+            raise ValueError("usage_trace_pods maps pods to a usage trace's pods: set usage_trace too")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port {self.metrics_port} out of range 0..65535")
         self._validate_backend()

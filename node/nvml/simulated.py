@@ -28,6 +28,16 @@ a read with nothing newer returns none (NVML's NOT_FOUND). A GPU's own utilisati
 least its processes' summed SM load (capped at 100), as a GPU is busy whenever one of
 its processes runs a kernel.
 
+A usage trace can drive the processes instead (``play_trace``, the agent's ``--usage-trace``):
+whenever a snapshot begins (``device_count``), each process is bound to a pod of a GenTD26 trace
+and takes its duty cycle as SM load and its memory, at the scaled time
+(``sharing.usage.playback`` holds the rules: time, binding, a trace pod's end). Memory is held
+to what the device has, as the driver holds it: a process may always shrink, and grows only into
+memory no other process of its GPU (of its MIG instance, in MIG mode) holds; a growth that does
+not fit is an allocation that fails (an OOM in the workload): the process keeps what it got, and
+``memory_limit_hits`` counts one per episode. MPS per-client memory limits are not modelled (the
+simulation is not told a client's limit).
+
 Tests and the demo can inject faults (an error code for the next N calls of an
 operation, optionally *after* the operation took effect, as a driver that hangs
 up mid-call would) and delays, and hook every call (to kill the agent at any step).
@@ -76,6 +86,8 @@ from node.nvml.protocol import (
     Utilization,
     XidEvent,
 )
+from sharing.usage.playback import TracePlayer
+from sharing.usage.trace import UsageTrace
 
 log = logging.getLogger("gpupack.simulated-nvml")
 STATE_VERSION = 1
@@ -110,6 +122,15 @@ class _Process:
     gi_id: int | None
     sm_percent: float = 0.0
     """SM load the process puts on its GPU, 0..100 (``set_process_load``)."""
+    owner: str = ""
+    """The pod (``namespace/name``) the process runs for, when its starter said: what a real
+    process's cgroup tells. A usage trace's explicit mapping binds by it."""
+    trace_pod: str = ""
+    """The usage-trace pod the process plays (``play_trace``); empty until bound."""
+    memory_limit_hits: int = 0
+    """Growths of its memory that found the device full (each an allocation that failed)."""
+    memory_capped: bool = False
+    """Its last growth did not fit: the episode goes on until its memory fits again."""
 
 
 @dataclass
@@ -181,6 +202,8 @@ class SimulatedNvml:
         self._boot = 1
         self.clock: Callable[[], float] = time.time
         self.hook: CallHook | None = None
+        self.player: TracePlayer | None = None
+        self._trace_start: float | None = None
         loaded = self._load(count) if self._path is not None and self._path.exists() else None
         if loaded is not None:
             self._gpus = loaded
@@ -192,8 +215,10 @@ class SimulatedNvml:
 
     # ----------------------------------------------------------------- read side
     def device_count(self) -> int:
-        # Every snapshot starts here: faults posted by other processes take effect before it is read.
+        # Every snapshot starts here: faults posted by other processes take effect before it is read,
+        # and a usage trace moves the processes to the use they have now.
         self.read_inbox()
+        self._play()
         return len(self._gpus)
 
     def device_info(self, index: int) -> DeviceInfo:
@@ -413,14 +438,31 @@ class SimulatedNvml:
             raise ValueError(f"unknown operation {fault.operation!r}; valid: {', '.join(OPERATIONS)}")
         self._faults.append(fault)
 
-    def start_process(self, index: int, pid: int, used_memory_mib: int = 1024, gi_id: int | None = None) -> None:
-        """A workload starts on the GPU (inside instance ``gi_id`` when MIG is on)."""
+    def start_process(self, index: int, pid: int, used_memory_mib: int = 1024, gi_id: int | None = None,
+                      owner: str = "") -> None:
+        """A workload (of pod ``owner``, when known) starts on the GPU (inside instance ``gi_id`` when MIG is on)."""
         gpu = self._gpu(index)
         if gpu.mig_enabled:
             if gi_id is None or all(i.gi_id != gi_id for i in gpu.instances):
                 raise NvmlError(errors.NOT_FOUND, f"no GPU instance {gi_id} on GPU {index} to run pid {pid} in")
-        gpu.processes.append(_Process(pid, used_memory_mib, gi_id))
+        gpu.processes.append(_Process(pid, used_memory_mib, gi_id, owner=owner))
         self._save()
+
+    def play_trace(self, trace: UsageTrace, time_scale: float, start_s: float | None = None,
+                   pods: Mapping[str, str] | None = None) -> TracePlayer:
+        """From the next snapshot on, the processes play ``trace`` (module docstring). ``start_s``: the clock
+        time of the trace's first step; by default the one this node's state file kept from an earlier
+        play, else now (so a restarted agent goes on where it was). ``pods``: ``namespace/name`` -> trace
+        pod. ``sharing.usage.playback.PlaybackError`` (a ValueError) for a bad scale, start or mapping."""
+        start = start_s if start_s is not None else self._trace_start if self._trace_start is not None else self.clock()
+        self.player = TracePlayer(trace, time_scale=time_scale, start_s=start, pods=pods)
+        self._trace_start = start
+        self._save()
+        return self.player
+
+    def memory_limit_hits(self, index: int) -> dict[int, int]:
+        """SIMULATION: pid -> growths of its memory that did not fit on GPU ``index`` (NVML has no such count)."""
+        return {p.pid: p.memory_limit_hits for p in self._gpu(index).processes}
 
     def stop_process(self, index: int, pid: int) -> None:
         gpu = self._gpu(index)
@@ -472,6 +514,56 @@ class SimulatedNvml:
         gpu.retired_pages_pending = gpu.remapped_rows_pending = False
 
     # ------------------------------------------------------------------ internals
+    def _play(self) -> None:
+        """Each process's SM load and memory from the trace at the clock's time (binding new ones first)."""
+        player = self.player
+        if player is None:
+            return
+        now = self.clock()
+        before = [asdict(p) for g in self._gpus for p in g.processes]
+        playing = [p.trace_pod for g in self._gpus for p in g.processes if p.trace_pod in player]
+        for gpu in self._gpus:
+            wanted: list[tuple[_Process, int]] = []
+            for proc in gpu.processes:
+                if proc.trace_pod not in player:  # new, or bound to a pod of another trace
+                    proc.trace_pod = player.choose(proc.owner, playing)
+                    playing.append(proc.trace_pod)
+                use = player.use(proc.trace_pod, now)
+                proc.sm_percent = use.duty_percent
+                wanted.append((proc, use.memory_bytes // (1024 * 1024)))
+            if not gpu.lost:
+                self._fit_memory(gpu, wanted)
+        if before != [asdict(p) for g in self._gpus for p in g.processes]:
+            self._save()  # a snapshot begins several times a tick; the trace moves once a step
+
+    def _fit_memory(self, gpu: _Gpu, wanted: list[tuple[_Process, int]]) -> None:
+        """Memory as the driver holds it: shrinking always works; a growth takes at most what its device has
+        free after every shrink (in start order); one that does not fit counts a hit, once per episode."""
+        for proc, mib in wanted:
+            if mib <= proc.used_memory_mib:
+                proc.used_memory_mib = mib
+        for proc, mib in wanted:
+            if mib <= proc.used_memory_mib:
+                proc.memory_capped = False
+                continue
+            sharing = [p for p in gpu.processes if p.gi_id == proc.gi_id or not gpu.mig_enabled]
+            free = self._device_memory_mib(gpu, proc.gi_id) - sum(p.used_memory_mib for p in sharing)
+            fits = mib - proc.used_memory_mib <= free
+            proc.used_memory_mib = mib if fits else proc.used_memory_mib + max(0, free)
+            if not fits and not proc.memory_capped:
+                proc.memory_limit_hits += 1
+                log.warning("SIMULATED NVML: pid %d on GPU %d wants %d MiB, %d MiB more than its device has free: "
+                            "the allocation fails (an OOM in its workload)", proc.pid, gpu.index, mib,
+                            mib - proc.used_memory_mib)
+            proc.memory_capped = not fits
+
+    def _device_memory_mib(self, gpu: _Gpu, gi_id: int | None) -> int:
+        """The memory of the device a process runs in: its MIG instance's, or the whole GPU's."""
+        inst = next((i for i in gpu.instances if i.gi_id == gi_id), None) if gpu.mig_enabled else None
+        if inst is None or self._mig_model is None:
+            return self.model.memory_mib
+        return self._mig_model.profile(inst.profile).memory_mib
+
     def _gpu(self, index: int) -> _Gpu:
         if not 0 <= index < len(self._gpus):
             raise NvmlError(errors.INVALID_ARGUMENT, f"GPU index {index} out of range 0..{len(self._gpus) - 1}")
@@ -525,7 +617,7 @@ class SimulatedNvml:
         if self._path is None:
             return
         doc = {"version": STATE_VERSION, "simulation": True, "model": self.model.product, "boot": self._boot,
-               "gpus": [asdict(g) for g in self._gpus]}
+               "trace_start": self._trace_start, "gpus": [asdict(g) for g in self._gpus]}
         tmp = self._path.with_name(self._path.name + ".tmp")
         with open(tmp, "w", encoding="utf-8") as handle:
             json.dump(doc, handle, indent=1, sort_keys=True)
@@ -547,6 +639,8 @@ class SimulatedNvml:
                 for g in doc["gpus"]
             ]
             self._boot = int(doc.get("boot", 1))
+            start = doc.get("trace_start")
+            self._trace_start = float(start) if isinstance(start, (int, float)) else None
         except InputFileError as exc:  # its message names the file already
             raise ValueError(f"simulated NVML state file {exc}") from exc
         except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -5,7 +5,9 @@ operations the API server applies to the pod: rewrite each deciding
 container's ``limits``/``requests`` (drop ``gpupack.io/*``, add the device
 plugin's resource), add MPS env vars, AND the decision's node affinity into
 every existing required term, add the ``gpupack.io/capacity`` scheduling gate,
-and record the decision in the ``gpupack.io/allocation`` annotation.
+and record the decision in the ``gpupack.io/allocation`` annotation (and, for a pod
+sized from its workload's recommendation, the original request in
+``gpupack.io/right-sized-from``).
 
 On the DRA node pool (``PodDecision.backend == "dra"``) the device plugin's
 resource and the MPS env are not added: the pod instead references its
@@ -31,7 +33,8 @@ from typing import Any
 from sharing.api.allocation import has_capacity_gate
 from sharing.api.backend import POD_CLAIM
 from sharing.admission.decision import PodDecision, Term
-from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, OWN_PREFIX
+from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, OWN_PREFIX, RIGHT_SIZED_ANNOTATION
+from sharing.api.right_sized import RightSizedFrom
 
 Operation = dict[str, Any]
 
@@ -156,19 +159,30 @@ def annotation_value(decision: PodDecision) -> str:
     return decision.allocation().to_annotation()
 
 
-def _annotation_ops(pod: dict[str, Any], value: str) -> list[Operation]:
+def _annotation_ops(pod: dict[str, Any], values: dict[str, str | None]) -> list[Operation]:
+    """Set each annotation of ``values`` to its value, or remove it where the value is None."""
     metadata = _map(pod.get("metadata"))
+    wanted = {k: v for k, v in values.items() if v is not None}
     if metadata is None:
-        return [{"op": "add", "path": "/metadata", "value": {"annotations": {ALLOCATION_ANNOTATION: value}}}]
-    if not isinstance(metadata.get("annotations"), dict):
-        return [{"op": "add", "path": "/metadata/annotations", "value": {ALLOCATION_ANNOTATION: value}}]
-    if metadata["annotations"].get(ALLOCATION_ANNOTATION) == value:
-        return []  # the webhook's own record, seen again when it is reinvoked
-    return [{"op": "add", "path": f"/metadata/annotations/{escape(ALLOCATION_ANNOTATION)}", "value": value}]
+        return [{"op": "add", "path": "/metadata", "value": {"annotations": wanted}}]
+    current = _map(metadata.get("annotations"))
+    if current is None:
+        return [{"op": "add", "path": "/metadata/annotations", "value": wanted}]
+    ops: list[Operation] = []
+    for key, value in values.items():
+        path = f"/metadata/annotations/{escape(key)}"
+        if value is None and key in current:
+            ops.append({"op": "remove", "path": path})
+        elif value is not None and current.get(key) != value:  # equal: the webhook's own, seen again
+            ops.append({"op": "add", "path": path, "value": value})
+    return ops
 
 
-def build_patch(pod: dict[str, Any], decision: PodDecision) -> list[Operation]:
-    """The JSON Patch turning ``pod`` into what ``decision`` says."""
+def build_patch(pod: dict[str, Any], decision: PodDecision, right_sized: RightSizedFrom | None = None
+                ) -> list[Operation]:
+    """The JSON Patch turning ``pod`` into what ``decision`` says; ``right_sized``: what right-sizing
+    changed of the pod's request (``sharing.admission.right_sizing``), recorded in
+    ``gpupack.io/right-sized-from``; None removes a record the pod carries (only the webhook's counts)."""
     spec = pod["spec"]
     dra = decision.backend == "dra"
     ops: list[Operation] = []
@@ -182,7 +196,10 @@ def build_patch(pod: dict[str, Any], decision: PodDecision) -> list[Operation]:
     ops += _affinity_ops(spec, decision.terms)
     if decision.gated:
         ops += _gate_ops(spec)
-    ops += _annotation_ops(pod, annotation_value(decision))
+    ops += _annotation_ops(pod, {
+        ALLOCATION_ANNOTATION: annotation_value(decision),
+        RIGHT_SIZED_ANNOTATION: right_sized.to_annotation() if right_sized is not None else None,
+    })
     return ops
 
 

@@ -29,7 +29,6 @@ check compares it).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any, Final, get_args
@@ -41,7 +40,7 @@ from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, NVIDIA_PREFIX
 from sharing.api.fields import as_list, as_map
 from sharing.api.fields import is_int as _is_int
 from sharing.api.modes import ALLOCATION_MODES, AllocationMode
-from sharing.api.json_records import json_record
+from sharing.api.json_records import json_record, record_text
 from sharing.api.request import ContainerKind
 
 VERSION: Final = "v1"
@@ -108,7 +107,7 @@ class Allocation:
             record["claim"] = self.claim
         if self.mig_fallback is not None:
             record["migFallback"] = list(self.mig_fallback)
-        return json.dumps(record, separators=(",", ":"), sort_keys=True)
+        return record_text(record)
 
     def mismatch(self, pod_spec: Mapping[str, Any]) -> str | None:
         """Why the pod's containers do not request what this record says; None when they do.

@@ -514,14 +514,20 @@ class ReshapingPolicy(ApiModel):
 
 
 class ReplicaPolicy(ApiModel):
-    """Bounds for the MPS/time-slicing replica count the feedback loop may choose."""
+    """Bounds for the MPS/time-slicing replica count gpupack splits a node's GPUs into."""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(("self.min <= self.max", "min must not exceed max"))
     )
     min: int = Field(1, ge=1, le=MAX_SHARING_REPLICAS)
     max: int = Field(8, ge=1, le=MAX_SHARING_REPLICAS)
-    target_utilization: int = Field(80, ge=1, le=100, description="Percent of GPU busy time.")
+    target_utilization: int = Field(
+        80, ge=1, le=100,
+        description="Deprecated and ignored: read only by the replica feedback loop, which was removed. Kept so "
+                    "that policies which set it stay valid.",
+    )
+    """Kept, not removed: a SharingPolicy stored with it must still read (``extra="forbid"``), and a
+    CRD schema without it would make the API server prune it from objects users wrote."""
 
     @model_validator(mode="after")
     def _ordered(self) -> ReplicaPolicy:

@@ -31,3 +31,16 @@ def json_record(text: object, key: str, error: type[ValueError]) -> dict[str, An
     if not isinstance(raw, dict):
         raise error(f"{key} is not a JSON object")
     return raw
+
+
+def versioned_record(text: object, key: str, error: type[ValueError], version: str) -> dict[str, Any]:
+    """:func:`json_record`, and its ``version`` field must be ``version`` (a reader must check it)."""
+    raw = json_record(text, key, error)
+    if raw.get("version") != version:
+        raise error(f"{key} version {raw.get('version')!r:.32} is not {version!r}")
+    return raw
+
+
+def record_text(record: dict[str, Any]) -> str:
+    """A record's annotation text: compact JSON, keys sorted (equal records, equal text)."""
+    return json.dumps(record, separators=(",", ":"), sort_keys=True)

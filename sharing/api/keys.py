@@ -40,8 +40,10 @@ kube-scheduler try its pod again (``controller.planning.draplan``, "Stalled prom
 RIGHT_SIZING_LABEL: Final = "gpupack.io/right-sizing"
 """Namespace label: the right-sizing mode for its pods (``Off``, ``Initial``, ``Recreate``), over
 what the SharingPolicies say (``sharing.rules.right_sizing``)."""
-RECOMMENDED_MILLI_ANNOTATION: Final = "gpupack.io/recommended-gpu-milli"
-"""The feedback loop's right-size recommendation."""
+RIGHT_SIZED_ANNOTATION: Final = "gpupack.io/right-sized-from"
+"""Pod: written by the webhook when it sized the pod from its workload's GPURecommendation (right-sizing
+``Initial`` or ``Recreate``): what each sized container asked for, what it was given, and which
+recommendation said so (``sharing.api.right_sized``)."""
 PLACEMENT_CONDITION: Final = "gpupack.io/Placement"
 """Pod condition type: the controller's word on a gated pod it has not placed (``sharing.api.placement_status``)."""
 
@@ -50,7 +52,10 @@ DURATION_ANNOTATION: Final = "gpupack.io/duration-seconds"
 
 USER_POD_ANNOTATIONS: Final = (SHARING_ANNOTATION, DURATION_ANNOTATION)
 """The ``gpupack.io/*`` annotations a pod's creator may set; at create only these and the webhook's
-:data:`ALLOCATION_ANNOTATION` pass (ValidatingAdmissionPolicy ``gpupack-pod-create-marks``)."""
+:data:`WEBHOOK_POD_ANNOTATIONS` pass (ValidatingAdmissionPolicy ``gpupack-pod-create-marks``)."""
+WEBHOOK_POD_ANNOTATIONS: Final = (ALLOCATION_ANNOTATION, RIGHT_SIZED_ANNOTATION)
+"""The ``gpupack.io/*`` annotations the mutating webhook writes at create (it refuses a hand-written one
+that it would not have written: ``webhook.forged_marks``)."""
 
 # ------------------------------------------------------------------ Node / GPUNode
 SIMULATED_GPUS_ANNOTATION: Final = "gpupack.io/simulated-gpus"
@@ -58,8 +63,6 @@ SIMULATED_GPUS_ANNOTATION: Final = "gpupack.io/simulated-gpus"
 node with (a MIG catalog model or an openb GPU type, as ``gpupack agent run --simulate`` takes)."""
 IDLE_SINCE_ANNOTATION: Final = "gpupack.io/idle-since"
 """GPUNode: since when the controller has seen the node idle."""
-REPLICAS_CHANGED_ANNOTATION: Final = "gpupack.io/replicas-changed-at"
-"""GPUNode: when the controller last changed the node's sharing."""
 HEALTH_ACK_ANNOTATION: Final = "gpupack.io/health-acknowledged"
 """GPUNode: an admin's acknowledgement that faults have been dealt with (``sharing.health``)."""
 DEGRADED_LABEL: Final = "gpupack.io/gpu-degraded"

@@ -25,7 +25,6 @@ the node the pod is pinned to.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,7 +32,7 @@ from mig.model import GpuModel, PlacedInstance
 from sharing.dra import names
 from sharing.dra.wire import SelectorJSON
 from sharing.api.keys import DRA_PINNED_ANNOTATION
-from sharing.api.json_records import json_record
+from sharing.api.json_records import record_text, versioned_record
 
 ANNOTATION: Final = DRA_PINNED_ANNOTATION
 VERSION: Final = "v1"
@@ -111,15 +110,12 @@ class Pinned:
     devices: tuple[PinnedDevice, ...]
 
     def to_annotation(self) -> str:
-        record = {"version": VERSION, "node": self.node, "devices": [d.to_json() for d in self.devices]}
-        return json.dumps(record, separators=(",", ":"), sort_keys=True)
+        return record_text({"version": VERSION, "node": self.node, "devices": [d.to_json() for d in self.devices]})
 
     @classmethod
     def from_annotation(cls, text: object) -> Pinned:
         """The record in ``text``; :class:`PinnedError` naming the first problem otherwise."""
-        raw = json_record(text, ANNOTATION, PinnedError)
-        if raw.get("version") != VERSION:
-            raise PinnedError(f"{ANNOTATION} version {raw.get('version')!r} is not {VERSION!r}")
+        raw = versioned_record(text, ANNOTATION, PinnedError, VERSION)
         node, devices = raw.get("node"), raw.get("devices")
         if not isinstance(node, str) or not node:
             raise PinnedError(f"{ANNOTATION} names no node")

@@ -14,8 +14,7 @@ it:
   midnight, ``start == end`` is the whole day);
 - ``maxConcurrent``: the smallest; 0 from any policy freezes the node's layouts
   (:attr:`NodePolicy.frozen_by` names who froze them);
-- idle seconds: the longest; replica bounds: the narrowest range; target
-  utilisation: the lowest.
+- idle seconds: the longest; replica bounds: the narrowest range.
 
 The controller plans with :class:`NodePolicy` (``controller.state.build``) and the
 node agent enforces it before touching NVML (``node.base.reshape_rules``); whether a
@@ -70,7 +69,6 @@ class NodePolicy:
     min_replicas: int = 1
     max_replicas: int = MAX_REPLICAS
     """With ``min_replicas``, the bounds of the replica count a split gives the node (``sharing.rules.replicas``)."""
-    target_utilization: int = 80
 
     def window_open(self, now: datetime) -> bool:
         return self.closed_by(now) is None
@@ -136,7 +134,6 @@ def merge(named: Iterable[tuple[str, SharingPolicySpec]], model: GpuModel | None
         idle_seconds=max(s.reshaping.idle_seconds for _, s in items),
         min_replicas=max(s.replicas.min for _, s in items),
         max_replicas=min(s.replicas.max for _, s in items),
-        target_utilization=min(s.replicas.target_utilization for _, s in items),
     )
 
 

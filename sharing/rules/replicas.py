@@ -17,9 +17,9 @@ Which ``r`` a node is split into:
 
 The bounds are a SharingPolicy's ``replicas.min`` / ``replicas.max``, merged per
 node by ``sharing.rules.node_policy`` (the narrowest range), ``1..MAX_REPLICAS``
-where no policy applies. Once a node is shared, the utilisation feedback loop
-(``controller.planning.feedback``) may move its ``r`` within the same bounds from
-measured GPU use. The DRA backend has no replicas: a claim consumes its share of
+where no policy applies. Nothing moves a shared node's ``r`` from measured GPU use: the
+loop that did was measured on a production trace and removed (benchmarks/controller.md,
+"The replica loop on real use"). The DRA backend has no replicas: a claim consumes its share of
 the GPU's capacity (``sharing.dra.share_policy``).
 
 A request above half a GPU fits only ``r = 1``: a GPU "shared" into one

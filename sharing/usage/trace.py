@@ -7,8 +7,8 @@ sample with the columns ``value``, ``timestamp_anon`` and ``container_ip`` *in a
 ``container_ip`` names the pod and joins the two files.
 
 Pure: this module parses lines it is given. Opening the files (refusing a FIFO or a device)
-is the caller's edge, so the simulator's command line and, later, the node agent's simulated
-NVML read the same trace through this one reader.
+is the caller's edge (``gpupack.cli.load_usage_trace``), so ``gpupack simulate usage`` and the
+node agent's simulated NVML (``sharing.usage.playback``) read the same trace through this one reader.
 
 Rules for bad input, each counted in :class:`SignalCounts` so a run says what it dropped:
 
@@ -41,6 +41,9 @@ from typing import Literal
 from mig.catalog import all_models
 
 COLUMNS = ("value", "timestamp_anon", "container_ip")
+DUTY_FILE = "pod_gpu_duty_cycle_anon.csv"
+MEMORY_FILE = "pod_gpu_memory_used_bytes_anon.csv"
+"""The trace folder's two files, as the published trace names them."""
 Signal = Literal["duty", "memory"]
 MAX_DUTY_PERCENT = 100.0
 MAX_MEMORY_BYTES = max(model.memory_mib for model in all_models()) * 1024 * 1024

@@ -5,11 +5,14 @@ RBAC is exercised), with the simulated NVML backend and the device-plugin
 emulator. The story: the agent publishes ``GPUNode`` status; a spec change
 reshapes an idle GPU, the emulated device plugin re-advertises and kube-scheduler
 binds a pending pod that needs the new profile; a GPU whose instance a running pod
-holds is left alone until the pod goes away, then reshaped too.
+holds is left alone until the pod goes away, then reshaped too. And an agent process
+playing a usage trace shows the trace's use on its metrics endpoint.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -26,9 +29,14 @@ from node.base.kube import Kube
 from node.metrics import AgentMetrics
 from node.base.settings import AgentSettings
 from gpupack.cli_agent import open_backend
+from gpupack.demo.usage import pod_series
+from gpupack.devcluster.process import free_port
+from gpupack.testing.usage_traces import GIB, write_usage_trace
 from tests.e2e.waiting import wait_for
+from tests.processes import stop_process
 
 WAIT_S = 60.0
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _wait(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any:
@@ -256,3 +264,35 @@ def test_sharing_policy_freezes_the_layout_until_lifted(
     custom.delete_cluster_custom_object("gpupack.io", "v1alpha1", "sharingpolicies", f"freeze-{node}")
     _wait("reshaped once the policy is gone",
           lambda: _allocatable(admin_client, node).get("nvidia.com/mig-7g.80gb") == "1")
+
+
+def test_an_agent_playing_a_usage_trace_shows_the_traces_use_on_its_metrics_endpoint(
+    admin_client: Any, namespace: str, node_name: str, agent_kubeconfig: Callable[[str], Path], tmp_path: Path,
+    apply_manifests: Callable[..., list[dict[str, Any]]],
+) -> None:
+    """A real ``gpupack agent run --usage-trace`` process: the pod kube-scheduler binds to its simulated T4 plays
+    the trace's one pod, 10 trace minutes a second, and its series follow the trace from one phase to the next."""
+    apply_manifests(POLICY_RBAC)
+    # 400 steps (40 s at scale 600) at 37.5 % and 7 GiB, then 62.5 % and 9 GiB for the rest of the test.
+    trace = write_usage_trace(tmp_path / "trace", {"p": [(37.5, 7 * GIB)] * 400 + [(62.5, 9 * GIB)] * 2000})
+    port = free_port()
+    log = tmp_path / "agent.log"
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpupack", "agent", "run", "--node", node_name, "--simulate", "T4:1",
+         "--state-file", str(tmp_path / "gpus.json"), "--emulate-device-plugin", "--poll-seconds", "0.5",
+         "--metrics-port", str(port), "--usage-trace", str(trace), "--usage-time-scale", "600",
+         "--kubeconfig", str(agent_kubeconfig(node_name))],
+        cwd=REPO, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    try:
+        _wait("nvidia.com/gpu advertised", lambda: _allocatable(admin_client, node_name).get("nvidia.com/gpu") == "1")
+        pod = _pod(admin_client, namespace, node_name, "nvidia.com/gpu")
+        url = f"http://127.0.0.1:{port}/metrics"
+        first = _wait("the trace's first phase on the metrics endpoint", lambda: (
+            s := pod_series(url).get((namespace, pod), {})).get("DCGM_FI_DEV_GPU_UTIL") == 37.5 and s)
+        assert first["DCGM_FI_DEV_FB_USED"] == 7 * 1024 and first["gpupack_pod_gpu_use_attributed"] == 1.0
+        second = _wait("the trace's second phase", lambda: (
+            s := pod_series(url).get((namespace, pod), {})).get("DCGM_FI_DEV_GPU_UTIL") == 62.5 and s, 90)
+        assert second["DCGM_FI_DEV_FB_USED"] == 9 * 1024
+    finally:
+        stop_process(agent)
+        print(log.read_text()[-3000:])

@@ -55,7 +55,7 @@ def operator_namespace(admin_client: Any, apply_manifests: Callable[..., list[di
 def controller_cycles(operator_namespace: str, sa_kubeconfig: Callable[[str], Path]) -> Iterator[None]:
     """The controller's cycle, every 0.3 s, as its ServiceAccount (scoped to no pods: it only publishes here)."""
     kube = ControllerKube.connect(str(sa_kubeconfig("gpupack-controller")))
-    settings = ControllerSettings(namespaces=f"none-{uuid.uuid4().hex[:6]}", feedback=False, right_size=False,
+    settings = ControllerSettings(namespaces=f"none-{uuid.uuid4().hex[:6]}",
                                   metrics_port=0, mig_parted_namespace=operator_namespace)
     controller = Controller(kube, settings)
     try:

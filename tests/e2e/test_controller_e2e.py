@@ -79,7 +79,7 @@ class Harness:
         return self._start(identity, [
             "controller", "run", "--kubeconfig", str(self.sa_kubeconfig("gpupack-controller")), "--metrics-port", "0",
             "--namespaces", self.namespace, "--identity", identity, "--lease-name", self.lease,
-            "--lease-seconds", "4", "--resync-seconds", "1", "--batch-seconds", "0.2", "--no-feedback", *extra,
+            "--lease-seconds", "4", "--resync-seconds", "1", "--batch-seconds", "0.2", *extra,
         ])
 
     # ------------------------------------------------------------ objects

@@ -107,7 +107,6 @@ def test_a_hand_written_record_naming_a_profile_the_policy_forbids_is_refused(
 
 @pytest.mark.parametrize(("marks", "refused_key"), [
     ({"annotations": {"gpupack.io/foo": "1"}}, "not gpupack.io/foo"),
-    ({"annotations": {"gpupack.io/recommended-gpu-milli": "50"}}, "not gpupack.io/recommended-gpu-milli"),
     ({"labels": {"gpupack.io/pool": "a"}}, "labels a pod may be created with are gpupack.io/skip, gpupack.io/backend and gpupack.io/replay"),
     ({"labels": {"gpupack.io/skip": "true"}, "annotations": {"gpupack.io/allocation": "{}"}},
      "is never seen by gpupack's webhook"),

@@ -428,7 +428,7 @@ def test_only_the_controller_changes_gpupacks_marks_after_create(
     # The policy is enforced once the API server's policy cache has it (asynchronous).
     _wait("the pod-marks ValidatingAdmissionPolicy to be enforced", rewrite_refused)
     for patch in ({"metadata": {"annotations": {"gpupack.io/allocation": None}}},
-                  {"metadata": {"annotations": {"gpupack.io/recommended-gpu-milli": "1"}}}):
+                  {"metadata": {"annotations": {"gpupack.io/note": "1"}}}):
         refusal = _refused(lambda: core.patch_namespaced_pod("queued", gpu_namespace, patch))
         assert "written by gpupack only" in str(refusal.body)
     lift = [{"op": "remove", "path": "/spec/schedulingGates"}]
@@ -439,7 +439,7 @@ def test_only_the_controller_changes_gpupacks_marks_after_create(
     # The controller's own account may lift the gate and annotate.
     controller = client.CoreV1Api(sa_client("gpupack-controller"))
     controller.patch_namespaced_pod("queued", gpu_namespace,
-                                    {"metadata": {"annotations": {"gpupack.io/recommended-gpu-milli": "50"}}})
+                                    {"metadata": {"annotations": {"gpupack.io/note": "50"}}})
     controller.patch_namespaced_pod("queued", gpu_namespace, lift)
     stored = core.read_namespaced_pod("queued", gpu_namespace)
     assert not stored.spec.scheduling_gates and stored.metadata.labels["team"] == "vision"
@@ -482,6 +482,6 @@ def test_the_controllers_token_changes_only_placement_fields(
         core.delete_node(node_name)
     # What placement needs still works: a gpupack annotation, then lifting the gate.
     controller.patch_namespaced_pod("victim", gpu_namespace,
-                                    {"metadata": {"annotations": {"gpupack.io/recommended-gpu-milli": "50"}}})
+                                    {"metadata": {"annotations": {"gpupack.io/note": "50"}}})
     controller.patch_namespaced_pod("victim", gpu_namespace, [{"op": "remove", "path": "/spec/schedulingGates"}])
     assert not core.read_namespaced_pod("victim", gpu_namespace).spec.scheduling_gates

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpupack.cli import main
-from gpupack.cli_simulate_usage import DUTY_FILE, MEMORY_FILE
+from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
 
 GIB = 2**30
 
@@ -65,7 +65,7 @@ def test_workloads_group_pods(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ("args", "message"),
     [
         (["--gpu", "H300"], "unknown GPU model 'H300'; valid models:"),
-        (["--gpu", "H100", "--trace", "missing"], "no such file"),
+        (["--gpu", "H100", "--trace", "missing"], "missing: no such folder"),
         (["--gpu", "H100", "--workloads", "w.csv"], "w.csv:2: pod 'ghost' is not in the trace"),
         (["--gpu", "H100", "--bad-duty"], ":1: missing column(s) container_ip"),
     ],

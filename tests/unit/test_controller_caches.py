@@ -197,7 +197,7 @@ def test_a_cache_that_has_not_seen_a_release_does_not_release_the_pod_again(monk
 
     monkeypatch.setattr(Kube, "json_patch_pod", json_patch_pod)
     monkeypatch.setattr(Kube, "patch_gpunode", patch_gpunode)
-    controller = Controller(kube, ControllerSettings(feedback=False, right_size=False))
+    controller = Controller(kube, ControllerSettings())
     first = controller.cycle()
     assert first.released == ["team/p"] and len(writes) == 1  # pinned and ungated in one patch
     # The watch has not brought either write back: the cache still shows the gated pod.
@@ -236,7 +236,7 @@ def test_a_pod_that_cannot_be_placed_is_told_why_once(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(Kube, "patch_pod_status", patch_pod_status)
     monkeypatch.setattr(Kube, "patch_gpunode", lambda self, name, body: None)
-    controller = Controller(kube, ControllerSettings(feedback=False, right_size=False))
+    controller = Controller(kube, ControllerSettings())
     first = controller.cycle()
     assert first.released == [] and first.errors == [] and len(status_writes) == 1
     (written,) = kube.list_pods()

@@ -173,7 +173,7 @@ class FakeKube(Kube):
 
 
 def _cycle(kube: FakeKube) -> Any:
-    settings = ControllerSettings(feedback=False, right_size=False)
+    settings = ControllerSettings()
     return Controller(kube, settings, clock=lambda: NOW).cycle()
 
 

@@ -64,7 +64,7 @@ class FakeKube(Kube):
 def controller(kube: FakeKube) -> tuple[Controller, ControllerMetrics]:
     metrics = ControllerMetrics()
     clock = iter(NOW + timedelta(seconds=10 * i) for i in range(100))
-    return Controller(kube, ControllerSettings(feedback=False, right_size=False), metrics,
+    return Controller(kube, ControllerSettings(), metrics,
                       clock=lambda: next(clock)), metrics
 
 

@@ -14,7 +14,7 @@ from controller.settings import ControllerSettings
 
 
 def controller(workers: int) -> Controller:
-    return Controller(Kube(api=None), ControllerSettings(feedback=False, right_size=False, write_workers=workers))
+    return Controller(Kube(api=None), ControllerSettings(write_workers=workers))
 
 
 def test_independent_writes_are_in_flight_together_and_answer_in_order() -> None:
@@ -65,35 +65,3 @@ def test_a_waiting_pods_condition_failing_is_reported_for_that_pod_only(monkeypa
     c._placement_status(report.plan, None, {}, None, report)  # type: ignore[arg-type]
     assert len(report.errors) == 1 and "ns/p1" in report.errors[0] and "conflict" in report.errors[0]
 
-
-def test_right_size_judges_only_pods_a_whole_window_old_and_writes_each_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from datetime import datetime, timedelta, timezone
-
-    from controller.reconcile import CycleReport
-    from controller.state.snapshot import Gpu, Node, Pod, Snapshot
-    from sharing.api.keys import RECOMMENDED_MILLI_ANNOTATION
-
-    now = datetime(2026, 12, 2, 5, 0, tzinfo=timezone.utc)
-    node = Node("n", "NVIDIA-H100-80GB-HBM3", None, (), "mps", 2, (Gpu(0, 81559, False, utilization_percent=4),),  # type: ignore[arg-type]
-                spec_sharing="mps", spec_replicas=2)
-
-    def shared(name: str, age_s: float) -> Pod:
-        return Pod("team", name, "mps", now - timedelta(seconds=age_s), milli=(500,), memory_bytes=(None,),
-                   gated=False, node="n", bound=True)
-
-    old, young = shared("old", 3600), shared("young", 30)
-    patched: list[str] = []
-    events: list[str] = []
-    values: list[str] = []
-    monkeypatch.setattr(Kube, "merge_patch_pod", lambda self, ns, name, body: (
-        patched.append(name), values.append(body["metadata"]["annotations"][RECOMMENDED_MILLI_ANNOTATION])))
-    monkeypatch.setattr(Kube, "event", lambda self, obj, kind, reason, message: events.append(obj["name"]))
-    c = controller(4)
-    report = CycleReport()
-    c._right_size(Snapshot((node,), (old, young)), {}, now, report)
-    assert patched == ["old"] and events == ["old"] and report.recommendations == 1
-    # Already annotated with the same value: nothing written again.
-    patched.clear()
-    said = {"team/old": {"metadata": {"annotations": {RECOMMENDED_MILLI_ANNOTATION: values[0]}}}}
-    c._right_size(Snapshot((node,), (old, young)), said, now, CycleReport())
-    assert patched == []

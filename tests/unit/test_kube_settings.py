@@ -14,7 +14,7 @@ from webhook.settings import WebhookSettings
                                            ("0", False), ("false", False), ("No", False), ("off", False)])
 def test_every_component_reads_a_boolean_alike(raw: str, value: bool) -> None:
     assert WebhookSettings.from_env({"GPUPACK_WEBHOOK_ACCESS_LOG": raw}).access_log is value
-    assert ControllerSettings.from_env({"GPUPACK_CONTROLLER_FEEDBACK": raw}).feedback is value
+    assert ControllerSettings.from_env({"GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT": raw}).evict_on_gpu_fault is value
     assert AgentSettings.from_env({"GPUPACK_AGENT_PAUSE_DEVICE_PLUGIN": raw}).pause_device_plugin is value
 
 

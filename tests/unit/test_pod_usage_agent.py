@@ -1,5 +1,6 @@
 """The agent's per-pod GPU use, ticked on a simulated MPS node: metrics per pod, series of gone
-pods removed, an NVML that cannot read process utilisation, and the setting that turns it off."""
+pods removed, an NVML that cannot read process utilisation, the setting that turns it off, and
+simulated pods playing a usage trace."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from gpupack.cli import load_usage_trace
+from gpupack.testing.usage_traces import GIB, write_usage_trace
 from node.agent import Agent
 from node.base.pods import sim_pid
 from node.base.settings import AgentSettings
 from node.nvml import errors
 from node.nvml.errors import NvmlError
 from node.nvml.simulated import Fault, SimulatedNvml, simulated_backend
-from sharing.api.keys import SHARED_RESOURCE
+from sharing.api.keys import SHARED_RESOURCE, WHOLE_RESOURCE
 from tests.unit.test_nvml_simulated_plain import _pod
 from tests.unit.test_reconciler_agent import Clock, FakeKube
 
@@ -82,3 +85,52 @@ def test_the_setting_turns_it_off(tmp_path: Path) -> None:
     assert _value(agent, "gpupack_pod_gpu_use_attributed", "a") is None
     with pytest.raises(NvmlError):  # the fault is still pending: the agent made no per-process read
         sim.process_utilization(0, 0)
+
+
+def test_pods_of_a_node_playing_a_usage_trace_show_the_traces_use(tmp_path: Path) -> None:
+    # Through the agent's own sampler and attribution: pod a plays p-x, pod b p-y (mapped by pod name).
+    trace = load_usage_trace(write_usage_trace(tmp_path / "t", {
+        "p-x": [(12.0, 3 * GIB), (47.0, 5 * GIB)],
+        "p-y": [(0.0, 2 * GIB), (33.5, 4 * GIB)],
+    }))
+    agent, sim, _kube = _mps_node(tmp_path)
+    now = _Now()
+    sim.clock = now
+    sim.play_trace(trace, 60.0, now.t, pods={"ml/a": "p-x", "ml/b": "p-y"})
+    seen = []
+    for _ in range(2):
+        agent.tick()
+        seen.append([(_value(agent, "DCGM_FI_DEV_GPU_UTIL", pod), _value(agent, "DCGM_FI_DEV_FB_USED", pod))
+                     for pod in ("a", "b")])
+        now.t += 1.0  # one trace minute
+    assert seen == [[(12.0, 3072.0), (0.0, 2048.0)], [(47.0, 5120.0), (33.5, 4096.0)]]
+    assert _value(agent, "gpupack_pod_gpu_use_attributed", "b") == 1.0
+
+
+def test_a_pod_holding_a_whole_gpu_shows_its_trace_pods_use_through_the_devices_counters(tmp_path: Path) -> None:
+    trace = load_usage_trace(write_usage_trace(tmp_path / "t", {"p": [(64.0, 9 * GIB), (8.0, 9 * GIB)]}))
+    kube = FakeKube("n1")
+    sim = simulated_backend("T4", 1, tmp_path / "s.json", "n1")
+    now = _Now()
+    sim.clock = now
+    sim.play_trace(trace, 60.0, now.t)  # the one pod takes p, the first trace pod to appear
+    settings = AgentSettings(node_name="n1", simulate="T4:1", emulate_device_plugin=True, min_patch_seconds=0.1,
+                             metrics_port=0)
+    agent = Agent(settings, sim, kube, clock=Clock())  # type: ignore[arg-type]
+    kube.pods = [_pod("a", WHOLE_RESOURCE)]
+    agent.tick()
+    agent.tick()
+    assert (_value(agent, "DCGM_FI_DEV_GPU_UTIL", "a"), _value(agent, "DCGM_FI_DEV_FB_USED", "a")) == (64.0, 9216.0)
+    now.t += 1.0
+    agent.tick()
+    assert _value(agent, "DCGM_FI_DEV_GPU_UTIL", "a") == 8.0
+
+
+class _Now:
+    """The simulated backend's clock, moved by the test (at scale 60, a second is a trace minute)."""
+
+    def __init__(self) -> None:
+        self.t = 3_000_000.0
+
+    def __call__(self) -> float:
+        return self.t

@@ -225,7 +225,7 @@ def test_the_controller_does_not_release_a_record_that_got_past_admission(
 
     monkeypatch.setattr(Kube, "event", event)
     monkeypatch.setattr(Kube, "patch_policy_status", lambda self, name, body: policy)
-    controller = Controller(cached_kube(caches), ControllerSettings(feedback=False, right_size=False))
+    controller = Controller(cached_kube(caches), ControllerSettings())
     report = controller.cycle()
     assert report.errors == [] and report.released == released and patched == released
     assert controller.metrics.untrusted_allocations._value.get() == (0 if released else 1)
@@ -275,7 +275,7 @@ def test_the_create_policy_lets_through_exactly_the_user_keys_and_the_webhooks_r
     import re
     from pathlib import Path
 
-    from sharing.api.keys import USER_POD_ANNOTATIONS, USER_POD_LABELS
+    from sharing.api.keys import USER_POD_ANNOTATIONS, USER_POD_LABELS, WEBHOOK_POD_ANNOTATIONS
 
     docs = yaml.safe_load_all((Path(__file__).resolve().parents[2] / "manifests/rbac/pod-marks-policy.yaml").read_text())
     (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
@@ -286,5 +286,5 @@ def test_the_create_policy_lets_through_exactly_the_user_keys_and_the_webhooks_r
     def listed(name: str) -> set[str]:
         return set(re.findall(r"'(gpupack\.io/[^']+)'", variables[name].split("!(k in", 1)[1]))
 
-    assert listed("unknownAnnotations") == {*USER_POD_ANNOTATIONS, ALLOCATION_ANNOTATION}
+    assert listed("unknownAnnotations") == {*USER_POD_ANNOTATIONS, *WEBHOOK_POD_ANNOTATIONS}
     assert listed("unknownLabels") == set(USER_POD_LABELS)
