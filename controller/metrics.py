@@ -128,6 +128,9 @@ class ControllerMetrics:
             "gpupack_right_size_evictions", "Pods evicted to be recreated at their recommended size (Recreate), by "
             "reason: at-risk (memory limit below the recommendation) or far (sharing.usage.updater).", ["reason"],
             registry=r)
+        self.right_size_rollouts = PromCounter(
+            "gpupack_right_size_rollouts", "Deployments rolled out to resize their only replica make-before-break "
+            "(Recreate), by reason: at-risk or far.", ["reason"], registry=r)
         self.evictions_blocked = PromCounter(
             "gpupack_evictions_blocked", "Evictions a PodDisruptionBudget refused (429; the pod stays, retried next "
             "cycle), by what asked: gpu-fault or right-size.", ["cause"], registry=r)

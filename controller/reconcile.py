@@ -36,7 +36,8 @@ from controller.dracycle import DraCycle
 from controller.planning.draplan import DraPlacement, DraPlan
 from controller.planning.evictions import Eviction, Outcome, eviction_outcome, evictions
 from controller.planning.right_size_candidates import read_recommendations
-from controller.planning.right_size_evictions import EvictionMemory, namespace_modes, plan_evictions
+from controller.planning.right_size_evictions import EvictionMemory, RightSizeEviction, namespace_modes, plan_evictions
+from controller.planning.right_size_rollouts import make_before_break, rollout_patch
 from controller.kube import Kube
 from controller.planning.migplan import LayoutChange
 from controller.writes.mig_configs import published_config
@@ -79,6 +80,8 @@ class CycleReport:
     """Pods evicted this cycle to be recreated at their recommended size (``Recreate``)."""
     right_size_blocked: list[str] = field(default_factory=list)
     """Pods ``Recreate`` would evict this cycle that a PodDisruptionBudget kept (429)."""
+    right_size_rolled_out: list[str] = field(default_factory=list)
+    """Deployments (``namespace/name``) rolled out this cycle to resize their only replica (``Recreate``)."""
     readmitted: list[str] = field(default_factory=list)
     """Gated pods deleted for their owners to re-create, stranded in their mode (``controller.planning.readmit``)."""
     errors: list[str] = field(default_factory=list)
@@ -395,8 +398,9 @@ class Controller:
                           policies: Sequence[Mapping[str, Any]], namespaces: Sequence[Mapping[str, Any]],
                           now: datetime, report: CycleReport) -> None:
         """``Recreate``: evict pods far from their workload's recommendation, within each workload's
-        budget, never its last ready replica (``controller.planning.right_size_evictions``). Reads
-        the GPURecommendations only when some namespace is in ``Recreate``."""
+        budget, never its last ready replica (``controller.planning.right_size_evictions``); a
+        Deployment's only replica is moved by a rollout instead, where it surges. Reads the
+        GPURecommendations only when some namespace is in ``Recreate``."""
         self._evicted_to_size.begin_cycle(now)
         allowed = set(self.settings.namespace_list)
         ignored = {entry.partition(": ")[0] for entry in untrusted}  # never resized: gpupack ignores their record
@@ -415,7 +419,8 @@ class Controller:
             return
         self._unreadable_recs = _log_new(self._unreadable_recs, tuple(problems), "GPURecommendation %s; ignored")
         chosen = plan_evictions(pods, modes, recommendations, self._evicted_to_size, now)
-        self._held_to_size = _log_new(self._held_to_size, chosen.held, "Recreate leaves %s")
+        held = chosen.held + tuple(self._roll_out(move, now, report) or "" for move in chosen.rollouts)
+        self._held_to_size = _log_new(self._held_to_size, tuple(h for h in held if h), "Recreate leaves %s")
         blocked: set[str] = set()
         for item in chosen.evictions:
             eviction, pod_ref = item.eviction, {"apiVersion": "v1", "kind": "Pod", "namespace": item.eviction.namespace,
@@ -442,6 +447,38 @@ class Controller:
                 log.warning("event on %s not recorded: %s", eviction.key, exc)
         self._blocked_to_size = frozenset(blocked)
         report.right_size_blocked = sorted(blocked)
+
+    def _roll_out(self, move: RightSizeEviction, now: datetime, report: CycleReport) -> str | None:
+        """Move a Deployment's only replica make-before-break by a rollout, where the Deployment
+        would bring the new pod up first (``controller.planning.right_size_rollouts``); None, or why
+        the pod stays."""
+        namespace, name = move.workload.namespace, move.workload.name
+        left = f"{move.eviction.key}: the last ready replica of {move.workload}"
+        try:
+            deployment = self.kube.get_deployment(namespace, name)
+            if deployment is None:
+                return None  # gone meanwhile
+            refusal = make_before_break(deployment)
+            if refusal is not None:
+                return f"{left}, and a rollout would not bring its replacement up first: {refusal}"
+            self.kube.patch_deployment(namespace, name, rollout_patch(deployment, now))
+        except KubeError as exc:
+            if not exc.conflict:  # changed meanwhile: judged again next cycle
+                grant = "; install manifests/right-sizing-recreate" if exc.status == 403 else ""
+                self._fail(report, "right-size-rollout", f"Deployment {namespace}/{name}: {exc}{grant}")
+            return None
+        self._evicted_to_size.record(move.workload, now)
+        report.right_size_rolled_out.append(f"{namespace}/{name}")
+        self.metrics.right_size_rollouts.labels(move.reason).inc()
+        log.info("rolled out Deployment %s/%s to resize %s: %s", namespace, name, move.eviction.key, move.eviction.why)
+        try:
+            self.kube.event({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": namespace, "name": name},
+                            "Normal", "RolledOutToRightSize",
+                            f"gpupack rolled out this Deployment to resize its only pod {move.eviction.name} "
+                            f"(the new pod comes up before the old one goes): {move.eviction.why}")
+        except KubeError as exc:
+            log.warning("event on Deployment %s/%s not recorded: %s", namespace, name, exc)
+        return None
 
     def _note_health(self, snapshot: Snapshot) -> None:
         """What the planner leaves out for GPU faults this cycle (metrics: also when it began to)."""

@@ -20,7 +20,10 @@ replacement from the recommendation (``Initial``'s logic). This module chooses; 
   need ``list`` on events).
 * **Never the last ready replica**: a pod is evicted only while another pod of its workload is
   Ready and not terminating, counting the evictions chosen before it in the same cycle. So a
-  workload of one replica never moves by eviction (docs/right-sizing.md says what moves it).
+  workload of one replica never moves by eviction. A Deployment's only pod, Ready, is returned
+  in :attr:`EvictionPlan.rollouts` instead, within the same budget: the controller moves it by a
+  rollout where the Deployment would bring the new pod up first
+  (``controller.planning.right_size_rollouts``).
 * Only pods a controller other than a DaemonSet recreates elsewhere
   (``controller.planning.evictions.recreated_elsewhere``), bound to a node, not terminating.
 
@@ -77,6 +80,9 @@ class EvictionPlan:
     evictions: tuple[RightSizeEviction, ...] = ()
     held: tuple[str, ...] = ()
     """``namespace/pod: why`` for far pods left this cycle (their workload's last ready replica)."""
+    rollouts: tuple[RightSizeEviction, ...] = ()
+    """Far pods, within budget, that are their Deployment's only ready replica: not evicted, but
+    moved by a rollout where the Deployment surges (``controller.planning.right_size_rollouts``)."""
 
 
 @dataclass
@@ -144,6 +150,7 @@ def plan_evictions(pods: Mapping[str, Mapping[str, Any]], modes: Mapping[str, Ri
         if namespace in modes and modes[namespace].evicts:
             by_workload.setdefault(workload_of(pod), []).append((key, pod))
     evictions: list[RightSizeEviction] = []
+    rollouts: list[RightSizeEviction] = []
     held: list[str] = []
     for namespace in sorted({w.namespace for w in by_workload}):
         budget = UpdaterSettings(settings.memory_slack, settings.memory_risk_slack, settings.compute_slack,
@@ -157,7 +164,8 @@ def plan_evictions(pods: Mapping[str, Mapping[str, Any]], modes: Mapping[str, Ri
                     continue
                 if not is_far(c.candidate.current, c.candidate.target, budget):
                     continue
-                if ready[workload] - is_ready(pod) < 1:  # left out before the budget: its slot goes to another
+                if ready[workload] - is_ready(pod) < 1 and not _rolls_out(workload, pod, members):
+                    # Left out before the budget, so its slot goes to another pod of the workload.
                     held.append(f"{key}: the last ready replica of {workload} (no other pod of it is Ready)")
                     continue
                 found[key] = c
@@ -166,12 +174,20 @@ def plan_evictions(pods: Mapping[str, Mapping[str, Any]], modes: Mapping[str, Ri
         for chosen in choose_moves([c.candidate for c in found.values()], spent, budget):
             pc, pod = found[chosen.pod], pods[chosen.pod]
             serving = is_ready(pod)
-            if ready[pc.workload] - serving < 1:  # the evictions chosen before it took the others
+            if ready[pc.workload] - serving >= 1:
+                ready[pc.workload] -= serving
+                evictions.append(_eviction(pc, pod, budget))
+            elif _rolls_out(pc.workload, pod, workloads[pc.workload]):
+                rollouts.append(_eviction(pc, pod, budget))  # its Deployment may replace it make-before-break
+            else:  # the evictions chosen before it took the others
                 held.append(f"{chosen.pod}: the last ready replica of {pc.workload} (no other pod of it is Ready)")
-                continue
-            ready[pc.workload] -= serving
-            evictions.append(_eviction(pc, pod, budget))
-    return EvictionPlan(tuple(evictions), tuple(held))
+    return EvictionPlan(tuple(evictions), tuple(held), tuple(rollouts))
+
+
+def _rolls_out(workload: WorkloadRef, pod: Mapping[str, Any], members: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
+    """The only pod of a Deployment, Ready: a rollout may replace it without a gap (``right_size_rollouts``)."""
+    live = [p for _, p in members if not as_map(p.get("metadata")).get("deletionTimestamp")]
+    return workload.kind == "Deployment" and is_ready(pod) and live == [pod]
 
 
 def _eviction(pc: PodCandidate, pod: Mapping[str, Any], settings: UpdaterSettings) -> RightSizeEviction:

@@ -12,8 +12,9 @@ from controller.metrics import ControllerMetrics
 from controller.reconcile import Controller
 from controller.settings import ControllerSettings
 from kube.errors import KubeError
-from sharing.api.keys import RIGHT_SIZING_LABEL
+from sharing.api.keys import RESIZED_AT_ANNOTATION, RIGHT_SIZING_LABEL
 from tests.unit.test_right_size_evictions import NOW, pod, recommendation
+from tests.unit.test_right_size_rollouts import deployment
 
 
 class FakeKube(Kube):
@@ -29,6 +30,8 @@ class FakeKube(Kube):
         self.evicted: list[str] = []
         self.recommendation_reads = 0
         self.events: list[tuple[str, str, str, str]] = []
+        self.deployments: dict[str, dict[str, Any]] = {}
+        self.patched: list[tuple[str, Any]] = []
 
     def list_gpunodes(self) -> list[dict[str, Any]]:
         return []
@@ -56,6 +59,12 @@ class FakeKube(Kube):
         if f"{namespace}/{name}" in self.guarded:
             raise KubeError(429, "Cannot evict pod as it would violate the pod's disruption budget.")
         self.evicted.append(f"{namespace}/{name}")
+
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.deployments.get(f"{namespace}/{name}")
+
+    def patch_deployment(self, namespace: str, name: str, body: Any) -> None:
+        self.patched.append((f"{namespace}/{name}", body))
 
     def event(self, involved: Any, type_: str, reason: str, message: str, host: str | None = None) -> None:
         self.events.append((involved["name"], type_, reason, message))
@@ -117,3 +126,27 @@ def test_a_refused_grant_names_the_component_to_install() -> None:
     ctl, _ = controller(kube)
     (error,) = ctl.cycle().errors
     assert "manifests/right-sizing-recreate" in error and "team/a" in error
+
+
+def test_a_deployments_only_pod_is_moved_by_a_rollout_once_per_budget() -> None:
+    kube = FakeKube([pod("only")])
+    kube.deployments["team/web"] = deployment()
+    ctl, metrics = controller(kube)
+    report = ctl.cycle()
+    assert report.right_size_rolled_out == ["team/web"] and kube.evicted == [], report.errors
+    ((name, body),) = kube.patched
+    assert name == "team/web" and body["metadata"] == {"resourceVersion": "42"}
+    assert RESIZED_AT_ANNOTATION in body["spec"]["template"]["metadata"]["annotations"]
+    ((involved, type_, reason, message),) = kube.events
+    assert (involved, type_, reason) == ("web", "Normal", "RolledOutToRightSize") and "only pod only" in message
+    assert count(metrics, "gpupack_right_size_rollouts_total", reason="far") == 1
+    ctl.cycle()
+    assert len(kube.patched) == 1  # the hour's budget is spent
+
+
+def test_a_deployment_that_would_not_surge_is_left_alone() -> None:
+    kube = FakeKube([pod("only")])
+    kube.deployments["team/web"] = deployment(strategy={"type": "Recreate"})
+    ctl, _ = controller(kube)
+    report = ctl.cycle()
+    assert (report.right_size_rolled_out, kube.patched, kube.evicted, report.errors) == ([], [], [], [])

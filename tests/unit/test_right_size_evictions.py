@@ -137,20 +137,34 @@ def test_a_gap_between_cycles_restarts_the_memory() -> None:
 
 
 def test_never_the_last_ready_replica() -> None:
-    assert evicted(plan([pod("only")], [recommendation()])) == []
+    sts = [recommendation(kind="StatefulSet")]
+    assert evicted(plan([pod("only", owner="StatefulSet")], sts)) == []
     result = plan([pod("a"), pod("b", ready=False)], [recommendation()])
     # b serves nothing and a stays: b goes; a would be the last ready replica.
-    assert evicted(result) == ["team/b"]
-    assert plan([pod("a"), pod("b", terminating=True)], [recommendation()]).held == (
-        "team/a: the last ready replica of team/Deployment/web (no other pod of it is Ready)",)
+    assert evicted(result) == ["team/b"] and result.rollouts == ()
+    assert plan([pod("a", owner="StatefulSet"), pod("b", owner="StatefulSet", terminating=True)], sts).held == (
+        "team/a: the last ready replica of team/StatefulSet/web (no other pod of it is Ready)",)
     # Several evictions in one cycle still leave one ready replica.
     two = RightSizing(mode="Recreate", max_evictions_per_hour=5)
     assert evicted(plan([pod("a"), pod("b"), pod("c")], [recommendation()], {"team": two})) == ["team/a", "team/b"]
 
 
+def test_a_deployments_only_pod_is_left_to_a_rollout_within_the_budget() -> None:
+    result = plan([pod("only")], [recommendation()])
+    assert evicted(result) == [] and [r.eviction.key for r in result.rollouts] == ["team/only"]
+    (move,) = result.rollouts
+    assert (move.workload, move.recommendation, move.reason) == (WEB, "deployment-web", "far")
+    # Its old pod terminating (a rollout under way, or an eviction): the new one is the only live pod.
+    assert plan([pod("new", ready=False), pod("old", terminating=True)], [recommendation()]).rollouts == ()
+    spent = covering(NOW)
+    spent.record(WEB, NOW - timedelta(minutes=5))
+    assert plan([pod("only")], [recommendation()], memory=spent).rollouts == ()  # the same budget
+
+
 @pytest.mark.parametrize("mode", ["Off", "Initial"])
 def test_off_and_initial_namespaces_are_never_evicted(mode: str) -> None:
-    assert evicted(plan([pod("a"), pod("b")], [recommendation()], {"team": RightSizing(mode=mode)})) == []  # type: ignore[arg-type]
+    sizing = RightSizing(mode=mode)  # type: ignore[arg-type]
+    assert evicted(plan([pod("a"), pod("b")], [recommendation()], {"team": sizing})) == []
     assert evicted(plan([pod("a"), pod("b")], [recommendation()], {})) == []
     assert evicted(plan([pod("a"), pod("b")], [recommendation()],
                         {"team": RightSizing(mode="Recreate", max_evictions_per_hour=0)})) == []
