@@ -182,7 +182,7 @@ class Kube(KubeClient):
 
     def patch_deployment(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         """A merge patch (``controller.planning.right_size_rollouts.rollout_patch``: the template's
-        ``gpupack.io/resized-at``, guarded by resourceVersion). Not retried: a lost answer would read
+        ``right-sizing.gpupack.io/resized-at``, guarded by resourceVersion). Not retried: a lost answer would read
         as a conflict."""
         call(self._apps.patch_namespaced_deployment, name, namespace, dict(body), _content_type=MERGE_PATCH,
              _preload_content=False)

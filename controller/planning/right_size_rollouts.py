@@ -5,7 +5,7 @@
 eviction. A Deployment can move it without a gap: a rolling update that surges brings the new pod
 up, waits for it to be Ready, and only then removes the old one. The controller starts one the
 way ``kubectl rollout restart`` does, by writing an annotation on the pod template
-(``gpupack.io/resized-at``, ``sharing.api.keys.RESIZED_AT_ANNOTATION``); the new pod is sized at
+(``right-sizing.gpupack.io/resized-at``, ``sharing.api.keys.RESIZED_AT_ANNOTATION``); the new pod is sized at
 admission like any other (``Initial``'s logic).
 
 :func:`make_before_break` says whether a Deployment would do so: not paused, one replica, strategy

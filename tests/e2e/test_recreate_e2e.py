@@ -1,12 +1,12 @@
 """Right-sizing's ``Recreate`` mode end to end (issue 35, item 3): pods far from their recommendation
 are evicted through the Eviction API, one per workload per hour, never the last ready replica, and a
-PodDisruptionBudget holds.
+PodDisruptionBudget holds; a Deployment's only pod moves by a rollout that brings the new pod up first.
 
 One control plane of this module's own runs kube-apiserver, kube-scheduler and
 kube-controller-manager (Deployment, ReplicaSet and disruption controllers: ReplicaSets recreate
 evicted pods, and the API server evaluates PodDisruptionBudgets from the disruption controller's
 status). gpupack's RBAC and admission policies are installed, with the optional grant
-``manifests/right-sizing-recreate``; the controller runs as its ServiceAccount (``gpupack
+``manifests/right-sizing-recreate`` (and its policy on Deployment writes); the controller runs as its ServiceAccount (``gpupack
 controller run``), scoped to the test's namespace, which is labelled
 ``gpupack.io/right-sizing=Recreate``.
 
@@ -30,22 +30,24 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests
 from gpupack.devcluster.controlplane import ControlPlane
-from sharing.api.keys import MEMORY_RESOURCE, MILLI_RESOURCE, RIGHT_SIZING_LABEL
+from gpupack.devcluster.clients import api_client
+from sharing.api.keys import MEMORY_RESOURCE, MILLI_RESOURCE, RESIZED_AT_ANNOTATION, RIGHT_SIZING_LABEL
 from tests.e2e.test_controller_e2e import GROUP, VERSION, Harness
 from tests.e2e.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-RECREATE_RBAC = ROOT / "manifests" / "right-sizing-recreate" / "rbac.yaml"
+RECREATE = ROOT / "manifests" / "right-sizing-recreate"
 WAIT_S = 90.0
 
 
 @pytest.fixture(scope="module")
 def plane(controller_manager_scheduler_plane: ControlPlane) -> ControlPlane:
     with controller_manager_scheduler_plane.admin_client() as admin:
-        apply_objects(admin, gpupack_manifests() + load_manifests(RECREATE_RBAC), field_manager="recreate-e2e")
+        apply_objects(admin, gpupack_manifests() + load_manifests(RECREATE / "rbac.yaml", RECREATE / "deployment-policy.yaml"), field_manager="recreate-e2e")
     return controller_manager_scheduler_plane
 
 
@@ -81,13 +83,14 @@ class RecreateHarness(Harness):
         self.controller(name)
         wait_for(f"{name}'s first cycle", lambda: "watch caches listed" in self.log(name), WAIT_S)
 
-    def deployment(self, name: str, replicas: int) -> list[str]:
+    def deployment(self, name: str, replicas: int, strategy: str = "RollingUpdate") -> list[str]:
         """A Deployment of ``replicas`` pods of a whole GPU each, bound and Ready; their names."""
         labels = {"app": name}
         self.apps.create_namespaced_deployment(self.namespace, client.V1Deployment(
             metadata=client.V1ObjectMeta(name=name),
             spec=client.V1DeploymentSpec(
                 replicas=replicas, selector=client.V1LabelSelector(match_labels=labels),
+                strategy=client.V1DeploymentStrategy(type=strategy),
                 template=client.V1PodTemplateSpec(
                     metadata=client.V1ObjectMeta(labels=labels),
                     spec=client.V1PodSpec(
@@ -152,6 +155,11 @@ def h(admin: Any, plane: ControlPlane, tmp_path: Path) -> Iterator[RecreateHarne
         print(f"--- {name} ---\n{text}")
 
 
+def _resized_at(h: RecreateHarness, name: str) -> str | None:
+    deployment: Any = h.apps.read_namespaced_deployment(name, h.namespace)
+    return (deployment.spec.template.metadata.annotations or {}).get(RESIZED_AT_ANNOTATION)
+
+
 def _several_cycles() -> None:
     time.sleep(5)  # the controller runs a cycle every second (--resync-seconds 1)
 
@@ -161,7 +169,7 @@ def test_one_pod_per_budget_is_evicted_and_a_lone_replica_never(h: RecreateHarne
     # leader's evictions, and would spend the budget (controller.planning.right_size_evictions).
     h.leading("ctl-recreate")
     web = h.deployment("web", 2)
-    solo = h.deployment("solo", 1)
+    solo = h.deployment("solo", 1, strategy="Recreate")  # a rollout would take its only pod down first
     h.recommend("web")  # last: nothing is far before both pods are Ready
     h.recommend("solo")
 
@@ -179,7 +187,8 @@ def test_one_pod_per_budget_is_evicted_and_a_lone_replica_never(h: RecreateHarne
     assert [e[0] for e in h.events("EvictedToRightSize")] == [evicted]  # one per workload per hour
     assert kept in {p.metadata.name for p in h.live("web")}
     assert [p.metadata.name for p in h.live("solo")] == solo  # the last ready replica never goes
-    assert f"{h.namespace}/{solo[0]}: the last ready replica of {h.namespace}/Deployment/solo" in h.log("ctl-recreate")
+    assert (f"{h.namespace}/{solo[0]}: the last ready replica of {h.namespace}/Deployment/solo, and a rollout "
+            "would not bring its replacement up first: its strategy is Recreate") in h.log("ctl-recreate")
 
 
 def test_a_pod_disruption_budget_keeps_the_pods(h: RecreateHarness) -> None:
@@ -202,3 +211,40 @@ def test_a_pod_disruption_budget_keeps_the_pods(h: RecreateHarness) -> None:
     assert sorted(p.metadata.name for p in h.live("guarded")) == guarded
     assert h.events("EvictedToRightSize") == []
     assert len(h.events("RightSizeEvictionBlocked")) == 1  # told once while it stays refused
+
+
+def test_a_deployments_only_pod_moves_by_a_rollout_that_brings_the_new_pod_up_first(h: RecreateHarness) -> None:
+    h.leading("ctl-rollout")
+    (old,) = h.deployment("single", 1)  # the default strategy: maxSurge 25 % (1), maxUnavailable 25 % (0)
+    h.recommend("single")
+
+    stamp = wait_for("the controller to roll the Deployment out", lambda: _resized_at(h, "single"), WAIT_S)
+    new = wait_for("the rollout's new pod bound", lambda: (
+        p := [x for x in h.live("single") if x.metadata.name != old and x.spec.node_name]) and p[0], WAIT_S)
+    _several_cycles()  # the new pod is not Ready: the Deployment keeps the old one serving
+    assert old in {p.metadata.name for p in h.live("single")}
+    h.running(new.metadata.name)
+    wait_for("the old pod removed once the new one is Ready", lambda: old not in {
+        p.metadata.name for p in h.live("single")}, WAIT_S)
+    ((deployment, type_, message),) = h.events("RolledOutToRightSize")
+    assert (deployment, type_) == ("single", "Normal") and f"its only pod {old}" in message
+    assert h.events("EvictedToRightSize") == []
+    _several_cycles()
+    assert _resized_at(h, "single") == stamp  # one move per workload per hour
+
+    # The grant lets the controller patch Deployments; the policy lets it change that annotation only.
+    with api_client(h.sa_kubeconfig("gpupack-controller")) as api:
+        apps = client.AppsV1Api(api)
+        image = [{"op": "replace", "path": "/spec/template/spec/containers/0/image", "value": "registry.invalid/x:2"}]
+
+        def refused(dry_run: str | None) -> ApiException | None:
+            try:
+                apps.patch_namespaced_deployment("single", h.namespace, image, dry_run=dry_run)
+            except ApiException as exc:
+                return exc if exc.status == 403 else None
+            return None
+
+        # A policy just installed reaches the admission chain asynchronously: wait on a dry run.
+        wait_for("the deployment-writes policy to be enforced", lambda: refused("All"), WAIT_S)
+        refusal = refused(None)
+        assert refusal is not None and "right-sizing.gpupack.io/resized-at only" in str(refusal.body)
