@@ -32,6 +32,7 @@ STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 CLAIMS = "resourceclaims"
+RECOMMENDATIONS = "gpurecommendations"
 
 
 UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -199,6 +200,24 @@ class Kube(KubeClient):
                 raise
             return False
         return True
+
+    # ------------------------------------------------------- recommendations
+    def list_recommendations(self) -> list[dict[str, Any]]:
+        """Every GPURecommendation (read once, when the recommender first runs: its checkpoints)."""
+        return _items(call(self._custom.list_cluster_custom_object, GROUP, VERSION, RECOMMENDATIONS,
+                           _preload_content=False, idempotent=True))
+
+    def create_recommendation(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Not retried: a lost answer would read as a conflict, which the caller treats as existing."""
+        return _body(call(self._custom.create_namespaced_custom_object, GROUP, VERSION, namespace,
+                          RECOMMENDATIONS, dict(body), _preload_content=False))
+
+    def patch_recommendation_status(self, namespace: str, name: str,
+                                    status: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Merge-patch a GPURecommendation's status subresource (lists, as the whole status, replaced)."""
+        return _body(call(self._custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace,
+                          RECOMMENDATIONS, name, {"status": dict(status)}, _content_type=MERGE_PATCH,
+                          _preload_content=False, idempotent=True))
 
     # ------------------------------------------------------------------ lease
     def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:

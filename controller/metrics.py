@@ -149,3 +149,14 @@ class ControllerMetrics:
         self.cached = Gauge("gpupack_controller_cached_objects", "Objects held in the watch caches.", ["kind"], registry=r)
         self.rejected = Gauge("gpupack_controller_rejected_objects", "Objects the watch caches left out as unreadable "
                               "(nested deeper than any reader survives); their names are logged.", ["kind"], registry=r)
+        self.recommendation_writes = PromCounter(
+            "gpupack_recommendations_written", "GPURecommendation objects created or their status written.",
+            ["kind"], registry=r)
+        self.recommended_workloads = Gauge(
+            "gpupack_recommender_workloads", "Workload containers the recommender tracks, by whether they "
+            "have a recommendation yet.", ["state"], registry=r)
+        self.unattributed_pods = Gauge(
+            "gpupack_recommender_unattributed_pods", "Pods whose published use is unattributed (never sized).",
+            registry=r)
+        self.recommender_seconds = Histogram(
+            "gpupack_recommender_cycle_seconds", "Duration of one recommender cycle.", registry=r)

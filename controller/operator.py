@@ -37,6 +37,7 @@ from controller.watch_caches import CachedKube, ClusterCaches
 from controller.leader import LeaderElector, LeaseSettings
 from controller.metrics import ControllerMetrics
 from controller.reconcile import Controller, CycleReport
+from controller.recommending import RecommenderCycle, RecommenderLoop
 from controller.settings import ControllerSettings
 from kube.backoff import Backoff
 from sharing.api.crd import GROUP, VERSION
@@ -187,9 +188,14 @@ def run(settings: ControllerSettings, kubeconfig: str | None) -> int:
     elector = LeaderElector(kube, settings.identity, lease)
     loop = Loop(Controller(kube, settings, metrics), elector, settings, caches=kube.caches)
     loop.thread.start()
+    # The recommender runs on its own interval, on the leader, reading the planning loop's caches.
+    recommender = RecommenderLoop(RecommenderCycle(kube, settings, metrics), elector.is_leader)
+    if settings.recommend:
+        recommender.thread.start()
     try:
         kopf.run(registry=build_registry(loop), standalone=True, clusterwide=True)
     finally:
+        recommender.stop()
         loop.stop()
         loop.thread.join(timeout=5)  # a cycle in progress finishes, then the Lease is given up
         # Not waited for: closing a watch another thread is reading can block until the stream

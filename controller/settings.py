@@ -16,6 +16,8 @@ from kube.settings import settings_from_env
 from sharing.api.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
 
 ENV_PREFIX = "GPUPACK_CONTROLLER_"
+USAGE_SOURCES = ("agents", "prometheus")
+"""Where the right-sizer may read per-pod GPU use (``ControllerSettings.usage_source``)."""
 
 
 def _default_identity() -> str:
@@ -68,11 +70,37 @@ class ControllerSettings:
     honoured) when a controller other than a DaemonSet will recreate them elsewhere. Off by default:
     a pod may still run on a GPU with, say, a pending page retirement, and only its owner knows
     whether a restart costs more than the risk (``controller.planning.evictions``)."""
+    recommend: bool = True
+    """Run the right-sizer's recommender (issue 35): read the per-pod use the node agents publish,
+    and keep one ``GPURecommendation`` per workload (``controller.recommending``). Acting on it
+    is opt-in per namespace or SharingPolicy (``rightSizing.mode``)."""
+    recommend_seconds: float = 60.0
+    """Seconds between two recommender cycles. A minute: agents publish every five, and a history
+    needs hours before the first recommendation, so a shorter interval only costs CPU."""
+    recommend_min_observed_seconds: float = 7200.0
+    """History a workload container needs before its first recommendation (the recommender's
+    ``min_observed_s``, whose docstring gives the reason for two hours). Tests shorten it."""
+    recommendation_refresh_seconds: float = 600.0
+    """A recommendation whose size, mode and condition are unchanged is rewritten (its observed
+    time and confidence) at most this often, so a steady cluster costs few writes."""
     mig_parted_namespace: str = GPU_OPERATOR_NAMESPACE
     mig_parted_configmap: str = MIG_PARTED_CONFIGMAP
     """GPU Operator mode: the ConfigMap (in ``mig_parted_namespace``) mig-manager reads. The
     controller is its only gpupack writer: it publishes the configs node agents ask for in
     their GPUNode status (``controller.writes.mig_configs``)."""
+    usage_source: str = "agents"
+    """Where the right-sizer reads per-pod GPU use: ``agents`` (gpupack's node agents) or
+    ``prometheus`` (a Prometheus server that already scrapes per-pod GPU series, from the agents
+    or dcgm-exporter: ``controller.usage_prometheus``; docs/right-sizing.md)."""
+    prometheus_url: str = ""
+    """With ``usage_source=prometheus``: the server's base URL (``http://host:9090``; its
+    ``/api/v1/query_range`` is read)."""
+    prometheus_selector: str = ""
+    """Extra label matchers for the series read, e.g. ``job="gpupack-node-agent"``: where
+    dcgm-exporter's whole-GPU series share the names, select the agents' per-pod shares."""
+    prometheus_lookback_seconds: float = 86400.0
+    """How far back the first read goes (and a read after an outage at most): a day, the
+    recommender's memory-peak window, so a restarted controller recommends from what it missed."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ControllerSettings:
@@ -94,6 +122,18 @@ class ControllerSettings:
             raise ValueError(f"agent_stale_seconds must be a positive number, got {self.agent_stale_seconds}")
         if self.lease_seconds < 3:
             raise ValueError(f"lease_seconds must be at least 3, got {self.lease_seconds}")
+        if self.recommend_seconds <= 0 or self.recommendation_refresh_seconds < 0:
+            raise ValueError("recommend_seconds must be positive and recommendation_refresh_seconds not negative")
+        if self.recommend_min_observed_seconds < 0:
+            raise ValueError(f"recommend_min_observed_seconds must not be negative, got "
+                             f"{self.recommend_min_observed_seconds}")
+        if self.usage_source not in USAGE_SOURCES:
+            raise ValueError(f"usage_source must be one of {', '.join(USAGE_SOURCES)}, got {self.usage_source!r}")
+        if self.usage_source == "prometheus" and not self.prometheus_url.startswith(("http://", "https://")):
+            raise ValueError("usage_source prometheus needs prometheus_url, http(s)://host:port, got "
+                             f"{self.prometheus_url!r}")
+        if not self.prometheus_lookback_seconds >= 0:
+            raise ValueError(f"prometheus_lookback_seconds must be >= 0, got {self.prometheus_lookback_seconds}")
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(f"metrics_port must be 0..65535, got {self.metrics_port}")
         from sharing.packing.registry import canonical_policy_name

@@ -16,8 +16,8 @@ and allocatable (not their images, addresses or heartbeats); pods lose their
 SharingPolicies and ResourceClaims are kept whole (small, and read whole).
 
 **What wakes a cycle** (:attr:`ClusterCaches.on_change`): any change of a pod,
-GPUNode (except a change of its agent's heartbeat time and utilisation figures
-alone, which a resync cycle reads anyway), SharingPolicy or ResourceClaim, a
+GPUNode (except a change of its agent's heartbeat time, utilisation figures and
+per-pod use histories alone, which a resync cycle or the recommender reads anyway), SharingPolicy or ResourceClaim, a
 Node whose labels or allocatable changed, and a Namespace whose labels changed
 (SharingPolicies' namespace rules select them).
 
@@ -112,6 +112,7 @@ def _gpunode_meaning(obj: Mapping[str, Any]) -> str:
     """A GPUNode without what its agent rewrites on every heartbeat."""
     status = dict(_map(obj.get("status")))
     status.pop("heartbeatTime", None)
+    status.pop("usage", None)  # per-pod use histories: the recommender reads them on its own interval
     gpus = status.get("gpus")
     if isinstance(gpus, list):
         status["gpus"] = [{k: v for k, v in _map(g).items() if k != "utilization"} for g in gpus]

@@ -33,6 +33,11 @@ def _settings(args: argparse.Namespace) -> Any:
         "evict_on_gpu_fault": True if args.evict_on_gpu_fault else None,
         "namespaces": args.namespaces, "agent_stale_seconds": args.agent_stale_seconds,
         "mig_parted_namespace": args.mig_parted_namespace, "mig_parted_configmap": args.mig_parted_configmap,
+        "recommend": False if args.no_recommend else None, "recommend_seconds": args.recommend_seconds,
+        "recommend_min_observed_seconds": args.recommend_min_observed_seconds,
+        "usage_source": args.usage_source, "prometheus_url": args.prometheus_url,
+        "prometheus_selector": args.prometheus_selector,
+        "prometheus_lookback_seconds": args.prometheus_lookback_seconds,
     }
     try:
         return ControllerSettings.from_env(**overrides)
@@ -104,6 +109,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-name", help="name of the leader Lease (default gpupack-controller)")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="default info")
     p.add_argument("--namespaces", help="comma-separated namespaces whose pods to place (default: all)")
+    p.add_argument("--no-recommend", action="store_true", help="do not run the right-sizer's recommender")
+    p.add_argument("--recommend-seconds", type=positive_float, help="seconds between recommender cycles (default 60)")
+    p.add_argument("--recommend-min-observed-seconds", type=non_negative_float,
+                   help="history a workload container needs before its first recommendation (default 7200)")
     p.add_argument("--evict-on-gpu-fault", action="store_true",
                    help="evict pods of a failed GPU or MIG instance (Eviction API, PodDisruptionBudgets honoured) "
                         "when a controller other than a DaemonSet recreates them; default: leave them running")
@@ -113,6 +122,18 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "(default gpu-operator)")
     p.add_argument("--mig-parted-configmap", help="GPU Operator mode: the ConfigMap mig-manager reads, where the "
                    "controller publishes the MIG configs node agents ask for (default default-mig-parted-config)")
+    p.add_argument("--usage-source", choices=["agents", "prometheus"],
+                   help="where the right-sizer reads per-pod GPU use: agents (gpupack's node agents) or prometheus "
+                        "(a Prometheus server that already scrapes per-pod DCGM_FI_DEV_GPU_UTIL and "
+                        "DCGM_FI_DEV_FB_USED, from the agents or dcgm-exporter; needs --prometheus-url) "
+                        "(default agents)")
+    p.add_argument("--prometheus-url", metavar="URL",
+                   help="with --usage-source prometheus: the server's base URL, e.g. http://prometheus:9090")
+    p.add_argument("--prometheus-selector", metavar="MATCHERS",
+                   help="extra label matchers for the series read, e.g. 'job=\"gpupack-node-agent\"' where "
+                        "dcgm-exporter's whole-GPU series have the same names (default: none)")
+    p.add_argument("--prometheus-lookback-seconds", type=non_negative_float,
+                   help="how far back the first read (and one after an outage) goes (default 86400)")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -14,8 +14,10 @@ its predecessor's memory:
    allocatable to show it, then close the journal;
 5. write the sharing config, emulate the device plugin's advertisement
    (simulation), and publish status (rate-limited) with conditions and metrics;
-6. attribute the GPUs' use to pods (``node.usage``) and export it as metrics
-   (``pod_usage``; nothing is written to the API server).
+6. attribute the GPUs' use to pods (``node.usage``), export it as metrics
+   (``pod_usage``) and aggregate it per pod container into the right-sizer's histories,
+   written to ``status.usage`` at most every ``usage_publish_seconds``
+   (``node.usage.publication``).
 
 The agent is the loop; its parts are chosen once, when it starts, and it never
 asks which it got:
@@ -65,9 +67,10 @@ from node.base.reshape_rules import ReshapeRules, reshape_rules
 from node.base.pods import PodUse, busy_instances, pod_uses
 from node.process_owners import process_owners_for
 from node.usage.attribution import Poll, attribute
+from node.usage.publication import UsageAggregator, allocated_memory
 from node.usage.sampler import ProcessSampler
 from node.base.settings import AgentSettings
-from sharing.api.crd import MAX_SHARED_IN_USE, GPUNodeSpec, LayoutRefusal
+from sharing.api.crd import MAX_SHARED_IN_USE, GPUNodeSpec, LayoutRefusal, to_wire
 from sharing.api.keys import SHARED_RESOURCE, mig_profile_of
 
 log = logging.getLogger("gpupack.agent")
@@ -113,6 +116,12 @@ class Agent:
         self.advertiser = advertiser_for(settings)
         self.owners = process_owners_for(backend, settings)
         self.sampler = ProcessSampler()
+        self.usage = UsageAggregator()
+        self._usage_restored = False
+        self._usage_at: float | None = None
+        """When the histories were last considered for publication (the first tick's time: the first
+        publication is one interval after start)."""
+        self._usage_written: dict[str, Any] | None = None
         self._dcgm_at = -1e18
         self.rules = ReshapeRules(settings.idle_seconds)
         self._policy_warning = ""
@@ -208,8 +217,15 @@ class Agent:
 
         if not self._known:  # a restarted agent: a GPU lost meanwhile is reported as its predecessor saw it
             self._known = known_from_status(status)
+        if not self._usage_restored:  # a restarted agent goes on with the histories it published
+            self._usage_restored = True
+            self.usage.restore(status)
+            # What the API server holds: nothing to write while it stays empty; what a predecessor
+            # wrote is rewritten at the first interval (its gone pods are dropped then).
+            self._usage_written = None if status.get("usage") else to_wire(self.usage.usage())
         snapshot = self.snapshot()
-        uses = pod_uses(self.kube.list_node_pods(name), name)
+        pods = self.kube.list_node_pods(name)
+        uses = pod_uses(pods, name)
         replicas = spec.sharing.replicas if spec else 1
         if self.advertiser.allocate(self, snapshot, uses, labels, replicas):
             snapshot = self.snapshot()
@@ -258,17 +274,38 @@ class Agent:
         busy_gi = {g.info.index: g.busy_gi_ids() for g in snapshot.gpus}
         self.metrics.observe(snapshot, busy_gi)
         self.metrics.observe_health(self.health.last, snapshot, now)
-        self._observe_pod_usage(snapshot, uses)
+        self._observe_pod_usage(snapshot, uses, pods, now)
         return wait
 
-    def _observe_pod_usage(self, snapshot: NodeSnapshot, uses: list[PodUse]) -> None:
-        """Per-pod use of this poll, as metrics (``node.usage``); the tick's last snapshot and pod map."""
+    def _observe_pod_usage(self, snapshot: NodeSnapshot, uses: list[PodUse], pods: list[dict[str, Any]],
+                           now: float) -> None:
+        """Per-pod use of this poll, as metrics and into the published histories (``node.usage``);
+        the tick's last snapshot and pod map."""
         if not self.s.pod_usage or self.backend is None:
             return
         samples = self.sampler.read(self.backend, snapshot)
         poll = Poll(snapshot, uses, self.busy_ctx[0], self.owners.pods_by_pid(snapshot, uses), samples,
                     self._dcgm_activity())
-        self.metrics.observe_pod_usage(attribute(poll))
+        attributed = attribute(poll)
+        self.metrics.observe_pod_usage(attributed)
+        self.usage.observe(attributed, {u.key: u.uid for u in uses}, snapshot, allocated_memory(pods), now)
+        self._publish_usage(now)
+
+    def _publish_usage(self, now: float) -> None:
+        """``status.usage`` every ``usage_publish_seconds`` at most, and only when it changed."""
+        if self._usage_at is None:
+            self._usage_at = now
+        if now - self._usage_at < self.s.usage_publish_seconds:
+            return
+        self._usage_at = now
+        usage = self.usage.usage()
+        wire = to_wire(usage)
+        if wire == self._usage_written:
+            return
+        stamped = {**wire, "publishedTime": format_time(now)}
+        self.remember(self.kube.patch_gpunode_status(self.s.node_name, {"usage": stamped}))
+        self.metrics.usage_patches.inc()
+        self._usage_written = wire
 
     def _mark_node(self, node: Mapping[str, Any], gpu_count: int) -> None:
         """The degraded label and the unhealthy taint (``node.health.monitor``)."""

@@ -63,6 +63,8 @@ class AgentMetrics:
             buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600), registry=r)
         self.nvml_errors = Counter("gpupack_agent_nvml_errors", "NVML errors by code name.", ["code"], registry=r)
         self.patches = Counter("gpupack_agent_status_patches", "GPUNode status patches sent.", registry=r)
+        self.usage_patches = Counter("gpupack_agent_usage_patches",
+                                     "GPUNode status.usage writes (per-pod use histories).", registry=r)
         self.api_errors = Counter("gpupack_agent_api_errors", "Kubernetes API errors.", ["status"], registry=r)
         self.consecutive_failures = Gauge(
             "gpupack_agent_consecutive_failures", "Agent ticks failed in a row (API server or NVML down).", registry=r)

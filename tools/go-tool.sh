@@ -3,7 +3,9 @@
 # its Go module, at the version pinned in tools/<tool>/go.mod (a wrapper module:
 # tools.go imports the command, so `go mod tidy` keeps the whole graph in go.sum).
 # tools/<tool>/tool.env says which module and package, and how the tool stamps its
-# version (TOOL_MODULE, TOOL_PACKAGE, TOOL_VERSION_VAR).
+# version (TOOL_MODULE, TOOL_PACKAGE, TOOL_VERSION_VAR); optionally the build tags
+# (TOOL_TAGS, e.g. ones that leave out plugins) and the arguments that make the
+# built binary print its version (TOOL_VERSION_ARGS, default: version).
 #
 # Cached by version outside the repository, in
 #   ${GPUPACK_CACHE_DIR:-~/.cache/gpupack}/<tool>/<version>/<tool>
@@ -47,13 +49,15 @@ work="$(mktemp -d "${cache_root}/${tool}/.build.XXXXXX")"
 trap 'rm -rf "${work}"' EXIT
 start=$(date +%s)
 log "building ${tool} ${version} with $(go env GOVERSION) ($(nproc) CPUs); first build: module download, then a minute or two on 2 cores"
-(cd "${here}" && go mod download) || {
+tags="${TOOL_TAGS:-}"
+# Only the modules the command needs with these tags (go.sum holds the whole graph).
+(cd "${here}" && go list -deps -tags "${tags}" "${TOOL_PACKAGE}" >/dev/null) || {
     log "ERROR: downloading modules failed (see above). Fix: check that the Go module proxy"
     log "       (go env GOPROXY) is reachable, or pre-fill the module cache (go env GOMODCACHE)."
     exit 5; }
 # The version the tool reports, stamped as its own release build does.
-(cd "${here}" && go build -trimpath -ldflags="-s -w -X ${TOOL_VERSION_VAR}=${version}" -o "${work}/${tool}" "${TOOL_PACKAGE}")
-"${work}/${tool}" version >&2 || { log "ERROR: ${tool} version failed after a successful build"; exit 4; }
+(cd "${here}" && go build -trimpath -tags "${tags}" -ldflags="-s -w -X ${TOOL_VERSION_VAR}=${version}" -o "${work}/${tool}" "${TOOL_PACKAGE}")
+"${work}/${tool}" ${TOOL_VERSION_ARGS:-version} >&2 || { log "ERROR: ${tool} version failed after a successful build"; exit 4; }
 mv "${work}/${tool}" "${bin}"
 log "built in $(( $(date +%s) - start ))s: ${bin}"
 echo "${bin}"

@@ -1,4 +1,4 @@
-"""Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd, helm and kustomize.
+"""Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd, helm, kustomize and Prometheus.
 
 kube-controller-manager and kwok are optional: only a control plane started with
 them needs them (``ensure_binaries(controller_manager=True, kwok=True)`` builds
@@ -158,6 +158,12 @@ def ensure_helm(progress: TextIO | None = None) -> Path:
 def ensure_kustomize(progress: TextIO | None = None) -> Path:
     """The pinned kustomize binary (``GPUPACK_KUSTOMIZE`` overrides it), built first if not cached yet."""
     return ensure_go_tool("kustomize", "GPUPACK_KUSTOMIZE", progress)
+
+
+def ensure_prometheus(progress: TextIO | None = None) -> Path:
+    """The pinned Prometheus server (``GPUPACK_PROMETHEUS`` overrides it), built first if not cached yet: only
+    the e2e test of the recommender's Prometheus source runs it (``tools/prometheus/build.sh``)."""
+    return ensure_go_tool("prometheus", "GPUPACK_PROMETHEUS", progress)
 
 
 def ensure_go_tool(tool: str, override_env: str, progress: TextIO | None = None) -> Path:

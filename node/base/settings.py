@@ -94,6 +94,11 @@ class AgentSettings:
     (``node.usage``; docs/node-agent.md, "Per-pod GPU use"). On by default: it costs one NVML
     per-process read per GPU with processes and writes nothing to the API server. Off: no such
     reads and no per-pod series."""
+    usage_publish_seconds: float = 300.0
+    """How often, at most, the per-pod use histories are written to this node's GPUNode
+    (``status.usage``, ``node.usage.publication``), and only when they changed. Five minutes: the
+    recommender wants hours of history, and at 10,000 pods one write per node per five minutes
+    is a few writes a second for the API server, where a sample a minute per pod would be 170."""
     namespace: str = "gpupack-system"
     """gpupack's namespace (from the downward API): where the XID table ConfigMap lives."""
     unhealthy_taint_effect: str = "NoSchedule"
@@ -131,7 +136,8 @@ class AgentSettings:
     def validate(self) -> None:
         if self.mode not in LAYOUT_APPLY_MODES:
             raise ValueError(f"mode {self.mode!r} is not one of {', '.join(LAYOUT_APPLY_MODES)}")
-        for name in ("poll_seconds", "min_patch_seconds", "heartbeat_seconds", "advertise_timeout_seconds"):
+        for name in ("poll_seconds", "min_patch_seconds", "heartbeat_seconds", "advertise_timeout_seconds",
+                     "usage_publish_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.idle_seconds < 0 or self.retry_seconds < 0:

@@ -390,6 +390,100 @@ class NodeSummary(ApiModel):
         False, description="A fault the device plugin does not withdraw by itself: gpupack sends no new pods here.")
 
 
+# ------------------------------------------------------------- published use (issue 35)
+
+
+MAX_CHECKPOINT_WEIGHT = 10000
+"""A histogram's largest bucket weight once written: the others are scaled to integers beside it
+(the Kubernetes VPA's ``MaxCheckpointWeight``, its ``VerticalPodAutoscalerCheckpoint`` format)."""
+MAX_HISTOGRAM_BUCKETS = 256
+MAX_PEAK_INTERVALS = 192
+"""Hourly memory peaks remembered for a day are 24; room for shorter intervals or longer windows."""
+MAX_USAGE_PODS = 256
+"""Pod containers one GPUNode publishes at most (``status.usage.pods``): a node's GPUs are held by
+far fewer (16 GPUs x 7 MIG instances is 112); the rest are left out and counted."""
+
+
+class HistogramCheckpoint(ApiModel):
+    """A decaying histogram, sparse: bucket ``buckets[i]`` holds ``weights[i]`` (integers, the largest
+    ``MAX_CHECKPOINT_WEIGHT``) of ``totalWeight``, decayed to ``referenceSeconds``
+    (``sharing.usage.compact``)."""
+
+    reference_seconds: float = Field(0.0, ge=0, description="Unix time the weights are decayed to.")
+    total_weight: float = Field(0.0, ge=0, description="The histogram's total weight before scaling.")
+    buckets: list[Annotated[int, Field(ge=0, le=MAX_HISTOGRAM_BUCKETS)]] = Field(
+        default_factory=list, max_length=MAX_HISTOGRAM_BUCKETS)
+    weights: list[Annotated[int, Field(ge=1, le=MAX_CHECKPOINT_WEIGHT)]] = Field(
+        default_factory=list, max_length=MAX_HISTOGRAM_BUCKETS)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> HistogramCheckpoint:
+        if len(self.buckets) != len(self.weights):
+            raise ValueError(f"buckets ({len(self.buckets)}) and weights ({len(self.weights)}) differ in length")
+        if len(set(self.buckets)) != len(self.buckets):
+            raise ValueError("buckets must not repeat")
+        return self
+
+
+class PeakCheckpoint(ApiModel):
+    """Memory peaks, one per interval: interval ``intervals[i]`` (its start is ``intervals[i] x
+    intervalSeconds``, Unix time) peaked at ``bytes[i]``."""
+
+    interval_seconds: int = Field(3600, ge=1, le=86400)
+    intervals: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_PEAK_INTERVALS)
+    bytes: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list, max_length=MAX_PEAK_INTERVALS)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> PeakCheckpoint:
+        if len(self.intervals) != len(self.bytes):
+            raise ValueError(f"intervals ({len(self.intervals)}) and bytes ({len(self.bytes)}) differ in length")
+        return self
+
+
+class UsageHistory(ApiModel):
+    """One container's use, compactly: what ``sharing.usage.recommender.ContainerHistory`` holds."""
+
+    first_seconds: float = Field(0.0, ge=0, description="Unix time of the first sample.")
+    last_seconds: float = Field(0.0, ge=0, description="Unix time of the last sample.")
+    samples: int = Field(0, ge=0)
+    duty: HistogramCheckpoint = Field(default_factory=HistogramCheckpoint, description="Duty cycle, percent.")
+    memory: PeakCheckpoint = Field(default_factory=PeakCheckpoint, description="GPU memory used, bytes.")
+    limit_hits: int = Field(0, ge=0, description="Times the container's GPU memory reached its limit.")
+    last_hit_seconds: float | None = Field(None, ge=0, description="Unix time of the last limit hit.")
+    last_hit_limit_bytes: int | None = Field(None, ge=0, description="The limit the last hit reached.")
+    gpu_memory_mib: int = Field(0, ge=0, alias="gpuMemoryMiB",
+                                description="The largest GPU (or MIG instance) memory the use was seen on.")
+
+
+class PodUsage(UsageHistory):
+    """One pod container's use on this node, as the agent aggregated it."""
+
+    pod: str = Field(pattern=POD_REF_PATTERN, max_length=317, description="namespace/name")
+    uid: str = Field("", max_length=64)
+    container: str = Field("", max_length=63, description="Empty: several containers ask for GPUs.")
+    unattributed: str = Field(
+        "", max_length=1024,
+        description="Why this pod's use is not known to be its own (never sized); empty when it is.")
+
+
+class NodeUsage(ApiModel):
+    """What the node's pods used of its GPUs, aggregated on the node (written every few minutes)."""
+
+    published_time: datetime | None = Field(None, strict=False)
+    pods: list[PodUsage] = Field(default_factory=list, max_length=MAX_USAGE_PODS)
+    left_out: int = Field(0, ge=0, description="Pod containers not published (more than the list holds).")
+
+    @model_validator(mode="after")
+    def _unique_pods(self) -> NodeUsage:
+        seen: set[tuple[str, str, str]] = set()
+        for pod in self.pods:
+            key = (pod.pod, pod.uid, pod.container)
+            if key in seen:
+                raise ValueError(f"pods: duplicate {key}")
+            seen.add(key)
+        return self
+
+
 class GPUNodeStatus(ApiModel):
     """Observed state, written by the node agent."""
 
@@ -410,6 +504,8 @@ class GPUNodeStatus(ApiModel):
                     "default). The controller stops planning on a node whose heartbeat is older than its "
                     "agentStaleSeconds.",
     )
+    usage: NodeUsage | None = Field(
+        None, description="Per-pod GPU use aggregated on the node (issue 35), written every few minutes.")
 
     @model_validator(mode="after")
     def _unique_keys(self) -> GPUNodeStatus:
@@ -642,6 +738,13 @@ class ContainerRecommendation(ApiModel):
         return int(parse_quantity(self.gpu_memory))
 
 
+
+class ContainerCheckpoint(UsageHistory):
+    """The merged history of one container of the workload's pods that have gone."""
+
+    container_name: str = Field(min_length=1, max_length=63)
+    pods: int = Field(0, ge=0, description="Gone pods whose history this holds.")
+
 class GPURecommendationSpec(ApiModel):
     """Written by the controller when it first sees the workload's use."""
 
@@ -660,10 +763,15 @@ class GPURecommendationStatus(ApiModel):
     conditions: Annotated[
         list[Condition], Field(json_schema_extra=_list_map("type"))
     ] = Field(default_factory=list, max_length=16)
+    checkpoint: list[ContainerCheckpoint] = Field(
+        default_factory=list, max_length=32,
+        description="The history of the workload's pods that have gone, per container, so a rollout "
+                    "does not forget it (the live pods' history is on their nodes' GPUNodes).")
 
     @model_validator(mode="after")
     def _unique_keys(self) -> GPURecommendationStatus:
         _unique(self.containers, "container_name", "containers")
+        _unique(self.checkpoint, "container_name", "checkpoint")
         _unique(self.conditions, "type", "conditions")
         return self
 

@@ -10,6 +10,7 @@ and the fix; only ``GPUPACK_SKIP_E2E=1`` skips them, deliberately.
 Fixture API (see docs/controlplane.md):
 
 * ``helm``, ``kustomize`` -> paths of the pinned binaries (``tools/<tool>/build.sh``)
+* ``prometheus_binary`` -> the pinned Prometheus server (``tools/prometheus/build.sh``), built on demand
 * ``private_control_plane`` -> a module's own control plane (no kube-scheduler)
 * ``controller_manager_plane`` -> a module's own control plane with kube-controller-manager
   (its default controllers; no kube-scheduler), built on demand like the others
@@ -42,7 +43,7 @@ import pytest
 from kubernetes import client
 
 from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_manifests, node_isolation_manifests
-from gpupack.devcluster.binaries import Binaries, ensure_binaries, ensure_helm, ensure_kustomize
+from gpupack.devcluster.binaries import Binaries, ensure_binaries, ensure_helm, ensure_kustomize, ensure_prometheus
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.errors import DevClusterError
 from gpupack.devcluster.state import Component, alive
@@ -141,6 +142,22 @@ def helm() -> Path:
 def kustomize() -> Path:
     """The pinned kustomize binary (tools/kustomize/build.sh, or $GPUPACK_KUSTOMIZE)."""
     return _tool("kustomize")
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary(request: pytest.FixtureRequest) -> Path:
+    """The pinned Prometheus server (tools/prometheus/build.sh, or $GPUPACK_PROMETHEUS), built here if it is
+    not cached yet (minutes, streamed; CI builds it before the tests); fails with the cause and fix when it
+    cannot be built."""
+    if _skip_requested():
+        pytest.skip(f"{SKIP_ENV}=1 is set: e2e tests skipped")
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    try:
+        with capture.global_and_fixture_disabled():
+            return ensure_prometheus(progress=sys.stderr)
+    except DevClusterError as exc:
+        pytest.fail(f"cannot run this test: Prometheus is unavailable.\n{exc}\n"
+                    f"(set {SKIP_ENV}=1 only to skip the e2e tests on purpose)", pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -44,10 +44,10 @@ def _wait(what: str, probe: Callable[[], Any], timeout_s: float = WAIT_S) -> Any
 
 
 class RunningAgent:
-    def __init__(self, kubeconfig: Path, settings: AgentSettings) -> None:
+    def __init__(self, kubeconfig: Path, settings: AgentSettings, metrics: AgentMetrics | None = None) -> None:
         backend, error = open_backend(settings)
         self.agent = Agent(settings, backend, Kube.connect(str(kubeconfig)), backend_error=error,
-                           metrics=AgentMetrics())
+                           metrics=metrics or AgentMetrics())
         self._stop = False
         self.thread = threading.Thread(target=self.agent.run_forever, args=(lambda: self._stop,), daemon=True)
         self.thread.start()

@@ -13,10 +13,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sharing.api import crd
+from tests.e2e.tables import table_row
 from tests.unit.test_crd_cases import CASES, SPEC_MODELS, Case
 
 PLURALS = {"GPUNode": "gpunodes", "SharingPolicy": "sharingpolicies"}
-TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io"
 
 
 def _name(prefix: str) -> str:
@@ -134,14 +134,7 @@ def test_printer_columns_show_status(admin_client: Any, create: Create) -> None:
         crd.GROUP, crd.VERSION, "gpunodes", name, {"status": crd.to_wire(status)})
 
     # What `kubectl get gpunodes` asks for: the server renders the printer columns.
-    method, url, headers, _, _ = admin_client.param_serialize(
-        "GET", f"/apis/{crd.GROUP}/{crd.VERSION}/gpunodes/{name}",
-        header_params={"Accept": TABLE})
-    response = admin_client.call_api(method, url, header_params=headers)
-    response.read()
-    table = json.loads(response.data)
-    columns = [c["name"] for c in table["columnDefinitions"]]
-    row = dict(zip(columns, table["rows"][0]["cells"]))
+    row = table_row(admin_client, f"/apis/{crd.GROUP}/{crd.VERSION}/gpunodes/{name}")
     assert row["Name"] == name
     assert row["Product"] == status.product
     assert (row["GPUs"], row["MIG"], row["In-Use"]) == (1, 4, 2)

@@ -45,6 +45,8 @@ MATRIX: tuple[tuple[str, str, str, str | None, str], ...] = tuple((*row, "") for
     ("gpupack.io", "gpunodes", "status", None),
     ("gpupack.io", "sharingpolicies", "", None),
     ("gpupack.io", "sharingpolicies", "status", None),
+    ("gpupack.io", "gpurecommendations", "", "default"),
+    ("gpupack.io", "gpurecommendations", "status", "default"),
     ("", "pods", "", "default"),
     ("", "pods", "eviction", "default"),
     ("", "pods", "status", "default"),
@@ -86,6 +88,7 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
     "gpupack-webhook": {
         ("gpupack.io", "gpunodes", "", None, ""): READ,
         ("gpupack.io", "sharingpolicies", "", None, ""): READ,
+        ("gpupack.io", "gpurecommendations", "", "default", ""): READ,  # the Initial mode sizes pods from them
         ("", "nodes", "", None, ""): READ,
         ("", "namespaces", "", None, ""): READ,
     },
@@ -93,6 +96,9 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("gpupack.io", "gpunodes", "", None, ""): READ | WRITE,
         ("gpupack.io", "sharingpolicies", "", None, ""): READ | {"patch"},
         ("gpupack.io", "sharingpolicies", "status", None, ""): {"get", "update", "patch"},
+        # The recommender: one object per workload, created once, then only its status written.
+        ("gpupack.io", "gpurecommendations", "", "default", ""): {"get", "list", "create"},
+        ("gpupack.io", "gpurecommendations", "status", "default", ""): {"patch"},
         # delete: stranded auto pods, for their owners to re-create; only gated ones (a policy)
         ("", "pods", "", "default", ""): READ | {"update", "patch", "delete"},
         ("", "pods", "", OPERATOR_NS, ""): READ | {"update", "patch", "delete"},  # cluster-wide; fields: a policy

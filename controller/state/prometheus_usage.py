@@ -1,0 +1,206 @@
+"""Per-pod GPU use read from Prometheus: the queries, the range to read, and its answer turned into samples.
+
+The recommender's second source (issue 35) reads the series the node agent exports and
+NVIDIA's dcgm-exporter names (``node/metrics.py``; docs/node-agent.md, "Per-pod GPU use"):
+
+* duty cycle: ``DCGM_FI_DEV_GPU_UTIL`` in percent, or, for a pod on a MIG instance,
+  ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` (a ratio, times 100);
+* memory: ``DCGM_FI_DEV_FB_USED`` in MiB;
+
+each labelled ``namespace``, ``pod`` and ``container``. A pod with several GPUs has a series per
+GPU: the queries keep the largest per pod and container (``max by``), the size one share of it
+needs. A use the agent cannot attribute has a memory series but no duty series, so it yields no
+sample here: a pod whose use cannot be attributed is never resized.
+
+Pure: the I/O (HTTP, clock, logging) is ``controller.usage_prometheus``'s. Rules for bad input:
+
+* An answer that is not Prometheus's JSON of a range query (``status``, ``data.resultType`` =
+  ``matrix``, ``data.result`` a list of ``{"metric": {...}, "values": [[t, "v"], ...]}``) raises
+  :class:`PrometheusAnswerError` naming what is wrong; an ``"error"`` status carries Prometheus's
+  own ``errorType`` and ``error``.
+* A value that is not a number, NaN or infinite (``nan``), below zero (``negative``) or beyond
+  what a GPU can report (``absurd``: the trace reader's bounds, ``sharing.usage.trace``'s
+  :data:`MAX_DUTY_PERCENT` and :data:`MAX_MEMORY_BYTES`) is dropped, as is the other signal's
+  sample at that time (``unpaired``): the recommender takes both or neither.
+* A series of a pod that is not among the live pods is skipped (``skipped_series``): it has no
+  workload to credit (a pod that went, or one of another controller's namespaces).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sharing.api.workload import workload_of
+from sharing.usage.recommender import MIB, WorkloadKey
+from sharing.usage.trace import MAX_DUTY_PERCENT, MAX_MEMORY_BYTES
+
+SERIES_LABELS = ("namespace", "pod", "container")
+"""The labels a pod's series carries (dcgm-exporter's and the agent's) and the queries keep."""
+DUTY_METRIC = "DCGM_FI_DEV_GPU_UTIL"
+ENGINE_ACTIVE_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
+MEMORY_METRIC = "DCGM_FI_DEV_FB_USED"
+MAX_POINTS = 11000
+"""Prometheus refuses a range query of more points per series than this (its own limit)."""
+
+SeriesKey = tuple[str, str, str]
+"""(namespace, pod, container) of one series."""
+Matrix = dict[SeriesKey, dict[float, float]]
+"""A range query's answer: per series, time (Unix s) -> value (NaN where it was not a number)."""
+
+
+class PrometheusAnswerError(ValueError):
+    """Prometheus's answer is an error, or not the JSON of a range query; the message says which."""
+
+
+def usage_queries(selector: str = "") -> tuple[str, str]:
+    """The PromQL of the duty cycle (percent) and the memory (MiB) per pod and container.
+
+    ``selector``: extra label matchers for every series read, e.g. ``job="gpupack-node-agent"``
+    where dcgm-exporter's whole-device series share the names (docs/right-sizing.md)."""
+    matchers = 'pod!=""' + (f",{selector.strip().strip(',')}" if selector.strip() else "")
+    by = f"max by ({', '.join(SERIES_LABELS)})"
+    duty = (f"{by} ({DUTY_METRIC}{{{matchers}}}) or "
+            f"{by} ({ENGINE_ACTIVE_METRIC}{{{matchers}}}) * 100")
+    return duty, f"{by} ({MEMORY_METRIC}{{{matchers}}})"
+
+
+@dataclass(frozen=True)
+class QueryRange:
+    """Evaluation times ``start, start + step, ... <= end`` (Unix s)."""
+
+    start: float
+    end: float
+    step: float
+
+    @property
+    def next_start(self) -> float:
+        """Where the read after this one starts: no time is read twice."""
+        return self.start + (math.floor((self.end - self.start) / self.step) + 1) * self.step
+
+
+def range_to_read(next_s: float | None, now_s: float, step_s: float, lookback_s: float) -> QueryRange | None:
+    """The times to read at ``now_s``: from ``next_s`` (the previous read's ``next_start``; the
+    first read: ``now_s - lookback_s``), never further back than ``lookback_s`` nor more points
+    than Prometheus answers; on the grid of multiples of ``step_s``, so every read evaluates the
+    same instants (a lookback under one step reads one step back, or a read might never find a
+    time on the grid). None when no step has passed since the previous read."""
+    if step_s <= 0 or lookback_s < 0:
+        raise ValueError(f"step must be positive and lookback not negative, got {step_s}, {lookback_s}")
+    earliest = now_s - min(max(lookback_s, step_s), (MAX_POINTS - 1) * step_s)
+    start = math.ceil(max(earliest, next_s if next_s is not None else earliest) / step_s) * step_s
+    return QueryRange(start, now_s, step_s) if start <= now_s else None
+
+
+def parse_matrix(answer: Any) -> Matrix:
+    """A range query's decoded JSON answer, as series (module docstring, first rule)."""
+    if not isinstance(answer, Mapping):
+        raise PrometheusAnswerError(f"expected a JSON object, got {type(answer).__name__}")
+    status = answer.get("status")
+    if status == "error":
+        raise PrometheusAnswerError(f"Prometheus answered {answer.get('errorType', 'an error')}: "
+                                    f"{answer.get('error', '(no message)')}")
+    if status != "success":
+        raise PrometheusAnswerError(f"expected status 'success', got {status!r}")
+    data = answer.get("data")
+    if not isinstance(data, Mapping) or data.get("resultType") != "matrix":
+        kind = data.get("resultType") if isinstance(data, Mapping) else data
+        raise PrometheusAnswerError(f"expected data.resultType 'matrix' (a range query), got {kind!r}")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise PrometheusAnswerError(f"expected data.result to be a list, got {type(result).__name__}")
+    matrix: Matrix = {}
+    for i, series in enumerate(result):
+        where = f"data.result[{i}]"
+        if not isinstance(series, Mapping):
+            raise PrometheusAnswerError(f"{where}: expected an object, got {type(series).__name__}")
+        labels, values = series.get("metric"), series.get("values")
+        if not isinstance(labels, Mapping) or not isinstance(values, list):
+            raise PrometheusAnswerError(f"{where}: expected 'metric' (an object) and 'values' (a list)")
+        key = _series_key(labels, where)
+        points = matrix.setdefault(key, {})
+        for j, point in enumerate(values):
+            if not (isinstance(point, list) and len(point) == 2 and isinstance(point[0], (int, float))
+                    and not isinstance(point[0], bool) and math.isfinite(point[0])):
+                raise PrometheusAnswerError(f"{where}.values[{j}]: expected [time, \"value\"], got {point!r}")
+            points[float(point[0])] = _number(point[1])
+    return matrix
+
+
+def _series_key(labels: Mapping[str, Any], where: str) -> SeriesKey:
+    values = [labels.get(name, "") for name in SERIES_LABELS]
+    if not all(isinstance(v, str) for v in values) or not values[0] or not values[1]:
+        raise PrometheusAnswerError(f"{where}: a pod's series needs string labels namespace and pod (and "
+                                    f"container, possibly empty), got {dict(labels)!r}")
+    return values[0], values[1], values[2]
+
+
+def _number(value: Any) -> float:
+    """Prometheus writes sample values as strings ("1.5", "NaN", "+Inf")."""
+    try:
+        return float(value) if isinstance(value, str) else math.nan
+    except ValueError:
+        return math.nan
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One time of one workload container: what ``Recommender.observe`` takes."""
+
+    key: WorkloadKey
+    time_s: float
+    duty_percent: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class ReadCounts:
+    """What one read held and what the rules did (module docstring)."""
+
+    series: int = 0
+    samples: int = 0
+    skipped_series: int = 0
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    """Values dropped by reason: ``nan``, ``negative``, ``absurd``, ``unpaired``."""
+
+
+def samples_of(duty: Matrix, memory: Matrix, pods: Mapping[str, Mapping[str, Any]]) -> tuple[list[Sample], ReadCounts]:
+    """The samples of the live ``pods`` (by ``namespace/name``) in two answers, in time order per series."""
+    found: list[Sample] = []
+    dropped: Counter[str] = Counter()
+    skipped = 0
+    keys = sorted(set(duty) | set(memory))
+    for ns, pod_name, container in keys:
+        pod = pods.get(f"{ns}/{pod_name}")
+        if pod is None:
+            skipped += 1
+            continue
+        workload = workload_of(pod)
+        key = WorkloadKey(workload.namespace, workload.kind, workload.name, container)
+        duties, memories = duty.get((ns, pod_name, container), {}), memory.get((ns, pod_name, container), {})
+        for time_s in sorted(set(duties) | set(memories)):
+            d = _checked(duties.get(time_s), MAX_DUTY_PERCENT, dropped)
+            m = _checked(None if (v := memories.get(time_s)) is None else v * MIB, float(MAX_MEMORY_BYTES), dropped)
+            if d is None or m is None:
+                dropped["unpaired"] += (d is None) != (m is None)
+                continue
+            found.append(Sample(key, time_s, d, round(m)))
+    return found, ReadCounts(len(keys), len(found), skipped, dict(dropped))
+
+
+def _checked(value: float | None, limit: float, dropped: Counter[str]) -> float | None:
+    if value is None:
+        return None
+    reason = "nan" if not math.isfinite(value) else "negative" if value < 0 else "absurd" if value > limit else None
+    if reason is not None:
+        dropped[reason] += 1
+        return None
+    return value
+
+
+__all__ = ["DUTY_METRIC", "ENGINE_ACTIVE_METRIC", "MEMORY_METRIC", "MAX_POINTS", "Matrix", "PrometheusAnswerError",
+           "QueryRange", "ReadCounts", "SERIES_LABELS", "Sample", "SeriesKey", "parse_matrix", "range_to_read",
+           "samples_of", "usage_queries"]

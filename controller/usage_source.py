@@ -1,0 +1,187 @@
+"""Where the controller's recommender reads the use: one protocol, and the node agents' source.
+
+A :class:`UsageSource` brings the recommender's histories (``sharing.usage.recommender``) up to
+now. Two exist: the node agents' (:class:`AgentsSource`, here), which reads the histories each
+agent aggregated and published in its GPUNode's ``status.usage`` (``node.usage.publication``),
+and a Prometheus server's, for clusters that already run dcgm-exporter.
+
+:class:`AgentsSource` rebuilds each workload container's history every cycle from
+
+* the live pods' published histories (each pod's workload from its object,
+  ``sharing.api.workload.workload_of``; a pod no longer listed keeps the workload it had), and
+* the history of the workload's pods that have **gone** (a rollout must not forget its use):
+  when a pod's history stops being published, it is folded into its workload's gone part, which
+  the recommender loop keeps in the ``GPURecommendation``'s ``status.checkpoint`` and gives back
+  after a restart (:meth:`AgentsSource.restore`).
+
+A pod's memory-limit hits raise the memory at once (``Recommender.record_oom``, at the last
+hit's limit). Records marked unattributed are never sized; they are counted. A GPUNode's
+records are decoded again only when it publishes anew.
+
+What is lost: the minutes since a pod's last publication when it goes, and a pod that went
+while no controller was leading (its history was on its node, not yet in a checkpoint).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from sharing.api.crd import NodeUsage, PodUsage, RecommendationSource
+from sharing.api.fields import as_map
+from sharing.api.workload import WorkloadRef, workload_of
+from sharing.usage.compact import decode, merged
+from sharing.usage.recommender import ContainerHistory, Recommender, RecommenderSettings, WorkloadKey
+
+log = logging.getLogger("gpupack.controller")
+
+PodKey = tuple[str, str, str]
+"""(``namespace/name``, pod uid, container)"""
+
+
+class UsageSource(Protocol):
+    """Feeds the recommender (contract of issue 35's right-sizer)."""
+
+    source: RecommendationSource
+
+    def feed(self, recommender: Recommender, pods: Mapping[str, Mapping[str, Any]], now_s: float) -> None:
+        """Bring the recommender's histories up to ``now_s`` from this source. ``pods``: live pod objects
+        by ``namespace/name`` (to find each pod's workload with ``sharing.api.workload.workload_of``)."""
+
+
+@dataclass(frozen=True)
+class PodHistory:
+    """One live pod container's history as its agent published it (memory-limit hits applied)."""
+
+    key: WorkloadKey
+    history: ContainerHistory
+    gpu_memory_mib: int
+
+
+def with_hits(record: PodUsage, settings: RecommenderSettings) -> ContainerHistory:
+    """The record's history, its last memory-limit hit raising the memory as ``Recommender.record_oom`` does."""
+    history, hits = decode(record, settings)
+    if hits.count and hits.last_s is not None and hits.last_limit_bytes is not None:
+        scratch = Recommender(settings)
+        key = WorkloadKey("", "", "", record.container)
+        scratch.histories[key] = history
+        scratch.record_oom(key, hits.last_s, hits.last_limit_bytes)
+        history.ooms = hits.count  # record_oom counted the last hit once more
+    return history
+
+
+class AgentsSource:
+    """The node agents' published histories (module docstring)."""
+
+    source: RecommendationSource = "Agents"
+
+    def __init__(self, gpunodes: Callable[[], Sequence[Mapping[str, Any]]], settings: RecommenderSettings) -> None:
+        self.gpunodes = gpunodes
+        self.settings = settings
+        self._decoded: dict[str, tuple[str, list[tuple[PodUsage, ContainerHistory | None]]]] = {}
+        """GPUNode name -> (its ``publishedTime``, its records with their histories; None: unreadable)."""
+        self.live: dict[PodKey, PodHistory] = {}
+        self.gone: dict[WorkloadKey, ContainerHistory] = {}
+        self.gone_pods: dict[WorkloadKey, int] = {}
+        self.gone_memory_mib: dict[WorkloadKey, int] = {}
+        self.unattributed: dict[str, str] = {}
+        """``namespace/name`` -> why its use is not sized (this cycle)."""
+        self.unreadable = 0
+
+    def restore(self, key: WorkloadKey, history: ContainerHistory, pods: int, gpu_memory_mib: int) -> None:
+        """The gone part of ``key`` as a checkpoint kept it (the recommender loop reads it once, at start)."""
+        self.gone[key] = history
+        self.gone_pods[key] = pods
+        self.gone_memory_mib[key] = gpu_memory_mib
+
+    def _records(self) -> list[tuple[PodUsage, ContainerHistory | None]]:
+        out: list[tuple[PodUsage, ContainerHistory | None]] = []
+        seen: set[str] = set()
+        for obj in self.gpunodes():
+            name = str(as_map(obj.get("metadata")).get("name") or "")
+            raw = as_map(as_map(obj.get("status")).get("usage"))
+            seen.add(name)
+            if not raw:
+                self._decoded.pop(name, None)
+                continue
+            stamp = str(raw.get("publishedTime") or "")
+            cached = self._decoded.get(name)
+            if cached is None or cached[0] != stamp or not stamp:
+                cached = self._decoded[name] = (stamp, self._decode(name, raw))
+            out.extend(cached[1])
+        for name in [n for n in self._decoded if n not in seen]:
+            del self._decoded[name]
+        return out
+
+    def _decode(self, node: str, raw: Mapping[str, Any]) -> list[tuple[PodUsage, ContainerHistory | None]]:
+        try:
+            usage = NodeUsage.model_validate(raw)
+        except ValidationError as exc:
+            log.warning("GPUNode %s: status.usage unreadable, its pods' use is not counted: %s", node, exc)
+            return []
+        out: list[tuple[PodUsage, ContainerHistory | None]] = []
+        for record in usage.pods:
+            if record.unattributed:
+                out.append((record, None))
+                continue
+            try:
+                out.append((record, with_hits(record, self.settings)))
+            except ValueError as exc:
+                log.warning("GPUNode %s: usage of %s unreadable: %s", node, record.pod, exc)
+                out.append((record, None))
+        return out
+
+    def _workload(self, record: PodUsage, pods: Mapping[str, Mapping[str, Any]]) -> WorkloadKey | None:
+        obj = pods.get(record.pod)
+        uid = as_map(obj.get("metadata")).get("uid") if obj is not None else None
+        if obj is not None and (not record.uid or uid == record.uid):
+            ref: WorkloadRef = workload_of(obj)
+            return WorkloadKey(ref.namespace, ref.kind, ref.name, record.container)
+        previous = self.live.get((record.pod, record.uid, record.container))
+        return None if previous is None else previous.key
+
+    def feed(self, recommender: Recommender, pods: Mapping[str, Mapping[str, Any]], now_s: float) -> None:
+        live: dict[PodKey, PodHistory] = {}
+        self.unattributed, self.unreadable = {}, 0
+        for record, history in self._records():
+            if history is None:
+                if record.unattributed:
+                    self.unattributed[record.pod] = record.unattributed
+                else:
+                    self.unreadable += 1
+                continue
+            key = self._workload(record, pods)
+            if key is not None:
+                live[(record.pod, record.uid, record.container)] = PodHistory(key, history, record.gpu_memory_mib)
+        for pod_key, went in self.live.items():
+            if pod_key not in live:  # its history is no longer published: the pod has gone
+                self.gone[went.key] = merged([h for h in (self.gone.get(went.key), went.history) if h is not None],
+                                             self.settings)
+                self.gone_pods[went.key] = self.gone_pods.get(went.key, 0) + 1
+                self.gone_memory_mib[went.key] = max(self.gone_memory_mib.get(went.key, 0), went.gpu_memory_mib)
+        self.live = live
+        parts: dict[WorkloadKey, list[ContainerHistory]] = {key: [h] for key, h in self.gone.items()}
+        for pod in live.values():
+            parts.setdefault(pod.key, []).append(pod.history)
+        for key, histories in parts.items():
+            recommender.histories[key] = merged(histories, self.settings)
+
+    def live_pods(self) -> dict[WorkloadKey, int]:
+        counts: dict[WorkloadKey, int] = {}
+        for pod in self.live.values():
+            counts[pod.key] = counts.get(pod.key, 0) + 1
+        return counts
+
+    def gpu_memory_mib(self) -> dict[WorkloadKey, int]:
+        """The largest GPU memory each workload container's pods (live or gone) were seen on."""
+        out: dict[WorkloadKey, int] = dict(self.gone_memory_mib)
+        for pod in self.live.values():
+            out[pod.key] = max(out.get(pod.key, 0), pod.gpu_memory_mib)
+        return out
+
+
+__all__ = ["AgentsSource", "PodHistory", "UsageSource", "with_hits"]
