@@ -99,12 +99,6 @@ class Kube(KubeClient):
         return _items(call(self._core.list_pod_for_all_namespaces, field_selector=UNFINISHED_PODS,
                            _preload_content=False, idempotent=True))
 
-    def list_recommendations(self) -> list[dict[str, Any]]:
-        """Every ``GPURecommendation`` (the ``Recreate`` updater's targets); read only while some
-        namespace is in ``Recreate``, so not cached."""
-        return _items(call(self._custom.list_cluster_custom_object, GROUP, VERSION, "gpurecommendations",
-                           _preload_content=False, idempotent=True))
-
     def list_resource_claims(self) -> list[dict[str, Any]]:
         """Every ResourceClaim (the DRA pool's usage, ``controller.state.dra_usage``)."""
         return _items(call(self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, CLAIMS,
@@ -203,7 +197,8 @@ class Kube(KubeClient):
 
     # ------------------------------------------------------- recommendations
     def list_recommendations(self) -> list[dict[str, Any]]:
-        """Every GPURecommendation (read once, when the recommender first runs: its checkpoints)."""
+        """Every GPURecommendation: read once when the recommender first runs (its checkpoints), and by
+        the ``Recreate`` updater each cycle while some namespace is in ``Recreate`` (not cached)."""
         return _items(call(self._custom.list_cluster_custom_object, GROUP, VERSION, RECOMMENDATIONS,
                            _preload_content=False, idempotent=True))
 

@@ -10,7 +10,11 @@ This module builds those from what the API server holds, and nothing else:
   ``gpupack.io/gpu-milli`` / ``gpu-memory`` limits (``sharing.api.request.parse_pod``). A record
   without a memory figure holds its MIG profile's memory, or without a profile the whole GPU's
   of its ``gpuModel``; a container whose memory is still unknown is not judged (nothing is
-  resized on a guess);
+  resized on a guess). A container the webhook right-sized has, beside the allocation record,
+  its ``gpupack.io/right-sized-from`` record (``sharing.api.right_sized``): its size now is that
+  record's predicted ``milli`` and ``memoryBytes``, not the allocation's ``milli``, which is the
+  *accounted* milli under compute over-commit (``ceil(predicted / computeOvercommit)``) and would
+  otherwise read as far below the recommendation it was sized from;
 * **the target** is the container's entry in the workload's ``GPURecommendation``
   (``sharing.api.workload.recommendation_name``), only while its condition
   ``RecommendationProvided`` is ``True`` and its ``targetRef`` names this workload. A
@@ -39,7 +43,9 @@ from mig.catalog import find_model
 from sharing.api.allocation import Allocation
 from sharing.api.crd import API_VERSION, GPURecommendation
 from sharing.api.fields import as_list, as_map
+from sharing.api.keys import RIGHT_SIZED_ANNOTATION
 from sharing.api.request import AdmissionRefusal, parse_pod
+from sharing.api.right_sized import RightSizedError, RightSizedFrom
 from sharing.api.workload import WorkloadRef, recommendation_name
 from sharing.usage.recommender import WorkloadKey
 from sharing.usage.sizing import Size
@@ -109,7 +115,7 @@ def current_sizes(pod: Mapping[str, Any]) -> dict[str, Size]:
     """Per GPU container, the size the pod was admitted with (module docstring); empty when unknown."""
     _, allocation, _ = read_record(pod)
     if allocation is not None:
-        return _record_sizes(allocation)
+        return {**_record_sizes(allocation), **_right_sized(pod)}
     try:
         request = parse_pod(dict(pod))
     except AdmissionRefusal:
@@ -117,6 +123,19 @@ def current_sizes(pod: Mapping[str, Any]) -> dict[str, Size]:
     if request is None:
         return {}
     return {c.name: Size(c.milli, c.memory_bytes) for c in request.containers if c.memory_bytes is not None}
+
+
+def _right_sized(pod: Mapping[str, Any]) -> dict[str, Size]:
+    """The predicted sizes of the containers the webhook right-sized (read only beside a trusted
+    allocation record, which only the webhook writes with it); empty when there is no readable record."""
+    text = as_map(as_map(pod.get("metadata")).get("annotations")).get(RIGHT_SIZED_ANNOTATION)
+    if text is None:
+        return {}
+    try:
+        record = RightSizedFrom.from_annotation(text)
+    except RightSizedError:
+        return {}
+    return {c.name: Size(c.milli, c.memory_bytes) for c in record.containers}
 
 
 def _pressing(pairs: list[tuple[str, Size, Size]], settings: UpdaterSettings) -> tuple[str, Size, Size]:

@@ -156,7 +156,6 @@ def test_the_recreate_component_grants_exactly_eviction_and_reading_recommendati
     assert {o["kind"] for o in objects} == {"ClusterRole", "ClusterRoleBinding"} and len(objects) == 2
     (role,) = _bound_roles(objects, "gpupack-controller")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
-                             {"apiGroups": ["gpupack.io"], "resources": ["gpurecommendations"], "verbs": ["list"]},
                              {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]}]
     assert "right-sizing-recreate" not in MANIFESTS.joinpath("kustomization.yaml").read_text()
     # The Deployment patch is confined to the rollout's annotation (tests/e2e/test_recreate_e2e.py enforces it).

@@ -15,7 +15,8 @@ from controller.planning.right_size_evictions import (
 )
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.api.crd import RightSizingPolicy, SharingPolicySpec
-from sharing.api.keys import ALLOCATION_ANNOTATION, RIGHT_SIZING_LABEL, SHARED_RESOURCE
+from sharing.api.keys import ALLOCATION_ANNOTATION, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL, SHARED_RESOURCE
+from sharing.api.right_sized import RightSizedFrom, SizedContainer
 from sharing.api.workload import WorkloadRef
 from sharing.rules.right_sizing import RightSizing
 from sharing.usage.sizing import Size
@@ -206,6 +207,23 @@ def test_current_size_is_the_allocation_record_first() -> None:
     assert size.milli == 250 and 79 * GIB < size.memory_bytes <= 80 * GIB  # no memory figure: the GPU's
     obj["metadata"]["annotations"][ALLOCATION_ANNOTATION] = "not json"
     assert current_sizes(obj) == {}  # an untrusted record, and no gpupack.io limits left: not judged
+
+
+def test_a_right_sized_pod_is_its_predicted_size_not_its_accounted_milli() -> None:
+    """Under compute over-commit 4.0 a share predicted at 150 milli is accounted 38 (the allocation
+    record); its size now is the prediction, so it is near the recommendation it was sized from
+    (38 would read as compute four times below it: far, evicted every hour)."""
+    record = Allocation(mode="mps", gated=False, capacity_existed=True, policy="p", reason="r", containers=(
+        ContainerAllocation("main", "containers", 38, 12 * GIB, SHARED_RESOURCE),), gpu_model="H100-80GB", replicas=8)
+    sized = RightSizedFrom("deployment-web", 1, None, (SizedContainer("main", 1000, None, 150, 12 * GIB, 38),), 4.0)
+    obj = pod("a")
+    obj["metadata"]["annotations"] = {ALLOCATION_ANNOTATION: record.to_annotation(),
+                                      RIGHT_SIZED_ANNOTATION: sized.to_annotation()}
+    obj["spec"]["containers"][0]["resources"] = {"limits": {SHARED_RESOURCE: "1"}}
+    assert current_sizes(obj) == {"main": Size(150, 12 * GIB)}
+    assert evicted(plan([obj, pod("b", memory="12Gi", milli="150")], [recommendation(milli=150, memory="12Gi")])) == []
+    obj["metadata"]["annotations"][RIGHT_SIZED_ANNOTATION] = "{"
+    assert current_sizes(obj) == {"main": Size(38, 12 * GIB)}  # unreadable: the allocation record alone
 
 
 def test_a_recommendation_that_does_not_validate_is_named_and_left_out() -> None:
