@@ -214,7 +214,7 @@ def _process_uses(poll: Poll, gpu: GpuSnapshot, holders: Sequence[str]) -> list[
                                "the split between pods is unknown")
         else:
             compute_unknown = memory_unknown
-        if compute_unknown:
+        if compute_unknown or isinstance(read, str):
             uses.append(_Use(pod, "processes", None, memory, compute_unknown, memory_unknown))
         else:
             uses.append(_Use(pod, "processes", _percent(sum(_sm_of(read, p.pid) for p in processes)), memory))
