@@ -1,7 +1,8 @@
 """The agent's compact publication of per-pod use (``node.usage.publication``), ticked on a
-simulated MPS node: histories per pod container, memory-limit hits per episode, unattributed pods
-marked for good (per signal: compute alone, or memory and so everything), a write only every
-interval and only when changed, and a restarted agent going on with what it published."""
+simulated shared node (time-slicing, or MPS, where only the MPS server's SM is sampled):
+histories per pod container, memory-limit hits per episode, unattributed pods marked for good
+(per signal: compute alone, or memory and so everything), a write only every interval and only
+when changed, and a restarted agent going on with what it published."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ GIB = 1024**3
 
 
 def _limited(name: str, memory_bytes: int) -> dict[str, Any]:
-    """A pod whose allocation record gives its container ``memory_bytes`` (its MPS memory limit)."""
+    """A pod whose allocation record gives its container ``memory_bytes`` (its MPS memory limit; on a
+    time-slicing node the limit the agent reads all the same)."""
     pod = _pod(name, SHARED_RESOURCE)
     record = Allocation(mode="mps", gated=False, capacity_existed=True, policy="p", reason="r", containers=(
         ContainerAllocation("c", "containers", 250, memory_bytes, SHARED_RESOURCE),))
@@ -44,11 +46,11 @@ def _agent(tmp_path: Path, kube: FakeKube) -> tuple[Agent, SimulatedNvml]:
     return Agent(settings, sim, kube, clock=Clock()), sim  # type: ignore[arg-type]
 
 
-def _mps_node(tmp_path: Path) -> tuple[Agent, SimulatedNvml, FakeKube]:
+def _shared_node(tmp_path: Path, mode: str = "time-slicing") -> tuple[Agent, SimulatedNvml, FakeKube]:
     kube = FakeKube("n1")
     agent, sim = _agent(tmp_path, kube)
     agent.tick()
-    kube.set_spec({"sharing": {"mode": "mps", "replicas": 4}})
+    kube.set_spec({"sharing": {"mode": mode, "replicas": 4}})
     kube.pods = [_limited("a", GIB), _pod("b", SHARED_RESOURCE)]  # a's 1 GiB limit is what its process holds
     for _ in range(3):
         agent.tick()
@@ -63,7 +65,7 @@ def _published(kube: FakeKube) -> dict[str, PodUsage]:
 
 
 def test_each_pod_container_is_published_with_its_history_and_limit_hits(tmp_path: Path) -> None:
-    agent, sim, kube = _mps_node(tmp_path)
+    agent, sim, kube = _shared_node(tmp_path)
     sim.set_process_load(0, sim_pid("uid-a"), 30.0)
     sim.set_process_load(0, sim_pid("uid-b"), 60.0)
     for _ in range(12):
@@ -78,6 +80,19 @@ def test_each_pod_container_is_published_with_its_history_and_limit_hits(tmp_pat
     assert (pods["ml/a"].limit_hits, pods["ml/a"].last_hit_limit_bytes, pods["ml/b"].limit_hits) == (1, GIB, 0)
     assert pods["ml/a"].gpu_memory_mib == agent.snapshot().gpus[0].info.memory_total_mib
     assert not pods["ml/a"].unattributed and pods["ml/a"].samples >= 10
+
+
+def test_an_mps_clients_memory_and_limit_hits_are_published_without_its_compute(tmp_path: Path) -> None:
+    agent, sim, kube = _shared_node(tmp_path, "mps")
+    sim.set_process_load(0, sim_pid("uid-a"), 30.0)
+    for _ in range(12):
+        agent.tick()
+    pods = _published(kube)
+    for pod in ("ml/a", "ml/b"):  # the MPS server has the SM samples (benchmarks/nvml_usage_check.md)
+        assert "belongs to no known pod used its SMs" in pods[pod].compute_unattributed
+        assert (pods[pod].unattributed, pods[pod].samples, pods[pod].duty.buckets) == ("", 0, [])
+    a, hits = decode(pods["ml/a"], RecommenderSettings())
+    assert a.memory.peak() == GIB and (hits.count, hits.last_limit_bytes) == (1, GIB)  # at its MPS limit
 
 
 def _usage_patches(agent: Agent) -> float | None:
@@ -107,7 +122,7 @@ def test_publication_waits_for_its_interval_and_skips_what_did_not_change(tmp_pa
 
 def test_a_pod_whose_compute_cannot_be_attributed_is_published_with_its_memory_only_for_good(
         tmp_path: Path) -> None:
-    agent, sim, kube = _mps_node(tmp_path)
+    agent, sim, kube = _shared_node(tmp_path)
     sim.set_process_load(0, sim_pid("uid-a"), 30.0)
     for _ in range(6):
         agent.tick()
@@ -153,7 +168,7 @@ def test_each_signal_is_marked_for_good_and_only_what_is_attributed_is_added() -
 
 
 def test_a_gone_pod_is_dropped_and_a_restarted_agent_goes_on_with_its_histories(tmp_path: Path) -> None:
-    agent, sim, kube = _mps_node(tmp_path)
+    agent, sim, kube = _shared_node(tmp_path)
     sim.set_process_load(0, sim_pid("uid-a"), 30.0)
     for _ in range(12):
         agent.tick()
