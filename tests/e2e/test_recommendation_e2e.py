@@ -46,8 +46,9 @@ LOADS = {"a": (30.0, 6000), "b": (20.0, 3000)}
 
 
 def _replica(name: str, rs: str, template_hash: str) -> dict[str, Any]:
-    allocation = Allocation(mode="time-slicing", gated=False, capacity_existed=True, policy="e2e", reason="e2e", containers=(
-        ContainerAllocation("main", "containers", 250, 16 * 1024 * MIB, SHARED_RESOURCE),))
+    allocation = Allocation(mode="time-slicing", gated=False, capacity_existed=True, policy="e2e", reason="e2e",
+                            containers=(ContainerAllocation("main", "containers", 250, 16 * 1024 * MIB,
+                                                            SHARED_RESOURCE),))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": name, "labels": {"pod-template-hash": template_hash},
         "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()},
