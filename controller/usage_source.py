@@ -15,8 +15,11 @@ and a Prometheus server's, for clusters that already run dcgm-exporter.
   after a restart (:meth:`AgentsSource.restore`).
 
 A pod's memory-limit hits raise the memory at once (``Recommender.record_oom``, at the last
-hit's limit). Records marked unattributed are never sized; they are counted. A GPUNode's
-records are decoded again only when it publishes anew.
+hit's limit). Records marked unattributed are never sized; they are counted. A record whose
+compute alone is unattributed (``computeUnattributed``: an MPS client) holds memory peaks and
+limit hits but no duty samples, and is merged like any other: the workload's compute, observed
+time and confidence come from its measured pods' duty samples, its memory from all its pods.
+A GPUNode's records are decoded again only when it publishes anew.
 
 What is lost: the minutes since a pod's last publication when it goes, and a pod that went
 while no controller was leading (its history was on its node, not yet in a checkpoint).

@@ -1,8 +1,10 @@
 """The right-sizer's publication and recommender on the real control plane (issue 35).
 
 A SIMULATED node agent (in a thread, as ``gpupack-node-agent`` confined to its node) runs two
-pods of one Deployment on an MPS-shared GPU, each with a process of given SM load and memory;
-it publishes their use histories in its GPUNode's ``status.usage`` every second. The controller
+pods of one Deployment on a time-sliced GPU (under MPS the simulated NVML, as the real one,
+samples only the MPS server, so the replicas' compute would be unattributed), each with a process
+of given SM load and memory; it publishes their use histories in its GPUNode's ``status.usage``
+every second. The controller
 (``gpupack controller run``, a subprocess, as ``gpupack-controller``) runs its recommender every
 second with a minimum history of 20 s. The Deployment's ``GPURecommendation`` first says
 ``NotEnoughHistory``, then carries the size the recommender's own rules give for that use, and
@@ -43,8 +45,9 @@ LOADS = {"a": (30.0, 6000), "b": (20.0, 3000)}
 
 
 def _replica(name: str, rs: str, template_hash: str) -> dict[str, Any]:
-    allocation = Allocation(mode="mps", gated=False, capacity_existed=True, policy="e2e", reason="e2e", containers=(
-        ContainerAllocation("main", "containers", 250, 16 * 1024 * MIB, SHARED_RESOURCE),))
+    allocation = Allocation(mode="time-slicing", gated=False, capacity_existed=True, policy="e2e", reason="e2e",
+                            containers=(ContainerAllocation("main", "containers", 250, 16 * 1024 * MIB,
+                                                            SHARED_RESOURCE),))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": name, "labels": {"pod-template-hash": template_hash},
         "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()},
@@ -57,7 +60,7 @@ def _replica(name: str, rs: str, template_hash: str) -> dict[str, Any]:
 
 @pytest.fixture
 def gpu_node(admin_client: Any, gpupack_installed: Any) -> Iterator[str]:
-    """A Ready Node (no kubelet) and its GPUNode, sharing its GPU by MPS; deleted afterwards."""
+    """A Ready Node (no kubelet) and its GPUNode, sharing its GPU by time-slicing; deleted afterwards."""
     name = f"rec-{uuid.uuid4().hex[:6]}"
     core, custom = client.CoreV1Api(admin_client), client.CustomObjectsApi(admin_client)
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={
@@ -68,7 +71,7 @@ def gpu_node(admin_client: Any, gpupack_installed: Any) -> Iterator[str]:
     core.patch_node(name, {"spec": {"taints": None}})
     custom.create_cluster_custom_object(GROUP, VERSION, "gpunodes", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": {"name": name},
-        "spec": {"sharing": {"mode": "mps", "replicas": 4}}})
+        "spec": {"sharing": {"mode": "time-slicing", "replicas": 4}}})
     yield name
     custom.delete_cluster_custom_object(GROUP, VERSION, "gpunodes", name)
     core.delete_node(name)

@@ -21,7 +21,7 @@ from kube.times import format_time
 from mig.units import parse_quantity
 from sharing.api.crd import NodeUsage, PodUsage, to_wire
 from sharing.api.keys import RIGHT_SIZING_LABEL
-from sharing.usage.compact import LimitHits, encode
+from sharing.usage.compact import LimitHits, encode, memory_only
 from sharing.usage.recommender import ContainerHistory, Recommendation, Recommender, RecommenderSettings
 from sharing.usage.sizing import size_for
 
@@ -37,6 +37,17 @@ def _record(pod: str, duty: float, memory: int, minutes: int, start: float = T0,
         history.observe(start + 60 * i, duty, memory)
     value = encode(history, hits or LimitHits(), H100_MIB)
     return PodUsage(pod=f"ml/{pod}", uid=f"uid-{pod}", container="main", unattributed=unattributed, **dict(value))
+
+
+def _memory_record(pod: str, memory: int, minutes: int, hits: LimitHits | None = None) -> PodUsage:
+    """A pod whose compute is not its own (an MPS client): memory peaks and limit hits, no duty samples."""
+    settings = RecommenderSettings()
+    history = memory_only(ContainerHistory(settings), settings)
+    for i in range(minutes):
+        history.memory.add(float(memory), T0 + 60 * i)
+    value = encode(history, hits or LimitHits(), H100_MIB)
+    return PodUsage(pod=f"ml/{pod}", uid=f"uid-{pod}", container="main",
+                    compute_unattributed="a process on GPU 0 that belongs to no known pod used its SMs", **dict(value))
 
 
 def _pod(name: str, owner: tuple[str, str] | None = ("ReplicaSet", "web-5d8f9")) -> dict[str, Any]:
@@ -215,6 +226,37 @@ def test_an_unattributed_pod_is_never_sized() -> None:
     report = cycle.run()
     assert kube.objects == {} and report.workloads == 0
     assert cycle.source.unattributed == {"ml/shared": "a process of no known pod used the SMs"}
+
+
+def test_an_mps_clients_memory_and_hits_are_merged_while_compute_comes_from_measured_pods() -> None:
+    kube, clock = FakeKube(), Clock()
+    kube.pods = [_pod("web-5d8f9-a"), _pod("web-5d8f9-b")]
+    kube.publish("n1", [_record("web-5d8f9-a", 20.0, 10 * GIB, 150)])  # held a GPU alone: compute measured
+    kube.publish("n2", [_memory_record("web-5d8f9-b", 30 * GIB, 150)])
+    cycle = _cycle(kube, clock)
+    cycle.run()
+    [container] = _status(kube)["containers"]
+    settings = RecommenderSettings()
+    p99 = settings.duty.bucket_start(settings.duty.bucket(20.0) + 1)  # a's alone: b added no duty weight
+    assert container["gpuMilli"] == size_for(Recommendation(min(100.0, p99 * 1.15), 0, 0, 0, 0), 80 * GIB).milli
+    assert _bytes(container["gpuMemory"]) == _rounded(30 * GIB * 1.1)  # the client's peak is the larger
+    assert (container["pods"], container["observedSeconds"]) == (2, 149 * 60)  # observed: a's samples only
+    assert cycle.source.unattributed == {}
+    kube.publish("n2", [_memory_record("web-5d8f9-b", 30 * GIB, 150, hits=LimitHits(1, T0 + 3000, 32 * GIB))])
+    clock.t += 60
+    cycle.run()
+    [hit] = _status(kube)["containers"]
+    assert hit["ooms"] == 1 and _bytes(hit["gpuMemory"]) == _rounded(32 * GIB * 1.2 * 1.1)  # raised at once
+
+
+def test_a_workload_whose_compute_was_never_measured_gets_no_recommendation() -> None:
+    kube, clock = FakeKube(), Clock()
+    kube.pods = [_pod("solo", owner=None)]
+    kube.publish("n1", [_memory_record("solo", 30 * GIB, 150)])  # hours of memory, no compute
+    report = _cycle(kube, clock).run()
+    status = _status(kube, "pod-solo")
+    assert status["containers"] == [] and report.waiting == 1
+    assert status["conditions"][0]["reason"] == "NotEnoughHistory"
 
 
 @pytest.mark.parametrize(("policy_mode", "label", "mode"), [
