@@ -239,14 +239,15 @@ def test_an_mps_clients_memory_and_hits_are_merged_while_compute_comes_from_meas
     settings = RecommenderSettings()
     p99 = settings.duty.bucket_start(settings.duty.bucket(20.0) + 1)  # a's alone: b added no duty weight
     assert container["gpuMilli"] == size_for(Recommendation(min(100.0, p99 * 1.15), 0, 0, 0, 0), 80 * GIB).milli
-    assert _bytes(container["gpuMemory"]) == _rounded(30 * GIB * 1.1)  # the client's peak is the larger
+    assert _bytes(container["gpuMemory"]) == _rounded(_with_margin(30 * GIB))  # the client's peak is the larger
     assert (container["pods"], container["observedSeconds"]) == (2, 149 * 60)  # observed: a's samples only
     assert cycle.source.unattributed == {}
     kube.publish("n2", [_memory_record("web-5d8f9-b", 30 * GIB, 150, hits=LimitHits(1, T0 + 3000, 32 * GIB))])
     clock.t += 60
     cycle.run()
     [hit] = _status(kube)["containers"]
-    assert hit["ooms"] == 1 and _bytes(hit["gpuMemory"]) == _rounded(32 * GIB * 1.2 * 1.1)  # raised at once
+    bump = settings.oom_bump_ratio
+    assert hit["ooms"] == 1 and _bytes(hit["gpuMemory"]) == _rounded(_with_margin(32 * GIB * bump))  # raised at once
 
 
 def test_a_workload_whose_compute_was_never_measured_gets_no_recommendation() -> None:
