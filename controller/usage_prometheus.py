@@ -96,7 +96,8 @@ class PrometheusUsageSource:
         self.gpunodes = gpunodes
         self.workloads = WorkloadHistories(settings or RecommenderSettings())
         self.unattributed: dict[str, str] = {}
-        """Always empty: an unattributed use has no duty series to tell it by (``controller.state.prometheus_usage``)."""
+        """Always empty: an unattributed use has no duty series to tell it by
+        (``controller.state.prometheus_usage``)."""
 
     def restore(self, parts: Iterable[GonePart]) -> None:
         """A leader's term begins from the checkpoints' gone parts; the live pods are read again, from

@@ -102,8 +102,8 @@ def test_the_same_use_gives_the_same_recommendation_as_the_agents_source() -> No
     agents.pods = kube.pods
     agents.publish("n1", [_record("web-5d8f9-a", 20.0, 10 * GIB, 150)])
     agents.publish("n2", [_record("web-5d8f9-b", 40.0, 30 * GIB, 150)])
-    RecommenderCycle(agents, ControllerSettings(recommend_min_observed_seconds=3600.0, metrics_port=0),  # type: ignore[arg-type]
-                     clock=clock).run()
+    settings = ControllerSettings(recommend_min_observed_seconds=3600.0, metrics_port=0)
+    RecommenderCycle(agents, settings, clock=clock).run()  # type: ignore[arg-type]
     theirs = agents.objects[("ml", "deployment-web")]["status"]
     assert (ours["source"], theirs["source"]) == ("Prometheus", "Agents")
     assert ours["containers"] == theirs["containers"] and ours["containers"]
