@@ -14,6 +14,7 @@ from typing import Any
 
 from kube.settings import settings_from_env
 from sharing.api.keys import GPU_OPERATOR_NAMESPACE, MIG_PARTED_CONFIGMAP
+from sharing.usage.recommender import RecommenderSettings
 
 ENV_PREFIX = "GPUPACK_CONTROLLER_"
 USAGE_SOURCES = ("agents", "prometheus")
@@ -77,9 +78,10 @@ class ControllerSettings:
     recommend_seconds: float = 60.0
     """Seconds between two recommender cycles. A minute: agents publish every five, and a history
     needs hours before the first recommendation, so a shorter interval only costs CPU."""
-    recommend_min_observed_seconds: float = 7200.0
-    """History a workload container needs before its first recommendation (the recommender's
-    ``min_observed_s``, whose docstring gives the reason for two hours). Tests shorten it."""
+    recommend_min_observed_seconds: float = RecommenderSettings().min_observed_s
+    """History a workload container needs before its first recommendation: the recommender's
+    ``min_observed_s`` (an hour; its docstring gives the reason), the one default the simulator
+    measured. Tests shorten it."""
     recommendation_refresh_seconds: float = 600.0
     """A recommendation whose size, mode and condition are unchanged is rewritten (its observed
     time and confidence) at most this often, so a steady cluster costs few writes."""

@@ -112,7 +112,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-recommend", action="store_true", help="do not run the right-sizer's recommender")
     p.add_argument("--recommend-seconds", type=positive_float, help="seconds between recommender cycles (default 60)")
     p.add_argument("--recommend-min-observed-seconds", type=non_negative_float,
-                   help="history a workload container needs before its first recommendation (default 7200)")
+                   help="history a workload container needs before its first recommendation (default 3600)")
     p.add_argument("--evict-on-gpu-fault", action="store_true",
                    help="evict pods of a failed GPU or MIG instance (Eviction API, PodDisruptionBudgets honoured) "
                         "when a controller other than a DaemonSet recreates them; default: leave them running")

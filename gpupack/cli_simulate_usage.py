@@ -16,9 +16,12 @@ and the naive static packing's figures; ``--json`` prints them as one JSON objec
 ``pod_minutes_over_limit_pct``, ``evictions_per_pod_day`` and ``static``, and
 ``peak_oracle_gpu_hours_saved_pct``: the oracle with each pod's memory at its life's peak, the
 bound of any packing by per-pod hard memory limits. ``--compute-overcommit F`` lets predicted
-duty cycles on a GPU sum to F x 100 %, as a SharingPolicy that allows it would. Bad input (a missing
-column, a row that cannot be placed, an unknown GPU model) is refused in one line; dropped and
-filled samples are counted under ``trace``.
+duty cycles on a GPU sum to F x 100 %, as a SharingPolicy that allows it would, and
+``--duty-quantile Q`` also bounds the *predicted sum* of a GPU's pods' duty cycles at that
+quantile. ``--learn-minutes``, ``--memory-margin``, ``--first-memory-margin``, ``--oom-bump``,
+``--oom-floor`` and ``--max-drains`` change the right-sizer's settings, to measure
+alternatives (docs/usage.md). Bad input (a missing column, a row that cannot be placed, an
+unknown GPU model) is refused in one line; dropped and filled samples are counted under ``trace``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from kube.inputfile import read_text
 from mig.errors import UnknownModelError
 from sharing.simulator.usage import gpu_memory_bytes, parse_workloads, run_usage
 from sharing.simulator.usage_replay import MODES, RightSizing
-from sharing.usage.recommender import WorkloadKey
+from sharing.usage.recommender import RecommenderSettings, WorkloadKey
 from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
 
 SHOWN = ("gpu_hours_saved_pct", "saturated_gpu_minutes_pct", "gpu_memory_overflow_minutes",
@@ -56,8 +59,43 @@ def register(subparsers: Any) -> None:
     p.add_argument("--compute-overcommit", type=finite_float, default=1.0, metavar="F",
                    help="predicted duty cycles on a GPU may sum to F x 100 %% (as a SharingPolicy allowing "
                         "over-commit would; default 1.0, none); memory is never over-committed")
+    p.add_argument("--duty-quantile", type=finite_float, metavar="Q",
+                   help="also admit a share only while the GPU's predicted duty-cycle sum (its pods' duty "
+                        "histograms convolved) stays at most 100 %% at quantile Q (e.g. 0.995). Over-commit: "
+                        "needs --compute-overcommit above 1")
+    p.add_argument("--learn-minutes", type=finite_float, metavar="M",
+                   help="history before a pod's first recommendation (default 60)")
+    p.add_argument("--memory-margin", type=finite_float, metavar="F",
+                   help="memory headroom over the peak once settled (default 0.05)")
+    p.add_argument("--first-memory-margin", type=finite_float, metavar="F",
+                   help="memory headroom of the first recommendation, shrinking to --memory-margin over "
+                        "6 hours of history (default 0.5)")
+    p.add_argument("--oom-bump", type=finite_float, metavar="F",
+                   help="after an OOM, memory is at least F x the limit hit (default 1.1)")
+    p.add_argument("--oom-floor", action="store_true",
+                   help="an OOM's bump is a floor of the memory recommendation, not a peak the margin multiplies "
+                        "(VPA's way, the default)")
+    p.add_argument("--max-drains", type=int, default=1, metavar="N",
+                   help="GPUs one hourly consolidation may empty (default 1)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
+
+
+def recommender_settings(args: argparse.Namespace) -> RecommenderSettings:
+    """The recommender's settings with the flags given; each flag's range is checked here."""
+    changes: dict[str, Any] = {}
+    ranges = (("learn_minutes", "min_observed_s", 60.0, 0.0, 24 * 60.0),
+              ("memory_margin", "memory_margin", 1.0, 0.0, 2.0),
+              ("first_memory_margin", "first_memory_margin", 1.0, 0.0, 2.0),
+              ("oom_bump", "oom_bump_ratio", 1.0, 1.0, 3.0))  # (flag, setting, to the setting's unit, range)
+    for flag, field, scale, low, high in ranges:
+        value = getattr(args, flag)
+        if value is None:
+            continue
+        if not low <= value <= high:
+            raise UsageError(f"--{flag.replace('_', '-')} must be between {low:g} and {high:g}, got {value:g}")
+        changes[field] = value * scale
+    return dataclasses.replace(RecommenderSettings(), margin_over_oom=not args.oom_floor, **changes)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,7 +115,13 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     if not 1.0 <= args.compute_overcommit <= 10.0:
         raise UsageError(f"--compute-overcommit must be between 1 and 10, got {args.compute_overcommit}")
-    policy = RightSizing(mode=args.mode, compute_overcommit=args.compute_overcommit)
+    if args.duty_quantile is not None and not 0.5 <= args.duty_quantile <= 1.0:
+        raise UsageError(f"--duty-quantile must be between 0.5 and 1, got {args.duty_quantile}")
+    if args.max_drains < 0:
+        raise UsageError(f"--max-drains must not be negative, got {args.max_drains}")
+    policy = RightSizing(mode=args.mode, compute_overcommit=args.compute_overcommit,
+                         recommender=recommender_settings(args), max_drains=args.max_drains,
+                         duty_quantile=args.duty_quantile)
     result = run_usage(trace, args.gpu, policy, workloads)
     counts = {"duty": dataclasses.asdict(trace.duty), "memory": dataclasses.asdict(trace.memory),
               "left_out": list(trace.left_out), "step_s": trace.step_s}

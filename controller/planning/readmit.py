@@ -91,7 +91,8 @@ def request_of(obj: Mapping[str, Any], allocation: Allocation, namespace: str, n
         index = next((i for i, x in enumerate(items) if as_map(x).get("name") == c.name), 0)
         own = as_map(items[index]) if index < len(items) else {}
         sidecar = c.kind == "initContainers" and own.get("restartPolicy") == "Always"
-        containers.append(ContainerRequest(c.kind, index, c.name, c.milli, c.memory_bytes, sidecar))
+        containers.append(ContainerRequest(c.kind, index, c.name, c.milli, c.memory_bytes, sidecar,
+                                           predicted_milli=c.predicted_milli))
     return PodRequest(namespace, name, "auto", tuple(containers))
 
 

@@ -36,6 +36,7 @@ from controller.state.dra_usage import ClaimConflict, own_pin, read_usage
 from controller.state.snapshot import Pod
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.dra import names
+from sharing.dra.share_config import claim_config
 from sharing.admission.dra_claims import MANAGED_BY, DeviceRequestJSON, device_request
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
 from sharing.dra.share_policy import SharePolicy
@@ -122,7 +123,10 @@ def claim_body(pod: Mapping[str, Any], allocation: Allocation, pinned: Pinned, s
                             **({DRA_REQUEUES_ANNOTATION: str(requeues)} if requeues else {})},
             "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid, "controller": True}],
         },
-        "spec": {"devices": {"requests": claim_requests(allocation, pinned, share)}},
+        "spec": {"devices": {"requests": claim_requests(allocation, pinned, share),
+                             # A right-sized share's predicted use (sharing.dra.share_config): the kubelet
+                             # plugin then sets no SM cap below it. Absent for a pod not right-sized.
+                             **({"config": config} if (config := claim_config(allocation)) else {})}},
     }
 
 

@@ -10,6 +10,10 @@ own limits and shares need not be equal:
   may use, ``milli / 10``. With the default 50-milli unit every share is a whole
   percentage; a finer unit is rounded *up* (a claim never gets less than it was
   allocated) and kept within 1..100.
+  A right-sized share (its claim's configuration says so, ``sharing.dra.share_config``) gets 100:
+  its consumed milli is what placement counted for it, derived from a predicted duty cycle (the
+  share of time the pod kept the GPU busy with all its SMs), not a share of the SMs
+  (docs/right-sizing.md). Set, not omitted, so the container says what it was given.
 * ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``: ``<ordinal>=<MiB>M``, the device memory
   the client may allocate, rounded *down* to whole MiB (the limit never exceeds
   what the scheduler counted). The ordinal is the device as CUDA numbers it
@@ -44,8 +48,9 @@ class MpsLimits:
                 f"{PINNED_MEMORY_ENV}={ordinal}={self.pinned_memory_mib}M")
 
 
-def mps_limits(consumed: Mapping[str, int], device: str) -> MpsLimits:
-    """The limits of a share that consumed ``consumed`` (capacity name -> milli or bytes) of ``device``.
+def mps_limits(consumed: Mapping[str, int], device: str, *, right_sized: bool = False) -> MpsLimits:
+    """The limits of a share that consumed ``consumed`` (capacity name -> milli or bytes) of ``device``;
+    ``right_sized``: no SM cap (module docstring).
 
     Raises ``ValueError`` naming the missing or impossible amount: without both
     amounts MPS would let the claim use the whole GPU, which is not what was allocated.
@@ -62,5 +67,5 @@ def mps_limits(consumed: Mapping[str, int], device: str) -> MpsLimits:
         raise ValueError(f"shared device {device}: consumed {milli} milli, outside 1..1000")
     if memory < MiB:
         raise ValueError(f"shared device {device}: consumed {memory} bytes of memory, less than 1 MiB")
-    percentage = min(100, max(1, -(-milli // 10)))
+    percentage = 100 if right_sized else min(100, max(1, -(-milli // 10)))
     return MpsLimits(percentage, memory // MiB)

@@ -17,7 +17,8 @@ device and the rule:
   full-size instance (every compute and memory slice: ``7g.80gb`` on an H100),
   created at prepare and destroyed at unprepare like any MIG device, so MIG mode
   never changes and no reset is needed;
-* an MPS share whose allocation records no consumed capacity;
+* an MPS share whose allocation records no consumed capacity (a right-sized one, which its claim's
+  configuration names, gets no SM cap: ``node.draplugin.mps``);
 * admin access (monitoring a device others use), which gpupack does not offer;
 * the same MIG instance or whole GPU twice in one claim.
 """
@@ -131,7 +132,7 @@ def plan_device(result: AllocatedDevice, nvml: NvmlReader, *, node: str, share_m
                          "plugin does not switch MIG mode (that needs an idle GPU and a reset)")
     if name.kind == "shared" and share_mode == "mps":
         try:
-            limits = mps_limits(result.consumed, result.device)
+            limits = mps_limits(result.consumed, result.device, right_sized=result.predicted_milli is not None)
         except ValueError as exc:
             raise ClaimError(str(exc)) from None
         return replace(base, mps=limits)

@@ -33,6 +33,14 @@ claim is created only when the engine places the pod, an ``auto`` pod decided
 a share there also records its MIG option, when the pool has one
 (``PodDecision.mig_fallback``): the engine places it on MIG instead when no
 shared GPU has room (docs/dra-placement.md, "The mode of an auto pod").
+
+A right-sized container (``ContainerRequest.predicted_milli``, set by
+``sharing.admission.right_sizing``) asks the shared options and a whole GPU for its *accounted* milli
+(``milli``: the predicted use divided by the namespace's compute over-commit,
+``sharing.rules.right_sizing.accounted_milli``), and MIG for its *predicted* milli: MIG slices are
+physical and cannot be over-committed. Its MPS share has no SM cap of its own
+(``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100``): a recommendation's milli is a duty cycle, the share of
+time the pod kept the GPU busy with all its SMs, not a share of the SMs (docs/right-sizing.md).
 """
 
 from __future__ import annotations
@@ -91,6 +99,9 @@ class ContainerDecision:
     resource: str
     profile: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    predicted_milli: int | None = None
+    """Right-sized: the compute the container is predicted to use (``milli`` is what placement
+    counts, ``ContainerRequest.predicted_milli``); None: not right-sized."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +132,8 @@ class PodDecision:
             policy=self.policy,
             reason=self.reason,
             containers=tuple(
-                ContainerAllocation(c.name, c.kind, c.milli, c.memory_bytes, c.resource, c.profile)
+                ContainerAllocation(c.name, c.kind, c.milli, c.memory_bytes, c.resource, c.profile,
+                                    c.predicted_milli)
                 for c in self.containers
             ),
             gpu_model=self.gpu_model,
@@ -135,10 +147,18 @@ class PodDecision:
 # --- the decision --------------------------------------------------------------
 
 
-def _mps_env(milli: int, memory: int | None) -> tuple[tuple[str, str], ...]:
+RIGHT_SIZED_THREAD_PERCENTAGE: Final = 100
+"""The thread limit of a right-sized MPS container: none of its own. Set, not omitted, so the pod
+says what it was given; a client's value only narrows the MPS control daemon's default, so the
+device plugin's per-replica cap (``100 / r``) still holds (docs/right-sizing.md)."""
+
+
+def _mps_env(milli: int, memory: int | None, right_sized: bool = False) -> tuple[tuple[str, str], ...]:
     # The device plugin already caps each replica at 1/r of the GPU; these
-    # per-client limits narrow that to what the container asked for.
-    env = [(MPS_THREADS_ENV, str(max(1, math.ceil(milli / 10))))]
+    # per-client limits narrow that to what the container asked for. A right-sized
+    # container's milli is a predicted duty cycle, not a share of the SMs: no SM cap.
+    threads = RIGHT_SIZED_THREAD_PERCENTAGE if right_sized else max(1, math.ceil(milli / 10))
+    env = [(MPS_THREADS_ENV, str(threads))]
     if memory is not None:
         env.append((MPS_MEMORY_ENV, f"0={math.ceil(memory / _MIB)}M"))
     return tuple(env)
@@ -183,7 +203,9 @@ def decide(
                 f"{_where(backend)} has {fmt_bytes(largest)}",
             )
     roles = tuple(role(c) for c in request.containers)
-    choice = _choose(request.mode, tuple(asks), roles, policy, inventory, memo, backend)
+    # MIG slices are physical: a right-sized container's instance covers its predicted use.
+    mig_asks = tuple((c.predicted_milli or milli, mem) for c, (milli, mem) in zip(request.containers, asks))
+    choice = _choose(request.mode, tuple(asks), mig_asks, roles, policy, inventory, memo, backend)
     return _materialise(choice, request, asks, policy, engine_places or backend == "dra", backend)
 
 
@@ -270,6 +292,7 @@ def _own_memo(memo: DecisionMemo | None, inventory: Inventory) -> DecisionMemo |
 def _choose(
     requested: str,
     asks: tuple[tuple[int, int | None], ...],
+    mig_asks: tuple[tuple[int, int | None], ...],
     roles: tuple[Role, ...],
     policy: AdmissionPolicy,
     inventory: Inventory,
@@ -280,12 +303,13 @@ def _choose(
     never changes once built, so neither does the answer)."""
     memo = _own_memo(memo, inventory)
     if memo is None:
-        return _choose_uncached(requested, list(asks), roles, policy, inventory.pool(backend), backend)
-    key = (backend, requested, asks, roles, policy)
+        return _choose_uncached(requested, list(asks), list(mig_asks), roles, policy, inventory.pool(backend), backend)
+    key = (backend, requested, asks, mig_asks, roles, policy)
     cached = memo.option(key)
     if cached is None:
         try:
-            cached = _choose_uncached(requested, list(asks), roles, policy, inventory.pool(backend), backend)
+            cached = _choose_uncached(requested, list(asks), list(mig_asks), roles, policy, inventory.pool(backend),
+                                      backend)
         except AdmissionRefusal as refusal:
             cached = refusal
         memo.remember(key, cached)
@@ -297,12 +321,14 @@ def _choose(
 def _choose_uncached(
     requested: str,
     asks: list[tuple[int, int | None]],
+    mig_asks: list[tuple[int, int | None]],
     roles: tuple[Role, ...],
     policy: AdmissionPolicy,
     inventory: Inventory,
     backend: Backend,
 ) -> Choice:
-    """``inventory``: the pool's (``Inventory.pool``)."""
+    """``inventory``: the pool's (``Inventory.pool``). ``asks``: what the shared and whole-GPU options
+    count; ``mig_asks``: what a MIG instance must cover (the predicted use of a right-sized container)."""
     allowed = policy.allowed_modes
     dra = backend == "dra"
     where = _where(backend)
@@ -315,7 +341,7 @@ def _choose_uncached(
     for mode in modes:
         if mode == "mig":
             try:
-                mig = mig_option(asks, roles, policy, inventory, dra=dra)
+                mig = mig_option(mig_asks, roles, policy, inventory, dra=dra)
                 options.append(mig)
             except NoMigOption as none:
                 if requested == "mig":
@@ -395,8 +421,9 @@ def _materialise(
         # On the DRA pool a container is given its request of the pod's claim, and the kubelet
         # plugin sets MPS limits from what the claim consumed.
         resource = request_name(i) if dra else _resource(best.mode, profile)
-        env = _mps_env(milli, mem) if best.mode == "mps" and not dra else ()
-        containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem, resource, profile, env))
+        env = _mps_env(milli, mem, c.predicted_milli is not None) if best.mode == "mps" and not dra else ()
+        containers.append(ContainerDecision(c.kind, c.index, c.name, milli, mem, resource, profile, env,
+                                            c.predicted_milli))
     if best.mode == "mig":
         assert best.model is not None
         where = f"{', '.join(sorted({p.name for p in best.profiles}))} on {best.model.product}"

@@ -24,7 +24,12 @@ What is sized, and what is not:
   an MPS memory limit below use is an OOM. Where it is more than the pool's largest GPU holds,
   the pod is not sized at all (sizing it down would go below the recommendation, sizing it up
   would make a pod no node can hold): it keeps its own request, and the review's message says why.
-* Compute is the recommendation's predicted use (at least 1 milli, at most one GPU).
+* Compute is the recommendation's predicted use (at least 1 milli, at most one GPU), a duty cycle:
+  the container carries it as ``ContainerRequest.predicted_milli``, and its ``milli`` becomes what
+  shared placement counts, ``ceil(predicted / compute_overcommit)`` where the namespace's policy
+  over-commits compute (``sharing.rules.right_sizing.accounted_milli``; the predicted use itself
+  where it does not). The decision then gives a right-sized MPS share no SM cap and a MIG instance
+  that covers the predicted use (``sharing.admission.decision``).
 * Sizing may raise a request as well as lower it: an OOM raises the recommendation at once, and
   the next pod of the workload gets the larger limit (the Autopilot method, issue 35).
 * A pod labelled ``gpupack.io/skip=true`` never gets here (the webhook leaves it untouched), and
@@ -107,18 +112,25 @@ def size_pod(request: PodRequest, pod: Mapping[str, Any], right_sizing: RightSiz
                 f"{fmt_bytes(size.memory_bytes)} of GPU memory, more than the largest GPU "
                 f"({fmt_bytes(largest_memory_bytes)}) holds; not sized"))
         milli = min(MAX_MILLI, max(1, size.milli))
-        sized.append(replace(container, milli=milli, memory_bytes=size.memory_bytes))
+        accounted = right_sizing.accounted_milli(milli)
+        sized.append(replace(container, milli=accounted, memory_bytes=size.memory_bytes, predicted_milli=milli))
         changes.append(SizedContainer(container.name, container.milli, container.memory_bytes, milli,
-                                      size.memory_bytes))
+                                      size.memory_bytes, accounted))
     if not changes:
         names = ", ".join(repr(c.name) for c in request.containers)
         return Sized(request, note=f"{why}: GPURecommendation {name!r} recommends nothing for container(s) "
                                    f"{names}; not sized")
-    record = RightSizedFrom(name, found.generation, found.updated, tuple(changes))
+    record = RightSizedFrom(name, found.generation, found.updated, tuple(changes), right_sizing.compute_overcommit)
     told = "; ".join(f"{c.name}: {c.asked_milli}m/{_asked(c.asked_memory_bytes)} -> "
-                     f"{c.milli}m/{fmt_bytes(c.memory_bytes)}" for c in changes)
+                     f"{c.milli}m/{fmt_bytes(c.memory_bytes)}{_accounted(c)}" for c in changes)
     return Sized(replace(request, containers=tuple(sized)), record,
                  f"{why}: sized from GPURecommendation {name!r} (generation {found.generation}): {told}")
+
+
+def _accounted(container: SizedContainer) -> str:
+    if container.accounted == container.milli:
+        return ""
+    return f" (predicted; {container.accounted}m accounted)"
 
 
 def _asked(memory: int | None) -> str:

@@ -22,7 +22,12 @@ which the container's ``resources.claims`` names; ``backend`` is absent for the
 device-plugin backend. A DRA record of a shared mode that the webhook decided for an ``auto``
 pod may add ``"migFallback": ["3g.40gb", ...]``, per container (in ``containers`` order) the
 MIG profile the packing engine may place the pod on instead when no shared GPU has room
-(docs/dra-placement.md, "The mode of an auto pod"); absent otherwise. The JSON has sorted keys
+(docs/dra-placement.md, "The mode of an auto pod"); absent otherwise. A container the webhook
+right-sized from its workload's recommendation (``sharing.admission.right_sizing``) adds
+``"predictedMilli"``: the compute it is predicted to use, while its ``milli`` is what placement
+counts (``sharing.rules.right_sizing.accounted_milli``: less where the namespace's policy
+over-commits compute) and its MPS share has no SM cap; absent on every other container, and on
+records written before it, which read as not right-sized. The JSON has sorted keys
 and no spaces, so the same decision always gives the same text (the webhook's reinvocation
 check compares it).
 """
@@ -61,6 +66,9 @@ class ContainerAllocation:
     memory_bytes: int | None
     resource: str
     profile: str | None = None
+    predicted_milli: int | None = None
+    """Right-sized: the compute the container is predicted to use; ``milli`` is what placement counts
+    (module docstring). None: not right-sized."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,7 @@ class Allocation:
                     "name": c.name, "kind": c.kind, "milli": c.milli, "resource": c.resource,
                     **({"memoryBytes": c.memory_bytes} if c.memory_bytes is not None else {}),
                     **({"profile": c.profile} if c.profile else {}),
+                    **({"predictedMilli": c.predicted_milli} if c.predicted_milli is not None else {}),
                 }
                 for c in self.containers
             ],
@@ -270,7 +279,10 @@ def _container(raw: object, position: int) -> ContainerAllocation:
         raise AllocationError(f"{where}.memoryBytes {memory!r} is not a positive integer")
     if kind not in _KINDS:
         raise AllocationError(f"{where}.kind {kind!r} is not one of {', '.join(_KINDS)}")
-    profile = raw.get("profile")
+    profile, predicted = raw.get("profile"), raw.get("predictedMilli")
+    if predicted is not None and (not isinstance(predicted, int) or isinstance(predicted, bool)
+                                  or not 1 <= predicted <= 1000):
+        raise AllocationError(f"{where}.predictedMilli {predicted!r} is not 1..1000")
     return ContainerAllocation(
         name=str(raw.get("name") or ""),
         kind=kind,
@@ -278,4 +290,5 @@ def _container(raw: object, position: int) -> ContainerAllocation:
         memory_bytes=memory,
         resource=str(raw.get("resource") or ""),
         profile=profile if isinstance(profile, str) and profile else None,
+        predicted_milli=predicted,
     )

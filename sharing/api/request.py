@@ -125,6 +125,10 @@ class ContainerRequest:
     """``None`` when the container did not ask; the policy's default or the mode fills it."""
     sidecar: bool = False
     """An init container with ``restartPolicy: Always``: it keeps running beside the app containers."""
+    predicted_milli: int | None = None
+    """Right-sized from its workload's recommendation (``sharing.admission.right_sizing``): the compute
+    it is predicted to use (a duty cycle, not a share of the SMs), while ``milli`` is what shared
+    placement counts (``sharing.rules.right_sizing.accounted_milli``). None: not right-sized."""
 
     @property
     def concurrent(self) -> bool:

@@ -10,12 +10,16 @@ got less than it asked; the Recreate updater reads it to compare a pod with a ne
 
 One JSON object, compact, keys sorted (as ``sharing.api.allocation`` writes its record)::
 
-    {"containers":[{"askedMemoryBytes":null,"askedMilli":1000,"memoryBytes":21474836480,"milli":120,
-      "name":"main"}],"generation":1,"recommendation":"deployment-web","updated":"2026-12-04T17:00:00Z",
-      "version":"v1"}
+    {"computeOvercommit":1.5,"containers":[{"accountedMilli":80,"askedMemoryBytes":null,"askedMilli":1000,
+      "memoryBytes":21474836480,"milli":120,"name":"main"}],"generation":1,"recommendation":"deployment-web",
+      "updated":"2026-12-04T17:00:00Z","version":"v1"}
 
 ``askedMemoryBytes`` is null when the container asked for no ``gpupack.io/gpu-memory`` (the
-namespace's SharingPolicy default applied then).
+namespace's SharingPolicy default applied then). ``milli`` is the recommendation's, the compute the
+container is predicted to use; ``accountedMilli`` what shared placement counts for it,
+``ceil(milli / computeOvercommit)`` (``sharing.rules.right_sizing.accounted_milli``), the
+namespace's compute over-commit when it was sized. Both are absent from records written before them,
+which read as no over-commit (``accountedMilli`` = ``milli``, ``computeOvercommit`` 1.0).
 """
 
 from __future__ import annotations
@@ -41,7 +45,14 @@ class SizedContainer:
     asked_milli: int
     asked_memory_bytes: int | None
     milli: int
+    """The recommendation's: the compute the container is predicted to use."""
     memory_bytes: int
+    accounted_milli: int | None = None
+    """What shared placement counts for it (module docstring); None: ``milli``."""
+
+    @property
+    def accounted(self) -> int:
+        return self.milli if self.accounted_milli is None else self.accounted_milli
 
 
 @dataclass(frozen=True)
@@ -52,15 +63,17 @@ class RightSizedFrom:
     generation: int
     updated: str | None
     containers: tuple[SizedContainer, ...]
+    compute_overcommit: float = 1.0
+    """The namespace's ``rightSizing.computeOvercommit`` when the pod was sized."""
 
     def to_annotation(self) -> str:
         """The annotation's text."""
         record: dict[str, Any] = {
             "version": VERSION, "recommendation": self.recommendation, "generation": self.generation,
-            "updated": self.updated,
+            "updated": self.updated, "computeOvercommit": self.compute_overcommit,
             "containers": [
                 {"name": c.name, "askedMilli": c.asked_milli, "askedMemoryBytes": c.asked_memory_bytes,
-                 "milli": c.milli, "memoryBytes": c.memory_bytes}
+                 "milli": c.milli, "accountedMilli": c.accounted, "memoryBytes": c.memory_bytes}
                 for c in self.containers
             ],
         }
@@ -77,10 +90,16 @@ class RightSizedFrom:
             raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION}: generation is not a non-negative integer")
         if updated is not None and not isinstance(updated, str):
             raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION}: updated is not a time")
+        overcommit = raw.get("computeOvercommit", 1.0)
+        if (not isinstance(overcommit, (int, float)) or isinstance(overcommit, bool)
+                or not 1.0 <= overcommit <= 4.0):
+            raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION}: computeOvercommit {overcommit!r} is not a number "
+                                  "in 1.0..4.0")
         items = raw.get("containers")
         if not isinstance(items, list) or not items:
             raise RightSizedError(f"{RIGHT_SIZED_ANNOTATION}: containers is not a non-empty list")
-        return cls(name, generation, updated, tuple(_container(item, i) for i, item in enumerate(items)))
+        return cls(name, generation, updated, tuple(_container(item, i) for i, item in enumerate(items)),
+                   float(overcommit))
 
 
 def _count(value: object) -> bool:
@@ -93,12 +112,15 @@ def _container(item: object, index: int) -> SizedContainer:
         raise RightSizedError(f"{where} is not an object with a name")
     fields = ("askedMilli", "milli", "memoryBytes")
     bad = next((f for f in fields if not _count(item.get(f))), None)
-    asked_memory = item.get("askedMemoryBytes")
+    asked_memory, accounted = item.get("askedMemoryBytes"), item.get("accountedMilli")
     if bad is None and asked_memory is not None and not _count(asked_memory):
         bad = "askedMemoryBytes"
+    if bad is None and accounted is not None and not _count(accounted):
+        bad = "accountedMilli"
     if bad is not None:
         raise RightSizedError(f"{where}.{bad} is not a non-negative integer")
-    return SizedContainer(item["name"], item["askedMilli"], asked_memory, item["milli"], item["memoryBytes"])
+    return SizedContainer(item["name"], item["askedMilli"], asked_memory, item["milli"], item["memoryBytes"],
+                          accounted)
 
 
 __all__ = ["VERSION", "RightSizedError", "RightSizedFrom", "SizedContainer"]

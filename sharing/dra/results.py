@@ -33,6 +33,9 @@ class AllocatedDevice:
     share_id: str | None = None
     consumed: Mapping[str, int] = field(default_factory=dict)
     admin_access: bool = False
+    predicted_milli: int | None = None
+    """A right-sized share: the compute its container is predicted to use, from the claim's
+    configuration (``sharing.dra.share_config``), not from the result itself; None: not right-sized."""
 
     @property
     def base_request(self) -> str:

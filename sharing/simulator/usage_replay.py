@@ -35,9 +35,10 @@ from typing import Literal
 from sharing.dra.share_policy import SHARES, SharePolicy
 from sharing.rules.replicas import MAX_MILLI
 from sharing.simulator.usage_figures import Seat, Seating
-from sharing.usage.consolidation import Share, consolidation_moves
+from sharing.packing.shared_gpus import FitRule, SharedGpus
+from sharing.usage.consolidation import consolidation_moves
 from sharing.usage.recommender import Recommender, RecommenderSettings, WorkloadKey
-from sharing.usage.sizing import GpuLoad, Size, fits, size_for, whole_gpu
+from sharing.usage.sizing import Size, size_for, whole_gpu
 from sharing.usage.trace import PodUsage, UsageTrace
 from sharing.usage.updater import Candidate, UpdaterSettings, choose_moves
 
@@ -56,6 +57,11 @@ class RightSizing:
     compute_overcommit: float = 1.0
     consolidate_every_s: float | None = 3600.0
     """How often ``recreate`` tries to empty a GPU into the others' room (None: never)."""
+    max_drains: int = 1
+    """GPUs one consolidation may empty."""
+    duty_quantile: float | None = None
+    """Admit a share while the GPU's predicted duty sum stays at most 100 % at this quantile
+    (``sharing.packing.duty_sum``; with ``compute_overcommit`` above 1); None: caps only."""
 
 
 def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
@@ -63,62 +69,17 @@ def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
     return {p.pod: WorkloadKey("trace", "Pod", p.pod, "main") for p in trace.pods}
 
 
-class _Cluster:
-    """The GPUs a run holds: each one's load, and each pod's seat and size."""
-
-    def __init__(self, gpu_memory_bytes: int, policy: RightSizing) -> None:
-        self.gpu_memory = gpu_memory_bytes
-        self.policy = policy
-        self.loads: dict[int, GpuLoad] = {}
-        self.seats: dict[str, tuple[int, Size]] = {}
-        self.next_id = 0
-
-    def share(self, size: Size) -> Size:
-        """The share a size takes under the share policy: a whole GPU when its memory rounds past
-        what a GPU serves, or when it rounds to all of a GPU's compute (a pod predicted to use a
-        whole GPU gets one, over-commit or not: over-commit is only against predicted use)."""
-        shares = self.policy.shares
-        milli = shares.consumed_milli(size.milli)
-        memory = shares.consumed_memory(size.memory_bytes)
-        if milli >= MAX_MILLI or memory > shares.max_memory(self.gpu_memory):
-            return whole_gpu(self.gpu_memory)
-        return Size(milli, memory)
-
-    def seat(self, pod: str, size: Size, avoid: int | None = None) -> None:
-        """Seat ``pod`` at ``size`` (its old share, if any, still held: make-before-break), then free the old one."""
-        best: tuple[int, int] | None = None  # (memory left after, GPU)
-        for gpu, load in self.loads.items():
-            if gpu != avoid and fits(load, size, self.gpu_memory, self.policy.compute_overcommit):
-                left = self.gpu_memory - load.memory_bytes - size.memory_bytes
-                if best is None or (left, gpu) < best:
-                    best = (left, gpu)
-        if best is None:
-            gpu = self.next_id
-            self.next_id += 1
-            self.loads[gpu] = GpuLoad()
-        else:
-            gpu = best[1]
-        self.place(pod, size, gpu)
-
-    def place(self, pod: str, size: Size, gpu: int) -> None:
-        """Seat ``pod`` on ``gpu`` (its old share still held while the new one is taken), then free the old."""
-        self.loads[gpu] = self.loads[gpu].plus(size)
-        self.leave(pod)
-        self.seats[pod] = (gpu, size)
-
-    def shares(self, owners: Mapping[str, WorkloadKey]) -> dict[int, list[Share]]:
-        """Each GPU's shares, for consolidation."""
-        out: dict[int, list[Share]] = {gpu: [] for gpu in self.loads}
-        for pod, (gpu, size) in self.seats.items():
-            out[gpu].append(Share(pod, owners[pod], size))
-        return out
-
-    def leave(self, pod: str) -> None:
-        if pod in self.seats:
-            gpu, size = self.seats.pop(pod)
-            self.loads[gpu] = self.loads[gpu].minus(size)
-            if self.loads[gpu] == GpuLoad():
-                del self.loads[gpu]
+def share_of(size: Size, gpu_memory_bytes: int, shares: SharePolicy) -> Size:
+    """The share a size takes under the share policy: a whole GPU when its memory rounds past
+    what a GPU serves, or when it rounds to all of a GPU's compute (a pod predicted to use a
+    whole GPU gets one, over-commit or not: over-commit is only against predicted use). Placed by
+    the predicted duty sum, such pods still take whole GPUs: on the GenTD26 half their bursts
+    come together (docs/usage.md), which a sum of independent profiles does not see."""
+    milli = shares.consumed_milli(size.milli)
+    memory = shares.consumed_memory(size.memory_bytes)
+    if milli >= MAX_MILLI or memory > shares.max_memory(gpu_memory_bytes):
+        return whole_gpu(gpu_memory_bytes)
+    return Size(milli, memory)
 
 
 def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: RightSizing,
@@ -126,7 +87,7 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
     """The run's seating at each step (module docstring)."""
     owners = {**own_workloads(trace), **(workloads or {})}
     recommender = Recommender(policy.recommender)
-    cluster = _Cluster(gpu_memory_bytes, policy)
+    cluster = SharedGpus(FitRule(gpu_memory_bytes, policy.compute_overcommit, policy.duty_quantile))
     moves: dict[WorkloadKey, list[float]] = {}
     by_start: dict[int, list[PodUsage]] = {}
     by_end: dict[int, list[PodUsage]] = {}
@@ -134,19 +95,23 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
         by_start.setdefault(pod.first_step, []).append(pod)
         by_end.setdefault(pod.end_step, []).append(pod)
     live: dict[str, PodUsage] = {}
+    killed: set[str] = set()  # pods OOM-killed since they were seated
 
     def target(pod: str) -> Size | None:
         recommendation = recommender.recommend(owners[pod])
-        return None if recommendation is None else cluster.share(size_for(recommendation, gpu_memory_bytes))
+        if recommendation is None:
+            return None
+        return share_of(size_for(recommendation, gpu_memory_bytes), gpu_memory_bytes, policy.shares)
 
     for step in range(trace.steps):
         now = trace.start_s + step * trace.step_s
         for pod in by_end.get(step, []):
+            killed.discard(pod.pod)
             cluster.leave(pod.pod)
             live.pop(pod.pod, None)
         for pod in by_start.get(step, []):
             size = target(pod.pod) if policy.mode != "off" else None
-            cluster.seat(pod.pod, size or whole_gpu(gpu_memory_bytes))
+            cluster.seat(pod.pod, size or whole_gpu(gpu_memory_bytes), recommender.duty_profile(owners[pod.pod]))
             live[pod.pod] = pod
         # The step's use happens in these seats; the updater's moves take effect from the next step.
         seating = {name: Seat(gpu, size.memory_bytes) for name, (gpu, size) in cluster.seats.items()}
@@ -155,22 +120,26 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             limit = cluster.seats[name][1].memory_bytes
             if used > limit:
                 recommender.record_oom(owners[name], now, limit)
+                killed.add(name)
             recommender.observe(owners[name], now, pod.duty_percent[step - pod.first_step], min(used, limit))
         if policy.mode == "recreate":
             horizon = now - policy.updater.interval_s
             recent = {key: sum(1 for t in times if t > horizon) for key, times in moves.items()}
-            candidates = [Candidate(name, owners[name], cluster.seats[name][1], wanted)
+            candidates = [Candidate(name, owners[name], cluster.seats[name][1], wanted, name in killed)
                           for name in live if (wanted := target(name)) is not None]
             for move in choose_moves(candidates, recent, policy.updater):
-                cluster.seat(move.pod, move.target, avoid=cluster.seats[move.pod][0])
+                killed.discard(move.pod)
+                cluster.seat(move.pod, move.target, recommender.duty_profile(move.workload),
+                             avoid=cluster.seats[move.pod][0])
                 moves.setdefault(move.workload, []).append(now)
             every = policy.consolidate_every_s
             if every is not None and step % max(1, round(every / trace.step_s)) == 0:
                 budget = {key: policy.updater.max_moves_per_interval - sum(1 for t in times if t > horizon)
                           for key, times in moves.items()}
                 budget = {key: budget.get(key, policy.updater.max_moves_per_interval) for key in set(owners.values())}
-                for drain in consolidation_moves(cluster.shares(owners), gpu_memory_bytes, budget,
-                                                 policy.compute_overcommit):
-                    cluster.place(drain.pod, cluster.seats[drain.pod][1], drain.to_gpu)
+                for name in live:  # the pool predicts sums from the profiles as they are now
+                    cluster.set_duty(name, recommender.duty_profile(owners[name]))
+                for drain in consolidation_moves(cluster, owners, budget, policy.max_drains):
+                    cluster.place(drain.pod, cluster.seats[drain.pod][1], drain.to_gpu, cluster.duties.get(drain.pod))
                     moves.setdefault(drain.workload, []).append(now)
         yield seating

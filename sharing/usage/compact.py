@@ -108,18 +108,24 @@ def decode(value: UsageHistory, settings: RecommenderSettings) -> tuple[Containe
 
 def merged(histories: Iterable[ContainerHistory], settings: RecommenderSettings) -> ContainerHistory:
     """One history holding the samples of all of ``histories`` (a workload's pods, per container):
-    histograms merged (``DecayingHistogram.merge``), peaks by interval, spans, counts and hits summed."""
+    histograms merged (``DecayingHistogram.merge``), peaks (and OOM floors) by interval, spans, counts
+    and hits summed."""
     out = ContainerHistory(settings)
     peaks: dict[int, float] = {}
+    floors: dict[int, float] = {}
     for history in histories:
         out.duty.merge(history.duty)
         for index, value in history.memory.intervals:
             peaks[index] = max(value, peaks.get(index, 0.0))
+        for index, value in history.oom_floor.intervals:
+            floors[index] = max(value, floors.get(index, 0.0))
         out.first_s, out.last_s = min(out.first_s, history.first_s), max(out.last_s, history.last_s)
         out.samples += history.samples
         out.ooms += history.ooms
     for index in sorted(peaks):
         out.memory.add(peaks[index], index * settings.memory.interval_s)
+    for index in sorted(floors):
+        out.oom_floor.add(floors[index], index * settings.memory.interval_s)
     return out
 
 

@@ -102,6 +102,17 @@ class DecayingHistogram:
                 return min(self.options.bucket_start(index + 1), self.options.max_value)
         return self.options.max_value  # pragma: no cover - the loop returns at the last bucket
 
+    def unit_weights(self) -> list[float]:
+        """The weight at each whole value ``0 .. ceil(max_value)``, each bucket counted at its end
+        rounded up: an upper estimate, as :meth:`percentile` is (the duty profile a predicted sum
+        of several pods' duty cycles is made from, ``sharing.packing.duty_sum``)."""
+        out = [0.0] * (math.ceil(self.options.max_value) + 1)
+        for index, weight in enumerate(self.weights):
+            if weight > 0:
+                end = min(self.options.bucket_start(index + 1), self.options.max_value)
+                out[math.ceil(end - 1e-9)] += weight
+        return out
+
     def merge(self, other: DecayingHistogram) -> None:
         """Add ``other``'s samples (same options), their decay kept relative to their own times."""
         if other.options != self.options:

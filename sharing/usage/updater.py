@@ -5,7 +5,8 @@ recommended memory by more than ``memory_risk_slack`` (it risks an OOM), above i
 ``memory_slack`` (it holds memory others could use), or when its compute differs from the
 recommended by more than ``compute_slack`` either way. :func:`choose_moves` picks, among far pods, at most
 ``max_moves_per_interval`` per workload per ``interval_s`` (counting moves already made in the
-interval), those at risk first, then those that free the most memory.
+interval), those at risk first, then those that free the most memory; a pod OOM-killed since it
+was seated moves at once, outside that budget (:func:`choose_moves`).
 
 **Moves are make-before-break.** The driver that carries a move out (the simulator here; the
 controller live, through the Eviction API with PodDisruptionBudgets honoured) first seats the
@@ -53,6 +54,8 @@ class Candidate:
     workload: WorkloadKey
     current: Size
     target: Size
+    oom: bool = False
+    """Its use passed its memory limit since it was seated: it was OOM-killed and restarts anyway."""
 
 
 def at_risk(current: Size, target: Size, settings: UpdaterSettings) -> bool:
@@ -73,7 +76,17 @@ def is_far(current: Size, target: Size, settings: UpdaterSettings) -> bool:
 
 def choose_moves(candidates: Sequence[Candidate], moved_this_interval: Mapping[WorkloadKey, int],
                  settings: UpdaterSettings) -> tuple[Candidate, ...]:
-    """The far candidates to move now, in the order to try them (module docstring)."""
+    """The far candidates to move now, in the order to try them (module docstring). A pod that was
+    OOM-killed (``oom``) and whose recommendation is now above its limit moves first and outside
+    the budget: it is restarting already, and restarting it at the limit that killed it would only
+    kill it again (it still counts against the workload's other moves)."""
+    killed = [c for c in candidates if c.oom and c.target.memory_bytes > c.current.memory_bytes]
+    if killed:
+        rest = [c for c in candidates if c not in killed]
+        spent = dict(moved_this_interval)
+        for c in killed:
+            spent[c.workload] = spent.get(c.workload, 0) + 1
+        return tuple(sorted(killed, key=lambda c: c.pod)) + choose_moves(rest, spent, settings)
     far = [c for c in candidates if is_far(c.current, c.target, settings)]
     far.sort(key=lambda c: (not at_risk(c.current, c.target, settings), c.target.memory_bytes - c.current.memory_bytes,
                             c.pod))

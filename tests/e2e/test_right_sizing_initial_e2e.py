@@ -8,12 +8,17 @@ recommender would: the object, then its status through the status subresource. N
 kube-controller-manager runs here, so the Deployment's pod is created as its ReplicaSet would
 create it (owner reference to the ReplicaSet, ``pod-template-hash`` label), by a tenant account, so
 the create-marks ValidatingAdmissionPolicy judges the webhook's new record too.
+
+A second test turns compute over-commit on for the namespace with a SharingPolicy (``rightSizing:
+computeOvercommit: 2.0``, the namespace's label gives the mode) and checks that the admitted pod is
+accounted half its predicted milli, and that neither right-sized pod has an SM cap of its own.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,7 @@ import pytest
 from kubernetes import client
 
 from gpupack.testing.admission_reviews import gpu_container, make_pod
+from sharing.api.allocation import Allocation
 from sharing.api.keys import ALLOCATION_ANNOTATION, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL
 from sharing.api.right_sized import RightSizedFrom
 from tests.e2e.tenants import tenant_client
@@ -89,6 +95,20 @@ def _sized_on_dry_run(admin_client: Any, namespace: str, pod: dict[str, Any]) ->
     return RIGHT_SIZED_ANNOTATION in (created.metadata.annotations or {})
 
 
+def _right_sized_share(stored: dict[str, Any]) -> tuple[Allocation, RightSizedFrom]:
+    """The records of a stored pod sized from ``_recommend``'s 12Gi, checked to be an MPS share with that
+    memory limit and no SM cap of its own (the recommendation's milli is a predicted duty cycle, not a
+    share of the SMs)."""
+    container = stored["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+    assert {e["name"]: e["value"] for e in container["env"]} == {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"}
+    annotations = stored["metadata"]["annotations"]
+    allocation = Allocation.from_annotation(annotations[ALLOCATION_ANNOTATION])
+    assert allocation.mode == "mps" and allocation.containers[0].memory_bytes == 12 * 1024**3
+    return allocation, RightSizedFrom.from_annotation(annotations[RIGHT_SIZED_ANNOTATION])
+
+
 def test_initial_sizes_a_deployments_new_pod_from_its_recommendation_and_off_does_not(
     webhook: Webhook, admin_client: Any, gpu_namespace: str, tenant: Any,
 ) -> None:
@@ -103,17 +123,11 @@ def test_initial_sizes_a_deployments_new_pod_from_its_recommendation_and_off_doe
 
     as_tenant.create_namespaced_pod(gpu_namespace, first)
     stored = admin_client.sanitize_for_serialization(core.read_namespaced_pod("web-sized", gpu_namespace))
-    container = stored["spec"]["containers"][0]
-    # The recommendation's 150 milli and 12Gi, decided by the normal path: an MPS share with its limits.
-    assert container["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
-    assert {e["name"]: e["value"] for e in container["env"]} == {
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "15", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M"}
-    annotations = stored["metadata"]["annotations"]
-    record = json.loads(annotations[ALLOCATION_ANNOTATION])
-    assert (record["mode"], record["containers"][0]["milli"], record["containers"][0]["memoryBytes"]) == (
-        "mps", 150, 12 * 1024**3)
-    sized = RightSizedFrom.from_annotation(annotations[RIGHT_SIZED_ANNOTATION])
-    assert (sized.recommendation, sized.updated) == ("deployment-web", NOW)
+    # The recommendation's 150 milli and 12Gi, decided by the normal path: an MPS share with its memory
+    # limit; no over-commit, so it is accounted its predicted 150 milli.
+    allocation, sized = _right_sized_share(stored)
+    assert (allocation.containers[0].milli, allocation.containers[0].predicted_milli) == (150, 150)
+    assert (sized.recommendation, sized.updated, sized.compute_overcommit) == ("deployment-web", NOW, 1.0)
     (main,) = sized.containers
     assert (main.asked_milli, main.asked_memory_bytes, main.milli, main.memory_bytes) == (
         1000, 40 * 1024**3, 150, 12 * 1024**3)
@@ -147,3 +161,43 @@ def test_a_tenant_cannot_create_a_pod_with_a_hand_written_right_sized_record(gpu
         return False
 
     wait_for("the create-marks ValidatingAdmissionPolicy to refuse the record", refused, 60.0, interval_s=0.25)
+
+
+def _dry_run_overcommit(admin_client: Any, namespace: str, pod: dict[str, Any]) -> float | None:
+    """The compute over-commit the webhook sizes ``pod`` with now (None: not sized)."""
+    core: Any = client.CoreV1Api(admin_client)
+    created = core.create_namespaced_pod(namespace, copy.deepcopy(pod), dry_run="All")
+    text = (created.metadata.annotations or {}).get(RIGHT_SIZED_ANNOTATION)
+    return None if text is None else RightSizedFrom.from_annotation(text).compute_overcommit
+
+
+def test_a_policy_that_overcommits_compute_accounts_the_pod_a_fraction_of_its_prediction(
+    webhook: Webhook, admin_client: Any, gpu_namespace: str, tenant: Any,
+) -> None:
+    core: Any = client.CoreV1Api(admin_client)
+    custom = client.CustomObjectsApi(admin_client)
+    owner = _deployment(admin_client, gpu_namespace)
+    _recommend(admin_client, gpu_namespace)
+    # No namespace rules: every namespace keeps every mode; the namespace's label gives the mode, and the
+    # policy the bound (the strictest policy with a rightSizing section that covers the namespace).
+    name = f"overcommit-{uuid.uuid4().hex[:6]}"
+    custom.create_cluster_custom_object(GROUP, VERSION, "sharingpolicies", {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": name},
+        "spec": {"rightSizing": {"mode": "Off", "computeOvercommit": 2.0}}})
+    try:
+        core.patch_namespace(gpu_namespace, {"metadata": {"labels": {RIGHT_SIZING_LABEL: "Initial"}}})
+        pod = _pod("web-overcommitted", gpu_namespace, owner)
+        wait_for("the webhook to size the namespace's pods with the policy's over-commit",
+                 lambda: _dry_run_overcommit(admin_client, gpu_namespace, pod) == 2.0, 60.0, interval_s=0.25)
+        as_tenant: Any = client.CoreV1Api(tenant)
+        as_tenant.create_namespaced_pod(gpu_namespace, pod)
+        stored = admin_client.sanitize_for_serialization(core.read_namespaced_pod(pod["metadata"]["name"],
+                                                                                  gpu_namespace))
+    finally:
+        custom.delete_cluster_custom_object(GROUP, VERSION, "sharingpolicies", name)
+    # Predicted 150 milli, accounted ceil(150 / 2.0) = 75: the replicas it takes count 75.
+    allocation, sized = _right_sized_share(stored)
+    assert (allocation.containers[0].milli, allocation.containers[0].predicted_milli) == (75, 150)
+    assert sized.compute_overcommit == 2.0
+    (main,) = sized.containers
+    assert (main.asked_milli, main.milli, main.accounted, main.memory_bytes) == (1000, 150, 75, 12 * 1024**3)

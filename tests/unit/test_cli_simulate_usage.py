@@ -68,8 +68,13 @@ def test_workloads_group_pods(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         (["--gpu", "H100", "--trace", "missing"], "missing: no such folder"),
         (["--gpu", "H100", "--workloads", "w.csv"], "w.csv:2: pod 'ghost' is not in the trace"),
         (["--gpu", "H100", "--bad-duty"], ":1: missing column(s) container_ip"),
+        (["--gpu", "H100", "--learn-minutes", "-5"], "--learn-minutes must be between 0 and 1440, got -5"),
+        (["--gpu", "H100", "--duty-quantile", "1.5"], "--duty-quantile must be between 0.5 and 1, got 1.5"),
+        (["--gpu", "H100", "--oom-bump", "0.9"], "--oom-bump must be between 1 and 3, got 0.9"),
+        (["--gpu", "H100", "--max-drains", "-1"], "--max-drains must not be negative, got -1"),
     ],
-    ids=["unknown-gpu", "no-trace", "unknown-pod", "missing-column"],
+    ids=["unknown-gpu", "no-trace", "unknown-pod", "missing-column", "learn-minutes", "duty-quantile", "oom-bump",
+         "max-drains"],
 )
 def test_bad_input_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                           message: str) -> None:
@@ -103,3 +108,15 @@ def test_the_text_table_shows_run_and_static(tmp_path: Path, capsys: pytest.Capt
     assert main(["simulate", "usage", "--trace", str(write_trace(tmp_path / "t")), "--gpu", "H100"]) == 0
     text = capsys.readouterr().out
     assert "gpu_hours_saved_pct" in text and "static" in text and "oracle_gpu_hours_saved_pct" in text
+
+
+def test_the_right_sizers_settings_are_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_trace(tmp_path / "t", pods=4, steps=200)
+    quick = run_json(capsys, "--trace", str(trace), "--gpu", "H100-80GB", "--learn-minutes", "10")
+    slow = run_json(capsys, "--trace", str(trace), "--gpu", "H100-80GB", "--learn-minutes", "120")
+    assert isinstance(quick["gpu_hours_saved_pct"], float) and isinstance(slow["gpu_hours_saved_pct"], float)
+    assert quick["gpu_hours_saved_pct"] > slow["gpu_hours_saved_pct"]  # less time on a whole GPU
+    summed = run_json(capsys, "--trace", str(trace), "--gpu", "H100-80GB", "--learn-minutes", "10",
+                      "--compute-overcommit", "2", "--duty-quantile", "0.999", "--memory-margin", "0",
+                      "--first-memory-margin", "0", "--oom-bump", "1.2", "--oom-floor", "--max-drains", "2")
+    assert summed["gpu_memory_overflow_minutes"] == 0.0 and summed["pods"] == 4

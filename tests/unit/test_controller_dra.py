@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import datetime, timezone
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import pytest
@@ -23,6 +23,7 @@ from sharing.api.backend import POD_CLAIM
 from sharing.dra import names
 from sharing.admission.dra_claims import device_request
 from sharing.dra.pinned import ANNOTATION, Pinned, PinnedDevice
+from sharing.dra.share_config import claim_config
 from sharing.dra.share_policy import SHARES, GiB, SharePolicy
 from sharing.api.keys import ALLOCATION_ANNOTATION, BACKEND_LABEL, CAPACITY_GATE, DRA_REQUEUES_ANNOTATION, HOSTNAME_LABEL
 from sharing.api.modes import AllocationMode
@@ -122,6 +123,17 @@ def test_the_claim_is_device_request_plus_the_pins_owned_by_the_pod() -> None:
     assert first["exactly"]["capacity"] == plain["exactly"]["capacity"]
     assert first["exactly"]["selectors"] == [*plain["exactly"]["selectors"], *MIXED.devices[0].selectors()]
     assert second["exactly"]["selectors"][-1]["cel"]["expression"].endswith(".index == 0")
+    assert "config" not in body["spec"]["devices"]  # not right-sized: no share config
+
+
+def test_a_right_sized_pods_claim_carries_its_predicted_use() -> None:
+    plain = dra_allocation("mps", "gpupack-pod-1", milli=(120, 500), memory=(20 * GiB, None))
+    sized = replace(plain, containers=(replace(plain.containers[0], predicted_milli=240), plain.containers[1]))
+    body = claim_body(dra_pod("p", "team", sized, uid="uid-1"), sized, MIXED, SharePolicy())
+    assert body["spec"]["devices"]["config"] == claim_config(sized)
+    (entry,) = body["spec"]["devices"]["config"]
+    assert entry["requests"] == [sized.containers[0].resource]
+    assert entry["opaque"]["parameters"]["predictedMilli"] == 240
 
 
 @dataclass(frozen=True)

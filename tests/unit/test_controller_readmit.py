@@ -225,3 +225,14 @@ def test_a_pod_a_stale_cache_still_lists_is_not_announced_twice() -> None:
     report = _cycle(kube)
     assert len(kube.events) == 1 and report.readmitted == [] and not report.errors
     assert "team/owned" not in kube.status
+
+
+def test_a_right_sized_pod_is_re_decided_with_its_predicted_use() -> None:
+    from controller.planning.readmit import request_of
+    from sharing.api.allocation import Allocation, ContainerAllocation
+
+    allocation = Allocation("mps", False, True, "", "", (
+        ContainerAllocation("main", "containers", 75, 12 * 1024**3, "nvidia.com/gpu.shared", None, 150),))
+    pod = {"spec": {"containers": [{"name": "main"}]}}
+    (container,) = request_of(pod, allocation, "team", "p").containers
+    assert (container.milli, container.predicted_milli, container.memory_bytes) == (75, 150, 12 * 1024**3)

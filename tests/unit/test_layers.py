@@ -153,7 +153,8 @@ ROOMS: dict[str, dict[str, set[str]]] = {
         # the webhook's decision core: request -> options -> decision -> patch, and its inventory
         "sharing.admission": {"sharing.api", "sharing.rules", "sharing.packing", "sharing.dra"},
         # use, not only requests: usage traces, the recommender and right-sizing, pure (issue 35)
-        "sharing.usage": {"sharing.api", "sharing.rules"},
+        # (it places shares through the packing engine's shared-GPU pool, sharing/packing/shared_gpus.py)
+        "sharing.usage": {"sharing.api", "sharing.rules", "sharing.packing"},
         # trace simulator and product model: drives the rooms above, never imported by live code
         "sharing.simulator": {"sharing.api", "sharing.rules", "sharing.packing", "sharing.dra", "sharing.admission",
                               "sharing.usage"},

@@ -22,7 +22,7 @@ from mig.units import parse_quantity
 from sharing.api.crd import NodeUsage, PodUsage, to_wire
 from sharing.api.keys import RIGHT_SIZING_LABEL
 from sharing.usage.compact import LimitHits, encode
-from sharing.usage.recommender import ContainerHistory, Recommendation, RecommenderSettings
+from sharing.usage.recommender import ContainerHistory, Recommendation, Recommender, RecommenderSettings
 from sharing.usage.sizing import size_for
 
 GIB = 1024**3
@@ -111,6 +111,12 @@ def _bytes(quantity: str) -> int:
     return int(parse_quantity(quantity))
 
 
+def _with_margin(peak: float, minutes: int = 150, min_observed_s: float = 3600.0) -> float:
+    """``peak`` with the recommender's memory margin after ``minutes`` samples (a span one shorter)."""
+    margin = Recommender(RecommenderSettings(min_observed_s=min_observed_s)).memory_margin(60.0 * (minutes - 1))
+    return peak * (1 + margin)
+
+
 def _rounded(memory: float) -> int:
     """The recommender's memory (whole bytes), written in whole MiB."""
     return math.ceil(math.ceil(memory) / 2**20) * 2**20
@@ -138,7 +144,7 @@ def test_a_workloads_pods_are_merged_into_one_recommendation() -> None:
     settings = RecommenderSettings()
     p99 = settings.duty.bucket_start(settings.duty.bucket(40.0) + 1)  # the busier replica's bucket
     assert container["gpuMilli"] == size_for(Recommendation(min(100.0, p99 * 1.15), 0, 0, 0, 0), 80 * GIB).milli
-    assert _bytes(container["gpuMemory"]) == _rounded(30 * GIB * 1.1)  # the larger peak + 10 %
+    assert _bytes(container["gpuMemory"]) == _rounded(_with_margin(30 * GIB))  # the larger peak + the margin
     assert (container["pods"], container["ooms"], obj["status"]["mode"], obj["status"]["source"]) == (
         2, 0, "Off", "Agents")
     assert obj["status"]["conditions"][0]["reason"] == "Recommended"
@@ -169,7 +175,7 @@ def test_a_rollout_keeps_the_gone_pods_history_in_the_checkpoint_across_a_restar
     status = _status(kube)
     [checkpoint] = status["checkpoint"]
     assert (checkpoint["containerName"], checkpoint["pods"]) == ("main", 1)
-    assert _bytes(status["containers"][0]["gpuMemory"]) == _rounded(30 * GIB * 1.1)  # still the gone pod's peak
+    assert _bytes(status["containers"][0]["gpuMemory"]) == _rounded(_with_margin(30 * GIB))  # the gone pod's peak
     restarted = _cycle(kube, clock)
     clock.t += 60
     restarted.run()
@@ -215,7 +221,8 @@ def test_a_limit_hit_raises_the_memory_at_once() -> None:
     _cycle(kube, clock).run()
     [container] = _status(kube, "pod-solo")["containers"]
     assert container["ooms"] == 3
-    assert _bytes(container["gpuMemory"]) == _rounded(10 * GIB * 1.2 * 1.1)  # 1.2 x the limit hit, + 10 %
+    bump = RecommenderSettings().oom_bump_ratio
+    assert _bytes(container["gpuMemory"]) == _rounded(_with_margin(10 * GIB * bump))  # the bumped limit + the margin
 
 
 def test_an_unattributed_pod_is_never_sized() -> None:

@@ -220,7 +220,7 @@ def test_the_webhook_decides_the_sized_request_by_the_normal_path(inventory: Inv
     container = pod["spec"]["containers"][0]
     assert container["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
     assert {e["name"]: e["value"] for e in container["env"]} == {
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "12", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16384M"}
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=16384M"}
     allocation = json.loads(pod["metadata"]["annotations"][ALLOCATION_ANNOTATION])
     assert allocation["containers"][0]["milli"] == 120
     record = RightSizedFrom.from_annotation(pod["metadata"]["annotations"][RIGHT_SIZED_ANNOTATION])

@@ -91,7 +91,7 @@ def test_no_recommendation_before_the_minimum_history() -> None:
 
 
 def test_compute_from_the_percentile_and_memory_from_the_peak_with_margins() -> None:
-    recommender = Recommender(RecommenderSettings(duty_margin=0.15, memory_margin=0.2))
+    recommender = Recommender(RecommenderSettings(duty_margin=0.15, memory_margin=0.2, first_memory_margin=None))
     feed(recommender, 2.0, 20.0, 10 * GIB)
     recommender.observe(KEY, 7300.0, 20.0, 12 * GIB)  # one peak
     rec = recommender.recommend(KEY)
@@ -109,7 +109,7 @@ def test_compute_is_at_most_a_whole_gpu() -> None:
 
 
 def test_an_oom_raises_memory_at_once() -> None:
-    recommender = Recommender(RecommenderSettings(memory_margin=0.0))
+    recommender = Recommender(RecommenderSettings(memory_margin=0.0, first_memory_margin=None, oom_bump_ratio=1.2))
     feed(recommender, 2.0, 5.0, 10 * GIB)
     recommender.record_oom(KEY, 7300.0, allowed_bytes=10 * GIB)
     rec = recommender.recommend(KEY)
@@ -118,7 +118,8 @@ def test_an_oom_raises_memory_at_once() -> None:
 
 
 def test_a_small_limit_is_raised_by_at_least_the_minimum_bump() -> None:
-    recommender = Recommender(RecommenderSettings(memory_margin=0.0, oom_min_bump_bytes=100 * MIB))
+    recommender = Recommender(RecommenderSettings(memory_margin=0.0, first_memory_margin=None,
+                                                  oom_bump_ratio=1.2, oom_min_bump_bytes=100 * MIB))
     feed(recommender, 2.0, 5.0, 50 * MIB)
     recommender.record_oom(KEY, 7300.0, allowed_bytes=100 * MIB)
     rec = recommender.recommend(KEY)
@@ -137,9 +138,45 @@ def test_a_workloads_pods_share_one_history() -> None:
 @pytest.mark.parametrize(
     "bad",
     [{"duty_percentile": 0.0}, {"duty_percentile": 1.5}, {"memory_margin": -0.1}, {"oom_bump_ratio": 0.9},
-     {"sample_interval_s": 0.0}],
+     {"sample_interval_s": 0.0}, {"first_memory_margin": -0.5}],
     ids=lambda d: next(iter(d)),
 )
 def test_settings_out_of_range_are_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         dataclasses.replace(RecommenderSettings(), **bad)
+
+
+def test_the_first_memory_margin_shrinks_to_the_settled_one() -> None:
+    settings = RecommenderSettings(min_observed_s=3600.0, first_memory_margin=0.5, memory_margin=0.05,
+                                   margin_settle_s=7 * 3600.0)
+    recommender = Recommender(settings)
+    assert recommender.memory_margin(3600.0) == pytest.approx(0.5)
+    assert recommender.memory_margin(4 * 3600.0) == pytest.approx(0.275)  # half way
+    assert recommender.memory_margin(9 * 3600.0) == pytest.approx(0.05)
+    feed(recommender, 1.0, 5.0, 10 * GIB)
+    first = recommender.recommend(KEY)
+    assert first is not None and first.memory_bytes == round(10 * GIB * 1.5)
+    constant = Recommender(dataclasses.replace(settings, first_memory_margin=None))
+    assert constant.memory_margin(3600.0) == 0.05
+
+
+def test_the_duty_profile_is_the_histograms_share_of_time_per_percent() -> None:
+    recommender = Recommender(RecommenderSettings(min_observed_s=600.0))
+    for minute in range(20):
+        recommender.observe(KEY, minute * 60.0, 0.0 if minute % 4 else 50.0, GIB)
+    profile = recommender.duty_profile(KEY)
+    assert profile is not None and len(profile) == 101 and sum(profile) == pytest.approx(1.0)
+    assert profile[1] == pytest.approx(0.75, rel=0.01)  # 0 % samples, counted at their bucket's end (0.5 %, up)
+    assert sum(profile[50:53]) == pytest.approx(0.25, rel=0.01)  # the bursts, at most a bucket above 50 %
+    assert Recommender().duty_profile(KEY) is None  # no history, no profile
+
+
+def test_an_ooms_bump_is_a_floor_unless_the_margin_goes_over_it() -> None:
+    settings = RecommenderSettings(memory_margin=0.1, first_memory_margin=None, oom_bump_ratio=1.1)
+    floor, over = Recommender(dataclasses.replace(settings, margin_over_oom=False)), Recommender(settings)
+    for recommender in (floor, over):
+        feed(recommender, 2.0, 5.0, 10 * GIB)
+        recommender.record_oom(KEY, 7300.0, allowed_bytes=11 * GIB)
+    at_floor, above = floor.recommend(KEY), over.recommend(KEY)
+    assert at_floor is not None and at_floor.memory_bytes == pytest.approx(11 * GIB * 1.1, abs=1)  # the bump alone
+    assert above is not None and above.memory_bytes == pytest.approx(11 * GIB * 1.21, abs=1)  # VPA's: margin on top

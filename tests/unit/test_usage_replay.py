@@ -13,7 +13,8 @@ from sharing.usage.updater import UpdaterSettings
 
 GIB = 2**30
 GPU = 80 * GIB
-QUICK = RightSizing(recommender=RecommenderSettings(min_observed_s=600.0, memory_margin=0.1),
+QUICK = RightSizing(recommender=RecommenderSettings(min_observed_s=600.0, memory_margin=0.1, first_memory_margin=None,
+                                                              oom_bump_ratio=1.2, margin_over_oom=True),
                     updater=UpdaterSettings(interval_s=600.0))
 
 

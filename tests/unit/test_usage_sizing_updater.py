@@ -69,3 +69,13 @@ def test_moves_are_bounded_per_workload_and_risk_goes_first() -> None:
     assert [c.pod for c in choose_moves([wasteful, risky, other, fine], {}, settings)] == ["a-2", "b-1"]
     assert [c.pod for c in choose_moves([wasteful, other], {B: 1}, settings)] == ["a-1"]
     assert choose_moves([wasteful], {}, UpdaterSettings(max_moves_per_interval=0)) == ()
+
+
+def test_an_oom_killed_pod_moves_at_once_outside_the_budget() -> None:
+    settings = UpdaterSettings(max_moves_per_interval=1, memory_risk_slack=0.5)
+    killed = Candidate("a-1", A, Size(100, 20 * GB), Size(100, 22 * GB), oom=True)  # within the risk slack
+    wasteful = Candidate("a-2", A, Size(1000, 80 * GB), Size(100, 20 * GB))
+    assert [c.pod for c in choose_moves([wasteful, killed], {A: 1}, settings)] == ["a-1"]  # budget spent, still
+    assert not is_far(killed.current, killed.target, settings)  # without the OOM it would wait
+    settled = Candidate("a-1", A, Size(100, 22 * GB), Size(100, 22 * GB), oom=True)  # already at its new size
+    assert choose_moves([settled], {}, settings) == ()
