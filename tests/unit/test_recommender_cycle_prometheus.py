@@ -17,7 +17,18 @@ from controller.usage_prometheus import PrometheusUsageSource
 from controller.usage_source import AgentsSource
 from kube.times import format_time
 from sharing.usage.recommender import RecommenderSettings, WorkloadKey
-from tests.unit.test_recommender_cycle import GIB, H100_MIB, T0, Clock, FakeKube, _bytes, _pod, _record, _rounded
+from tests.unit.test_recommender_cycle import (
+    GIB,
+    H100_MIB,
+    T0,
+    Clock,
+    FakeKube,
+    _bytes,
+    _pod,
+    _record,
+    _rounded,
+    _with_margin,
+)
 
 WEB = WorkloadKey("ml", "Deployment", "web", "main")
 STALE_S = 60.0
@@ -109,7 +120,7 @@ def test_the_same_use_gives_the_same_recommendation_as_the_agents_source() -> No
     assert ours["containers"] == theirs["containers"] and ours["containers"]
     [container] = ours["containers"]
     assert (container["pods"], container["ooms"]) == (2, 0)
-    assert _bytes(container["gpuMemory"]) == _rounded(30 * GIB * 1.1)
+    assert _bytes(container["gpuMemory"]) == _rounded(_with_margin(30 * GIB))
     assert ours["conditions"][0]["reason"] == "Recommended"
 
 
@@ -124,7 +135,7 @@ def test_gone_pods_are_checkpointed_and_a_restart_counts_nothing_twice() -> None
     status = dict(kube.objects[("ml", "deployment-web")]["status"])
     [checkpoint] = status["checkpoint"]
     assert (checkpoint["pods"], checkpoint["samples"], checkpoint["gpuMemoryMiB"]) == (1, 150, H100_MIB)
-    assert _bytes(status["containers"][0]["gpuMemory"]) == _rounded(30 * GIB * 1.1)  # the gone pod's peak
+    assert _bytes(status["containers"][0]["gpuMemory"]) == _rounded(_with_margin(30 * GIB))  # the gone pod's peak
     assert status["containers"][0]["pods"] == 2
 
     restarted = _prometheus_cycle(kube, clock, prometheus)  # a new leader: checkpoint, then a day's lookback
@@ -183,7 +194,7 @@ def test_a_pod_on_a_node_without_a_gpunode_is_capped_at_its_own_memory() -> None
     kube.pods = [_on(_pod("web-5d8f9-a"), "elsewhere")]
     _prometheus_cycle(kube, clock, prometheus).run()
     [container] = kube.objects[("ml", "deployment-web")]["status"]["containers"]
-    assert _bytes(container["gpuMemory"]) == _rounded(10 * GIB * 1.1) and container["pods"] == 1
+    assert _bytes(container["gpuMemory"]) == _rounded(_with_margin(10 * GIB)) and container["pods"] == 1
 
 
 def test_the_source_is_the_settings_choice() -> None:
