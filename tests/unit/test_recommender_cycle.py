@@ -195,6 +195,24 @@ def test_a_rollout_keeps_the_gone_pods_history_in_the_checkpoint_across_a_restar
     assert again["containers"][0]["pods"] == 2 and again["checkpoint"][0]["pods"] == 1  # not folded twice
 
 
+def test_a_pod_that_went_in_another_leaders_term_is_not_folded_again() -> None:
+    kube, clock = _two_replicas()
+    first = _cycle(kube, clock)
+    first.run()
+    first.restored = False  # its term ends (RecommenderLoop); another leader sees the busy replica go
+    other = _cycle(kube, clock)
+    other.run()
+    kube.pods = [_pod("web-5d8f9-a")]
+    kube.publish("n2", [])
+    clock.t += 60
+    other.run()
+    assert _status(kube)["checkpoint"][0]["pods"] == 1
+    clock.t += 60
+    first.run()  # a new term: the checkpoint holds the replica, so it is not folded a second time
+    status = _status(kube)
+    assert status["containers"][0]["pods"] == 2 and status["checkpoint"][0]["pods"] == 1
+
+
 def test_before_the_minimum_history_the_condition_says_so() -> None:
     kube, clock = FakeKube(), Clock()
     kube.pods = [_pod("solo", owner=None)]
