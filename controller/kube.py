@@ -63,6 +63,7 @@ class Kube(KubeClient):
     def __init__(self, api: client.ApiClient) -> None:
         super().__init__(api)
         self._coord = client.CoordinationV1Api(api)
+        self._apps = client.AppsV1Api(api)
 
     # ---------------------------------------------------------------- reading
     def listers(self) -> dict[str, Lister]:
@@ -162,6 +163,25 @@ class Kube(KubeClient):
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         call(self._core.create_namespaced_pod_eviction, name, namespace, body, _preload_content=False)
 
+    def get_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """A Deployment (None when it is gone): ``Recreate`` moves its only replica by a rollout."""
+        try:
+            out: Any = call(self._apps.read_namespaced_deployment, name, namespace, _preload_content=False,
+                            idempotent=True)
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+        deployment, _ = safejson.loads(out.data)
+        return cast(dict[str, Any], deployment)
+
+    def patch_deployment(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        """A merge patch (``controller.planning.right_size_rollouts.rollout_patch``: the template's
+        ``right-sizing.gpupack.io/resized-at``, guarded by resourceVersion). Not retried: a lost answer would read
+        as a conflict."""
+        call(self._apps.patch_namespaced_deployment, name, namespace, dict(body), _content_type=MERGE_PATCH,
+             _preload_content=False)
+
     def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
         """Delete the pod only if it is still that object at that version (preconditions): a pod
         released or changed in between is left alone (KubeError, conflict). False: gone already
@@ -177,7 +197,8 @@ class Kube(KubeClient):
 
     # ------------------------------------------------------- recommendations
     def list_recommendations(self) -> list[dict[str, Any]]:
-        """Every GPURecommendation (read once, when the recommender first runs: its checkpoints)."""
+        """Every GPURecommendation: read once when the recommender first runs (its checkpoints), and by
+        the ``Recreate`` updater each cycle while some namespace is in ``Recreate`` (not cached)."""
         return _items(call(self._custom.list_cluster_custom_object, GROUP, VERSION, RECOMMENDATIONS,
                            _preload_content=False, idempotent=True))
 

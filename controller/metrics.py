@@ -124,6 +124,16 @@ class ControllerMetrics:
         self.reshapes = PromCounter("gpupack_gpu_reshapes", "GPU layout changes written.", ["kind"], registry=r)
         self.evictions = PromCounter("gpupack_gpu_fault_evictions", "Pods evicted from failed GPUs or MIG instances "
                                      "(--evict-on-gpu-fault).", registry=r)
+        self.right_size_evictions = PromCounter(
+            "gpupack_right_size_evictions", "Pods evicted to be recreated at their recommended size (Recreate), by "
+            "reason: at-risk (memory limit below the recommendation) or far (sharing.usage.updater).", ["reason"],
+            registry=r)
+        self.right_size_rollouts = PromCounter(
+            "gpupack_right_size_rollouts", "Deployments rolled out to resize their only replica make-before-break "
+            "(Recreate), by reason: at-risk or far.", ["reason"], registry=r)
+        self.evictions_blocked = PromCounter(
+            "gpupack_evictions_blocked", "Evictions a PodDisruptionBudget refused (429; the pod stays, retried next "
+            "cycle), by what asked: gpu-fault or right-size.", ["cause"], registry=r)
         self.sharing_changes = PromCounter("gpupack_node_sharing_changes", "Node sharing changes written.", ["reason"], registry=r)
         self.reconcile_errors = PromCounter("gpupack_controller_reconcile_errors", "Failed API writes or cycles.", ["stage"], registry=r)
         self.cycles = Histogram(

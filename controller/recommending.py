@@ -6,8 +6,10 @@ Every ``recommend_seconds`` (on the elected leader only, beside the planning loo
 1. the first time, reads every ``GPURecommendation`` once: what was written (so only changes
    are written again) and each one's ``status.checkpoint``, the history of pods that have gone,
    given back to the usage source (a restarted or new leader goes on where the last one was);
-2. lets the usage source (``controller.usage_source``) rebuild each workload container's history
-   from the GPUNodes and pods in the watch caches;
+2. lets the usage source bring each workload container's history up to now: the node agents'
+   (``controller.usage_source.AgentsSource``, from the GPUNodes in the watch caches) or a
+   Prometheus server's (``controller.usage_prometheus``), as ``usage_source`` in the settings
+   chooses (:func:`usage_source_for`); the cycle sees only the ``UsageSource`` protocol;
 3. asks the recommender (``sharing.usage.recommender``) for each workload container's size, and
    the right-sizing mode of its namespace (``sharing.rules.right_sizing``: SharingPolicies and the
    namespace's label);
@@ -30,14 +32,16 @@ from typing import Any
 from controller.kube import Kube
 from controller.metrics import ControllerMetrics
 from controller.settings import ControllerSettings
-from controller.usage_source import AgentsSource
+from controller.state.workload_histories import GonePart
+from controller.usage_prometheus import PrometheusUsageSource
+from controller.usage_source import AgentsSource, UsageSource
 from controller.writes.recommendations import ContainerInput, needs_write, new_object, status_for
 from kube.errors import KubeError
 from sharing.api.crd import GPURecommendation, read_policies
 from sharing.api.fields import as_map
 from sharing.api.workload import WorkloadRef, recommendation_name
 from sharing.rules.right_sizing import right_sizing_for
-from sharing.usage.compact import LimitHits, decode, encode
+from sharing.usage.compact import decode
 from sharing.usage.recommender import Recommender, RecommenderSettings, WorkloadKey
 
 log = logging.getLogger("gpupack.controller")
@@ -66,22 +70,35 @@ class Write:
     status: dict[str, Any]
 
 
+def usage_source_for(settings: ControllerSettings, kube: Kube, recommender: RecommenderSettings) -> UsageSource:
+    """The source ``settings.usage_source`` names: ``agents`` or ``prometheus`` (``settings.prometheus_*``)."""
+    if settings.usage_source == "prometheus":
+        return PrometheusUsageSource(settings.prometheus_url, selector=settings.prometheus_selector,
+                                     lookback_s=settings.prometheus_lookback_seconds, gpunodes=kube.list_gpunodes,
+                                     settings=recommender)
+    if settings.usage_source == "agents":
+        return AgentsSource(kube.list_gpunodes, recommender)
+    raise ValueError(f"usage_source must be agents or prometheus, got {settings.usage_source!r}")
+
+
 class RecommenderCycle:
     """The recommender's state between cycles: the histories, the source, what was written."""
 
     def __init__(self, kube: Kube, settings: ControllerSettings, metrics: ControllerMetrics | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, source: UsageSource | None = None) -> None:
+        """``source``: where use is read; None: the one ``settings.usage_source`` names."""
         self.kube = kube
         self.settings = settings
         self.metrics = metrics or ControllerMetrics()
         self.clock = clock
         self.recommender = Recommender(RecommenderSettings(min_observed_s=settings.recommend_min_observed_seconds))
-        self.source = AgentsSource(kube.list_gpunodes, self.recommender.settings)
+        self.source = source or usage_source_for(settings, kube, self.recommender.settings)
         self.written: dict[tuple[str, str], dict[str, Any]] = {}
         """(namespace, name) -> the status last written (or read at start)."""
         self.restored = False
 
     def _restore(self) -> None:
+        parts: list[GonePart] = []
         for obj in self.kube.list_recommendations():
             meta = as_map(obj.get("metadata"))
             try:
@@ -100,7 +117,8 @@ class RecommenderCycle:
                     log.warning("checkpoint of %s/%s not restored: %s", namespace, rec.metadata.name, exc)
                     continue
                 key = WorkloadKey(namespace, ref.kind, ref.name, checkpoint.container_name)
-                self.source.restore(key, history, checkpoint.pods, checkpoint.gpu_memory_mib)
+                parts.append(GonePart(key, history, checkpoint.pods, checkpoint.gpu_memory_mib))
+        self.source.restore(parts)
         self.restored = True
 
     def plan(self, pods: Mapping[str, Mapping[str, Any]], policies: list[dict[str, Any]],
@@ -110,21 +128,19 @@ class RecommenderCycle:
         valid = [(p.name, p.spec) for p in read_policies(policies) if p.spec is not None]
         labels = {str(as_map(n.get("metadata")).get("name")): dict(as_map(as_map(n.get("metadata")).get("labels")))
                   for n in namespaces}
-        live, memory = self.source.live_pods(), self.source.gpu_memory_mib()
+        kept = self.source.workloads
+        live, memory = kept.live_pods(), kept.gpu_memory_mib()
         workloads: dict[WorkloadRef, list[ContainerInput]] = {}
         for key in sorted(self.recommender.histories):
-            if key not in live and key not in self.source.gone:
+            if key not in live and key not in kept.gone:
                 continue
             history = self.recommender.histories[key]
-            gone = self.source.gone.get(key)
             ref = WorkloadRef(key.namespace, key.kind, key.name)
             workloads.setdefault(ref, []).append(ContainerInput(
                 name=key.container, recommendation=self.recommender.recommend(key),
-                pods=live.get(key, 0) + self.source.gone_pods.get(key, 0), gpu_memory_bytes=memory.get(key, 0) * MIB,
+                pods=live.get(key, 0) + kept.gone_pods.get(key, 0), gpu_memory_bytes=memory.get(key, 0) * MIB,
                 observed_s=max(0.0, history.last_s - history.first_s) if history.samples else 0.0,
-                gone=None if gone is None else encode(gone, LimitHits(gone.ooms),
-                                                      self.source.gone_memory_mib.get(key, 0)),
-                gone_pods=self.source.gone_pods.get(key, 0)))
+                gone=kept.checkpoint(key), gone_pods=kept.gone_pods.get(key, 0)))
         now = datetime.fromtimestamp(now_s, timezone.utc)
         writes = []
         for ref, containers in sorted(workloads.items()):
@@ -220,4 +236,4 @@ class RecommenderLoop:
                 log.exception("recommender cycle failed; next in %.0f s", interval)
 
 
-__all__ = ["RecommenderCycle", "RecommenderLoop", "RecommenderReport", "Write"]
+__all__ = ["RecommenderCycle", "RecommenderLoop", "RecommenderReport", "Write", "usage_source_for"]

@@ -12,7 +12,10 @@ snapshot (re-reading only the objects that changed since the last cycle,
    (``controller.writes.mig_configs``);
 3. released pods: pin (affinity), then lift the gate — two guarded patches; on the DRA
    node pool the pod's ResourceClaim, pinned to the engine's device, is created first
-   (``controller.dracycle``).
+   (``controller.dracycle``);
+4. evictions: pods of failed GPUs (``--evict-on-gpu-fault``) and, in namespaces whose
+   right-sizing mode is ``Recreate``, pods far from their recommendation
+   (``controller.planning.right_size_evictions``), both through one eviction writer.
 
 Every write is independent: one failure is counted and logged, the rest of
 the cycle goes on, and the next cycle starts again from what the API server
@@ -31,7 +34,10 @@ from typing import Any, TypeVar
 
 from controller.dracycle import DraCycle
 from controller.planning.draplan import DraPlacement, DraPlan
-from controller.planning.evictions import evictions
+from controller.planning.evictions import Eviction, Outcome, eviction_outcome, evictions
+from controller.planning.right_size_candidates import read_recommendations
+from controller.planning.right_size_evictions import EvictionMemory, RightSizeEviction, namespace_modes, plan_evictions
+from controller.planning.right_size_rollouts import make_before_break, rollout_patch
 from controller.kube import Kube
 from controller.planning.migplan import LayoutChange
 from controller.writes.mig_configs import published_config
@@ -48,8 +54,9 @@ from controller.state.build import busy_by_node, encode_idle, idle_record, scope
 from controller.state.incremental import SnapshotCache
 from kube.errors import KubeError
 from mig.migparted import MigConfigError
+from sharing.api.crd import read_policies
 from sharing.api.gpunode import MigConfigRequest
-from sharing.admission.inventory import Inventory, build_inventory
+from sharing.admission.inventory import Inventory, build_inventory, name_and_labels
 from kube.times import parse_time
 from sharing.api.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY
 
@@ -68,9 +75,15 @@ class CycleReport:
     plan: Plan = field(default_factory=Plan)
     released: list[str] = field(default_factory=list)
     evicted: list[str] = field(default_factory=list)
+    """Pods evicted from failed GPUs this cycle (``--evict-on-gpu-fault``)."""
+    right_size_evicted: list[str] = field(default_factory=list)
+    """Pods evicted this cycle to be recreated at their recommended size (``Recreate``)."""
+    right_size_blocked: list[str] = field(default_factory=list)
+    """Pods ``Recreate`` would evict this cycle that a PodDisruptionBudget kept (429)."""
+    right_size_rolled_out: list[str] = field(default_factory=list)
+    """Deployments (``namespace/name``) rolled out this cycle to resize their only replica (``Recreate``)."""
     readmitted: list[str] = field(default_factory=list)
     """Gated pods deleted for their owners to re-create, stranded in their mode (``controller.planning.readmit``)."""
-    """Pods evicted from failed GPUs this cycle (``--evict-on-gpu-fault``)."""
     errors: list[str] = field(default_factory=list)
     dra: DraPlan = field(default_factory=DraPlan)
     """The DRA pool's placements and waits (``controller.planning.draplan``)."""
@@ -98,6 +111,12 @@ class Controller:
         """Pods whose allocation is ignored."""
         self._stale: frozenset[str] = frozenset()
         """GPUNodes whose agent is silent."""
+        self._evicted_to_size = EvictionMemory()
+        """``Recreate``'s evictions of the last hour, per workload (its budget)."""
+        self._blocked_to_size: frozenset[str] = frozenset()
+        """Pods whose right-size eviction a PodDisruptionBudget refused last cycle (their Event is written)."""
+        self._held_to_size: frozenset[str] = frozenset()
+        self._unreadable_recs: frozenset[str] = frozenset()
 
     def cycle(self) -> CycleReport:
         began = time.perf_counter()
@@ -146,6 +165,7 @@ class Controller:
         self._placement_status(result, snapshot, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
             self._evict(failed, pod_objs, report)
+        self._right_size_evict(pod_objs, snapshot.untrusted_pods, policies, namespaces, now, report)
         ratio, frag, gpus = cluster_figures(snapshot, self.dra.holds)
         report.allocation_ratio, report.fragmentation = ratio, frag
         m = self.metrics
@@ -344,23 +364,121 @@ class Controller:
         for eviction in evictions(failed, pod_objs):
             if allowed and eviction.namespace not in allowed:
                 continue  # a scoped controller evicts only the pods it places
-            try:
-                self.kube.evict_pod(eviction.namespace, eviction.name)
-            except KubeError as exc:
-                if exc.status == 429:  # a PodDisruptionBudget says not now: next cycle
-                    log.info("eviction of %s waits for its PodDisruptionBudget: %s", eviction.key, exc)
-                elif not exc.not_found:
-                    self._fail(report, "evict", f"{eviction.key}: {exc}")
+            if self._post_eviction(eviction, "gpu-fault", report) != "evicted":
                 continue
             report.evicted.append(eviction.key)
             self.metrics.evictions.inc()
-            log.info("evicted %s: %s", eviction.key, eviction.why)
             try:
                 self.kube.event({"apiVersion": "v1", "kind": "Pod", "namespace": eviction.namespace,
                                  "name": eviction.name}, "Warning", "EvictedFromFailedGpu",
                                 f"gpupack evicted this pod: {eviction.why}; its controller recreates it elsewhere")
             except KubeError as exc:
                 log.warning("event on %s not recorded: %s", eviction.key, exc)
+
+    def _post_eviction(self, eviction: Eviction, cause: str, report: CycleReport) -> Outcome:
+        """The controller's one eviction writer: the Eviction API, which honours PodDisruptionBudgets
+        (``controller.planning.evictions.eviction_outcome`` reads its answer). ``cause``: who asks
+        (``gpu-fault``, ``right-size``), for the log and the blocked-evictions metric."""
+        try:
+            self.kube.evict_pod(eviction.namespace, eviction.name)
+        except KubeError as exc:
+            outcome = eviction_outcome(exc.status)
+            if outcome == "blocked":  # a PodDisruptionBudget says not now: next cycle
+                self.metrics.evictions_blocked.labels(cause).inc()
+                log.info("eviction of %s waits for its PodDisruptionBudget: %s", eviction.key, exc)
+            elif outcome == "failed":
+                grant = (f"; the controller may not evict pods: install {_EVICTION_GRANTS[cause]}"
+                         if exc.status == 403 else "")
+                self._fail(report, "evict", f"{eviction.key}: {exc}{grant}")
+            return outcome
+        log.info("evicted %s (%s): %s", eviction.key, cause, eviction.why)
+        return "evicted"
+
+    def _right_size_evict(self, pod_objs: Mapping[str, dict[str, Any]], untrusted: Sequence[str],
+                          policies: Sequence[Mapping[str, Any]], namespaces: Sequence[Mapping[str, Any]],
+                          now: datetime, report: CycleReport) -> None:
+        """``Recreate``: evict pods far from their workload's recommendation, within each workload's
+        budget, never its last ready replica (``controller.planning.right_size_evictions``); a
+        Deployment's only replica is moved by a rollout instead, where it surges. Reads the
+        GPURecommendations only when some namespace is in ``Recreate``."""
+        self._evicted_to_size.begin_cycle(now)
+        allowed = set(self.settings.namespace_list)
+        ignored = {entry.partition(": ")[0] for entry in untrusted}  # never resized: gpupack ignores their record
+        pods = {k: p for k, p in pod_objs.items()
+                if (not allowed or k.partition("/")[0] in allowed) and k not in ignored}
+        specs = [(e.name, e.spec) for e in read_policies(policies) if e.spec is not None]
+        labels = {name: own for name, own in map(name_and_labels, namespaces) if name is not None}
+        modes = namespace_modes(specs, labels, {k.partition("/")[0] for k in pods})
+        if not any(m.evicts for m in modes.values()):
+            self._blocked_to_size = frozenset()
+            return
+        try:
+            recommendations, problems = read_recommendations(self.kube.list_recommendations())
+        except KubeError as exc:
+            self._fail(report, "right-size-evict", f"GPURecommendations not read, no pod evicted: {exc}")
+            return
+        self._unreadable_recs = _log_new(self._unreadable_recs, tuple(problems), "GPURecommendation %s; ignored")
+        chosen = plan_evictions(pods, modes, recommendations, self._evicted_to_size, now)
+        held = chosen.held + tuple(self._roll_out(move, now, report) or "" for move in chosen.rollouts)
+        self._held_to_size = _log_new(self._held_to_size, tuple(h for h in held if h), "Recreate leaves %s")
+        blocked: set[str] = set()
+        for item in chosen.evictions:
+            eviction, pod_ref = item.eviction, {"apiVersion": "v1", "kind": "Pod", "namespace": item.eviction.namespace,
+                                                "name": item.eviction.name}
+            outcome = self._post_eviction(eviction, "right-size", report)
+            if outcome == "blocked":
+                blocked.add(eviction.key)
+                if eviction.key in self._blocked_to_size:
+                    continue  # said once while it stays blocked
+                event = ("Warning", "RightSizeEvictionBlocked",
+                         f"gpupack would evict this pod to resize it, but a PodDisruptionBudget forbids it now "
+                         f"(it tries again each cycle): {eviction.why}")
+            elif outcome == "evicted":
+                self._evicted_to_size.record(item.workload, now)
+                report.right_size_evicted.append(eviction.key)
+                self.metrics.right_size_evictions.labels(item.reason).inc()
+                event = ("Normal", "EvictedToRightSize",
+                         f"gpupack evicted this pod to resize it: {eviction.why}; its controller recreates it")
+            else:
+                continue
+            try:
+                self.kube.event(pod_ref, *event)
+            except KubeError as exc:
+                log.warning("event on %s not recorded: %s", eviction.key, exc)
+        self._blocked_to_size = frozenset(blocked)
+        report.right_size_blocked = sorted(blocked)
+
+    def _roll_out(self, move: RightSizeEviction, now: datetime, report: CycleReport) -> str | None:
+        """Move a Deployment's only replica make-before-break by a rollout, where the Deployment
+        would bring the new pod up first (``controller.planning.right_size_rollouts``); None, or why
+        the pod stays."""
+        namespace, name = move.workload.namespace, move.workload.name
+        left = f"{move.eviction.key}: the last ready replica of {move.workload}"
+        try:
+            deployment = self.kube.get_deployment(namespace, name)
+            if deployment is None:
+                return None  # gone meanwhile
+            refusal = make_before_break(deployment)
+            if refusal is not None:
+                return f"{left}, and a rollout would not bring its replacement up first: {refusal}"
+            self.kube.patch_deployment(namespace, name, rollout_patch(deployment, now))
+        except KubeError as exc:
+            if not exc.conflict:  # changed meanwhile: judged again next cycle
+                grant = "; install manifests/right-sizing-recreate" if exc.status == 403 else ""
+                self._fail(report, "right-size-rollout", f"Deployment {namespace}/{name}: {exc}{grant}")
+            return None
+        self._evicted_to_size.record(move.workload, now)
+        report.right_size_rolled_out.append(f"{namespace}/{name}")
+        self.metrics.right_size_rollouts.labels(move.reason).inc()
+        log.info("rolled out Deployment %s/%s to resize %s: %s", namespace, name, move.eviction.key, move.eviction.why)
+        try:
+            self.kube.event({"apiVersion": "apps/v1", "kind": "Deployment", "namespace": namespace, "name": name},
+                            "Normal", "RolledOutToRightSize",
+                            f"gpupack rolled out this Deployment to resize its only pod {move.eviction.name} "
+                            f"(the new pod comes up before the old one goes): {move.eviction.why}")
+        except KubeError as exc:
+            log.warning("event on Deployment %s/%s not recorded: %s", namespace, name, exc)
+        return None
 
     def _note_health(self, snapshot: Snapshot) -> None:
         """What the planner leaves out for GPU faults this cycle (metrics: also when it began to)."""
@@ -459,6 +577,10 @@ class Controller:
         report.errors.append(f"{stage}: {message}")
         self.metrics.reconcile_errors.labels(stage).inc()
         log.warning("%s failed: %s", stage, message)
+
+
+_EVICTION_GRANTS = {"gpu-fault": "manifests/gpu-fault-evictions", "right-size": "manifests/right-sizing-recreate"}
+"""The optional component that grants ``create`` on ``pods/eviction``, per cause."""
 
 
 def _log_new(logged: frozenset[str], entries: tuple[str, ...], message: str) -> frozenset[str]:

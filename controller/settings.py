@@ -104,7 +104,8 @@ class ControllerSettings:
     usage_source: str = "agents"
     """Where the right-sizer reads per-pod GPU use: ``agents`` (gpupack's node agents) or
     ``prometheus`` (a Prometheus server that already scrapes per-pod GPU series, from the agents
-    or dcgm-exporter: ``controller.usage_prometheus``; docs/right-sizing.md)."""
+    or dcgm-exporter: ``controller.usage_prometheus``; docs/right-sizing.md). The recommender loop
+    builds its source from it (``controller.recommending.usage_source_for``)."""
     prometheus_url: str = ""
     """With ``usage_source=prometheus``: the server's base URL (``http://host:9090``; its
     ``/api/v1/query_range`` is read)."""

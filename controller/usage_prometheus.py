@@ -2,16 +2,31 @@
 
 For clusters that already scrape per-pod GPU series (gpupack's node agents, or NVIDIA's
 dcgm-exporter): each ``feed`` asks ``/api/v1/query_range`` for the duty cycle and memory of
-every pod since its previous read, one point per the recommender's sample interval, and hands
-the live pods' samples to the recommender (``controller.state.prometheus_usage`` says which
-series, and the rules for bad values). The first read goes ``lookback_s`` back.
+every pod since its previous read, one point per the recommender's sample interval, and adds
+each live pod's samples to that pod container's own history (``controller.state.prometheus_usage``
+says which series, and the rules for bad values). The first read goes ``lookback_s`` back.
+
+The pods' histories go to the bookkeeping both sources share
+(``controller.state.workload_histories``): a pod that is no longer among the live pod objects has
+gone, and its history is folded into its workload's gone part, which the recommender loop keeps
+in the ``GPURecommendation``'s checkpoint. **Nothing is counted twice across a restart:** a
+checkpoint holds only pods that have gone, whose series are no longer read (a series counts only
+for a live pod, and only from that pod's creation); a new leader (:meth:`restore`) reads the live
+pods again from ``lookback_s`` back into empty histories.
+
+The GPU memory a pod ran on (the size's cap) is its node's largest GPU's, from the GPUNodes
+(``gpunodes``). Memory-limit hits are not known here: neither the agent nor dcgm-exporter exports
+them as a series (the agent counts them in its GPUNode's ``status.usage`` only), so a size from
+Prometheus rises only as far as the memory its pods were seen using (docs/right-sizing.md).
 
 A read that fails (Prometheus unreachable, an HTTP error, an answer that is not a range query's
 JSON) changes nothing: the recommender keeps its histories, the next read retries the same
 times (as far back as ``lookback_s``), and the failure is logged once per kind, with a line
-when reads work again. It never raises into the controller.
+when reads work again. It never raises into the controller. Pods that go meanwhile are still
+folded.
 
-It meets ``controller.usage_source.UsageSource`` structurally (``source``, ``feed``).
+It meets ``controller.usage_source.UsageSource`` structurally (``source``, ``workloads``,
+``unattributed``, ``feed``, ``restore``).
 """
 
 from __future__ import annotations
@@ -22,7 +37,7 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from controller.state.prometheus_usage import (
@@ -30,13 +45,17 @@ from controller.state.prometheus_usage import (
     PrometheusAnswerError,
     QueryRange,
     ReadCounts,
+    Sample,
+    gpu_memory_by_node,
     parse_matrix,
     range_to_read,
     samples_of,
     usage_queries,
 )
+from controller.state.workload_histories import GonePart, PodHistory, PodKey, WorkloadHistories
 from sharing.api.crd import RecommendationSource
-from sharing.usage.recommender import Recommender
+from sharing.api.fields import as_map
+from sharing.usage.recommender import ContainerHistory, Recommender, RecommenderSettings
 
 log = logging.getLogger("gpupack.controller.usage")
 
@@ -55,7 +74,11 @@ class PrometheusUsageSource:
 
     source: RecommendationSource = "Prometheus"
 
-    def __init__(self, url: str, *, selector: str = "", lookback_s: float = 86400.0, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, *, selector: str = "", lookback_s: float = 86400.0, timeout_s: float = 10.0,
+                 gpunodes: Callable[[], Sequence[Mapping[str, Any]]] = tuple,
+                 settings: RecommenderSettings | None = None) -> None:
+        """``gpunodes``: lists the GPUNodes (for the GPU memory pods ran on; none: unknown, the size is
+        then capped at its own memory); ``settings``: the recommender's (the shape of the histories)."""
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ValueError(f"the Prometheus URL must be http(s)://host[:port][/path], got {url!r}")
@@ -70,13 +93,36 @@ class PrometheusUsageSource:
         self.last_counts = ReadCounts()
         """What the last successful read held (``ReadCounts``)."""
         self._failing: FailureKind | None = None
+        self.gpunodes = gpunodes
+        self.workloads = WorkloadHistories(settings or RecommenderSettings())
+        self.unattributed: dict[str, str] = {}
+        """Always empty: an unattributed use has no duty series to tell it by
+        (``controller.state.prometheus_usage``)."""
+
+    def restore(self, parts: Iterable[GonePart]) -> None:
+        """A leader's term begins from the checkpoints' gone parts; the live pods are read again, from
+        ``lookback_s`` back (module docstring)."""
+        self.workloads.reset(parts)
+        self.next_s = None
 
     def feed(self, recommender: Recommender, pods: Mapping[str, Mapping[str, Any]], now_s: float) -> None:
         """Bring the recommender's histories up to ``now_s`` (Unix s) from Prometheus; ``pods``: the live
         pod objects by ``namespace/name``. Never raises for Prometheus's faults (module docstring)."""
+        live = {key: pod for key, pod in self.workloads.live.items() if _is_live(key, pods)}
         window = range_to_read(self.next_s, now_s, recommender.settings.sample_interval_s, self.lookback_s)
-        if window is None:
-            return
+        samples = None if window is None else self._read(window, pods)
+        if window is not None and samples is not None:
+            for s in samples:
+                pod_key = (s.pod, s.uid, s.key.container)
+                found = live.get(pod_key)
+                if found is None:
+                    found = live[pod_key] = PodHistory(s.key, ContainerHistory(self.workloads.settings), 0)
+                found.history.observe(s.time_s, s.duty_percent, s.memory_bytes)
+            self.next_s = window.next_start
+        self.workloads.update(self._with_gpu_memory(live, pods), recommender)
+
+    def _read(self, window: QueryRange, pods: Mapping[str, Mapping[str, Any]]) -> list[Sample] | None:
+        """The samples of ``window``; None when the read failed (logged once per kind)."""
         try:
             duty = self._query(self.duty_query, window)
             memory = self._query(self.memory_query, window)
@@ -85,15 +131,27 @@ class PrometheusUsageSource:
                 log.warning("usage from Prometheus: %s; recommendations keep their history and the read is "
                             "retried", failed)
             self._failing = failed.kind
-            return
+            return None
         if self._failing is not None:
             log.info("usage from Prometheus: %s answers again", self.url)
             self._failing = None
         samples, self.last_counts = samples_of(duty, memory, pods)
-        for s in samples:
-            recommender.observe(s.key, s.time_s, s.duty_percent, s.memory_bytes)
-        self.next_s = window.next_start
         log.debug("usage from Prometheus: %s", self.last_counts)
+        return samples
+
+    def _with_gpu_memory(self, live: dict[PodKey, PodHistory], pods: Mapping[str, Mapping[str, Any]]
+                         ) -> dict[PodKey, PodHistory]:
+        """``live``, each pod's GPU memory found where still unknown (the GPUNodes are read only then)."""
+        unknown = [key for key, pod in live.items() if not pod.gpu_memory_mib]
+        if not unknown:
+            return live
+        memory = gpu_memory_by_node(self.gpunodes())
+        for key in unknown:
+            node = as_map(as_map(pods.get(key[0])).get("spec")).get("nodeName")
+            if isinstance(node, str) and memory.get(node):
+                pod = live[key]
+                live[key] = PodHistory(pod.key, pod.history, memory[node])
+        return live
 
     def _query(self, query: str, window: QueryRange) -> Matrix:
         params = urllib.parse.urlencode({"query": query, "start": repr(window.start), "end": repr(window.end),
@@ -115,6 +173,12 @@ class PrometheusUsageSource:
         except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and PrometheusAnswerError too
             what = exc if isinstance(exc, PrometheusAnswerError) else f"not JSON ({exc})"
             raise _ReadFailed("malformed", f"{self.url}{QUERY_RANGE_PATH} answered {what}") from None
+
+
+def _is_live(key: PodKey, pods: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether the pod container ``key`` is still among the live ``pods`` (the same pod, not a new one of its name)."""
+    pod = pods.get(key[0])
+    return pod is not None and (as_map(pod.get("metadata")).get("uid") or "") == key[1]
 
 
 def _error_of(body: bytes) -> str:

@@ -3,20 +3,24 @@
 A :class:`UsageSource` brings the recommender's histories (``sharing.usage.recommender``) up to
 now. Two exist: the node agents' (:class:`AgentsSource`, here), which reads the histories each
 agent aggregated and published in its GPUNode's ``status.usage`` (``node.usage.publication``),
-and a Prometheus server's, for clusters that already run dcgm-exporter.
+and a Prometheus server's (``controller.usage_prometheus``), for clusters that already scrape
+per-pod GPU series. The recommender loop (``controller.recommending``) is written against the
+protocol only; ``--usage-source`` chooses which one it gets.
 
-:class:`AgentsSource` rebuilds each workload container's history every cycle from
+Both keep one history per live pod container and hand them to one bookkeeping
+(``controller.state.workload_histories``): the history of a workload's pods that have **gone**
+is folded into its gone part (a rollout must not forget its use), which the recommender loop
+keeps in the ``GPURecommendation``'s ``status.checkpoint`` and gives back to a new leader
+(:meth:`UsageSource.restore`).
 
-* the live pods' published histories (each pod's workload from its object,
-  ``sharing.api.workload.workload_of``; a pod no longer listed keeps the workload it had), and
-* the history of the workload's pods that have **gone** (a rollout must not forget its use):
-  when a pod's history stops being published, it is folded into its workload's gone part, which
-  the recommender loop keeps in the ``GPURecommendation``'s ``status.checkpoint`` and gives back
-  after a restart (:meth:`AgentsSource.restore`).
-
-A pod's memory-limit hits raise the memory at once (``Recommender.record_oom``, at the last
-hit's limit). Records marked unattributed are never sized; they are counted. A GPUNode's
-records are decoded again only when it publishes anew.
+:class:`AgentsSource` takes each live pod's history as its agent published it (each pod's
+workload from its object, ``sharing.api.workload.workload_of``; a pod no longer listed keeps the
+workload it had). A pod's memory-limit hits raise the memory at once (``Recommender.record_oom``,
+at the last hit's limit). Records marked unattributed are never sized; they are counted. A
+GPUNode's records are decoded again only when it publishes anew. A record whose compute alone is
+unattributed (``computeUnattributed``: an MPS client) holds memory peaks and limit hits but no duty
+samples, and is merged like any other: the workload's compute, observed time and confidence come
+from its measured pods' duty samples, its memory from all its pods.
 
 What is lost: the minutes since a pod's last publication when it goes, and a pod that went
 while no controller was leading (its history was on its node, not yet in a checkpoint).
@@ -25,8 +29,7 @@ while no controller was leading (its history was on its node, not yet in a check
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from pydantic import ValidationError
@@ -34,32 +37,29 @@ from pydantic import ValidationError
 from sharing.api.crd import NodeUsage, PodUsage, RecommendationSource
 from sharing.api.fields import as_map
 from sharing.api.workload import WorkloadRef, workload_of
-from sharing.usage.compact import decode, merged
+from controller.state.workload_histories import GonePart, PodHistory, PodKey, WorkloadHistories
+from sharing.usage.compact import decode
 from sharing.usage.recommender import ContainerHistory, Recommender, RecommenderSettings, WorkloadKey
 
 log = logging.getLogger("gpupack.controller")
-
-PodKey = tuple[str, str, str]
-"""(``namespace/name``, pod uid, container)"""
 
 
 class UsageSource(Protocol):
     """Feeds the recommender (contract of issue 35's right-sizer)."""
 
     source: RecommendationSource
+    workloads: WorkloadHistories
+    """Live pods and gone parts per workload container, as of the last ``feed``."""
+    unattributed: dict[str, str]
+    """``namespace/name`` -> why its use is not sized (the last ``feed``; for the metric)."""
 
     def feed(self, recommender: Recommender, pods: Mapping[str, Mapping[str, Any]], now_s: float) -> None:
         """Bring the recommender's histories up to ``now_s`` from this source. ``pods``: live pod objects
         by ``namespace/name`` (to find each pod's workload with ``sharing.api.workload.workload_of``)."""
 
-
-@dataclass(frozen=True)
-class PodHistory:
-    """One live pod container's history as its agent published it (memory-limit hits applied)."""
-
-    key: WorkloadKey
-    history: ContainerHistory
-    gpu_memory_mib: int
+    def restore(self, parts: Iterable[GonePart]) -> None:
+        """A leader's term begins: start from the checkpoints' gone parts, and read every live pod's
+        history from the source again at the next ``feed``."""
 
 
 def with_hits(record: PodUsage, settings: RecommenderSettings) -> ContainerHistory:
@@ -84,19 +84,15 @@ class AgentsSource:
         self.settings = settings
         self._decoded: dict[str, tuple[str, list[tuple[PodUsage, ContainerHistory | None]]]] = {}
         """GPUNode name -> (its ``publishedTime``, its records with their histories; None: unreadable)."""
-        self.live: dict[PodKey, PodHistory] = {}
-        self.gone: dict[WorkloadKey, ContainerHistory] = {}
-        self.gone_pods: dict[WorkloadKey, int] = {}
-        self.gone_memory_mib: dict[WorkloadKey, int] = {}
+        self.workloads = WorkloadHistories(settings)
         self.unattributed: dict[str, str] = {}
         """``namespace/name`` -> why its use is not sized (this cycle)."""
         self.unreadable = 0
 
-    def restore(self, key: WorkloadKey, history: ContainerHistory, pods: int, gpu_memory_mib: int) -> None:
-        """The gone part of ``key`` as a checkpoint kept it (the recommender loop reads it once, at start)."""
-        self.gone[key] = history
-        self.gone_pods[key] = pods
-        self.gone_memory_mib[key] = gpu_memory_mib
+    def restore(self, parts: Iterable[GonePart]) -> None:
+        """The checkpoints' gone parts (the recommender loop reads them once per term); the live pods'
+        histories are on their GPUNodes, read at every feed."""
+        self.workloads.reset(parts)
 
     def _records(self) -> list[tuple[PodUsage, ContainerHistory | None]]:
         out: list[tuple[PodUsage, ContainerHistory | None]] = []
@@ -141,7 +137,7 @@ class AgentsSource:
         if obj is not None and (not record.uid or uid == record.uid):
             ref: WorkloadRef = workload_of(obj)
             return WorkloadKey(ref.namespace, ref.kind, ref.name, record.container)
-        previous = self.live.get((record.pod, record.uid, record.container))
+        previous = self.workloads.live.get((record.pod, record.uid, record.container))
         return None if previous is None else previous.key
 
     def feed(self, recommender: Recommender, pods: Mapping[str, Mapping[str, Any]], now_s: float) -> None:
@@ -157,31 +153,8 @@ class AgentsSource:
             key = self._workload(record, pods)
             if key is not None:
                 live[(record.pod, record.uid, record.container)] = PodHistory(key, history, record.gpu_memory_mib)
-        for pod_key, went in self.live.items():
-            if pod_key not in live:  # its history is no longer published: the pod has gone
-                self.gone[went.key] = merged([h for h in (self.gone.get(went.key), went.history) if h is not None],
-                                             self.settings)
-                self.gone_pods[went.key] = self.gone_pods.get(went.key, 0) + 1
-                self.gone_memory_mib[went.key] = max(self.gone_memory_mib.get(went.key, 0), went.gpu_memory_mib)
-        self.live = live
-        parts: dict[WorkloadKey, list[ContainerHistory]] = {key: [h] for key, h in self.gone.items()}
-        for pod in live.values():
-            parts.setdefault(pod.key, []).append(pod.history)
-        for key, histories in parts.items():
-            recommender.histories[key] = merged(histories, self.settings)
-
-    def live_pods(self) -> dict[WorkloadKey, int]:
-        counts: dict[WorkloadKey, int] = {}
-        for pod in self.live.values():
-            counts[pod.key] = counts.get(pod.key, 0) + 1
-        return counts
-
-    def gpu_memory_mib(self) -> dict[WorkloadKey, int]:
-        """The largest GPU memory each workload container's pods (live or gone) were seen on."""
-        out: dict[WorkloadKey, int] = dict(self.gone_memory_mib)
-        for pod in self.live.values():
-            out[pod.key] = max(out.get(pod.key, 0), pod.gpu_memory_mib)
-        return out
+        # A record no longer published: the pod has gone (folded into its workload's gone part).
+        self.workloads.update(live, recommender)
 
 
-__all__ = ["AgentsSource", "PodHistory", "UsageSource", "with_hits"]
+__all__ = ["AgentsSource", "UsageSource", "with_hits"]

@@ -130,10 +130,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mig-parted-configmap", help="GPU Operator mode: the ConfigMap mig-manager reads, where the "
                    "controller publishes the MIG configs node agents ask for (default default-mig-parted-config)")
     p.add_argument("--usage-source", choices=["agents", "prometheus"],
-                   help="where the right-sizer reads per-pod GPU use: agents (gpupack's node agents) or prometheus "
-                        "(a Prometheus server that already scrapes per-pod DCGM_FI_DEV_GPU_UTIL and "
-                        "DCGM_FI_DEV_FB_USED, from the agents or dcgm-exporter; needs --prometheus-url) "
-                        "(default agents)")
+                   help="where the right-sizer's recommender reads per-pod GPU use: agents (the histories "
+                        "gpupack's node agents publish in their GPUNodes) or prometheus (a Prometheus server that "
+                        "already scrapes per-pod DCGM_FI_DEV_GPU_UTIL and DCGM_FI_DEV_FB_USED, from the agents or "
+                        "dcgm-exporter; needs --prometheus-url; no memory-limit hits); each GPURecommendation's "
+                        "status.source says which (default agents)")
     p.add_argument("--prometheus-url", metavar="URL",
                    help="with --usage-source prometheus: the server's base URL, e.g. http://prometheus:9090")
     p.add_argument("--prometheus-selector", metavar="MATCHERS",

@@ -17,8 +17,9 @@ MiB; ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` as a ratio, its profiling field) and labe
 it labels a pod's series: ``gpu``, ``UUID`` (the GPU's), ``GPU_I_ID`` (empty off MIG),
 ``namespace``, ``pod``, ``container``. Unlike dcgm-exporter, each value is the pod's own
 share of a shared GPU, not the whole device's. A use that cannot be attributed has no
-utilisation series; ``gpupack_pod_gpu_use_attributed`` says which are (docs/node-agent.md,
-"Per-pod GPU use"). Series of pods that went are removed.
+utilisation series; ``gpupack_pod_gpu_use_attributed`` says which are, and
+``gpupack_pod_gpu_memory_attributed`` whether the memory alone is (an MPS client's is, its compute
+is not: docs/node-agent.md, "Per-pod GPU use"). Series of pods that went are removed.
 """
 
 from __future__ import annotations
@@ -96,7 +97,8 @@ class AgentMetrics:
             "1 while a GPU or MIG instance has a fault the device plugin keeps advertising: the node is "
             "labelled degraded and gpupack keeps new pods off it; else 0.", registry=r)
         # Per-pod use: see observe_pod_usage. Each gauge: (dcgm-exporter's name, help).
-        self.pod_gpu_util, self.pod_engine_active, self.pod_fb_used, self.pod_attributed = (
+        (self.pod_gpu_util, self.pod_engine_active, self.pod_fb_used, self.pod_attributed,
+         self.pod_memory_attributed) = (
             Gauge(name, text, POD_LABELS, registry=r) for name, text in (
                 ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %) of the pod: the GPU's own on a GPU the pod holds "
                  "alone, the sum of its processes' SM samples on a shared GPU."),
@@ -106,6 +108,9 @@ class AgentMetrics:
                  "holds alone, its processes' elsewhere."),
                 ("gpupack_pod_gpu_use_attributed", "1 if the pod's use of this GPU or MIG instance is measured, 0 if "
                  "it cannot be attributed (the agent logs why; such a pod is never resized)."),
+                ("gpupack_pod_gpu_memory_attributed", "1 if the pod's memory on this GPU or MIG instance is "
+                 "measured (its peaks and limit hits are learned even when its compute is not, as for an MPS "
+                 "client), 0 if not."),
             ))
         self._series: dict[Gauge, set[tuple[str, ...]]] = {}
         """Label values set per gauge kept by ``_sync`` (health, per-pod use), so series that went can be removed."""
@@ -168,10 +173,12 @@ class AgentMetrics:
         active: dict[tuple[str, ...], float] = {}
         memory: dict[tuple[str, ...], float] = {}
         attributed: dict[tuple[str, ...], float] = {}
+        memory_attributed: dict[tuple[str, ...], float] = {}
         for use in uses:
             labels = ("" if use.gpu is None else str(use.gpu), use.gpu_uuid, "" if use.gi_id is None else str(use.gi_id),
                       use.namespace, use.name, use.container)
             attributed[labels] = 1.0 if use.attributed else 0.0
+            memory_attributed[labels] = 1.0 if use.memory_attributed else 0.0
             if use.memory_used_mib is not None:
                 memory[labels] = float(use.memory_used_mib)
             if use.sm_percent is not None and use.attributed:
@@ -183,6 +190,7 @@ class AgentMetrics:
         self._sync(self.pod_engine_active, active)
         self._sync(self.pod_fb_used, memory)
         self._sync(self.pod_attributed, attributed)
+        self._sync(self.pod_memory_attributed, memory_attributed)
 
     def _sync(self, gauge: Gauge, wanted: Mapping[tuple[str, ...], float]) -> None:
         for labels in self._series.get(gauge, set()) - set(wanted):

@@ -9,14 +9,16 @@ and that controller is not a DaemonSet (its pod would come back to the same node
 The replacement is an ordinary new pod: the webhook admits it away from the
 failed device (the capacity view leaves it out) and the planner places it.
 
-Pure: the controller's cycle fetches the objects and makes the calls.
+Pure: the controller's cycle fetches the objects and makes the calls. Every eviction the
+controller posts (these, and the ``Recreate`` updater's, ``controller.planning.right_size_evictions``)
+goes through one writer, whose answers :func:`eviction_outcome` reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from controller.state.snapshot import FailedDevice
 from sharing.api.fields import as_list as _list
@@ -33,6 +35,20 @@ class Eviction:
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+Outcome = Literal["evicted", "blocked", "gone", "failed"]
+"""What an eviction came to: done; refused by a PodDisruptionBudget (429: the pod stays, the next
+cycle tries again); the pod already gone (404); or another error."""
+
+
+def eviction_outcome(status: int | None) -> Outcome:
+    """The outcome of an eviction the API answered with HTTP ``status`` (None: it succeeded)."""
+    if status is None:
+        return "evicted"
+    if status == 429:
+        return "blocked"
+    return "gone" if status == 404 else "failed"
 
 
 def recreated_elsewhere(pod: Mapping[str, Any]) -> bool:

@@ -24,16 +24,22 @@ Pure: the I/O (HTTP, clock, logging) is ``controller.usage_prometheus``'s. Rules
   sample at that time (``unpaired``): the recommender takes both or neither.
 * A series of a pod that is not among the live pods is skipped (``skipped_series``): it has no
   workload to credit (a pod that went, or one of another controller's namespaces).
+* A time before the live pod's ``metadata.creationTimestamp`` is dropped (``before_pod``): the
+  series is an earlier pod's of the same name (a StatefulSet's pod made again), whose use its
+  own workload history already holds.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kube.times import parse_time
+from sharing.api.fields import as_map
+from sharing.api.gpunode import read_gpunode
 from sharing.api.workload import workload_of
 from sharing.usage.recommender import MIB, WorkloadKey
 from sharing.usage.trace import MAX_DUTY_PERCENT, MAX_MEMORY_BYTES
@@ -148,12 +154,16 @@ def _number(value: Any) -> float:
 
 @dataclass(frozen=True)
 class Sample:
-    """One time of one workload container: what ``Recommender.observe`` takes."""
+    """One time of one workload container: what ``Recommender.observe`` takes, and whose it is."""
 
     key: WorkloadKey
     time_s: float
     duty_percent: float
     memory_bytes: int
+    pod: str = ""
+    """``namespace/name`` of the pod measured."""
+    uid: str = ""
+    """Its ``metadata.uid`` (empty when its object has none)."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +174,7 @@ class ReadCounts:
     samples: int = 0
     skipped_series: int = 0
     dropped: Mapping[str, int] = field(default_factory=dict)
-    """Values dropped by reason: ``nan``, ``negative``, ``absurd``, ``unpaired``."""
+    """Values dropped by reason: ``nan``, ``negative``, ``absurd``, ``unpaired``, ``before_pod``."""
 
 
 def samples_of(duty: Matrix, memory: Matrix, pods: Mapping[str, Mapping[str, Any]]) -> tuple[list[Sample], ReadCounts]:
@@ -180,15 +190,35 @@ def samples_of(duty: Matrix, memory: Matrix, pods: Mapping[str, Mapping[str, Any
             continue
         workload = workload_of(pod)
         key = WorkloadKey(workload.namespace, workload.kind, workload.name, container)
+        meta = as_map(pod.get("metadata"))
+        uid = meta.get("uid")
+        created = parse_time(meta.get("creationTimestamp"))
+        born_s = created.timestamp() if created is not None else -math.inf
         duties, memories = duty.get((ns, pod_name, container), {}), memory.get((ns, pod_name, container), {})
         for time_s in sorted(set(duties) | set(memories)):
+            if time_s < born_s:
+                dropped["before_pod"] += 1
+                continue
             d = _checked(duties.get(time_s), MAX_DUTY_PERCENT, dropped)
             m = _checked(None if (v := memories.get(time_s)) is None else v * MIB, float(MAX_MEMORY_BYTES), dropped)
             if d is None or m is None:
                 dropped["unpaired"] += (d is None) != (m is None)
                 continue
-            found.append(Sample(key, time_s, d, round(m)))
+            found.append(Sample(key, time_s, d, round(m), f"{ns}/{pod_name}", uid if isinstance(uid, str) else ""))
     return found, ReadCounts(len(keys), len(found), skipped, dict(dropped))
+
+
+def gpu_memory_by_node(gpunodes: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Node name -> the memory (MiB) of its largest GPU, from the GPUNodes (``sharing.api.gpunode``): the
+    cap of a size for a pod that runs there. The series say which GPU a pod used only by its UUID, and
+    the queries keep none of it; a node's GPUs are one model in practice (GPU feature discovery labels
+    a node with one product)."""
+    out: dict[str, int] = {}
+    for obj in gpunodes:
+        reading = read_gpunode(obj)
+        if reading is not None and reading.gpus:
+            out[reading.name] = max(g.memory_mib for g in reading.gpus)
+    return out
 
 
 def _checked(value: float | None, limit: float, dropped: Counter[str]) -> float | None:
@@ -202,5 +232,5 @@ def _checked(value: float | None, limit: float, dropped: Counter[str]) -> float 
 
 
 __all__ = ["DUTY_METRIC", "ENGINE_ACTIVE_METRIC", "MEMORY_METRIC", "MAX_POINTS", "Matrix", "PrometheusAnswerError",
-           "QueryRange", "ReadCounts", "SERIES_LABELS", "Sample", "SeriesKey", "parse_matrix", "range_to_read",
-           "samples_of", "usage_queries"]
+           "QueryRange", "ReadCounts", "SERIES_LABELS", "Sample", "SeriesKey", "gpu_memory_by_node", "parse_matrix",
+           "range_to_read", "samples_of", "usage_queries"]

@@ -9,6 +9,8 @@ in the chart behind values that are off by default: the GPU-health alert rules
 Prometheus Operator's CRD, and the controller's evictions from failed GPUs (the
 component ``manifests/gpu-fault-evictions``, ``controller.evictOnGpuFault``: its
 RBAC, and the setting the component patches into the controller's Deployment),
+right-sizing's ``Recreate`` grant (the component ``manifests/right-sizing-recreate``,
+``controller.rightSizingRecreate``: its RBAC and its policy on Deployment writes),
 and the DRA node pool (the component ``manifests/agent-dra``, ``dra.enabled``:
 the DRA agent and kubelet plugin DaemonSet and the plugin's RBAC; the node
 agent's admission policies and policy RBAC render when either agent does). The
@@ -207,6 +209,13 @@ def render() -> dict[str, str]:
         files[f"templates/gpu-fault-evictions-{Path(entry).stem}.yaml"] = (
             "{{- if and .Values.controller.enabled .Values.controller.evictOnGpuFault }}\n"
             + _template(_load(f"gpu-fault-evictions/{entry}")) + "{{- end }}\n"
+        )
+    # Right-sizing's Recreate grant (evictions; Deployment patches confined to one annotation): off
+    # by default, as in kustomize; no setting to patch, the namespaces' modes are the switch.
+    for entry in yaml.safe_load(_load("right-sizing-recreate/kustomization.yaml"))["resources"]:
+        files[f"templates/right-sizing-recreate-{Path(entry).stem}.yaml"] = (
+            "{{- if and .Values.controller.enabled .Values.controller.rightSizingRecreate }}\n"
+            + _template(_load(f"right-sizing-recreate/{entry}")) + "{{- end }}\n"
         )
     files["templates/prometheus-rules.yaml"] = _template(
         _helm_literal(_load("prometheus-rules/gpu-health-rules.yaml")), "prometheusRules",

@@ -4,7 +4,9 @@ On a simulated node (no kubelet device plugin, no real processes)
 :class:`EmulatedDevicePlugin` plays the plugin: ``allocate`` hands bound pods a
 device and a simulated process inside it (Allocate, and the workload), and
 ``publish`` patches the Node with what ``node.base.device_plugin_emulator`` computes
-from NVML and the spec's sharing. Nothing has to be paused or restarted.
+from NVML and the spec's sharing, and tells the simulated NVML which GPUs it serves through
+MPS (their clients' SM samples then go to an MPS server, as on hardware). Nothing has to be
+paused or restarted.
 """
 
 from __future__ import annotations
@@ -54,6 +56,12 @@ class EmulatedDevicePlugin:
                 labels: Mapping[str, str]) -> list[C.Cond]:
         if snapshot.error is not None:
             return []
+        if isinstance(ctx.backend, SimulatedNvml):
+            # The real plugin starts an MPS control daemon for the GPUs it shares through MPS: the
+            # simulated NVML then samples their clients' SM load to the MPS server, as NVML does.
+            serves_mps = spec is not None and spec.sharing.mode == "mps"
+            for gpu in snapshot.gpus:
+                ctx.backend.set_mps(gpu.info.index, serves_mps and not gpu.info.mig_enabled)
         return [emulate_advertisement(ctx, snapshot, node, spec, self.withheld)]
 
 

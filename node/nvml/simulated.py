@@ -28,6 +28,13 @@ a read with nothing newer returns none (NVML's NOT_FOUND). A GPU's own utilisati
 least its processes' summed SM load (capped at 100), as a GPU is busy whenever one of
 its processes runs a kernel.
 
+MPS follows what the real NVML does (benchmarks/nvml_usage_check.md, measured on an H200): on a
+GPU whose MIG mode is off and that the device plugin serves through MPS (``set_mps``, persisted
+with the GPU), an MPS server process (pid ``MPS_SERVER_PID_BASE`` + the GPU's index, no pod's,
+``MPS_SERVER_MEMORY_MIB``) runs while at least one client does. The clients keep their own
+memory in ``processes``, but their SM load is sampled to the server: one sample, their loads
+summed (capped at 100), and none for the clients.
+
 A usage trace can drive the processes instead (``play_trace``, the agent's ``--usage-trace``):
 whenever a snapshot begins (``device_count``), each process is bound to a pod of a GenTD26 trace
 and takes its duty cycle as SM load and its memory, at the scaled time
@@ -98,6 +105,11 @@ OPERATIONS = (
     "device_info", "instance_profiles", "gpu_instances", "processes", "utilization", "create", "destroy",
     "process_utilization",
 )
+MPS_SERVER_PID_BASE = 3_900_000
+"""The simulated MPS server of GPU i has pid ``MPS_SERVER_PID_BASE + i``: below the pods' processes
+(``node.base.pods.SIM_PID_BASE``), so the emulated device plugin never takes it for a pod's."""
+MPS_SERVER_MEMORY_MIB = 66
+"""What the MPS server held on an H200 (benchmarks/nvml_usage_check.md)."""
 SAMPLE_PERIOD_S = 1.0
 """The simulated driver's utilisation sample period (NVML's is 1/6 s to 1 s, by product)."""
 
@@ -151,6 +163,8 @@ class _Gpu:
     retired_pages_pending: bool = False
     remapped_rows_pending: bool = False
     remapped_rows_failed: bool = False
+    mps: bool = False
+    """The device plugin serves this GPU through MPS (``set_mps``): its clients' SM samples go to the server."""
 
 
 @dataclass
@@ -256,18 +270,20 @@ class SimulatedNvml:
 
     def processes(self, index: int) -> tuple[GpuProcess, ...]:
         gpu = self._enter("processes", index)
-        result = tuple(GpuProcess(p.pid, p.used_memory_mib, p.gi_id, 0 if p.gi_id is not None else None) for p in gpu.processes)
+        result = tuple(GpuProcess(p.pid, p.used_memory_mib, p.gi_id, 0 if p.gi_id is not None else None)
+                       for p in self._running(gpu))
         return self._leave("processes", index, result)
 
     def utilization(self, index: int) -> Utilization:
         gpu = self._enter("utilization", index)
-        used = sum(p.used_memory_mib for p in gpu.processes)
+        running = self._running(gpu)
+        used = sum(p.used_memory_mib for p in running)
         if gpu.mig_enabled:
             # As on hardware: no whole-GPU utilisation rate in MIG mode.
-            util = Utilization(None, used, self.model.memory_mib, len(gpu.processes), "memory-and-processes")
+            util = Utilization(None, used, self.model.memory_mib, len(running), "memory-and-processes")
         else:
             busy = max(gpu.load_percent, min(100.0, sum(p.sm_percent for p in gpu.processes)))
-            util = Utilization(busy, used, self.model.memory_mib, len(gpu.processes), "nvml")
+            util = Utilization(busy, used, self.model.memory_mib, len(running), "nvml")
         return self._leave("utilization", index, util)
 
     def process_utilization(self, index: int, since_us: int) -> tuple[ProcessSample, ...]:
@@ -276,8 +292,10 @@ class SimulatedNvml:
             raise NvmlError(errors.NOT_SUPPORTED, f"no per-process utilisation on GPU {index}: MIG mode is on")
         period_us = int(SAMPLE_PERIOD_S * 1_000_000)
         latest = int(self.clock() * 1_000_000) // period_us * period_us
+        # Under MPS the clients' kernels run in the server's context: only the server is sampled.
+        sampled = [self._mps_server(gpu)] if self._serves_mps(gpu) else gpu.processes
         samples = () if latest <= since_us else tuple(
-            ProcessSample(p.pid, latest, p.sm_percent, 0.0) for p in gpu.processes if p.sm_percent > 0)
+            ProcessSample(p.pid, latest, p.sm_percent, 0.0) for p in sampled if p.sm_percent > 0)
         return self._leave("process_utilization", index, samples)
 
     # ---------------------------------------------------------------- write side
@@ -480,6 +498,14 @@ class SimulatedNvml:
         proc.sm_percent = percent
         self._save()
 
+    def set_mps(self, index: int, enabled: bool) -> None:
+        """SIMULATION: the device plugin serves GPU ``index`` through MPS from now on (or no longer): while it
+        does and MIG mode is off, an MPS server runs beside its clients (module docstring)."""
+        gpu = self._gpu(index)
+        if gpu.mps != enabled:
+            gpu.mps = enabled
+            self._save()
+
     def set_load(self, index: int, percent: float) -> None:
         self._gpu(index).load_percent = percent
         self._save()
@@ -546,7 +572,7 @@ class SimulatedNvml:
             if mib <= proc.used_memory_mib:
                 proc.memory_capped = False
                 continue
-            sharing = [p for p in gpu.processes if p.gi_id == proc.gi_id or not gpu.mig_enabled]
+            sharing = [p for p in self._running(gpu) if p.gi_id == proc.gi_id or not gpu.mig_enabled]
             free = self._device_memory_mib(gpu, proc.gi_id) - sum(p.used_memory_mib for p in sharing)
             fits = mib - proc.used_memory_mib <= free
             proc.used_memory_mib = mib if fits else proc.used_memory_mib + max(0, free)
@@ -556,6 +582,20 @@ class SimulatedNvml:
                             "the allocation fails (an OOM in its workload)", proc.pid, gpu.index, mib,
                             mib - proc.used_memory_mib)
             proc.memory_capped = not fits
+
+    @staticmethod
+    def _serves_mps(gpu: _Gpu) -> bool:
+        return gpu.mps and not gpu.mig_enabled and bool(gpu.processes)
+
+    @staticmethod
+    def _mps_server(gpu: _Gpu) -> _Process:
+        """The GPU's MPS server as NVML shows it: its own memory, its clients' SM load."""
+        return _Process(MPS_SERVER_PID_BASE + gpu.index, MPS_SERVER_MEMORY_MIB, None,
+                        min(100.0, sum(p.sm_percent for p in gpu.processes)))
+
+    def _running(self, gpu: _Gpu) -> list[_Process]:
+        """The processes NVML lists on ``gpu``: the workloads', and the MPS server while it serves them."""
+        return [*gpu.processes, self._mps_server(gpu)] if self._serves_mps(gpu) else gpu.processes
 
     def _device_memory_mib(self, gpu: _Gpu, gi_id: int | None) -> int:
         """The memory of the device a process runs in: its MIG instance's, or the whole GPU's."""

@@ -13,17 +13,29 @@ device, the pod of each GPU process). What each device's use is read from:
   own processes, their SM samples summed (a process absent from the samples was idle:
   NVML returns only processes with non-zero use) and their memory summed.
 
-A use that cannot be read is marked unattributed, with the reason, and never guessed
-(the recommender never resizes such a pod): the GPU failed or is lost; the device's
-utilisation is not reported (an instance without DCGM data, a GPU that does not support
-it); per-process samples could not be read (an NVML error) or do not exist (several pods
-time-slicing one MIG instance); a process of no known pod used the shared GPU's SMs (its
-work may be a pod's: under MPS, NVML may count clients' kernels to the MPS server); or
-the pod has no process of its own resolved while some process on its shared GPU belongs
-to no known pod (it may be the pod's: the pod is found from the cgroup of each process,
-which needs ``hostPID``). A pod with at least one
-resolved process is attributed: all of a pod's processes share its cgroup, so they
-resolve alike. A pod no device is known for is unattributed too.
+Compute and memory are attributed each by its own rule, because NVML can name a process's
+memory when it cannot name its SMs (under MPS only the MPS server has SM samples, while each
+client's memory is reported as without MPS: benchmarks/nvml_usage_check.md):
+
+* **compute** (``unattributed``, today's single reason) is the pod's when its SM time is read
+  and none of it may be another's. It is not when the GPU failed or is lost; the device's
+  utilisation is not reported (an instance without DCGM data, a GPU that does not support it);
+  per-process samples could not be read (an NVML error) or do not exist (several pods
+  time-slicing one MIG instance); a process of no known pod used the shared GPU's SMs (its
+  work may be a pod's: under MPS, NVML counts clients' kernels to the MPS server); or the pod's
+  memory is not its own (below).
+* **memory** (``memory_unattributed``) is the pod's when every process of the pod is resolved
+  to it: on a whole GPU or a MIG instance the pod holds alone, everything on the device; on a
+  shared device, the pod's own processes' memory when it has at least one resolved process
+  (all of a pod's processes share its cgroup, so they resolve alike), or 0 when it has none and
+  no process there belongs to no known pod. It is not when the GPU failed or is lost, a whole
+  GPU reports no memory, or the pod has no process of its own resolved while some process on
+  its shared device belongs to no known pod (it may be the pod's: the pod is found from the
+  cgroup of each process, which needs ``hostPID``). A pod no device is known for has neither.
+
+A use that cannot be read is never guessed: an unattributed compute is never sized, and memory
+that is unattributed is never sized either (``node.usage.publication``). Memory unattributed
+implies compute unattributed, so ``unattributed`` empty still means the whole use is the pod's.
 
 A pod's container is the one container asking for GPUs; a pod with several such
 containers is reported under container ``""`` (the pod as a whole): which container
@@ -69,11 +81,23 @@ class PodGpuUse:
     memory_used_mib: int | None
     """GPU memory the pod's processes use (the whole GPU's for an exclusive GPU); None when unknown."""
     unattributed: str = ""
-    """Why this use is not (wholly) the pod's measured use; empty when it is."""
+    """Why the pod's compute, and so its whole use, is not its measured use; empty when both are."""
+    memory_unattributed: str = ""
+    """Why the pod's memory is not its measured use; empty when it is (module docstring). Never
+    set without ``unattributed``: a pod whose memory is unknown has no compute known either."""
+
+    def __post_init__(self) -> None:
+        if self.memory_unattributed and not self.unattributed:
+            raise ValueError(f"{self.pod}: memory unattributed ({self.memory_unattributed}) but compute attributed")
 
     @property
     def attributed(self) -> bool:
+        """Both compute and memory are the pod's measured use."""
         return not self.unattributed
+
+    @property
+    def memory_attributed(self) -> bool:
+        return not self.memory_unattributed
 
     @property
     def namespace(self) -> str:
@@ -112,11 +136,11 @@ def attribute(poll: Poll) -> tuple[PodGpuUse, ...]:
             for use in _device_uses(poll, gpu, inst, holders):
                 found.append(PodGpuUse(use.pod, containers.get(use.pod, ""), gpu.info.index, gpu.info.uuid,
                                        None if inst is None else inst.gi_id, use.source, use.sm_percent,
-                                       use.memory_used_mib, use.unattributed))
+                                       use.memory_used_mib, use.unattributed, use.memory_unattributed))
     placed = {use.pod for use in found}
     for pod in sorted({u.key for u in poll.uses} - placed):
-        found.append(PodGpuUse(pod, containers.get(pod, ""), None, "", None, None, None, None,
-                               "no device of this node is known to be the pod's"))
+        nowhere = "no device of this node is known to be the pod's"
+        found.append(PodGpuUse(pod, containers.get(pod, ""), None, "", None, None, None, None, nowhere, nowhere))
     return tuple(sorted(found, key=lambda u: (u.pod, -1 if u.gpu is None else u.gpu, u.gi_id or 0)))
 
 
@@ -127,6 +151,7 @@ class _Use:
     sm_percent: float | None
     memory_used_mib: int | None
     unattributed: str = ""
+    memory_unattributed: str = ""
 
 
 def _device_uses(poll: Poll, gpu: GpuSnapshot, inst: GpuInstance | None, holders: Sequence[str]) -> list[_Use]:
@@ -135,14 +160,16 @@ def _device_uses(poll: Poll, gpu: GpuSnapshot, inst: GpuInstance | None, holders
         return []
     source: UseSource = "processes" if inst is None else "instance"
     if gpu.error is not None:
-        return [_Use(pod, source, None, None, f"GPU {gpu.info.index} unreadable: {gpu.error}") for pod in holders]
+        lost = f"GPU {gpu.info.index} unreadable: {gpu.error}"
+        return [_Use(pod, source, None, None, lost, lost) for pod in holders]
     if inst is not None:
         return _instance_uses(poll, gpu, inst, holders)
     if len(holders) == 1 and WHOLE_RESOURCE in _resources(poll.uses, holders[0]):
         util = gpu.utilization
         if util is None or util.gpu_percent is None:
-            return [_Use(holders[0], "device", None, None if util is None else util.memory_used_mib,
-                         f"GPU {gpu.info.index} reports no utilisation")]
+            memory = None if util is None else util.memory_used_mib
+            silent = f"GPU {gpu.info.index} reports no utilisation"
+            return [_Use(holders[0], "device", None, memory, silent, silent if memory is None else "")]
         return [_Use(holders[0], "device", _percent(util.gpu_percent), util.memory_used_mib)]
     return _process_uses(poll, gpu, holders)
 
@@ -152,9 +179,15 @@ def _instance_uses(poll: Poll, gpu: GpuSnapshot, inst: GpuInstance, holders: Seq
     if len(holders) > 1:
         # Time-sliced MIG instance: NVML samples no process in MIG mode, so the split is unknown.
         mine = _own_processes(poll, processes)
-        return [_Use(pod, "instance", None, _memory(mine.get(pod, [])),
-                     f"{len(holders)} pods share MIG instance {inst.gi_id} of GPU {gpu.info.index}; NVML samples "
-                     "no process utilisation in MIG mode") for pod in holders]
+        strangers = [p.pid for p in processes if p.pid not in poll.pods_by_pid]
+        unknown = (f"{len(holders)} pods share MIG instance {inst.gi_id} of GPU {gpu.info.index}; NVML samples "
+                   "no process utilisation in MIG mode")
+        uses = []
+        for pod in holders:
+            memory_unknown = _memory_unknown(gpu, mine.get(pod, []), strangers)
+            uses.append(_Use(pod, "instance", None, None if memory_unknown else _memory(mine.get(pod, [])),
+                             unknown, memory_unknown))
+        return uses
     ratio = (poll.activity or {}).get((gpu.info.uuid, inst.gi_id))
     if ratio is None:
         return [_Use(holders[0], "instance", None, _memory(processes),
@@ -170,22 +203,31 @@ def _process_uses(poll: Poll, gpu: GpuSnapshot, holders: Sequence[str]) -> list[
     uses = []
     for pod in holders:
         processes = mine.get(pod, [])
+        memory_unknown = _memory_unknown(gpu, processes, strangers)
+        memory = None if memory_unknown else _memory(processes)
         if isinstance(read, str):
-            uses.append(_Use(pod, "processes", None, _memory(processes),
-                             f"per-process utilisation of GPU {gpu.info.index} unreadable: {read}"))
+            compute_unknown = f"per-process utilisation of GPU {gpu.info.index} unreadable: {read}"
         elif any(_sm_of(read, pid) > 0 for pid in strangers):
-            # Whose work was it? Under MPS NVML may count the clients' kernels to the MPS server.
-            uses.append(_Use(pod, "processes", None, _memory(processes),
-                             f"a process on GPU {gpu.info.index} that belongs to no known pod used its SMs: "
-                             "the split between pods is unknown"))
-        elif not processes and strangers:
-            uses.append(_Use(pod, "processes", None, None,
-                             f"{len(strangers)} process(es) on GPU {gpu.info.index} belong to no known pod, and none "
-                             "is known to be this pod's"))
+            # Whose work was it? Under MPS NVML counts the clients' kernels to the MPS server
+            # (benchmarks/nvml_usage_check.md); their memory is still each client's own.
+            compute_unknown = (f"a process on GPU {gpu.info.index} that belongs to no known pod used its SMs: "
+                               "the split between pods is unknown")
         else:
-            uses.append(_Use(pod, "processes", _percent(sum(_sm_of(read, p.pid) for p in processes)),
-                             _memory(processes)))
+            compute_unknown = memory_unknown
+        if compute_unknown or isinstance(read, str):
+            uses.append(_Use(pod, "processes", None, memory, compute_unknown, memory_unknown))
+        else:
+            uses.append(_Use(pod, "processes", _percent(sum(_sm_of(read, p.pid) for p in processes)), memory))
     return uses
+
+
+def _memory_unknown(gpu: GpuSnapshot, processes: Sequence[GpuProcess], strangers: Sequence[int]) -> str:
+    """Why a pod's memory on a shared device is not known (empty when it is): it has no process resolved
+    while some process there belongs to no known pod, which may be the pod's (module docstring)."""
+    if processes or not strangers:
+        return ""
+    return (f"{len(strangers)} process(es) on GPU {gpu.info.index} belong to no known pod, and none "
+            "is known to be this pod's")
 
 
 def _own_processes(poll: Poll, processes: Sequence[GpuProcess]) -> dict[str, list[GpuProcess]]:

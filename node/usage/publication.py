@@ -17,9 +17,23 @@ sample, so a pod that sits at its limit counts once until it falls back. A pod's
   container (the webhook's ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT``, the DRA claim's capacity), else
   the GPU's memory (time-slicing enforces none).
 
-**Unattributed** pods (their use could not be read as their own, or a pod holding several GPU
-devices, or several GPU containers) are published with the reason and never sized. The mark is
-sticky for the pod's life: a history with holes where its use was unknown would understate it.
+**Unattributed**, per signal (``node.usage.attribution`` gives a reason for each):
+
+* a pod whose **memory** cannot be read as its own (or a pod holding several GPU devices, or with
+  several GPU containers) is published with the reason in ``unattributed`` and contributes
+  nothing: it is never sized;
+* a pod whose **compute** cannot be read as its own but whose memory can (an MPS client: NVML
+  names only the MPS server's SM samples, benchmarks/nvml_usage_check.md) is published with the
+  reason in ``computeUnattributed``: its memory peaks and memory-limit hits are added (they are
+  observed, not guessed), its duty samples are not, so its history has no duty weight and no
+  sample count, first or last time (those measure the compute observed: the recommender's
+  ``min_observed_s`` and confidence read them, and compute sized from none would be a guess).
+  The controller merges such a history into its workload's like any other: compute comes from
+  the workload's pods that were measured (e.g. while they held a GPU alone), memory from all.
+
+Each mark is sticky for the pod's life: a history with holes where a signal was unknown would
+understate it. When a pod's compute becomes unattributed, the duty samples it had are dropped
+too, as today a pod's whole history is when it becomes unattributed.
 
 A restarted agent reads its histories back from its GPUNode (:meth:`UsageAggregator.restore`),
 so nothing but the minutes since the last publication is lost. A pod that had hit its limit is
@@ -42,7 +56,7 @@ from sharing.api.allocation import AllocationError, Allocation
 from sharing.api.crd import MAX_USAGE_PODS, NodeUsage, PodUsage
 from sharing.api.fields import as_map
 from sharing.api.keys import ALLOCATION_ANNOTATION
-from sharing.usage.compact import LimitHits, decode, encode
+from sharing.usage.compact import LimitHits, decode, encode, memory_only
 from sharing.usage.recommender import ContainerHistory, RecommenderSettings
 
 log = logging.getLogger("gpupack.agent")
@@ -60,6 +74,9 @@ class _Pod:
     history: ContainerHistory
     hits: LimitHits
     unattributed: str = ""
+    """Why nothing of the pod's use is published as its own (its memory is not known)."""
+    compute_unattributed: str = ""
+    """Why the pod's compute is not its own: its history holds memory only."""
     at_limit: bool = False
     gpu_memory_mib: int = 0
 
@@ -122,19 +139,27 @@ class UsageAggregator:
             devices[use.pod] = devices.get(use.pod, 0) + 1
         for use in uses:
             pod = self._pod((use.pod, uids.get(use.pod, ""), use.container))
-            reason = use.unattributed
+            reason = use.memory_unattributed
             if not reason and devices[use.pod] > 1:
                 reason = f"the pod holds {devices[use.pod]} GPU devices; a size is for one"
             if not reason and not use.container:
                 reason = "several of the pod's containers ask for GPUs; the split between them is unknown"
-            if not reason and (use.sm_percent is None or use.memory_used_mib is None):
-                reason = "its use was not read"
+            if not reason and use.memory_used_mib is None:
+                reason = "its memory was not read"
             if reason:
                 pod.unattributed = pod.unattributed or reason
             if pod.unattributed:
                 continue
-            assert use.sm_percent is not None and use.memory_used_mib is not None
-            pod.history.observe(now_s, use.sm_percent, use.memory_used_mib * MIB)
+            assert use.memory_used_mib is not None
+            compute = use.unattributed or ("its compute was not read" if use.sm_percent is None else "")
+            if compute and not pod.compute_unattributed:
+                pod.compute_unattributed = compute
+                pod.history = memory_only(pod.history, self.settings)
+            if pod.compute_unattributed:
+                pod.history.memory.add(float(use.memory_used_mib * MIB), now_s)
+            else:
+                assert use.sm_percent is not None
+                pod.history.observe(now_s, use.sm_percent, use.memory_used_mib * MIB)
             limit = limit_mib(use, snapshot, allocated)
             if limit is None:
                 continue
@@ -158,7 +183,7 @@ class UsageAggregator:
         for (pod, uid, container), state in sorted(self.pods.items()):
             value = encode(state.history, state.hits, state.gpu_memory_mib)
             pods.append(PodUsage(pod=pod, uid=uid, container=container, unattributed=state.unattributed,
-                                 **dict(value)))
+                                 compute_unattributed=state.compute_unattributed, **dict(value)))
         return NodeUsage(published_time=now, pods=pods[:MAX_USAGE_PODS], left_out=max(0, len(pods) - MAX_USAGE_PODS))
 
     def restore(self, status: Mapping[str, Any]) -> int:
@@ -179,5 +204,6 @@ class UsageAggregator:
                 continue
             # A pod that hit its limit before may still sit there: its episode is not counted again.
             self.pods[(record.pod, record.uid, record.container)] = _Pod(
-                history, hits, record.unattributed, at_limit=hits.count > 0, gpu_memory_mib=record.gpu_memory_mib)
+                history, hits, record.unattributed, record.compute_unattributed, at_limit=hits.count > 0,
+                gpu_memory_mib=record.gpu_memory_mib)
         return len(usage.pods)

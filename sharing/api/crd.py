@@ -464,6 +464,10 @@ class PodUsage(UsageHistory):
     unattributed: str = Field(
         "", max_length=1024,
         description="Why this pod's use is not known to be its own (never sized); empty when it is.")
+    compute_unattributed: str = Field(
+        "", max_length=1024,
+        description="Why this pod's compute is not known to be its own (its duty cycle is not in the history, "
+                    "its memory and limit hits are: e.g. an MPS client); empty when it is.")
 
 
 class NodeUsage(ApiModel):

@@ -44,6 +44,13 @@ RIGHT_SIZED_ANNOTATION: Final = "gpupack.io/right-sized-from"
 """Pod: written by the webhook when it sized the pod from its workload's GPURecommendation (right-sizing
 ``Initial`` or ``Recreate``): what each sized container asked for, what it was given, and which
 recommendation said so (``sharing.api.right_sized``)."""
+RESIZED_AT_ANNOTATION: Final = "right-sizing.gpupack.io/resized-at"
+"""Deployment pod template: when the controller rolled the Deployment out to resize its only replica
+make-before-break (right-sizing ``Recreate``, ``controller.planning.right_size_rollouts``), as
+``kubectl rollout restart`` writes ``kubectl.kubernetes.io/restartedAt``. Outside the ``gpupack.io/``
+prefix on purpose: that prefix on a pod carries gpupack's trust, and the pod-marks policy
+(``manifests/rbac/pod-marks-policy.yaml``) refuses a pod created with any other key of it. Nothing
+reads this one back: it only makes the template new."""
 PLACEMENT_CONDITION: Final = "gpupack.io/Placement"
 """Pod condition type: the controller's word on a gated pod it has not placed (``sharing.api.placement_status``)."""
 

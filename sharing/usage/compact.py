@@ -11,7 +11,9 @@ scaled weight rounds to 0; here it keeps weight 1, because the right-sizer's p99
 rare high buckets, and dropping them would lower the recommendation.
 
 Memory peaks are written as they are kept (one maximum per interval, ``sharing.usage.peaks``);
-the limit hits with the time and limit of the last one. Pure: no clock, no I/O.
+the limit hits with the time and limit of the last one. A history may hold memory without compute
+(:func:`memory_only`: a pod whose compute is not its own, such as an MPS client): it is written
+with no duty buckets and ``samples`` 0, and read back so. Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -129,5 +131,14 @@ def merged(histories: Iterable[ContainerHistory], settings: RecommenderSettings)
     return out
 
 
+def memory_only(history: ContainerHistory, settings: RecommenderSettings) -> ContainerHistory:
+    """``history``'s memory peaks and limit hits without its compute: no duty weight, and no sample count,
+    first or last time (they measure the compute observed; ``node.usage.publication``, a pod whose compute
+    is not its own). ``history``'s peaks are shared, not copied."""
+    out = ContainerHistory(settings)
+    out.memory, out.ooms = history.memory, history.ooms
+    return out
+
+
 __all__ = ["LimitHits", "decode", "decode_histogram", "decode_peaks", "encode", "encode_histogram", "encode_peaks",
-           "merged"]
+           "memory_only", "merged"]

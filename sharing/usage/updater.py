@@ -8,11 +8,14 @@ recommended by more than ``compute_slack`` either way. :func:`choose_moves` pick
 interval), those at risk first, then those that free the most memory; a pod OOM-killed since it
 was seated moves at once, outside that budget (:func:`choose_moves`).
 
-**Moves are make-before-break.** The driver that carries a move out (the simulator here; the
-controller live, through the Eviction API with PodDisruptionBudgets honoured) first seats the
-replacement at its new size and waits for it to be ready, and only then removes the old pod. So
-a workload of one replica is never left with no ready replica, and a move that finds no room for
-the replacement does not happen. This module only chooses; it holds no clock and no state.
+**A one-replica workload's move is make-before-break.** The simulator seats the replacement at its
+new size before the old pod goes, and a move that finds no room for the replacement does not
+happen. Live, the controller does the same for a Deployment's only replica by a rollout whose
+strategy surges (``controller.planning.right_size_rollouts``: the new pod comes up first); a
+workload of several replicas loses one pod to the Eviction API (PodDisruptionBudgets honoured,
+never its last ready replica) and its owner re-creates it; a lone pod of any other owner (a
+StatefulSet of one, a bare pod) is never moved. This module only chooses; it holds no clock and
+no state.
 """
 
 from __future__ import annotations

@@ -157,6 +157,27 @@ def test_eviction_opt_in_renders_as_the_kustomize_component(helm: Path, kustomiz
     assert _controller_env(both)["GPUPACK_CONTROLLER_EVICT_ON_GPU_FAULT"] == "true"
 
 
+def test_recreate_grant_renders_as_the_kustomize_component(helm: Path, kustomize: Path, tmp_path: Path) -> None:
+    """controller.rightSizingRecreate=true is manifests/right-sizing-recreate: the same RBAC and policy on
+    Deployment writes, and nothing more; off, none of it, as in kustomize's default build."""
+    base = ["template", "gpupack", str(CHART), "--namespace", NS, "--kube-version", "1.37.2"]
+    on = _helm(helm, *base, "--set", "controller.rightSizingRecreate=true", home=tmp_path)
+    assert on.returncode == 0, on.stderr
+    objects = _objects(on.stdout)
+    source_objects = _with_component(kustomize, tmp_path, "right-sizing-recreate")
+    _assert_same_objects(objects, source_objects)
+    grant = [("ClusterRole", "gpupack-controller-right-sizing-recreate"),
+             ("ClusterRoleBinding", "gpupack-controller-right-sizing-recreate"),
+             ("ValidatingAdmissionPolicy", "gpupack-controller-deployment-writes"),
+             ("ValidatingAdmissionPolicyBinding", "gpupack-controller-deployment-writes")]
+    default = _kustomize(kustomize, ROOT / "manifests")
+    added = sorted(set((o["kind"], o["metadata"]["name"]) for o in source_objects)
+                   - set((o["kind"], o["metadata"]["name"]) for o in default))
+    assert added == sorted(grant)
+    off = _objects(_helm(helm, *base, home=tmp_path).stdout)
+    assert not [o for o in off if (o["kind"], o["metadata"]["name"]) in grant]
+
+
 def test_dra_pool_renders_only_when_enabled_and_as_kustomize_builds_it(helm: Path, kustomize: Path,
                                                                       tmp_path: Path) -> None:
     """dra.enabled=true is manifests/agent-dra on top of the default install: the same objects (the plugin's

@@ -1,7 +1,7 @@
 """The recommender's Prometheus source against a real Prometheus server scraping a real node agent.
 
 A node agent (its own thread, the simulated NVML, the emulated device plugin, against the real
-control plane) runs two pods by MPS on one simulated T4: a bare pod and a Deployment's pod (owned
+control plane) runs two pods time-slicing one simulated T4: a bare pod and a Deployment's pod (owned
 by a ReplicaSet, so the source must lift it to its Deployment). The test gives each pod's process
 an SM load that changes halfway; the agent attributes the samples to the pods through the process
 owners it resolves and exports them per pod on its real ``/metrics`` endpoint. Prometheus, built
@@ -159,8 +159,11 @@ def test_the_prometheus_source_feeds_what_the_agent_measured(
         assert isinstance(sim, SimulatedNvml)
         _wait("GPUNode status", lambda: (_gpunode(admin_client, node_name).get("status") or {}).get("gpus"))
         client.CustomObjectsApi(admin_client).patch_cluster_custom_object(
-            "gpupack.io", "v1alpha1", "gpunodes", node_name, {"spec": {"sharing": {"mode": "mps", "replicas": 4}}})
-        _wait("MPS shares advertised", lambda: _allocatable(admin_client, node_name).get(SHARED_RESOURCE) == "4")
+            "gpupack.io", "v1alpha1", "gpunodes", node_name,
+            {"spec": {"sharing": {"mode": "time-slicing", "replicas": 4}}})
+        # Time-slicing: under MPS only the MPS server is sampled (as by the real NVML), so no pod's compute is.
+        _wait("time-slicing shares advertised",
+              lambda: _allocatable(admin_client, node_name).get(SHARED_RESOURCE) == "4")
         template_hash = "5d8f7c9b4"
         _pod(admin_client, namespace, node_name, "solo")
         _pod(admin_client, namespace, node_name, f"web-{template_hash}-x2k9q",

@@ -1,12 +1,21 @@
 """The right-sizer's publication and recommender on the real control plane (issue 35).
 
 A SIMULATED node agent (in a thread, as ``gpupack-node-agent`` confined to its node) runs two
-pods of one Deployment on an MPS-shared GPU, each with a process of given SM load and memory;
-it publishes their use histories in its GPUNode's ``status.usage`` every second. The controller
+pods of one Deployment on a time-sliced GPU (under MPS the simulated NVML, as the real one,
+samples only the MPS server, so the replicas' compute would be unattributed), each with a process
+of given SM load and memory; it publishes their use histories in its GPUNode's ``status.usage``
+every second. The controller
 (``gpupack controller run``, a subprocess, as ``gpupack-controller``) runs its recommender every
 second with a minimum history of 20 s. The Deployment's ``GPURecommendation`` first says
 ``NotEnoughHistory``, then carries the size the recommender's own rules give for that use, and
 the API server renders it with the columns ``kubectl get gpurec`` shows.
+
+The same test runs on each usage source (``--usage-source``): ``agents`` reads the histories the
+agent publishes; ``prometheus`` reads the per-pod series the agent exports on its real
+``/metrics`` endpoint from a real Prometheus server (``tools/prometheus/build.sh``) scraping it
+every second. Both must give the same size, and say their source in ``status.source``. The
+Prometheus source samples once per the recommender's 60 s interval, so its run waits for two
+such instants (about two minutes).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from prometheus_client import start_http_server
 
 from gpupack.devcluster.process import ManagedProcess
 from node.agent import Agent
@@ -34,7 +44,10 @@ from sharing.api.keys import ALLOCATION_ANNOTATION, SHARED_RESOURCE
 from sharing.usage.recommender import Recommendation, Recommender, RecommenderSettings
 from sharing.usage.sizing import size_for
 from tests.e2e.tables import table_row
+from tests.e2e.test_prometheus_source import JOB, _free_port, prometheus_server
 from tests.e2e.waiting import wait_for
+
+__all__ = ["prometheus_server"]  # the fixture, shared with the Prometheus source's e2e test
 
 MIB = 1024**2
 MIN_OBSERVED_S = 20
@@ -43,8 +56,9 @@ LOADS = {"a": (30.0, 6000), "b": (20.0, 3000)}
 
 
 def _replica(name: str, rs: str, template_hash: str) -> dict[str, Any]:
-    allocation = Allocation(mode="mps", gated=False, capacity_existed=True, policy="e2e", reason="e2e", containers=(
-        ContainerAllocation("main", "containers", 250, 16 * 1024 * MIB, SHARED_RESOURCE),))
+    allocation = Allocation(mode="time-slicing", gated=False, capacity_existed=True, policy="e2e", reason="e2e",
+                            containers=(ContainerAllocation("main", "containers", 250, 16 * 1024 * MIB,
+                                                            SHARED_RESOURCE),))
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": name, "labels": {"pod-template-hash": template_hash},
         "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()},
@@ -57,7 +71,7 @@ def _replica(name: str, rs: str, template_hash: str) -> dict[str, Any]:
 
 @pytest.fixture
 def gpu_node(admin_client: Any, gpupack_installed: Any) -> Iterator[str]:
-    """A Ready Node (no kubelet) and its GPUNode, sharing its GPU by MPS; deleted afterwards."""
+    """A Ready Node (no kubelet) and its GPUNode, sharing its GPU by time-slicing; deleted afterwards."""
     name = f"rec-{uuid.uuid4().hex[:6]}"
     core, custom = client.CoreV1Api(admin_client), client.CustomObjectsApi(admin_client)
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={
@@ -68,7 +82,7 @@ def gpu_node(admin_client: Any, gpupack_installed: Any) -> Iterator[str]:
     core.patch_node(name, {"spec": {"taints": None}})
     custom.create_cluster_custom_object(GROUP, VERSION, "gpunodes", {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": {"name": name},
-        "spec": {"sharing": {"mode": "mps", "replicas": 4}}})
+        "spec": {"sharing": {"mode": "time-slicing", "replicas": 4}}})
     yield name
     custom.delete_cluster_custom_object(GROUP, VERSION, "gpunodes", name)
     core.delete_node(name)
@@ -84,9 +98,15 @@ def processes(tmp_path: Path) -> Iterator[list[ManagedProcess]]:
         print(f"--- {proc.name} ---\n{log}")
 
 
+SOURCES = {"agents": "Agents", "prometheus": "Prometheus"}
+"""``--usage-source`` -> the ``status.source`` it writes."""
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
 def test_a_workloads_use_becomes_its_recommendation(
         admin_client: Any, gpu_node: str, namespace: str, tmp_path: Path, processes: list[ManagedProcess],
-        sa_kubeconfig: Callable[[str], Path], agent_kubeconfig: Callable[[str], Path]) -> None:
+        sa_kubeconfig: Callable[[str], Path], agent_kubeconfig: Callable[[str], Path], source: str,
+        request: pytest.FixtureRequest) -> None:
     core, custom = client.CoreV1Api(admin_client), client.CustomObjectsApi(admin_client)
     uids: dict[str, str] = {}
     for replica in LOADS:
@@ -102,11 +122,19 @@ def test_a_workloads_use_becomes_its_recommendation(
         sim.start_process(0, sim_pid(uids[replica]), memory)
         sim.set_process_load(0, sim_pid(uids[replica]), sm)
 
+    metrics = AgentMetrics()
+    reading = ["--usage-source", source]
+    if source == "prometheus":  # the agent's /metrics, scraped by a real Prometheus every second
+        agent_port = _free_port()
+        server, _thread = start_http_server(agent_port, addr="127.0.0.1", registry=metrics.registry)
+        request.addfinalizer(server.shutdown)
+        url = request.getfixturevalue("prometheus_server")(agent_port)
+        reading += ["--prometheus-url", url, "--prometheus-selector", f'job="{JOB}"']
     controller = ManagedProcess("controller", [
         sys.executable, "-m", "gpupack", "controller", "run", "--kubeconfig", str(sa_kubeconfig("gpupack-controller")),
         "--metrics-port", "0", "--namespaces", namespace, "--identity", "rec-e2e", "--lease-name",
         f"rec-{uuid.uuid4().hex[:6]}", "--lease-seconds", "4", "--resync-seconds", "1",
-        "--recommend-seconds", "1", "--recommend-min-observed-seconds", str(MIN_OBSERVED_S)],
+        "--recommend-seconds", "1", "--recommend-min-observed-seconds", str(MIN_OBSERVED_S), *reading],
         tmp_path / "controller.log")
     controller.start()
     processes.append(controller)
@@ -115,7 +143,7 @@ def test_a_workloads_use_becomes_its_recommendation(
                              emulate_device_plugin=True, poll_seconds=0.5, min_patch_seconds=0.2,
                              usage_publish_seconds=1.0, metrics_port=0)
     agent = Agent(settings, simulated_backend("H100-80GB", 1, state, gpu_node, mig_enabled=False),
-                  Kube.connect(str(agent_kubeconfig(gpu_node))), metrics=AgentMetrics())
+                  Kube.connect(str(agent_kubeconfig(gpu_node))), metrics=metrics)
     stop = threading.Event()
     thread = threading.Thread(target=agent.run_forever, args=(stop.is_set,), daemon=True)
     thread.start()
@@ -140,13 +168,13 @@ def test_a_workloads_use_becomes_its_recommendation(
                 raise
             return obj if (obj.get("status") or {}).get("conditions") else None
 
-        first = wait_for("the Deployment's GPURecommendation", recommendation, 90)
+        first = wait_for("the Deployment's GPURecommendation", recommendation, 90 if source == "agents" else 180)
         cond = first["status"]["conditions"][0]
         assert (cond["type"], cond["status"], cond["reason"]) == ("RecommendationProvided", "False", "NotEnoughHistory")
         assert first["spec"]["targetRef"] == {"kind": "Deployment", "name": "web"}
 
         done = wait_for("a recommendation", lambda: (r := recommendation()) and r["status"].get("containers") and r,
-                        120)
+                        120 if source == "agents" else 180)
     finally:
         stop.set()
         thread.join(timeout=15)
@@ -160,7 +188,8 @@ def test_a_workloads_use_becomes_its_recommendation(
     assert abs(int(container["gpuMemory"].removesuffix("Mi")) - peak * (1 + margin)) <= 1 + peak * 0.002
     assert (container["containerName"], container["pods"], container["ooms"]) == ("main", 2, 0)
     assert container["observedSeconds"] >= MIN_OBSERVED_S
-    assert (status["mode"], status["source"], status["conditions"][0]["reason"]) == ("Off", "Agents", "Recommended")
+    assert (status["mode"], status["source"], status["conditions"][0]["reason"]) == ("Off", SOURCES[source],
+                                                                                      "Recommended")
 
     # What `kubectl get gpurec` asks for: the server renders the printer columns.
     row = table_row(admin_client, f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/gpurecommendations/deployment-web")

@@ -50,6 +50,11 @@ def test_the_optional_parts_are_off_by_default_behind_their_values() -> None:
     the chart renders only when asked; tests/e2e/test_helm_chart.py compares both ways with kustomize."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["controller"]["evictOnGpuFault"] is False and values["prometheusRules"]["enabled"] is False
+    assert values["controller"]["rightSizingRecreate"] is False
+    for name in ("right-sizing-recreate-rbac.yaml", "right-sizing-recreate-deployment-policy.yaml"):
+        lines = (CHART / "templates" / name).read_text().splitlines()
+        assert lines[1] == "{{- if and .Values.controller.enabled .Values.controller.rightSizingRecreate }}", name
+        assert lines[-1] == "{{- end }}", name
     evictions = (CHART / "templates" / "gpu-fault-evictions-rbac.yaml").read_text().splitlines()
     assert evictions[1] == "{{- if and .Values.controller.enabled .Values.controller.evictOnGpuFault }}"
     assert evictions[-1] == "{{- end }}"

@@ -18,7 +18,7 @@ from mig.catalog import all_models
 from node.health.monitor import TAINT_EFFECTS
 from node.health.xids import XID_TABLE_CONFIGMAP
 from node.base.settings import AgentSettings
-from sharing.api.keys import CAPACITY_GATE, UNHEALTHY_TAINT
+from sharing.api.keys import CAPACITY_GATE, RESIZED_AT_ANNOTATION, UNHEALTHY_TAINT
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = ROOT / "manifests"
@@ -142,6 +142,29 @@ def test_the_eviction_component_grants_exactly_eviction_and_turns_it_on() -> Non
     assert container["env"] == [{"name": EVICT_ENV, "value": "true"}]
     assert EVICT_ENV in {e["name"] for e in base["env"]}
     assert ControllerSettings.from_env({EVICT_ENV: "true"}).evict_on_gpu_fault is True
+
+
+def test_the_recreate_component_grants_exactly_eviction_and_reading_recommendations() -> None:
+    """Right-sizing's Recreate mode (docs/right-sizing.md): the namespaces' modes are the switch, this
+    component the grant; the default install has neither (the test above)."""
+    component = MANIFESTS / "right-sizing-recreate"
+    (kustomization,) = _docs(component / "kustomization.yaml")
+    assert kustomization["kind"] == "Component"
+    assert kustomization["resources"] == ["rbac.yaml", "deployment-policy.yaml"]
+    assert "patches" not in kustomization  # no setting to turn on
+    objects = _docs(component / "rbac.yaml")
+    assert {o["kind"] for o in objects} == {"ClusterRole", "ClusterRoleBinding"} and len(objects) == 2
+    (role,) = _bound_roles(objects, "gpupack-controller")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+                             {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "patch"]}]
+    assert "right-sizing-recreate" not in MANIFESTS.joinpath("kustomization.yaml").read_text()
+    # The Deployment patch is confined to the rollout's annotation (tests/e2e/test_recreate_e2e.py enforces it).
+    policy, binding = _docs(component / "deployment-policy.yaml")
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["operations"], rule["resources"]) == (["apps"], ["UPDATE"], ["deployments"])
+    assert "gpupack-controller" in policy["spec"]["matchConditions"][0]["expression"]
+    assert all(RESIZED_AT_ANNOTATION in v["message"] or "labels" in v["message"] for v in policy["spec"]["validations"])
 
 
 # ------------------------------------------------------------------------ node agent

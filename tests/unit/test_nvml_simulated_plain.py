@@ -13,6 +13,7 @@ from gpupack.cli import main
 from mig.catalog import get_model, model_for_pci_device_id
 from mig.model import GpuModel, Placement
 from node.agent import Agent
+from node.base.pods import SIM_PID_BASE
 from node.base.device_plugin_emulator import advertise
 from node.nvml import errors
 from node.nvml.catalog_check import check_gpu
@@ -27,7 +28,8 @@ from node.nvml.products import (
     stand_in_memory_mib,
 )
 from node.nvml.protocol import NvmlBackend
-from node.nvml.simulated import SimulatedNvml, post_to_inbox, simulated_backend
+from node.nvml.simulated import MPS_SERVER_MEMORY_MIB, MPS_SERVER_PID_BASE, SimulatedNvml, post_to_inbox, \
+    simulated_backend
 from node.base.settings import AgentSettings
 from node.base.snapshot import read_snapshot, status_from_snapshot
 from sharing.api.keys import PRODUCT_LABEL, REPLICAS_LABEL, SHARED_RESOURCE, STRATEGY_LABEL, WHOLE_RESOURCE
@@ -294,12 +296,16 @@ def test_an_agent_on_a_t4_node_publishes_and_shares_by_mps(tmp_path: Path) -> No
         agent.tick()
     assert kube.node["status"]["allocatable"] == {WHOLE_RESOURCE: "0", SHARED_RESOURCE: "8"}
     assert kube.node["metadata"]["labels"][STRATEGY_LABEL] == "mps"
-    assert sum(len(sim.processes(i)) for i in range(2)) == 2  # the emulated plugin ran the two pods
+    running = {i: sorted(p.pid for p in sim.processes(i)) for i in range(2)}
+    clients = {i: [pid for pid in pids if pid >= SIM_PID_BASE] for i, pids in running.items()}
+    assert sum(len(c) for c in clients.values()) == 2  # the emulated plugin ran the two pods
+    # and, beside the clients of each GPU that has any, its MPS server
+    assert running == {i: sorted(c + [MPS_SERVER_PID_BASE + i] if c else []) for i, c in clients.items()}
     assert all(p.gi_id is None for i in range(2) for p in sim.processes(i))
 
-    # Restarted on the same state file: the same GPUs, and the pods' processes still there.
+    # Restarted on the same state file: the same GPUs, and the pods' processes (and MPS servers) still there.
     again = simulated_backend("T4", 2, tmp_path / "s.json", "n1")
-    assert sum(len(again.processes(i)) for i in range(2)) == 2
+    assert {i: sorted(p.pid for p in again.processes(i)) for i in range(2)} == running
 
 
 def test_an_agent_refuses_mig_on_a_gpu_without_it() -> None:
@@ -367,3 +373,26 @@ def test_agent_run_opens_the_same_backend(tmp_path: Path) -> None:
     assert error == "" and isinstance(backend, SimulatedNvml)
     assert backend.device_count() == 8 and backend.device_info(7).name == "Tesla T4"
     assert backend.device_info(0).uuid == simulated_backend("T4", 8, tmp_path / "s.json", "n1").device_info(0).uuid
+
+
+def test_under_mps_the_clients_sm_is_sampled_to_the_server_and_their_memory_stays_theirs(tmp_path: Path) -> None:
+    # As the real NVML on an H200 (benchmarks/nvml_usage_check.md): only the MPS server has samples.
+    sim = simulated_backend("T4", 1, tmp_path / "s.json", "n1")
+    sim.clock = lambda: 100.0
+    sim.set_mps(0, True)
+    assert sim.processes(0) == ()  # no client, no server
+    sim.start_process(0, SIM_PID_BASE + 1, 6916)
+    sim.start_process(0, SIM_PID_BASE + 2, 13_060)
+    sim.set_process_load(0, SIM_PID_BASE + 1, 80.0)
+    sim.set_process_load(0, SIM_PID_BASE + 2, 30.0)
+    server = MPS_SERVER_PID_BASE
+    assert [(p.pid, p.used_memory_mib) for p in sim.processes(0)] == [
+        (SIM_PID_BASE + 1, 6916), (SIM_PID_BASE + 2, 13_060), (server, MPS_SERVER_MEMORY_MIB)]
+    assert [(s.pid, s.sm_percent) for s in sim.process_utilization(0, 0)] == [(server, 100.0)]  # summed, capped
+    assert sim.utilization(0).memory_used_mib == 6916 + 13_060 + MPS_SERVER_MEMORY_MIB
+    again = simulated_backend("T4", 1, tmp_path / "s.json", "n1")  # the GPU's MPS is persisted
+    again.clock = lambda: 100.0
+    assert [s.pid for s in again.process_utilization(0, 0)] == [server]
+    sim.set_mps(0, False)  # time-slicing again: each process is sampled itself
+    assert sorted(s.pid for s in sim.process_utilization(0, 0)) == [SIM_PID_BASE + 1, SIM_PID_BASE + 2]
+    assert server not in [p.pid for p in sim.processes(0)]

@@ -98,6 +98,7 @@ def test_unreadable_process_samples_leave_shared_pods_unattributed() -> None:
     [found] = _poll(sim, [pod], samples={0: "NVML_ERROR_NO_PERMISSION: x"})
     assert not found.attributed and found.sm_percent is None and found.memory_used_mib == 5000
     assert "unreadable: NVML_ERROR_NO_PERMISSION" in found.unattributed
+    assert found.memory_attributed  # its own process's memory is read without the samples
 
 
 def test_an_idle_process_of_no_known_pod_unattributes_only_pods_without_their_own() -> None:
@@ -110,6 +111,7 @@ def test_an_idle_process_of_no_known_pod_unattributes_only_pods_without_their_ow
     assert found["a/known"].attributed and found["a/known"].sm_percent == 30.0
     assert not found["a/unknown"].attributed and found["a/unknown"].memory_used_mib is None
     assert "1 process(es) on GPU 0 belong to no known pod" in found["a/unknown"].unattributed
+    assert found["a/unknown"].memory_unattributed == found["a/unknown"].unattributed
 
 
 def test_a_busy_process_of_no_known_pod_unattributes_every_pod_sharing_the_gpu() -> None:
@@ -121,6 +123,50 @@ def test_a_busy_process_of_no_known_pod_unattributes_every_pod_sharing_the_gpu()
     [found] = _poll(sim, [client])
     assert not found.attributed and found.sm_percent is None and found.memory_used_mib == 1000
     assert "belongs to no known pod used its SMs" in found.unattributed
+    assert found.memory_attributed  # the client's memory is its own (NVML reports it per client)
+
+
+# Compute and memory each by its own rule (the module docstring): (case, compute attributed, memory
+# attributed, memory MiB). "server": a process of no known pod that used the SMs, as NVML names the MPS
+# server under MPS (benchmarks/nvml_usage_check.md); "idle stranger": one that used none.
+SIGNALS = [
+    ("own process, nothing else", True, True, 1000),
+    ("own process, samples unreadable", False, True, 1000),
+    ("own process, busy server", False, True, 1000),
+    ("own process, idle stranger", True, True, 1000),
+    ("no process, nothing else", True, True, 0),
+    ("no process, busy server", False, False, None),
+    ("no process, idle stranger", False, False, None),
+]
+
+
+@pytest.mark.parametrize(("case", "compute", "memory", "mib"), SIGNALS, ids=[c[0] for c in SIGNALS])
+def test_compute_and_memory_of_a_shared_gpu_are_attributed_each_by_its_rule(
+        case: str, compute: bool, memory: bool, mib: int | None) -> None:
+    sim = _plain()
+    pod = _use("a/p", SHARED_RESOURCE)
+    if case.startswith("own process"):
+        _run(sim, pod, 1000, 20.0)
+    if "server" in case or "stranger" in case:
+        sim.start_process(0, 78, 66)
+        sim.set_process_load(0, 78, 80.0 if "server" in case else 0.0)
+    samples = {0: "NVML_ERROR_UNKNOWN: x"} if "unreadable" in case else None
+    [found] = _poll(sim, [pod], by_device={sim.device_info(0).uuid: ["a/p"]}, samples=samples)
+    assert (found.attributed, found.memory_attributed, found.memory_used_mib) == (compute, memory, mib)
+    assert (found.sm_percent is not None) == compute
+
+
+def test_memory_of_a_device_held_alone_is_the_pods_when_its_compute_is_not_read() -> None:
+    sim, gi = _mig()
+    pod = _use("a/mig", "nvidia.com/mig-3g.71gb")
+    _run(sim, pod, 40_000, 0.0, gi=gi)
+    [found] = _poll(sim, [pod])  # no dcgm-exporter: no compute, but everything on the instance is the pod's
+    assert (found.attributed, found.memory_attributed, found.memory_used_mib) == (False, True, 40_000)
+
+
+def test_memory_unattributed_without_compute_unattributed_is_refused() -> None:
+    with pytest.raises(ValueError, match="memory unattributed .* but compute attributed"):
+        PodGpuUse("a/p", "c", 0, "GPU-0", None, "processes", 10.0, None, "", "no process of its own")
 
 
 def _mig() -> tuple[SimulatedNvml, int]:
@@ -149,6 +195,7 @@ def test_pods_time_slicing_a_mig_instance_are_unattributed() -> None:
     found = _poll(sim, [one, two], by_device={uuid: ["a/one", "a/two"]}, activity={(sim.device_info(0).uuid, gi): 0.5})
     assert [(u.pod, u.attributed, u.memory_used_mib) for u in found] == [("a/one", False, 1000), ("a/two", False, 0)]
     assert all("2 pods share MIG instance" in u.unattributed for u in found)
+    assert all(u.memory_attributed for u in found)  # a's process is a's; b has none, and no stranger is there
 
 
 def test_a_pod_without_a_known_device_and_a_lost_gpu_are_unattributed() -> None:
@@ -160,6 +207,7 @@ def test_a_pod_without_a_known_device_and_a_lost_gpu_are_unattributed() -> None:
     found = {u.pod: u for u in _poll(sim, [lost, nowhere], by_device={sim.device_info(1).uuid: ["a/lost"]})}
     assert not found["a/lost"].attributed and "GPU 1 unreadable" in found["a/lost"].unattributed
     assert found["a/nowhere"].gpu is None and not found["a/nowhere"].attributed
+    assert not found["a/lost"].memory_attributed and not found["a/nowhere"].memory_attributed
 
 
 @pytest.mark.parametrize(("containers", "expected"), [(("main",), "main"), (("main", "sidecar"), "")],
@@ -215,8 +263,9 @@ def test_metrics_name_each_use_as_dcgm_exporter_does_and_drop_what_went() -> Non
     metrics = AgentMetrics()
     mig = PodGpuUse("a/mig", "main", 0, "GPU-0", 3, "instance", 25.0, 40_000)
     shared = PodGpuUse("b/shared", "", 1, "GPU-1", None, "processes", 45.0, 20_000)
-    nowhere = PodGpuUse("b/nowhere", "main", None, "", None, None, None, None, "no device")
-    metrics.observe_pod_usage([mig, shared, nowhere])
+    nowhere = PodGpuUse("b/nowhere", "main", None, "", None, None, None, None, "no device", "no device")
+    client = PodGpuUse("b/client", "main", 1, "GPU-1", None, "processes", None, 6916, "the MPS server used the SMs")
+    metrics.observe_pod_usage([mig, shared, nowhere, client])
 
     def value(name: str, use: PodGpuUse) -> float | None:
         labels = {"gpu": "" if use.gpu is None else str(use.gpu), "UUID": use.gpu_uuid,
@@ -227,6 +276,10 @@ def test_metrics_name_each_use_as_dcgm_exporter_does_and_drop_what_went() -> Non
     assert value("DCGM_FI_PROF_GR_ENGINE_ACTIVE", mig) == 0.25 and value("DCGM_FI_DEV_GPU_UTIL", mig) is None
     assert value("DCGM_FI_DEV_GPU_UTIL", shared) == 45.0 and value("DCGM_FI_DEV_FB_USED", shared) == 20_000
     assert value("gpupack_pod_gpu_use_attributed", nowhere) == 0.0 and value("DCGM_FI_DEV_FB_USED", nowhere) is None
+    assert value("gpupack_pod_gpu_memory_attributed", nowhere) == 0.0
+    assert value("gpupack_pod_gpu_use_attributed", client) == 0.0 and value("DCGM_FI_DEV_GPU_UTIL", client) is None
+    assert value("gpupack_pod_gpu_memory_attributed", client) == 1.0 and value("DCGM_FI_DEV_FB_USED", client) == 6916
     metrics.observe_pod_usage([shared])
     assert value("DCGM_FI_PROF_GR_ENGINE_ACTIVE", mig) is None and value("gpupack_pod_gpu_use_attributed", mig) is None
     assert value("DCGM_FI_DEV_GPU_UTIL", shared) == 45.0
+    assert value("gpupack_pod_gpu_memory_attributed", client) is None

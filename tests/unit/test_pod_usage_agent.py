@@ -22,14 +22,15 @@ from tests.unit.test_nvml_simulated_plain import _pod
 from tests.unit.test_reconciler_agent import Clock, FakeKube
 
 
-def _mps_node(tmp_path: Path, **changes: object) -> tuple[Agent, SimulatedNvml, FakeKube]:
+def _shared_node(tmp_path: Path, mode: str = "time-slicing", **changes: object) -> tuple[Agent, SimulatedNvml,
+                                                                                         FakeKube]:
     kube = FakeKube("n1")
     sim = simulated_backend("T4", 1, tmp_path / "s.json", "n1")
     settings = AgentSettings(node_name="n1", simulate="T4:1", emulate_device_plugin=True, min_patch_seconds=0.1,
                              metrics_port=0).with_(**changes)
     agent = Agent(settings, sim, kube, clock=Clock())  # type: ignore[arg-type]
     agent.tick()
-    kube.set_spec({"sharing": {"mode": "mps", "replicas": 4}})
+    kube.set_spec({"sharing": {"mode": mode, "replicas": 4}})
     kube.pods = [_pod("a", SHARED_RESOURCE), _pod("b", SHARED_RESOURCE)]
     for _ in range(3):
         agent.tick()
@@ -44,7 +45,7 @@ def _value(agent: Agent, name: str, pod: str) -> float | None:
 
 
 def test_pods_sharing_a_gpu_each_get_their_own_use(tmp_path: Path) -> None:
-    agent, sim, kube = _mps_node(tmp_path)
+    agent, sim, kube = _shared_node(tmp_path)
     assert len(sim.processes(0)) == 2  # the emulated device plugin ran both pods on the one GPU
     sim.set_process_load(0, sim_pid("uid-a"), 30.0)
     sim.set_process_load(0, sim_pid("uid-b"), 60.0)
@@ -60,9 +61,20 @@ def test_pods_sharing_a_gpu_each_get_their_own_use(tmp_path: Path) -> None:
     assert _value(agent, "gpupack_pod_gpu_use_attributed", "a") == 1.0
 
 
+def test_pods_sharing_a_gpu_through_mps_get_their_memory_not_their_compute(tmp_path: Path) -> None:
+    agent, sim, _kube = _shared_node(tmp_path, "mps")
+    sim.set_process_load(0, sim_pid("uid-a"), 30.0)
+    agent.tick()
+    for pod in ("a", "b"):  # NVML samples the MPS server, not its clients: whose SMs is unknown
+        assert _value(agent, "DCGM_FI_DEV_GPU_UTIL", pod) is None
+        assert _value(agent, "gpupack_pod_gpu_use_attributed", pod) == 0.0
+        assert _value(agent, "gpupack_pod_gpu_memory_attributed", pod) == 1.0
+    assert _value(agent, "DCGM_FI_DEV_FB_USED", "a") == 1024.0  # each client's own memory
+
+
 def test_unreadable_process_utilisation_unattributes_the_gpus_pods_and_logs_once(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    agent, sim, _kube = _mps_node(tmp_path)
+    agent, sim, _kube = _shared_node(tmp_path)
     sim.set_process_load(0, sim_pid("uid-a"), 30.0)
     agent.tick()
     assert _value(agent, "DCGM_FI_DEV_GPU_UTIL", "a") == 30.0
@@ -79,7 +91,7 @@ def test_unreadable_process_utilisation_unattributes_the_gpus_pods_and_logs_once
 
 
 def test_the_setting_turns_it_off(tmp_path: Path) -> None:
-    agent, sim, _kube = _mps_node(tmp_path, pod_usage=False)
+    agent, sim, _kube = _shared_node(tmp_path, pod_usage=False)
     sim.inject_fault(Fault("process_utilization", errors.NO_PERMISSION))
     agent.tick()
     assert _value(agent, "gpupack_pod_gpu_use_attributed", "a") is None
@@ -93,7 +105,7 @@ def test_pods_of_a_node_playing_a_usage_trace_show_the_traces_use(tmp_path: Path
         "p-x": [(12.0, 3 * GIB), (47.0, 5 * GIB)],
         "p-y": [(0.0, 2 * GIB), (33.5, 4 * GIB)],
     }))
-    agent, sim, _kube = _mps_node(tmp_path)
+    agent, sim, _kube = _shared_node(tmp_path)
     now = _Now()
     sim.clock = now
     sim.play_trace(trace, 60.0, now.t, pods={"ml/a": "p-x", "ml/b": "p-y"})

@@ -21,7 +21,7 @@ from kube.times import format_time
 from mig.units import parse_quantity
 from sharing.api.crd import NodeUsage, PodUsage, to_wire
 from sharing.api.keys import RIGHT_SIZING_LABEL
-from sharing.usage.compact import LimitHits, encode
+from sharing.usage.compact import LimitHits, encode, memory_only
 from sharing.usage.recommender import ContainerHistory, Recommendation, Recommender, RecommenderSettings
 from sharing.usage.sizing import size_for
 
@@ -37,6 +37,17 @@ def _record(pod: str, duty: float, memory: int, minutes: int, start: float = T0,
         history.observe(start + 60 * i, duty, memory)
     value = encode(history, hits or LimitHits(), H100_MIB)
     return PodUsage(pod=f"ml/{pod}", uid=f"uid-{pod}", container="main", unattributed=unattributed, **dict(value))
+
+
+def _memory_record(pod: str, memory: int, minutes: int, hits: LimitHits | None = None) -> PodUsage:
+    """A pod whose compute is not its own (an MPS client): memory peaks and limit hits, no duty samples."""
+    settings = RecommenderSettings()
+    history = memory_only(ContainerHistory(settings), settings)
+    for i in range(minutes):
+        history.memory.add(float(memory), T0 + 60 * i)
+    value = encode(history, hits or LimitHits(), H100_MIB)
+    return PodUsage(pod=f"ml/{pod}", uid=f"uid-{pod}", container="main",
+                    compute_unattributed="a process on GPU 0 that belongs to no known pod used its SMs", **dict(value))
 
 
 def _pod(name: str, owner: tuple[str, str] | None = ("ReplicaSet", "web-5d8f9")) -> dict[str, Any]:
@@ -184,6 +195,24 @@ def test_a_rollout_keeps_the_gone_pods_history_in_the_checkpoint_across_a_restar
     assert again["containers"][0]["pods"] == 2 and again["checkpoint"][0]["pods"] == 1  # not folded twice
 
 
+def test_a_pod_that_went_in_another_leaders_term_is_not_folded_again() -> None:
+    kube, clock = _two_replicas()
+    first = _cycle(kube, clock)
+    first.run()
+    first.restored = False  # its term ends (RecommenderLoop); another leader sees the busy replica go
+    other = _cycle(kube, clock)
+    other.run()
+    kube.pods = [_pod("web-5d8f9-a")]
+    kube.publish("n2", [])
+    clock.t += 60
+    other.run()
+    assert _status(kube)["checkpoint"][0]["pods"] == 1
+    clock.t += 60
+    first.run()  # a new term: the checkpoint holds the replica, so it is not folded a second time
+    status = _status(kube)
+    assert status["containers"][0]["pods"] == 2 and status["checkpoint"][0]["pods"] == 1
+
+
 def test_before_the_minimum_history_the_condition_says_so() -> None:
     kube, clock = FakeKube(), Clock()
     kube.pods = [_pod("solo", owner=None)]
@@ -215,6 +244,38 @@ def test_an_unattributed_pod_is_never_sized() -> None:
     report = cycle.run()
     assert kube.objects == {} and report.workloads == 0
     assert cycle.source.unattributed == {"ml/shared": "a process of no known pod used the SMs"}
+
+
+def test_an_mps_clients_memory_and_hits_are_merged_while_compute_comes_from_measured_pods() -> None:
+    kube, clock = FakeKube(), Clock()
+    kube.pods = [_pod("web-5d8f9-a"), _pod("web-5d8f9-b")]
+    kube.publish("n1", [_record("web-5d8f9-a", 20.0, 10 * GIB, 150)])  # held a GPU alone: compute measured
+    kube.publish("n2", [_memory_record("web-5d8f9-b", 30 * GIB, 150)])
+    cycle = _cycle(kube, clock)
+    cycle.run()
+    [container] = _status(kube)["containers"]
+    settings = RecommenderSettings()
+    p99 = settings.duty.bucket_start(settings.duty.bucket(20.0) + 1)  # a's alone: b added no duty weight
+    assert container["gpuMilli"] == size_for(Recommendation(min(100.0, p99 * 1.15), 0, 0, 0, 0), 80 * GIB).milli
+    assert _bytes(container["gpuMemory"]) == _rounded(_with_margin(30 * GIB))  # the client's peak is the larger
+    assert (container["pods"], container["observedSeconds"]) == (2, 149 * 60)  # observed: a's samples only
+    assert cycle.source.unattributed == {}
+    kube.publish("n2", [_memory_record("web-5d8f9-b", 30 * GIB, 150, hits=LimitHits(1, T0 + 3000, 32 * GIB))])
+    clock.t += 60
+    cycle.run()
+    [hit] = _status(kube)["containers"]
+    bump = settings.oom_bump_ratio
+    assert hit["ooms"] == 1 and _bytes(hit["gpuMemory"]) == _rounded(_with_margin(32 * GIB * bump))  # raised at once
+
+
+def test_a_workload_whose_compute_was_never_measured_gets_no_recommendation() -> None:
+    kube, clock = FakeKube(), Clock()
+    kube.pods = [_pod("solo", owner=None)]
+    kube.publish("n1", [_memory_record("solo", 30 * GIB, 150)])  # hours of memory, no compute
+    report = _cycle(kube, clock).run()
+    status = _status(kube, "pod-solo")
+    assert status["containers"] == [] and report.waiting == 1
+    assert status["conditions"][0]["reason"] == "NotEnoughHistory"
 
 
 @pytest.mark.parametrize(("policy_mode", "label", "mode"), [

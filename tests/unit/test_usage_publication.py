@@ -1,7 +1,8 @@
 """The agent's compact publication of per-pod use (``node.usage.publication``), ticked on a
-simulated MPS node: histories per pod container, memory-limit hits per episode, unattributed pods
-marked for good, a write only every interval and only when changed, and a restarted agent going on
-with what it published."""
+simulated shared node (time-slicing, or MPS, where only the MPS server's SM is sampled):
+histories per pod container, memory-limit hits per episode, unattributed pods marked for good
+(per signal: compute alone, or memory and so everything), a write only every interval and only
+when changed, and a restarted agent going on with what it published."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from node.base.snapshot import read_snapshot
 from node.nvml import errors
 from node.nvml.simulated import Fault, SimulatedNvml, simulated_backend
 from node.usage.attribution import PodGpuUse
-from node.usage.publication import limit_mib
+from node.usage.publication import MIB, UsageAggregator, limit_mib
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.api.crd import NodeUsage, PodUsage
 from sharing.api.keys import ALLOCATION_ANNOTATION, SHARED_RESOURCE
@@ -29,7 +30,8 @@ GIB = 1024**3
 
 
 def _limited(name: str, memory_bytes: int) -> dict[str, Any]:
-    """A pod whose allocation record gives its container ``memory_bytes`` (its MPS memory limit)."""
+    """A pod whose allocation record gives its container ``memory_bytes`` (its MPS memory limit; on a
+    time-slicing node the limit the agent reads all the same)."""
     pod = _pod(name, SHARED_RESOURCE)
     record = Allocation(mode="mps", gated=False, capacity_existed=True, policy="p", reason="r", containers=(
         ContainerAllocation("c", "containers", 250, memory_bytes, SHARED_RESOURCE),))
@@ -44,11 +46,11 @@ def _agent(tmp_path: Path, kube: FakeKube) -> tuple[Agent, SimulatedNvml]:
     return Agent(settings, sim, kube, clock=Clock()), sim  # type: ignore[arg-type]
 
 
-def _mps_node(tmp_path: Path) -> tuple[Agent, SimulatedNvml, FakeKube]:
+def _shared_node(tmp_path: Path, mode: str = "time-slicing") -> tuple[Agent, SimulatedNvml, FakeKube]:
     kube = FakeKube("n1")
     agent, sim = _agent(tmp_path, kube)
     agent.tick()
-    kube.set_spec({"sharing": {"mode": "mps", "replicas": 4}})
+    kube.set_spec({"sharing": {"mode": mode, "replicas": 4}})
     kube.pods = [_limited("a", GIB), _pod("b", SHARED_RESOURCE)]  # a's 1 GiB limit is what its process holds
     for _ in range(3):
         agent.tick()
@@ -63,7 +65,7 @@ def _published(kube: FakeKube) -> dict[str, PodUsage]:
 
 
 def test_each_pod_container_is_published_with_its_history_and_limit_hits(tmp_path: Path) -> None:
-    agent, sim, kube = _mps_node(tmp_path)
+    agent, sim, kube = _shared_node(tmp_path)
     sim.set_process_load(0, sim_pid("uid-a"), 30.0)
     sim.set_process_load(0, sim_pid("uid-b"), 60.0)
     for _ in range(12):
@@ -78,6 +80,19 @@ def test_each_pod_container_is_published_with_its_history_and_limit_hits(tmp_pat
     assert (pods["ml/a"].limit_hits, pods["ml/a"].last_hit_limit_bytes, pods["ml/b"].limit_hits) == (1, GIB, 0)
     assert pods["ml/a"].gpu_memory_mib == agent.snapshot().gpus[0].info.memory_total_mib
     assert not pods["ml/a"].unattributed and pods["ml/a"].samples >= 10
+
+
+def test_an_mps_clients_memory_and_limit_hits_are_published_without_its_compute(tmp_path: Path) -> None:
+    agent, sim, kube = _shared_node(tmp_path, "mps")
+    sim.set_process_load(0, sim_pid("uid-a"), 30.0)
+    for _ in range(12):
+        agent.tick()
+    pods = _published(kube)
+    for pod in ("ml/a", "ml/b"):  # the MPS server has the SM samples (benchmarks/nvml_usage_check.md)
+        assert "belongs to no known pod used its SMs" in pods[pod].compute_unattributed
+        assert (pods[pod].unattributed, pods[pod].samples, pods[pod].duty.buckets) == ("", 0, [])
+    a, hits = decode(pods["ml/a"], RecommenderSettings())
+    assert a.memory.peak() == GIB and (hits.count, hits.last_limit_bytes) == (1, GIB)  # at its MPS limit
 
 
 def _usage_patches(agent: Agent) -> float | None:
@@ -105,19 +120,55 @@ def test_publication_waits_for_its_interval_and_skips_what_did_not_change(tmp_pa
     assert _usage_patches(agent) == written + 1
 
 
-def test_a_pod_whose_use_cannot_be_attributed_is_published_so_for_good(tmp_path: Path) -> None:
-    agent, sim, kube = _mps_node(tmp_path)
+def test_a_pod_whose_compute_cannot_be_attributed_is_published_with_its_memory_only_for_good(
+        tmp_path: Path) -> None:
+    agent, sim, kube = _shared_node(tmp_path)
     sim.set_process_load(0, sim_pid("uid-a"), 30.0)
+    for _ in range(6):
+        agent.tick()
+    assert _published(kube)["ml/a"].samples > 0  # compute was measured until the fault
     sim.inject_fault(Fault("process_utilization", errors.NO_PERMISSION, times=2))
     for _ in range(12):
         agent.tick()
     pods = _published(kube)
-    assert "per-process utilisation" in pods["ml/a"].unattributed  # readable again, still marked
-    assert "per-process utilisation" in pods["ml/b"].unattributed
+    for pod in ("ml/a", "ml/b"):  # readable again, still marked; the duty samples before it are dropped too
+        assert "per-process utilisation" in pods[pod].compute_unattributed and not pods[pod].unattributed
+        assert (pods[pod].samples, pods[pod].duty.buckets) == (0, [])
+    a, hits = decode(pods["ml/a"], RecommenderSettings())
+    assert a.memory.peak() == GIB and hits.count == 1  # its memory and its limit hit are still observed
+
+
+def test_each_signal_is_marked_for_good_and_only_what_is_attributed_is_added() -> None:
+    plain = SimulatedNvml(H200, 1, mig_enabled=False)
+    snapshot = read_snapshot(plain, plain.kind)
+    uuid, total = snapshot.gpus[0].info.uuid, snapshot.gpus[0].info.memory_total_mib
+    stranger = "a process on GPU 0 that belongs to no known pod used its SMs"
+    unknown = "1 process(es) on GPU 0 belong to no known pod, and none is known to be this pod's"
+
+    def use(pod: str, sm: float | None, mib: int | None, compute: str = "", memory: str = "") -> PodGpuUse:
+        return PodGpuUse(pod, "c", 0, uuid, None, "processes", sm, mib, compute, memory)
+
+    polls = [  # (measured, an MPS client, a pod whose memory may be a stranger's), one poll each
+        [use("a/w", 20.0, 1000), use("a/m", 30.0, 2000), use("a/x", 10.0, 500)],
+        [use("a/w", 40.0, 1500), use("a/m", None, total, stranger), use("a/x", None, None, unknown, unknown)],
+        [use("a/w", 20.0, 1000), use("a/m", 50.0, 3000), use("a/x", 10.0, 4000)],  # the marks stay
+    ]
+    aggregator = UsageAggregator()
+    uids = {"a/w": "w", "a/m": "m", "a/x": "x"}
+    for at, poll in enumerate(polls):
+        aggregator.observe(poll, uids, snapshot, {}, 100.0 + at)
+    found = {p.pod: p for p in aggregator.usage().pods}
+    assert (found["a/w"].samples, found["a/w"].unattributed, found["a/w"].compute_unattributed) == (3, "", "")
+    memory_only, hits = decode(found["a/m"], RecommenderSettings())
+    assert (found["a/m"].compute_unattributed, found["a/m"].unattributed) == (stranger, "")
+    assert (memory_only.samples, memory_only.duty.total_weight, found["a/m"].first_seconds) == (0, 0.0, 0.0)
+    assert memory_only.memory.peak() == total * MIB and hits.count == 1  # its peak and its hit (at the GPU's memory)
+    assert found["a/x"].unattributed == unknown and found["a/x"].samples == 1  # nothing added after the mark
+    assert found["a/x"].compute_unattributed == ""
 
 
 def test_a_gone_pod_is_dropped_and_a_restarted_agent_goes_on_with_its_histories(tmp_path: Path) -> None:
-    agent, sim, kube = _mps_node(tmp_path)
+    agent, sim, kube = _shared_node(tmp_path)
     sim.set_process_load(0, sim_pid("uid-a"), 30.0)
     for _ in range(12):
         agent.tick()

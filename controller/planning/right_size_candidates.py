@@ -1,0 +1,174 @@
+"""Live pods and their ``GPURecommendation`` as the updater's candidates (the adapter of ``Recreate``).
+
+The product's one rule for "far from its recommendation" is ``sharing.usage.updater`` (the
+simulator calls it too). It judges a :class:`~sharing.usage.updater.Candidate`: a pod, its
+workload, its size now and the recommended one, each a :class:`~sharing.usage.sizing.Size`.
+This module builds those from what the API server holds, and nothing else:
+
+* **the size now** is what the pod was admitted with: per GPU container, its trusted
+  ``gpupack.io/allocation`` record (``controller.state.pods.read_record``), else its own
+  ``gpupack.io/gpu-milli`` / ``gpu-memory`` limits (``sharing.api.request.parse_pod``). A record
+  without a memory figure holds its MIG profile's memory, or without a profile the whole GPU's
+  of its ``gpuModel``; a container whose memory is still unknown is not judged (nothing is
+  resized on a guess). A container the webhook right-sized has, beside the allocation record,
+  its ``gpupack.io/right-sized-from`` record (``sharing.api.right_sized``): its size now is that
+  record's predicted ``milli`` and ``memoryBytes``, not the allocation's ``milli``, which is the
+  *accounted* milli under compute over-commit (``ceil(predicted / computeOvercommit)``) and would
+  otherwise read as far below the recommendation it was sized from;
+* **the target** is the container's entry in the workload's ``GPURecommendation``
+  (``sharing.api.workload.recommendation_name``), only while its condition
+  ``RecommendationProvided`` is ``True`` and its ``targetRef`` names this workload. A
+  recommended ``gpuMilli`` of 0 counts as 1, the least a request may ask (as
+  ``sharing.usage.sizing.size_for`` rounds);
+* **one candidate per pod.** The updater judges a container; a pod is evicted whole, so the pod
+  is represented by its most pressing container (one at risk of an OOM first, then one far
+  from its target), and its workload key names no container (``container=""``): the budget
+  is per workload, not per container.
+
+What a shared function would need, so this adapter could go: ``sharing.usage.updater`` taking a
+pod's containers (a mapping container -> (current, target)) and a workload key without a
+container. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from controller.state.pods import read_record
+from mig.catalog import find_model
+from sharing.api.allocation import Allocation
+from sharing.api.crd import API_VERSION, GPURecommendation
+from sharing.api.fields import as_list, as_map
+from sharing.api.keys import RIGHT_SIZED_ANNOTATION
+from sharing.api.request import AdmissionRefusal, parse_pod
+from sharing.api.right_sized import RightSizedError, RightSizedFrom
+from sharing.api.workload import WorkloadRef, recommendation_name
+from sharing.usage.recommender import WorkloadKey
+from sharing.usage.sizing import Size
+from sharing.usage.updater import Candidate, UpdaterSettings, at_risk, is_far
+
+PROVIDED = "RecommendationProvided"
+"""The condition a recommendation must carry ``True`` before anything acts on it."""
+
+RecommendationKey = tuple[str, str]
+"""(namespace, name) of a ``GPURecommendation``."""
+
+
+@dataclass(frozen=True)
+class PodCandidate:
+    """A pod the updater may judge, with what the controller needs to evict it and say why."""
+
+    candidate: Candidate
+    workload: WorkloadRef
+    recommendation: str
+    """The ``GPURecommendation``'s name (in the pod's namespace)."""
+    container: str
+    """The container that represents the pod (module docstring)."""
+
+
+def read_recommendations(objects: Iterable[Mapping[str, Any]]) -> tuple[dict[RecommendationKey, GPURecommendation],
+                                                                         list[str]]:
+    """The ``GPURecommendation`` objects by (namespace, name), typed; and, for each one left out
+    because it does not validate, ``namespace/name: why``."""
+    out: dict[RecommendationKey, GPURecommendation] = {}
+    problems: list[str] = []
+    for obj in objects:
+        meta = as_map(obj.get("metadata"))
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        try:
+            # List items carry no apiVersion or kind: the typed model wants them.
+            out[key] = GPURecommendation.model_validate({**obj, "apiVersion": API_VERSION, "kind": "GPURecommendation"})
+        except ValidationError as exc:
+            problems.append(f"{key[0]}/{key[1]}: {exc.errors()[0].get('msg', 'invalid')}")
+    return out, problems
+
+
+def targets(recommendation: GPURecommendation, workload: WorkloadRef) -> dict[str, Size]:
+    """Per container, the recommended size; empty unless the recommendation is provided for ``workload``."""
+    status = recommendation.status
+    ref = recommendation.spec.target_ref
+    if status is None or (ref.kind, ref.name) != (workload.kind, workload.name):
+        return {}
+    if not any(c.type == PROVIDED and c.status == "True" for c in status.conditions):
+        return {}
+    return {c.container_name: Size(max(1, c.gpu_milli), c.gpu_memory_bytes) for c in status.containers}
+
+
+def _record_sizes(allocation: Allocation) -> dict[str, Size]:
+    model = find_model(allocation.gpu_model) if allocation.gpu_model else None
+    out: dict[str, Size] = {}
+    for c in allocation.containers:
+        memory = c.memory_bytes
+        if memory is None and model is not None:
+            profile = c.profile if c.profile and model.has_profile(c.profile) else None
+            memory = model.profile(profile).memory_bytes if profile else model.memory_mib * 1024 * 1024
+        if memory is not None:
+            out[c.name] = Size(c.milli, memory)
+    return out
+
+
+def current_sizes(pod: Mapping[str, Any]) -> dict[str, Size]:
+    """Per GPU container, the size the pod was admitted with (module docstring); empty when unknown."""
+    _, allocation, _ = read_record(pod)
+    if allocation is not None:
+        return {**_record_sizes(allocation), **_right_sized(pod)}
+    try:
+        request = parse_pod(dict(pod))
+    except AdmissionRefusal:
+        return {}
+    if request is None:
+        return {}
+    return {c.name: Size(c.milli, c.memory_bytes) for c in request.containers if c.memory_bytes is not None}
+
+
+def _right_sized(pod: Mapping[str, Any]) -> dict[str, Size]:
+    """The predicted sizes of the containers the webhook right-sized (read only beside a trusted
+    allocation record, which only the webhook writes with it); empty when there is no readable record."""
+    text = as_map(as_map(pod.get("metadata")).get("annotations")).get(RIGHT_SIZED_ANNOTATION)
+    if text is None:
+        return {}
+    try:
+        record = RightSizedFrom.from_annotation(text)
+    except RightSizedError:
+        return {}
+    return {c.name: Size(c.milli, c.memory_bytes) for c in record.containers}
+
+
+def _pressing(pairs: list[tuple[str, Size, Size]], settings: UpdaterSettings) -> tuple[str, Size, Size]:
+    """The container that represents the pod: at risk first, then far, then the first."""
+    for test in (at_risk, is_far):
+        for name, current, target in pairs:
+            if test(current, target, settings):
+                return name, current, target
+    return pairs[0]
+
+
+def pod_candidate(key: str, pod: Mapping[str, Any], workload: WorkloadRef,
+                  recommendations: Mapping[RecommendationKey, GPURecommendation],
+                  settings: UpdaterSettings) -> PodCandidate | None:
+    """The pod as the updater's candidate, or None when it has no recommendation or no known size."""
+    name = recommendation_name(workload)
+    recommendation = recommendations.get((workload.namespace, name))
+    if recommendation is None:
+        return None
+    wanted = targets(recommendation, workload)
+    sizes = current_sizes(pod)
+    pairs = [(c, sizes[c], wanted[c]) for c in _container_names(pod) if c in sizes and c in wanted]
+    if not pairs:
+        return None
+    container, current, target = _pressing(pairs, settings)
+    budget_key = WorkloadKey(workload.namespace, workload.kind, workload.name, "")
+    return PodCandidate(Candidate(key, budget_key, current, target), workload, name, container)
+
+
+def _container_names(pod: Mapping[str, Any]) -> list[str]:
+    spec = as_map(pod.get("spec"))
+    return [str(as_map(c).get("name")) for kind in ("initContainers", "containers") for c in as_list(spec.get(kind))]
+
+
+__all__ = ["PROVIDED", "PodCandidate", "RecommendationKey", "current_sizes", "pod_candidate", "read_recommendations",
+           "targets"]
