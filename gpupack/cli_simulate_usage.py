@@ -20,7 +20,8 @@ duty cycles on a GPU sum to F x 100 %, as a SharingPolicy that allows it would, 
 ``--duty-quantile Q`` also bounds the *predicted sum* of a GPU's pods' duty cycles at that
 quantile. ``--learn-minutes``, ``--memory-margin``, ``--first-memory-margin``, ``--oom-bump``,
 ``--oom-floor`` and ``--max-drains`` change the right-sizer's settings, to measure
-alternatives (docs/usage.md). Bad input (a missing column, a row that cannot be placed, an
+alternatives (docs/usage.md). ``--backend device-plugin`` and ``--publish-seconds 300`` model
+the live device-plugin path that ``gpupack replay usage`` runs. Bad input (a missing column, a row that cannot be placed, an
 unknown GPU model) is refused in one line; dropped and filled samples are counted under ``trace``.
 """
 
@@ -36,7 +37,7 @@ from gpupack.cli import EXIT_OK, UsageError, finite_float, load_usage_trace
 from kube.inputfile import read_text
 from mig.errors import UnknownModelError
 from sharing.simulator.usage import gpu_memory_bytes, parse_workloads, run_usage
-from sharing.simulator.usage_replay import MODES, RightSizing
+from sharing.simulator.usage_replay import BACKENDS, MODES, RightSizing
 from sharing.usage.recommender import RecommenderSettings, WorkloadKey
 from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
 
@@ -77,6 +78,13 @@ def register(subparsers: Any) -> None:
                         "(VPA's way, the default)")
     p.add_argument("--max-drains", type=int, default=1, metavar="N",
                    help="GPUs one hourly consolidation may empty (default 1)")
+    p.add_argument("--backend", choices=BACKENDS, default="dra",
+                   help="whose shares: the DRA pool's exact shares (dra, the default) or the device plugin's equal "
+                        "replicas, a GPU split for the first pod it takes and no consolidation (device-plugin, what "
+                        "`gpupack replay usage` runs live)")
+    p.add_argument("--publish-seconds", type=finite_float, metavar="S",
+                   help="the recommender sees use as of the agents' last publication, every S seconds (live: 300); "
+                        "default: as it happens")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -119,9 +127,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--duty-quantile must be between 0.5 and 1, got {args.duty_quantile}")
     if args.max_drains < 0:
         raise UsageError(f"--max-drains must not be negative, got {args.max_drains}")
+    if args.publish_seconds is not None and not 0 < args.publish_seconds <= 86400:
+        raise UsageError(f"--publish-seconds must be above 0 and at most a day, got {args.publish_seconds:g}")
     policy = RightSizing(mode=args.mode, compute_overcommit=args.compute_overcommit,
                          recommender=recommender_settings(args), max_drains=args.max_drains,
-                         duty_quantile=args.duty_quantile)
+                         duty_quantile=args.duty_quantile, backend=args.backend,
+                         publish_every_s=args.publish_seconds)
     result = run_usage(trace, args.gpu, policy, workloads)
     counts = {"duty": dataclasses.asdict(trace.duty), "memory": dataclasses.asdict(trace.memory),
               "left_out": list(trace.left_out), "step_s": trace.step_s}

@@ -22,8 +22,9 @@ minutes (``time_scale`` trace seconds per wall second).
 
 **Figures.** Those seatings are read by the simulator's own measure
 (``sharing.simulator.usage_figures.measure``) into the keys of ``gpupack simulate usage``; the
-simulator's run of the same pods, GPU and mode (``sharing.simulator.usage.run_usage``) stands
-beside them with each key's difference (live minus simulator). The run agrees when
+simulator's run of the same pods, GPU and mode (``sharing.simulator.usage.run_usage``), modelling
+what this live path does (:func:`simulator_policy`: the device plugin's equal replicas, the
+agents' publication lag, no consolidation), stands beside them with each key's difference (live minus simulator). The run agrees when
 ``gpu_hours_saved_pct`` differs by at most :data:`AGREEMENT_POINTS` (issue 35, item 6).
 """
 
@@ -40,7 +41,7 @@ from typing import Any
 
 from kubernetes import client
 
-from gpupack.replay.usage_stack import NAMESPACE, UsageStack, required_nodes
+from gpupack.replay.usage_stack import NAMESPACE, PUBLISH_S, UsageStack, required_nodes
 from kube.informer import Informer
 from sharing.api.allocation import Allocation, AllocationError
 from sharing.api.crd import GROUP, VERSION
@@ -49,7 +50,7 @@ from sharing.api.keys import (
 )
 from sharing.simulator.usage import gpu_memory_bytes, run_usage
 from sharing.simulator.usage_figures import Seat, Seating, UsageFigures, measure
-from sharing.simulator.usage_replay import RightSizing
+from sharing.simulator.usage_replay import MODES, RightSizing
 from sharing.usage.trace import UsageTrace
 
 AGREEMENT_POINTS = 2.0
@@ -256,11 +257,20 @@ def compare(live: Mapping[str, Any], simulated: Mapping[str, Any]) -> dict[str, 
             "agreement_points": AGREEMENT_POINTS}
 
 
+def simulator_policy(mode: str) -> RightSizing:
+    """The simulator's run a live replay is compared with: the device plugin's replicas on GPUs of one
+    node each, the agents' publication every 300 trace seconds (``sharing.simulator.usage_replay``),
+    the right-sizer's defaults otherwise (``gpupack simulate usage --backend device-plugin
+    --publish-seconds 300``)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be off, initial or recreate, got {mode!r}")
+    return RightSizing(mode=mode, backend="device-plugin", publish_every_s=PUBLISH_S)
+
+
 def run_usage_live(workdir: Path, trace_dir: Path, trace: UsageTrace, model: str, mode: str, time_scale: float,
                    say: Callable[[str], None] = lambda _: None, keep_logs: bool = False) -> dict[str, Any]:
     """Start the stack, replay ``trace``'s pods, stop the stack; the live figures beside the simulator's."""
-    if mode not in ("off", "initial", "recreate"):
-        raise ValueError(f"mode must be off, initial or recreate, got {mode!r}")
+    simulator_policy(mode)  # a bad mode is refused before anything starts
     mapping = workdir / "usage-trace-pods.csv"
     mapping.parent.mkdir(parents=True, exist_ok=True)
     mapping.write_text(mapping_csv(trace), encoding="utf-8")
@@ -275,7 +285,7 @@ def run_usage_live(workdir: Path, trace_dir: Path, trace: UsageTrace, model: str
         stack.stop()
     _, memory = gpu_memory_bytes(model)
     live = dataclasses.asdict(measure(trace, memory, seatings))
-    simulated = run_usage(trace, model, RightSizing(mode=mode))  # type: ignore[arg-type]  # checked above
+    simulated = run_usage(trace, model, simulator_policy(mode))
     return {
         "mode": mode, "gpu": simulated["gpu"], "time_scale": time_scale, "nodes": nodes,
         "trace_hours": round(trace.steps * trace.step_s / 3600, 2),

@@ -149,7 +149,7 @@ class UsageStack:
         client.CustomObjectsApi(self.admin).create_cluster_custom_object(
             GROUP, VERSION, "sharingpolicies", policy_object(self.nodes, periods.evictions_per_hour))
         self._nodes(say)
-        self.lead_s = 60.0 + 2.0 * self.nodes
+        self.lead_s = 30.0 + 1.0 * self.nodes
         self.start_s = time.time() + self.lead_s
         self._agents(periods)
         say(f"agents: one 'gpupack agent run' per node, playing the trace from {self.lead_s:.0f}s from now")

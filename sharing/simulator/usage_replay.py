@@ -24,6 +24,14 @@ GPU it fits (``sharing.usage.sizing.fits``: memory never over-committed) with th
 left after it, or to a new GPU: the cluster grows as needed and ``gpu_hours`` counts the GPUs
 that hold a pod. The packing engine (``sharing.packing``) has no GPU-memory dimension yet, so
 this best fit stands in for it here; it is the next thing to replace.
+
+``backend="device-plugin"`` models the live device-plugin path instead, as a live usage replay
+runs it (``gpupack replay usage``, one GPU per node): a GPU is split into equal replicas for the
+first pod it takes (``sharing.packing.replica_gpus``), a size is not rounded (the webhook asks
+what the recommendation says) and takes a whole GPU when no split into two replicas holds it
+(``sharing.rules.replicas.needs_whole_gpu``), and nothing consolidates (the live controller has
+no consolidation moves). ``publish_every_s`` models the agents' publication: the recommender
+sees a pod's use only as of the last publication (every 300 s by default), not as it happens.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ from typing import Literal
 from sharing.dra.share_policy import SHARES, SharePolicy
 from sharing.rules.replicas import MAX_MILLI
 from sharing.simulator.usage_figures import Seat, Seating
+from sharing.packing.replica_gpus import ReplicaGpus
 from sharing.packing.shared_gpus import FitRule, SharedGpus
+from sharing.rules.replicas import needs_whole_gpu
 from sharing.usage.consolidation import consolidation_moves
 from sharing.usage.recommender import Recommender, RecommenderSettings, WorkloadKey
 from sharing.usage.sizing import Size, size_for, whole_gpu
@@ -44,6 +54,8 @@ from sharing.usage.updater import Candidate, UpdaterSettings, choose_moves
 
 Mode = Literal["off", "initial", "recreate"]
 MODES: tuple[Mode, ...] = ("off", "initial", "recreate")
+Backend = Literal["dra", "device-plugin"]
+BACKENDS: tuple[Backend, ...] = ("dra", "device-plugin")
 
 
 @dataclass(frozen=True)
@@ -62,11 +74,24 @@ class RightSizing:
     duty_quantile: float | None = None
     """Admit a share while the GPU's predicted duty sum stays at most 100 % at this quantile
     (``sharing.packing.duty_sum``; with ``compute_overcommit`` above 1); None: caps only."""
+    backend: Backend = "dra"
+    """Whose shares: the DRA pool's exact ones, or the device plugin's equal replicas (module docstring)."""
+    publish_every_s: float | None = None
+    """The recommender sees use as of the last publication, every this many seconds (the agents'
+    ``usage_publish_seconds``); None: as it happens."""
 
 
 def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
     """Each pod its own workload of one replica (a trace names no owners; ``workloads`` maps some)."""
     return {p.pod: WorkloadKey("trace", "Pod", p.pod, "main") for p in trace.pods}
+
+
+def replica_share_of(size: Size, gpu_memory_bytes: int) -> Size:
+    """The share a size takes on the device-plugin backend: itself, or a whole GPU where no split
+    into two replicas holds it (the webhook's rule, ``sharing.rules.replicas.needs_whole_gpu``)."""
+    if needs_whole_gpu(size.milli, size.memory_bytes, gpu_memory_bytes):
+        return whole_gpu(gpu_memory_bytes)
+    return size
 
 
 def share_of(size: Size, gpu_memory_bytes: int, shares: SharePolicy) -> Size:
@@ -87,7 +112,11 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
     """The run's seating at each step (module docstring)."""
     owners = {**own_workloads(trace), **(workloads or {})}
     recommender = Recommender(policy.recommender)
-    cluster = SharedGpus(FitRule(gpu_memory_bytes, policy.compute_overcommit, policy.duty_quantile))
+    rule = FitRule(gpu_memory_bytes, policy.compute_overcommit, policy.duty_quantile)
+    device_plugin = policy.backend == "device-plugin"
+    cluster = ReplicaGpus(rule) if device_plugin else SharedGpus(rule)
+    unpublished: list[tuple[str, WorkloadKey, float, float, int]] = []  # ("oom"|"use", workload, time, ...)
+    publish_steps = None if policy.publish_every_s is None else max(1, round(policy.publish_every_s / trace.step_s))
     moves: dict[WorkloadKey, list[float]] = {}
     by_start: dict[int, list[PodUsage]] = {}
     by_end: dict[int, list[PodUsage]] = {}
@@ -101,7 +130,18 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
         recommendation = recommender.recommend(owners[pod])
         if recommendation is None:
             return None
-        return share_of(size_for(recommendation, gpu_memory_bytes), gpu_memory_bytes, policy.shares)
+        size = size_for(recommendation, gpu_memory_bytes)
+        if device_plugin:
+            return replica_share_of(size, gpu_memory_bytes)
+        return share_of(size, gpu_memory_bytes, policy.shares)
+
+    def publish() -> None:
+        for kind, key, at, duty, memory in unpublished:
+            if kind == "oom":
+                recommender.record_oom(key, at, memory)
+            else:
+                recommender.observe(key, at, duty, memory)
+        unpublished.clear()
 
     for step in range(trace.steps):
         now = trace.start_s + step * trace.step_s
@@ -119,9 +159,11 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             used = pod.memory_bytes[step - pod.first_step]
             limit = cluster.seats[name][1].memory_bytes
             if used > limit:
-                recommender.record_oom(owners[name], now, limit)
+                unpublished.append(("oom", owners[name], now, 0.0, limit))
                 killed.add(name)
-            recommender.observe(owners[name], now, pod.duty_percent[step - pod.first_step], min(used, limit))
+            unpublished.append(("use", owners[name], now, pod.duty_percent[step - pod.first_step], min(used, limit)))
+        if publish_steps is None or step % publish_steps == 0:
+            publish()
         if policy.mode == "recreate":
             horizon = now - policy.updater.interval_s
             recent = {key: sum(1 for t in times if t > horizon) for key, times in moves.items()}
@@ -132,7 +174,7 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
                 cluster.seat(move.pod, move.target, recommender.duty_profile(move.workload),
                              avoid=cluster.seats[move.pod][0])
                 moves.setdefault(move.workload, []).append(now)
-            every = policy.consolidate_every_s
+            every = None if device_plugin else policy.consolidate_every_s
             if every is not None and step % max(1, round(every / trace.step_s)) == 0:
                 budget = {key: policy.updater.max_moves_per_interval - sum(1 for t in times if t > horizon)
                           for key, times in moves.items()}
