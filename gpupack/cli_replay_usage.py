@@ -35,6 +35,7 @@ from typing import Any
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, load_usage_trace, positive_float
 
 MODES = ("off", "initial", "recreate")
+DEFAULT_POLICY = "BestFit"
 MAX_TIME_SCALE = 600.0
 """Above it a trace step (57 s) lasts less than a tenth of a second: the stack's own latency is
 then most of what is measured."""
@@ -52,6 +53,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pods", dest="usage_pods", type=int, default=None, metavar="N",
                    help="the first N pods of the trace, by first sample (default: all)")
     p.add_argument("--mode", choices=MODES, default="recreate", help="the right-sizer's mode (default recreate)")
+    p.add_argument("--policy", default=DEFAULT_POLICY,
+                   help=f"the controller's packing policy (default {DEFAULT_POLICY}: the simulator places shares by "
+                        "best fit; docs/usage.md, \"Live replay\", says what gpupack's own policy does here)")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
     p.add_argument("--workdir", type=Path, metavar="DIR",
                    help="keep the control plane's data and every component's log here (default: a temporary "
@@ -71,6 +75,12 @@ def run(args: argparse.Namespace) -> int:
         gpu_memory_bytes(args.gpu)
     except UnknownModelError as exc:
         raise UsageError(f"--gpu: {exc}") from None
+    from sharing.packing.registry import canonical_policy_name
+
+    try:
+        policy = canonical_policy_name(args.policy)
+    except ValueError as exc:
+        raise UsageError(f"--policy: {exc}") from None
     if args.time_scale > MAX_TIME_SCALE:
         raise UsageError(f"--time-scale must be at most {MAX_TIME_SCALE:g}, got {args.time_scale:g}")
     from gpupack.replay.usage_live import first_pods, run_usage_live
@@ -90,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="gpupack-usage-replay-"))
     try:
         result = run_usage_live(workdir, args.trace.resolve(), trace, args.gpu, args.mode, args.time_scale, say,
-                                keep_logs=args.workdir is not None)
+                                keep_logs=args.workdir is not None, policy=policy)
     except RuntimeError as exc:
         say(f"usage replay failed: {exc}")
         return EXIT_NO
@@ -107,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print(result: dict[str, Any]) -> None:
     print(f"{result['pods']} pods on {result['gpu']}, mode {result['mode']}, {result['time_scale']:g}x, "
-          f"{result['nodes']} nodes")
+          f"{result['nodes']} nodes, policy {result['policy']}")
     print(f"{'':36s} {'live':>10s} {'simulator':>10s} {'difference':>10s}")
     for key, diff in result["difference"].items():
         print(f"{key:36s} {result['live'][key]:10g} {result['simulator'][key]:10g} {diff:10g}")

@@ -268,7 +268,8 @@ def simulator_policy(mode: str) -> RightSizing:
 
 
 def run_usage_live(workdir: Path, trace_dir: Path, trace: UsageTrace, model: str, mode: str, time_scale: float,
-                   say: Callable[[str], None] = lambda _: None, keep_logs: bool = False) -> dict[str, Any]:
+                   say: Callable[[str], None] = lambda _: None, keep_logs: bool = False,
+                   policy: str = "BestFit") -> dict[str, Any]:
     """Start the stack, replay ``trace``'s pods, stop the stack; the live figures beside the simulator's."""
     simulator_policy(mode)  # a bad mode is refused before anything starts
     mapping = workdir / "usage-trace-pods.csv"
@@ -276,6 +277,7 @@ def run_usage_live(workdir: Path, trace_dir: Path, trace: UsageTrace, model: str
     mapping.write_text(mapping_csv(trace), encoding="utf-8")
     nodes = required_nodes([(p.first_step, p.end_step) for p in trace.pods])
     stack = UsageStack(workdir, model, nodes, trace_dir, mapping, time_scale, mode, keep_logs=keep_logs)
+    stack.stack.controller_policy = policy
     began = time.monotonic()
     try:
         stack.start(say)
@@ -287,7 +289,7 @@ def run_usage_live(workdir: Path, trace_dir: Path, trace: UsageTrace, model: str
     live = dataclasses.asdict(measure(trace, memory, seatings))
     simulated = run_usage(trace, model, simulator_policy(mode))
     return {
-        "mode": mode, "gpu": simulated["gpu"], "time_scale": time_scale, "nodes": nodes,
+        "mode": mode, "gpu": simulated["gpu"], "time_scale": time_scale, "nodes": nodes, "policy": policy,
         "trace_hours": round(trace.steps * trace.step_s / 3600, 2),
         "live": live, "simulator": {k: simulated[k] for k in FIGURE_KEYS},
         "oracle_gpu_hours_saved_pct": simulated["oracle_gpu_hours_saved_pct"],
