@@ -59,16 +59,17 @@ def fleet_argv(kubeconfig: str, state_dir: Path) -> list[str]:
             "--state-dir", str(state_dir), "--stagger-seconds", "0"]
 
 
-def policy_object(nodes: int) -> dict[str, Any]:
-    """The SharingPolicy selecting the replay's nodes (module docstring)."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": POLICY_NAME},
-        "spec": {
-            "nodeSelector": {"matchLabels": {REPLAY_LABEL: "on"}},
-            "reshaping": {"maxConcurrent": max(1, nodes), "idleSeconds": 0},
-            "replicas": {"min": 1, "max": 8},
-        },
+def policy_object(nodes: int, name: str = POLICY_NAME, right_sizing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The SharingPolicy selecting the replay's nodes (module docstring); with ``right_sizing``, its
+    ``rightSizing`` section (a usage replay's)."""
+    spec: dict[str, Any] = {
+        "nodeSelector": {"matchLabels": {REPLAY_LABEL: "on"}},
+        "reshaping": {"maxConcurrent": max(1, nodes), "idleSeconds": 0},
+        "replicas": {"min": 1, "max": 8},
     }
+    if right_sizing is not None:
+        spec["rightSizing"] = right_sizing
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": name}, "spec": spec}
 
 
 def node_advertised(node: dict[str, Any], gpus: int) -> bool:

@@ -24,9 +24,9 @@ configurations, the controller as its own ServiceAccount) as the openb replay's
 * the namespace opted in (``gpupack.io/right-sizing``) and, for ``Recreate``, the grant
   ``manifests/right-sizing-recreate`` where the checkout has it.
 
-One SharingPolicy selects the nodes: replica counts 1..8, every node may change at once, no
-idle time before a change (a node is switched the moment a pod needs it), and the eviction
-budget per wall hour that stands for the simulator's per trace hour (:func:`scaled_periods`).
+One SharingPolicy selects the nodes, the openb replay's (``gpupack.replay.stack.policy_object``:
+replica counts 1..8, every node may change at once, no idle time before a change), with the
+eviction budget per wall hour that stands for the simulator's per trace hour (:func:`scaled_periods`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from gpupack.devcluster.apply import apply_objects, gpupack_manifests, load_mani
 from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.kwok import node_address, node_manifest, wait_ready
-from gpupack.replay.stack import node_advertised
+from gpupack.replay.stack import node_advertised, policy_object
 from sharing.api.keys import BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, REPLAY_LABEL, RIGHT_SIZING_LABEL
 
 NAMESPACE = DEMO_NAMESPACE
@@ -82,18 +82,6 @@ def scaled_periods(time_scale: float) -> Periods:
 
 def node_name(number: int) -> str:
     return f"gpu-{number:03d}"
-
-
-def policy_object(nodes: int, evictions_per_hour: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "SharingPolicy", "metadata": {"name": POLICY_NAME},
-        "spec": {
-            "nodeSelector": {"matchLabels": {REPLAY_LABEL: "on"}},
-            "reshaping": {"maxConcurrent": max(1, nodes), "idleSeconds": 0},
-            "replicas": {"min": 1, "max": 8},
-            "rightSizing": {"maxEvictionsPerHour": evictions_per_hour},
-        },
-    }
 
 
 @dataclass
@@ -147,7 +135,8 @@ class UsageStack:
             NAMESPACE, {"metadata": {"labels": {RIGHT_SIZING_LABEL: MODES[self.mode]}}})
         periods = scaled_periods(self.time_scale)
         client.CustomObjectsApi(self.admin).create_cluster_custom_object(
-            GROUP, VERSION, "sharingpolicies", policy_object(self.nodes, periods.evictions_per_hour))
+            GROUP, VERSION, "sharingpolicies",
+            policy_object(self.nodes, POLICY_NAME, {"maxEvictionsPerHour": periods.evictions_per_hour}))
         self._nodes(say)
         self.lead_s = 30.0 + 1.0 * self.nodes
         self.start_s = time.time() + self.lead_s
