@@ -98,6 +98,9 @@ def run_demo(args: argparse.Namespace) -> int:
         stack.controller_manager = True  # the Deployments' ReplicaSets and their pods
         stack.agent_args, stack.controller_args = periods.agent_args(), periods.controller_args()
         waits = periods.min_observed_s  # the recommendations need that much history before anything is sized
+        from gpupack.demo.rightsizing_live import add_nodes
+
+        add_nodes(stack)
     if args.keep:
         from gpupack.devcluster import state as cluster_state
 
@@ -190,7 +193,7 @@ def run_demo(args: argparse.Namespace) -> int:
             pass  # the right-sizing scenario is not over: keep going
         elif not queue and waiting == 0 and not finish_at:
             break
-        if not queue and waiting == 0 and now_m > args.submit_seconds + 12:
+        if not queue and waiting == 0 and now_m > args.submit_seconds + 12 and (sizing is None or sizing.scenario.done()):
             break  # remaining lifetimes run on; the stream itself is done
         if time.monotonic() > deadline:
             break

@@ -30,14 +30,17 @@ from typing import Any
 
 from gpupack.testing.usage_traces import GIB, write_usage_trace
 from sharing.api.allocation import Allocation, AllocationError
-from sharing.api.keys import ALLOCATION_ANNOTATION, MILLI_RESOURCE, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL
+from sharing.api.keys import (
+    ALLOCATION_ANNOTATION, MILLI_RESOURCE, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL, SHARING_ANNOTATION,
+)
 from sharing.api.recommendation import RecommendationError, read_recommendation
 from sharing.api.right_sized import RightSizedError, RightSizedFrom
 
 MODES = ("off", "initial", "recreate")
 """``--right-sizing`` choices; the namespace label's value is the capitalised one (``Initial``)."""
-APP_LABEL = "gpupack.io/demo-workload"
-"""Marks the scenario's Deployments and their pods (the demo plays the kubelet for these only)."""
+APP_LABEL = "demo-workload"
+"""Marks the scenario's Deployments and their pods (the demo plays the kubelet for these only); outside
+the ``gpupack.io/`` prefix, which the pod-marks policy refuses on a new pod."""
 MOVE_REASONS = ("RolledOutToRightSize", "EvictedToRightSize")
 """The controller's Events for a Recreate move (controller/reconcile.py)."""
 RECOMMENDATION_PLURAL = "gpurecommendations"
@@ -98,8 +101,8 @@ def write_builtin_trace(folder: Path, seed_steps: int = TRACE_STEPS) -> Path:
 
 
 def deployment(name: str, namespace: str) -> dict[str, Any]:
-    """A Deployment of one replica asking a whole GPU through gpupack, rolling out make-before-break
-    (maxSurge 1, maxUnavailable 0), so Recreate may move its only pod by a rollout."""
+    """A Deployment of one replica asking a whole GPU through gpupack, by time-slicing, rolling out
+    make-before-break (maxSurge 1, maxUnavailable 0), so Recreate may move its only pod by a rollout."""
     labels = {APP_LABEL: name}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
@@ -107,7 +110,10 @@ def deployment(name: str, namespace: str) -> dict[str, Any]:
         "spec": {
             "replicas": 1, "selector": {"matchLabels": labels},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {"metadata": {"labels": labels}, "spec": {
+            # time-slicing: the whole GPU asked for is a whole GPU (mode ``whole``) and a right-sized
+            # share is a time slice, where its compute stays measured (rightsizing_live.NODES).
+            "template": {"metadata": {"labels": labels, "annotations": {SHARING_ANNOTATION: "time-slicing"}},
+                         "spec": {
                 "terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "main", "image": "registry.example/inference:1",
                                 "resources": {"limits": {MILLI_RESOURCE: "1000"}}}]}},

@@ -16,11 +16,34 @@ from gpupack.demo.rightsizing import (
     APP_LABEL, RECOMMENDATION_PLURAL, Scenario, deployment, label_patch, playing_kubelet, ready_status, right_sized,
     workload_of_pod,
 )
+from gpupack.demo.stack import DemoNode, Stack
 from gpupack.devcluster.apply import apply_objects, load_manifests
 from sharing.api.crd import GROUP, VERSION
 
 WORKLOADS = ("svc-a", "svc-b", "svc-c")
 """The scenario's Deployments (one replica each, a whole GPU each)."""
+NODES = (
+    DemoNode("a100-w", "A100-80GB", 4),
+    DemoNode("a100-t", "A100-80GB", 2, sharing="time-slicing", replicas=4),
+)
+"""The nodes the scenario adds. A pod's compute is measured only where it holds a device alone, with
+NVML's per-process samples (docs/right-sizing.md, "A right-sized share has no SM cap"): not on a MIG
+instance (the simulated NVML, as the real one, has no per-instance activity) nor under MPS. So the
+Deployments' whole GPUs come from ``a100-w``, whose GPUs run with MIG off, and their right-sized
+time-slicing shares from ``a100-t``."""
+
+
+def add_nodes(stack: Stack) -> None:
+    """Add :data:`NODES` to ``stack`` before it starts, ``a100-w``'s GPUs with MIG off (the stack
+    starts a node without sharing with MIG on; a MIG mode change needs a GPU reset, so a node is set
+    up one way or the other before its agent runs)."""
+    from mig.catalog import get_model
+    from node.nvml.simulated import SimulatedNvml
+
+    stack.nodes = (*stack.nodes, *NODES)
+    whole = NODES[0]
+    SimulatedNvml(get_model(whole.model), whole.gpus, stack.state_file(whole.name), seed=whole.name,
+                  mig_enabled=False)
 
 
 class LiveScenario:
