@@ -31,7 +31,7 @@ from typing import Any
 from gpupack.testing.usage_traces import GIB, write_usage_trace
 from sharing.api.allocation import Allocation, AllocationError
 from sharing.api.keys import (
-    ALLOCATION_ANNOTATION, MILLI_RESOURCE, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL, SHARING_ANNOTATION,
+    ALLOCATION_ANNOTATION, MEMORY_RESOURCE, MILLI_RESOURCE, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL, SHARING_ANNOTATION,
 )
 from sharing.api.recommendation import RecommendationError, read_recommendation
 from sharing.api.right_sized import RightSizedError, RightSizedFrom
@@ -41,6 +41,9 @@ MODES = ("off", "initial", "recreate")
 APP_LABEL = "demo-workload"
 """Marks the scenario's Deployments and their pods (the demo plays the kubelet for these only); outside
 the ``gpupack.io/`` prefix, which the pod-marks policy refuses on a new pod."""
+ASKED_MEMORY = "64Gi"
+"""The GPU memory the Deployments ask beside their whole GPU's compute: a figure the controller's
+updater can compare with the recommendation (a ``whole`` pod's record holds no memory of its own)."""
 MOVE_REASONS = ("RolledOutToRightSize", "EvictedToRightSize")
 """The controller's Events for a Recreate move (controller/reconcile.py)."""
 RECOMMENDATION_PLURAL = "gpurecommendations"
@@ -116,7 +119,7 @@ def deployment(name: str, namespace: str) -> dict[str, Any]:
                          "spec": {
                 "terminationGracePeriodSeconds": 0,
                 "containers": [{"name": "main", "image": "registry.example/inference:1",
-                                "resources": {"limits": {MILLI_RESOURCE: "1000"}}}]}},
+                                "resources": {"limits": {MILLI_RESOURCE: "1000", MEMORY_RESOURCE: ASKED_MEMORY}}}]}},
         },
     }
 

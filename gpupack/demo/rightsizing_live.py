@@ -8,6 +8,7 @@ go when deleted) and, with ``initial``, whatever restarts a pod.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from kubernetes import client
@@ -22,6 +23,8 @@ from sharing.api.crd import GROUP, VERSION
 
 WORKLOADS = ("svc-a", "svc-b", "svc-c")
 """The scenario's Deployments (one replica each, a whole GPU each)."""
+POLICY = "demo"
+"""The SharingPolicy the demo stack creates (``Stack._policy``)."""
 NODES = (
     DemoNode("a100-w", "A100-80GB", 4),
     DemoNode("a100-t", "A100-80GB", 2, sharing="time-slicing", replicas=4),
@@ -62,11 +65,25 @@ class LiveScenario:
         if self.scenario.mode == "recreate":
             apply_objects(self.admin, load_manifests(repo / "manifests" / "right-sizing-recreate"),
                           field_manager="gpupack-demo")
+        self._first_cycle()
         for name in WORKLOADS:
             body: Any = deployment(name, self.namespace)  # a dict body is sent as is
             self.apps.create_namespaced_deployment(self.namespace, body)
         self.say(f"right-sizing: namespace {self.namespace} labelled {self.scenario.summary()['right_sizing']}; "
                  f"{len(WORKLOADS)} Deployments of one replica ask a whole GPU each ({', '.join(WORKLOADS)})")
+
+    def _first_cycle(self, timeout_s: float = 60.0) -> None:
+        """Wait until the controller has run a planning cycle (its first writes the demo SharingPolicy's
+        status). Recreate's budget counts a workload's pods created before the controller's first cycle
+        as possible replacements of evictions it cannot remember (docs/right-sizing.md, "Budget"), so
+        Deployments created earlier would not move for an hour."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            policy: Any = self.custom.get_cluster_custom_object(GROUP, VERSION, "sharingpolicies", POLICY)
+            if (policy.get("status") or {}).get("observedGeneration"):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out after {timeout_s:.0f}s waiting for the controller's first cycle")
 
     def step(self) -> None:
         listed: Any = self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace,
