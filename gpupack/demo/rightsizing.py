@@ -92,14 +92,14 @@ def timings(time_scale: float) -> Timings:
     return Timings(round(3600.0 / time_scale, 2), round(max(1.0, 300.0 / time_scale), 2))
 
 
-def write_builtin_trace(folder: Path, seed_steps: int = TRACE_STEPS) -> Path:
+def write_builtin_trace(folder: Path, steps: int = TRACE_STEPS) -> Path:
     """Write the built-in GenTD26-format trace into ``folder`` (``--right-sizing`` without
     ``--usage-trace``): a few services whose duty cycle wobbles by a few points around its mean and
     whose memory holds steady. Returns ``folder``."""
     pods: dict[str, list[tuple[float, int]]] = {}
     for name, duty, memory_gib in BUILTIN_TRACE_PODS:
         wobble = (-3.0, 0.0, 2.0, 4.0, 1.0, -2.0)  # deterministic, so every demo plays the same trace
-        pods[name] = [(max(0.0, duty + wobble[i % len(wobble)]), int(memory_gib * GIB)) for i in range(seed_steps)]
+        pods[name] = [(max(0.0, duty + wobble[i % len(wobble)]), int(memory_gib * GIB)) for i in range(steps)]
     return write_usage_trace(folder, pods)
 
 
