@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, load_usage_trace, non_negative_float, positive_float
-from gpupack.demo.rightsizing import MODES
+from gpupack.demo.rightsizing import LIST_KEYS, MODES, text_lines
 from sharing.api.backend import BACKENDS, DEFAULT_BACKEND
 
 
@@ -249,11 +249,15 @@ def run_demo(args: argparse.Namespace) -> int:
         say("")
         width = max(len(k) for k in summary)
         for key, value in summary.items():
+            if sizing is not None and key in LIST_KEYS:
+                continue  # shown below, a line each
             shown = f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))
             say(f"  {key:<{width}}  {shown}")
         for line in rejections[:5]:
             say(f"  rejected: {line}")
         for line in faults.lines() if faults is not None else []:
+            say(line)
+        for line in text_lines(summary) if sizing is not None else []:
             say(line)
     if args.keep:
         from gpupack.devcluster import state as cluster_state

@@ -278,6 +278,22 @@ class Scenario:
         }
 
 
+LIST_KEYS = ("recommendations", "pods_right_sized", "right_size_moves")
+"""Summary keys whose values are lists: the text summary shows them as :func:`text_lines`."""
+
+
+def text_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The list keys of a :meth:`Scenario.summary` as the text summary's lines."""
+    lines = [f"  recommendation: {r['workload']} {r['container']}: {r['gpu_milli']} milli, {r['gpu_memory']}"
+             f"{'' if r['provided'] else ' (not provided yet)'}" for r in summary.get("recommendations", [])]
+    for pod in summary.get("pods_right_sized", []):
+        sizes = ", ".join(f"{c['name']} {c['asked_milli']} -> {c['milli']} milli, {c['memory_gib']} GiB"
+                          for c in pod["containers"])
+        lines.append(f"  right-sized: {pod['pod']} from {pod['recommendation']}: {sizes}")
+    lines += [f"  moved: {m['object']} ({m['reason']}): {m['message']}" for m in summary.get("right_size_moves", [])]
+    return lines
+
+
 def playing_kubelet(pod: Mapping[str, Any]) -> str | None:
     """What the demo, standing in for the kubelet, does to a scenario pod: ``"ready"`` (bound, not yet
     Ready), ``"remove"`` (terminating: its containers would stop at once) or None."""

@@ -9,7 +9,7 @@ import pytest
 
 from gpupack.demo.rightsizing import (
     APP_LABEL, BUILTIN_TRACE_PODS, Scenario, deployment, held_milli, label_value, move_rows, playing_kubelet,
-    recommendation_rows, timings, write_builtin_trace,
+    recommendation_rows, text_lines, timings, write_builtin_trace,
 )
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.api.keys import ALLOCATION_ANNOTATION, MILLI_RESOURCE, RIGHT_SIZED_ANNOTATION
@@ -147,3 +147,15 @@ def test_recreate_needs_a_move_per_workload_and_off_only_the_recommendations() -
     off = Scenario("off", ("svc-a",))
     off.observe(recs, [_pod("svc-a-1", "svc-a")], [])
     assert off.done() and off.summary()["pods_right_sized"] == []
+
+
+def test_the_text_summary_shows_each_listed_item_on_a_line() -> None:
+    s = Scenario("recreate", ("svc-a",))
+    s.observe([_rec("svc-a", 150, "12Gi", True)], [_pod("svc-a-2", "svc-a", milli=150, sized_to=150)],
+              [{"reason": "RolledOutToRightSize", "message": "m", "involvedObject": {"kind": "Deployment",
+                                                                                     "name": "svc-a"}}])
+    assert text_lines(s.summary()) == [
+        "  recommendation: Deployment/svc-a main: 150 milli, 12Gi",
+        "  right-sized: svc-a-2 from deployment-svc-a: main 1000 -> 150 milli, 12.0 GiB",
+        "  moved: Deployment/svc-a (RolledOutToRightSize): m",
+    ]
