@@ -156,7 +156,7 @@ class UsageAggregator:
                 pod.compute_unattributed = compute
                 pod.history = memory_only(pod.history, self.settings)
             if pod.compute_unattributed:
-                pod.history.memory.add(float(use.memory_used_mib * MIB), now_s)
+                pod.history.observe_memory(now_s, use.memory_used_mib * MIB)
             else:
                 assert use.sm_percent is not None
                 pod.history.observe(now_s, use.sm_percent, use.memory_used_mib * MIB)
