@@ -220,10 +220,10 @@ class AgentMetrics:
         limit_bytes: dict[tuple[str, ...], float] = {}
         for row in limits:
             namespace, _, name = row.pod.partition("/")
-            labels = (namespace, name, row.container)
-            counts[labels] = (row.uid, row.hits)
+            series: tuple[str, ...] = (namespace, name, row.container)
+            counts[series] = (row.uid, row.hits)
             if row.limit_bytes is not None:
-                limit_bytes[labels] = float(row.limit_bytes)
+                limit_bytes[series] = float(row.limit_bytes)
         for labels, (uid, _count) in self._hits.items():
             if labels not in counts or counts[labels][0] != uid:
                 self.pod_limit_hits.remove(*labels)  # gone, or another pod of the name: its counter starts anew

@@ -157,8 +157,8 @@ def test_an_mps_clients_memory_and_limit_hit_give_what_the_agents_source_gives()
     agents.pods = kube.pods
     agents.publish("n1", [_record("web-5d8f9-a", 20.0, 10 * GIB, 150)])
     agents.publish("n2", [_memory_record("web-5d8f9-b", 30 * GIB, 150, LimitHits(1, hit_at, 32 * GIB))])
-    RecommenderCycle(agents, ControllerSettings(recommend_min_observed_seconds=3600.0, metrics_port=0),
-                     clock=clock).run()  # type: ignore[arg-type]
+    settings = ControllerSettings(recommend_min_observed_seconds=3600.0, metrics_port=0)
+    RecommenderCycle(agents, settings, clock=clock).run()  # type: ignore[arg-type]
     theirs = agents.objects[("ml", "deployment-web")]["status"]
     assert ours["containers"] == theirs["containers"] and ours["containers"]
     [container] = ours["containers"]
