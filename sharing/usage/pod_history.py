@@ -10,7 +10,8 @@ learned the same way whichever source the recommender reads.
   else, and makes the history memory-only for the pod's life: the duty samples it had are dropped
   (``sharing.usage.compact.memory_only``), later duty samples add their memory alone. The duty
   histogram, sample count and first and last time measure the compute observed; the recommender's
-  minimum history and confidence read them, so memory-only time does not count as observed. A
+  minimum history and confidence read them, so memory-only time does not count as observed (it
+  extends the memory's, ``ContainerHistory.observe_memory``, which the memory margin reads). A
   history with holes where the compute was unknown would understate it; hence the stickiness.
 * **A memory-limit hit** raises the pod's memory as ``Recommender.record_oom`` does (the limit in
   force times the OOM bump), in the pod's own history, which the controller merges into its
@@ -35,7 +36,7 @@ def add_sample(history: ContainerHistory, settings: RecommenderSettings, time_s:
         history = memory_only(history, settings)
         history.oom_floor = floors  # hits already applied stay (memory_only keeps peaks and the count)
     if duty_percent is None or was_memory_only:
-        history.memory.add(float(memory_bytes), time_s)
+        history.observe_memory(time_s, round(memory_bytes))
     else:
         history.observe(time_s, duty_percent, round(memory_bytes))
     return history
