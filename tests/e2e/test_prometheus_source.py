@@ -30,6 +30,8 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,41 +153,64 @@ def _agent_matrices(published: list[tuple[float, Sequence[PodGpuUse]]], start: f
     return duty, memory
 
 
+@dataclass
+class TwoPods:
+    """A running agent on a simulated T4 shared by two pods: a bare pod, ``solo``, and a Deployment's, ``web``."""
+
+    running: RunningAgent
+    sim: SimulatedNvml
+    agent_port: int
+    pods: dict[str, dict[str, Any]]
+    """The pod objects by ``namespace/name``."""
+    pids: dict[str, int]
+    """``solo`` / ``web`` -> its simulated process."""
+
+
+@contextmanager
+def _two_pods(admin: Any, node: str, namespace: str, kubeconfig: Path, tmp_path: Path, metrics: AgentMetrics,
+              mode: str, solo_annotations: dict[str, str] | None = None) -> Iterator[TwoPods]:
+    """The agent serving its ``/metrics`` on a local port, its GPU shared by ``mode``, both pods' processes up."""
+    settings = AgentSettings(node_name=node, simulate="T4:1", state_file=str(tmp_path / "gpus.json"),
+                             emulate_device_plugin=True, poll_seconds=1.0, min_patch_seconds=0.2,
+                             idle_seconds=1.0, retry_seconds=1.0, metrics_port=0)
+    agent_port = _free_port()
+    server, _thread = start_http_server(agent_port, addr="127.0.0.1", registry=metrics.registry)
+    running = RunningAgent(kubeconfig, settings, metrics)
+    try:
+        sim = running.agent.backend
+        assert isinstance(sim, SimulatedNvml)
+        _wait("GPUNode status", lambda: (_gpunode(admin, node).get("status") or {}).get("gpus"))
+        client.CustomObjectsApi(admin).patch_cluster_custom_object(
+            "gpupack.io", "v1alpha1", "gpunodes", node, {"spec": {"sharing": {"mode": mode, "replicas": 4}}})
+        _wait(f"{mode} shares advertised", lambda: _allocatable(admin, node).get(SHARED_RESOURCE) == "4")
+        template_hash = "5d8f7c9b4"
+        _pod(admin, namespace, node, "solo", annotations=solo_annotations)
+        _pod(admin, namespace, node, f"web-{template_hash}-x2k9q",
+             owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"web-{template_hash}",
+                    "uid": str(uuid.uuid4()), "controller": True},
+             labels={"pod-template-hash": template_hash})
+        listed: list[dict[str, Any]] = admin.sanitize_for_serialization(
+            client.CoreV1Api(admin).list_namespaced_pod(namespace).items)
+        pods = {f"{namespace}/{p['metadata']['name']}": p for p in listed}
+        pids = {name.split("/")[1].split("-")[0]: sim_pid(pod["metadata"]["uid"]) for name, pod in pods.items()}
+        _wait("both pods' processes running", lambda: {p.pid for p in sim.processes(0)} >= set(pids.values()))
+        yield TwoPods(running, sim, agent_port, pods, pids)
+    finally:
+        running.stop()
+        server.shutdown()
+
+
 def test_the_prometheus_source_feeds_what_the_agent_measured(
     admin_client: Any, node_name: str, namespace: str, agent_kubeconfig: Callable[[str], Path],
     apply_manifests: Callable[..., list[dict[str, Any]]], prometheus_server: Callable[[int], str], tmp_path: Path,
 ) -> None:
     apply_manifests(POLICY_RBAC)  # the agent reads the SharingPolicies that select its node
     metrics = RecordingMetrics()
-    settings = AgentSettings(node_name=node_name, simulate="T4:1", state_file=str(tmp_path / "gpus.json"),
-                             emulate_device_plugin=True, poll_seconds=1.0, min_patch_seconds=0.2,
-                             idle_seconds=1.0, retry_seconds=1.0, metrics_port=0)
-    agent_port = _free_port()
-    server, _thread = start_http_server(agent_port, addr="127.0.0.1", registry=metrics.registry)
-    running = RunningAgent(agent_kubeconfig(node_name), settings, metrics)
-    try:
-        sim = running.agent.backend
-        assert isinstance(sim, SimulatedNvml)
-        _wait("GPUNode status", lambda: (_gpunode(admin_client, node_name).get("status") or {}).get("gpus"))
-        client.CustomObjectsApi(admin_client).patch_cluster_custom_object(
-            "gpupack.io", "v1alpha1", "gpunodes", node_name,
-            {"spec": {"sharing": {"mode": "time-slicing", "replicas": 4}}})
-        # Time-slicing: under MPS only the MPS server is sampled (as by the real NVML), so no pod's compute is.
-        _wait("time-slicing shares advertised",
-              lambda: _allocatable(admin_client, node_name).get(SHARED_RESOURCE) == "4")
-        template_hash = "5d8f7c9b4"
-        _pod(admin_client, namespace, node_name, "solo")
-        _pod(admin_client, namespace, node_name, f"web-{template_hash}-x2k9q",
-             owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"web-{template_hash}",
-                    "uid": str(uuid.uuid4()), "controller": True},
-             labels={"pod-template-hash": template_hash})
-        listed: list[dict[str, Any]] = admin_client.sanitize_for_serialization(
-            client.CoreV1Api(admin_client).list_namespaced_pod(namespace).items)
-        pods = {f"{namespace}/{p['metadata']['name']}": p for p in listed}
-        pids = {name.split("/")[1].split("-")[0]: sim_pid(pod["metadata"]["uid"]) for name, pod in pods.items()}
-        _wait("both pods' processes running", lambda: {p.pid for p in sim.processes(0)} >= set(pids.values()))
-
-        url = prometheus_server(agent_port)
+    # Time-slicing: under MPS only the MPS server is sampled (as by the real NVML), so no pod's compute is.
+    with _two_pods(admin_client, node_name, namespace, agent_kubeconfig(node_name), tmp_path, metrics,
+                   "time-slicing") as node:
+        sim, pods, pids = node.sim, node.pods, node.pids
+        url = prometheus_server(node.agent_port)
         for who, pid in pids.items():
             sim.set_process_load(0, pid, LOADS[who][0])
         _wait("Prometheus scraped both pods' use", lambda: _scraped(url), 30)
@@ -211,9 +236,6 @@ def test_the_prometheus_source_feeds_what_the_agent_measured(
         for s in samples:
             assert s.duty_percent is not None  # the agent's attributed samples: every one has its duty cycle
             from_agent.observe(s.key, s.time_s, s.duty_percent, s.memory_bytes)
-    finally:
-        running.stop()
-        server.shutdown()
 
     keys = {WorkloadKey(namespace, "Pod", "solo", "main"), WorkloadKey(namespace, "Deployment", "web", "main")}
     assert set(from_prometheus.histories) == set(from_agent.histories) == keys
@@ -242,37 +264,15 @@ def test_an_mps_clients_memory_and_limit_hit_come_through_prometheus_as_from_the
     apply_manifests: Callable[..., list[dict[str, Any]]], prometheus_server: Callable[[int], str], tmp_path: Path,
 ) -> None:
     apply_manifests(POLICY_RBAC)
-    settings = AgentSettings(node_name=node_name, simulate="T4:1", state_file=str(tmp_path / "gpus.json"),
-                             emulate_device_plugin=True, poll_seconds=1.0, min_patch_seconds=0.2,
-                             idle_seconds=1.0, retry_seconds=1.0, metrics_port=0)
-    metrics = AgentMetrics()
-    agent_port = _free_port()
-    server, _thread = start_http_server(agent_port, addr="127.0.0.1", registry=metrics.registry)
-    running = RunningAgent(agent_kubeconfig(node_name), settings, metrics)
-    try:
-        sim = running.agent.backend
-        assert isinstance(sim, SimulatedNvml)
-        _wait("GPUNode status", lambda: (_gpunode(admin_client, node_name).get("status") or {}).get("gpus"))
-        client.CustomObjectsApi(admin_client).patch_cluster_custom_object(
-            "gpupack.io", "v1alpha1", "gpunodes", node_name, {"spec": {"sharing": {"mode": "mps", "replicas": 4}}})
-        _wait("MPS shares advertised", lambda: _allocatable(admin_client, node_name).get(SHARED_RESOURCE) == "4")
-        record = Allocation(mode="mps", gated=False, capacity_existed=True, policy="p", reason="e2e", containers=(
-            ContainerAllocation("main", "containers", 250, MPS_LIMIT_MIB * MIB, SHARED_RESOURCE),))
-        _pod(admin_client, namespace, node_name, "solo", annotations={ALLOCATION_ANNOTATION: record.to_annotation()})
-        template_hash = "5d8f7c9b4"
-        _pod(admin_client, namespace, node_name, f"web-{template_hash}-x2k9q",
-             owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"web-{template_hash}",
-                    "uid": str(uuid.uuid4()), "controller": True},
-             labels={"pod-template-hash": template_hash})
-        listed: list[dict[str, Any]] = admin_client.sanitize_for_serialization(
-            client.CoreV1Api(admin_client).list_namespaced_pod(namespace).items)
-        pods = {f"{namespace}/{p['metadata']['name']}": p for p in listed}
-        pids = {name.split("/")[1].split("-")[0]: sim_pid(pod["metadata"]["uid"]) for name, pod in pods.items()}
-        _wait("both pods' processes running", lambda: {p.pid for p in sim.processes(0)} >= set(pids.values()))
+    record = Allocation(mode="mps", gated=False, capacity_existed=True, policy="p", reason="e2e", containers=(
+        ContainerAllocation("main", "containers", 250, MPS_LIMIT_MIB * MIB, SHARED_RESOURCE),))
+    with _two_pods(admin_client, node_name, namespace, agent_kubeconfig(node_name), tmp_path, AgentMetrics(), "mps",
+                   {ALLOCATION_ANNOTATION: record.to_annotation()}) as node:
+        sim, pods, pids, running = node.sim, node.pods, node.pids, node.running
         for pid in pids.values():
             sim.set_process_load(0, pid, 40.0)  # sampled to the MPS server: no pod's compute is known
 
-        url = prometheus_server(agent_port)
+        url = prometheus_server(node.agent_port)
         _wait("Prometheus scraped both pods' memory and hit counters",
               lambda: _scraped(url, "DCGM_FI_DEV_FB_USED") and _scraped(url, "gpupack_pod_gpu_memory_limit_hits_total"),
               30)
@@ -294,9 +294,6 @@ def test_an_mps_clients_memory_and_limit_hit_come_through_prometheus_as_from_the
         first_read = source.last_counts
         source.feed(from_prometheus, pods, end)
         second_read = source.last_counts
-    finally:
-        running.stop()
-        server.shutdown()
     published = {r.pod: r for r in running.agent.usage.usage().pods}
 
     solo, web = WorkloadKey(namespace, "Pod", "solo", "main"), WorkloadKey(namespace, "Deployment", "web", "main")
