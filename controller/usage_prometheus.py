@@ -2,9 +2,10 @@
 
 For clusters that already scrape per-pod GPU series (gpupack's node agents, or NVIDIA's
 dcgm-exporter): each ``feed`` asks ``/api/v1/query_range`` for the duty cycle and memory of
-every pod since its previous read, one point per the recommender's sample interval, and adds
-each live pod's samples to that pod container's own history (``controller.state.prometheus_usage``
-says which series, and the rules for bad values). The first read goes ``lookback_s`` back.
+every pod (and the agent's mark of a compute not the pod's own, its memory-limit hits and limits)
+since its previous read, one point per the recommender's sample interval, and adds each live
+pod's samples to that pod container's own history (``controller.state.prometheus_usage`` says
+which series, and the rules for bad values). The first read goes ``lookback_s`` back.
 
 The pods' histories go to the bookkeeping both sources share
 (``controller.state.workload_histories``): a pod that is no longer among the live pod objects has
@@ -54,6 +55,7 @@ from controller.state.prometheus_usage import (
     QueryRange,
     ReadCounts,
     Sample,
+    compute_unattributed_query,
     gpu_memory_by_node,
     hits_of,
     limit_queries,
@@ -99,6 +101,7 @@ class PrometheusUsageSource:
         self.lookback_s = lookback_s
         self.timeout_s = timeout_s
         self.duty_query, self.memory_query = usage_queries(selector)
+        self.unattributed_query = compute_unattributed_query(selector)
         self.hits_query, self.limit_query = limit_queries(selector)
         self.next_s: float | None = None
         """Where the next read starts (None: not read yet)."""
@@ -162,6 +165,7 @@ class PrometheusUsageSource:
         try:
             duty = self._query(self.duty_query, window)
             memory = self._query(self.memory_query, window)
+            unattributed = self._query(self.unattributed_query, window)
             counters = self._query(self.hits_query, window)
             limits = self._query(self.limit_query, window)
         except _ReadFailed as failed:
@@ -173,7 +177,7 @@ class PrometheusUsageSource:
         if self._failing is not None:
             log.info("usage from Prometheus: %s answers again", self.url)
             self._failing = None
-        samples, counts = samples_of(duty, memory, pods)
+        samples, counts = samples_of(duty, memory, pods, unattributed)
         if self.read_from_s is None:
             self.read_from_s = window.start
         hits, last, dropped = hits_of(counters, limits, pods, self.hit_counts, self.read_from_s)

@@ -12,9 +12,13 @@ GPU: the queries keep the largest per pod and container (``max by``), the size o
 needs. A use the agent cannot attribute has no duty series, and its memory series is left out
 where the agent says its memory is not the pod's own either (``gpupack_pod_gpu_memory_attributed``
 0): such a pod is never resized. A use whose memory alone is the pod's own (an MPS client: NVML
-gives its SM time to the MPS server) has memory and no duty: a **memory-only** sample (``Sample``
-with ``duty_percent`` None), which the source adds as the agent does
-(``sharing.usage.pod_history.add_sample``: memory peaks, no observed time).
+gives its SM time to the MPS server) has memory, no duty, and the agent's
+``gpupack_pod_gpu_use_attributed`` 0: a **memory-only** sample (``Sample`` with ``duty_percent``
+None), which the source adds as the agent does (``sharing.usage.pod_history.add_sample``: memory
+peaks, no observed time, and the pod's history memory-only from then on). Memory without a duty
+cycle and without that mark is no sample (``unpaired``): a scrape that caught the agent between
+setting one series and the next must not make a pod's compute unknown for its life, and
+dcgm-exporter, which has no such mark, has every pod's duty cycle anyway.
 
 **Memory-limit hits** are the agent's own (no dcgm-exporter series has them; ``node/metrics.py``):
 ``gpupack_pod_gpu_memory_limit_hits_total``, a counter of the hits it counted per pod container,
@@ -34,7 +38,8 @@ Pure: the I/O (HTTP, clock, logging) is ``controller.usage_prometheus``'s. Rules
   what a GPU can report (``absurd``: the trace reader's bounds, ``sharing.usage.trace``'s
   :data:`MAX_DUTY_PERCENT` and :data:`MAX_MEMORY_BYTES`) is dropped, as is the other signal's
   sample at that time (``unpaired``): a duty cycle without memory is nothing, and a dropped duty
-  cycle does not make its memory a memory-only sample (only a time with no duty point does).
+  cycle does not make its memory a memory-only sample (only a time with no duty point that the
+  agent marks does).
 * A hit whose limit is not known at any time of the read is dropped (``hit_without_limit``).
 * A series of a pod that is not among the live pods is skipped (``skipped_series``): it has no
   workload to credit (a pod that went, or one of another controller's namespaces).
@@ -64,6 +69,7 @@ DUTY_METRIC = "DCGM_FI_DEV_GPU_UTIL"
 ENGINE_ACTIVE_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 MEMORY_METRIC = "DCGM_FI_DEV_FB_USED"
 MEMORY_ATTRIBUTED_METRIC = "gpupack_pod_gpu_memory_attributed"
+ATTRIBUTED_METRIC = "gpupack_pod_gpu_use_attributed"
 LIMIT_HITS_METRIC = "gpupack_pod_gpu_memory_limit_hits_total"
 LIMIT_BYTES_METRIC = "gpupack_pod_gpu_memory_limit_bytes"
 DEVICE_LABELS = ("UUID", "GPU_I_ID")
@@ -93,6 +99,12 @@ def usage_queries(selector: str = "") -> tuple[str, str]:
     same = f"on ({', '.join((*SERIES_LABELS, *DEVICE_LABELS))})"
     memory = f"{by} ({MEMORY_METRIC}{{{matchers}}} unless {same} ({MEMORY_ATTRIBUTED_METRIC}{{{matchers}}} == 0))"
     return duty, memory
+
+
+def compute_unattributed_query(selector: str = "") -> str:
+    """The PromQL of the times a pod's compute is not its own, by the agent's mark (module docstring);
+    ``selector`` as for :func:`usage_queries`."""
+    return f"max by ({', '.join(SERIES_LABELS)}) ({ATTRIBUTED_METRIC}{{{_matchers(selector)}}} == 0)"
 
 
 def limit_queries(selector: str = "") -> tuple[str, str]:
@@ -209,13 +221,17 @@ class ReadCounts:
     """Of ``samples``, those without a duty cycle."""
     skipped_series: int = 0
     dropped: Mapping[str, int] = field(default_factory=dict)
-    """Values dropped by reason: ``nan``, ``negative``, ``absurd``, ``unpaired``, ``before_pod``."""
+    """Values dropped by reason: ``nan``, ``negative``, ``absurd``, ``unpaired``, ``before_pod``,
+    ``hit_without_limit``."""
     hits: int = 0
     """New memory-limit hits (:func:`hits_of`)."""
 
 
-def samples_of(duty: Matrix, memory: Matrix, pods: Mapping[str, Mapping[str, Any]]) -> tuple[list[Sample], ReadCounts]:
-    """The samples of the live ``pods`` (by ``namespace/name``) in two answers, in time order per series."""
+def samples_of(duty: Matrix, memory: Matrix, pods: Mapping[str, Mapping[str, Any]],
+               compute_unattributed: Matrix | None = None) -> tuple[list[Sample], ReadCounts]:
+    """The samples of the live ``pods`` (by ``namespace/name``) in the answers, in time order per series;
+    ``compute_unattributed``: the times the agent marks a pod's compute as not its own (memory-only samples)."""
+    marked = compute_unattributed or {}
     found: list[Sample] = []
     dropped: Counter[str] = Counter()
     skipped = 0
@@ -233,7 +249,7 @@ def samples_of(duty: Matrix, memory: Matrix, pods: Mapping[str, Mapping[str, Any
                 continue
             d = _checked(duties.get(time_s), MAX_DUTY_PERCENT, dropped)
             m = _checked(None if (v := memories.get(time_s)) is None else v * MIB, float(MAX_MEMORY_BYTES), dropped)
-            if m is None or (d is None and time_s in duties):
+            if m is None or (d is None and (time_s in duties or time_s not in marked.get(series, {}))):
                 dropped["unpaired"] += (d is None) != (m is None)
                 continue
             found.append(Sample(key, time_s, d, round(m), f"{series[0]}/{series[1]}", uid))
@@ -337,7 +353,8 @@ def _checked(value: float | None, limit: float, dropped: Counter[str]) -> float 
     return value
 
 
-__all__ = ["DUTY_METRIC", "ENGINE_ACTIVE_METRIC", "Hit", "HitCounts", "LIMIT_BYTES_METRIC", "LIMIT_HITS_METRIC",
+__all__ = ["ATTRIBUTED_METRIC", "DUTY_METRIC", "ENGINE_ACTIVE_METRIC", "Hit", "HitCounts", "LIMIT_BYTES_METRIC", "LIMIT_HITS_METRIC",
            "MEMORY_ATTRIBUTED_METRIC", "MEMORY_METRIC", "MAX_POINTS", "Matrix", "PrometheusAnswerError", "QueryRange",
-           "ReadCounts", "SERIES_LABELS", "Sample", "SeriesKey", "gpu_memory_by_node", "hits_of", "limit_queries",
+           "ReadCounts", "SERIES_LABELS", "Sample", "SeriesKey", "compute_unattributed_query", "gpu_memory_by_node",
+           "hits_of", "limit_queries",
            "parse_matrix", "range_to_read", "samples_of", "usage_queries"]

@@ -11,6 +11,7 @@ from controller.state.prometheus_usage import (
     MAX_POINTS,
     Hit,
     PrometheusAnswerError,
+    compute_unattributed_query,
     hits_of,
     limit_queries,
     parse_matrix,
@@ -51,6 +52,11 @@ def test_queries_read_the_agents_and_dcgm_exporters_names_per_pod() -> None:
     duty, memory = usage_queries(' job="gpupack-node-agent", ')
     assert 'DCGM_FI_DEV_FB_USED{pod!="",job="gpupack-node-agent"}' in memory
     assert duty.count('job="gpupack-node-agent"') == 2 and memory.count('job="gpupack-node-agent"') == 2
+
+
+def test_the_compute_unattributed_query_reads_the_agents_mark() -> None:
+    assert compute_unattributed_query('job="a"') == (
+        'max by (namespace, pod, container) (gpupack_pod_gpu_use_attributed{pod!="",job="a"} == 0)')
 
 
 def test_limit_queries_read_the_agents_hit_counter_and_limit_raw() -> None:
@@ -130,21 +136,24 @@ def test_bad_values_are_dropped_with_their_pair_and_counted() -> None:
     duty = parse_matrix(answer((labels("a"), [[1, "NaN"], [2, "-1"], [3, "100.5"], [4, "10"], [5, "10"]])))
     memory = parse_matrix(answer((labels("a"), [*times[:3], [4, "-5"], [5, str(MAX_MEMORY_BYTES / MIB + 1)],
                                                 [6, "10"]])))
-    samples, counts = samples_of(duty, memory, {"ml/a": pod("a")})
-    # A dropped duty cycle does not make its memory a memory-only sample; a time without a duty point does.
+    marked = parse_matrix(answer((labels("a"), [[t, "0"] for t in range(1, 7)])))
+    samples, counts = samples_of(duty, memory, {"ml/a": pod("a")}, marked)
+    # A dropped duty cycle does not make its memory a memory-only sample; a marked time without a duty point does.
     assert [(s.time_s, s.duty_percent) for s in samples] == [(6.0, None)]
     assert dict(counts.dropped) == {"nan": 1, "negative": 2, "absurd": 2, "unpaired": 5}
 
 
-def test_memory_without_a_duty_cycle_is_a_memory_only_sample() -> None:
-    """An MPS client: the agent exports its memory (attributed) and no duty cycle."""
+def test_memory_without_a_duty_cycle_where_the_agent_marks_the_compute_is_a_memory_only_sample() -> None:
+    """An MPS client: the agent exports its memory (attributed), no duty cycle, and use_attributed 0."""
     duty = parse_matrix(answer((labels("a"), [[1, "20"]])))
-    memory = parse_matrix(answer((labels("a"), [[1, "100"], [2, "300"]])))
-    samples, counts = samples_of(duty, memory, {"ml/a": pod("a")})
+    memory = parse_matrix(answer((labels("a"), [[1, "100"], [2, "300"], [3, "200"]])))
+    marked = parse_matrix(answer((labels("a"), [[2, "0"]])))
+    samples, counts = samples_of(duty, memory, {"ml/a": pod("a")}, marked)
     key = WorkloadKey("ml", "Pod", "a", "c")
+    # 3 s: memory without duty and without the mark (a scrape between two series' updates): nothing.
     assert [(s.key, s.time_s, s.duty_percent, s.memory_bytes) for s in samples] == [
         (key, 1.0, 20.0, 100 * MIB), (key, 2.0, None, 300 * MIB)]
-    assert (counts.samples, counts.memory_only, dict(counts.dropped)) == (2, 1, {})
+    assert (counts.samples, counts.memory_only, dict(counts.dropped)) == (2, 1, {"unpaired": 1})
     samples, counts = samples_of(parse_matrix(answer((labels("a"), [[3, "20"]]))), {}, {"ml/a": pod("a")})
     assert samples == [] and counts.dropped == {"unpaired": 1}  # a duty cycle without memory is nothing
 

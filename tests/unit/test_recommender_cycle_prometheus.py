@@ -73,11 +73,15 @@ class FakePrometheus:
                     out.setdefault(key, {})[t] = float(len(seen) if "limit_hits" in query else
                                                        seen[-1] if seen else hits[0][1])
             return out
-        memory = "FB_USED" in query
+        memory, unattributed = "FB_USED" in query, "use_attributed" in query
         for key, points in self.samples.items():
             for t in times:
                 latest = max((at for at in points if t - STALE_S < at <= t), default=None)
-                value = None if latest is None else points[latest][1 if memory else 0]
+                if latest is None:
+                    continue
+                duty, mib = points[latest]
+                # The agent's mark where the compute is not the pod's own (use_attributed 0).
+                value = (0.0 if duty is None else None) if unattributed else mib if memory else duty
                 if value is not None:
                     out.setdefault(key, {})[t] = value
         return out

@@ -72,15 +72,15 @@ PODS = {"ml/a": pod("a")}
 
 
 def test_it_asks_query_range_since_its_last_read_and_feeds_the_live_pods(prometheus: CannedPrometheus) -> None:
-    prometheus.answer_json(DUTY, MEMORY, HITS, LIMITS, answer())
+    prometheus.answer_json(DUTY, MEMORY, answer(), HITS, LIMITS, answer())
     source = PrometheusUsageSource(prometheus.url + "/", selector='job="agents"', lookback_s=20.0)
     rec = recommender()
     source.feed(rec, PODS, 115.0)
-    first, second, hits, limits = prometheus.requests
-    assert first["path"] == second["path"] == hits["path"] == limits["path"] == QUERY_RANGE_PATH
+    first, second, unattributed, hits, limits = prometheus.requests
+    assert {r["path"] for r in prometheus.requests} == {QUERY_RANGE_PATH}
     assert (float(first["start"]), float(first["end"]), float(first["step"])) == (100.0, 115.0, 10.0)
     assert "DCGM_FI_DEV_GPU_UTIL" in first["query"] and 'job="agents"' in first["query"]
-    assert "DCGM_FI_DEV_FB_USED" in second["query"]
+    assert "DCGM_FI_DEV_FB_USED" in second["query"] and "gpupack_pod_gpu_use_attributed" in unattributed["query"]
     assert "gpupack_pod_gpu_memory_limit_hits_total" in hits["query"] and 'job="agents"' in hits["query"]
     assert "gpupack_pod_gpu_memory_limit_bytes" in limits["query"]
     history = rec.histories[WorkloadKey("ml", "Pod", "a", "c")]
@@ -94,10 +94,10 @@ def test_it_asks_query_range_since_its_last_read_and_feeds_the_live_pods(prometh
     assert list(rec.histories) == [WorkloadKey("ml", "Pod", "a", "c")]  # "other" is no live pod
     assert source.last_counts.skipped_series == 1
     source.feed(rec, PODS, 131.0)
-    assert float(prometheus.requests[4]["start"]) == 120.0  # no time read twice
+    assert float(prometheus.requests[5]["start"]) == 120.0  # no time read twice
     assert rec.histories[WorkloadKey("ml", "Pod", "a", "c")].ooms == 1  # a hit is counted once
     source.feed(rec, PODS, 135.0)
-    assert len(prometheus.requests) == 8  # no step since: nothing asked
+    assert len(prometheus.requests) == 10  # no step since: nothing asked
 
 
 @pytest.mark.parametrize(("status", "body", "logged"), [
