@@ -77,6 +77,9 @@ def register(subparsers: Any) -> None:
                         "(VPA's way, the default)")
     p.add_argument("--max-drains", type=int, default=1, metavar="N",
                    help="GPUs one hourly consolidation may empty (default 1)")
+    p.add_argument("--shared-compute-observed", action="store_true",
+                   help="observe the compute of pods on shares too; the product cannot (under MPS NVML gives "
+                        "clients' SM samples to the MPS server), so by default only their memory is observed")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -121,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-drains must not be negative, got {args.max_drains}")
     policy = RightSizing(mode=args.mode, compute_overcommit=args.compute_overcommit,
                          recommender=recommender_settings(args), max_drains=args.max_drains,
-                         duty_quantile=args.duty_quantile)
+                         duty_quantile=args.duty_quantile, shared_compute_observed=args.shared_compute_observed)
     result = run_usage(trace, args.gpu, policy, workloads)
     counts = {"duty": dataclasses.asdict(trace.duty), "memory": dataclasses.asdict(trace.memory),
               "left_out": list(trace.left_out), "step_s": trace.step_s}

@@ -289,6 +289,7 @@ class Agent:
         attributed = attribute(poll)
         self.metrics.observe_pod_usage(attributed)
         self.usage.observe(attributed, {u.key: u.uid for u in uses}, snapshot, allocated_memory(pods), now)
+        self.metrics.observe_pod_limits(self.usage.limits())
         self._publish_usage(now)
 
     def _publish_usage(self, now: float) -> None:

@@ -8,7 +8,11 @@ its workload is its own unless the run maps pods to workloads. At every step (th
    workload has a recommendation asks for the recommended size instead (the webhook's part).
 3. Every live pod's use is observed by the recommender (``sharing.usage.recommender``). Memory
    above the pod's limit is an OOM: recorded (it raises the recommendation at once), and the
-   pod is observed at its limit, all it could hold.
+   pod is observed at its limit, all it could hold. A pod on a share (less than a whole GPU) is
+   an MPS client, whose compute the node agent cannot read (NVML gives its SM samples to the
+   MPS server, benchmarks/nvml_usage_check.md): only its memory is observed, as the agent
+   publishes it, unless the run says shared compute is observed (what per-client attribution
+   would give).
 4. In ``recreate`` mode the updater (``sharing.usage.updater``) picks pods far from their
    recommendation; each move is make-before-break: the replacement is seated at its new size
    while the old pod still holds its share, then the old share is freed. Every
@@ -62,6 +66,9 @@ class RightSizing:
     duty_quantile: float | None = None
     """Admit a share while the GPU's predicted duty sum stays at most 100 % at this quantile
     (``sharing.packing.duty_sum``; with ``compute_overcommit`` above 1); None: caps only."""
+    shared_compute_observed: bool = False
+    """Observe the compute of pods on shares too. The product cannot (MPS: module docstring, step 3);
+    True measures what it would give."""
 
 
 def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
@@ -121,7 +128,10 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             if used > limit:
                 recommender.record_oom(owners[name], now, limit)
                 killed.add(name)
-            recommender.observe(owners[name], now, pod.duty_percent[step - pod.first_step], min(used, limit))
+            if policy.shared_compute_observed or cluster.seats[name][1].milli >= MAX_MILLI:
+                recommender.observe(owners[name], now, pod.duty_percent[step - pod.first_step], min(used, limit))
+            else:
+                recommender.observe_memory(owners[name], now, min(used, limit))
         if policy.mode == "recreate":
             horizon = now - policy.updater.interval_s
             recent = {key: sum(1 for t in times if t > horizon) for key, times in moves.items()}
