@@ -28,13 +28,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gpupack.testing.usage_traces import GIB, write_usage_trace
 from sharing.api.allocation import Allocation, AllocationError
 from sharing.api.keys import (
     ALLOCATION_ANNOTATION, MEMORY_RESOURCE, MILLI_RESOURCE, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL, SHARING_ANNOTATION,
 )
 from sharing.api.recommendation import RecommendationError, read_recommendation
 from sharing.api.right_sized import RightSizedError, RightSizedFrom
+from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
+from sharing.usage.trace_text import trace_texts
+
+GIB = 2**30
 
 MODES = ("off", "initial", "recreate")
 """``--right-sizing`` choices; the namespace label's value is the capitalised one (``Initial``)."""
@@ -100,7 +103,11 @@ def write_builtin_trace(folder: Path, steps: int = TRACE_STEPS) -> Path:
     for name, duty, memory_gib in BUILTIN_TRACE_PODS:
         wobble = (-3.0, 0.0, 2.0, 4.0, 1.0, -2.0)  # deterministic, so every demo plays the same trace
         pods[name] = [(max(0.0, duty + wobble[i % len(wobble)]), int(memory_gib * GIB)) for i in range(steps)]
-    return write_usage_trace(folder, pods)
+    folder.mkdir(parents=True, exist_ok=True)
+    duty_text, memory_text = trace_texts(pods)
+    (folder / DUTY_FILE).write_text(duty_text, encoding="utf-8")
+    (folder / MEMORY_FILE).write_text(memory_text, encoding="utf-8")
+    return folder
 
 
 def deployment(name: str, namespace: str) -> dict[str, Any]:
