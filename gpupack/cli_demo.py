@@ -193,7 +193,8 @@ def run_demo(args: argparse.Namespace) -> int:
             pass  # the right-sizing scenario is not over: keep going
         elif not queue and waiting == 0 and not finish_at:
             break
-        if not queue and waiting == 0 and now_m > args.submit_seconds + 12 and (sizing is None or sizing.scenario.done()):
+        settled = sizing is None or sizing.scenario.done()
+        if not queue and waiting == 0 and now_m > args.submit_seconds + 12 and settled:
             break  # remaining lifetimes run on; the stream itself is done
         if time.monotonic() > deadline:
             break

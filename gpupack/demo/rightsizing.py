@@ -30,7 +30,8 @@ from typing import Any
 
 from sharing.api.allocation import Allocation, AllocationError
 from sharing.api.keys import (
-    ALLOCATION_ANNOTATION, MEMORY_RESOURCE, MILLI_RESOURCE, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL, SHARING_ANNOTATION,
+    ALLOCATION_ANNOTATION, MEMORY_RESOURCE, MILLI_RESOURCE, RIGHT_SIZED_ANNOTATION, RIGHT_SIZING_LABEL,
+    SHARING_ANNOTATION,
 )
 from sharing.api.recommendation import RecommendationError, read_recommendation
 from sharing.api.right_sized import RightSizedError, RightSizedFrom

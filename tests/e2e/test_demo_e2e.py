@@ -104,3 +104,9 @@ def test_demo_shows_right_sizing_by_recreate(control_plane: Any) -> None:
     assert all(m["reason"] == "RolledOutToRightSize" for m in summary["right_size_moves"])
     assert summary["right_sizing_gpus_before"] == 3.0 > summary["right_sizing_gpus_after"] > 0.0
     assert "right-sizing Recreate:" in run.stderr  # the progress lines show it
+
+
+def test_demo_right_sizing_runs_on_its_own() -> None:
+    run = subprocess.run([sys.executable, "-m", "gpupack", "demo", "--right-sizing", "initial", "--fault"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--right-sizing runs on its own" in run.stderr
