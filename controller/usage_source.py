@@ -39,6 +39,7 @@ from sharing.api.fields import as_map
 from sharing.api.workload import WorkloadRef, workload_of
 from controller.state.workload_histories import GonePart, PodHistory, PodKey, WorkloadHistories
 from sharing.usage.compact import decode
+from sharing.usage.pod_history import record_hit
 from sharing.usage.recommender import ContainerHistory, Recommender, RecommenderSettings, WorkloadKey
 
 log = logging.getLogger("gpupack.controller")
@@ -66,11 +67,8 @@ def with_hits(record: PodUsage, settings: RecommenderSettings) -> ContainerHisto
     """The record's history, its last memory-limit hit raising the memory as ``Recommender.record_oom`` does."""
     history, hits = decode(record, settings)
     if hits.count and hits.last_s is not None and hits.last_limit_bytes is not None:
-        scratch = Recommender(settings)
-        key = WorkloadKey("", "", "", record.container)
-        scratch.histories[key] = history
-        scratch.record_oom(key, hits.last_s, hits.last_limit_bytes)
-        history.ooms = hits.count  # record_oom counted the last hit once more
+        record_hit(history, settings, hits.last_s, hits.last_limit_bytes)
+        history.ooms = hits.count  # record_hit counted the last hit once more
     return history
 
 

@@ -19,6 +19,11 @@ on the device gpupack's engine chose, and the summary adds ``claims_allocated``
 trace (``--usage-time-scale`` times faster); each progress line then shows the pods'
 use as the agents export it, and the summary adds ``pods_with_use``,
 ``pods_use_measured``, ``pod_gpu_util_mean_pct`` and ``pod_gpu_memory_gib``.
+``--right-sizing off|initial|recreate`` adds the right-sizer (``gpupack.demo.rightsizing``): Deployments
+of one replica ask a whole GPU each while the trace (the built-in one without ``--usage-trace``) uses a
+fraction of it; the namespace is labelled with the mode, and the progress lines and the summary add the
+``GPURecommendation``\ s, the pods right-sized at admission and, with ``recreate``, the controller's moves
+and the GPUs those workloads hold before and after.
 
 Exit codes: 0 = every admitted pod was scheduled, 1 = some were not (or the
 stack did not start), 2 = bad input.
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, load_usage_trace, non_negative_float, positive_float
+from gpupack.demo.rightsizing import LIST_KEYS, MODES, text_lines
 from sharing.api.backend import BACKENDS, DEFAULT_BACKEND
 
 
@@ -70,6 +76,8 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.fault and args.backend == "dra":
         raise UsageError("--fault runs on the device-plugin backend only (its scenario checks what the device "
                          "plugin withdraws); drop --fault or --backend dra")
+    if args.right_sizing is not None and (args.fault or args.backend == "dra"):
+        raise UsageError("--right-sizing runs on its own on the device-plugin backend; drop --fault and --backend dra")
     say = _say(args.json)
     began = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="gpupack-demo-"))
@@ -79,6 +87,20 @@ def run_demo(args: argparse.Namespace) -> int:
     if args.usage_trace is not None:
         load_usage_trace(args.usage_trace)  # a bad trace is refused before anything starts
         stack.usage_trace, stack.usage_time_scale = args.usage_trace.resolve(), args.usage_time_scale
+    waits = 0.0
+    if args.right_sizing is not None:
+        from gpupack.demo.rightsizing import timings, write_builtin_trace
+
+        if stack.usage_trace is None:
+            stack.usage_trace = write_builtin_trace(workdir / "builtin-usage-trace")
+            stack.usage_time_scale = args.usage_time_scale
+        periods = timings(stack.usage_time_scale)
+        stack.controller_manager = True  # the Deployments' ReplicaSets and their pods
+        stack.agent_args, stack.controller_args = periods.agent_args(), periods.controller_args()
+        waits = periods.min_observed_s  # the recommendations need that much history before anything is sized
+        from gpupack.demo.rightsizing_live import add_nodes
+
+        add_nodes(stack)
     if args.keep:
         from gpupack.devcluster import state as cluster_state
 
@@ -94,6 +116,13 @@ def run_demo(args: argparse.Namespace) -> int:
         stack.stop()
         return EXIT_NO
     core = client.CoreV1Api(stack.admin)
+    sizing = None
+    if args.right_sizing is not None:
+        from gpupack.demo.rightsizing_live import LiveScenario
+        from gpupack.demo.stack import REPO
+
+        sizing = LiveScenario(stack.admin, DEMO_NAMESPACE, args.right_sizing, say)
+        sizing.setup(REPO)
     pods = stream(args.pods, args.submit_seconds, seed=args.seed)
     tracker = progress.Tracker()
     claims = progress.ClaimCounter() if args.backend == "dra" else None
@@ -101,7 +130,7 @@ def run_demo(args: argparse.Namespace) -> int:
     rejections: list[str] = []
     finish_at: dict[str, float] = {}
     t0 = time.monotonic()
-    deadline = t0 + args.submit_seconds + args.timeout
+    deadline = t0 + args.submit_seconds + args.timeout + waits
     next_print = 0.0
     queue = list(pods)
     faults = None
@@ -134,6 +163,8 @@ def run_demo(args: argparse.Namespace) -> int:
         if faults is not None:
             faults.bindings(live)
             faults.step(now_m, gpunodes, nodes, tracker.scheduled_at)
+        if sizing is not None:
+            sizing.step()
         for name, life in list(finish_at.items()):
             at = tracker.scheduled_at.get(name)
             if at is not None and (datetime.now(timezone.utc) - at).total_seconds() >= life:
@@ -152,13 +183,18 @@ def run_demo(args: argparse.Namespace) -> int:
                     say(line)
             if stack.agent_metrics_ports:
                 say("        " + _pod_use(stack.agent_metrics_ports.values()).line())
+            if sizing is not None:
+                say("        " + sizing.scenario.line())
             next_print = now_m + args.interval
         waiting = c["gated"] + c["pending"]
         if faults is not None and faults.busy():
             pass  # the fault scenario is not over: keep going
+        elif sizing is not None and not sizing.scenario.done():
+            pass  # the right-sizing scenario is not over: keep going
         elif not queue and waiting == 0 and not finish_at:
             break
-        if not queue and waiting == 0 and now_m > args.submit_seconds + 12:
+        settled = sizing is None or sizing.scenario.done()
+        if not queue and waiting == 0 and now_m > args.submit_seconds + 12 and settled:
             break  # remaining lifetimes run on; the stream itself is done
         if time.monotonic() > deadline:
             break
@@ -194,11 +230,16 @@ def run_demo(args: argparse.Namespace) -> int:
         summary.update({"pods_with_use": use.pods, "pods_use_measured": use.measured,
                         "pod_gpu_util_mean_pct": _round(use.mean_util_percent),
                         "pod_gpu_memory_gib": round(use.memory_gib, 1)})
+    if sizing is not None:
+        sizing.step()
+        summary.update(sizing.scenario.summary())
     ok = summary["pods_unscheduled"] == 0
     if faults is not None:
         summary.update(faults.summary())
         ok = ok and not faults.busy() and summary["pods_placed_on_unhealthy"] == 0 \
             and summary["in_use_instances_destroyed"] == 0
+    if sizing is not None:
+        ok = ok and sizing.scenario.done()
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -209,11 +250,15 @@ def run_demo(args: argparse.Namespace) -> int:
         say("")
         width = max(len(k) for k in summary)
         for key, value in summary.items():
+            if sizing is not None and key in LIST_KEYS:
+                continue  # shown below, a line each
             shown = f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))
             say(f"  {key:<{width}}  {shown}")
         for line in rejections[:5]:
             say(f"  rejected: {line}")
         for line in faults.lines() if faults is not None else []:
+            say(line)
+        for line in text_lines(summary) if sizing is not None else []:
             say(line)
     if args.keep:
         from gpupack.devcluster import state as cluster_state
@@ -277,4 +322,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                         "from the agents' per-pod metrics")
     p.add_argument("--usage-time-scale", type=positive_float, default=60.0, metavar="F",
                    help="with --usage-trace: trace seconds played per second (default 60)")
+    p.add_argument("--right-sizing", choices=MODES, default=None, metavar="MODE",
+                   help="show the GPU right-sizer (docs/right-sizing.md): three Deployments of one replica ask a "
+                        "whole GPU each (gpupack.io/gpu-milli: 1000) and use a fraction of it; the namespace is "
+                        "labelled gpupack.io/right-sizing=MODE: off (recommend only), initial (size new pods: the "
+                        "demo restarts each pod once its recommendation is provided) or recreate (the controller "
+                        "moves the pods itself; the optional grant is installed). The recommender needs an hour of "
+                        "trace time (3600 / --usage-time-scale seconds). Without --usage-trace a small built-in "
+                        "trace plays. The progress lines and the summary add the GPURecommendations, the "
+                        "right-sized pods, the moves and the GPUs the Deployments hold before and after")
     p.set_defaults(handler=_handler)

@@ -78,6 +78,9 @@ def register(subparsers: Any) -> None:
                         "(VPA's way, the default)")
     p.add_argument("--max-drains", type=int, default=1, metavar="N",
                    help="GPUs one hourly consolidation may empty (default 1)")
+    p.add_argument("--shared-compute-observed", action="store_true",
+                   help="observe the compute of pods on shares too; the product cannot (under MPS NVML gives "
+                        "clients' SM samples to the MPS server), so by default only their memory is observed")
     p.add_argument("--backend", choices=BACKENDS, default="dra",
                    help="whose shares: the DRA pool's exact shares (dra, the default) or the device plugin's equal "
                         "replicas, a GPU split for the first pod it takes and no consolidation (device-plugin, what "
@@ -131,8 +134,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--publish-seconds must be above 0 and at most a day, got {args.publish_seconds:g}")
     policy = RightSizing(mode=args.mode, compute_overcommit=args.compute_overcommit,
                          recommender=recommender_settings(args), max_drains=args.max_drains,
-                         duty_quantile=args.duty_quantile, backend=args.backend,
-                         publish_every_s=args.publish_seconds)
+                         duty_quantile=args.duty_quantile, shared_compute_observed=args.shared_compute_observed,
+                         backend=args.backend, publish_every_s=args.publish_seconds)
     result = run_usage(trace, args.gpu, policy, workloads)
     counts = {"duty": dataclasses.asdict(trace.duty), "memory": dataclasses.asdict(trace.memory),
               "left_out": list(trace.left_out), "step_s": trace.step_s}

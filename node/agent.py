@@ -291,6 +291,7 @@ class Agent:
         self.metrics.observe_pod_usage(attributed)
         self.usage.observe(attributed, {u.key: u.uid for u in uses}, snapshot, allocated_memory(pods),
                            self._usage_time(now))
+        self.metrics.observe_pod_limits(self.usage.limits())
         self._publish_usage(now)
 
     def _usage_time(self, now: float) -> float:

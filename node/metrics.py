@@ -20,6 +20,14 @@ share of a shared GPU, not the whole device's. A use that cannot be attributed h
 utilisation series; ``gpupack_pod_gpu_use_attributed`` says which are, and
 ``gpupack_pod_gpu_memory_attributed`` whether the memory alone is (an MPS client's is, its compute
 is not: docs/node-agent.md, "Per-pod GPU use"). Series of pods that went are removed.
+
+Per-pod memory limits (``observe_pod_limits``, fed each poll with
+``node.usage.publication.UsageAggregator.limits``; dcgm-exporter has no such quantity, hence
+``gpupack_`` names), labelled ``namespace``, ``pod``, ``container`` only (a limit is the pod
+container's, whichever GPU): ``gpupack_pod_gpu_memory_limit_hits_total``, the memory-limit hits
+the agent counted (one per episode, ``node.usage.publication``), and
+``gpupack_pod_gpu_memory_limit_bytes``, the limit in force. The controller's Prometheus source
+reads both (``controller.state.prometheus_usage``).
 """
 
 from __future__ import annotations
@@ -32,9 +40,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from node.health.tracker import HealthReport
 from node.base.snapshot import NodeSnapshot
 from node.usage.attribution import PodGpuUse
+from node.usage.publication import PodLimit
 
 POD_LABELS = ["gpu", "UUID", "GPU_I_ID", "namespace", "pod", "container"]
 """dcgm-exporter's labels of a pod's series (the node comes from the scrape, as for every series here)."""
+LIMIT_LABELS = ["namespace", "pod", "container"]
+"""Labels of a pod container's memory-limit series."""
 
 XID_KINDS = ("application", "unhealthy", "unknown")
 """``kind`` of ``gpupack_gpu_xid_errors_total``: the application's fault (device stays healthy), an XID
@@ -112,6 +123,16 @@ class AgentMetrics:
                  "measured (its peaks and limit hits are learned even when its compute is not, as for an MPS "
                  "client), 0 if not."),
             ))
+        self.pod_limit_hits = Counter(
+            "gpupack_pod_gpu_memory_limit_hits",
+            "GPU memory-limit hits of the pod container this agent counted: samples at 98 % or more of its "
+            "limit after one below (one per episode; an OOM seen from outside).", LIMIT_LABELS, registry=r)
+        self.pod_limit_bytes = Gauge(
+            "gpupack_pod_gpu_memory_limit_bytes",
+            "GPU memory limit in force of the pod container: its MIG instance's, its allocation's on a shared "
+            "GPU, else the GPU's.", LIMIT_LABELS, registry=r)
+        self._hits: dict[tuple[str, ...], tuple[str, int]] = {}
+        """Labels of each hit counter -> (its pod's uid, the count it holds)."""
         self._series: dict[Gauge, set[tuple[str, ...]]] = {}
         """Label values set per gauge kept by ``_sync`` (health, per-pod use), so series that went can be removed."""
         self._gpu_uuids: dict[int, str] = {}
@@ -191,6 +212,27 @@ class AgentMetrics:
         self._sync(self.pod_fb_used, memory)
         self._sync(self.pod_attributed, attributed)
         self._sync(self.pod_memory_attributed, memory_attributed)
+
+    def observe_pod_limits(self, limits: Sequence[PodLimit]) -> None:
+        """Each pod container's memory limit and hit counter (module docstring); those of pods that went
+        removed. A counter is set up at 0 with its pod, so its first hit is an increase Prometheus sees."""
+        counts: dict[tuple[str, ...], tuple[str, int]] = {}
+        limit_bytes: dict[tuple[str, ...], float] = {}
+        for row in limits:
+            namespace, _, name = row.pod.partition("/")
+            series: tuple[str, ...] = (namespace, name, row.container)
+            counts[series] = (row.uid, row.hits)
+            if row.limit_bytes is not None:
+                limit_bytes[series] = float(row.limit_bytes)
+        for labels, (uid, _count) in self._hits.items():
+            if labels not in counts or counts[labels][0] != uid:
+                self.pod_limit_hits.remove(*labels)  # gone, or another pod of the name: its counter starts anew
+        for labels, (uid, count) in counts.items():
+            before = self._hits.get(labels)
+            counted = before[1] if before is not None and before[0] == uid else 0
+            self.pod_limit_hits.labels(*labels).inc(max(0, count - counted))
+        self._hits = counts
+        self._sync(self.pod_limit_bytes, limit_bytes)
 
     def _sync(self, gauge: Gauge, wanted: Mapping[tuple[str, ...], float]) -> None:
         for labels in self._series.get(gauge, set()) - set(wanted):

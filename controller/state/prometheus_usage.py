@@ -9,8 +9,24 @@ NVIDIA's dcgm-exporter names (``node/metrics.py``; docs/node-agent.md, "Per-pod 
 
 each labelled ``namespace``, ``pod`` and ``container``. A pod with several GPUs has a series per
 GPU: the queries keep the largest per pod and container (``max by``), the size one share of it
-needs. A use the agent cannot attribute has a memory series but no duty series, so it yields no
-sample here: a pod whose use cannot be attributed is never resized.
+needs. A use the agent cannot attribute has no duty series, and its memory series is left out
+where the agent says its memory is not the pod's own either (``gpupack_pod_gpu_memory_attributed``
+0): such a pod is never resized. A use whose memory alone is the pod's own (an MPS client: NVML
+gives its SM time to the MPS server) has memory, no duty, and the agent's
+``gpupack_pod_gpu_use_attributed`` 0: a **memory-only** sample (``Sample`` with ``duty_percent``
+None), which the source adds as the agent does (``sharing.usage.pod_history.add_sample``: memory
+peaks, no observed time, and the pod's history memory-only from then on). Memory without a duty
+cycle and without that mark is no sample (``unpaired``): a scrape that caught the agent between
+setting one series and the next must not make a pod's compute unknown for its life, and
+dcgm-exporter, which has no such mark, has every pod's duty cycle anyway.
+
+**Memory-limit hits** are the agent's own (no dcgm-exporter series has them; ``node/metrics.py``):
+``gpupack_pod_gpu_memory_limit_hits_total``, a counter of the hits it counted per pod container,
+and ``gpupack_pod_gpu_memory_limit_bytes``, the limit in force. :func:`hits_of` turns the
+counter's rises into one :class:`Hit` each, at the time it rose and with the limit then: read raw,
+not through ``increase()`` (which extrapolates to fractions), a fall read as a reset (the agent
+restarted: its new count is all new hits), the first value of a series taken as what was counted
+before the read unless the pod was created within what the source has read (then from 0).
 
 Pure: the I/O (HTTP, clock, logging) is ``controller.usage_prometheus``'s. Rules for bad input:
 
@@ -21,7 +37,10 @@ Pure: the I/O (HTTP, clock, logging) is ``controller.usage_prometheus``'s. Rules
 * A value that is not a number, NaN or infinite (``nan``), below zero (``negative``) or beyond
   what a GPU can report (``absurd``: the trace reader's bounds, ``sharing.usage.trace``'s
   :data:`MAX_DUTY_PERCENT` and :data:`MAX_MEMORY_BYTES`) is dropped, as is the other signal's
-  sample at that time (``unpaired``): the recommender takes both or neither.
+  sample at that time (``unpaired``): a duty cycle without memory is nothing, and a dropped duty
+  cycle does not make its memory a memory-only sample (only a time with no duty point that the
+  agent marks does).
+* A hit whose limit is not known at any time of the read is dropped (``hit_without_limit``).
 * A series of a pod that is not among the live pods is skipped (``skipped_series``): it has no
   workload to credit (a pod that went, or one of another controller's namespaces).
 * A time before the live pod's ``metadata.creationTimestamp`` is dropped (``before_pod``): the
@@ -49,6 +68,12 @@ SERIES_LABELS = ("namespace", "pod", "container")
 DUTY_METRIC = "DCGM_FI_DEV_GPU_UTIL"
 ENGINE_ACTIVE_METRIC = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"
 MEMORY_METRIC = "DCGM_FI_DEV_FB_USED"
+MEMORY_ATTRIBUTED_METRIC = "gpupack_pod_gpu_memory_attributed"
+ATTRIBUTED_METRIC = "gpupack_pod_gpu_use_attributed"
+LIMIT_HITS_METRIC = "gpupack_pod_gpu_memory_limit_hits_total"
+LIMIT_BYTES_METRIC = "gpupack_pod_gpu_memory_limit_bytes"
+DEVICE_LABELS = ("UUID", "GPU_I_ID")
+"""The labels that tell a pod's series of one device from another's (dcgm-exporter's and the agent's)."""
 MAX_POINTS = 11000
 """Prometheus refuses a range query of more points per series than this (its own limit)."""
 
@@ -67,11 +92,30 @@ def usage_queries(selector: str = "") -> tuple[str, str]:
 
     ``selector``: extra label matchers for every series read, e.g. ``job="gpupack-node-agent"``
     where dcgm-exporter's whole-device series share the names (docs/right-sizing.md)."""
-    matchers = 'pod!=""' + (f",{selector.strip().strip(',')}" if selector.strip() else "")
-    by = f"max by ({', '.join(SERIES_LABELS)})"
+    matchers, by = _matchers(selector), f"max by ({', '.join(SERIES_LABELS)})"
     duty = (f"{by} ({DUTY_METRIC}{{{matchers}}}) or "
             f"{by} ({ENGINE_ACTIVE_METRIC}{{{matchers}}}) * 100")
-    return duty, f"{by} ({MEMORY_METRIC}{{{matchers}}})"
+    # A device's memory the agent says is not the pod's own is left out (dcgm-exporter alone: none is).
+    same = f"on ({', '.join((*SERIES_LABELS, *DEVICE_LABELS))})"
+    memory = f"{by} ({MEMORY_METRIC}{{{matchers}}} unless {same} ({MEMORY_ATTRIBUTED_METRIC}{{{matchers}}} == 0))"
+    return duty, memory
+
+
+def compute_unattributed_query(selector: str = "") -> str:
+    """The PromQL of the times a pod's compute is not its own, by the agent's mark (module docstring);
+    ``selector`` as for :func:`usage_queries`."""
+    return f"max by ({', '.join(SERIES_LABELS)}) ({ATTRIBUTED_METRIC}{{{_matchers(selector)}}} == 0)"
+
+
+def limit_queries(selector: str = "") -> tuple[str, str]:
+    """The PromQL of the memory-limit hit counter and of the limit in force (bytes) per pod and container,
+    read raw (module docstring); ``selector`` as for :func:`usage_queries`."""
+    matchers, by = _matchers(selector), f"max by ({', '.join(SERIES_LABELS)})"
+    return f"{by} ({LIMIT_HITS_METRIC}{{{matchers}}})", f"{by} ({LIMIT_BYTES_METRIC}{{{matchers}}})"
+
+
+def _matchers(selector: str) -> str:
+    return 'pod!=""' + (f",{selector.strip().strip(',')}" if selector.strip() else "")
 
 
 @dataclass(frozen=True)
@@ -158,7 +202,8 @@ class Sample:
 
     key: WorkloadKey
     time_s: float
-    duty_percent: float
+    duty_percent: float | None
+    """None: a memory-only sample (the pod's compute is not its own, module docstring)."""
     memory_bytes: int
     pod: str = ""
     """``namespace/name`` of the pod measured."""
@@ -172,40 +217,117 @@ class ReadCounts:
 
     series: int = 0
     samples: int = 0
+    memory_only: int = 0
+    """Of ``samples``, those without a duty cycle."""
     skipped_series: int = 0
     dropped: Mapping[str, int] = field(default_factory=dict)
-    """Values dropped by reason: ``nan``, ``negative``, ``absurd``, ``unpaired``, ``before_pod``."""
+    """Values dropped by reason: ``nan``, ``negative``, ``absurd``, ``unpaired``, ``before_pod``,
+    ``hit_without_limit``."""
+    hits: int = 0
+    """New memory-limit hits (:func:`hits_of`)."""
 
 
-def samples_of(duty: Matrix, memory: Matrix, pods: Mapping[str, Mapping[str, Any]]) -> tuple[list[Sample], ReadCounts]:
-    """The samples of the live ``pods`` (by ``namespace/name``) in two answers, in time order per series."""
+def samples_of(duty: Matrix, memory: Matrix, pods: Mapping[str, Mapping[str, Any]],
+               compute_unattributed: Matrix | None = None) -> tuple[list[Sample], ReadCounts]:
+    """The samples of the live ``pods`` (by ``namespace/name``) in the answers, in time order per series;
+    ``compute_unattributed``: the times the agent marks a pod's compute as not its own (memory-only samples)."""
+    marked = compute_unattributed or {}
     found: list[Sample] = []
     dropped: Counter[str] = Counter()
     skipped = 0
     keys = sorted(set(duty) | set(memory))
-    for ns, pod_name, container in keys:
-        pod = pods.get(f"{ns}/{pod_name}")
-        if pod is None:
+    for series in keys:
+        live = _live_pod(series, pods)
+        if live is None:
             skipped += 1
             continue
-        workload = workload_of(pod)
-        key = WorkloadKey(workload.namespace, workload.kind, workload.name, container)
-        meta = as_map(pod.get("metadata"))
-        uid = meta.get("uid")
-        created = parse_time(meta.get("creationTimestamp"))
-        born_s = created.timestamp() if created is not None else -math.inf
-        duties, memories = duty.get((ns, pod_name, container), {}), memory.get((ns, pod_name, container), {})
+        key, uid, born_s = live
+        duties, memories = duty.get(series, {}), memory.get(series, {})
         for time_s in sorted(set(duties) | set(memories)):
             if time_s < born_s:
                 dropped["before_pod"] += 1
                 continue
             d = _checked(duties.get(time_s), MAX_DUTY_PERCENT, dropped)
             m = _checked(None if (v := memories.get(time_s)) is None else v * MIB, float(MAX_MEMORY_BYTES), dropped)
-            if d is None or m is None:
+            if m is None or (d is None and (time_s in duties or time_s not in marked.get(series, {}))):
                 dropped["unpaired"] += (d is None) != (m is None)
                 continue
-            found.append(Sample(key, time_s, d, round(m), f"{ns}/{pod_name}", uid if isinstance(uid, str) else ""))
-    return found, ReadCounts(len(keys), len(found), skipped, dict(dropped))
+            found.append(Sample(key, time_s, d, round(m), f"{series[0]}/{series[1]}", uid))
+    memory_only = sum(1 for s in found if s.duty_percent is None)
+    return found, ReadCounts(len(keys), len(found), memory_only, skipped, dict(dropped))
+
+
+def _live_pod(series: SeriesKey, pods: Mapping[str, Mapping[str, Any]]) -> tuple[WorkloadKey, str, float] | None:
+    """The workload container of ``series``'s live pod, the pod's uid and creation time (Unix s); None when
+    the pod is not live."""
+    ns, pod_name, container = series
+    pod = pods.get(f"{ns}/{pod_name}")
+    if pod is None:
+        return None
+    workload = workload_of(pod)
+    meta = as_map(pod.get("metadata"))
+    uid = meta.get("uid")
+    created = parse_time(meta.get("creationTimestamp"))
+    return (WorkloadKey(workload.namespace, workload.kind, workload.name, container),
+            uid if isinstance(uid, str) else "", created.timestamp() if created is not None else -math.inf)
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One memory-limit hit of a live pod container, as ``Recommender.record_oom`` takes it."""
+
+    key: WorkloadKey
+    time_s: float
+    limit_bytes: int
+    pod: str
+    """``namespace/name``"""
+    uid: str
+
+
+HitCounts = dict[tuple[str, str, str], float]
+"""(``namespace/name``, pod uid, container) -> the hit counter's last value read."""
+
+
+def hits_of(counters: Matrix, limits: Matrix, pods: Mapping[str, Mapping[str, Any]], counted: Mapping[
+        tuple[str, str, str], float], read_from_s: float) -> tuple[list[Hit], HitCounts, Mapping[str, int]]:
+    """The new hits of the live ``pods`` in one read of the counter and limit series (module docstring),
+    the counters' last values for the next read, and what was dropped, by reason.
+
+    ``counted``: the values the previous reads ended on; ``read_from_s``: the earliest time this source has
+    read since it began (a pod created after it had its whole counter read: its first value counts)."""
+    found: list[Hit] = []
+    last: HitCounts = {}
+    dropped: Counter[str] = Counter()
+    for series in sorted(counters):
+        live = _live_pod(series, pods)
+        if live is None:
+            continue
+        key, uid, born_s = live
+        pod = f"{series[0]}/{series[1]}"
+        pod_key = (pod, uid, series[2])
+        before = counted.get(pod_key, 0.0 if born_s >= read_from_s else None)
+        known = sorted((t, v) for t, v in limits.get(series, {}).items() if t >= born_s and math.isfinite(v) and v > 0)
+        for time_s, value in sorted(counters[series].items()):
+            if time_s < born_s or not math.isfinite(value) or value < 0:
+                continue
+            new = 0 if before is None else round(value - before if value >= before else value)  # a fall: a reset
+            before = value
+            if new <= 0:
+                continue
+            limit = _limit_at(known, time_s)
+            if limit is None:
+                dropped["hit_without_limit"] += new
+                continue
+            found.extend(Hit(key, time_s, round(limit), pod, uid) for _ in range(new))
+        if before is not None:
+            last[pod_key] = before
+    return found, last, dict(dropped)
+
+
+def _limit_at(known: list[tuple[float, float]], time_s: float) -> float | None:
+    """The limit in force at ``time_s``: the last known at or before it, else the first after it."""
+    at_or_before = [v for t, v in known if t <= time_s]
+    return at_or_before[-1] if at_or_before else known[0][1] if known else None
 
 
 def gpu_memory_by_node(gpunodes: Iterable[Mapping[str, Any]]) -> dict[str, int]:
@@ -231,6 +353,8 @@ def _checked(value: float | None, limit: float, dropped: Counter[str]) -> float 
     return value
 
 
-__all__ = ["DUTY_METRIC", "ENGINE_ACTIVE_METRIC", "MEMORY_METRIC", "MAX_POINTS", "Matrix", "PrometheusAnswerError",
-           "QueryRange", "ReadCounts", "SERIES_LABELS", "Sample", "SeriesKey", "gpu_memory_by_node", "parse_matrix",
-           "range_to_read", "samples_of", "usage_queries"]
+__all__ = ["ATTRIBUTED_METRIC", "DUTY_METRIC", "ENGINE_ACTIVE_METRIC", "Hit", "HitCounts", "LIMIT_BYTES_METRIC", "LIMIT_HITS_METRIC",
+           "MEMORY_ATTRIBUTED_METRIC", "MEMORY_METRIC", "MAX_POINTS", "Matrix", "PrometheusAnswerError", "QueryRange",
+           "ReadCounts", "SERIES_LABELS", "Sample", "SeriesKey", "compute_unattributed_query", "gpu_memory_by_node",
+           "hits_of", "limit_queries",
+           "parse_matrix", "range_to_read", "samples_of", "usage_queries"]

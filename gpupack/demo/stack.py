@@ -132,6 +132,10 @@ class Stack:
     """Trace seconds played per second (the agents' ``--usage-time-scale``)."""
     agent_metrics_ports: dict[str, int] = field(default_factory=dict)
     """Node -> its agent's loopback metrics port, served while a usage trace plays (the per-pod use)."""
+    agent_args: tuple[str, ...] = ()
+    """More ``gpupack agent run`` options for every agent (the right-sizing demo's publication period)."""
+    controller_args: tuple[str, ...] = ()
+    """More ``gpupack controller run`` options (the right-sizing demo's recommender periods)."""
     probe_sharing: str | None = None
     """The ``gpupack.io/sharing`` annotation of the dry-run pod that ``_wait_mutating`` creates to see
     that the API server calls the mutating webhook; None asks nothing, i.e. ``auto``. An openb replay
@@ -170,7 +174,7 @@ class Stack:
             # earlier and released could be handed to one of them (etcd once failed to bind that way).
             self.controller_metrics_port = free_port()
         self.start_controller("controller", *(("--metrics-port", str(self.controller_metrics_port))
-                                              if self.controller_metrics else ()))
+                                              if self.controller_metrics else ()), *self.controller_args)
         say("controller: running (leader-elected)")
         _wait("every GPUNode reported by its agent", self._all_reported, 60)
 
@@ -271,7 +275,7 @@ class Stack:
                      "--usage-trace-start", str(trace_start)]
         return self.start_process(f"agent-{node.name}", [
             "agent", "run", "--node", node.name, "--simulate", node.simulate,
-            "--state-file", str(state), *advertising, *usage,
+            "--state-file", str(state), *advertising, *usage, *self.agent_args,
             "--poll-seconds", "0.5", "--idle-seconds", "1",
             "--metrics-port", str(self.agent_metrics_ports.get(node.name, 0)),
             "--kubeconfig", self.agent_kubeconfig(node.name),

@@ -498,6 +498,17 @@ class SimulatedNvml:
         proc.sm_percent = percent
         self._save()
 
+    def set_process_memory(self, index: int, pid: int, used_memory_mib: int) -> None:
+        """SIMULATION: the GPU memory process ``pid`` holds on GPU ``index`` from now on (a workload that grows
+        to its MPS limit, say); unchecked against what the device has, as ``start_process``."""
+        if used_memory_mib < 0:
+            raise ValueError(f"memory must not be negative, got {used_memory_mib} MiB")
+        proc = next((p for p in self._gpu(index).processes if p.pid == pid), None)
+        if proc is None:
+            raise ValueError(f"no process {pid} on GPU {index}")
+        proc.used_memory_mib = used_memory_mib
+        self._save()
+
     def set_mps(self, index: int, enabled: bool) -> None:
         """SIMULATION: the device plugin serves GPU ``index`` through MPS from now on (or no longer): while it
         does and MIG mode is off, an MPS server runs beside its clients (module docstring)."""

@@ -39,6 +39,11 @@ A restarted agent reads its histories back from its GPUNode (:meth:`UsageAggrega
 so nothing but the minutes since the last publication is lost. A pod that had hit its limit is
 taken to be still at it, so the episode in force is not counted twice; a new one needs a sample
 below the limit first.
+
+The hits and the limit in force are also the agent's per-pod metrics (:meth:`UsageAggregator.limits`,
+``node.metrics``), so a Prometheus source sees them too: counted here once, exported and published
+from the same count. The counter holds the hits this agent counted (a restarted agent's starts
+again from 0, as a counter does; the published count goes on from the restored one).
 """
 
 from __future__ import annotations
@@ -56,7 +61,8 @@ from sharing.api.allocation import AllocationError, Allocation
 from sharing.api.crd import MAX_USAGE_PODS, NodeUsage, PodUsage
 from sharing.api.fields import as_map
 from sharing.api.keys import ALLOCATION_ANNOTATION
-from sharing.usage.compact import LimitHits, decode, encode, memory_only
+from sharing.usage.compact import LimitHits, decode, encode
+from sharing.usage.pod_history import add_sample
 from sharing.usage.recommender import ContainerHistory, RecommenderSettings
 
 log = logging.getLogger("gpupack.agent")
@@ -79,6 +85,23 @@ class _Pod:
     """Why the pod's compute is not its own: its history holds memory only."""
     at_limit: bool = False
     gpu_memory_mib: int = 0
+    limit_mib: int | None = None
+    """The memory limit in force at the last sample (None: not known yet)."""
+    restored_hits: int = 0
+    """Hits read back from the GPUNode (``restore``): counted by an earlier agent, not by this one."""
+
+
+@dataclass(frozen=True)
+class PodLimit:
+    """A pod container's memory limit and the hits this agent counted (the agent's per-pod metrics)."""
+
+    pod: str
+    """``namespace/name``"""
+    uid: str
+    container: str
+    hits: int
+    """Hits since this agent started: a counter's value (``restore``'s are not in it)."""
+    limit_bytes: int | None
 
 
 def allocated_memory(pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], int]:
@@ -152,17 +175,13 @@ class UsageAggregator:
                 continue
             assert use.memory_used_mib is not None
             compute = use.unattributed or ("its compute was not read" if use.sm_percent is None else "")
-            if compute and not pod.compute_unattributed:
-                pod.compute_unattributed = compute
-                pod.history = memory_only(pod.history, self.settings)
-            if pod.compute_unattributed:
-                pod.history.memory.add(float(use.memory_used_mib * MIB), now_s)
-            else:
-                assert use.sm_percent is not None
-                pod.history.observe(now_s, use.sm_percent, use.memory_used_mib * MIB)
+            pod.history = add_sample(pod.history, self.settings, now_s, None if compute else use.sm_percent,
+                                     use.memory_used_mib * MIB, was_memory_only=bool(pod.compute_unattributed))
+            pod.compute_unattributed = pod.compute_unattributed or compute
             limit = limit_mib(use, snapshot, allocated)
             if limit is None:
                 continue
+            pod.limit_mib = limit
             pod.gpu_memory_mib = max(pod.gpu_memory_mib, self._device_memory(use, snapshot))
             at_limit = use.memory_used_mib >= HIT_RATIO * limit
             if at_limit and not pod.at_limit:
@@ -176,6 +195,12 @@ class UsageAggregator:
     def _device_memory(use: PodGpuUse, snapshot: NodeSnapshot) -> int:
         gpu = next((g for g in snapshot.gpus if g.info.uuid == use.gpu_uuid), None)
         return 0 if gpu is None else gpu.info.memory_total_mib
+
+    def limits(self) -> list[PodLimit]:
+        """Every pod container whose memory is its own: its limit and the hits this agent counted."""
+        return [PodLimit(pod, uid, container, state.hits.count - state.restored_hits,
+                         None if state.limit_mib is None else state.limit_mib * MIB)
+                for (pod, uid, container), state in sorted(self.pods.items()) if not state.unattributed]
 
     def usage(self, now: datetime | None = None) -> NodeUsage:
         """What to publish: every pod container, sorted, at most ``MAX_USAGE_PODS``."""
@@ -205,5 +230,5 @@ class UsageAggregator:
             # A pod that hit its limit before may still sit there: its episode is not counted again.
             self.pods[(record.pod, record.uid, record.container)] = _Pod(
                 history, hits, record.unattributed, record.compute_unattributed, at_limit=hits.count > 0,
-                gpu_memory_mib=record.gpu_memory_mib)
+                gpu_memory_mib=record.gpu_memory_mib, restored_hits=hits.count)
         return len(usage.pods)

@@ -453,6 +453,8 @@ class UsageHistory(ApiModel):
     last_hit_limit_bytes: int | None = Field(None, ge=0, description="The limit the last hit reached.")
     gpu_memory_mib: int = Field(0, ge=0, alias="gpuMemoryMiB",
                                 description="The largest GPU (or MIG instance) memory the use was seen on.")
+    memory_last_seconds: float | None = Field(
+        None, ge=0, description="Unix time of the last memory sample, memory-only ones (an MPS client's) included.")
 
 
 class PodUsage(UsageHistory):

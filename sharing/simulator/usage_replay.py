@@ -8,7 +8,11 @@ its workload is its own unless the run maps pods to workloads. At every step (th
    workload has a recommendation asks for the recommended size instead (the webhook's part).
 3. Every live pod's use is observed by the recommender (``sharing.usage.recommender``). Memory
    above the pod's limit is an OOM: recorded (it raises the recommendation at once), and the
-   pod is observed at its limit, all it could hold.
+   pod is observed at its limit, all it could hold. A pod on a share (less than a whole GPU) is
+   an MPS client, whose compute the node agent cannot read (NVML gives its SM samples to the
+   MPS server, benchmarks/nvml_usage_check.md): only its memory is observed, as the agent
+   publishes it, unless the run says shared compute is observed (what per-client attribution
+   would give).
 4. In ``recreate`` mode the updater (``sharing.usage.updater``) picks pods far from their
    recommendation; each move is make-before-break: the replacement is seated at its new size
    while the old pod still holds its share, then the old share is freed. Every
@@ -74,6 +78,9 @@ class RightSizing:
     duty_quantile: float | None = None
     """Admit a share while the GPU's predicted duty sum stays at most 100 % at this quantile
     (``sharing.packing.duty_sum``; with ``compute_overcommit`` above 1); None: caps only."""
+    shared_compute_observed: bool = False
+    """Observe the compute of pods on shares too. The product cannot (MPS: module docstring, step 3);
+    True measures what it would give."""
     backend: Backend = "dra"
     """Whose shares: the DRA pool's exact ones, or the device plugin's equal replicas (module docstring)."""
     publish_every_s: float | None = None
@@ -115,7 +122,7 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
     rule = FitRule(gpu_memory_bytes, policy.compute_overcommit, policy.duty_quantile)
     device_plugin = policy.backend == "device-plugin"
     cluster = ReplicaGpus(rule) if device_plugin else SharedGpus(rule)
-    unpublished: list[tuple[str, WorkloadKey, float, float, int]] = []  # ("oom"|"use", workload, time, ...)
+    unpublished: list[tuple[str, WorkloadKey, float, float, int]] = []  # ("oom"|"use"|"memory", workload, ...)
     publish_steps = None if policy.publish_every_s is None else max(1, round(policy.publish_every_s / trace.step_s))
     moves: dict[WorkloadKey, list[float]] = {}
     by_start: dict[int, list[PodUsage]] = {}
@@ -139,6 +146,8 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
         for kind, key, at, duty, memory in unpublished:
             if kind == "oom":
                 recommender.record_oom(key, at, memory)
+            elif kind == "memory":  # a share's compute is not observed (MPS)
+                recommender.observe_memory(key, at, memory)
             else:
                 recommender.observe(key, at, duty, memory)
         unpublished.clear()
@@ -161,7 +170,9 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             if used > limit:
                 unpublished.append(("oom", owners[name], now, 0.0, limit))
                 killed.add(name)
-            unpublished.append(("use", owners[name], now, pod.duty_percent[step - pod.first_step], min(used, limit)))
+            compute = policy.shared_compute_observed or cluster.seats[name][1].milli >= MAX_MILLI
+            unpublished.append(("use" if compute else "memory", owners[name], now,
+                                pod.duty_percent[step - pod.first_step], min(used, limit)))
         if publish_steps is None or step % publish_steps == 0:
             publish()
         if policy.mode == "recreate":

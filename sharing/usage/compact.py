@@ -13,7 +13,8 @@ rare high buckets, and dropping them would lower the recommendation.
 Memory peaks are written as they are kept (one maximum per interval, ``sharing.usage.peaks``);
 the limit hits with the time and limit of the last one. A history may hold memory without compute
 (:func:`memory_only`: a pod whose compute is not its own, such as an MPS client): it is written
-with no duty buckets and ``samples`` 0, and read back so. Pure: no clock, no I/O.
+with no duty buckets and ``samples`` 0, and read back so; ``memoryLastSeconds`` keeps when its
+memory was last seen, which the memory margin's schedule reads (``ContainerHistory.memory_observed_s``). Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def encode(history: ContainerHistory, hits: LimitHits, gpu_memory_mib: int) -> U
         first_seconds=history.first_s if sampled else 0.0, last_seconds=history.last_s if sampled else 0.0,
         samples=history.samples, duty=encode_histogram(history.duty), memory=encode_peaks(history.memory),
         limit_hits=hits.count, last_hit_seconds=hits.last_s, last_hit_limit_bytes=hits.last_limit_bytes,
-        gpu_memory_mib=gpu_memory_mib)
+        gpu_memory_mib=gpu_memory_mib,
+        memory_last_seconds=history.memory_last_s if math.isfinite(history.memory_last_s) else None)
 
 
 def decode(value: UsageHistory, settings: RecommenderSettings) -> tuple[ContainerHistory, LimitHits]:
@@ -104,6 +106,9 @@ def decode(value: UsageHistory, settings: RecommenderSettings) -> tuple[Containe
     decode_peaks(value.memory, history.memory)
     if value.samples:
         history.first_s, history.last_s, history.samples = value.first_seconds, value.last_seconds, value.samples
+        history.memory_last_s = value.last_seconds
+    if value.memory_last_seconds is not None:
+        history.memory_last_s = max(history.memory_last_s, value.memory_last_seconds)
     history.ooms = value.limit_hits
     return history, LimitHits(value.limit_hits, value.last_hit_seconds, value.last_hit_limit_bytes)
 
@@ -122,6 +127,7 @@ def merged(histories: Iterable[ContainerHistory], settings: RecommenderSettings)
         for index, value in history.oom_floor.intervals:
             floors[index] = max(value, floors.get(index, 0.0))
         out.first_s, out.last_s = min(out.first_s, history.first_s), max(out.last_s, history.last_s)
+        out.memory_last_s = max(out.memory_last_s, history.memory_last_s)
         out.samples += history.samples
         out.ooms += history.ooms
     for index in sorted(peaks):
@@ -136,7 +142,7 @@ def memory_only(history: ContainerHistory, settings: RecommenderSettings) -> Con
     first or last time (they measure the compute observed; ``node.usage.publication``, a pod whose compute
     is not its own). ``history``'s peaks are shared, not copied."""
     out = ContainerHistory(settings)
-    out.memory, out.ooms = history.memory, history.ooms
+    out.memory, out.ooms, out.memory_last_s = history.memory, history.ooms, history.memory_last_s
     return out
 
 

@@ -131,13 +131,33 @@ class ContainerHistory:
         self.last_s = -math.inf
         self.samples = 0
         self.ooms = 0
+        self.memory_last_s = -math.inf
+        """The last memory sample's time, memory-only ones included (:meth:`observe_memory`)."""
 
     def observe(self, time_s: float, duty_percent: float, memory_bytes: int) -> None:
         self.duty.add(duty_percent, time_s)
         self.memory.add(float(memory_bytes), time_s)
         self.first_s = min(self.first_s, time_s)
         self.last_s = max(self.last_s, time_s)
+        self.memory_last_s = max(self.memory_last_s, time_s)
         self.samples += 1
+
+    @property
+    def memory_observed_s(self) -> float:
+        """How long memory has been watched: from the first sample to the last memory sample. It
+        grows while the workload's pods are MPS clients, whose compute is not read, so the memory
+        margin settles on memory seen, not on compute seen."""
+        if self.samples == 0:
+            return 0.0
+        return max(self.last_s, self.memory_last_s) - self.first_s
+
+    def observe_memory(self, time_s: float, memory_bytes: int) -> None:
+        """A sample whose compute is not the pod's own to read (an MPS client: NVML gives its SM
+        samples to the MPS server, benchmarks/nvml_usage_check.md): its memory peak only. It does
+        not count as observed time, which measures the compute seen; it extends the memory's
+        (:attr:`memory_observed_s`)."""
+        self.memory.add(float(memory_bytes), time_s)
+        self.memory_last_s = max(self.memory_last_s, time_s)
 
 
 class Recommender:
@@ -157,6 +177,10 @@ class Recommender:
         """One sample of one of the workload's pods."""
         self._history(key).observe(time_s, duty_percent, memory_bytes)
 
+    def observe_memory(self, key: WorkloadKey, time_s: float, memory_bytes: int) -> None:
+        """One memory-only sample of one of the workload's pods (``ContainerHistory.observe_memory``)."""
+        self._history(key).observe_memory(time_s, memory_bytes)
+
     def record_oom(self, key: WorkloadKey, time_s: float, allowed_bytes: int) -> None:
         """The container hit its memory limit of ``allowed_bytes``: raise its memory at once."""
         history = self._history(key)
@@ -174,7 +198,8 @@ class Recommender:
             return None
         s = self.settings
         duty = min(100.0, history.duty.percentile(s.duty_percentile) * (1 + s.duty_margin))
-        memory = math.ceil(max(history.memory.peak() * (1 + self.memory_margin(observed)), history.oom_floor.peak()))
+        margin = self.memory_margin(history.memory_observed_s)
+        memory = math.ceil(max(history.memory.peak() * (1 + margin), history.oom_floor.peak()))
         confidence = min(observed, history.samples * s.sample_interval_s) / DAY_S
         return Recommendation(duty, memory, observed, confidence, history.ooms)
 

@@ -33,7 +33,7 @@ OPERATOR_NS = "gpu-operator"  # the GPU Operator's namespace, where the agent ha
 RBAC_KINDS = {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
 XID_TABLE = "gpupack-xid-table"  # node/health/xids.py XID_TABLE_CONFIGMAP, read by every agent
 # manifests/<dir>: components an admin adds on purpose, not part of the default install.
-OPT_IN = ("gpu-fault-evictions", "agent-dra")
+OPT_IN = ("gpu-fault-evictions", "agent-dra", "right-sizing-recreate")
 VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 READ = {"get", "list", "watch"}
 WRITE = {"create", "update", "patch"}
@@ -145,8 +145,13 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
 OPT_IN_EXPECTED: dict[str, dict[Key, set[str]]] = {
     "gpu-fault-evictions": {("", "pods", "eviction", "default", ""): {"create"}},
     "agent-dra": {("resource.k8s.io", "resourceclaims", "", "default", ""): {"get"}},
+    # Right-sizing's Recreate: evictions, and Deployment reads and patches (a one-replica rollout; the
+    # component's ValidatingAdmissionPolicy confines the patch to one template annotation).
+    "right-sizing-recreate": {("", "pods", "eviction", "default", ""): {"create"},
+                              ("apps", "deployments", "", NS, ""): {"get", "patch"}},
 }
-OPT_IN_SUBJECTS = {"gpu-fault-evictions": "gpupack-controller", "agent-dra": "gpupack-node-agent"}
+OPT_IN_SUBJECTS = {"gpu-fault-evictions": "gpupack-controller", "agent-dra": "gpupack-node-agent",
+                   "right-sizing-recreate": "gpupack-controller"}
 
 
 def _allowed(admin: Any, sa: str, key: Key, verb: str) -> bool:

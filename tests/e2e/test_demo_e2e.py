@@ -78,3 +78,35 @@ def test_demo_on_a_dra_node_pool(control_plane: Any) -> None:
     assert summary["claims_allocated"] == admitted
     assert summary["gpus_reshaped"] == 0  # on DRA nothing is reshaped ahead: a claim's placement is its instance
     assert 1.0 >= summary["occupied_ratio"] >= summary["allocation_ratio"] > 0.0
+
+
+def test_demo_shows_right_sizing_by_recreate(control_plane: Any) -> None:
+    """``gpupack demo --right-sizing recreate`` on the built-in trace (no shared trace needed): each of the
+    three Deployments that ask a whole GPU gets a provided GPURecommendation below it, the controller rolls
+    each out once (the optional grant installed by the demo), and the new pods are right-sized at admission,
+    holding less than the whole GPUs they held before."""
+    run = subprocess.run(
+        [sys.executable, "-m", "gpupack", "demo", "--json", "--right-sizing", "recreate", "--usage-time-scale", "360",
+         "--pods", "6", "--submit-seconds", "3", "--seed", "3"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads(run.stdout)
+    assert summary["right_sizing"] == "Recreate"
+    provided = [r for r in summary["recommendations"] if r["workload"].startswith("Deployment/") and r["provided"]]
+    assert len(provided) == 3 and all(0 < r["gpu_milli"] < 1000 for r in provided)
+    assert summary["recommendations_provided"] >= 3
+    sized = summary["pods_right_sized"]
+    assert len(sized) >= 3
+    assert all(c["asked_milli"] == 1000 and c["milli"] < 1000 for p in sized for c in p["containers"])
+    assert {m["object"] for m in summary["right_size_moves"]} == {"Deployment/svc-a", "Deployment/svc-b",
+                                                                  "Deployment/svc-c"}
+    assert all(m["reason"] == "RolledOutToRightSize" for m in summary["right_size_moves"])
+    assert summary["right_sizing_gpus_before"] == 3.0 > summary["right_sizing_gpus_after"] > 0.0
+    assert "right-sizing Recreate:" in run.stderr  # the progress lines show it
+
+
+def test_demo_right_sizing_runs_on_its_own() -> None:
+    run = subprocess.run([sys.executable, "-m", "gpupack", "demo", "--right-sizing", "initial", "--fault"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--right-sizing runs on its own" in run.stderr

@@ -11,7 +11,13 @@ from its Go module (``tools/prometheus/build.sh``), scrapes it every second.
 Prometheus's HTTP API, in two reads, into a ``Recommender``; a second ``Recommender`` gets the
 agent's own per-pod samples of the same period, recorded as the agent published them. Their
 histories must agree: each duty-cycle percentile within one histogram bucket, the same memory
-peak. No mocks: a real agent, real HTTP, a real Prometheus.
+peak.
+
+A second test runs the pods as MPS clients (the simulated NVML gives their SM time to the MPS
+server, as the real one does): their memory alone is theirs, and one grows to its MPS memory limit
+(its allocation record's), a hit the agent counts and exports. The source must learn both pods'
+memory without observed time, and raise the hitting pod's memory at once, as the agents source
+does from the agent's published record. No mocks: a real agent, real HTTP, a real Prometheus.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +41,14 @@ from prometheus_client import start_http_server
 
 from controller.state.prometheus_usage import Matrix, samples_of
 from controller.usage_prometheus import PrometheusUsageSource
+from controller.usage_source import with_hits
 from node.base.pods import sim_pid
 from node.base.settings import AgentSettings
 from node.metrics import AgentMetrics
 from node.nvml.simulated import SimulatedNvml
 from node.usage.attribution import PodGpuUse
-from sharing.api.keys import SHARED_RESOURCE
+from sharing.api.allocation import Allocation, ContainerAllocation
+from sharing.api.keys import ALLOCATION_ANNOTATION, SHARED_RESOURCE
 from sharing.usage.recommender import MIB, Recommender, RecommenderSettings, WorkloadKey
 from tests.e2e.test_agent_e2e import POLICY_RBAC, RunningAgent, _allocatable, _gpunode, _wait, node_name
 
@@ -106,9 +116,9 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _scraped(url: str) -> bool:
-    """Prometheus has the agent's per-pod duty series of both pods."""
-    query = urllib.parse.urlencode({"query": f'count(DCGM_FI_DEV_GPU_UTIL{{job="{JOB}",pod!=""}})'})
+def _scraped(url: str, metric: str = "DCGM_FI_DEV_GPU_UTIL") -> bool:
+    """Prometheus has the agent's per-pod series ``metric`` of both pods."""
+    query = urllib.parse.urlencode({"query": f'count({metric}{{job="{JOB}",pod!=""}})'})
     try:
         with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=2) as response:  # noqa: S310
             result = json.loads(response.read())["data"]["result"]
@@ -118,9 +128,10 @@ def _scraped(url: str) -> bool:
 
 
 def _pod(admin: Any, namespace: str, node: str, name: str, owner: dict[str, Any] | None = None,
-         labels: dict[str, str] | None = None) -> None:
+         labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> None:
     client.CoreV1Api(admin).create_namespaced_pod(namespace, client.V1Pod(
-        metadata=client.V1ObjectMeta(name=name, labels=labels, owner_references=[owner] if owner else None),
+        metadata=client.V1ObjectMeta(name=name, labels=labels, annotations=annotations,
+                                     owner_references=[owner] if owner else None),
         spec=client.V1PodSpec(node_name=node, containers=[client.V1Container(
             name="main", image="registry.k8s.io/pause:3.10",
             resources=client.V1ResourceRequirements(limits={SHARED_RESOURCE: "1"}))])))
@@ -142,41 +153,64 @@ def _agent_matrices(published: list[tuple[float, Sequence[PodGpuUse]]], start: f
     return duty, memory
 
 
+@dataclass
+class TwoPods:
+    """A running agent on a simulated T4 shared by two pods: a bare pod, ``solo``, and a Deployment's, ``web``."""
+
+    running: RunningAgent
+    sim: SimulatedNvml
+    agent_port: int
+    pods: dict[str, dict[str, Any]]
+    """The pod objects by ``namespace/name``."""
+    pids: dict[str, int]
+    """``solo`` / ``web`` -> its simulated process."""
+
+
+@contextmanager
+def _two_pods(admin: Any, node: str, namespace: str, kubeconfig: Path, tmp_path: Path, metrics: AgentMetrics,
+              mode: str, solo_annotations: dict[str, str] | None = None) -> Iterator[TwoPods]:
+    """The agent serving its ``/metrics`` on a local port, its GPU shared by ``mode``, both pods' processes up."""
+    settings = AgentSettings(node_name=node, simulate="T4:1", state_file=str(tmp_path / "gpus.json"),
+                             emulate_device_plugin=True, poll_seconds=1.0, min_patch_seconds=0.2,
+                             idle_seconds=1.0, retry_seconds=1.0, metrics_port=0)
+    agent_port = _free_port()
+    server, _thread = start_http_server(agent_port, addr="127.0.0.1", registry=metrics.registry)
+    running = RunningAgent(kubeconfig, settings, metrics)
+    try:
+        sim = running.agent.backend
+        assert isinstance(sim, SimulatedNvml)
+        _wait("GPUNode status", lambda: (_gpunode(admin, node).get("status") or {}).get("gpus"))
+        client.CustomObjectsApi(admin).patch_cluster_custom_object(
+            "gpupack.io", "v1alpha1", "gpunodes", node, {"spec": {"sharing": {"mode": mode, "replicas": 4}}})
+        _wait(f"{mode} shares advertised", lambda: _allocatable(admin, node).get(SHARED_RESOURCE) == "4")
+        template_hash = "5d8f7c9b4"
+        _pod(admin, namespace, node, "solo", annotations=solo_annotations)
+        _pod(admin, namespace, node, f"web-{template_hash}-x2k9q",
+             owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"web-{template_hash}",
+                    "uid": str(uuid.uuid4()), "controller": True},
+             labels={"pod-template-hash": template_hash})
+        listed: list[dict[str, Any]] = admin.sanitize_for_serialization(
+            client.CoreV1Api(admin).list_namespaced_pod(namespace).items)
+        pods = {f"{namespace}/{p['metadata']['name']}": p for p in listed}
+        pids = {name.split("/")[1].split("-")[0]: sim_pid(pod["metadata"]["uid"]) for name, pod in pods.items()}
+        _wait("both pods' processes running", lambda: {p.pid for p in sim.processes(0)} >= set(pids.values()))
+        yield TwoPods(running, sim, agent_port, pods, pids)
+    finally:
+        running.stop()
+        server.shutdown()
+
+
 def test_the_prometheus_source_feeds_what_the_agent_measured(
     admin_client: Any, node_name: str, namespace: str, agent_kubeconfig: Callable[[str], Path],
     apply_manifests: Callable[..., list[dict[str, Any]]], prometheus_server: Callable[[int], str], tmp_path: Path,
 ) -> None:
     apply_manifests(POLICY_RBAC)  # the agent reads the SharingPolicies that select its node
     metrics = RecordingMetrics()
-    settings = AgentSettings(node_name=node_name, simulate="T4:1", state_file=str(tmp_path / "gpus.json"),
-                             emulate_device_plugin=True, poll_seconds=1.0, min_patch_seconds=0.2,
-                             idle_seconds=1.0, retry_seconds=1.0, metrics_port=0)
-    agent_port = _free_port()
-    server, _thread = start_http_server(agent_port, addr="127.0.0.1", registry=metrics.registry)
-    running = RunningAgent(agent_kubeconfig(node_name), settings, metrics)
-    try:
-        sim = running.agent.backend
-        assert isinstance(sim, SimulatedNvml)
-        _wait("GPUNode status", lambda: (_gpunode(admin_client, node_name).get("status") or {}).get("gpus"))
-        client.CustomObjectsApi(admin_client).patch_cluster_custom_object(
-            "gpupack.io", "v1alpha1", "gpunodes", node_name,
-            {"spec": {"sharing": {"mode": "time-slicing", "replicas": 4}}})
-        # Time-slicing: under MPS only the MPS server is sampled (as by the real NVML), so no pod's compute is.
-        _wait("time-slicing shares advertised",
-              lambda: _allocatable(admin_client, node_name).get(SHARED_RESOURCE) == "4")
-        template_hash = "5d8f7c9b4"
-        _pod(admin_client, namespace, node_name, "solo")
-        _pod(admin_client, namespace, node_name, f"web-{template_hash}-x2k9q",
-             owner={"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": f"web-{template_hash}",
-                    "uid": str(uuid.uuid4()), "controller": True},
-             labels={"pod-template-hash": template_hash})
-        listed: list[dict[str, Any]] = admin_client.sanitize_for_serialization(
-            client.CoreV1Api(admin_client).list_namespaced_pod(namespace).items)
-        pods = {f"{namespace}/{p['metadata']['name']}": p for p in listed}
-        pids = {name.split("/")[1].split("-")[0]: sim_pid(pod["metadata"]["uid"]) for name, pod in pods.items()}
-        _wait("both pods' processes running", lambda: {p.pid for p in sim.processes(0)} >= set(pids.values()))
-
-        url = prometheus_server(agent_port)
+    # Time-slicing: under MPS only the MPS server is sampled (as by the real NVML), so no pod's compute is.
+    with _two_pods(admin_client, node_name, namespace, agent_kubeconfig(node_name), tmp_path, metrics,
+                   "time-slicing") as node:
+        sim, pods, pids = node.sim, node.pods, node.pids
+        url = prometheus_server(node.agent_port)
         for who, pid in pids.items():
             sim.set_process_load(0, pid, LOADS[who][0])
         _wait("Prometheus scraped both pods' use", lambda: _scraped(url), 30)
@@ -200,10 +234,8 @@ def test_the_prometheus_source_feeds_what_the_agent_measured(
         from_agent = Recommender(RecommenderSettings(sample_interval_s=1.0))
         samples, _counts = samples_of(*_agent_matrices(metrics.published, start, end), pods)
         for s in samples:
+            assert s.duty_percent is not None  # the agent's attributed samples: every one has its duty cycle
             from_agent.observe(s.key, s.time_s, s.duty_percent, s.memory_bytes)
-    finally:
-        running.stop()
-        server.shutdown()
 
     keys = {WorkloadKey(namespace, "Pod", "solo", "main"), WorkloadKey(namespace, "Deployment", "web", "main")}
     assert set(from_prometheus.histories) == set(from_agent.histories) == keys
@@ -221,3 +253,57 @@ def test_the_prometheus_source_feeds_what_the_agent_measured(
         assert duty_shape.bucket(ours.duty.percentile(0.95)) in {duty_shape.bucket(high),
                                                                    duty_shape.bucket(high) + 1}
         assert ours.memory.peak() == theirs.memory.peak() == 1024 * MIB  # the emulated process's memory
+
+
+MPS_LIMIT_MIB = 4096
+"""The memory the solo pod's allocation record gives it (its MPS pinned memory limit)."""
+
+
+def test_an_mps_clients_memory_and_limit_hit_come_through_prometheus_as_from_the_agent(
+    admin_client: Any, node_name: str, namespace: str, agent_kubeconfig: Callable[[str], Path],
+    apply_manifests: Callable[..., list[dict[str, Any]]], prometheus_server: Callable[[int], str], tmp_path: Path,
+) -> None:
+    apply_manifests(POLICY_RBAC)
+    record = Allocation(mode="mps", gated=False, capacity_existed=True, policy="p", reason="e2e", containers=(
+        ContainerAllocation("main", "containers", 250, MPS_LIMIT_MIB * MIB, SHARED_RESOURCE),))
+    with _two_pods(admin_client, node_name, namespace, agent_kubeconfig(node_name), tmp_path, AgentMetrics(), "mps",
+                   {ALLOCATION_ANNOTATION: record.to_annotation()}) as node:
+        sim, pods, pids, running = node.sim, node.pods, node.pids, node.running
+        for pid in pids.values():
+            sim.set_process_load(0, pid, 40.0)  # sampled to the MPS server: no pod's compute is known
+
+        url = prometheus_server(node.agent_port)
+        _wait("Prometheus scraped both pods' memory and hit counters",
+              lambda: _scraped(url, "DCGM_FI_DEV_FB_USED") and _scraped(url, "gpupack_pod_gpu_memory_limit_hits_total"),
+              30)
+        time.sleep(2.0)
+        start = time.time()
+        sim.set_process_memory(0, pids["web"], 3072)
+        sim.set_process_memory(0, pids["solo"], MPS_LIMIT_MIB)  # grows to its pinned limit: an OOM in the pod
+        time.sleep(4.0)
+        hit_read = time.time()
+        sim.set_process_memory(0, pids["solo"], 2048)
+        time.sleep(4.0)
+        end = time.time()
+        time.sleep(3.0)  # the last scrape of the period is in Prometheus before it is read
+
+        # Two reads: the first sees the hit, the second goes on from there and must not count it again.
+        source = PrometheusUsageSource(url, selector=f'job="{JOB}"', lookback_s=end - start + 2)
+        from_prometheus = Recommender(RecommenderSettings(sample_interval_s=1.0))
+        source.feed(from_prometheus, pods, hit_read + 1)
+        first_read = source.last_counts
+        source.feed(from_prometheus, pods, end)
+        second_read = source.last_counts
+    published = {r.pod: r for r in running.agent.usage.usage().pods}
+
+    solo, web = WorkloadKey(namespace, "Pod", "solo", "main"), WorkloadKey(namespace, "Deployment", "web", "main")
+    assert (first_read.hits, second_read.hits) == (1, 0)
+    assert first_read.memory_only > 0 and first_read.samples == first_read.memory_only  # no duty: MPS clients
+    ours, theirs = from_prometheus.histories[solo], with_hits(published[f"{namespace}/solo"], from_prometheus.settings)
+    assert "no known pod used its SMs" in published[f"{namespace}/solo"].compute_unattributed
+    assert ours.samples == theirs.samples == 0  # memory-only time is not observed time
+    assert ours.ooms == theirs.ooms == 1
+    # Raised at once past the limit, by the same bump as the agents source: the limit times the OOM ratio.
+    raised = max(ours.memory.peak(), ours.oom_floor.peak())
+    assert raised == max(theirs.memory.peak(), theirs.oom_floor.peak()) > MPS_LIMIT_MIB * MIB
+    assert from_prometheus.histories[web].memory.peak() == 3072 * MIB and from_prometheus.histories[web].ooms == 0

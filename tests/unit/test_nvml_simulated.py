@@ -198,6 +198,17 @@ def test_process_utilization_samples_busy_processes_once_per_period() -> None:
     assert sim.utilization(0).gpu_percent == 30.0  # the GPU is busy while any process runs a kernel
 
 
+def test_a_process_memory_can_be_set_and_is_checked() -> None:
+    sim = SimulatedNvml(get_model("H200"), 1, mig_enabled=False)
+    sim.start_process(0, 21, 4096)
+    sim.set_process_memory(0, 21, 8192)
+    assert [(p.pid, p.used_memory_mib) for p in sim.processes(0)] == [(21, 8192)]
+    with pytest.raises(ValueError, match="no process 22 on GPU 0"):
+        sim.set_process_memory(0, 22, 1)
+    with pytest.raises(ValueError, match="must not be negative"):
+        sim.set_process_memory(0, 21, -1)
+
+
 def test_process_utilization_is_not_supported_in_mig_mode_and_takes_faults() -> None:
     sim = SimulatedNvml(H200, 1)
     with pytest.raises(NvmlError) as info:

@@ -9,7 +9,11 @@ import pytest
 
 from controller.state.prometheus_usage import (
     MAX_POINTS,
+    Hit,
     PrometheusAnswerError,
+    compute_unattributed_query,
+    hits_of,
+    limit_queries,
     parse_matrix,
     range_to_read,
     samples_of,
@@ -42,10 +46,23 @@ def test_queries_read_the_agents_and_dcgm_exporters_names_per_pod() -> None:
     duty, memory = usage_queries()
     assert duty == ('max by (namespace, pod, container) (DCGM_FI_DEV_GPU_UTIL{pod!=""}) or '
                     'max by (namespace, pod, container) (DCGM_FI_PROF_GR_ENGINE_ACTIVE{pod!=""}) * 100')
-    assert memory == 'max by (namespace, pod, container) (DCGM_FI_DEV_FB_USED{pod!=""})'
+    # A device's memory the agent marks as not the pod's own is left out; dcgm-exporter has no such series.
+    assert memory == ('max by (namespace, pod, container) (DCGM_FI_DEV_FB_USED{pod!=""} unless on (namespace, '
+                      'pod, container, UUID, GPU_I_ID) (gpupack_pod_gpu_memory_attributed{pod!=""} == 0))')
     duty, memory = usage_queries(' job="gpupack-node-agent", ')
     assert 'DCGM_FI_DEV_FB_USED{pod!="",job="gpupack-node-agent"}' in memory
-    assert duty.count('job="gpupack-node-agent"') == 2
+    assert duty.count('job="gpupack-node-agent"') == 2 and memory.count('job="gpupack-node-agent"') == 2
+
+
+def test_the_compute_unattributed_query_reads_the_agents_mark() -> None:
+    assert compute_unattributed_query('job="a"') == (
+        'max by (namespace, pod, container) (gpupack_pod_gpu_use_attributed{pod!="",job="a"} == 0)')
+
+
+def test_limit_queries_read_the_agents_hit_counter_and_limit_raw() -> None:
+    hits, limit = limit_queries('job="a"')
+    assert hits == 'max by (namespace, pod, container) (gpupack_pod_gpu_memory_limit_hits_total{pod!="",job="a"})'
+    assert limit == 'max by (namespace, pod, container) (gpupack_pod_gpu_memory_limit_bytes{pod!="",job="a"})'
 
 
 @pytest.mark.parametrize(("next_s", "now_s", "expected"), [
@@ -119,12 +136,73 @@ def test_bad_values_are_dropped_with_their_pair_and_counted() -> None:
     duty = parse_matrix(answer((labels("a"), [[1, "NaN"], [2, "-1"], [3, "100.5"], [4, "10"], [5, "10"]])))
     memory = parse_matrix(answer((labels("a"), [*times[:3], [4, "-5"], [5, str(MAX_MEMORY_BYTES / MIB + 1)],
                                                 [6, "10"]])))
-    samples, counts = samples_of(duty, memory, {"ml/a": pod("a")})
-    assert samples == []
-    assert dict(counts.dropped) == {"nan": 1, "negative": 2, "absurd": 2, "unpaired": 6}
+    marked = parse_matrix(answer((labels("a"), [[t, "0"] for t in range(1, 7)])))
+    samples, counts = samples_of(duty, memory, {"ml/a": pod("a")}, marked)
+    # A dropped duty cycle does not make its memory a memory-only sample; a marked time without a duty point does.
+    assert [(s.time_s, s.duty_percent) for s in samples] == [(6.0, None)]
+    assert dict(counts.dropped) == {"nan": 1, "negative": 2, "absurd": 2, "unpaired": 5}
 
 
-def test_an_unattributed_use_with_memory_but_no_duty_yields_no_sample() -> None:
-    memory = parse_matrix(answer((labels("a"), [[1, "100"]])))
-    samples, counts = samples_of({}, memory, {"ml/a": pod("a")})
-    assert samples == [] and counts.dropped == {"unpaired": 1}
+def test_memory_without_a_duty_cycle_where_the_agent_marks_the_compute_is_a_memory_only_sample() -> None:
+    """An MPS client: the agent exports its memory (attributed), no duty cycle, and use_attributed 0."""
+    duty = parse_matrix(answer((labels("a"), [[1, "20"]])))
+    memory = parse_matrix(answer((labels("a"), [[1, "100"], [2, "300"], [3, "200"]])))
+    marked = parse_matrix(answer((labels("a"), [[2, "0"]])))
+    samples, counts = samples_of(duty, memory, {"ml/a": pod("a")}, marked)
+    key = WorkloadKey("ml", "Pod", "a", "c")
+    # 3 s: memory without duty and without the mark (a scrape between two series' updates): nothing.
+    assert [(s.key, s.time_s, s.duty_percent, s.memory_bytes) for s in samples] == [
+        (key, 1.0, 20.0, 100 * MIB), (key, 2.0, None, 300 * MIB)]
+    assert (counts.samples, counts.memory_only, dict(counts.dropped)) == (2, 1, {"unpaired": 1})
+    samples, counts = samples_of(parse_matrix(answer((labels("a"), [[3, "20"]]))), {}, {"ml/a": pod("a")})
+    assert samples == [] and counts.dropped == {"unpaired": 1}  # a duty cycle without memory is nothing
+
+
+def born(name: str, uid: str, created: str) -> dict[str, Any]:
+    out = pod(name)
+    out["metadata"].update(uid=uid, creationTimestamp=created)
+    return out
+
+
+OLD = born("a", "u1", "1970-01-01T00:00:00Z")
+"""A pod created long before any read."""
+
+
+def test_each_rise_of_the_hit_counter_is_one_hit_at_its_time_with_the_limit_then() -> None:
+    counters = parse_matrix(answer((labels("a"), [[100, "2"], [160, "2"], [220, "4"], [280, "5"]])))
+    limits = parse_matrix(answer((labels("a"), [[100, str(8 * 2**30)], [220, str(8 * 2**30)],
+                                                [280, str(16 * 2**30)]])))
+    hits, last, dropped = hits_of(counters, limits, {"ml/a": OLD}, {}, read_from_s=100.0)
+    key = WorkloadKey("ml", "Pod", "a", "c")
+    # The first value is what was counted before the read (the pod is older than it): no hit.
+    assert hits == [Hit(key, 220.0, 8 * 2**30, "ml/a", "u1"), Hit(key, 220.0, 8 * 2**30, "ml/a", "u1"),
+                    Hit(key, 280.0, 16 * 2**30, "ml/a", "u1")]
+    assert last == {("ml/a", "u1", "c"): 5.0} and dropped == {}
+    # The next read goes on from the last value: the same count again is no hit.
+    again = parse_matrix(answer((labels("a"), [[340, "5"], [400, "6"]])))
+    hits, last, _ = hits_of(again, limits, {"ml/a": OLD}, last, read_from_s=100.0)
+    assert [(h.time_s, h.limit_bytes) for h in hits] == [(400.0, 16 * 2**30)] and last[("ml/a", "u1", "c")] == 6.0
+
+
+def test_a_counter_that_falls_was_reset_and_its_new_count_is_all_new_hits() -> None:
+    """The agent restarted: its counter starts again from 0 (node.metrics)."""
+    counters = parse_matrix(answer((labels("a"), [[100, "3"], [160, "3"], [220, "1"], [280, "1"]])))
+    limits = parse_matrix(answer((labels("a"), [[100, "1000"]])))
+    hits, last, _ = hits_of(counters, limits, {"ml/a": OLD}, {("ml/a", "u1", "c"): 3.0}, read_from_s=0.0)
+    assert [(h.time_s, h.limit_bytes) for h in hits] == [(220.0, 1000)] and last[("ml/a", "u1", "c")] == 1.0
+
+
+def test_a_pod_created_within_what_was_read_counts_from_zero_and_only_its_own_points() -> None:
+    young = born("a", "u2", "1970-01-01T00:02:30Z")  # 150 s
+    counters = parse_matrix(answer((labels("a"), [[100, "7"], [160, "1"], [220, "2"]])))
+    limits = parse_matrix(answer((labels("a"), [[100, "5"], [160, "1000"]])))
+    hits, last, _ = hits_of(counters, limits, {"ml/a": young}, {}, read_from_s=100.0)
+    # 100 s is an earlier pod's of the name; the new pod's first value is its own first hit.
+    assert [(h.time_s, h.limit_bytes, h.uid) for h in hits] == [(160.0, 1000, "u2"), (220.0, 1000, "u2")]
+    assert last == {("ml/a", "u2", "c"): 2.0}
+
+
+def test_hits_of_pods_not_live_are_skipped_and_a_hit_without_a_known_limit_is_dropped() -> None:
+    counters = parse_matrix(answer((labels("a"), [[100, "0"], [160, "2"]]), (labels("gone"), [[100, "0"], [160, "1"]])))
+    hits, last, dropped = hits_of(counters, {}, {"ml/a": OLD}, {}, read_from_s=0.0)
+    assert hits == [] and dropped == {"hit_without_limit": 2} and set(last) == {("ml/a", "u1", "c")}

@@ -16,6 +16,7 @@ from controller.state.prometheus_usage import Matrix, QueryRange
 from controller.usage_prometheus import PrometheusUsageSource
 from controller.usage_source import AgentsSource
 from kube.times import format_time
+from sharing.usage.compact import LimitHits
 from sharing.usage.recommender import RecommenderSettings, WorkloadKey
 from tests.unit.test_recommender_cycle import (
     GIB,
@@ -24,6 +25,7 @@ from tests.unit.test_recommender_cycle import (
     Clock,
     FakeKube,
     _bytes,
+    _memory_record,
     _pod,
     _record,
     _rounded,
@@ -40,14 +42,20 @@ class FakePrometheus:
     """Per-pod samples as the agent exports them, answered for a window as ``query_range`` does."""
 
     def __init__(self) -> None:
-        self.samples: dict[tuple[str, str, str], dict[float, tuple[float, float]]] = {}
+        self.samples: dict[tuple[str, str, str], dict[float, tuple[float | None, float]]] = {}
+        self.hits: dict[tuple[str, str, str], list[tuple[float, int]]] = {}
+        """The agent's memory-limit hits: (time, limit in bytes) each."""
         self.reads: list[QueryRange] = []
         self.down = False
 
-    def add(self, pod: str, duty: float, memory_bytes: int, minutes: int, start: float = T0) -> None:
+    def add(self, pod: str, duty: float | None, memory_bytes: int, minutes: int, start: float = T0) -> None:
+        """``duty`` None: an MPS client's memory alone (the agent exports no duty cycle for it)."""
         series = self.samples.setdefault(("ml", pod, "main"), {})
         for i in range(minutes):
             series[start + 60 * i] = (duty, memory_bytes / 2**20)
+
+    def hit(self, pod: str, at: float, limit_bytes: int) -> None:
+        self.hits.setdefault(("ml", pod, "main"), []).append((at, limit_bytes))
 
     def query(self, query: str, window: QueryRange) -> Matrix:
         from controller.usage_prometheus import _ReadFailed
@@ -55,14 +63,27 @@ class FakePrometheus:
         if self.down:
             raise _ReadFailed("unreachable", "cannot reach the fake")
         self.reads.append(window)
-        memory = "FB_USED" in query
         out: Matrix = {}
         steps = int((window.end - window.start) // window.step) + 1
+        times = [window.start + i * window.step for i in range(steps)]
+        if "limit_hits" in query or "limit_bytes" in query:  # the counter and the limit, from the first hit on
+            for key, hits in self.hits.items():
+                for t in times:
+                    seen = [limit for at, limit in sorted(hits) if at <= t]
+                    out.setdefault(key, {})[t] = float(len(seen) if "limit_hits" in query else
+                                                       seen[-1] if seen else hits[0][1])
+            return out
+        memory, unattributed = "FB_USED" in query, "use_attributed" in query
         for key, points in self.samples.items():
-            for t in (window.start + i * window.step for i in range(steps)):
+            for t in times:
                 latest = max((at for at in points if t - STALE_S < at <= t), default=None)
-                if latest is not None:
-                    out.setdefault(key, {})[t] = points[latest][1 if memory else 0]
+                if latest is None:
+                    continue
+                duty, mib = points[latest]
+                # The agent's mark where the compute is not the pod's own (use_attributed 0).
+                value = (0.0 if duty is None else None) if unattributed else mib if memory else duty
+                if value is not None:
+                    out.setdefault(key, {})[t] = value
         return out
 
 
@@ -122,6 +143,49 @@ def test_the_same_use_gives_the_same_recommendation_as_the_agents_source() -> No
     assert (container["pods"], container["ooms"]) == (2, 0)
     assert _bytes(container["gpuMemory"]) == _rounded(_with_margin(30 * GIB))
     assert ours["conditions"][0]["reason"] == "Recommended"
+
+
+def test_an_mps_clients_memory_and_limit_hit_give_what_the_agents_source_gives() -> None:
+    """One replica measured, one an MPS client (memory alone) that hit its 32 GiB limit: the memory is
+    learned from both and raised at the hit, the compute and observed time come from the measured one."""
+    kube, clock, prometheus = PromKube(), Clock(), FakePrometheus()
+    kube.pods = [_on(_pod("web-5d8f9-a"), "n1"), _on(_pod("web-5d8f9-b"), "n2")]
+    prometheus.add("web-5d8f9-a", 20.0, 10 * GIB, 150)
+    prometheus.add("web-5d8f9-b", None, 30 * GIB, 150)
+    hit_at = T0 + 100 * 60
+    prometheus.hit("web-5d8f9-b", hit_at, 32 * GIB)
+    cycle = _prometheus_cycle(kube, clock, prometheus)
+    cycle.run()
+    ours = kube.objects[("ml", "deployment-web")]["status"]
+    agents = FakeKube()
+    agents.pods = kube.pods
+    agents.publish("n1", [_record("web-5d8f9-a", 20.0, 10 * GIB, 150)])
+    agents.publish("n2", [_memory_record("web-5d8f9-b", 30 * GIB, 150, LimitHits(1, hit_at, 32 * GIB))])
+    settings = ControllerSettings(recommend_min_observed_seconds=3600.0, metrics_port=0)
+    RecommenderCycle(agents, settings, clock=clock).run()  # type: ignore[arg-type]
+    theirs = agents.objects[("ml", "deployment-web")]["status"]
+    assert ours["containers"] == theirs["containers"] and ours["containers"]
+    [container] = ours["containers"]
+    assert (container["pods"], container["ooms"]) == (2, 1)
+    assert _bytes(container["gpuMemory"]) > 32 * GIB  # above the limit hit, beyond the 30 GiB seen
+    history = cycle.recommender.histories[WEB]
+    assert history.samples == 150  # the MPS client's memory-only time is not observed time
+    assert _source(cycle).last_counts.memory_only == 150
+    cycle.run()  # the next cycle reads on: the hit is not counted again
+    assert kube.objects[("ml", "deployment-web")]["status"]["containers"][0]["ooms"] == 1
+
+
+def test_a_pod_whose_compute_stops_being_its_own_keeps_its_memory_only() -> None:
+    """The rule the agent follows (sharing.usage.pod_history): the duty samples it had are dropped."""
+    kube, clock, prometheus = PromKube(), Clock(), FakePrometheus()
+    kube.pods = [_on(_pod("web-5d8f9-a"), "n1")]
+    prometheus.add("web-5d8f9-a", 20.0, 10 * GIB, 60)
+    prometheus.add("web-5d8f9-a", None, 12 * GIB, 60, start=T0 + 60 * 60)
+    prometheus.add("web-5d8f9-a", 50.0, 11 * GIB, 30, start=T0 + 120 * 60)
+    cycle = _prometheus_cycle(kube, clock, prometheus)
+    cycle.run()
+    history = cycle.recommender.histories[WEB]
+    assert (history.samples, history.duty.total_weight, history.memory.peak()) == (0, 0.0, 12 * GIB)
 
 
 def test_gone_pods_are_checkpointed_and_a_restart_counts_nothing_twice() -> None:

@@ -66,27 +66,38 @@ def recommender() -> Recommender:
 
 DUTY = answer((labels("a"), [[100, "20"], [110, "80"]]), (labels("other"), [[100, "1"]]))
 MEMORY = answer((labels("a"), [[100, "1000"], [110, "3000"]]), (labels("other"), [[100, "1"]]))
+HITS = answer((labels("a"), [[100, "0"], [110, "1"]]))
+LIMITS = answer((labels("a"), [[100, str(4000 * MIB)]]))
 PODS = {"ml/a": pod("a")}
 
 
 def test_it_asks_query_range_since_its_last_read_and_feeds_the_live_pods(prometheus: CannedPrometheus) -> None:
-    prometheus.answer_json(DUTY, MEMORY, answer(), answer())
+    prometheus.answer_json(DUTY, MEMORY, answer(), HITS, LIMITS, answer())
     source = PrometheusUsageSource(prometheus.url + "/", selector='job="agents"', lookback_s=20.0)
     rec = recommender()
     source.feed(rec, PODS, 115.0)
-    first, second = prometheus.requests
-    assert first["path"] == second["path"] == QUERY_RANGE_PATH
+    first, second, unattributed, hits, limits = prometheus.requests
+    assert {r["path"] for r in prometheus.requests} == {QUERY_RANGE_PATH}
     assert (float(first["start"]), float(first["end"]), float(first["step"])) == (100.0, 115.0, 10.0)
     assert "DCGM_FI_DEV_GPU_UTIL" in first["query"] and 'job="agents"' in first["query"]
-    assert "DCGM_FI_DEV_FB_USED" in second["query"]
+    assert "DCGM_FI_DEV_FB_USED" in second["query"] and "gpupack_pod_gpu_use_attributed" in unattributed["query"]
+    assert "gpupack_pod_gpu_memory_limit_hits_total" in hits["query"] and 'job="agents"' in hits["query"]
+    assert "gpupack_pod_gpu_memory_limit_bytes" in limits["query"]
     history = rec.histories[WorkloadKey("ml", "Pod", "a", "c")]
-    assert (history.samples, history.memory.peak()) == (2, 3000 * MIB)
+    # The counter's rise at 110 s is one hit: the memory raised as Recommender.record_oom raises it.
+    expected = Recommender(rec.settings)
+    expected.record_oom(WorkloadKey("ml", "Pod", "a", "c"), 110.0, 4000 * MIB)
+    bumped = expected.histories[WorkloadKey("ml", "Pod", "a", "c")]
+    assert (history.samples, history.ooms, source.last_counts.hits) == (2, 1, 1)
+    assert max(history.memory.peak(), history.oom_floor.peak()) == max(bumped.memory.peak(),
+                                                                      bumped.oom_floor.peak()) > 4000 * MIB
     assert list(rec.histories) == [WorkloadKey("ml", "Pod", "a", "c")]  # "other" is no live pod
     assert source.last_counts.skipped_series == 1
     source.feed(rec, PODS, 131.0)
-    assert float(prometheus.requests[2]["start"]) == 120.0  # no time read twice
+    assert float(prometheus.requests[5]["start"]) == 120.0  # no time read twice
+    assert rec.histories[WorkloadKey("ml", "Pod", "a", "c")].ooms == 1  # a hit is counted once
     source.feed(rec, PODS, 135.0)
-    assert len(prometheus.requests) == 4  # no step since: nothing asked
+    assert len(prometheus.requests) == 10  # no step since: nothing asked
 
 
 @pytest.mark.parametrize(("status", "body", "logged"), [

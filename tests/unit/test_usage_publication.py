@@ -13,10 +13,11 @@ from node.agent import Agent
 from node.base.pods import sim_pid
 from node.base.settings import AgentSettings
 from node.base.snapshot import read_snapshot
+from node.metrics import AgentMetrics
 from node.nvml import errors
 from node.nvml.simulated import Fault, SimulatedNvml, simulated_backend
 from node.usage.attribution import PodGpuUse
-from node.usage.publication import MIB, UsageAggregator, limit_mib
+from node.usage.publication import MIB, PodLimit, UsageAggregator, limit_mib
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.api.crd import NodeUsage, PodUsage
 from sharing.api.keys import ALLOCATION_ANNOTATION, SHARED_RESOURCE
@@ -181,6 +182,58 @@ def test_a_gone_pod_is_dropped_and_a_restarted_agent_goes_on_with_its_histories(
     assert set(after) == {"ml/a"}
     assert after["ml/a"].samples > before  # continued, not started afresh
     assert after["ml/a"].limit_hits == 1  # the episode in force when the old agent stopped is not counted twice
+
+
+# ------------------------------------------------------------ the limit hits as metrics (Prometheus's source)
+
+def _limit_metric(agent: Agent, name: str, pod: str) -> float | None:
+    return agent.metrics.registry.get_sample_value(name, {"namespace": "ml", "pod": pod, "container": "c"})
+
+
+def test_the_hits_the_agent_counts_and_the_limits_are_per_pod_metrics(tmp_path: Path) -> None:
+    agent, sim, kube = _shared_node(tmp_path)
+    for _ in range(6):
+        agent.tick()
+    # a sits at its 1 GiB allocation: the one hit published is the one exported; b never hit, its counter is 0.
+    assert _published(kube)["ml/a"].limit_hits == 1
+    assert _limit_metric(agent, "gpupack_pod_gpu_memory_limit_hits_total", "a") == 1.0
+    assert _limit_metric(agent, "gpupack_pod_gpu_memory_limit_hits_total", "b") == 0.0
+    assert _limit_metric(agent, "gpupack_pod_gpu_memory_limit_bytes", "a") == GIB
+    gpu_mib = agent.snapshot().gpus[0].info.memory_total_mib
+    assert _limit_metric(agent, "gpupack_pod_gpu_memory_limit_bytes", "b") == gpu_mib * MIB
+
+    kube.pods = [_limited("a", GIB)]  # b has gone; a restarted agent counts from 0 what it sees anew
+    restarted, _ = _agent(tmp_path, kube)
+    for _ in range(6):
+        restarted.tick()
+    assert _published(kube)["ml/a"].limit_hits == 1  # the restored count goes on in status.usage
+    assert _limit_metric(restarted, "gpupack_pod_gpu_memory_limit_hits_total", "a") == 0.0  # a counter's reset
+    assert _limit_metric(restarted, "gpupack_pod_gpu_memory_limit_hits_total", "b") is None
+
+
+def test_hit_counters_rise_with_the_count_start_anew_for_a_new_pod_and_go_with_their_pod() -> None:
+    metrics = AgentMetrics()
+
+    def value(name: str = "gpupack_pod_gpu_memory_limit_hits_total") -> float | None:
+        return metrics.registry.get_sample_value(name, {"namespace": "ml", "pod": "a", "container": "c"})
+
+    metrics.observe_pod_limits([PodLimit("ml/a", "u1", "c", 0, None)])
+    assert value() == 0.0 and value("gpupack_pod_gpu_memory_limit_bytes") is None  # a limit not known yet
+    metrics.observe_pod_limits([PodLimit("ml/a", "u1", "c", 2, GIB)])
+    metrics.observe_pod_limits([PodLimit("ml/a", "u1", "c", 2, GIB)])
+    assert value() == 2.0 and value("gpupack_pod_gpu_memory_limit_bytes") == GIB
+    metrics.observe_pod_limits([PodLimit("ml/a", "u2", "c", 1, 2 * GIB)])  # a new pod of the name
+    assert value() == 1.0 and value("gpupack_pod_gpu_memory_limit_bytes") == 2 * GIB
+    metrics.observe_pod_limits([])
+    assert value() is None and value("gpupack_pod_gpu_memory_limit_bytes") is None
+
+
+def test_an_unattributed_pod_has_no_limit_series() -> None:
+    aggregator = UsageAggregator()
+    assert aggregator.limits() == []
+    restored = {"usage": {"pods": [{"pod": "ml/a", "uid": "u1", "container": "c", "unattributed": "why",
+                                    "limitHits": 0}]}}
+    assert aggregator.restore(restored) == 1 and aggregator.limits() == []
 
 
 # ------------------------------------------------------------ the limit of each kind of device
