@@ -88,6 +88,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--publish-seconds", type=finite_float, metavar="S",
                    help="the recommender sees use as of the agents' last publication, every S seconds (live: 300); "
                         "default: as it happens")
+    p.add_argument("--pods", dest="usage_pods", type=int, metavar="N",
+                   help="the first N pods of the trace, by first sample (as `gpupack replay usage --pods N`); "
+                        "default: all")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)
 
@@ -118,6 +121,13 @@ def run(args: argparse.Namespace) -> int:
     except UnknownModelError as exc:
         raise UsageError(f"--gpu: {exc}") from None
     trace = load_usage_trace(args.trace)
+    if args.usage_pods is not None:
+        from gpupack.replay.usage_live import first_pods
+
+        try:
+            trace = first_pods(trace, args.usage_pods)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     workloads: dict[str, WorkloadKey] | None = None
     if args.workloads is not None:
         try:
