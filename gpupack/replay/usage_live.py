@@ -15,8 +15,9 @@ node (one GPU each: ``gpupack.replay.usage_stack``) of the **oldest** bound, not
 pod of its Deployment (the one serving until a rollout's replacement is Ready and it is deleted,
 as a make-before-break move is in the simulator), with the memory limit of its allocation record
 (``gpupack.io/allocation``; a whole GPU: the GPU's memory). A trace pod alive whose Deployment
-has no bound pod yet is **pending**: it counts as holding a GPU of its own (what it asked for),
-and the steps are counted apart (``pending_pod_steps``): they are the real-time latencies of
+has no bound pod yet is **pending**: it counts as sitting where its first pod is then bound, the
+whole GPU it asked for (:func:`backfill_pending`; a pod never bound holds a GPU of its own), and
+the steps are counted apart (``pending_pod_steps``): they are the real-time latencies of
 admission, the controller's cycle and kube-scheduler, which a time-scaled run turns into trace
 minutes (``time_scale`` trace seconds per wall second).
 
@@ -202,7 +203,7 @@ class UsageReplayer:
                              f"pods resized")
         finally:
             pods.stop()
-        return seatings
+        return backfill_pending(seatings)
 
     @staticmethod
     def _until(wall_s: float) -> None:
@@ -248,6 +249,19 @@ class UsageReplayer:
             conditions = (rec.get("status") or {}).get("conditions") or []
             if any(c.get("type") == "RecommendationProvided" and c.get("status") == "True" for c in conditions):
                 self.observed.recommended.add(str(((rec.get("spec") or {}).get("targetRef") or {}).get("name")))
+
+
+def backfill_pending(seatings: Sequence[Seating]) -> list[Seating]:
+    """A trace pod pending at the start of its life sits, in the figures, where its first pod was
+    bound: the GPU it asked for and got, so the binding is not counted as a move (as a GPU of its own
+    it would be, and every later move would count as one after the first)."""
+    first: dict[str, Seat] = {}
+    for seating in seatings:
+        for pod, seat in seating.items():
+            if seat.gpu < PENDING_GPU:
+                first.setdefault(pod, seat)
+    return [{pod: first.get(pod, seat) if seat.gpu >= PENDING_GPU else seat for pod, seat in seating.items()}
+            for seating in seatings]
 
 
 def compare(live: Mapping[str, Any], simulated: Mapping[str, Any]) -> dict[str, Any]:

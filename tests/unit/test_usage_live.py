@@ -10,7 +10,8 @@ import pytest
 
 from gpupack.cli import load_usage_trace
 from gpupack.replay.usage_live import (
-    compare, deployment, deployment_name, first_pods, mapping_csv, seat_of, simulator_policy,
+    PENDING_GPU, backfill_pending, compare, deployment, deployment_name, first_pods, mapping_csv, seat_of,
+    simulator_policy,
 )
 from gpupack.replay.usage_stack import required_nodes, scaled_periods
 from gpupack.testing.usage_traces import GIB, write_usage_trace
@@ -99,3 +100,11 @@ def test_the_verdict_is_on_gpu_hours_saved_within_two_points() -> None:
     result = compare({**figures, "gpu_hours_saved_pct": 31.2, "evictions_per_pod_day": 2.0}, figures)
     assert result["agrees"] is False
     assert result["difference"]["gpu_hours_saved_pct"] == -2.1 and result["difference"]["evictions_per_pod_day"] == -2.0
+
+
+def test_a_pending_pod_sits_where_its_first_pod_is_bound_and_its_binding_is_no_move() -> None:
+    pending = Seat(PENDING_GPU + 3, None)
+    filled = backfill_pending([{"a": pending, "b": Seat(0, GPU)}, {"a": Seat(2, GPU), "b": Seat(0, GPU)},
+                               {"a": Seat(1, 20 * GIB), "b": Seat(0, GPU)}])
+    assert [s["a"] for s in filled] == [Seat(2, GPU), Seat(2, GPU), Seat(1, 20 * GIB)]
+    assert backfill_pending([{"never": pending}]) == [{"never": pending}]
