@@ -106,8 +106,9 @@ def valid_rest(path: tuple[str, ...], inputs: dict[str, Path]) -> dict[str, str]
     }.get(path, {})
 
 
+# An option of a file name takes a string; `usage`'s --pods is a count of a trace's pods (an int), not a file.
 FILES = [(path, name) for path, parser in COMMANDS if path not in LONG_RUNNING for action in parser._actions
-         for name in (action.option_strings or [action.dest]) if name in FILE_INPUTS]
+         for name in (action.option_strings or [action.dest]) if name in FILE_INPUTS and action.type is not int]
 
 
 def positional_values(args: dict[str, str]) -> list[str]:
