@@ -36,14 +36,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from controller.state.pods import read_record
 from mig.catalog import find_model
 from sharing.api.allocation import Allocation
-from sharing.api.crd import API_VERSION, GPURecommendation
 from sharing.api.fields import as_list, as_map
 from sharing.api.keys import RIGHT_SIZED_ANNOTATION
+from sharing.api.recommendation import RecommendationError, RecommendationReading, read_recommendation
 from sharing.api.request import AdmissionRefusal, parse_pod
 from sharing.api.right_sized import RightSizedError, RightSizedFrom
 from sharing.api.workload import WorkloadRef, recommendation_name
@@ -51,7 +49,6 @@ from sharing.usage.recommender import WorkloadKey
 from sharing.usage.sizing import Size
 from sharing.usage.updater import Candidate, UpdaterSettings, at_risk, is_far
 
-PROVIDED = "RecommendationProvided"
 """The condition a recommendation must carry ``True`` before anything acts on it."""
 
 RecommendationKey = tuple[str, str]
@@ -70,32 +67,28 @@ class PodCandidate:
     """The container that represents the pod (module docstring)."""
 
 
-def read_recommendations(objects: Iterable[Mapping[str, Any]]) -> tuple[dict[RecommendationKey, GPURecommendation],
+def read_recommendations(objects: Iterable[Mapping[str, Any]]) -> tuple[dict[RecommendationKey, RecommendationReading],
                                                                          list[str]]:
-    """The ``GPURecommendation`` objects by (namespace, name), typed; and, for each one left out
-    because it does not validate, ``namespace/name: why``."""
-    out: dict[RecommendationKey, GPURecommendation] = {}
+    """The ``GPURecommendation`` objects by (namespace, name), read by the one reader
+    (``sharing.api.recommendation``); and, for each one left out because it does not validate, why."""
+    out: dict[RecommendationKey, RecommendationReading] = {}
     problems: list[str] = []
     for obj in objects:
-        meta = as_map(obj.get("metadata"))
-        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         try:
-            # List items carry no apiVersion or kind: the typed model wants them.
-            out[key] = GPURecommendation.model_validate({**obj, "apiVersion": API_VERSION, "kind": "GPURecommendation"})
-        except ValidationError as exc:
-            problems.append(f"{key[0]}/{key[1]}: {exc.errors()[0].get('msg', 'invalid')}")
+            reading = read_recommendation(obj)
+        except RecommendationError as exc:
+            # The caller's log line names the kind already: ``namespace/name: why``.
+            problems.append(str(exc).removeprefix("GPURecommendation "))
+            continue
+        out[(reading.namespace, reading.name)] = reading
     return out, problems
 
 
-def targets(recommendation: GPURecommendation, workload: WorkloadRef) -> dict[str, Size]:
+def targets(recommendation: RecommendationReading, workload: WorkloadRef) -> dict[str, Size]:
     """Per container, the recommended size; empty unless the recommendation is provided for ``workload``."""
-    status = recommendation.status
-    ref = recommendation.spec.target_ref
-    if status is None or (ref.kind, ref.name) != (workload.kind, workload.name):
+    if recommendation.target != workload or not recommendation.provided:
         return {}
-    if not any(c.type == PROVIDED and c.status == "True" for c in status.conditions):
-        return {}
-    return {c.container_name: Size(max(1, c.gpu_milli), c.gpu_memory_bytes) for c in status.containers}
+    return {s.container: Size(max(1, s.milli), s.memory_bytes) for s in recommendation.sizes}
 
 
 def _record_sizes(allocation: Allocation) -> dict[str, Size]:
@@ -148,7 +141,7 @@ def _pressing(pairs: list[tuple[str, Size, Size]], settings: UpdaterSettings) ->
 
 
 def pod_candidate(key: str, pod: Mapping[str, Any], workload: WorkloadRef,
-                  recommendations: Mapping[RecommendationKey, GPURecommendation],
+                  recommendations: Mapping[RecommendationKey, RecommendationReading],
                   settings: UpdaterSettings) -> PodCandidate | None:
     """The pod as the updater's candidate, or None when it has no recommendation or no known size."""
     name = recommendation_name(workload)
@@ -170,5 +163,5 @@ def _container_names(pod: Mapping[str, Any]) -> list[str]:
     return [str(as_map(c).get("name")) for kind in ("initContainers", "containers") for c in as_list(spec.get(kind))]
 
 
-__all__ = ["PROVIDED", "PodCandidate", "RecommendationKey", "current_sizes", "pod_candidate", "read_recommendations",
+__all__ = ["PodCandidate", "RecommendationKey", "current_sizes", "pod_candidate", "read_recommendations",
            "targets"]

@@ -42,7 +42,8 @@ from typing import Any, Literal
 from controller.planning.evictions import Eviction, recreated_elsewhere
 from controller.planning.right_size_candidates import PodCandidate, RecommendationKey, pod_candidate
 from kube.times import parse_time
-from sharing.api.crd import GPURecommendation, SharingPolicySpec
+from sharing.api.crd import SharingPolicySpec
+from sharing.api.recommendation import RecommendationReading
 from sharing.api.fields import as_list, as_map
 from sharing.api.workload import WorkloadRef, workload_of
 from sharing.rules.right_sizing import RightSizing, right_sizing_for
@@ -140,7 +141,7 @@ def _movable(pod: Mapping[str, Any]) -> bool:
 
 
 def plan_evictions(pods: Mapping[str, Mapping[str, Any]], modes: Mapping[str, RightSizing],
-                   recommendations: Mapping[RecommendationKey, GPURecommendation], memory: EvictionMemory,
+                   recommendations: Mapping[RecommendationKey, RecommendationReading], memory: EvictionMemory,
                    now: datetime, settings: UpdaterSettings = UpdaterSettings()) -> EvictionPlan:
     """The evictions of this cycle (module docstring). ``pods``: live pod objects by ``namespace/name``;
     ``modes``: the right-sizing per namespace (a namespace missing is ``Off``)."""
