@@ -2,8 +2,10 @@
 
 Input: a :class:`~controller.state.snapshot.Snapshot` and the time (injected). Output: a
 :class:`Plan` that :mod:`controller.operator` applies. Pure and deterministic:
-pods are taken oldest first (then by name), so a pod never starves behind
-newer ones, and the same snapshot always yields the same plan.
+pods are taken in ``sharing.rules.priority.waiting_order``: highest priority
+(``spec.priority``, which the API server resolves from the PriorityClass) first,
+then oldest, then by name, so a pod never starves behind newer ones of its
+priority, and the same snapshot always yields the same plan.
 
 For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
 (the capacity it was admitted for went to another pod), in order:
@@ -20,7 +22,11 @@ For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
    change (:mod:`controller.planning.migplan`, or a node sharing change) and let the pod
    **wait** for it: its gate is lifted in a later cycle, once the node agent
    reports the new capacity;
-3. otherwise the pod **waits**, with the reason.
+3. otherwise, if it is gated and may preempt, the fewest pods of strictly lower
+   priority whose places give it one are **preempted**
+   (:mod:`controller.planning.preemption`): the pod is pinned to that node and
+   waits, its place held, until they are gone, then is released as in 1;
+4. otherwise the pod **waits**, with the reason.
 
 Capacity planned in this cycle is reused by the next pods of the same cycle
 (batching), so a burst of demand reshapes as few GPUs as possible. Nodes with
@@ -47,6 +53,7 @@ from datetime import datetime
 from controller.planning.capacity import FreeCapacity, unreported_claims
 from controller.state.claims import mig_claims, shared_claims, whole_pinned
 from controller.planning.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
+from controller.planning.preemption import Preemption, choose, resume, still_held
 from controller.planning.sharedplan import SharedPlacer
 from controller.state.snapshot import Node, Pod, Snapshot
 from mig.model import GpuModel
@@ -55,6 +62,7 @@ from sharing.api.backend import node_backend
 from sharing.api.keys import REPLICAS_LABEL, STRATEGY_LABEL
 from sharing.api.modes import NodeSharingMode
 from sharing.rules.node_policy import NodePolicy
+from sharing.rules.priority import waiting_order
 from sharing.packing.shared_sequence import EXACT, LARGER, ReplicaStep, place_shared
 from sharing.rules.replicas import MAX_REPLICAS, fits_split, most_replicas, replicas_for_demand
 from sharing.rules.reshape_gate import idle_long_enough, reshape_gate
@@ -81,6 +89,14 @@ class Wait:
     reason: str
     deferred: bool = False
     """Not judged this cycle (its layout search was left to the next one): no verdict on it yet."""
+    coming: bool = False
+    """Capacity for it is being created (or planned this cycle): it does not fit *nowhere*."""
+    held: bool = False
+    """It waits for the place its preemption frees (``controller.planning.preemption``): never re-admitted."""
+
+
+def _coming(pod: Pod, reason: str) -> Wait:
+    return Wait(pod.key, reason, coming=True)
 
 
 @dataclass(frozen=True)
@@ -89,10 +105,11 @@ class Plan:
     sharing: tuple[SharingChange, ...] = ()
     releases: tuple[Release, ...] = ()
     waiting: tuple[Wait, ...] = ()
+    preemptions: tuple[Preemption, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.layouts or self.sharing or self.releases)
+        return not (self.layouts or self.sharing or self.releases or self.preemptions)
 
 
 @dataclass
@@ -114,7 +131,7 @@ class _Cycle:
     whole_busy: Counter[str] = field(default_factory=Counter)
     """Nodes with whole-GPU pods bound or pinned: never split into replicas under them."""
     waiting: tuple[Pod, ...] = ()
-    """The cycle's waiting pods, oldest first."""
+    """The cycle's waiting pods, in waiting order (priority, then oldest)."""
     current: int = 0
     """Index in ``waiting`` of the pod being planned: the ones after it are still to come."""
     by_name: dict[str, Node] = field(default_factory=dict)
@@ -287,7 +304,7 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]], *,
 
 
 MIG_SEARCHES_PER_CYCLE = 200
-"""Layout searches (a pod with no free or incoming instance) a cycle makes at most, oldest pods first;
+"""Layout searches (a pod with no free or incoming instance) a cycle makes at most, in waiting order;
 the rest wait for the next cycle. Each searches every changeable GPU of the fleet: with a backlog of
 thousands, an unbounded cycle grew with the backlog and released nothing for minutes."""
 
@@ -320,13 +337,13 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
         incoming = cycle.free.incoming_mig.get(n.name)
         if incoming and _can_take(cycle, pod, n) and all(incoming[p] >= k for p, k in need.items()):
             incoming.subtract(need)
-            return Wait(pod.key, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
+            return _coming(pod, f"capacity being created: {', '.join(sorted(pod.profiles))} on {n.name} (in flight)")
     shape = _mig_shape(pod)
     if shape in cycle.mig_hopeless:
         return Wait(pod.key, cycle.mig_hopeless[shape])
     if cycle.mig_searches >= MIG_SEARCHES_PER_CYCLE:
         return Wait(pod.key, f"capacity for {', '.join(sorted(pod.profiles))} is searched for in the next cycle "
-                             f"(at most {MIG_SEARCHES_PER_CYCLE} layout searches a cycle, oldest pods first)",
+                             f"(at most {MIG_SEARCHES_PER_CYCLE} layout searches a cycle, in waiting order)",
                     deferred=True)
     cycle.mig_searches += 1
     # Cheapest first: create in free slices (nothing destroyed, no idle time needed);
@@ -360,7 +377,7 @@ def _plan_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Relea
     cycle.free.destroy_mig(change.node, (i.profile for i in change.destroy))
     spare = Counter(i.profile for i in change.create) - Counter(pod.profiles)
     cycle.free.add_incoming_mig(change.node, spare)
-    return Wait(pod.key, f"capacity being created: {change.reason}")
+    return _coming(pod, f"capacity being created: {change.reason}")
 
 
 def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod | None) -> list[Node]:
@@ -409,19 +426,19 @@ def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[st
     for n in incoming:
         if cycle.free.incoming_whole[n.name] >= need and _can_take(cycle, pod, n):
             cycle.free.incoming_whole[n.name] -= need
-            return Wait(pod.key, f"capacity being created: {n.name} returning to whole GPUs (in flight)")
+            return _coming(pod, f"capacity being created: {n.name} returning to whole GPUs (in flight)")
     for name, change in sorted(cycle.sharing.items()):
         if change.mode == "none" and cycle.planned_whole[name] >= need and cycle.free.fits(name, pod) \
                 and _allowed_after_switch(pod, cycle.by_name[name], "none", 1):
             cycle.planned_whole[name] -= need
-            return Wait(pod.key, f"capacity being created: {name} returning to whole GPUs")
+            return _coming(pod, f"capacity being created: {name} returning to whole GPUs")
     idle = _idle_shared_nodes(cycle, taken, need, pod)
     if not idle:
         return Wait(pod.key, f"no node has {need} free whole GPU(s), and no idle shared node may return to whole-GPU "
                              "use now (policy selector, window, maxConcurrent, idle time)")
     _switch_back(cycle, idle[0], f"{pod.key} needs {need} whole GPU(s)")
     cycle.planned_whole[idle[0].name] -= need
-    return Wait(pod.key, f"capacity being created: {idle[0].name} returning to whole GPUs")
+    return _coming(pod, f"capacity being created: {idle[0].name} returning to whole GPUs")
 
 
 def _own_size(cycle: _Cycle, pod: Pod, node: Node) -> int:
@@ -524,13 +541,13 @@ class _SharedSteps:
                     and _allowed_after_switch(pod, n, n.spec_sharing, n.spec_replicas) and cycle.free.fits(n.name, pod)
                     and _shared_ok(pod, n, n.spec_replicas)):
                 cycle.free.incoming_shared[n.name] -= pod.shares
-                return Wait(pod.key, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
+                return _coming(pod, f"capacity being created: {n.name} switching to {pod.mode} x{n.spec_replicas} (in flight)")
         for name, change in sorted(cycle.sharing.items()):
             target = cycle.by_name[name]
             if (change.mode == pod.mode and cycle.planned_shares[name] >= pod.shares and _shared_ok(pod, target, change.replicas)
                     and _allowed_after_switch(pod, target, change.mode, change.replicas) and cycle.free.fits(name, pod)):
                 cycle.planned_shares[name] -= pod.shares
-                return Wait(pod.key, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
+                return _coming(pod, f"capacity being created: {name} switching to {change.mode} x{change.replicas}")
         return None
 
     def idle(self) -> list[tuple[Node, int]]:
@@ -570,7 +587,7 @@ class _SharedSteps:
         cycle.budget[policy.names] -= 1
         cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
         cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
-        return Wait(pod.key, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
+        return _coming(pod, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
 
 
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
@@ -590,8 +607,8 @@ node (8 GPUs x 8 replicas is 64 pods), bounded so a fleet's backlog costs a cycl
 
 def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharingMode, policy: NodePolicy) -> int:
     """The replica count ``node`` is split into for ``pod`` (``replicas.replicas_for_demand``, in the
-    policy's bounds): the demand is the pod and the waiting pods after it of the same mode, oldest
-    first, each judged on the labels the split gives the node."""
+    policy's bounds): the demand is the pod and the waiting pods after it of the same mode, in
+    waiting order, each judged on the labels the split gives the node."""
     later = (p for p in cycle.waiting[cycle.current + 1 :] if p.mode == pod.mode)
     demand = [pod, *islice(later, DEMAND_LOOKAHEAD)]
     return replicas_for_demand(
@@ -659,7 +676,8 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                        pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
-    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=lambda p: (p.created, p.key))
+    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable),
+                          key=lambda p: waiting_order(p.priority.value, p.created.timestamp(), p.key))
     if not waiting_pods and snapshot.whole_waiting <= 0 and not any(
             p.static_layout is not None for p in snapshot.policies.values()):
         # Nothing waits and no policy pins a layout: every step below would find nothing to do.
@@ -676,9 +694,14 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     cycle.whole_busy = whole_pinned(snapshot.pods) + Counter({n.name: n.whole_taken for n in snapshot.nodes})
     releases: list[Release] = []
     waiting: list[Wait] = []
+    preemptions: list[Preemption] = []
+    running = {p.uid: p for p in snapshot.pods if p.uid}
+    doomed: set[str] = set()
+    """Pods chosen as victims this cycle: never chosen twice."""
     cycle.waiting = tuple(waiting_pods)
     for index, pod in enumerate(cycle.waiting):
         cycle.current = index
+        held = still_held(pod, snapshot, running)
         if pod.mode == "mig":
             outcome: Release | Wait = _plan_mig(cycle, pod, claims)
         elif pod.mode == "whole":
@@ -691,6 +714,25 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
         if isinstance(outcome, Release) and not pod.gated:
             # Ungated: kube-scheduler places it; the capacity is only held for it this cycle.
             outcome = Wait(pod.key, f"capacity exists on {outcome.node}; kube-scheduler retries the pod")
+        if held is not None:
+            # Its victims still hold the place (kube-scheduler counts a terminating pod's requests
+            # until it is gone): the place is held for it, and it never preempts again meanwhile.
+            again = resume(pod, held)
+            if again is not None:
+                preemptions.append(again)
+                doomed.update(v.key for v in again.victims)
+            if isinstance(outcome, Release):
+                cycle.free.take_room(outcome.node, pod)
+            outcome = Wait(pod.key, f"waiting on {pod.node} for {held.count} pod(s) it preempted to terminate",
+                           held=True)
+        elif isinstance(outcome, Wait) and not (outcome.deferred or outcome.coming):
+            chosen = choose(pod, snapshot.nodes, cycle.free, snapshot.pods, spared=doomed,
+                            admits=lambda node: allowed_on(pod, node))
+            if chosen is not None:
+                preemptions.append(chosen)
+                doomed.update(v.key for v in chosen.victims)
+                outcome = Wait(pod.key, f"preempting {len(chosen.victims)} pod(s) of lower priority on {chosen.node}; "
+                                        f"{outcome.reason}", held=True)
         if isinstance(outcome, Release):
             cycle.free.take_room(outcome.node, pod)
             releases.append(outcome)
@@ -702,7 +744,8 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
         sharing=tuple(cycle.sharing[k] for k in sorted(cycle.sharing)),
         releases=tuple(releases),
         waiting=tuple(waiting),
+        preemptions=tuple(preemptions),
     )
 
 
-__all__ = ["LayoutChange", "Plan", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan"]
+__all__ = ["LayoutChange", "Plan", "Preemption", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan"]

@@ -248,9 +248,15 @@ class PodParse:
     """Set for a pod that asks ``nvidia.com/gpu`` itself (not gpupack's), not finished."""
     allocation: Allocation | None = None
     """The record :attr:`pod` was read from (checked against the namespace's policy by :func:`assemble`)."""
+    uid: str = ""
+    """The object's uid, whatever it is (terminating pods too: ``Snapshot.present``)."""
 
 
 def parse_pod(obj: Mapping[str, Any]) -> PodParse:
+    return replace(_parse_pod(obj), uid=str(_map(obj.get("metadata")).get("uid") or ""))
+
+
+def _parse_pod(obj: Mapping[str, Any]) -> PodParse:
     pod, allocation, distrust = read_record(obj)
     meta = _map(obj.get("metadata"))
     untrusted = None
@@ -363,7 +369,8 @@ def assemble(
                     mig_config_requests=tuple((n.reading.name, n.reading.mig_config_request) for n in parsed
                                               if n.reading.mig_config_request is not None),
                     plain_gpu_pods=tuple(p.plain for p in pod_parses if p.plain is not None),
-                    failed_devices=tuple(f for n in parsed for f in n.failed))
+                    failed_devices=tuple(f for n in parsed for f in n.failed),
+                    present=frozenset(p.uid for p in pod_parses if p.uid))
 
 
 def _with_usage(node: Node, whole: int, cpu: int, memory: int) -> Node:

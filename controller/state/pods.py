@@ -14,11 +14,12 @@ from controller.state.snapshot import Pod
 from kube.times import parse_time
 from mig.units import parse_quantity
 from sharing.api.allocation import Allocation, has_capacity_gate, trusted_allocation
-from sharing.api.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PRODUCT_LABEL, WHOLE_RESOURCE
+from sharing.api.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PREEMPTING_ANNOTATION, PRODUCT_LABEL, WHOLE_RESOURCE
+from sharing.api.priority import NEVER, PodPriority, pod_priority
 from sharing.api.fields import as_list as _list
 from sharing.api.fields import as_map as _map
 
-__all__ = ["pod_from_object", "read_pod", "read_record", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
+__all__ = ["pod_from_object", "priority_of", "read_pod", "read_record", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:
@@ -176,6 +177,25 @@ def read_record(obj: Mapping[str, Any]) -> tuple[Pod | None, Allocation | None, 
     return _pod(meta, spec, obj, allocation), allocation, None
 
 
+def priority_of(obj: Mapping[str, Any]) -> tuple[PodPriority, str | None]:
+    """The pod's priority (``sharing.api.priority.pod_priority``, the one reader), and None; or, when
+    that reader refuses its fields, priority 0 with ``Never`` and why: the API server never writes
+    such fields, so the pod is planned, may be preempted like any pod of priority 0, and never
+    preempts on a guess. The controller never stops on one odd pod."""
+    try:
+        return pod_priority(obj), None
+    except ValueError as exc:
+        return PodPriority(0, NEVER), str(exc)
+
+
+def _victims(meta: Mapping[str, Any]) -> tuple[str, ...]:
+    """The uids in the preemptor's ``gpupack.io/preempting`` annotation (empty when it has none)."""
+    text = _map(meta.get("annotations")).get(PREEMPTING_ANNOTATION)
+    if not isinstance(text, str):
+        return ()
+    return tuple(uid for uid in (part.strip() for part in text.split(",")) if uid)
+
+
 def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any], allocation: Allocation) -> Pod | None:
     mode, containers = allocation.mode, allocation.containers
     created = parse_time(meta.get("creationTimestamp"))
@@ -186,6 +206,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
     replicas = allocation.replicas
     gated = has_capacity_gate(spec)
     unschedulable = waiting_unschedulable(obj)
+    priority, priority_problem = priority_of(obj)
     return Pod(
         namespace=str(meta.get("namespace") or "default"),
         name=meta["name"],
@@ -209,4 +230,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
         claim=allocation.claim,
         requests=tuple(c.resource for c in containers) if allocation.backend == "dra" else (),
         mig_fallback=allocation.mig_fallback or (),
+        priority=priority,
+        priority_problem=priority_problem,
+        victims=_victims(meta),
     )

@@ -23,6 +23,7 @@ from sharing.api.backend import DEFAULT_BACKEND, Backend
 from sharing.api.crd import labels_match
 from sharing.api.gpunode import MigConfigRequest
 from sharing.api.modes import AllocationMode, NodeSharingMode
+from sharing.api.priority import PodPriority
 from sharing.rules.replicas import Ask, fits_split
 from sharing.rules.node_policy import NodePolicy
 
@@ -174,6 +175,14 @@ class Pod:
     mig_fallback: tuple[str, ...] = ()
     """DRA backend, a shared pod decided for ``auto``: per container the MIG profile the engine may
     place it on when no shared GPU has room (``Allocation.mig_fallback``; empty: none)."""
+    priority: PodPriority = PodPriority()
+    """``spec.priority`` and ``spec.preemptionPolicy`` (``sharing.api.priority.pod_priority``); a pod whose
+    fields that reader refuses reads as priority 0 with ``Never``: it never preempts on a guess."""
+    priority_problem: str | None = None
+    """Why the pod's priority fields were refused (None: they were read)."""
+    victims: tuple[str, ...] = ()
+    """A preemptor: the uids of the pods the controller preempted for it (``gpupack.io/preempting``);
+    while any of them exists it waits on its pinned node and never preempts again."""
 
     def admits(self, labels: dict[str, str]) -> bool:
         """Whether the pod's nodeSelector and required node affinity allow a node with ``labels``."""
@@ -270,6 +279,9 @@ class Snapshot:
     """Pods asking ``nvidia.com/gpu`` themselves, not finished (:class:`PlainGpuPod`)."""
     failed_devices: tuple[FailedDevice, ...] = ()
     """Every faulted GPU and MIG instance, for the opt-in eviction of their pods (``controller.planning.evictions``)."""
+    present: frozenset[str] = frozenset()
+    """The uids of every pod listed, terminating ones too: a preemptor waits while one of its
+    :attr:`Pod.victims` is still here (``controller.planning.preemption``)."""
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

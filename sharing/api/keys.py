@@ -51,6 +51,12 @@ make-before-break (right-sizing ``Recreate``, ``controller.planning.right_size_r
 prefix on purpose: that prefix on a pod carries gpupack's trust, and the pod-marks policy
 (``manifests/rbac/pod-marks-policy.yaml``) refuses a pod created with any other key of it. Nothing
 reads this one back: it only makes the template new."""
+PREEMPTING_ANNOTATION: Final = "gpupack.io/preempting"
+"""Pod (a preemptor, written by the controller with its pin): the uids of the pods it preempted for it,
+comma-separated; the pod waits on its node while one of them exists (``controller.planning.preemption``)."""
+PREEMPTION_REASON: Final = "PreemptionByGpupack"
+"""Reason of the ``DisruptionTarget`` condition and of the Event the controller writes on a pod it
+preempts (kube-scheduler writes ``PreemptionByScheduler``)."""
 PLACEMENT_CONDITION: Final = "gpupack.io/Placement"
 """Pod condition type: the controller's word on a gated pod it has not placed (``sharing.api.placement_status``)."""
 

@@ -1,0 +1,190 @@
+"""Preemption on the device-plugin pool: which running pods a waiting pod of higher priority displaces.
+
+The planner (:mod:`controller.planning.planner`) asks here for a gated pod that fits nowhere: no
+free capacity, none being created, none it may create now. The pod may preempt only when its
+policy is not ``Never`` and only pods of strictly lower priority
+(``sharing.rules.priority.may_preempt``, the one rule). Victims are gpupack's own pods bound or
+pinned on one node of the device-plugin pool (never pods that are not gpupack's, never DRA pods:
+the DRA pool is :mod:`controller.planning.draplan`'s).
+
+Per node the place the pod needs is counted on the cycle's ledger
+(:class:`controller.planning.capacity.FreeCapacity`), as the planner counts it: replicas of the
+node's split for a shared pod (the node must already share by the pod's mode at a split the pod
+fits: preemption never re-splits a node), instances of the profiles it asks for on a MIG node,
+whole GPUs for a whole pod; and its CPU and memory. The victims of a node are taken lowest
+priority first, then least GPU milli, until the shortfall is covered; among nodes the one with
+the fewest victims wins, then the lowest highest-victim priority, then the least milli freed,
+then the snapshot's order. These are the engine's preferences of issue 36 (fewest pods, lowest
+priority, least milli) on the counts the live planner has; the victim choice with exact fills,
+fragmentation and reshaping is ``sharing.packing.preemption.engine_preemption``, which this
+module is to call once it is on this branch.
+
+A preemptor carries the uids of its victims (``gpupack.io/preempting``, written with its pin in
+one guarded patch, :mod:`controller.writes.preemption`). While one of them still exists it waits on
+its node, its place held, and is never planned to preempt again (:func:`still_held`): no pod
+is killed twice over for one preemptor. A victim that is still running (the controller stopped
+between pinning the preemptor and deleting its victims) is deleted again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from controller.planning.capacity import FreeCapacity
+from controller.state.snapshot import Node, Pod, Snapshot
+from sharing.rules.priority import may_preempt
+from sharing.rules.replicas import fits_split
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A pod to preempt: its key and uid (the deletion's precondition), priority and GPU milli."""
+
+    key: str
+    uid: str
+    priority: int
+    milli: int
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """The plan's order to preempt ``victims`` on ``node`` for ``preemptor`` (its key)."""
+
+    preemptor: str
+    node: str
+    victims: tuple[Victim, ...]
+    reason: str
+    resumed: bool = False
+    """The victims were chosen by an earlier cycle and are still running: delete them again
+    (not counted as a new preemption)."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """A preemptor's victims that still exist: running ones (to delete again) and how many terminate."""
+
+    running: tuple[Pod, ...]
+    terminating: int
+
+    @property
+    def count(self) -> int:
+        return len(self.running) + self.terminating
+
+
+def victim(pod: Pod) -> Victim:
+    return Victim(pod.key, pod.uid, pod.priority.value, sum(pod.milli))
+
+
+def still_held(pod: Pod, snapshot: Snapshot, running: dict[str, Pod]) -> Held | None:
+    """The preemptor's victims that still exist (None when none does, or it preempted nothing).
+    ``running``: the snapshot's pods by uid (terminating pods are not among them)."""
+    if not pod.victims:
+        return None
+    alive = tuple(running[uid] for uid in pod.victims if uid in running)
+    terminating = sum(1 for uid in pod.victims if uid not in running and uid in snapshot.present)
+    return Held(alive, terminating) if alive or terminating else None
+
+
+def resume(pod: Pod, held: Held) -> Preemption | None:
+    """The deletions still to make for a preemptor whose victims run on (None: all terminate)."""
+    if not held.running or pod.node is None:
+        return None
+    return Preemption(pod.key, pod.node, tuple(victim(v) for v in held.running),
+                      f"finishing the preemption for {pod.key}", resumed=True)
+
+
+def _on_node(pods: Iterable[Pod]) -> dict[str, list[Pod]]:
+    """The pods holding capacity per node: bound, or pinned with the gate lifted (the ledger's claims)."""
+    out: dict[str, list[Pod]] = {}
+    for pod in pods:
+        if pod.node is not None and not pod.gated and pod.uid:
+            out.setdefault(pod.node, []).append(pod)
+    return out
+
+
+def _covers(pod: Pod, node: Node, free: FreeCapacity, chosen: list[Pod]) -> bool:
+    """Whether ``free`` on ``node`` plus what ``chosen`` hold gives ``pod`` its place."""
+    if pod.shares > 0:
+        return free.shared[node.name] + sum(v.shares for v in chosen) >= pod.shares
+    if pod.mode == "mig":
+        freed = free.mig_free(node.name) + Counter(p for v in chosen for p in v.profiles)
+        return all(freed[p] >= n for p, n in Counter(pod.profiles).items())
+    return free.whole[node.name] + sum(v.whole_gpus for v in chosen) >= pod.whole_gpus
+
+
+def _helps(pod: Pod, candidate: Pod) -> bool:
+    """Whether preempting ``candidate`` frees something of the kind ``pod`` needs."""
+    if pod.shares > 0:
+        return candidate.shares > 0
+    if pod.mode == "mig":
+        return candidate.mode == "mig" and bool(set(candidate.profiles) & set(pod.profiles))
+    return candidate.whole_gpus > 0
+
+
+def _room(pod: Pod, node: Node, free: FreeCapacity, chosen: list[Pod]) -> bool:
+    """The pod's CPU and memory fit in what the node has left plus what the victims hold."""
+    room = free.room.get(node.name)
+    if room is None:
+        return True
+    cpu = room[0] + sum(v.cpu_milli for v in chosen)
+    memory = room[1] + sum(v.memory_mib for v in chosen)
+    return pod.cpu_milli <= cpu and pod.memory_mib <= memory
+
+
+def _place_kind_ok(pod: Pod, node: Node) -> bool:
+    """The node holds places of the pod's kind as it is: preemption frees places, never re-splits."""
+    if pod.shares > 0:
+        return (node.sharing == pod.mode and node.converged
+                and fits_split(node.replicas, pod.asks, node.gpu_memory_bytes))
+    if pod.mode == "mig":
+        return any(g.mig_enabled for g in node.gpus)
+    return node.sharing == "none" and node.spec_sharing == "none"
+
+
+def _victims_on(pod: Pod, node: Node, free: FreeCapacity, candidates: list[Pod]) -> list[Pod] | None:
+    """The fewest lower-priority pods of ``node`` whose places give ``pod`` its place, lowest priority
+    and least milli first; None when all of them would not."""
+    chosen: list[Pod] = []
+    for candidate in sorted(candidates, key=lambda v: (v.priority.value, sum(v.milli), v.key)):
+        if _covers(pod, node, free, chosen) and _room(pod, node, free, chosen):
+            break
+        if _helps(pod, candidate) or not _room(pod, node, free, chosen):
+            chosen.append(candidate)
+    if chosen and _covers(pod, node, free, chosen) and _room(pod, node, free, chosen):
+        return chosen
+    return None
+
+
+def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[Pod], *,
+           admits: Callable[[Node], bool], spared: set[str]) -> Preemption | None:
+    """The preemption that gives ``pod`` a place (see the module docstring), or None.
+
+    ``nodes``: in the snapshot's order; ``admits``: whether the pod may go to a node (its terms,
+    products and pin); ``spared``: keys of pods already chosen as victims this cycle."""
+    if not pod.gated or not pod.priority.preempts:
+        return None
+    by_node = _on_node(pods)
+    best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None
+    for position, node in enumerate(nodes):
+        if not _place_kind_ok(pod, node) or not admits(node):
+            continue
+        candidates = [v for v in by_node.get(node.name, ()) if v.key not in spared and v.backend != "dra"
+                      and may_preempt(pod.priority, v.priority.value)]
+        chosen = _victims_on(pod, node, free, candidates) if candidates else None
+        if chosen is None:
+            continue
+        rank = (len(chosen), max(v.priority.value for v in chosen), sum(sum(v.milli) for v in chosen), position)
+        if best is None or rank < best[0]:
+            best = (rank, node, chosen)
+    if best is None:
+        return None
+    _, node, chosen = best
+    names = ", ".join(v.key for v in chosen)
+    reason = (f"{pod.key} (priority {pod.priority.value}) fits nowhere; preempting {names} "
+              f"(priority {max(v.priority.value for v in chosen)} or lower) on {node.name}")
+    return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason)
+
+
+__all__ = ["Held", "Preemption", "Victim", "choose", "resume", "still_held", "victim"]
