@@ -182,11 +182,13 @@ class Kube(KubeClient):
         call(self._apps.patch_namespaced_deployment, name, namespace, dict(body), _content_type=MERGE_PATCH,
              _preload_content=False)
 
-    def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str) -> bool:
+    def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str | None) -> bool:
         """Delete the pod only if it is still that object at that version (preconditions): a pod
-        released or changed in between is left alone (KubeError, conflict). False: gone already
-        (a watch cache that has not seen the delete yet lists it once more)."""
-        body = {"preconditions": {"uid": uid, "resourceVersion": resource_version}}
+        released or changed in between is left alone (KubeError, conflict); ``resource_version``
+        None: any version of that object (a preemption's victim). The pod's own grace period
+        applies. False: gone already (a watch cache that has not seen the delete yet lists it once more)."""
+        preconditions = {"uid": uid} if resource_version is None else {"uid": uid, "resourceVersion": resource_version}
+        body = {"preconditions": preconditions}
         try:
             call(self._core.delete_namespaced_pod, name, namespace, body=body, _preload_content=False)
         except KubeError as exc:

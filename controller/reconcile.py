@@ -13,7 +13,10 @@ snapshot (re-reading only the objects that changed since the last cycle,
 3. released pods: pin (affinity), then lift the gate — two guarded patches; on the DRA
    node pool the pod's ResourceClaim, pinned to the engine's device, is created first
    (``controller.dracycle``);
-4. evictions: pods of failed GPUs (``--evict-on-gpu-fault``) and, in namespaces whose
+4. preemptions (``controller.planning.preemption``): the preemptor pinned with its victims
+   recorded, then each victim's ``DisruptionTarget`` condition, Event and deletion
+   (``controller.writes.preemption``);
+5. evictions: pods of failed GPUs (``--evict-on-gpu-fault``) and, in namespaces whose
    right-sizing mode is ``Recreate``, pods far from their recommendation
    (``controller.planning.right_size_evictions``), both through one eviction writer.
 
@@ -45,6 +48,8 @@ from controller.metrics import ControllerMetrics, cluster_figures
 from controller.state.snapshot import FailedDevice, Snapshot
 from controller.writes.wait_status import StatusPatch, placement_patches
 from controller.writes.patches import gpus_spec, release_ops, sharing_spec
+from controller.writes.preemption import PREEMPTED_EVENT, disruption_patch, event_message, preemptor_ops
+from controller.planning.preemption import Preemption
 from controller.planning.planner import Plan, Release, SharingChange, plan
 from controller.settings import ControllerSettings
 from controller.state.pods import pod_from_object
@@ -82,6 +87,8 @@ class CycleReport:
     """Pods ``Recreate`` would evict this cycle that a PodDisruptionBudget kept (429)."""
     right_size_rolled_out: list[str] = field(default_factory=list)
     """Deployments (``namespace/name``) rolled out this cycle to resize their only replica (``Recreate``)."""
+    preempted: list[str] = field(default_factory=list)
+    """Pods deleted this cycle to make room for a pod of higher priority (``controller.planning.preemption``)."""
     readmitted: list[str] = field(default_factory=list)
     """Gated pods deleted for their owners to re-create, stranded in their mode (``controller.planning.readmit``)."""
     errors: list[str] = field(default_factory=list)
@@ -161,6 +168,7 @@ class Controller:
             self._fail(report, "dra-claims", f"ResourceClaims not read, nothing placed on the DRA pool: {exc}")
         releases += [(Release(p.pod, p.node, p.reason), p) for p in report.dra.placements]
         self._release(releases, pod_objs, now, report)
+        self._preempt(result.preemptions, pod_objs, now, report)
         result = self._readmit(result, snapshot, pod_objs, (gpunodes, nodes, policies, namespaces), now, report)
         self._placement_status(result, snapshot, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
@@ -555,6 +563,53 @@ class Controller:
             if created is not None:
                 self.metrics.wait.observe(max(0.0, (now - created).total_seconds()))
             log.info("released %s to %s (%s)", release.pod, release.node, release.reason)
+
+    def _preempt(self, preemptions: Sequence[Preemption], pods: Mapping[str, Mapping[str, Any]], now: datetime,
+                 report: CycleReport) -> None:
+        """Apply the plan's preemptions (``controller.writes.preemption``): pin the preemptor and record
+        its victims first (nothing is deleted if that fails), then each victim's condition, Event and
+        deletion. One at a time: preemptions are rare, and each is a few round trips."""
+        for preemption in preemptions:
+            obj = pods.get(preemption.preemptor)
+            if obj is None:
+                continue
+            if not preemption.resumed:
+                namespace, name = preemption.preemptor.split("/", 1)
+                parsed = pod_from_object(obj)
+                try:
+                    ops = preemptor_ops(obj, preemption.node, [v.uid for v in preemption.victims],
+                                        pinned=parsed is not None and parsed.node == preemption.node)
+                    self.kube.json_patch_pod(namespace, name, ops)
+                except (KubeError, ValueError) as exc:
+                    self._fail(report, "preempt", f"{preemption.preemptor} not pinned, nothing preempted: {exc}")
+                    continue
+                self.metrics.preemptions.labels(preemption.kind or "unknown").inc()
+                log.info("preempting for %s: %s", preemption.preemptor, preemption.reason)
+            for victim in preemption.victims:
+                self._preempt_victim(preemption, victim.key, victim.uid, victim.priority, now, report)
+
+    def _preempt_victim(self, preemption: Preemption, key: str, uid: str, priority: int, now: datetime,
+                        report: CycleReport) -> None:
+        namespace, name = key.split("/", 1)
+        try:
+            self.kube.patch_pod_status(namespace, name, disruption_patch(preemption, now))
+        except KubeError as exc:
+            if exc.not_found:
+                return  # gone already: nothing to preempt
+            self._fail(report, "preempt", f"{key}: DisruptionTarget condition not written: {exc}")
+        try:
+            self.kube.event({"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
+                            "Normal", PREEMPTED_EVENT, event_message(preemption, priority))
+        except KubeError as exc:
+            log.warning("event on %s not recorded: %s", key, exc)
+        try:
+            gone_now = self.kube.delete_pod(namespace, name, uid, None)
+        except KubeError as exc:
+            self._fail(report, "preempt", f"{key} not deleted: {exc}")
+            return
+        if gone_now:
+            report.preempted.append(key)
+            log.info("preempted %s for %s on %s", key, preemption.preemptor, preemption.node)
 
     def _release_one(self, release: Release, obj: Mapping[str, Any],
                      dra: DraPlacement | None = None) -> tuple[Release, str | None]:

@@ -56,6 +56,9 @@ class Preemption:
     node: str
     victims: tuple[Victim, ...]
     reason: str
+    kind: str = ""
+    """The kind of place it frees (the preemptor's mode: ``mig``, ``mps``, ``time-slicing``, ``whole``):
+    the ``reason`` label of ``gpupack_preemptions_total``."""
     resumed: bool = False
     """The victims were chosen by an earlier cycle and are still running: delete them again
     (not counted as a new preemption)."""
@@ -92,7 +95,7 @@ def resume(pod: Pod, held: Held) -> Preemption | None:
     if not held.running or pod.node is None:
         return None
     return Preemption(pod.key, pod.node, tuple(victim(v) for v in held.running),
-                      f"finishing the preemption for {pod.key}", resumed=True)
+                      f"finishing the preemption for {pod.key}", pod.mode, resumed=True)
 
 
 def _on_node(pods: Iterable[Pod]) -> dict[str, list[Pod]]:
@@ -184,7 +187,7 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
     names = ", ".join(v.key for v in chosen)
     reason = (f"{pod.key} (priority {pod.priority.value}) fits nowhere; preempting {names} "
               f"(priority {max(v.priority.value for v in chosen)} or lower) on {node.name}")
-    return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason)
+    return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, pod.mode)
 
 
 __all__ = ["Held", "Preemption", "Victim", "choose", "resume", "still_held", "victim"]
