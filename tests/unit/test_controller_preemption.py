@@ -1,0 +1,279 @@
+"""Priority in the live planner: waiting order, who may preempt whom, which victims, no second kill,
+what the controller writes for a preemption, and pods with odd priority fields (issue 36, item 1)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from controller.planning.planner import Plan, plan
+from controller.planning.preemption import Preemption, Victim
+from controller.reconcile import Controller, CycleReport
+from controller.settings import ControllerSettings
+from controller.state.pods import pod_from_object
+from controller.state.snapshot import Gpu, Node, Pod, Snapshot
+from controller.writes.preemption import disruption_patch, preemptor_ops
+from kube.client import KubeClient
+from kube.errors import KubeError
+from mig.catalog import get_model
+from mig.model import PlacedInstance, Placement
+from sharing.api.allocation import Allocation, ContainerAllocation
+from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, PREEMPTING_ANNOTATION, PREEMPTION_REASON
+from sharing.api.priority import NEVER, PREEMPT_LOWER_PRIORITY, PodPriority
+from sharing.rules.node_policy import NodePolicy
+
+H100 = get_model("H100-80GB")
+NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
+POLICY = NodePolicy(names=("p",), max_concurrent=2, idle_seconds=600)
+
+
+def mps_node(name: str, gpus: int = 1, replicas: int = 2) -> Node:
+    """A node sharing its GPUs by MPS into ``replicas``, busy (no idle time: never re-split)."""
+    return Node(name, H100.product, H100, (("pool", "a"),), "mps", replicas,
+                tuple(Gpu(i, H100.memory_mib, False) for i in range(gpus)), spec_sharing="mps",
+                spec_replicas=replicas)
+
+
+def pod(name: str, priority: int = 0, *, on: str | None = None, minutes_old: int = 10, milli: int = 400,
+        policy: str = PREEMPT_LOWER_PRIORITY, victims: tuple[str, ...] = ()) -> Pod:
+    return Pod("team", name, "mps", NOW - timedelta(minutes=minutes_old), milli=(milli,), memory_bytes=(None,),
+               gated=on is None, node=on, bound=on is not None, uid=f"uid-{name}",
+               priority=PodPriority(priority, policy), victims=victims)
+
+
+def run(nodes: list[Node], pods: list[Pod], present: frozenset[str] | None = None) -> Plan:
+    uids = frozenset(p.uid for p in pods) if present is None else present
+    return plan(Snapshot(tuple(nodes), tuple(pods), {n.name: POLICY for n in nodes}, present=uids), NOW)
+
+
+# ------------------------------------------------------------------ order
+def test_a_higher_priority_pod_is_placed_before_an_older_lower_one() -> None:
+    """One free replica: the newer high-priority pod gets it, the older best-effort pod waits."""
+    pods = [pod("held", 0, on="a"), pod("old-low", 0, minutes_old=30), pod("new-high", 100, minutes_old=1)]
+    result = run([mps_node("a")], pods)
+    assert [(r.pod, r.node) for r in result.releases] == [("team/new-high", "a")]
+    assert [w.pod for w in result.waiting] == ["team/old-low"]
+
+
+def test_equal_priority_keeps_oldest_first_then_name() -> None:
+    pods = [pod("b", 5, minutes_old=10), pod("a", 5, minutes_old=10), pod("older", 5, minutes_old=20)]
+    result = run([mps_node("a", replicas=2)], pods)
+    assert [r.pod for r in result.releases] == ["team/older", "team/a"]
+
+
+# ------------------------------------------------------------------ who preempts whom
+def test_a_pod_that_fits_nowhere_preempts_the_lowest_priority_pod_only() -> None:
+    pods = [pod("low", 0, on="a", milli=300), pod("mid", 50, on="a"), pod("high", 100)]
+    result = run([mps_node("a")], pods)
+    (preemption,) = result.preemptions
+    assert (preemption.preemptor, preemption.node) == ("team/high", "a")
+    assert [v.key for v in preemption.victims] == ["team/low"]
+    assert preemption.victims[0] == Victim("team/low", "uid-low", 0, 300)
+    assert preemption.kind == "mps" and not preemption.resumed
+    (wait,) = result.waiting
+    assert wait.held and "preempting 1 pod(s)" in wait.reason
+    assert result.releases == ()
+
+
+def test_among_equal_priorities_the_victim_with_least_milli_goes() -> None:
+    pods = [pod("big", 0, on="a", milli=500), pod("small", 0, on="a", milli=100), pod("high", 100)]
+    (preemption,) = run([mps_node("a")], pods).preemptions
+    assert [v.key for v in preemption.victims] == ["team/small"]
+
+
+@pytest.mark.parametrize(("preemptor", "running", "why"), [
+    (pod("same", 50), 50, "equal priority never preempts"),
+    (pod("lower", 10), 50, "lower priority never preempts"),
+    (pod("never", 100, policy=NEVER), 0, "preemptionPolicy Never waits"),
+], ids=["equal", "lower", "never"])
+def test_no_preemption(preemptor: Pod, running: int, why: str) -> None:
+    pods = [pod("x", running, on="a"), pod("y", running, on="a"), preemptor]
+    result = run([mps_node("a")], pods)
+    assert result.preemptions == (), why
+    (wait,) = result.waiting
+    assert not wait.held
+
+
+def test_the_node_needing_the_fewest_victims_is_chosen_before_lower_priorities() -> None:
+    """A two-container pod needs two replicas. Node a holds two pods of priority 0 and nothing free:
+    two victims. Node b has one replica free and three pods of priority 20: one victim. b wins."""
+    two = Pod(**{**pod("high", 100).__dict__, "milli": (400, 400), "memory_bytes": (None, None)})
+    pods = [pod("a1", 0, on="a"), pod("a2", 0, on="a"), pod("b1", 20, on="b"), pod("b2", 20, on="b"),
+            pod("b3", 30, on="b"), two]
+    (preemption,) = run([mps_node("a"), mps_node("b", gpus=2)], pods).preemptions
+    assert (preemption.node, [v.key for v in preemption.victims]) == ("b", ["team/b1"])
+
+
+def test_with_as_many_victims_either_way_the_lower_priority_node_is_chosen() -> None:
+    pods = [pod("a1", 10, on="a"), pod("a2", 10, on="a"), pod("b1", 0, on="b"), pod("b2", 90, on="b"),
+            pod("high", 100)]
+    (preemption,) = run([mps_node("a"), mps_node("b")], pods).preemptions
+    assert (preemption.node, [v.key for v in preemption.victims]) == ("b", ["team/b1"])
+
+
+def test_two_preemptors_in_one_cycle_never_share_a_victim() -> None:
+    pods = [pod("low1", 0, on="a"), pod("low2", 0, on="a"), pod("h1", 100), pod("h2", 100, minutes_old=5)]
+    result = run([mps_node("a")], pods)
+    victims = [v.key for p in result.preemptions for v in p.victims]
+    assert sorted(victims) == ["team/low1", "team/low2"]
+    assert len(set(victims)) == len(victims)
+
+
+def test_a_mig_pod_preempts_a_lower_pod_holding_the_profile_it_needs() -> None:
+    """MIG: the victim is one holding an instance of the pod's profile, not the one holding another."""
+    threes = (PlacedInstance("3g.40gb", Placement(0, 4)), PlacedInstance("3g.40gb", Placement(4, 4)))
+    busy = Gpu(0, H100.memory_mib, True, threes, threes)
+    mig = Node("m", H100.product, H100, (("pool", "a"),), "none", 1, (busy,))
+
+    def mig_pod(name: str, priority: int, profile: str = "3g.40gb", on: str | None = None) -> Pod:
+        return Pod("team", name, "mig", NOW - timedelta(minutes=5), profiles=(profile,), milli=(400,),
+                   memory_bytes=(None,), gated=on is None, node=on, bound=on is not None, uid=f"uid-{name}",
+                   priority=PodPriority(priority))
+
+    pods = [mig_pod("low", 0, on="m"), mig_pod("mid", 50, on="m"), mig_pod("high", 100)]
+    (preemption,) = run([mig], pods).preemptions
+    assert (preemption.node, preemption.kind, [v.key for v in preemption.victims]) == ("m", "mig", ["team/low"])
+
+
+def test_a_pod_too_big_for_the_split_preempts_nothing() -> None:
+    """The node shares into 2 replicas (500 milli each): a 900-milli pod has no place there however
+    many pods go; preemption never re-splits a node."""
+    pods = [pod("low", 0, on="a"), pod("low2", 0, on="a"), pod("huge", 100, milli=900)]
+    assert run([mps_node("a")], pods).preemptions == ()
+
+
+# ------------------------------------------------------------------ no second kill
+def test_while_victims_terminate_the_preemptor_waits_with_its_place_held_and_preempts_nothing_more() -> None:
+    """Next cycle: the victim is terminating (listed, so present, but no longer a claim). The place looks
+    free; the preemptor takes it but waits, and a lower pod does not get it; nobody else is preempted."""
+    preemptor = pod("high", 100, victims=("uid-low",))
+    preemptor = Pod(**{**preemptor.__dict__, "node": "a"})  # pinned, still gated
+    pods = [pod("mid", 50, on="a"), preemptor, pod("other-low", 0, minutes_old=60)]
+    result = run([mps_node("a")], pods, present=frozenset({"uid-mid", "uid-high", "uid-other-low", "uid-low"}))
+    assert result.preemptions == ()
+    assert result.releases == ()
+    waits = {w.pod: w for w in result.waiting}
+    assert waits["team/high"].held and "1 pod(s) it preempted to terminate" in waits["team/high"].reason
+    assert "team/other-low" in waits
+
+
+def test_once_victims_are_gone_the_preemptor_is_released_to_its_node() -> None:
+    preemptor = Pod(**{**pod("high", 100, victims=("uid-low",)).__dict__, "node": "a"})
+    result = run([mps_node("a")], [pod("mid", 50, on="a"), preemptor])
+    assert [(r.pod, r.node) for r in result.releases] == [("team/high", "a")]
+    assert result.preemptions == ()
+
+
+def test_a_victim_still_running_after_a_restart_is_deleted_again_not_replaced_by_others() -> None:
+    """The controller pinned the preemptor and stopped before deleting: the same victim, resumed."""
+    preemptor = Pod(**{**pod("high", 100, victims=("uid-low",)).__dict__, "node": "a"})
+    result = run([mps_node("a")], [pod("low", 0, on="a"), pod("low2", 0, on="a"), preemptor])
+    (again,) = result.preemptions
+    assert again.resumed and [v.key for v in again.victims] == ["team/low"]
+
+
+# ------------------------------------------------------------------ odd priority fields
+def raw_pod(name: str, spec_extra: dict[str, Any]) -> dict[str, Any]:
+    allocation = Allocation(mode="mps", gated=True, capacity_existed=True, policy="t", reason="t", replicas=2,
+                            containers=(ContainerAllocation("main", "containers", 400, None, "nvidia.com/gpu.shared"),))
+    return {
+        "metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}", "creationTimestamp": "2026-11-30T01:00:00Z",
+                     "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()}},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}],
+                 "schedulingGates": [{"name": CAPACITY_GATE}], **spec_extra},
+    }
+
+
+@pytest.mark.parametrize("extra", [
+    {"priority": "high"}, {"priority": True}, {"priority": 2**40}, {"priority": 1.5},
+    {"preemptionPolicy": "Sometimes"}, {"priorityClassName": 7}, {"priority": 2_000_000_000},
+], ids=["string", "bool", "huge", "float", "unknown-policy", "class-not-a-string", "system-value-user-class"])
+def test_odd_priority_fields_never_stop_the_reader_and_never_preempt(extra: dict[str, Any]) -> None:
+    read = pod_from_object(raw_pod("odd", extra))
+    assert read is not None, "the pod is still gpupack's: it is planned"
+    assert read.priority == PodPriority(0, NEVER)
+    assert read.priority_problem is not None and "pod odd" in read.priority_problem
+
+
+def test_priority_fields_the_api_server_writes_are_read() -> None:
+    read = pod_from_object(raw_pod("ok", {"priority": 1000, "priorityClassName": "serving",
+                                          "preemptionPolicy": "Never"}))
+    assert read is not None and read.priority == PodPriority(1000, NEVER, "serving")
+    assert read.priority_problem is None
+    marked = raw_pod("pre", {})
+    marked["metadata"]["annotations"][PREEMPTING_ANNOTATION] = "uid-a, uid-b,"
+    read = pod_from_object(marked)
+    assert read is not None and read.victims == ("uid-a", "uid-b")
+
+
+# ------------------------------------------------------------------ writes
+def test_the_preemptor_patch_pins_records_and_is_guarded_by_the_gates() -> None:
+    obj = raw_pod("high", {})
+    ops = preemptor_ops(obj, "a", ["uid-1", "uid-2"], pinned=False)
+    assert ops[0] == {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": CAPACITY_GATE}]}
+    assert {"op": "add", "path": "/metadata/annotations/gpupack.io~1preempting", "value": "uid-1,uid-2"} in ops
+    assert any("kubernetes.io/hostname" in str(o.get("value")) for o in ops)
+    assert not any(o["path"] == "/spec/schedulingGates" and o["op"] != "test" for o in ops), "the gate stays"
+    ungated = {**obj, "spec": {**obj["spec"], "schedulingGates": []}}
+    with pytest.raises(ValueError, match="not gated"):
+        preemptor_ops(ungated, "a", ["uid-1"], pinned=False)
+
+
+class RecordingKube(KubeClient):
+    def __init__(self, fail_pin: bool = False) -> None:
+        super().__init__(api=None)  # type: ignore[arg-type]
+        self.calls: list[tuple[str, str, Any]] = []
+        self.fail_pin = fail_pin
+
+    def json_patch_pod(self, namespace: str, name: str, ops: Any) -> None:
+        if self.fail_pin:
+            raise KubeError(422, "test failed: gates changed")
+        self.calls.append(("pin", f"{namespace}/{name}", ops))
+
+    def patch_pod_status(self, namespace: str, name: str, body: Any) -> None:
+        self.calls.append(("status", f"{namespace}/{name}", body))
+
+    def event(self, involved: Any, type_: str, reason: str, message: str, host: str | None = None) -> None:
+        self.calls.append(("event", f"{involved['namespace']}/{involved['name']}", (type_, reason, message)))
+
+    def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str | None) -> bool:
+        self.calls.append(("delete", f"{namespace}/{name}", (uid, resource_version)))
+        return True
+
+
+PREEMPTION = Preemption("team/high", "a", (Victim("team/low", "uid-low", 0, 400),), "test", "mps")
+
+
+def test_the_controller_pins_first_then_marks_tells_and_deletes_each_victim() -> None:
+    kube = RecordingKube()
+    controller = Controller(kube, ControllerSettings(), clock=lambda: NOW)  # type: ignore[arg-type]
+    report = CycleReport()
+    controller._preempt([PREEMPTION], {"team/high": raw_pod("high", {})}, NOW, report)  # noqa: SLF001
+    assert [(c[0], c[1]) for c in kube.calls] == [("pin", "team/high"), ("status", "team/low"),
+                                                  ("event", "team/low"), ("delete", "team/low")]
+    condition = kube.calls[1][2]["status"]["conditions"][0]
+    assert (condition["type"], condition["reason"], condition["status"]) == ("DisruptionTarget", PREEMPTION_REASON, "True")
+    assert "team/high" in condition["message"]
+    assert kube.calls[2][2][1] == "Preempted" and "team/high" in kube.calls[2][2][2]
+    assert kube.calls[3][2] == ("uid-low", None), "uid precondition only; the pod's own grace period"
+    assert report.preempted == ["team/low"] and report.errors == []
+    assert controller.metrics.registry.get_sample_value("gpupack_preemptions_total", {"reason": "mps"}) == 1
+
+
+def test_nothing_is_deleted_when_the_preemptor_cannot_be_pinned() -> None:
+    kube = RecordingKube(fail_pin=True)
+    controller = Controller(kube, ControllerSettings(), clock=lambda: NOW)  # type: ignore[arg-type]
+    report = CycleReport()
+    controller._preempt([PREEMPTION], {"team/high": raw_pod("high", {})}, NOW, report)  # noqa: SLF001
+    assert kube.calls == [] and report.preempted == []
+    assert any("not pinned, nothing preempted" in e for e in report.errors)
+    assert controller.metrics.registry.get_sample_value("gpupack_preemptions_total", {"reason": "mps"}) is None
+
+
+def test_disruption_condition_body() -> None:
+    body = disruption_patch(PREEMPTION, NOW)
+    (condition,) = body["status"]["conditions"]
+    assert condition["lastTransitionTime"] == "2026-11-30T02:00:00Z"
+    assert "node a" in condition["message"]
