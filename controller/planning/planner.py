@@ -4,8 +4,9 @@ Input: a :class:`~controller.state.snapshot.Snapshot` and the time (injected). O
 :class:`Plan` that :mod:`controller.operator` applies. Pure and deterministic:
 pods are taken in ``sharing.rules.priority.waiting_order``: highest priority
 (``spec.priority``, which the API server resolves from the PriorityClass) first,
-then oldest, then by name, so a pod never starves behind newer ones of its
-priority, and the same snapshot always yields the same plan.
+then oldest, then by name (a preemptor pinned to the place it freed first within
+its priority), so a pod never starves behind newer ones of its priority, and
+the same snapshot always yields the same plan.
 
 For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
 (the capacity it was admitted for went to another pod), in order:
@@ -657,6 +658,15 @@ def _static_layouts(cycle: _Cycle) -> None:
             cycle.budget[policy.names] -= 1
 
 
+def _waiting_key(pod: Pod) -> tuple[int, bool, float, str]:
+    """``sharing.rules.priority.waiting_order``, with one addition inside a priority: a pod that preempted
+    and is pinned to the place it freed comes first, so an older pod of its priority never takes that
+    place (kube-scheduler likewise counts a nominated pod of equal or higher priority as already on its
+    node when it places others)."""
+    priority, created, name = waiting_order(pod.priority.value, pod.created.timestamp(), pod.key)
+    return priority, not (pod.victims and pod.node is not None), created, name
+
+
 def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig_mode_changes: bool = False) -> Plan:
     """The plan for one cycle (see the module docstring).
 
@@ -676,8 +686,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                        pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
-    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable),
-                          key=lambda p: waiting_order(p.priority.value, p.created.timestamp(), p.key))
+    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=_waiting_key)
     if not waiting_pods and snapshot.whole_waiting <= 0 and not any(
             p.static_layout is not None for p in snapshot.policies.values()):
         # Nothing waits and no policy pins a layout: every step below would find nothing to do.

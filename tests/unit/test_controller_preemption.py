@@ -159,6 +159,14 @@ def test_while_victims_terminate_the_preemptor_waits_with_its_place_held_and_pre
     assert "team/other-low" in waits
 
 
+def test_an_older_pod_of_equal_priority_never_takes_the_place_a_preemptor_freed() -> None:
+    preemptor = Pod(**{**pod("high", 100, victims=("uid-low",), minutes_old=1).__dict__, "node": "a"})
+    never = pod("older-never", 100, policy=NEVER, minutes_old=60)
+    result = run([mps_node("a")], [pod("mid", 50, on="a"), never, preemptor])
+    assert [r.pod for r in result.releases] == ["team/high"]
+    assert [w.pod for w in result.waiting] == ["team/older-never"]
+
+
 def test_once_victims_are_gone_the_preemptor_is_released_to_its_node() -> None:
     preemptor = Pod(**{**pod("high", 100, victims=("uid-low",)).__dict__, "node": "a"})
     result = run([mps_node("a")], [pod("mid", 50, on="a"), preemptor])
