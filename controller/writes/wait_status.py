@@ -9,7 +9,7 @@ of the planner's outcome, no parsing of its prose:
   converged (its agent has applied the last spec: no GPU reshaping, sharing
   status equal to spec). Nothing is being created, so nothing this controller
   does will place the pod until something in the cluster changes;
-* otherwise ``WaitingForCapacity``: a change planned now or still in flight, or
+* otherwise ``WaitingForCapacity``: a change or a preemption planned now or still in flight, or
   a pod whose layout search was left to the next cycle (``Wait.deferred``), may
   give it room (the planner does not say which change is whose, and need not:
   once everything is quiet the verdict is exact); said only of a pod at least
@@ -79,8 +79,8 @@ class StatusPatch:
 def quiet(plan: Plan, snapshot: Snapshot) -> bool:
     """The cycle plans no change, judged every waiting pod, and nothing is in flight on any node
     (module docstring)."""
-    if plan.layouts or plan.sharing or any(w.deferred for w in plan.waiting):
-        return False
+    if plan.layouts or plan.sharing or plan.preemptions or any(w.deferred or w.held for w in plan.waiting):
+        return False  # a preemption frees a place: that is capacity coming too
     return all(
         n.converged and n.sharing == n.spec_sharing and n.replicas == n.spec_replicas for n in snapshot.nodes
     )
