@@ -21,8 +21,10 @@ module is to call once it is on this branch.
 
 A preemptor carries the uids of its victims (``gpupack.io/preempting``, written with its pin in
 one guarded patch, :mod:`controller.writes.preemption`). While one of them still exists it waits on
-its node, its place held, and is never planned to preempt again (:func:`still_held`): no pod
-is killed twice over for one preemptor. A victim that is still running (the controller stopped
+its node, its place held (:func:`still_held`); after that it waits on that node (it is pinned
+there) until the node agent reports the place unused, and it never preempts again: no second pod
+is killed for one preemptor. (It is planned first within its priority, so no older pod of its
+priority takes the place meanwhile; a pod of higher priority may, as in kube-scheduler.) A victim that is still running (the controller stopped
 between pinning the preemptor and deleting its victims) is deleted again.
 """
 
@@ -166,7 +168,10 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
 
     ``nodes``: in the snapshot's order; ``admits``: whether the pod may go to a node (its terms,
     products and pin); ``spared``: keys of pods already chosen as victims this cycle."""
-    if not pod.gated or not pod.priority.preempts:
+    if not pod.gated or not pod.priority.preempts or pod.victims:
+        # A pod preempts once: its victims gone, the place they held frees when the node agent
+        # reports their devices unused (a process outlives its pod object by a poll or more), and
+        # planning it again before then would kill a second pod for the same place.
         return None
     by_node = _on_node(pods)
     best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None

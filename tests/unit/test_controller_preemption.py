@@ -174,6 +174,14 @@ def test_once_victims_are_gone_the_preemptor_is_released_to_its_node() -> None:
     assert result.preemptions == ()
 
 
+def test_a_pod_that_preempted_never_preempts_again_while_its_place_is_still_reported_busy() -> None:
+    """Its victim is gone, but the agent still reports the replica taken (a process outlives its pod
+    object): the node looks full. The preemptor waits; the other low pod stays."""
+    preemptor = Pod(**{**pod("high", 100, victims=("uid-gone",)).__dict__, "node": "a"})
+    result = run([mps_node("a")], [pod("low", 0, on="a"), pod("low2", 0, on="a"), preemptor])
+    assert result.preemptions == () and result.releases == ()
+
+
 def test_a_victim_still_running_after_a_restart_is_deleted_again_not_replaced_by_others() -> None:
     """The controller pinned the preemptor and stopped before deleting: the same victim, resumed."""
     preemptor = Pod(**{**pod("high", 100, victims=("uid-low",)).__dict__, "node": "a"})
