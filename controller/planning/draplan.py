@@ -1,8 +1,8 @@
 """Placing gated pods on the DRA node pool: the packing engine chooses node and device, per pod.
 
 kube-scheduler's DRA allocator takes the first device that fits; gpupack does
-not let it choose. For every gated DRA pod (oldest first, like
-``controller.planning.planner``) this module picks the node and, for each GPU container,
+not let it choose. For every gated DRA pod (in the waiting order of
+``controller.planning.planner``: priority, then oldest) this module picks the node and, for each GPU container,
 the device, and the controller pins the pod's ResourceClaim to exactly that
 device (``controller.writes.dra_claims``). Pure: a snapshot, the claims' holds
 (``controller.state.dra_usage``) and the time in, a :class:`DraPlan` out.
@@ -25,7 +25,7 @@ device (``controller.writes.dra_claims``). Pure: a snapshot, the claims' holds
 * **A share's MIG fallback**: a shared pod the webhook decided for ``auto``
   carries the pool's MIG option (``Pod.mig_fallback``, one profile per
   container). When no shared GPU has room for it, it is tried as a MIG pod of
-  those profiles, by the same rules, at its own place in the oldest-first
+  those profiles, by the same rules, at its own place in the waiting
   order; its claim then asks for MIG instances (``controller.writes.dra_claims``
   builds each request from the device chosen). Explicit modes and whole-GPU
   pods never change.
@@ -67,7 +67,7 @@ import numpy as np
 from controller.planning.dramig import mig_gpus
 from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
 from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
-from controller.planning.planner import Wait, allowed_on
+from controller.planning.planner import Wait, allowed_on, waiting_key
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.api.backend import node_backend
 from sharing.dra.pinned import Pinned, PinnedDevice
@@ -383,7 +383,7 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
     """The DRA pool's placements for one cycle (see the module docstring)."""
     nodes = dra_nodes(snapshot)
     pods = [p for p in snapshot.pods if p.backend == "dra"]
-    waiting = sorted((p for p in pods if p.gated), key=lambda p: (p.created, p.key))
+    waiting = sorted((p for p in pods if p.gated), key=waiting_key)
     placements: list[DraPlacement] = []
     waits: list[Wait] = []
     refused: list[Wait] = []

@@ -658,7 +658,7 @@ def _static_layouts(cycle: _Cycle) -> None:
             cycle.budget[policy.names] -= 1
 
 
-def _waiting_key(pod: Pod) -> tuple[int, bool, float, str]:
+def waiting_key(pod: Pod) -> tuple[int, bool, float, str]:
     """``sharing.rules.priority.waiting_order``, with one addition inside a priority: a pod that preempted
     and is pinned to the place it freed comes first, so an older pod of its priority never takes that
     place (kube-scheduler likewise counts a nominated pod of equal or higher priority as already on its
@@ -686,7 +686,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                        pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
-    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=_waiting_key)
+    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=waiting_key)
     if not waiting_pods and snapshot.whole_waiting <= 0 and not any(
             p.static_layout is not None for p in snapshot.policies.values()):
         # Nothing waits and no policy pins a layout: every step below would find nothing to do.
@@ -757,4 +757,5 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     )
 
 
-__all__ = ["LayoutChange", "Plan", "Preemption", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan"]
+__all__ = ["LayoutChange", "Plan", "Preemption", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan",
+           "waiting_key"]
