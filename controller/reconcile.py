@@ -168,7 +168,7 @@ class Controller:
             self._fail(report, "dra-claims", f"ResourceClaims not read, nothing placed on the DRA pool: {exc}")
         releases += [(Release(p.pod, p.node, p.reason), p) for p in report.dra.placements]
         self._release(releases, pod_objs, now, report)
-        self._preempt(result.preemptions, pod_objs, now, report)
+        self._preempt((*result.preemptions, *report.dra.preemptions), pod_objs, now, report)
         result = self._readmit(result, snapshot, pod_objs, (gpunodes, nodes, policies, namespaces), now, report)
         self._placement_status(result, snapshot, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:

@@ -68,6 +68,8 @@ from controller.planning.dramig import mig_gpus
 from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
 from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
 from controller.planning.planner import Wait, allowed_on, waiting_key
+from controller.planning.preemption import Preemption, resume, still_held, victim
+from sharing.rules.priority import may_preempt
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.api.backend import node_backend
 from sharing.dra.pinned import Pinned, PinnedDevice
@@ -110,6 +112,8 @@ class DraPlan:
     waiting: tuple[Wait, ...] = ()
     refused: tuple[Wait, ...] = ()
     """Pods whose claim name is taken by a claim that is not theirs: never released by gpupack."""
+    preemptions: tuple[Preemption, ...] = ()
+    """Pods of lower priority to preempt for pods that fit nowhere (:meth:`_Shares.preemption`)."""
 
 
 def dra_nodes(snapshot: Snapshot) -> tuple[Node, ...]:
@@ -120,6 +124,11 @@ def dra_nodes(snapshot: Snapshot) -> tuple[Node, ...]:
 def _cpu_shape(pod: Pod) -> PodSpec:
     """A pod that asks for no GPU as the engine sees it: its CPU and memory."""
     return PodSpec(pod.key, pod.cpu_milli, pod.memory_mib)
+
+
+_Held = tuple[PodPlacement | None, int, int, int]
+"""One hold of a claim in the engine's cluster: its placement (None: it took no milli), node, GPU,
+and the memory bytes it took."""
 
 
 class _Shares:
@@ -139,6 +148,8 @@ class _Shares:
         typical = TypicalPods.from_pods(shapes or [NO_GPU_POD])
         self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical)
         self.cluster: ClusterState | None = None
+        self.held: dict[str, list[_Held]] = {}
+        """Per claim, what its holds take of the engine's cluster (to lift them for a preemption's trial)."""
         if not self.nodes:
             return
         self.cluster = ClusterState([NodeSpec(n.name, n.cpu_milli or _BIG, n.memory_mib or _BIG, len(n.full_gpus),
@@ -163,9 +174,10 @@ class _Shares:
             # A whole GPU's claim takes all of it; a hold past what is free (claims allocated before
             # a GPU shrank, say) leaves nothing, never a negative.
             milli = min(int(self.cluster.gpu_free[i, j]), hold.device.milli if shared else GPU_MILLI)
-            if milli > 0:
-                self.cluster.place(PodSpec(f"held/{hold.claim}", 0, 0, 1, milli), i, (j,))
+            placed = self.cluster.place(PodSpec(f"held/{hold.claim}", 0, 0, 1, milli), i, (j,)) if milli > 0 else None
+            before = self.memory_free[i, j]
             self.memory_free[i, j] = max(0, self.memory_free[i, j] - hold.device.memory_bytes) if shared else 0
+            self.held.setdefault(hold.claim, []).append((placed, i, j, before - self.memory_free[i, j]))
 
     def _accepted(self, pod: Pod) -> tuple[str, ...]:
         wanted = "none" if pod.mode == "whole" else pod.mode
@@ -234,6 +246,62 @@ class _Shares:
         for k, j in (gpus.items() if isinstance(gpus, dict) else enumerate(gpus)):
             self.cluster.remove(PodPlacement(shapes[k], node, (j,)))
             self.memory_free[node, j] += self._memory(pod, k)
+
+    def _lift(self, claim: str) -> list[_Held]:
+        """Give back what ``claim`` holds (a trial: :meth:`_restore` takes it again)."""
+        assert self.cluster is not None
+        entries = self.held.get(claim, [])
+        for placed, i, j, memory in entries:
+            if placed is not None:
+                self.cluster.remove(placed)
+            self.memory_free[i, j] += memory
+        return entries
+
+    def _restore(self, entries: list[_Held]) -> None:
+        assert self.cluster is not None
+        for placed, i, j, memory in entries:
+            if placed is not None:
+                self.cluster.place(placed.pod, placed.node, placed.gpus)
+            self.memory_free[i, j] -= memory
+
+    def preemption(self, pod: Pod, pods: Sequence[Pod], spared: set[str]) -> Preemption | None:
+        """The DRA pool's preemption for a gated share or whole-GPU pod that fits nowhere
+        (``controller.planning.preemption`` has the rules): per node, the node's DRA pods of strictly
+        lower priority, lowest priority and least milli first, each one's claim lifted in turn until
+        the pod fits (the same trial :meth:`place` makes); fewest victims, then lowest highest-victim
+        priority, then least milli, then the node's order. Their CPU and memory are not counted as
+        freed (a conservative trial). None when no node would do, or the pod may not preempt."""
+        if self.cluster is None or not pod.gated or not pod.priority.preempts or pod.victims:
+            return None
+        accepted = self._accepted(pod)
+        if not accepted:
+            return None
+        shapes = self._shapes(pod, accepted)
+        best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None
+        for i, node in enumerate(self.nodes):
+            if _key(node) not in accepted or not allowed_on(pod, node):
+                continue
+            candidates = sorted((v for v in pods if v.node == node.name and not v.gated and v.claim and v.uid
+                                 and v.key not in spared and may_preempt(pod.priority, v.priority.value)
+                                 and f"{v.namespace}/{v.claim}" in self.held),
+                                key=lambda v: (v.priority.value, sum(v.milli), v.key))
+            lifted: list[_Held] = []
+            chosen: list[Pod] = []
+            for candidate in candidates:
+                lifted += self._lift(f"{candidate.namespace}/{candidate.claim}")
+                chosen.append(candidate)
+                if self._fits(i, pod, shapes):
+                    rank = (len(chosen), chosen[-1].priority.value, sum(sum(v.milli) for v in chosen), i)
+                    if best is None or rank < best[0]:
+                        best = (rank, node, list(chosen))
+                    break
+            self._restore(lifted)
+        if best is None:
+            return None
+        _, node, victims = best
+        return Preemption(pod.key, node.name, tuple(victim(v) for v in victims),
+                          f"{pod.key} (priority {pod.priority.value}) fits nowhere on the DRA pool; preempting "
+                          f"{', '.join(v.key for v in victims)} on {node.name}", pod.mode)
 
     def take_cpu(self, node_name: str, pod: Pod) -> None:
         """``pod``'s CPU and memory, placed on ``node_name`` by the MIG path, taken here too."""
@@ -429,7 +497,20 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         what = ", ".join(d.device for d in devices)
         placements.append(DraPlacement(pod.key, node.name, Pinned(node.name, tuple(devices)),
                                        f"{what} on {node.name} (re-pinned: {why})", replaces=record))
+    running = {p.uid: p for p in snapshot.pods if p.uid}
+    preemptions: list[Preemption] = []
+    doomed: set[str] = set()
     for pod in todo:
+        held = still_held(pod, snapshot, running)
+        if held is not None:
+            # Its victims' claims hold the place until they are gone: it waits, and never preempts again.
+            resumed = resume(pod, held)
+            if resumed is not None:
+                preemptions.append(resumed)
+                doomed.update(v.key for v in resumed.victims)
+            waits.append(Wait(pod.key, f"waiting on {pod.node} for {held.count} pod(s) it preempted to terminate",
+                              held=True))
+            continue
         if pod.mode == "cpu":
             chosen = shares.place_cpu(pod)
             if isinstance(chosen, str):
@@ -448,7 +529,14 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
             how = f"packing engine; MIG fallback: {found}"
             found = fallback if not isinstance(fallback, str) else f"{found}; MIG fallback: {fallback}"
         if isinstance(found, str):
-            waits.append(Wait(pod.key, found))
+            chosen_preemption = shares.preemption(pod, pods, doomed) if pod.mode != "mig" else None
+            if chosen_preemption is None:
+                waits.append(Wait(pod.key, found))
+                continue
+            preemptions.append(chosen_preemption)
+            doomed.update(v.key for v in chosen_preemption.victims)
+            waits.append(Wait(pod.key, f"preempting {len(chosen_preemption.victims)} pod(s) of lower priority on "
+                                       f"{chosen_preemption.node}; {found}", held=True))
             continue
         node, devices = found
         room.take(node.name, pod)
@@ -457,4 +545,4 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         what = ", ".join(d.device for d in devices)
         placements.append(DraPlacement(pod.key, node.name, Pinned(node.name, tuple(devices)),
                                        f"{what} on {node.name} ({how})"))
-    return DraPlan(tuple(placements), tuple(waits), tuple(refused))
+    return DraPlan(tuple(placements), tuple(waits), tuple(refused), tuple(preemptions))

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
+from controller.planning.draplan import DraPlan, plan_dra
 from controller.planning.planner import Plan, plan
 from controller.planning.preemption import Preemption, Victim
 from controller.reconcile import Controller, CycleReport
 from controller.settings import ControllerSettings
+from controller.state.dra_usage import read_usage
 from controller.state.pods import pod_from_object
 from controller.state.snapshot import Gpu, Node, Pod, Snapshot
 from controller.writes.preemption import disruption_patch, preemptor_ops
@@ -20,6 +22,9 @@ from kube.errors import KubeError
 from mig.catalog import get_model
 from mig.model import PlacedInstance, Placement
 from sharing.api.allocation import Allocation, ContainerAllocation
+from sharing.api.keys import BACKEND_LABEL
+from sharing.dra import names
+from sharing.dra.share_policy import GiB
 from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, PREEMPTING_ANNOTATION, PREEMPTION_REASON
 from sharing.api.priority import NEVER, PREEMPT_LOWER_PRIORITY, PodPriority
 from sharing.rules.node_policy import NodePolicy
@@ -293,3 +298,54 @@ def test_disruption_condition_body() -> None:
     (condition,) = body["status"]["conditions"]
     assert condition["lastTransitionTime"] == "2026-11-30T02:00:00Z"
     assert "node a" in condition["message"]
+
+
+# ------------------------------------------------------------------ the DRA pool
+def dra_pod(name: str, priority: int, milli: int, *, on: str | None = None, victims: tuple[str, ...] = (),
+            policy: str = PREEMPT_LOWER_PRIORITY) -> Pod:
+    return Pod("team", name, "mps", NOW - timedelta(minutes=10), milli=(milli,), memory_bytes=(None,),
+               gated=on is None, node=on, bound=on is not None, uid=f"uid-{name}", backend="dra",
+               claim=f"claim-{name}", requests=("gpu-0",), terms=(((BACKEND_LABEL, "In", ("dra",)),),),
+               priority=PodPriority(priority, policy), victims=victims)
+
+
+def dra_claim(name: str, node_name: str, milli: int) -> dict[str, Any]:
+    result = {"request": "gpu-0", "driver": names.DRIVER, "pool": node_name, "device": "gpu-0-shared",
+              "consumedCapacity": {names.MILLI: str(milli), names.MEMORY: str(GiB)}}
+    return {"metadata": {"namespace": "team", "name": f"claim-{name}"},
+            "status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def dra_run(pods: list[Pod], claims: list[dict[str, Any]], present: frozenset[str] | None = None) -> DraPlan:
+    nodes = (Node("a", H100.product, H100, ((BACKEND_LABEL, "dra"),), "mps", 1, (Gpu(0, H100.memory_mib, False),),
+                  spec_sharing="mps"),)
+    uids = frozenset(p.uid for p in pods) if present is None else present
+    snapshot = Snapshot(nodes, tuple(pods), {}, present=uids)
+    return plan_dra(snapshot, read_usage(claims, nodes), NOW)
+
+
+def test_dra_a_share_that_fits_nowhere_preempts_the_lowest_priority_claim_holder() -> None:
+    pods = [dra_pod("low", 0, 600, on="a"), dra_pod("mid", 50, 300, on="a"), dra_pod("high", 100, 500)]
+    result = dra_run(pods, [dra_claim("low", "a", 600), dra_claim("mid", "a", 300)])
+    assert result.placements == ()
+    (preemption,) = result.preemptions
+    assert (preemption.preemptor, preemption.node, [v.key for v in preemption.victims]) == ("team/high", "a", ["team/low"])
+    (wait,) = result.waiting
+    assert wait.held
+
+
+@pytest.mark.parametrize(("priority", "policy"), [(50, PREEMPT_LOWER_PRIORITY), (100, NEVER)], ids=["equal", "never"])
+def test_dra_no_preemption_of_equal_priority_or_for_never(priority: int, policy: str) -> None:
+    pods = [dra_pod("x", 50, 600, on="a"), dra_pod("y", 50, 300, on="a"), dra_pod("p", priority, 500, policy=policy)]
+    result = dra_run(pods, [dra_claim("x", "a", 600), dra_claim("y", "a", 300)])
+    assert result.preemptions == () and not result.waiting[0].held
+
+
+def test_dra_a_preemptor_waits_while_its_victim_terminates_and_preempts_no_one_else() -> None:
+    """The victim is terminating: listed (present), not a pod of the snapshot; its claim still holds."""
+    high = Pod(**{**dra_pod("high", 100, 500, victims=("uid-low",)).__dict__, "node": "a"})
+    pods = [dra_pod("mid", 50, 300, on="a"), high]
+    result = dra_run(pods, [dra_claim("low", "a", 600), dra_claim("mid", "a", 300)],
+                     present=frozenset({"uid-low", "uid-mid", "uid-high"}))
+    assert result.preemptions == () and result.placements == ()
+    assert result.waiting[0].held and "to terminate" in result.waiting[0].reason
