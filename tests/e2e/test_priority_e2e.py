@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import pytest
 from kubernetes import client
@@ -44,9 +45,9 @@ class PriorityHarness(Harness):
 
     def priority_class(self, suffix: str, value: int, policy: str = "PreemptLowerPriority") -> str:
         name = f"e2e-{self.run}-{suffix}"
-        self.scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+        self.scheduling.create_priority_class(cast(Any, {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                                                "metadata": {"name": name}, "value": value,
-                                               "preemptionPolicy": policy})
+                                               "preemptionPolicy": policy}))
         self.classes.append(name)
         return name
 
@@ -66,7 +67,7 @@ class PriorityHarness(Harness):
                                  {"key": "e2e-ctl", "operator": "In", "values": [self.run]}]}]}}}}}
 
     def create(self, body: dict[str, Any]) -> str:
-        self.core.create_namespaced_pod(self.namespace, body)
+        self.core.create_namespaced_pod(self.namespace, cast(Any, body))
         return str(body["metadata"]["name"])
 
     def pod(self, name: str) -> Any:
@@ -106,7 +107,7 @@ def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Prior
     h.controller("ctl-prio")
     lows = [h.create(h.mig_pod(f"low-{i}", low)) for i in range(2)]
     for name in lows:
-        assert wait_for(f"{name} to be bound", lambda n=name: h.node_of(n), timeout_s=90) == node
+        assert wait_for(f"{name} to be bound", partial(h.node_of, name), timeout_s=90) == node
     assert h.pod(lows[0]).spec.priority == 10  # the API server resolved the class
 
     # A Never pod of the high class waits: the node is full, and it may not preempt.
@@ -125,7 +126,7 @@ def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Prior
     assert f"{h.namespace}/{preemptor}" in condition.message
     assert doomed.metadata.deletion_grace_period_seconds == 30, "deleted with its own grace period"
     events = h.core.list_namespaced_event(h.namespace, field_selector=f"involvedObject.name={victim}").items
-    assert any(e.reason == "Preempted" and preemptor in e.message for e in events)
+    assert any(e.reason == "Preempted" and preemptor in (e.message or "") for e in events)
 
     # While the victim terminates, the preemptor waits pinned and records its victim; nobody else goes.
     pinned = wait_for("the preemptor to wait for its victim", lambda: (
