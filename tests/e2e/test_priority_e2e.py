@@ -1,6 +1,6 @@
 """Priority and preemption in the live controller, on the real control plane (issue 36, item 1).
 
-The controller e2e harness (``tests.e2e.test_controller_e2e``): real kube-apiserver, etcd and
+The controller e2e harness (``tests.e2e.test_controller_e2e``, its fixture ``h``): real kube-apiserver, etcd and
 kube-scheduler, gpupack's RBAC and admission policies, a simulated H100 node (``gpupack agent run
 --simulate``, device plugin emulated) and ``gpupack controller run`` as its ServiceAccount, scoped to
 the test's namespace. Pods carry the allocation record the webhook would write and real
@@ -18,8 +18,7 @@ Deadlines only, no timing assertions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from functools import partial
 from typing import Any, cast
 
@@ -29,25 +28,26 @@ from kubernetes.client.exceptions import ApiException
 
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, PREEMPTING_ANNOTATION, PREEMPTION_REASON
-from tests.e2e.test_controller_e2e import H100, Harness
+from tests.e2e.test_controller_e2e import H100, Harness, h  # noqa: F401 - h: the harness fixture
 from tests.e2e.waiting import wait_for
 
 PROFILE = "3g.40gb"
 
 
-class PriorityHarness(Harness):
-    """The controller harness with PriorityClasses of the run's own (cluster-scoped, removed after)."""
+class Priorities:
+    """The controller harness's run, with PriorityClasses of its own (cluster-scoped, removed after)
+    and pods that name them."""
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self.scheduling = client.SchedulingV1Api(self.admin)
+    def __init__(self, h: Harness) -> None:
+        self.h = h
+        self.scheduling = client.SchedulingV1Api(h.admin)
         self.classes: list[str] = []
 
     def priority_class(self, suffix: str, value: int, policy: str = "PreemptLowerPriority") -> str:
-        name = f"e2e-{self.run}-{suffix}"
+        name = f"e2e-{self.h.run}-{suffix}"
         self.scheduling.create_priority_class(cast(Any, {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                                               "metadata": {"name": name}, "value": value,
-                                               "preemptionPolicy": policy}))
+                                                         "metadata": {"name": name}, "value": value,
+                                                         "preemptionPolicy": policy}))
         self.classes.append(name)
         return name
 
@@ -64,63 +64,55 @@ class PriorityHarness(Harness):
                                          "resources": {"limits": {f"nvidia.com/mig-{PROFILE}": "1"}}}],
                          "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                              "nodeSelectorTerms": [{"matchExpressions": [
-                                 {"key": "e2e-ctl", "operator": "In", "values": [self.run]}]}]}}}}}
+                                 {"key": "e2e-ctl", "operator": "In", "values": [self.h.run]}]}]}}}}}
 
     def create(self, body: dict[str, Any]) -> str:
-        self.core.create_namespaced_pod(self.namespace, cast(Any, body))
+        self.h.core.create_namespaced_pod(self.h.namespace, cast(Any, body))
         return str(body["metadata"]["name"])
 
     def pod(self, name: str) -> Any:
         try:
-            return self.core.read_namespaced_pod(name, self.namespace)
+            return self.h.core.read_namespaced_pod(name, self.h.namespace)
         except ApiException as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def cleanup(self) -> None:
-        super().cleanup()
-        for name in self.classes:
-            self.scheduling.delete_priority_class(name)
-
 
 @pytest.fixture
-def h(admin_client: Any, gpupack_installed: Any, sa_kubeconfig: Callable[[str], Path], tmp_path: Path,
-      namespace: str, agent_kubeconfig: Callable[[str], Path]) -> Iterator[PriorityHarness]:
-    harness = PriorityHarness(admin_client, sa_kubeconfig, tmp_path, namespace, agent_kubeconfig)
-    yield harness
-    logs = {name: harness.log(name)[-2500:] for name in harness.processes}
-    harness.cleanup()
-    for name, text in logs.items():
-        print(f"--- {name} ---\n{text}")
+def p(h: Harness) -> Iterator[Priorities]:
+    priorities = Priorities(h)
+    yield priorities
+    for name in priorities.classes:
+        priorities.scheduling.delete_priority_class(name)
 
 
 def _disruption(pod: Any) -> Any:
     return next((c for c in pod.status.conditions or [] if c.type == "DisruptionTarget"), None)
 
 
-def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: PriorityHarness) -> None:
+def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Harness, p: Priorities) -> None:
     node = h.node("a", 1, {0: [PROFILE, PROFILE]})
     h.policy()
-    low, high, never = h.priority_class("low", 10), h.priority_class("high", 1000), \
-        h.priority_class("high-never", 1000, "Never")
+    low, high, never = p.priority_class("low", 10), p.priority_class("high", 1000), \
+        p.priority_class("high-never", 1000, "Never")
     h.controller("ctl-prio")
-    lows = [h.create(h.mig_pod(f"low-{i}", low)) for i in range(2)]
+    lows = [p.create(p.mig_pod(f"low-{i}", low)) for i in range(2)]
     for name in lows:
         assert wait_for(f"{name} to be bound", partial(h.node_of, name), timeout_s=90) == node
-    assert h.pod(lows[0]).spec.priority == 10  # the API server resolved the class
+    assert p.pod(lows[0]).spec.priority == 10  # the API server resolved the class
 
     # A Never pod of the high class waits: the node is full, and it may not preempt.
-    waiter = h.create(h.mig_pod("high-never", never))
+    waiter = p.create(p.mig_pod("high-never", never))
     wait_for("the Never pod to be told it waits", lambda: any(
-        c.type == "gpupack.io/Placement" for c in (h.pod(waiter).status.conditions or [])), timeout_s=60)
-    assert all(h.pod(n).metadata.deletion_timestamp is None for n in lows), "a Never pod preempted"
+        c.type == "gpupack.io/Placement" for c in (p.pod(waiter).status.conditions or [])), timeout_s=60)
+    assert all(p.pod(n).metadata.deletion_timestamp is None for n in lows), "a Never pod preempted"
 
-    preemptor = h.create(h.mig_pod("high", high))
+    preemptor = p.create(p.mig_pod("high", high))
     victim = wait_for("a low pod to be preempted", lambda: next(
-        (n for n in lows if h.pod(n) is not None and h.pod(n).metadata.deletion_timestamp is not None), None),
+        (n for n in lows if p.pod(n) is not None and p.pod(n).metadata.deletion_timestamp is not None), None),
         timeout_s=90)
-    doomed = h.pod(victim)
+    doomed = p.pod(victim)
     condition = _disruption(doomed)
     assert condition is not None and condition.status == "True" and condition.reason == PREEMPTION_REASON
     assert f"{h.namespace}/{preemptor}" in condition.message
@@ -130,29 +122,29 @@ def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Prior
 
     # While the victim terminates, the preemptor waits pinned and records its victim; nobody else goes.
     pinned = wait_for("the preemptor to wait for its victim", lambda: (
-        (p := h.pod(preemptor)) is not None and p.spec.scheduling_gates
-        and "terminate" in next((c.message for c in p.status.conditions or []
-                                 if c.type == "gpupack.io/Placement"), "") and p), timeout_s=60)
+        (seen := p.pod(preemptor)) is not None and seen.spec.scheduling_gates
+        and "terminate" in next((c.message for c in seen.status.conditions or []
+                                 if c.type == "gpupack.io/Placement"), "") and seen), timeout_s=60)
     assert pinned.metadata.annotations[PREEMPTING_ANNOTATION] == doomed.metadata.uid
     terms = pinned.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
     assert all(any(e.key == "kubernetes.io/hostname" and e.values == [node] for e in t.match_expressions)
                for t in terms)
     spared = next(n for n in lows if n != victim)
-    assert h.pod(spared).metadata.deletion_timestamp is None, "a second pod was preempted for one preemptor"
+    assert p.pod(spared).metadata.deletion_timestamp is None, "a second pod was preempted for one preemptor"
 
     # The test plays the kubelet: the victim's containers have stopped, the pod is gone.
     h.core.delete_namespaced_pod(victim, h.namespace, grace_period_seconds=0)
     assert wait_for("the preemptor to be bound to the freed node", lambda: h.node_of(preemptor),
                     timeout_s=90) == node
-    assert h.pod(spared).metadata.deletion_timestamp is None
-    never_pod = h.pod(waiter)
+    assert p.pod(spared).metadata.deletion_timestamp is None
+    never_pod = p.pod(waiter)
     assert never_pod.spec.node_name is None and never_pod.spec.scheduling_gates, "the Never pod still waits"
     assert f"preempted {h.namespace}/{victim} for {h.namespace}/{preemptor} on {node}" in h.log("ctl-prio")
 
 
-def test_an_unknown_priority_class_is_refused_by_the_api_server(h: PriorityHarness) -> None:
-    body = h.mig_pod("unknown-class", f"no-such-class-{h.run}")
+def test_an_unknown_priority_class_is_refused_by_the_api_server(h: Harness, p: Priorities) -> None:
+    body = p.mig_pod("unknown-class", f"no-such-class-{h.run}")
     with pytest.raises(ApiException) as refused:
-        h.create(body)
+        p.create(body)
     assert refused.value.status == 403
     assert f"no PriorityClass with name no-such-class-{h.run} was found" in str(refused.value.body)
