@@ -245,16 +245,17 @@ def _plan_for(cluster: ClusterState, modes: IntArray, used: IntArray, case: _Nod
         freed_on = [v.placement.gpus[0] for v in victims if v.replica]
         open_gpus = [int(g) for g in present if used[node, g] < r]
         gpus = (freed_on[0],) if freed_on else (open_gpus[0],)
-        exact = r == own_size and freed_gpu <= GPU_MILLI // r
+        exact = r == own_size and len(freed_on) <= 1
     elif case.kind == _GPUS:
         freed = {g for v in victims for g in v.placement.gpus}
         free = [int(g) for g in present if cluster.gpu_free[node, g] == GPU_MILLI and g not in freed]
         gpus = tuple(sorted(freed)[: pod.gpu_count] + free)[: pod.gpu_count]
-        exact = freed_gpu <= pod.gpu_total_milli
+        exact = sum(v.whole_gpus for v in victims) <= pod.gpu_count
     else:  # an idle node, or one emptied of its GPU pods: split anew or switched
         replicas = own_size if pod.is_shared else None
         gpus = tuple(int(g) for g in present[: pod.gpu_count])
-        exact = freed_gpu <= (GPU_MILLI // own_size if pod.is_shared else pod.gpu_total_milli)
+        # A replica's share in the state is 1000 // r or one milli more (the GPU's rounding).
+        exact = freed_gpu <= (-(-GPU_MILLI // own_size) if pod.is_shared else pod.gpu_total_milli)
     return PreemptionPlan(node, gpus, tuple(victims), case.kind == _RESHAPE and modes[node] != FRESH,
                           reason or _KIND_REASON[case.kind], replicas, exact)
 
