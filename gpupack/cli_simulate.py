@@ -36,6 +36,15 @@ replays (``sharing.simulator.arrivals.plan_run``, the one source of both). K
 at least the node count runs the whole cluster; ``--json`` says which, with
 ``max_nodes``, ``cluster_nodes``, ``nodes_used`` and ``gpus_used`` (per seed).
 
+``--priority qos`` (with ``--model product``, device-plugin backend) gives each pod the
+priority of its openb ``qos`` class (LS, Guaranteed and Burstable high, BE low), and a pod
+that fits nowhere may preempt pods of lower priority: with the engine's choice of victims
+(``--preemption engine``, the default) or kube-scheduler's default preemption
+(``--preemption scheduler``); victims leave and count as failed. The output adds, per class,
+the percentage of the class's arrived milli placed at each level (``alloc_at_by_class``) and at
+the end, and the preemptions and milli preempted (means per run). ``--priority none`` places
+as without the flag and adds the figures per class. docs/priority.md, "In the simulator".
+
 ``--mig MODEL`` replays the trace's GPU pods with their creation and deletion
 times onto ``--mig-gpus`` MIG-capable GPUs of MODEL instead, under a layout
 strategy (``--policy`` static-balanced, static-1g, static-whole, greedy,
@@ -75,14 +84,19 @@ from sharing.simulator.dra import (
     run_dra,
 )
 from sharing.simulator.mig_replay import replay_mig
+from sharing.api.priority import PodPriority
+from sharing.rules.priority import qos_priority
+from sharing.simulator.preempting import PREEMPTION_MODES, PreemptionMode, PriorityFigures
 from sharing.simulator.product import LIVE_PATHS, ProductRun, run_product
 from sharing.simulator.replay import RunResult, SweepResult, summarise, sweep
 from sharing.simulator.scheduler_config import SchedulerConfigError, load_weights
-from sharing.simulator.traces import TraceError, load_nodes, load_pods
+from sharing.simulator.traces import TraceError, load_nodes, load_pods, load_qos
 from sharing.simulator.workload import published_seeds
 
 SHARING_MODELS = ("fgd", "product")
 BACKENDS = ("device-plugin", "dra")
+
+PRIORITY_SOURCES = ("none", "qos")
 
 TEXT_LEVELS = (0, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 125, 130)
 """Levels shown in the text table (the reference table's columns); JSON has every level."""
@@ -157,6 +171,16 @@ def register(subparsers: Any) -> None:
         "DRA allocator's first fit (the baseline gpupack's placement is measured against)",
     )
     p.add_argument(
+        "--priority", choices=PRIORITY_SOURCES, default=None,
+        help="with --model product: none (no pod preempts; figures per openb qos class added) or qos (openb's "
+        "qos as priorities: LS, Guaranteed, Burstable high, BE low; a pod that fits nowhere preempts lower ones)",
+    )
+    p.add_argument(
+        "--preemption", choices=PREEMPTION_MODES, default=None,
+        help="with --priority qos: engine (gpupack's choice of victims, which may reshape a node; default) or "
+        "scheduler (kube-scheduler's default preemption, no reshaping), for comparison",
+    )
+    p.add_argument(
         "--mig",
         metavar="MODEL",
         help="replay onto MIG-capable GPUs of this model, with departures (e.g. A100-80GB; see docs/simulator.md)",
@@ -221,6 +245,32 @@ def _backend(args: argparse.Namespace) -> tuple[str, int | None]:
         raise UsageError(str(exc)) from None
 
 
+def _priorities(args: argparse.Namespace, backend: str) -> tuple[dict[str, PodPriority] | None, PreemptionMode]:
+    """The pods' priorities by name (None: no ``--priority``) and the preemption the run makes;
+    UsageError for a flag that does not apply, a trace without ``qos`` or a class openb lacks."""
+    if args.preemption is not None and args.priority != "qos":
+        raise UsageError("--preemption applies to --priority qos only (with --priority none no pod preempts)")
+    if args.priority is None:
+        return None, "none"
+    if args.sharing_model != "product" or args.mig or backend != "device-plugin":
+        raise UsageError("--priority applies to --model product with the device-plugin backend only")
+    try:
+        qos = load_qos(args.pods)
+    except TraceError as exc:
+        raise UsageError(str(exc)) from None
+    if qos is None:
+        raise UsageError(f"{args.pods}: the pod list has no qos column, so its pods have no priority class "
+                         "(openb's multigpu traces carry none)")
+    priorities = {}
+    for name, value in qos.items():
+        try:
+            priorities[name] = qos_priority(value)
+        except ValueError as exc:
+            raise UsageError(f"{args.pods}: pod {name!r}: {exc}") from None
+    mode: PreemptionMode = "none" if args.priority == "none" else (args.preemption or "engine")
+    return priorities, mode
+
+
 def _node_sample(args: argparse.Namespace, nodes: Sequence[NodeSpec], seeds: Sequence[int]) -> dict[str, Any]:
     """What the runs replay onto, for the output: ``max_nodes``, ``cluster_nodes``, ``nodes_used`` and
     ``gpus_used`` (one per seed: each seed draws its own sample); UsageError for a sample without GPUs."""
@@ -239,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
     if missing:  # argparse's own words, as when the flags were required=True
         args.simulate_parser.error(f"the following arguments are required: {', '.join(missing)}")
     backend, share_unit = _backend(args)
+    priorities, preemption = _priorities(args, backend)
     if args.max_nodes is not None:
         if args.mig:
             raise UsageError("--max-nodes does not apply to --mig: the MIG replay runs on a synthetic cluster of "
@@ -284,10 +335,14 @@ def run(args: argparse.Namespace) -> int:
             else:
                 rule, every = _typical(args)
                 runs = [run_product(nodes, trace.pods, policy, s, weights, args.live_path, args.inflate, max_nodes=k,
-                                    typical=rule, typical_every=every) for s in seeds]
+                                    typical=rule, typical_every=every, priorities=priorities, preemption=preemption)
+                        for s in seeds]
                 result = product_sweep(runs, trace.workload)
                 extra = {"backend": backend, "typical": rule, **({"typical_every": every} if rule == "present" else {}),
                          **product_extra(runs)}
+                if priorities is not None:
+                    extra |= {"priority": args.priority,
+                              **priority_extra([r.priority for r in runs if r.priority is not None])}
         except ValueError as exc:
             raise UsageError(f"{args.nodes}: {exc}") from None
     else:
@@ -321,6 +376,33 @@ def product_extra(runs: list[ProductRun]) -> dict[str, Any]:
         "live_path": runs[0].live_path,
         **_occupied_and_split(runs),
         "node_modes": [r.node_modes for r in runs],
+    }
+
+
+def priority_extra(figures: Sequence[PriorityFigures]) -> dict[str, Any]:
+    """Figures per class and of preemption, over the seeds: means per run; the two checks summed."""
+    from sharing.simulator.metrics import mean_levels
+
+    def mean(values: Sequence[float]) -> float:
+        return round(sum(values) / len(values), 2)
+
+    classes = sorted({c for f in figures for c in f.alloc_at_by_class})
+    return {
+        "preemption": figures[0].preemption,
+        "alloc_at_by_class": {c: {str(k): v for k, v in mean_levels([f.alloc_at_by_class[c] for f in figures
+                                                                     if c in f.alloc_at_by_class]).items()}
+                              for c in classes},
+        "placed_by_class": {c: mean([f.placed_by_class[c] for f in figures if c in f.placed_by_class]) for c in classes},
+        "preemptions": mean([f.preemptions for f in figures]),
+        "preempted_pods": mean([f.preempted_pods for f in figures]),
+        "preempted_milli": mean([f.preempted_milli for f in figures]),
+        "preemption_reasons": {r: mean([f.reasons.get(r, 0) for f in figures])
+                               for r in sorted({r for f in figures for r in f.reasons})},
+        "preempted_equal_or_higher": sum(f.equal_or_higher for f in figures),
+        "preemption_loops": sum(f.loops for f in figures),
+        "paired_engine_milli": mean([f.paired_engine_milli for f in figures]),
+        "paired_scheduler_milli": mean([f.paired_scheduler_milli for f in figures]),
+        "scheduler_could_not": mean([f.scheduler_could_not for f in figures]),
     }
 
 
@@ -438,6 +520,14 @@ def as_text(result: SweepResult, sharing_model: str = "fgd", extra: dict[str, An
     if "capacity_split_percent" in extra:
         parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in extra["capacity_split_percent"].items())
         lines.append(f"capacity at the end (% of GPU milli): {parts}")
+    if "placed_by_class" in extra:
+        parts = ", ".join(f"{c} {v:.2f}" for c, v in extra["placed_by_class"].items())
+        lines.append(f"placed at the end, % of each class's arrived milli (priority {extra['priority']}): {parts}")
+        if extra["preemption"] != "none":
+            lines.append(f"preemptions ({extra['preemption']}): {extra['preemptions']:g} per run, "
+                         f"{extra['preempted_pods']:g} pods and {extra['preempted_milli']:g} milli preempted; "
+                         f"victims of equal or higher priority {extra['preempted_equal_or_higher']}, "
+                         f"loops {extra['preemption_loops']}")
     lines.append(f"failed pods: {result.failed_pods:g} (mean per run, of {result.runs[0].pods} arrived)")
     lines.append(f"decision time: {result.decision_us_median:.0f} us median per pod")
     return "\n".join(lines)

@@ -22,8 +22,20 @@ def alloc_by_level(
     arrived: npt.NDArray[np.int64], used: npt.NDArray[np.int64], total_gpus: int, max_level: int = MAX_LEVEL
 ) -> dict[int, float | None]:
     """Allocation percent at each arrived-demand level 0..max_level (None where no attempt lands)."""
-    arrive = np.round(arrived / total_gpus / 10.0).astype(np.int64)
-    alloc = np.round(used / total_gpus / 10.0, 2)
+    return mean_by_level(arrival_levels(arrived, total_gpus), np.round(used / total_gpus / 10.0, 2), max_level)
+
+
+def arrival_levels(arrived: npt.NDArray[np.int64], total_gpus: int) -> npt.NDArray[np.int64]:
+    """Each attempt's arrived-demand level: ``round(A_i / T / 10)``, half to even."""
+    levels: npt.NDArray[np.int64] = np.round(arrived / total_gpus / 10.0).astype(np.int64)
+    return levels
+
+
+def mean_by_level(
+    arrive: npt.NDArray[np.int64], alloc: npt.NDArray[np.float64], max_level: int = MAX_LEVEL
+) -> dict[int, float | None]:
+    """Mean of ``alloc`` (one value per attempt) at each level 0..max_level of the attempts' ``arrive``
+    levels, with the protocol's fallback to the levels beside it (None where no attempt lands)."""
     sums = np.bincount(np.clip(arrive, 0, max_level + 2), weights=alloc, minlength=max_level + 3)
     counts = np.bincount(np.clip(arrive, 0, max_level + 2), minlength=max_level + 3)
     # Attempts beyond max_level+1 must not leak into the clipped last bucket.

@@ -49,7 +49,7 @@ asked for (``occupied`` counts what their replicas reserve).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
@@ -69,7 +69,9 @@ from sharing.packing.shared_sequence import EXACT, ReplicaStep, place_shared
 from sharing.rules.replicas import Ask, largest_replicas, most_replicas, replica_milli, replicas_for_demand, takes_whole_gpu
 from sharing.simulator.replay import Clock, _continue_stream
 from sharing.simulator.arrivals import plan_run, refuse_mig_capable
+from sharing.simulator.preempting import Preempting, PreemptionMode, PriorityFigures
 from sharing.simulator.tally import ArrivalTally
+from sharing.api.priority import PodPriority
 
 SCHEDULER_TIES_STREAM: Final = 0x6B7562
 """Second word of the seed of the generator kube-scheduler's ties are drawn from (a stream apart
@@ -115,6 +117,8 @@ class ProductRun:
     split: CapacitySplit
     node_modes: dict[str, int]
     """Nodes per final state: ``fresh``, ``whole``, ``r2``, ``r3``, ..."""
+    priority: PriorityFigures | None = None
+    """Figures per class and of preemption (``sharing.simulator.preempting``); None: the run had no classes."""
     divergences: tuple[Divergence, ...] = ()
     """Run that follows a live run (``follow``): the pods whose live outcome the model would not
     choose even when its ties fall the live run's way (empty: it can make every live choice)."""
@@ -150,6 +154,10 @@ class ProductReplay:
         self.scheduler_ties = scheduler_ties
         self.last_node: int | None = None
         """The node :meth:`place` last placed a pod on (None: it dropped the pod)."""
+        self.last_placement: PodPlacement | None = None
+        """What the engine's state holds for the pod last placed (a replica's share for a replica)."""
+        self.last_replica = False
+        """The pod last placed took a replica of a shared node."""
         self.modes: IntArray = np.full(len(cluster), FRESH, dtype=np.int64)
         """FRESH, WHOLE, or the node's replica count."""
         self.used: IntArray = np.zeros((len(cluster), cluster.width), dtype=np.int64)
@@ -165,7 +173,7 @@ class ProductReplay:
     def place(self, pod: PodSpec) -> float | None:
         """Place ``pod`` as the live system would; the GPU milli it occupies, or None (dropped).
         ``last_node`` is then the node it went to."""
-        self.last_node = None
+        self.last_node = self.last_placement = None
         if pod.gpu_count == 0:
             return self._by_scheduler(pod, self.cluster.feasible(pod), None)
         if not pod.is_shared:
@@ -191,15 +199,8 @@ class ProductReplay:
         else:
             gpu_req, gpu_alloc, gpu_weight = gpu
             node = self._scheduler_pick(pod, nodes, gpu_req[nodes], gpu_alloc[nodes], gpu_weight)
-        if pod.gpu_count == 0:
-            c.place(pod, node, ())
-            self.last_node = node
-            return 0.0
         free = np.flatnonzero(c.gpu_free[node] == GPU_MILLI)[: pod.gpu_count]
-        c.place(pod, node, tuple(int(g) for g in free))
-        self.last_node = node
-        self.modes[node] = WHOLE
-        return float(pod.gpu_total_milli)
+        return self.place_at(pod, node, tuple(int(g) for g in free))
 
     def _whole_by_scheduler(self, pod: PodSpec) -> float | None:
         c = self.cluster
@@ -211,9 +212,21 @@ class ProductReplay:
         outcome = place_whole(self.policy, self.cluster, pod, self.modes == WHOLE, self.modes == FRESH)
         if not isinstance(outcome, PodPlacement):
             return None
-        self.cluster.place(pod, outcome.node, outcome.gpus)
-        self.last_node = outcome.node
-        self.modes[outcome.node] = WHOLE
+        return self.place_at(pod, outcome.node, outcome.gpus)
+
+    def place_at(self, pod: PodSpec, node: int, gpus: tuple[int, ...], replicas: int | None = None) -> float:
+        """Commit ``pod`` (as the engine sees it) on ``node``: a replica of ``gpus[0]`` for a fractional pod
+        (the node split into ``replicas`` first when given), else ``gpus`` whole (the node becomes a
+        whole-GPU node) or none; the GPU milli it occupies."""
+        if replicas is not None:
+            self.modes[node] = replicas
+        if pod.is_shared:
+            return self._take_replica(pod, node, gpus[0])
+        self.last_placement = self.cluster.place(pod, node, gpus)
+        self.last_node, self.last_replica = node, False
+        if pod.gpu_count == 0:
+            return 0.0
+        self.modes[node] = WHOLE
         return float(pod.gpu_total_milli)
 
     def _shared_by_engine(self, pod: PodSpec) -> float | None:
@@ -250,8 +263,8 @@ class ProductReplay:
         self.used[node, gpu] += 1
         # The engine sees a replica-split GPU as 1000 milli of which (free replicas) * 1000 // r are free.
         taken = int(c.gpu_free[node, gpu] - (r - self.used[node, gpu]) * GPU_MILLI // r)
-        c.place(PodSpec(pod.name, pod.cpu_milli, pod.memory_mib, 1, taken), node, (gpu,))
-        self.last_node = node
+        self.last_placement = c.place(PodSpec(pod.name, pod.cpu_milli, pod.memory_mib, 1, taken), node, (gpu,))
+        self.last_node, self.last_replica = node, True
         return replica_milli(r)
 
     # ------------------------------------------------------------------ summary
@@ -391,6 +404,8 @@ def run_product(
     typical_every: int = DEFAULT_TYPICAL_EVERY,
     scheduler_draw: int = 0,
     stop_after: int | None = None,
+    priorities: Mapping[str, PodPriority] | None = None,
+    preemption: PreemptionMode = "none",
 ) -> ProductRun:
     """One (workload, seed, policy) run: the protocol's arrivals under the live rules, on the seed's
     sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``).
@@ -416,7 +431,12 @@ def run_product(
 
     ``policy_factory`` builds the engine's policy instead of the registry (an
     ablation, as ``benchmarks/product_ablation.py`` runs); ``policy_name`` still
-    names the registered policy the run reports."""
+    names the registered policy the run reports.
+
+    ``priorities``: each trace pod's priority by name (clones take their pod's), for figures per
+    class; ``preemption`` (``engine`` or ``scheduler``, with ``priorities``) lets a pod that fits
+    nowhere preempt pods of lower priority (``sharing.simulator.preempting``); ``none``, the
+    default, is the protocol's run, bit for bit."""
     name = canonical_policy_name(policy_name)
     check_typical_rule(typical)
     if typical_every < 1:
@@ -452,6 +472,9 @@ def run_product(
     tally = ArrivalTally(count)
     if follow is not None and len(follow) != count:
         raise ValueError(f"follow: {len(follow)} outcomes for {count} pods")
+    if preemption != "none" and priorities is None:
+        raise ValueError(f"preemption {preemption!r} needs the pods' priorities")
+    classes = None if priorities is None else Preempting(replay, priorities, preemption, arrivals, seed)
     position = {n.name: i for i, n in enumerate(ordered)}
     by_name = cluster.tie_rank.copy()
     divergences: list[Divergence] = []
@@ -471,7 +494,11 @@ def run_product(
                 current = now
                 replay.policy = build(now)
         taken = replay.place(pod)
+        if taken is None and classes is not None:
+            taken = classes.make_room(pod, engine_view([pod], live_path)[0], tally)
         tally.record(i, pod, taken, clock() - start)
+        if classes is not None:
+            classes.record(i, pod, taken)
         if follow is not None:
             model_node = None if replay.last_node is None else ordered[replay.last_node].name
             if model_node != live_node:
@@ -486,5 +513,6 @@ def run_product(
         split=replay.split(tally.allocated, tally.reserved),
         node_modes=replay.node_modes(),
         divergences=tuple(divergences),
+        priority=None if classes is None else classes.figures(tally, total_gpus),
         **tally.figures(total_gpus),
     )

@@ -56,6 +56,13 @@ class ArrivalTally:
             self.reserved += taken
         self.arrived[i], self.used[i], self.occupied[i] = self.demand, self.allocated, round(self.reserved)
 
+    def withdraw(self, milli: int, reserved: float) -> None:
+        """A placed pod left (preempted): its ``milli`` is no longer allocated nor its ``reserved``
+        share held, and it counts as failed. Logged with the next :meth:`record`."""
+        self.allocated -= milli
+        self.reserved -= reserved
+        self.failed += 1
+
     def figures(self, total_gpus: int) -> RunFigures:
         """The run's figures over ``total_gpus`` GPUs (module docstring)."""
         return RunFigures(

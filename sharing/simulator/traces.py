@@ -2,7 +2,8 @@
 
 Node list columns: ``sn, cpu_milli, memory_mib, gpu, model``. Pod list columns:
 ``name, cpu_milli, memory_mib, num_gpu, gpu_milli`` and optionally ``gpu_spec``,
-``creation_time``, ``deletion_time`` (other columns are ignored). Request
+``creation_time``, ``deletion_time`` (other columns are ignored); :func:`load_qos` reads the
+``qos`` column where a trace has one (the multigpu traces do not). Request
 conversion follows the published simulator (``PROTOCOL.md`` §1): ``gpu_milli``
 is clamped to 0..1000, a pod with no GPUs (or no GPU milli) is CPU-only, and
 ``gpu_spec`` is split on ``|`` with empty parts dropped.
@@ -116,6 +117,25 @@ def load_nodes(path: Path) -> tuple[NodeSpec, ...]:
     if not nodes:
         raise TraceError(f"{path}: no nodes")
     return tuple(nodes)
+
+
+def load_qos(path: Path) -> dict[str, str] | None:
+    """Each pod's ``qos`` value by name, or None when the pod list has no ``qos`` column; an empty value
+    is a TraceError naming the line (openb gives every pod one)."""
+    if not path.is_file():
+        raise TraceError(f"{path}: no such file")
+    with path.open(newline="", encoding="utf-8", errors="replace") as fh:
+        header = next(csv.reader(fh), [])
+    if "qos" not in header:
+        return None
+    rows = _rows(path, ("name", "qos"))
+    out: dict[str, str] = {}
+    for line, row in rows:
+        qos = row["qos"].strip()
+        if not qos:
+            raise TraceError(f"{path}:{line}: empty qos for pod {row['name'].strip()!r}")
+        out[row["name"].strip()] = qos
+    return out
 
 
 def load_pods(path: Path) -> PodTrace:

@@ -18,6 +18,9 @@ import numpy as np
 
 from sharing.packing.specs import GPU_MILLI, PodSpec
 
+CLONE_INFIX = "-clone-"
+"""A clone of trace pod ``p`` is named ``p-clone-<n>``."""
+
 PUBLISHED_SEEDS = tuple(range(42, 52))
 """The ten seeds of the published experiment (``-tuneseed 42..51``)."""
 
@@ -33,6 +36,11 @@ class Workload:
     """P0: the untuned trace sorted by name (FGD's typical pods come from it)."""
     clones: int
     removed: int
+
+
+def trace_name(name: str) -> str:
+    """The trace pod an arriving pod ``name`` is, or is a clone of (its class and priority are that pod's)."""
+    return name.split(CLONE_INFIX, 1)[0]
 
 
 def published_seeds(count: int) -> tuple[int, ...]:
@@ -66,7 +74,7 @@ def build_workload(
             if demand + pick.gpu_milli > target:
                 break
             clones += 1
-            order.append(replace(pick, name=f"{pick.name}-clone-{clones}"))
+            order.append(replace(pick, name=f"{pick.name}{CLONE_INFIX}{clones}"))
             demand += pick.gpu_total_milli
     ranks = rng.permutation(node_count)
     return Workload(
