@@ -68,7 +68,7 @@ from controller.planning.dramig import mig_gpus
 from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
 from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
 from controller.planning.planner import Wait, allowed_on, waiting_key
-from controller.planning.preemption import Preemption, resume, still_held, victim
+from controller.planning.preemption import Preemption, reason_for, resume, still_held, victim
 from sharing.rules.priority import may_preempt
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.api.backend import node_backend
@@ -301,7 +301,7 @@ class _Shares:
         _, node, victims = best
         return Preemption(pod.key, node.name, tuple(victim(v) for v in victims),
                           f"{pod.key} (priority {pod.priority.value}) fits nowhere on the DRA pool; preempting "
-                          f"{', '.join(v.key for v in victims)} on {node.name}", pod.mode)
+                          f"{', '.join(v.key for v in victims)} on {node.name}", reason_for(pod))
 
     def take_cpu(self, node_name: str, pod: Pod) -> None:
         """``pod``'s CPU and memory, placed on ``node_name`` by the MIG path, taken here too."""

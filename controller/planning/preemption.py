@@ -16,8 +16,8 @@ priority first, then least GPU milli, until the shortfall is covered; among node
 the fewest victims wins, then the lowest highest-victim priority, then the least milli freed,
 then the snapshot's order. These are the engine's preferences of issue 36 (fewest pods, lowest
 priority, least milli) on the counts the live planner has; the victim choice with exact fills,
-fragmentation and reshaping is ``sharing.packing.preemption.engine_preemption``, which this
-module is to call once it is on this branch.
+fragmentation and reshaping is ``sharing.packing.preemption.engine_preemption``; this module
+does not call it yet (docs/priority.md, "In the controller", says why and what it takes).
 
 A preemptor carries the uids of its victims (``gpupack.io/preempting``, written with its pin in
 one guarded patch, :mod:`controller.writes.preemption`). While one of them still exists it waits on
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from controller.planning.capacity import FreeCapacity
 from controller.state.snapshot import Node, Pod, Snapshot
+from sharing.packing.preemption import REASON_GPUS, REASON_REPLICA
 from sharing.rules.priority import may_preempt
 from sharing.rules.replicas import fits_split
 
@@ -59,8 +60,7 @@ class Preemption:
     victims: tuple[Victim, ...]
     reason: str
     kind: str = ""
-    """The kind of place it frees (the preemptor's mode: ``mig``, ``mps``, ``time-slicing``, ``whole``):
-    the ``reason`` label of ``gpupack_preemptions_total``."""
+    """What it frees (:func:`reason_for`): the ``reason`` label of ``gpupack_preemptions_total``."""
     resumed: bool = False
     """The victims were chosen by an earlier cycle and are still running: delete them again
     (not counted as a new preemption)."""
@@ -76,6 +76,18 @@ class Held:
     @property
     def count(self) -> int:
         return len(self.running) + self.terminating
+
+
+REASON_MIG = "mig-instance"
+"""A MIG instance of the profile the preemptor asks for (the live planner's own case: the engine's
+``sharing.packing.preemption`` reasons cover node-wide replicas and whole GPUs)."""
+
+
+def reason_for(pod: Pod) -> str:
+    """The metric reason of a preemption for ``pod``: the engine's words where they apply."""
+    if pod.mode == "mig":
+        return REASON_MIG
+    return REASON_REPLICA if pod.shares > 0 else REASON_GPUS
 
 
 def victim(pod: Pod) -> Victim:
@@ -97,7 +109,7 @@ def resume(pod: Pod, held: Held) -> Preemption | None:
     if not held.running or pod.node is None:
         return None
     return Preemption(pod.key, pod.node, tuple(victim(v) for v in held.running),
-                      f"finishing the preemption for {pod.key}", pod.mode, resumed=True)
+                      f"finishing the preemption for {pod.key}", reason_for(pod), resumed=True)
 
 
 def _on_node(pods: Iterable[Pod]) -> dict[str, list[Pod]]:
@@ -192,7 +204,7 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
     names = ", ".join(v.key for v in chosen)
     reason = (f"{pod.key} (priority {pod.priority.value}) fits nowhere; preempting {names} "
               f"(priority {max(v.priority.value for v in chosen)} or lower) on {node.name}")
-    return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, pod.mode)
+    return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, reason_for(pod))
 
 
-__all__ = ["Held", "Preemption", "Victim", "choose", "resume", "still_held", "victim"]
+__all__ = ["REASON_MIG", "Held", "Preemption", "Victim", "choose", "reason_for", "resume", "still_held", "victim"]

@@ -76,7 +76,7 @@ def test_a_pod_that_fits_nowhere_preempts_the_lowest_priority_pod_only() -> None
     assert (preemption.preemptor, preemption.node) == ("team/high", "a")
     assert [v.key for v in preemption.victims] == ["team/low"]
     assert preemption.victims[0] == Victim("team/low", "uid-low", 0, 300)
-    assert preemption.kind == "mps" and not preemption.resumed
+    assert preemption.kind == "replica" and not preemption.resumed
     (wait,) = result.waiting
     assert wait.held and "preempting 1 pod(s)" in wait.reason
     assert result.releases == ()
@@ -139,7 +139,7 @@ def test_a_mig_pod_preempts_a_lower_pod_holding_the_profile_it_needs() -> None:
 
     pods = [mig_pod("low", 0, on="m"), mig_pod("mid", 50, on="m"), mig_pod("high", 100)]
     (preemption,) = run([mig], pods).preemptions
-    assert (preemption.node, preemption.kind, [v.key for v in preemption.victims]) == ("m", "mig", ["team/low"])
+    assert (preemption.node, preemption.kind, [v.key for v in preemption.victims]) == ("m", "mig-instance", ["team/low"])
 
 
 def test_a_pod_too_big_for_the_split_preempts_nothing() -> None:
@@ -264,7 +264,7 @@ class RecordingKube(KubeClient):
         return True
 
 
-PREEMPTION = Preemption("team/high", "a", (Victim("team/low", "uid-low", 0, 400),), "test", "mps")
+PREEMPTION = Preemption("team/high", "a", (Victim("team/low", "uid-low", 0, 400),), "test", "replica")
 
 
 def test_the_controller_pins_first_then_marks_tells_and_deletes_each_victim() -> None:
@@ -280,7 +280,7 @@ def test_the_controller_pins_first_then_marks_tells_and_deletes_each_victim() ->
     assert kube.calls[2][2][1] == "Preempted" and "team/high" in kube.calls[2][2][2]
     assert kube.calls[3][2] == ("uid-low", None), "uid precondition only; the pod's own grace period"
     assert report.preempted == ["team/low"] and report.errors == []
-    assert controller.metrics.registry.get_sample_value("gpupack_preemptions_total", {"reason": "mps"}) == 1
+    assert controller.metrics.registry.get_sample_value("gpupack_preemptions_total", {"reason": "replica"}) == 1
 
 
 def test_nothing_is_deleted_when_the_preemptor_cannot_be_pinned() -> None:
@@ -290,7 +290,7 @@ def test_nothing_is_deleted_when_the_preemptor_cannot_be_pinned() -> None:
     controller._preempt([PREEMPTION], {"team/high": raw_pod("high", {})}, NOW, report)  # noqa: SLF001
     assert kube.calls == [] and report.preempted == []
     assert any("not pinned, nothing preempted" in e for e in report.errors)
-    assert controller.metrics.registry.get_sample_value("gpupack_preemptions_total", {"reason": "mps"}) is None
+    assert controller.metrics.registry.get_sample_value("gpupack_preemptions_total", {"reason": "replica"}) is None
 
 
 def test_disruption_condition_body() -> None:
