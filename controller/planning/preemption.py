@@ -7,17 +7,18 @@ policy is not ``Never`` and only pods of strictly lower priority
 pinned on one node of the device-plugin pool (never pods that are not gpupack's, never DRA pods:
 the DRA pool is :mod:`controller.planning.draplan`'s).
 
-Per node the place the pod needs is counted on the cycle's ledger
-(:class:`controller.planning.capacity.FreeCapacity`), as the planner counts it: replicas of the
-node's split for a shared pod (the node must already share by the pod's mode at a split the pod
-fits: preemption never re-splits a node), instances of the profiles it asks for on a MIG node,
-whole GPUs for a whole pod; and its CPU and memory. The victims of a node are taken lowest
-priority first, then least GPU milli, until the shortfall is covered; among nodes the one with
-the fewest victims wins, then the lowest highest-victim priority, then the least milli freed,
-then the snapshot's order. These are the engine's preferences of issue 36 (fewest pods, lowest
-priority, least milli) on the counts the live planner has; the victim choice with exact fills,
-fragmentation and reshaping is ``sharing.packing.preemption.engine_preemption``; this module
-does not call it yet (docs/priority.md, "In the controller", says why and what it takes).
+**Whose choice.** A single-container shared pod or a whole-GPU pod gets the engine's plan,
+``sharing.packing.preemption.engine_preemption``, the function the simulator calls
+(:mod:`controller.planning.engine_victims` builds its state from the snapshot; the engine's
+reshape plans are not carried out live). A MIG pod and a shared pod of several containers,
+which the engine's preemption does not model, are ranked here on the cycle's ledger
+(:class:`controller.planning.capacity.FreeCapacity`), as the planner counts places: replicas
+of the node's split (the node must already share by the pod's mode at a split the pod fits:
+preemption never re-splits a node), instances of the profiles it asks for on a MIG node; and
+its CPU and memory. The victims of a node are taken lowest priority first, then least GPU
+milli, until the shortfall is covered; among nodes the one with the fewest victims wins, then
+the lowest highest-victim priority, then the least milli freed, then the snapshot's order: the
+engine's preferences (fewest pods, lowest priority, least milli) on the ledger's counts.
 
 A preemptor carries the uids of its victims (``gpupack.io/preempting``, written with its pin in
 one guarded patch, :mod:`controller.writes.preemption`). While one of them still exists it waits on
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from controller.planning.capacity import FreeCapacity
+from controller.planning.engine_victims import engine_case, engine_plan
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.packing.preemption import REASON_GPUS, REASON_REPLICA
 from sharing.rules.priority import may_preempt
@@ -174,6 +176,22 @@ def _victims_on(pod: Pod, node: Node, free: FreeCapacity, candidates: list[Pod])
     return None
 
 
+def _engine_choice(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[Pod], *,
+                   admits: Callable[[Node], bool], spared: set[str]) -> Preemption | None:
+    """``sharing.packing.preemption.engine_preemption``'s plan (:mod:`controller.planning.engine_victims`)."""
+    listed = list(pods)
+    found = engine_plan(pod, list(nodes), free, listed, admits=admits, spared=spared)
+    if found is None:
+        return None
+    node, plan = found
+    by_key = {p.key: p for p in listed}
+    chosen = [by_key[v.key] for v in plan.victims]
+    names = ", ".join(v.key for v in chosen)
+    reason = (f"{pod.key} (priority {pod.priority.value}) fits nowhere; the engine preempts {names} "
+              f"(priority {max(v.priority.value for v in chosen)} or lower) on {node.name}")
+    return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, plan.reason)
+
+
 def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[Pod], *,
            admits: Callable[[Node], bool], spared: set[str]) -> Preemption | None:
     """The preemption that gives ``pod`` a place (see the module docstring), or None.
@@ -185,6 +203,8 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
         # reports their devices unused (a process outlives its pod object by a poll or more), and
         # planning it again before then would kill a second pod for the same place.
         return None
+    if engine_case(pod):
+        return _engine_choice(pod, nodes, free, pods, admits=admits, spared=spared)
     by_node = _on_node(pods)
     best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None
     for position, node in enumerate(nodes):

@@ -77,6 +77,7 @@ def test_a_pod_that_fits_nowhere_preempts_the_lowest_priority_pod_only() -> None
     assert [v.key for v in preemption.victims] == ["team/low"]
     assert preemption.victims[0] == Victim("team/low", "uid-low", 0, 300)
     assert preemption.kind == "replica" and not preemption.resumed
+    assert "the engine preempts" in preemption.reason  # sharing.packing.preemption.engine_preemption chose
     (wait,) = result.waiting
     assert wait.held and "preempting 1 pod(s)" in wait.reason
     assert result.releases == ()
@@ -124,6 +125,20 @@ def test_two_preemptors_in_one_cycle_never_share_a_victim() -> None:
     victims = [v.key for p in result.preemptions for v in p.victims]
     assert sorted(victims) == ["team/low1", "team/low2"]
     assert len(set(victims)) == len(victims)
+
+
+def test_a_whole_gpu_pod_preempts_through_the_engine_on_an_unshared_node() -> None:
+    """Two GPUs, each held by a whole-GPU pod: the engine frees the lower one for a one-GPU pod."""
+    def whole(name: str, priority: int, on: str | None = None) -> Pod:
+        return Pod("team", name, "whole", NOW - timedelta(minutes=5), milli=(1000,), memory_bytes=(None,),
+                   gated=on is None, node=on, bound=on is not None, uid=f"uid-{name}", priority=PodPriority(priority))
+
+    unshared = Node("w", H100.product, H100, (("pool", "a"),), "none", 1,
+                    (Gpu(0, H100.memory_mib, False), Gpu(1, H100.memory_mib, False)), whole_taken=2)
+    pods = [whole("low", 0, "w"), whole("mid", 50, "w"), whole("high", 100)]
+    (preemption,) = run([unshared], pods).preemptions
+    assert ([v.key for v in preemption.victims], preemption.kind) == (["team/low"], "whole-gpus")
+    assert "the engine preempts" in preemption.reason
 
 
 def test_a_mig_pod_preempts_a_lower_pod_holding_the_profile_it_needs() -> None:

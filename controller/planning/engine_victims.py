@@ -1,0 +1,149 @@
+"""The engine's victim choice (``sharing.packing.preemption.engine_preemption``) on the live device-plugin pool.
+
+The simulator and the controller choose victims with one function. This module builds the
+engine's state from the cycle's snapshot for one preemptor and maps the engine's plan back to
+the controller's :class:`~controller.planning.preemption.Preemption`:
+
+* the nodes a preemptor could take as they are: for a single-container shared pod, the nodes
+  that share by its mode into a replica count its request fits (``modes`` = that count); for a
+  whole-GPU pod, the unshared nodes (``modes`` = ``WHOLE``). So every node is of the engine's
+  replica or whole-GPU kind and the engine never plans a reshape or an idle split here (the
+  live planner would have to carry those out through the policy gate for a pinned pod, which
+  may refuse for good);
+* per node the CPU and memory its pods request (the ledger's room), and per GPU the replicas
+  taken (the node's claimed replicas, GPU by GPU in order: the device plugin, not gpupack, picks
+  the GPU inside a node) or the whole GPUs taken;
+* as :class:`~sharing.packing.victims.PlacedPods`, gpupack's pods bound or pinned there (never
+  the DRA pool's, never pods that are not gpupack's), each with its priority, milli, CPU and
+  memory; those already chosen this cycle are left out.
+
+MIG pods and shared pods of several containers are not the engine's case (its preemption
+models node-wide replicas and whole GPUs, one replica per pod): the caller keeps its own
+ranking for them (:mod:`controller.planning.preemption`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from controller.planning.capacity import FreeCapacity
+from controller.state.snapshot import Node, Pod
+from sharing.packing.cluster import ClusterState
+from sharing.packing.node_sharing import WHOLE
+from sharing.packing.preemption import PreemptionPlan, engine_preemption
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
+from sharing.packing.victims import PlacedPods, Victim
+from sharing.rules.replicas import fits_split, most_replicas
+
+_BIG = 10**9
+"""CPU and memory of a node whose allocatable is unknown: they never limit."""
+
+
+def engine_case(pod: Pod) -> bool:
+    """Whether the engine's preemption models ``pod``: one replica, or whole GPUs."""
+    return pod.mode == "whole" or (pod.shares == 1 and pod.mode in ("mps", "time-slicing"))
+
+
+def _usable(pod: Pod, node: Node) -> bool:
+    if not node.full_gpus or any(g.mig_enabled for g in node.gpus) or not node.converged:
+        return False
+    if pod.mode == "whole":
+        return node.sharing == "none" and node.spec_sharing == "none"
+    return node.sharing == pod.mode and fits_split(node.replicas, pod.asks, node.gpu_memory_bytes)
+
+
+def engine_plan(pod: Pod, nodes: Sequence[Node], free: FreeCapacity, pods: Sequence[Pod], *,
+                admits: Callable[[Node], bool], spared: set[str]) -> tuple[Node, PreemptionPlan] | None:
+    """The engine's plan for ``pod`` over the nodes it could take as they are, and the node; None when
+    the engine finds none (or the pod is not its case)."""
+    if not engine_case(pod):
+        return None
+    pool = [n for n in nodes if _usable(pod, n) and admits(n)]
+    if not pool:
+        return None
+    cluster = ClusterState([NodeSpec(n.name, n.cpu_milli or _BIG, n.memory_mib or _BIG, len(n.full_gpus),
+                                     n.product or "gpu") for n in pool])
+    width = max(len(n.full_gpus) for n in pool)
+    modes = np.array([n.replicas if n.sharing != "none" else WHOLE for n in pool], dtype=np.int64)
+    used = np.zeros((len(pool), width), dtype=np.int64)
+    placed = PlacedPods(len(pool))
+    index = {n.name: i for i, n in enumerate(pool)}
+    holders: dict[int, list[Pod]] = {}
+    for other in pods:
+        i = index.get(other.node or "")
+        if i is not None and not other.gated and other.backend != "dra" and (other.shares or other.whole_gpus):
+            holders.setdefault(i, []).append(other)
+    for i, node in enumerate(pool):
+        room = free.room.get(node.name)
+        if room is not None:  # what the node's pods request, less the holders placed below
+            held_cpu = sum(p.cpu_milli for p in holders.get(i, ()))
+            held_mem = sum(p.memory_mib for p in holders.get(i, ()))
+            cpu = max(0, node.cpu_milli - room[0] - held_cpu)
+            mem = max(0, node.memory_mib - room[1] - held_mem)
+            if cpu or mem:
+                cluster.place(PodSpec(f"used/{node.name}", min(cpu, int(cluster.cpu_free[i])),
+                                      min(mem, int(cluster.mem_free[i]))), i, ())
+        _place_holders(cluster, modes, used, placed, i, node, free, holders.get(i, []), spared)
+    shape = PodSpec(pod.key, pod.cpu_milli, pod.memory_mib, 1 if pod.shares else pod.whole_gpus,
+                    min(GPU_MILLI, max(pod.milli, default=0)) if pod.shares else GPU_MILLI)
+    own = max(int(modes.max()), 1)
+    if pod.shares:
+        own = max(own, most_replicas(pod.asks, max(n.gpu_memory_bytes for n in pool), 1, own))
+    plan = engine_preemption(cluster, modes, used, placed, shape, pod.priority, own_size=own)
+    if plan is None or plan.reshape or plan.replicas is not None or not plan.victims:
+        # The engine's reshape plans are not carried out live (module docstring); a plan without
+        # victims would say the pod fits, which the planner has just found it does not.
+        return None
+    return pool[plan.node], plan
+
+
+def _place_holders(cluster: ClusterState, modes: np.ndarray, used: np.ndarray, placed: PlacedPods, i: int,
+                   node: Node, free: FreeCapacity, holders: list[Pod], spared: set[str]) -> None:
+    """The node's GPU pods into the engine's state, GPU by GPU in order; those not already chosen
+    this cycle as possible victims."""
+    gpus = len(node.full_gpus)
+    if modes[i] > 0:
+        r = int(modes[i])
+        taken = max(0, gpus * r - free.shared[node.name])
+        for holder in sorted(holders, key=lambda p: p.key):
+            gpu = next((j for j in range(gpus) if used[i, j] < r), None)
+            if gpu is None or taken <= 0:
+                break
+            used[i, gpu] += 1
+            taken -= 1
+            spec = PodSpec(holder.key, min(holder.cpu_milli, int(cluster.cpu_free[i])),
+                           min(holder.memory_mib, int(cluster.mem_free[i])), 1, GPU_MILLI // r)
+            placement = cluster.place(spec, i, (gpu,))
+            if holder.key not in spared:
+                placed.add(Victim(holder.key, holder.priority.value, sum(holder.milli), placement, replica=True,
+                                  started=holder.created.timestamp()))
+        # Replicas taken by no pod listed here (released to this node earlier in the cycle): taken, never victims.
+        for j in range(gpus):
+            while taken > 0 and used[i, j] < r:
+                used[i, j] += 1
+                taken -= 1
+                cluster.place(PodSpec(f"taken/{node.name}/{j}/{int(used[i, j])}", 0, 0, 1, GPU_MILLI // r), i, (j,))
+        return
+    whole_free = free.whole[node.name]
+    next_gpu = 0
+    for holder in sorted(holders, key=lambda p: p.key):
+        q = holder.whole_gpus
+        if q <= 0 or next_gpu + q > gpus:
+            continue
+        spec = PodSpec(holder.key, min(holder.cpu_milli, int(cluster.cpu_free[i])),
+                       min(holder.memory_mib, int(cluster.mem_free[i])), q, GPU_MILLI)
+        placement = cluster.place(spec, i, tuple(range(next_gpu, next_gpu + q)))
+        next_gpu += q
+        if holder.key not in spared:
+            placed.add(Victim(holder.key, holder.priority.value, GPU_MILLI * q, placement,
+                              started=holder.created.timestamp()))
+    # GPUs taken by pods that are not gpupack's (or pinned ones not listed): not free, never victims.
+    others = max(0, gpus - next_gpu - whole_free)
+    if others:
+        cluster.place(PodSpec(f"others/{node.name}", 0, 0, others, GPU_MILLI), i,
+                      tuple(range(next_gpu, next_gpu + others)))
+
+
+__all__ = ["engine_case", "engine_plan"]
