@@ -25,6 +25,8 @@ import pytest
 from kubernetes import client
 
 from gpupack.devcluster.process import ManagedProcess
+from mig.catalog import get_model
+from node.nvml.simulated import SimulatedNvml
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.api.keys import ALLOCATION_ANNOTATION
 from tests.e2e.waiting import wait_for
@@ -83,14 +85,19 @@ class Harness:
         ])
 
     # ------------------------------------------------------------ objects
-    def node(self, suffix: str, gpus: int, layouts: dict[int, list[str]] | None = None) -> str:
+    def node(self, suffix: str, gpus: int, layouts: dict[int, list[str]] | None = None, *, mps: int = 0) -> str:
+        """A simulated H100 node; ``mps``: its GPUs run with MIG off, shared by MPS into that many replicas."""
         name = f"ctl-{self.run}-{suffix}"
+        if mps:  # a MIG mode change needs a GPU reset: the simulated GPUs start with MIG off
+            SimulatedNvml(get_model("H100-80GB"), gpus, self.tmp / f"{name}.json", seed=name, mig_enabled=False)
         self.core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name=name, labels={
             "kubernetes.io/hostname": name, "e2e-ctl": self.run, "nvidia.com/gpu.deploy.device-plugin": "true"})))
         res = {"cpu": "32", "memory": "256Gi", "pods": "110"}
         self.core.patch_node_status(name, {"status": {"capacity": res, "allocatable": res, "conditions": [
             {"type": "Ready", "status": "True", "reason": "E2E", "message": "no kubelet"}]}})
-        spec: dict[str, Any] = {"sharing": {"mode": "none", "replicas": 1}}
+        spec: dict[str, Any] = {"sharing": {"mode": "mps", "replicas": mps} if mps else {"mode": "none", "replicas": 1}}
+        if mps:
+            spec["gpus"] = [{"index": i, "migEnabled": False} for i in range(gpus)]
         if layouts:
             spec["gpus"] = [{"index": i, "migEnabled": True, "layout": [{"profile": p} for p in ps]}
                             for i, ps in sorted(layouts.items())]
@@ -98,6 +105,10 @@ class Harness:
             "apiVersion": f"{GROUP}/{VERSION}", "kind": "GPUNode", "metadata": {"name": name}, "spec": spec})
         self.nodes.append(name)
         self.agent(name, f"H100-80GB:{gpus}")
+        if mps:
+            wait_for(f"{name} advertising {gpus * mps} MPS replicas", lambda: (self.core.read_node(name).status
+                     .allocatable or {}).get("nvidia.com/gpu.shared") == str(gpus * mps), 90)
+            return name
         wanted = {i: sorted(ps) for i, ps in (layouts or {}).items()}
         wait_for(f"{name} reported with its initial layout", lambda: self.layouts(name) and all(
             self.layouts(name).get(i) == ps for i, ps in wanted.items()))

@@ -6,8 +6,8 @@ kube-scheduler, gpupack's RBAC and admission policies, a simulated H100 node (``
 the test's namespace. Pods carry the allocation record the webhook would write and real
 PriorityClasses, which the API server's Priority admission resolves into ``spec.priority``.
 
-The node's one GPU is cut into two ``3g.40gb`` instances, both held by pods of a low class: the
-node is full. A ``preemptionPolicy: Never`` pod of the high class waits; a pod of the high class
+The node's one GPU is cut into two ``3g.40gb`` instances (or shared by MPS into two replicas),
+both held by pods of a low class: the node is full. A ``preemptionPolicy: Never`` pod of the high class waits; a pod of the high class
 that may preempt gets one victim, which carries the ``DisruptionTarget`` condition
 (``PreemptionByGpupack``) and a ``Preempted`` Event and is deleted with its grace period. There is no
 kubelet: the victim stays Terminating, and meanwhile the preemptor waits pinned to the node and no
@@ -51,17 +51,23 @@ class Priorities:
         self.classes.append(name)
         return name
 
-    def mig_pod(self, name: str, priority_class: str) -> dict[str, Any]:
+    def gpu_pod(self, name: str, priority_class: str, kind: str) -> dict[str, Any]:
+        """A gated pod as the webhook leaves it: a ``3g.40gb`` instance (``mig``) or an MPS replica of a
+        node shared into two (``mps``)."""
+        resource = f"nvidia.com/mig-{PROFILE}" if kind == "mig" else "nvidia.com/gpu.shared"
         allocation = Allocation(
-            mode="mig", gated=True, capacity_existed=False, policy="e2e", reason="e2e", gpu_model=H100,
-            containers=(ContainerAllocation("main", "containers", 300, None, f"nvidia.com/mig-{PROFILE}", PROFILE),),
+            mode="mig" if kind == "mig" else "mps", gated=True, capacity_existed=False, policy="e2e", reason="e2e",
+            gpu_model=H100, replicas=None if kind == "mig" else 2,
+            # 400 milli: a replica of a split into two, never of one into three (the node is not re-split).
+            containers=(ContainerAllocation("main", "containers", 300 if kind == "mig" else 400, None, resource,
+                                            PROFILE if kind == "mig" else None),),
         )
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()}},
                 "spec": {"priorityClassName": priority_class, "terminationGracePeriodSeconds": 30,
                          "schedulingGates": [{"name": CAPACITY_GATE}],
                          "containers": [{"name": "main", "image": "example.com/app:1",
-                                         "resources": {"limits": {f"nvidia.com/mig-{PROFILE}": "1"}}}],
+                                         "resources": {"limits": {resource: "1"}}}],
                          "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                              "nodeSelectorTerms": [{"matchExpressions": [
                                  {"key": "e2e-ctl", "operator": "In", "values": [self.h.run]}]}]}}}}}
@@ -91,24 +97,27 @@ def _disruption(pod: Any) -> Any:
     return next((c for c in pod.status.conditions or [] if c.type == "DisruptionTarget"), None)
 
 
-def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Harness, p: Priorities) -> None:
-    node = h.node("a", 1, {0: [PROFILE, PROFILE]})
+@pytest.mark.parametrize("kind", ["mig", "mps"])
+def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Harness, p: Priorities, kind: str) -> None:
+    """``mig``: the controller's own ranking of MIG victims; ``mps``: the engine's
+    (``sharing.packing.preemption.engine_preemption``) on a node shared by MPS into two replicas."""
+    node = h.node("a", 1, {0: [PROFILE, PROFILE]}) if kind == "mig" else h.node("a", 1, mps=2)
     h.policy()
     low, high, never = p.priority_class("low", 10), p.priority_class("high", 1000), \
         p.priority_class("high-never", 1000, "Never")
     h.controller("ctl-prio")
-    lows = [p.create(p.mig_pod(f"low-{i}", low)) for i in range(2)]
+    lows = [p.create(p.gpu_pod(f"low-{i}", low, kind)) for i in range(2)]
     for name in lows:
         assert wait_for(f"{name} to be bound", partial(h.node_of, name), timeout_s=90) == node
     assert p.pod(lows[0]).spec.priority == 10  # the API server resolved the class
 
     # A Never pod of the high class waits: the node is full, and it may not preempt.
-    waiter = p.create(p.mig_pod("high-never", never))
+    waiter = p.create(p.gpu_pod("high-never", never, kind))
     wait_for("the Never pod to be told it waits", lambda: any(
         c.type == "gpupack.io/Placement" for c in (p.pod(waiter).status.conditions or [])), timeout_s=60)
     assert all(p.pod(n).metadata.deletion_timestamp is None for n in lows), "a Never pod preempted"
 
-    preemptor = p.create(p.mig_pod("high", high))
+    preemptor = p.create(p.gpu_pod("high", high, kind))
     victim = wait_for("a low pod to be preempted", lambda: next(
         (n for n in lows if p.pod(n) is not None and p.pod(n).metadata.deletion_timestamp is not None), None),
         timeout_s=90)
@@ -139,11 +148,13 @@ def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Harne
     assert p.pod(spared).metadata.deletion_timestamp is None
     never_pod = p.pod(waiter)
     assert never_pod.spec.node_name is None and never_pod.spec.scheduling_gates, "the Never pod still waits"
-    assert f"preempted {h.namespace}/{victim} for {h.namespace}/{preemptor} on {node}" in h.log("ctl-prio")
+    log = h.log("ctl-prio")
+    assert f"preempted {h.namespace}/{victim} for {h.namespace}/{preemptor} on {node}" in log
+    assert ("the engine preempts" in log) == (kind == "mps")  # whose choice: the engine's for a replica
 
 
 def test_an_unknown_priority_class_is_refused_by_the_api_server(h: Harness, p: Priorities) -> None:
-    body = p.mig_pod("unknown-class", f"no-such-class-{h.run}")
+    body = p.gpu_pod("unknown-class", f"no-such-class-{h.run}", "mig")
     with pytest.raises(ApiException) as refused:
         p.create(body)
     assert refused.value.status == 403
