@@ -169,8 +169,13 @@ class _Node:
         return gpu, v.placement.pod.cpu_milli, v.placement.pod.memory_mib
 
     def fits(self, chosen: Sequence[Victim]) -> bool:
+        """Whether preempting ``chosen`` gives what is missing (the mandatory victims' share is already
+        counted in the needs, so they are skipped here)."""
         gpu = cpu = mem = 0
+        mandatory = {v.key for v in self.mandatory}
         for v in chosen:
+            if v.key in mandatory:
+                continue
             g, c, m = self.gives(v)
             gpu, cpu, mem = gpu + g, cpu + c, mem + m
         return gpu >= self.need_gpu and cpu >= self.need_cpu and mem >= self.need_mem
