@@ -181,6 +181,16 @@ class _Node:
         return gpu >= self.need_gpu and cpu >= self.need_cpu and mem >= self.need_mem
 
 
+    def reprieve(self, chosen: Sequence[Victim], order: Sequence[Victim]) -> list[Victim]:
+        """``chosen`` less each pod of ``order`` in turn that the preemptor can do without."""
+        kept = list(chosen)
+        for v in order:
+            without = [w for w in kept if w is not v]
+            if self.fits(without):
+                kept = without
+        return kept
+
+
 def _node_case(cluster: ClusterState, modes: IntArray, used: IntArray, placed: PlacedPods, pod: PodSpec,
                priority: PodPriority, node: int, kind: int) -> _Node | None:
     """What ``pod`` lacks on ``node`` before any victim (the mandatory ones of a reshape counted)."""
@@ -227,12 +237,7 @@ def _cover(case: _Node) -> list[Victim] | None:
         v = left.pop(pick)
         chosen.append(v)
         need = [x - g for x, g in zip(need, case.gives(v))]
-    extra = sorted(chosen[len(case.mandatory):], key=lambda v: (-v.priority, -v.milli, v.key))
-    for v in extra:
-        without = [w for w in chosen if w is not v]
-        if case.fits(without):
-            chosen = without
-    return chosen
+    return case.reprieve(chosen, sorted(chosen[len(case.mandatory):], key=lambda v: (-v.priority, -v.milli, v.key)))
 
 
 def _plan_for(cluster: ClusterState, modes: IntArray, used: IntArray, case: _Node, pod: PodSpec,
@@ -373,13 +378,7 @@ def engine_preemption(cluster: ClusterState, modes: IntArray, used: IntArray, pl
 
 def _reprieve(case: _Node, victims: list[Victim]) -> list[Victim]:
     """kube-scheduler's reprieve on one node: budget violators first, each group most important first."""
-    order = sorted(victims, key=lambda v: (not v.violates_budget, -v.priority, v.started, v.key))
-    chosen = list(victims)
-    for v in order:
-        without = [w for w in chosen if w is not v]
-        if case.fits(without):
-            chosen = without
-    return chosen
+    return case.reprieve(victims, sorted(victims, key=lambda v: (not v.violates_budget, -v.priority, v.started, v.key)))
 
 
 def scheduler_preemption(cluster: ClusterState, modes: IntArray, used: IntArray, placed: PlacedPods, pod: PodSpec,
