@@ -84,6 +84,12 @@ def _one(job: tuple[str, str, int, str]) -> dict[str, Any]:
     }
 
 
+def complete_seeds(runs: list[dict[str, Any]], per_seed: int) -> list[int]:
+    """The seeds all of whose runs are in ``runs``."""
+    seeds = sorted({r["seed"] for r in runs})
+    return [s for s in seeds if sum(1 for r in runs if r["seed"] == s) == per_seed]
+
+
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
@@ -151,25 +157,28 @@ def main() -> None:
     else:
         if not (args.traces / "openb_node_list_gpu_node.csv").exists():
             sys.exit(f"no openb traces in {args.traces} (they live beside the checkout, ../shared/traces/openb)")
+        # Seed by seed, every workload and mode of a seed together: a run stopped early has whole seeds.
         jobs = [(w, mode, seed, str(args.traces))
-                for w in args.workloads.split(",") for seed in published_seeds(args.seeds) for mode in MODES]
+                for seed in published_seeds(args.seeds) for w in args.workloads.split(",") for mode in MODES]
         start = time.perf_counter()
-        runs = []
+        runs: list[dict[str, Any]] = []
+        data = {
+            "machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}",
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "jobs": args.jobs,
+            "runs": runs,
+        }
         with ProcessPoolExecutor(max_workers=args.jobs) as pool:
             for i, result in enumerate(pool.map(_one, jobs), 1):
                 runs.append(result)
                 print(f"[{i}/{len(jobs)}] {result['workload']} {result['mode']} seed {result['seed']}: alloc "
                       f"{result['alloc_130']:.2f}, high placed {result['high_placed_percent']:.2f}, preempted "
                       f"{result['preempted_milli']}", file=sys.stderr, flush=True)
-        data = {
-            "machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}",
-            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-            "wall_s": time.perf_counter() - start,
-            "jobs": args.jobs,
-            "seeds": list(published_seeds(args.seeds)),
-            "runs": runs,
-        }
-        args.out.write_text(json.dumps(data, indent=1) + "\n")
+                # Written after every run: what finished is kept if the measurement is stopped.
+                data |= {"wall_s": time.perf_counter() - start, "seeds": complete_seeds(runs, len(MODES) * len(
+                    args.workloads.split(",")))}
+                args.out.write_text(json.dumps(data, indent=1) + "\n")
+    data["runs"] = [r for r in data["runs"] if r["seed"] in data["seeds"]]
     table = render(data)
     print(table)
     if args.out == DEFAULT_OUT:
