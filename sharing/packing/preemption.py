@@ -70,7 +70,7 @@ import numpy as np
 from sharing.api.priority import INT32_MIN, PodPriority
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.fragmentation import FragmentationModel
-from sharing.packing.node_sharing import FRESH, WHOLE
+from sharing.packing.node_sharing import FRESH
 from sharing.packing.specs import GPU_MILLI, PodSpec
 from sharing.packing.victims import PlacedPods, Victim
 from sharing.rules.priority import may_preempt
@@ -179,7 +179,6 @@ class _Node:
             g, c, m = self.gives(v)
             gpu, cpu, mem = gpu + g, cpu + c, mem + m
         return gpu >= self.need_gpu and cpu >= self.need_cpu and mem >= self.need_mem
-
 
     def reprieve(self, chosen: Sequence[Victim], order: Sequence[Victim]) -> list[Victim]:
         """``chosen`` less each pod of ``order`` in turn that the preemptor can do without."""
