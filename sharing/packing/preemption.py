@@ -70,7 +70,7 @@ import numpy as np
 from sharing.api.priority import INT32_MIN, PodPriority
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.fragmentation import FragmentationModel
-from sharing.packing.node_sharing import FRESH, WHOLE
+from sharing.packing.node_sharing import FRESH
 from sharing.packing.specs import GPU_MILLI, PodSpec
 from sharing.packing.victims import PlacedPods, Victim
 from sharing.rules.priority import may_preempt
@@ -169,11 +169,25 @@ class _Node:
         return gpu, v.placement.pod.cpu_milli, v.placement.pod.memory_mib
 
     def fits(self, chosen: Sequence[Victim]) -> bool:
+        """Whether preempting ``chosen`` gives what is missing (the mandatory victims' share is already
+        counted in the needs, so they are skipped here)."""
         gpu = cpu = mem = 0
+        mandatory = {v.key for v in self.mandatory}
         for v in chosen:
+            if v.key in mandatory:
+                continue
             g, c, m = self.gives(v)
             gpu, cpu, mem = gpu + g, cpu + c, mem + m
         return gpu >= self.need_gpu and cpu >= self.need_cpu and mem >= self.need_mem
+
+    def reprieve(self, chosen: Sequence[Victim], order: Sequence[Victim]) -> list[Victim]:
+        """``chosen`` less each pod of ``order`` in turn that the preemptor can do without."""
+        kept = list(chosen)
+        for v in order:
+            without = [w for w in kept if w is not v]
+            if self.fits(without):
+                kept = without
+        return kept
 
 
 def _node_case(cluster: ClusterState, modes: IntArray, used: IntArray, placed: PlacedPods, pod: PodSpec,
@@ -222,12 +236,7 @@ def _cover(case: _Node) -> list[Victim] | None:
         v = left.pop(pick)
         chosen.append(v)
         need = [x - g for x, g in zip(need, case.gives(v))]
-    extra = sorted(chosen[len(case.mandatory):], key=lambda v: (-v.priority, -v.milli, v.key))
-    for v in extra:
-        without = [w for w in chosen if w is not v]
-        if case.fits(without):
-            chosen = without
-    return chosen
+    return case.reprieve(chosen, sorted(chosen[len(case.mandatory):], key=lambda v: (-v.priority, -v.milli, v.key)))
 
 
 def _plan_for(cluster: ClusterState, modes: IntArray, used: IntArray, case: _Node, pod: PodSpec,
@@ -368,13 +377,7 @@ def engine_preemption(cluster: ClusterState, modes: IntArray, used: IntArray, pl
 
 def _reprieve(case: _Node, victims: list[Victim]) -> list[Victim]:
     """kube-scheduler's reprieve on one node: budget violators first, each group most important first."""
-    order = sorted(victims, key=lambda v: (not v.violates_budget, -v.priority, v.started, v.key))
-    chosen = list(victims)
-    for v in order:
-        without = [w for w in chosen if w is not v]
-        if case.fits(without):
-            chosen = without
-    return chosen
+    return case.reprieve(victims, sorted(victims, key=lambda v: (not v.violates_budget, -v.priority, v.started, v.key)))
 
 
 def scheduler_preemption(cluster: ClusterState, modes: IntArray, used: IntArray, placed: PlacedPods, pod: PodSpec,

@@ -81,6 +81,8 @@ class PriorityFigures:
     alloc_at_by_class: dict[str, dict[int, float | None]]
     placed_by_class: dict[str, float]
     """Per class, the percentage of its arrived milli placed at the end."""
+    milli_by_class: dict[str, tuple[int, int]]
+    """Per class, its milli arrived and placed at the end."""
     preemptions: int = 0
     """Pods that preempted."""
     preempted_pods: int = 0
@@ -247,6 +249,8 @@ class Preempting:
             preemption=self.mode,
             alloc_at_by_class=self.classes.by_level(tally.arrived, total_gpus),
             placed_by_class=self.classes.final(),
+            milli_by_class={c: (int(self.classes.arrived[i]), int(self.classes.placed[i]))
+                            for i, c in enumerate(self.classes.classes)},
             preemptions=len(self.events),
             preempted_pods=len(victims),
             preempted_milli=sum(v.milli for _, v in victims),

@@ -253,3 +253,13 @@ def test_the_placed_pods_index() -> None:
     for i in range(100):  # the arrays grow past their first size
         s.placed.add(Victim(f"c{i}", 0, 0, v.placement))
     assert len(s.placed) == 101
+
+
+def test_a_reshape_also_frees_the_cpu_the_preemptor_lacks_beside_the_gpu_pods() -> None:
+    # The GPU pods a reshape must preempt free 4000 CPU; the pod needs 6000: a CPU-only pod must go too.
+    s = State([2], cpu=8000)
+    s.replica("a", 0, 0, 4, 200, cpu=2000)
+    s.replica("b", 0, 1, 4, 200, cpu=2000)
+    s.cpu_pod("c", 0, 4000)
+    plan = s.engine(PodSpec("w", 6000, 1000, 1, GPU_MILLI))
+    assert plan is not None and plan.reshape and keys(plan) == {"a", "b", "c"}
