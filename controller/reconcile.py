@@ -569,9 +569,15 @@ class Controller:
         """Apply the plan's preemptions (``controller.writes.preemption``): pin the preemptor and record
         its victims first (nothing is deleted if that fails), then each victim's condition, Event and
         deletion. One at a time: preemptions are rare, and each is a few round trips."""
+        allowed = set(self.settings.namespace_list)
         for preemption in preemptions:
             obj = pods.get(preemption.preemptor)
             if obj is None:
+                continue
+            outside = [v.key for v in preemption.victims if allowed and v.key.partition("/")[0] not in allowed]
+            if outside:  # a scoped controller deletes only the pods it places
+                log.info("not preempting for %s: %s outside this controller's namespaces", preemption.preemptor,
+                         ", ".join(outside))
                 continue
             if not preemption.resumed:
                 namespace, name = preemption.preemptor.split("/", 1)

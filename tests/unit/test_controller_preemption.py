@@ -364,3 +364,11 @@ def test_dra_a_preemptor_waits_while_its_victim_terminates_and_preempts_no_one_e
                      present=frozenset({"uid-low", "uid-mid", "uid-high"}))
     assert result.preemptions == () and result.placements == ()
     assert result.waiting[0].held and "to terminate" in result.waiting[0].reason
+
+
+def test_a_scoped_controller_never_preempts_a_pod_outside_its_namespaces() -> None:
+    kube = RecordingKube()
+    controller = Controller(kube, ControllerSettings(namespaces="other"), clock=lambda: NOW)  # type: ignore[arg-type]
+    report = CycleReport()
+    controller._preempt([PREEMPTION], {"team/high": raw_pod("high", {})}, NOW, report)  # noqa: SLF001
+    assert kube.calls == [] and report.preempted == []
