@@ -52,7 +52,7 @@ class DraCycle:
         self._lock = threading.Lock()
 
     def plan(self, snapshot: Snapshot, now: datetime, policy_name: str,
-             every_pod: Sequence[Pod] | None = None) -> DraPlan:
+             every_pod: Sequence[Pod] | None = None, protected: frozenset[str] = frozenset()) -> DraPlan:
         """The cycle's DRA placements (empty without a DRA pool or DRA pods); raises ``KubeError``
         when the claims cannot be listed (nothing is placed on the pool then). ``every_pod``: the
         cycle's pods of every namespace (default: the snapshot's), whose claims' pins are trusted
@@ -69,7 +69,7 @@ class DraCycle:
         for problem in sorted(problems - self._problems):
             log.warning("DRA usage: %s; left out", problem)
         self._problems = problems
-        result = plan_dra(snapshot, usage, now, policy_name=policy_name, share=self.share)
+        result = plan_dra(snapshot, usage, now, policy_name=policy_name, share=self.share, protected=protected)
         self._note_refused({w.pod: w.reason for w in result.refused})
         return result
 

@@ -64,6 +64,7 @@ class Kube(KubeClient):
         super().__init__(api)
         self._coord = client.CoordinationV1Api(api)
         self._apps = client.AppsV1Api(api)
+        self._policy = client.PolicyV1Api(api)
 
     # ---------------------------------------------------------------- reading
     def listers(self) -> dict[str, Lister]:
@@ -98,6 +99,11 @@ class Kube(KubeClient):
         """Pods not yet finished (the API server filters by phase)."""
         return _items(call(self._core.list_pod_for_all_namespaces, field_selector=UNFINISHED_PODS,
                            _preload_content=False, idempotent=True))
+
+    def list_pod_disruption_budgets(self) -> list[dict[str, Any]]:
+        """Every PodDisruptionBudget: read when a cycle plans a preemption (``controller.planning.budgets``)."""
+        return _items(call(self._policy.list_pod_disruption_budget_for_all_namespaces, _preload_content=False,
+                           idempotent=True))
 
     def list_resource_claims(self) -> list[dict[str, Any]]:
         """Every ResourceClaim (the DRA pool's usage, ``controller.state.dra_usage``)."""

@@ -49,6 +49,7 @@ from controller.state.snapshot import FailedDevice, Snapshot
 from controller.writes.wait_status import StatusPatch, placement_patches
 from controller.writes.patches import gpus_spec, release_ops, sharing_spec
 from controller.writes.preemption import PREEMPTED_EVENT, disruption_patch, event_message, preemptor_ops
+from controller.planning.budgets import protected_pods
 from controller.planning.preemption import Preemption
 from controller.planning.planner import Plan, Release, SharingChange, plan
 from controller.settings import ControllerSettings
@@ -158,12 +159,20 @@ class Controller:
         every_pod = snapshot.pods  # whose claims' pins are trusted: every namespace's, not only those placed here
         snapshot = scoped(snapshot, self.settings.namespace_list)
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
+        budgets = _Budgets(self, pod_objs, report)
+        protected = budgets.protecting(result.preemptions)
+        if protected:  # a victim a PodDisruptionBudget protects: plan again, preferring others
+            result = plan(snapshot, now, policy_name=self.settings.policy,
+                          mig_mode_changes=self.settings.mig_mode_changes, protected=protected)
         report.plan = result
         self._apply_layouts(result, by_name, report)
         self._publish_mig_configs(requests, report)
         releases: list[tuple[Release, DraPlacement | None]] = [(r, None) for r in result.releases]
         try:
             report.dra = self.dra.plan(snapshot, now, self.settings.policy, every_pod)
+            protected = budgets.protecting(report.dra.preemptions)
+            if protected:
+                report.dra = self.dra.plan(snapshot, now, self.settings.policy, every_pod, protected)
         except KubeError as exc:
             self._fail(report, "dra-claims", f"ResourceClaims not read, nothing placed on the DRA pool: {exc}")
         releases += [(Release(p.pod, p.node, p.reason), p) for p in report.dra.placements]
@@ -638,6 +647,31 @@ class Controller:
         report.errors.append(f"{stage}: {message}")
         self.metrics.reconcile_errors.labels(stage).inc()
         log.warning("%s failed: %s", stage, message)
+
+
+class _Budgets:
+    """The PodDisruptionBudgets' protected pods, read at most once a cycle and only when a plan preempts
+    (``controller.planning.budgets``). Unreadable budgets (no grant, API down) protect nothing: the
+    preemption goes on as kube-scheduler's would, and the failure is reported."""
+
+    def __init__(self, controller: Controller, pods: Mapping[str, Mapping[str, Any]], report: CycleReport) -> None:
+        self.controller, self.pods, self.report = controller, pods, report
+        self._protected: frozenset[str] | None = None
+
+    def protecting(self, preemptions: Sequence[Preemption]) -> frozenset[str]:
+        """The protected pods when one of ``preemptions``' victims is among them; else empty."""
+        if not preemptions:
+            return frozenset()
+        if self._protected is None:
+            try:
+                budgets = self.controller.kube.list_pod_disruption_budgets()
+            except KubeError as exc:
+                self.controller._fail(self.report, "budgets", f"PodDisruptionBudgets not read, preempting "  # noqa: SLF001
+                                      f"without them: {exc}")
+                budgets = []
+            self._protected = protected_pods(budgets, self.pods)
+        victims = {v.key for p in preemptions for v in p.victims}
+        return self._protected if victims & self._protected else frozenset()
 
 
 _EVICTION_GRANTS = {"gpu-fault": "manifests/gpu-fault-evictions", "right-size": "manifests/right-sizing-recreate"}

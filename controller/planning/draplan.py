@@ -61,6 +61,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from functools import partial
 
 import numpy as np
 
@@ -68,7 +69,7 @@ from controller.planning.dramig import mig_gpus
 from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
 from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
 from controller.planning.planner import Wait, allowed_on, waiting_key
-from controller.planning.preemption import Preemption, reason_for, resume, still_held, victim
+from controller.planning.preemption import Preemption, preferring_budgets, reason_for, resume, still_held, victim
 from sharing.rules.priority import may_preempt
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.api.backend import node_backend
@@ -447,8 +448,9 @@ def _stalled(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str], no
 
 
 def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name: str = "gpupack",
-             share: SharePolicy = SHARES) -> DraPlan:
-    """The DRA pool's placements for one cycle (see the module docstring)."""
+             share: SharePolicy = SHARES, protected: frozenset[str] = frozenset()) -> DraPlan:
+    """The DRA pool's placements for one cycle (see the module docstring); ``protected``: pods a
+    PodDisruptionBudget protects now, preempted only where nothing else makes room."""
     nodes = dra_nodes(snapshot)
     pods = [p for p in snapshot.pods if p.backend == "dra"]
     waiting = sorted((p for p in pods if p.gated), key=waiting_key)
@@ -529,7 +531,8 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
             how = f"packing engine; MIG fallback: {found}"
             found = fallback if not isinstance(fallback, str) else f"{found}; MIG fallback: {fallback}"
         if isinstance(found, str):
-            chosen_preemption = shares.preemption(pod, pods, doomed) if pod.mode != "mig" else None
+            chosen_preemption = preferring_budgets(partial(shares.preemption, pod, pods), doomed,
+                                                   protected) if pod.mode != "mig" else None
             if chosen_preemption is None:
                 waits.append(Wait(pod.key, found))
                 continue

@@ -54,7 +54,7 @@ from datetime import datetime
 from controller.planning.capacity import FreeCapacity, unreported_claims
 from controller.state.claims import mig_claims, shared_claims, whole_pinned
 from controller.planning.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
-from controller.planning.preemption import Preemption, choose, resume, still_held
+from controller.planning.preemption import Preemption, choose, preferring_budgets, resume, still_held
 from controller.planning.sharedplan import SharedPlacer
 from controller.state.snapshot import Node, Pod, Snapshot
 from mig.model import GpuModel
@@ -667,8 +667,12 @@ def waiting_key(pod: Pod) -> tuple[int, bool, float, str]:
     return priority, not (pod.victims and pod.node is not None), created, name
 
 
-def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig_mode_changes: bool = False) -> Plan:
+def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig_mode_changes: bool = False,
+         protected: frozenset[str] = frozenset()) -> Plan:
     """The plan for one cycle (see the module docstring).
+
+    ``protected``: pods a PodDisruptionBudget protects now (``controller.planning.budgets``):
+    preemption takes other victims where it can, and these only where nothing else makes room.
 
     ``mig_mode_changes``: also turn MIG on for idle full GPUs. Off by default: a MIG
     mode change needs a GPU reset, which only the GPU Operator's mig-manager
@@ -735,8 +739,9 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
             outcome = Wait(pod.key, f"waiting on {pod.node} for {held.count} pod(s) it preempted to terminate",
                            held=True)
         elif isinstance(outcome, Wait) and not (outcome.deferred or outcome.coming):
-            chosen = choose(pod, snapshot.nodes, cycle.free, snapshot.pods, spared=doomed,
-                            admits=lambda node: allowed_on(pod, node))
+            chosen = preferring_budgets(lambda spared: choose(pod, snapshot.nodes, cycle.free, snapshot.pods,
+                                                              spared=spared, admits=lambda node: allowed_on(pod, node)),
+                                        doomed, protected)
             if chosen is not None:
                 preemptions.append(chosen)
                 doomed.update(v.key for v in chosen.victims)

@@ -192,6 +192,18 @@ def _engine_choice(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: It
     return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, plan.reason)
 
 
+def preferring_budgets(chooser: Callable[[set[str]], Preemption | None], spared: set[str],
+                       protected: frozenset[str]) -> Preemption | None:
+    """``chooser``'s preemption sparing the pods a PodDisruptionBudget protects, else one that may
+    take them: kube-scheduler's preference (it prefers victims that violate no budget and still
+    preempts when only those make room). ``spared``: pods never to take (chosen already this cycle)."""
+    if protected:
+        kept = chooser(spared | protected)
+        if kept is not None:
+            return kept
+    return chooser(spared)
+
+
 def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[Pod], *,
            admits: Callable[[Node], bool], spared: set[str]) -> Preemption | None:
     """The preemption that gives ``pod`` a place (see the module docstring), or None.
@@ -227,4 +239,4 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
     return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, reason_for(pod))
 
 
-__all__ = ["REASON_MIG", "Held", "Preemption", "Victim", "choose", "reason_for", "resume", "still_held", "victim"]
+__all__ = ["REASON_MIG", "Held", "Preemption", "Victim", "choose", "preferring_budgets", "reason_for", "resume", "still_held", "victim"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from controller.planning.budgets import protected_pods
 from controller.planning.draplan import DraPlan, plan_dra
 from controller.planning.planner import Plan, plan
 from controller.planning.preemption import Preemption, Victim
@@ -372,3 +373,78 @@ def test_a_scoped_controller_never_preempts_a_pod_outside_its_namespaces() -> No
     report = CycleReport()
     controller._preempt([PREEMPTION], {"team/high": raw_pod("high", {})}, NOW, report)  # noqa: SLF001
     assert kube.calls == [] and report.preempted == []
+
+
+# ------------------------------------------------------------------ PodDisruptionBudgets
+def budget(namespace: str, selector: Any, allowed: Any) -> dict[str, Any]:
+    spec = {} if selector is None else {"selector": selector}
+    return {"metadata": {"namespace": namespace, "name": "b"}, "spec": spec,
+            "status": {} if allowed is None else {"disruptionsAllowed": allowed}}
+
+
+LABELLED = {f"team/{n}": {"metadata": {"labels": labels}} for n, labels in
+            [("web", {"app": "web", "tier": "front"}), ("batch", {"app": "batch"}), ("bare", {})]}
+
+
+@pytest.mark.parametrize(("budgets", "protected"), [
+    ([budget("team", {"matchLabels": {"app": "web"}}, 0)], {"team/web"}),
+    ([budget("team", {"matchLabels": {"app": "web"}}, 1)], set()),
+    ([budget("other", {"matchLabels": {"app": "web"}}, 0)], set()),
+    ([budget("team", {}, 0)], {"team/web", "team/batch", "team/bare"}),
+    ([budget("team", None, 0)], set()),
+    ([budget("team", {"matchExpressions": [{"key": "app", "operator": "In", "values": ["batch", "x"]}]}, 0)],
+     {"team/batch"}),
+    ([budget("team", {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]}, 0)],
+     {"team/batch", "team/bare"}),
+    ([budget("team", {"matchExpressions": [{"key": "app", "operator": "Sometimes"}]}, 0)], set()),
+    ([budget("team", {}, None)], set()),
+    ([budget("team", {}, "0")], set()),
+], ids=["match", "disruption-left", "other-namespace", "empty-selects-all", "no-selector", "in", "does-not-exist",
+        "unknown-operator", "not-judged-yet", "unreadable-status"])
+def test_the_pods_a_budget_protects(budgets: list[dict[str, Any]], protected: set[str]) -> None:
+    assert protected_pods(budgets, LABELLED) == protected
+
+
+def test_preemption_prefers_victims_no_budget_protects_and_still_preempts_when_only_they_make_room() -> None:
+    pods = [pod("a1", 0, on="a"), pod("a2", 10, on="a"), pod("b1", 20, on="b"), pod("b2", 90, on="b"),
+            pod("high", 100)]
+    nodes = [mps_node("a"), mps_node("b")]
+    snapshot = Snapshot(tuple(nodes), tuple(pods), {n.name: POLICY for n in nodes}, present=frozenset(p.uid for p in pods))
+    (unprotected,) = plan(snapshot, NOW).preemptions
+    assert [v.key for v in unprotected.victims] == ["team/a1"]
+    (preferred,) = plan(snapshot, NOW, protected=frozenset({"team/a1", "team/a2"})).preemptions
+    assert [v.key for v in preferred.victims] == ["team/b1"], "the budget's pods are spared where others make room"
+    (forced,) = plan(snapshot, NOW, protected=frozenset({"team/a1", "team/a2", "team/b1", "team/b2"})).preemptions
+    assert [v.key for v in forced.victims] == ["team/a1"], "as kube-scheduler, it still preempts when it must"
+
+
+class BudgetKube(RecordingKube):
+    def __init__(self, budgets: list[dict[str, Any]] | None) -> None:
+        super().__init__()
+        self.budgets, self.reads = budgets, 0
+
+    def list_pod_disruption_budgets(self) -> list[dict[str, Any]]:
+        self.reads += 1
+        if self.budgets is None:
+            raise KubeError(403, "forbidden")
+        return self.budgets
+
+
+def test_budgets_are_read_once_a_cycle_and_only_when_a_plan_preempts() -> None:
+    from controller.reconcile import _Budgets  # noqa: PLC0415 - the reconciler's private reader
+
+    kube = BudgetKube([budget("team", {"matchLabels": {"app": "web"}}, 0)])
+    controller = Controller(kube, ControllerSettings(), clock=lambda: NOW)  # type: ignore[arg-type]
+    report = CycleReport()
+    budgets = _Budgets(controller, LABELLED, report)
+    assert budgets.protecting(()) == frozenset() and kube.reads == 0
+    web = Preemption("team/high", "a", (Victim("team/web", "u", 0, 100),), "t", "replica")
+    batch = Preemption("team/high", "a", (Victim("team/batch", "u", 0, 100),), "t", "replica")
+    assert budgets.protecting([batch]) == frozenset()
+    assert budgets.protecting([web]) == {"team/web"}
+    assert kube.reads == 1
+    failing = BudgetKube(None)
+    report = CycleReport()
+    lost = _Budgets(Controller(failing, ControllerSettings(), clock=lambda: NOW), LABELLED, report)  # type: ignore[arg-type]
+    assert lost.protecting([web]) == frozenset()
+    assert any("PodDisruptionBudgets not read" in e for e in report.errors)
