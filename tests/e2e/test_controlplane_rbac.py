@@ -72,6 +72,7 @@ MATRIX: tuple[tuple[str, str, str, str | None, str], ...] = tuple((*row, "") for
     ("resource.k8s.io", "resourceclaims", "status", "default"),
     ("resource.k8s.io", "resourceclaimtemplates", "", "default"),
     ("resource.k8s.io", "deviceclasses", "", None),
+    ("policy", "poddisruptionbudgets", "", "default"),
 )) + (
     ("", "configmaps", "", OPERATOR_NS, "gpupack-device-plugin-config"),
     ("", "configmaps", "", OPERATOR_NS, "default-mig-parted-config"),
@@ -99,8 +100,10 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         # The recommender: one object per workload, created once, then only its status written.
         ("gpupack.io", "gpurecommendations", "", "default", ""): {"get", "list", "create"},
         ("gpupack.io", "gpurecommendations", "status", "default", ""): {"patch"},
-        # delete: stranded auto pods, for their owners to re-create; only gated ones (a policy)
+        # delete: stranded auto pods, for their owners to re-create, and preempted gpupack pods (a policy)
         ("", "pods", "", "default", ""): READ | {"update", "patch", "delete"},
+        # preemption prefers victims no budget protects (docs/priority.md): read, never written
+        ("policy", "poddisruptionbudgets", "", "default", ""): {"list"},
         ("", "pods", "", OPERATOR_NS, ""): READ | {"update", "patch", "delete"},  # cluster-wide; fields: a policy
         ("", "pods", "status", "default", ""): {"patch"},  # the gpupack.io/Placement condition
         ("", "nodes", "", None, ""): READ,
