@@ -151,6 +151,7 @@ def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Harne
     log = h.log("ctl-prio")
     assert f"preempted {h.namespace}/{victim} for {h.namespace}/{preemptor} on {node}" in log
     assert ("the engine preempts" in log) == (kind == "mps")  # whose choice: the engine's for a replica
+    assert " failed: " not in log, "a write or the PodDisruptionBudgets' read failed (the controller's grants)"
 
 
 def test_an_unknown_priority_class_is_refused_by_the_api_server(h: Harness, p: Priorities) -> None:
