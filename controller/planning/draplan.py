@@ -511,7 +511,7 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
                 preemptions.append(resumed)
                 doomed.update(v.key for v in resumed.victims)
             waits.append(Wait(pod.key, f"waiting on {pod.node} for {held.count} pod(s) it preempted to terminate",
-                              held=True))
+                              preempting=True))
             continue
         if pod.mode == "cpu":
             chosen = shares.place_cpu(pod)
@@ -539,7 +539,7 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
             preemptions.append(chosen_preemption)
             doomed.update(v.key for v in chosen_preemption.victims)
             waits.append(Wait(pod.key, f"preempting {len(chosen_preemption.victims)} pod(s) of lower priority on "
-                                       f"{chosen_preemption.node}; {found}", held=True))
+                                       f"{chosen_preemption.node}; {found}", preempting=True))
             continue
         node, devices = found
         room.take(node.name, pod)

@@ -92,8 +92,9 @@ class Wait:
     """Not judged this cycle (its layout search was left to the next one): no verdict on it yet."""
     coming: bool = False
     """Capacity for it is being created (or planned this cycle): it does not fit *nowhere*."""
-    held: bool = False
-    """It waits for the place its preemption frees (``controller.planning.preemption``): never re-admitted."""
+    preempting: bool = False
+    """It waits for the place its preemption frees (``controller.planning.preemption``): never re-admitted.
+    (Not ``held``: that name is Kueue's hold on the kueue branch.)"""
 
 
 def _coming(pod: Pod, reason: str) -> Wait:
@@ -737,7 +738,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
             if isinstance(outcome, Release):
                 cycle.free.take_room(outcome.node, pod)
             outcome = Wait(pod.key, f"waiting on {pod.node} for {held.count} pod(s) it preempted to terminate",
-                           held=True)
+                           preempting=True)
         elif isinstance(outcome, Wait) and not (outcome.deferred or outcome.coming):
             chosen = preferring_budgets(lambda spared: choose(pod, snapshot.nodes, cycle.free, snapshot.pods,
                                                               spared=spared, admits=lambda node: allowed_on(pod, node)),
@@ -746,7 +747,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                 preemptions.append(chosen)
                 doomed.update(v.key for v in chosen.victims)
                 outcome = Wait(pod.key, f"preempting {len(chosen.victims)} pod(s) of lower priority on {chosen.node}; "
-                                        f"{outcome.reason}", held=True)
+                                        f"{outcome.reason}", preempting=True)
         if isinstance(outcome, Release):
             cycle.free.take_room(outcome.node, pod)
             releases.append(outcome)

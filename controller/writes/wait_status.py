@@ -79,7 +79,7 @@ class StatusPatch:
 def quiet(plan: Plan, snapshot: Snapshot) -> bool:
     """The cycle plans no change, judged every waiting pod, and nothing is in flight on any node
     (module docstring)."""
-    if plan.layouts or plan.sharing or plan.preemptions or any(w.deferred or w.held for w in plan.waiting):
+    if plan.layouts or plan.sharing or plan.preemptions or any(w.deferred or w.preempting for w in plan.waiting):
         return False  # a preemption frees a place: that is capacity coming too
     return all(
         n.converged and n.sharing == n.spec_sharing and n.replicas == n.spec_replicas for n in snapshot.nodes

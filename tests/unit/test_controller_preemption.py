@@ -80,7 +80,7 @@ def test_a_pod_that_fits_nowhere_preempts_the_lowest_priority_pod_only() -> None
     assert preemption.kind == "replica" and not preemption.resumed
     assert "the engine preempts" in preemption.reason  # sharing.packing.preemption.engine_preemption chose
     (wait,) = result.waiting
-    assert wait.held and "preempting 1 pod(s)" in wait.reason
+    assert wait.preempting and "preempting 1 pod(s)" in wait.reason
     assert result.releases == ()
 
 
@@ -100,7 +100,7 @@ def test_no_preemption(preemptor: Pod, running: int, why: str) -> None:
     result = run([mps_node("a")], pods)
     assert result.preemptions == (), why
     (wait,) = result.waiting
-    assert not wait.held
+    assert not wait.preempting
 
 
 def test_the_node_needing_the_fewest_victims_is_chosen_before_lower_priorities() -> None:
@@ -176,7 +176,7 @@ def test_while_victims_terminate_the_preemptor_waits_with_its_place_held_and_pre
     assert result.preemptions == ()
     assert result.releases == ()
     waits = {w.pod: w for w in result.waiting}
-    assert waits["team/high"].held and "1 pod(s) it preempted to terminate" in waits["team/high"].reason
+    assert waits["team/high"].preempting and "1 pod(s) it preempted to terminate" in waits["team/high"].reason
     assert "team/other-low" in waits
 
 
@@ -347,14 +347,14 @@ def test_dra_a_share_that_fits_nowhere_preempts_the_lowest_priority_claim_holder
     (preemption,) = result.preemptions
     assert (preemption.preemptor, preemption.node, [v.key for v in preemption.victims]) == ("team/high", "a", ["team/low"])
     (wait,) = result.waiting
-    assert wait.held
+    assert wait.preempting
 
 
 @pytest.mark.parametrize(("priority", "policy"), [(50, PREEMPT_LOWER_PRIORITY), (100, NEVER)], ids=["equal", "never"])
 def test_dra_no_preemption_of_equal_priority_or_for_never(priority: int, policy: str) -> None:
     pods = [dra_pod("x", 50, 600, on="a"), dra_pod("y", 50, 300, on="a"), dra_pod("p", priority, 500, policy=policy)]
     result = dra_run(pods, [dra_claim("x", "a", 600), dra_claim("y", "a", 300)])
-    assert result.preemptions == () and not result.waiting[0].held
+    assert result.preemptions == () and not result.waiting[0].preempting
 
 
 def test_dra_a_preemptor_waits_while_its_victim_terminates_and_preempts_no_one_else() -> None:
@@ -364,7 +364,7 @@ def test_dra_a_preemptor_waits_while_its_victim_terminates_and_preempts_no_one_e
     result = dra_run(pods, [dra_claim("low", "a", 600), dra_claim("mid", "a", 300)],
                      present=frozenset({"uid-low", "uid-mid", "uid-high"}))
     assert result.preemptions == () and result.placements == ()
-    assert result.waiting[0].held and "to terminate" in result.waiting[0].reason
+    assert result.waiting[0].preempting and "to terminate" in result.waiting[0].reason
 
 
 def test_a_scoped_controller_never_preempts_a_pod_outside_its_namespaces() -> None:
