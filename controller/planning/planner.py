@@ -6,7 +6,8 @@ pods are taken oldest first (then by name), so a pod never starves behind
 newer ones, and the same snapshot always yields the same plan.
 
 For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
-(the capacity it was admitted for went to another pod), in order:
+(the capacity it was admitted for went to another pod), in order (a pod that still
+carries Kueue's admission gate is not among them: it only gets a ``held`` wait):
 
 1. if capacity for it exists now (free MIG instances, or free replicas on a node
    sharing GPUs the way it asked), choose the node and **release** it (pin to
@@ -81,6 +82,8 @@ class Wait:
     reason: str
     deferred: bool = False
     """Not judged this cycle (its layout search was left to the next one): no verdict on it yet."""
+    held: bool = False
+    """Held by Kueue (``Pod.queue_held``): not planned at all, whatever the cycle's verdict on capacity."""
 
 
 @dataclass(frozen=True)
@@ -657,13 +660,17 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     snapshot = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if not n.stale and not n.degraded
                                             and node_backend(n.label_map) != "dra"),
                        pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
+    # Kueue's quota comes first: a pod still at Kueue's admission gate is no demand (nothing is
+    # reshaped, split or reserved for it, and it shapes no engine choice); it is only reported.
+    held = tuple(_held(p) for p in snapshot.pods if p.queue_held and p.gated)
+    snapshot = replace(snapshot, pods=tuple(p for p in snapshot.pods if not p.queue_held))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
     waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=lambda p: (p.created, p.key))
     if not waiting_pods and snapshot.whole_waiting <= 0 and not any(
             p.static_layout is not None for p in snapshot.policies.values()):
         # Nothing waits and no policy pins a layout: every step below would find nothing to do.
-        return Plan()
+        return Plan(waiting=held)
     claims = mig_claims(snapshot.pods)
     cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot, claims), budget, mig_mode_changes)
     cycle.by_name = {n.name: n for n in snapshot.nodes}
@@ -701,8 +708,15 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
         layouts=tuple(cycle.layouts[k] for k in sorted(cycle.layouts)),
         sharing=tuple(cycle.sharing[k] for k in sorted(cycle.sharing)),
         releases=tuple(releases),
-        waiting=tuple(waiting),
+        waiting=(*waiting, *held),
     )
+
+
+def _held(pod: Pod) -> Wait:
+    """The wait of a pod Kueue still holds (``Pod.queue_held``): it is planned once Kueue lifts its gate."""
+    return Wait(pod.key, "held by Kueue: its ClusterQueue has not admitted it (gate kueue.x-k8s.io/admission); "
+                         "gpupack plans it once Kueue lifts that gate (if Kueue is not running, nothing will)",
+                held=True)
 
 
 __all__ = ["LayoutChange", "Plan", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan"]

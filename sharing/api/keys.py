@@ -51,6 +51,11 @@ make-before-break (right-sizing ``Recreate``, ``controller.planning.right_size_r
 prefix on purpose: that prefix on a pod carries gpupack's trust, and the pod-marks policy
 (``manifests/rbac/pod-marks-policy.yaml``) refuses a pod created with any other key of it. Nothing
 reads this one back: it only makes the template new."""
+KUEUE_ADMISSION_GATE: Final = "kueue.x-k8s.io/admission"
+"""Kueue's scheduling gate on a plain pod of a LocalQueue: held until Kueue admits the pod's Workload within
+its ClusterQueue's quota. Kueue adds and lifts it; gpupack only reads it (a pod that carries it is no demand)."""
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+"""Pod label naming the LocalQueue whose quota the pod counts against (Kueue's ``pod`` integration)."""
 PLACEMENT_CONDITION: Final = "gpupack.io/Placement"
 """Pod condition type: the controller's word on a gated pod it has not placed (``sharing.api.placement_status``)."""
 
