@@ -42,7 +42,8 @@ from mig.errors import RequestError
 from mig.units import parse_quantity
 from sharing.api.backend import DEFAULT_BACKEND, POD_CLAIM, Backend, is_backend
 from sharing.api.keys import (
-    ALLOCATION_ANNOTATION, CAPACITY_GATE, KUEUE_ADMISSION_GATE, NVIDIA_PREFIX, OWN_PREFIX, SHARED_RESOURCE, WHOLE_RESOURCE, mig_resource,
+    ALLOCATION_ANNOTATION, CAPACITY_GATE, KUEUE_ADMISSION_GATE, NVIDIA_PREFIX, OWN_PREFIX, SHARED_RESOURCE,
+    WHOLE_RESOURCE, mig_resource,
 )
 from sharing.api.fields import as_list, as_map
 from sharing.api.fields import is_int as _is_int
