@@ -100,3 +100,10 @@ def test_whole_gpus_replicas_and_mig_instances_count_as_the_milli_they_hold() ->
 def test_a_replica_count_out_of_range_is_refused(replicas: int) -> None:
     with pytest.raises(ValueError, match="replicas must be in 1..8"):
         replica_milli(replicas)
+
+
+def test_the_examples_transformations_are_the_ones_the_dev_cluster_runs() -> None:
+    example = yaml.safe_load((Path(__file__).parents[2] / "examples" / "kueue" / "kueue-config.yaml").read_text())
+    generated = {t["input"]: t for t in resource_transformations(4)}
+    shown = example["resources"]["transformations"]
+    assert shown and all(t == generated[t["input"]] for t in shown)
