@@ -51,7 +51,7 @@ def register(subparsers: Any) -> None:
                     help="also run Kueue (sigs.k8s.io/kueue, tools/kueue/build.sh) out of cluster: its CRDs, "
                          "its manager with the pod integration (pods labelled kueue.x-k8s.io/queue-name wait "
                          "at its admission gate until their ClusterQueue admits them; docs/priority.md), and "
-                         "its webhooks; built the first time (about 10 minutes on 2 cores); off by default")
+                         "its webhooks; built the first time (about 8 minutes on 2 cores); off by default")
     up.add_argument("--kueue-replicas", type=int, default=4, metavar="R",
                     help="with --kueue: count one nvidia.com/gpu.shared replica as 1000/R gpupack.io/gpu-milli "
                          "in Kueue's quotas (the replica count the cluster's SharingPolicies split GPUs into; "

@@ -186,7 +186,7 @@ def ensure_kueue(progress: TextIO | None = None, build: bool = True) -> Path:
         return path
     if not build:
         raise BuildFailed(f"Kueue is not built yet ({path} or its config/ folder is missing)",
-                          "run tools/kueue/build.sh (needs Go >= 1.26; about 10 minutes on 2 cores the first time)")
+                          "run tools/kueue/build.sh (needs Go >= 1.26; about 8 minutes on 2 cores the first time)")
     if shutil.which("go") is None:
         raise ToolchainMissing("the Go toolchain ('go') is not on PATH, so Kueue cannot be built",
                                "install Go >= 1.26 and re-run; or set GPUPACK_KUEUE to a built kueue binary")

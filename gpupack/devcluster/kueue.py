@@ -69,7 +69,7 @@ class KueueFiles:
         for path in (self.binary, self.crd_dir, self.webhook_manifest):
             if not path.exists():
                 raise BuildFailed(f"Kueue is not built: {path} is missing",
-                                  "run tools/kueue/build.sh (needs Go >= 1.26; about 10 minutes on 2 cores "
+                                  "run tools/kueue/build.sh (needs Go >= 1.26; about 8 minutes on 2 cores "
                                   "the first time), or point GPUPACK_KUEUE at a built kueue binary with "
                                   "its config/ folder beside it")
         return self

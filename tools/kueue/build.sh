@@ -23,7 +23,7 @@ if [[ ! -f "${dir}/config/webhook/manifests.yaml" ]]; then
     mkdir -p "${tmp}/crd" "${tmp}/webhook"
     cp "${src}"/config/components/crd/bases/*.yaml "${tmp}/crd/"
     cp "${src}/config/components/webhook/manifests.yaml" "${tmp}/webhook/"
-    chmod -R u+w "${tmp}"
+    chmod -R u+w,go+rX "${tmp}"  # mktemp made it 0700
     rm -rf "${dir}/config" && mv "${tmp}" "${dir}/config"
 fi
 echo "${bin}"
