@@ -66,11 +66,12 @@ def _pod(namespace: str, name: str, milli: int, queued: bool) -> Any:
 
 
 def run(mode: str, pods: int, nodes: int, flood_quota: int, threads: int, wait_timeout: float,
-        workdir: Path) -> dict[str, Any]:
+        workdir: Path, kueue_qps: int = 50) -> dict[str, Any]:
     queued = mode == "kueue"
     kueue = ensure_kueue(progress=sys.stderr) if queued else None
     stack = Stack(workdir, nodes=tuple(DemoNode(f"flood-{i}", "A100-80GB", 8, sharing="mps", replicas=4)
-                                       for i in range(nodes)), kueue=kueue, probe_sharing="mps")
+                                       for i in range(nodes)), kueue=kueue, probe_sharing="mps",
+                  kueue_qps=kueue_qps)
     try:
         stack.start(lambda line: print(line, file=sys.stderr))
         assert stack.plane is not None
@@ -94,18 +95,18 @@ def run(mode: str, pods: int, nodes: int, flood_quota: int, threads: int, wait_t
         waited: float | None = None
         admitted: float | None = None  # Kueue lifted its gate (kueue mode)
         while time.monotonic() - created < wait_timeout:
-            pod = core.read_namespaced_pod("tenant-pod", OTHER)
+            pod: Any = core.read_namespaced_pod("tenant-pod", OTHER)
             if admitted is None and KUEUE_ADMISSION_GATE not in {g.name for g in pod.spec.scheduling_gates or []}:
                 admitted = time.monotonic() - created
             if pod.spec.node_name:
                 waited = time.monotonic() - created
                 break
             time.sleep(0.2)
-        listed = core.list_namespaced_pod(FLOOD).items
+        listed: list[Any] = core.list_namespaced_pod(FLOOD).items
         bound = sum(1 for p in listed if p.spec.node_name)
         held = sum(1 for p in listed if KUEUE_ADMISSION_GATE in {g.name for g in p.spec.scheduling_gates or []})
         return {"mode": mode, "pods": pods, "nodes": nodes, "replicas": nodes * 32,
-                "flood_quota_milli": flood_quota if queued else None, "flood_created_s": round(flood_s, 1),
+                "flood_quota_milli": flood_quota if queued else None, "kueue_qps": kueue_qps if queued else None, "flood_created_s": round(flood_s, 1),
                 "other_wait_s": None if waited is None else round(waited, 2), "wait_timeout_s": wait_timeout,
                 "other_admitted_s": round(admitted, 2) if queued and admitted is not None else None,
                 "flood_bound": bound, "flood_held_by_kueue": held}
@@ -122,12 +123,15 @@ def main() -> int:
                         help="the flood's ClusterQueue quota in gpu-milli (default 8000: 32 replicas)")
     parser.add_argument("--threads", type=int, default=8, help="clients creating the flood (default 8)")
     parser.add_argument("--wait-timeout", type=float, default=180.0, help="seconds to wait for the other pod")
+    parser.add_argument("--kueue-qps", type=int, default=50,
+                        help="Kueue's API request rate, burst twice that (default 50, as Kueue ships)")
     parser.add_argument("--out", type=Path, default=None, help="append the result to this JSON list")
     args = parser.parse_args()
-    if args.pods < 1 or args.nodes < 1 or args.threads < 1 or args.flood_quota < 1:
-        parser.error("--pods, --nodes, --threads and --flood-quota must be at least 1")
+    if min(args.pods, args.nodes, args.threads, args.flood_quota, args.kueue_qps) < 1:
+        parser.error("--pods, --nodes, --threads, --flood-quota and --kueue-qps must be at least 1")
     with tempfile.TemporaryDirectory(prefix="gpupack-kueue-flood-") as tmp:
-        result = run(args.mode, args.pods, args.nodes, args.flood_quota, args.threads, args.wait_timeout, Path(tmp))
+        result = run(args.mode, args.pods, args.nodes, args.flood_quota, args.threads, args.wait_timeout, Path(tmp),
+                     args.kueue_qps)
     print(json.dumps(result))
     if args.out is not None:
         previous = json.loads(args.out.read_text()) if args.out.exists() else []

@@ -54,6 +54,7 @@ from gpupack.devcluster import clients, components, kubeconfig, kueue, kwok, pki
 from gpupack.devcluster.apply import apply_objects
 from gpupack.devcluster.binaries import CONTROLLER_MANAGER, KWOK, Binaries
 from gpupack.devcluster.errors import DevClusterError, PortInUse, StartFailed
+from gpupack.devcluster.kueue import SHIPPED_QPS as KUEUE_SHIPPED_QPS
 from gpupack.devcluster.state import Component, DevClusterRecord
 from gpupack.devcluster.process import ManagedProcess, check_port_free, free_port, wait_until
 from sharing.api.keys import KUEUE_ADMISSION_GATE
@@ -89,6 +90,8 @@ class ControlPlaneConfig:
     after the other components; None: no Kueue."""
     kueue_replicas: int = 4
     """The replica count Kueue counts one ``nvidia.com/gpu.shared`` replica by (``sharing.rules.kueue_quota``)."""
+    kueue_qps: int = KUEUE_SHIPPED_QPS
+    """Kueue's API request rate (its ``clientConnection.qps``; burst twice that)."""
     authorization_config: Path | None = None
     """kube-apiserver's ``--authorization-config`` (default: ``--authorization-mode=RBAC``)."""
     start_timeout_s: float = field(default_factory=_default_timeout)  # GPUPACK_START_TIMEOUT
@@ -424,7 +427,7 @@ class ControlPlane:
         config = kueue.write_configuration(self.workdir / "kueue" / "config.yaml", kueue.configuration(
             webhook_port=self.ports["kueue-webhook"], health_port=self.ports["kueue-health"],
             cert_dir=self.workdir / "kueue" / "certs",
-            transformations=resource_transformations(self.config.kueue_replicas)))
+            transformations=resource_transformations(self.config.kueue_replicas), qps=self.config.kueue_qps))
         proc = self._launch(kueue.NAME, kueue.argv(built, config, self.kubeconfig))
         # /readyz answers once the webhook server listens with its certificate (Kueue's own check).
         self._wait_answering(proc, f"http://127.0.0.1:{self.ports['kueue-health']}/readyz",

@@ -84,9 +84,14 @@ def crds(files: KueueFiles) -> list[Manifest]:
     return docs
 
 
+SHIPPED_QPS: Final = 50
+"""Kueue's shipped manager config's API request rate (``clientConnection.qps``; burst twice that)."""
+
+
 def configuration(*, webhook_port: int, health_port: int, cert_dir: Path,
-                  transformations: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """Kueue's ``config.kueue.x-k8s.io/v1beta2`` Configuration for a manager run out of cluster on loopback."""
+                  transformations: Iterable[Mapping[str, Any]] = (), qps: int = SHIPPED_QPS) -> dict[str, Any]:
+    """Kueue's ``config.kueue.x-k8s.io/v1beta2`` Configuration for a manager run out of cluster on loopback;
+    ``qps``: its API request rate (burst twice that)."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -102,9 +107,9 @@ def configuration(*, webhook_port: int, health_port: int, cert_dir: Path,
         "featureGates": {"VisibilityOnDemand": False},
         # As Kueue's shipped manager config (config/components/manager): 5 workers for pods and
         # Workloads, 50 requests/s to the API server. The library defaults (1 worker, 20/s) made a
-        # 3,000-pod flood's Workloads queue for minutes ahead of every other tenant's.
+        # flood's Workloads queue far ahead of every other tenant's (benchmarks/kueue_flood.md).
         "controller": {"groupKindConcurrency": {"Pod": 5, "Workload.kueue.x-k8s.io": 5}},
-        "clientConnection": {"qps": 50, "burst": 100},
+        "clientConnection": {"qps": qps, "burst": 2 * qps},
         "integrations": {"frameworks": list(INTEGRATIONS)},
         "resources": {"transformations": [dict(t) for t in transformations]},
     }

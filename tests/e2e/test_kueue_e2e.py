@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client import ApiException
 
 from gpupack.demo.stack import DemoNode, Stack
 from gpupack.devcluster.apply import apply_objects, load_manifests
@@ -79,7 +79,7 @@ def stack(control_plane: Any, kueue_binary: Path, tmp_path: Path) -> Iterator[St
 
 def _pod(core: Any, team: str, name: str, *, queued: bool = True, priority_class: str | None = None) -> Any:
     labels = {KUEUE_QUEUE_LABEL: "gpus"} if queued else {}
-    extra = {"priorityClassName": priority_class} if priority_class else {}
+    extra: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
     body: Any = make_pod(gpu_container("main", "250"), name=name, namespace=team, mode="mps", labels=labels, **extra)
     return core.create_namespaced_pod(team, body)
 
