@@ -81,6 +81,9 @@ def test_the_configuration_runs_the_pod_integration_on_loopback_with_the_dev_ca(
     assert config["internalCertManagement"] == {"enable": False}
     assert config["webhook"] == {"host": "127.0.0.1", "port": 1, "certDir": "/c"}
     assert config["health"]["healthProbeBindAddress"] == "127.0.0.1:2"
+    # Kueue's shipped rate and workers: the library defaults let a flood's Workloads queue for minutes.
+    assert config["clientConnection"] == {"qps": 50, "burst": 100}
+    assert config["controller"]["groupKindConcurrency"]["Pod"] == 5
     assert config["resources"]["transformations"][1] == {
         "input": "nvidia.com/gpu.shared", "strategy": "Replace", "outputs": {"gpupack.io/gpu-milli": "250"}}
     assert len(kueue.crds(built)) == 1
