@@ -38,6 +38,7 @@ from gpupack.devcluster.apply import apply_objects
 from gpupack.devcluster.binaries import ensure_kueue
 from gpupack.devcluster.clients import api_client
 from gpupack.testing.admission_reviews import gpu_container, make_pod
+from kube.times import parse_time
 from sharing.api.keys import KUEUE_ADMISSION_GATE, KUEUE_QUEUE_LABEL
 
 QUEUE = "gpus"
@@ -63,6 +64,19 @@ def _queues(flood_quota: int) -> list[dict[str, Any]]:
 def _pod(namespace: str, name: str, milli: int, queued: bool) -> Any:
     labels = {KUEUE_QUEUE_LABEL: QUEUE} if queued else {}
     return make_pod(gpu_container("main", str(milli)), name=name, namespace=namespace, mode="mps", labels=labels)
+
+
+def _workload_created_after(admin: Any, core: Any) -> int | None:
+    """Seconds (whole: the API's timestamps) from the other tenant's pod's creation to its Workload's:
+    how long Kueue's pod controller took to get to it."""
+    pod: Any = core.read_namespaced_pod("tenant-pod", OTHER)
+    listed: Any = client.CustomObjectsApi(admin).list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", OTHER, "workloads")
+    stamps = [parse_time(w["metadata"]["creationTimestamp"]) for w in listed.get("items", [])]
+    created = [s for s in stamps if s is not None]
+    if not created or pod.metadata.creation_timestamp is None:
+        return None
+    return int(round((min(created) - pod.metadata.creation_timestamp).total_seconds()))
 
 
 def run(mode: str, pods: int, nodes: int, flood_quota: int, threads: int, wait_timeout: float,
@@ -102,6 +116,7 @@ def run(mode: str, pods: int, nodes: int, flood_quota: int, threads: int, wait_t
                 waited = time.monotonic() - created
                 break
             time.sleep(0.2)
+        workload_s = _workload_created_after(stack.admin, core) if queued else None
         listed: list[Any] = core.list_namespaced_pod(FLOOD).items
         bound = sum(1 for p in listed if p.spec.node_name)
         held = sum(1 for p in listed if KUEUE_ADMISSION_GATE in {g.name for g in p.spec.scheduling_gates or []})
@@ -109,6 +124,7 @@ def run(mode: str, pods: int, nodes: int, flood_quota: int, threads: int, wait_t
                 "flood_quota_milli": flood_quota if queued else None, "kueue_qps": kueue_qps if queued else None, "flood_created_s": round(flood_s, 1),
                 "other_wait_s": None if waited is None else round(waited, 2), "wait_timeout_s": wait_timeout,
                 "other_admitted_s": round(admitted, 2) if queued and admitted is not None else None,
+                "other_workload_created_s": workload_s,
                 "flood_bound": bound, "flood_held_by_kueue": held}
     finally:
         stack.stop()
