@@ -3,8 +3,8 @@
 ``up`` builds the binaries the first time (progress on stderr), starts etcd,
 kube-apiserver and kube-scheduler (and kube-controller-manager with
 ``--controller-manager``; and kwok with ``--kwok``, which implies
-``--controller-manager``) in the background, applies gpupack's namespace, CRDs
-and RBAC (unless ``--bare``), and prints ``KUBECONFIG=<path>`` as its last
+``--controller-manager``; and Kueue with ``--kueue``) in the background, applies
+gpupack's namespace, CRDs and RBAC (unless ``--bare``), and prints ``KUBECONFIG=<path>`` as its last
 line, so ``eval "$(gpupack dev cluster up | tail -1)"`` works. Without the two
 options nothing more is built or started than before they existed.
 """
@@ -47,6 +47,15 @@ def register(subparsers: Any) -> None:
                          "Lease, pods bound to them run, and end Succeeded after the seconds in their "
                          "gpupack.io/duration-seconds annotation (docs/kwok.md); implies "
                          "--controller-manager; built the first time (3 to 5 minutes on 2 cores); off by default")
+    up.add_argument("--kueue", action="store_true",
+                    help="also run Kueue (sigs.k8s.io/kueue, tools/kueue/build.sh) out of cluster: its CRDs, "
+                         "its manager with the pod integration (pods labelled kueue.x-k8s.io/queue-name wait "
+                         "at its admission gate until their ClusterQueue admits them; docs/priority.md), and "
+                         "its webhooks; built the first time (about 8 minutes on 2 cores); off by default")
+    up.add_argument("--kueue-replicas", type=int, default=4, metavar="R",
+                    help="with --kueue: count one nvidia.com/gpu.shared replica as 1000/R gpupack.io/gpu-milli "
+                         "in Kueue's quotas (the replica count the cluster's SharingPolicies split GPUs into; "
+                         "default 4)")
     up.set_defaults(handler=cmd_up)
 
     down = cluster_sub.add_parser("down", help="stop it and delete its data")
@@ -58,18 +67,21 @@ def register(subparsers: Any) -> None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from gpupack.devcluster.apply import apply_objects, gpupack_manifests
-    from gpupack.devcluster.binaries import CONTROLLER_MANAGER, KWOK, ensure_binaries
+    from gpupack.devcluster.binaries import CONTROLLER_MANAGER, KWOK, ensure_binaries, ensure_kueue
+    from gpupack.devcluster.kueue import NAME as KUEUE
     from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 
     if args.port is not None and not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: a TCP port is 1..65535")
+    if not 1 <= args.kueue_replicas <= 8:
+        raise UsageError(f"--kueue-replicas {args.kueue_replicas}: a GPU is shared into 1..8 replicas")
     controller_manager = args.controller_manager or args.kwok  # kwok's fleets want ReplicaSets, GC, ...
     directory, existing = _recorded_cluster()
     if existing is not None:
         if all(cluster_state.alive(c) for c in existing.components):
             print(f"already running: {existing.server} (stop it with `gpupack dev cluster down`)")
             running = {c.name for c in existing.components}
-            for wanted, name in ((controller_manager, CONTROLLER_MANAGER), (args.kwok, KWOK)):
+            for wanted, name in ((controller_manager, CONTROLLER_MANAGER), (args.kwok, KWOK), (args.kueue, KUEUE)):
                 if wanted and name not in running:
                     print(f"note: it runs without {name}; `gpupack dev cluster down` first "
                           "to start one with it", file=sys.stderr)
@@ -90,10 +102,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         names = ["etcd", "kube-apiserver", "kube-scheduler"]
         names += [CONTROLLER_MANAGER] if controller_manager else []
         names += [KWOK] if args.kwok else []
+        kueue = ensure_kueue(progress=sys.stderr) if args.kueue else None
+        names += [KUEUE] if kueue is not None else []
         print(f"starting {', '.join(names[:-1])} and {names[-1]} ...", file=sys.stderr)
         plane = ControlPlane(binaries, ControlPlaneConfig(
             workdir=directory / "cluster", keep_workdir=True, apiserver_port=args.port,
             controller_manager=controller_manager, kwok=args.kwok, tie_to_parent=False,
+            kueue=kueue, kueue_replicas=args.kueue_replicas,
         ))
         plane.start()
     except DevClusterError as exc:

@@ -272,7 +272,7 @@ class _Shares:
         the pod fits (the same trial :meth:`place` makes); fewest victims, then lowest highest-victim
         priority, then least milli, then the node's order. Their CPU and memory are not counted as
         freed (a conservative trial). None when no node would do, or the pod may not preempt."""
-        if self.cluster is None or not pod.gated or not pod.priority.preempts or pod.victims:
+        if self.cluster is None or not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
             return None
         accepted = self._accepted(pod)
         if not accepted:

@@ -9,7 +9,8 @@ its priority), so a pod never starves behind newer ones of its priority, and
 the same snapshot always yields the same plan.
 
 For each gated pod, and each ungated pod kube-scheduler reported Unschedulable
-(the capacity it was admitted for went to another pod), in order:
+(the capacity it was admitted for went to another pod), in order (a pod that still
+carries Kueue's admission gate is not among them: it only gets a ``held`` wait):
 
 1. if capacity for it exists now (free MIG instances, or free replicas on a node
    sharing GPUs the way it asked), choose the node and **release** it (pin to
@@ -93,8 +94,9 @@ class Wait:
     coming: bool = False
     """Capacity for it is being created (or planned this cycle): it does not fit *nowhere*."""
     preempting: bool = False
-    """It waits for the place its preemption frees (``controller.planning.preemption``): never re-admitted.
-    (Not ``held``: that name is Kueue's hold on the kueue branch.)"""
+    """It waits for the place its preemption frees (``controller.planning.preemption``): never re-admitted."""
+    held: bool = False
+    """Held by Kueue (``Pod.queue_held``): not planned at all, whatever the cycle's verdict on capacity."""
 
 
 def _coming(pod: Pod, reason: str) -> Wait:
@@ -689,13 +691,17 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     snapshot = replace(snapshot, nodes=tuple(n for n in snapshot.nodes if not n.stale and not n.degraded
                                             and node_backend(n.label_map) != "dra"),
                        pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
+    # Kueue's quota comes first: a pod still at Kueue's admission gate is no demand (nothing is
+    # reshaped, split or reserved for it, and it shapes no engine choice); it is only reported.
+    held = tuple(_held(p) for p in snapshot.pods if p.queue_held and p.gated)
+    snapshot = replace(snapshot, pods=tuple(p for p in snapshot.pods if not p.queue_held))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
     waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=waiting_key)
     if not waiting_pods and snapshot.whole_waiting <= 0 and not any(
             p.static_layout is not None for p in snapshot.policies.values()):
         # Nothing waits and no policy pins a layout: every step below would find nothing to do.
-        return Plan()
+        return Plan(waiting=held)
     claims = mig_claims(snapshot.pods)
     cycle = _Cycle(snapshot, now, FreeCapacity.of(snapshot, claims), budget, mig_mode_changes)
     cycle.by_name = {n.name: n for n in snapshot.nodes}
@@ -715,7 +721,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     cycle.waiting = tuple(waiting_pods)
     for index, pod in enumerate(cycle.waiting):
         cycle.current = index
-        held = still_held(pod, snapshot, running)
+        left = still_held(pod, snapshot, running)
         if pod.mode == "mig":
             outcome: Release | Wait = _plan_mig(cycle, pod, claims)
         elif pod.mode == "whole":
@@ -728,16 +734,16 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
         if isinstance(outcome, Release) and not pod.gated:
             # Ungated: kube-scheduler places it; the capacity is only held for it this cycle.
             outcome = Wait(pod.key, f"capacity exists on {outcome.node}; kube-scheduler retries the pod")
-        if held is not None:
+        if left is not None:
             # Its victims still hold the place (kube-scheduler counts a terminating pod's requests
             # until it is gone): the place is held for it, and it never preempts again meanwhile.
-            again = resume(pod, held)
+            again = resume(pod, left)
             if again is not None:
                 preemptions.append(again)
                 doomed.update(v.key for v in again.victims)
             if isinstance(outcome, Release):
                 cycle.free.take_room(outcome.node, pod)
-            outcome = Wait(pod.key, f"waiting on {pod.node} for {held.count} pod(s) it preempted to terminate",
+            outcome = Wait(pod.key, f"waiting on {pod.node} for {left.count} pod(s) it preempted to terminate",
                            preempting=True)
         elif isinstance(outcome, Wait) and not (outcome.deferred or outcome.coming):
             chosen = preferring_budgets(lambda spared: choose(pod, snapshot.nodes, cycle.free, snapshot.pods,
@@ -758,9 +764,16 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
         layouts=tuple(cycle.layouts[k] for k in sorted(cycle.layouts)),
         sharing=tuple(cycle.sharing[k] for k in sorted(cycle.sharing)),
         releases=tuple(releases),
-        waiting=tuple(waiting),
+        waiting=(*waiting, *held),
         preemptions=tuple(preemptions),
     )
+
+
+def _held(pod: Pod) -> Wait:
+    """The wait of a pod Kueue still holds (``Pod.queue_held``): it is planned once Kueue lifts its gate."""
+    return Wait(pod.key, "held by Kueue: its ClusterQueue has not admitted it (gate kueue.x-k8s.io/admission); "
+                         "gpupack plans it once Kueue lifts that gate (if Kueue is not running, nothing will)",
+                held=True)
 
 
 __all__ = ["LayoutChange", "Plan", "Preemption", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan",

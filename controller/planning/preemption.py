@@ -25,8 +25,9 @@ one guarded patch, :mod:`controller.writes.preemption`). While one of them still
 its node, its place held (:func:`still_held`); after that it waits on that node (it is pinned
 there) until the node agent reports the place unused, and it never preempts again: no second pod
 is killed for one preemptor. (It is planned first within its priority, so no older pod of its
-priority takes the place meanwhile; a pod of higher priority may, as in kube-scheduler.) A victim that is still running (the controller stopped
-between pinning the preemptor and deleting its victims) is deleted again.
+priority takes the place meanwhile; a pod of higher priority may, as in kube-scheduler.) A victim
+that is still running (the controller stopped between pinning the preemptor and deleting its
+victims) is deleted again. A pod Kueue still holds never preempts: it is no demand.
 """
 
 from __future__ import annotations
@@ -210,10 +211,11 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
 
     ``nodes``: in the snapshot's order; ``admits``: whether the pod may go to a node (its terms,
     products and pin); ``spared``: keys of pods already chosen as victims this cycle."""
-    if not pod.gated or not pod.priority.preempts or pod.victims:
-        # A pod preempts once: its victims gone, the place they held frees when the node agent
-        # reports their devices unused (a process outlives its pod object by a poll or more), and
-        # planning it again before then would kill a second pod for the same place.
+    if not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
+        # A pod Kueue still holds is no demand: it never preempts (Kueue preempts for quota). A pod
+        # preempts once: its victims gone, the place they held frees when the node agent reports
+        # their devices unused (a process outlives its pod object by a poll or more), and planning
+        # it again before then would kill a second pod for the same place.
         return None
     if engine_case(pod):
         return _engine_choice(pod, nodes, free, pods, admits=admits, spared=spared)
@@ -239,4 +241,5 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
     return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, reason_for(pod))
 
 
-__all__ = ["REASON_MIG", "Held", "Preemption", "Victim", "choose", "preferring_budgets", "reason_for", "resume", "still_held", "victim"]
+__all__ = ["REASON_MIG", "Held", "Preemption", "Victim", "choose", "preferring_budgets", "reason_for", "resume",
+           "still_held", "victim"]

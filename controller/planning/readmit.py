@@ -120,7 +120,9 @@ def readmissions(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping[str,
                  limit: int = READMITS_PER_CYCLE) -> list[Readmission]:
     """The stranded pods among those ``plan`` leaves waiting, oldest first, at most ``limit``.
     ``inventory``: the cluster as the webhook reads it, built only when a pod is a candidate."""
-    waiting = {w.pod for w in plan.waiting if not (w.deferred or w.preempting)}  # a preemptor keeps its place
+    # A pod Kueue holds is not stranded in its mode: it waits for its quota, not for capacity; a preemptor
+    # keeps the place its preemption frees.
+    waiting = {w.pod for w in plan.waiting if not (w.deferred or w.held or w.preempting)}
     candidates = sorted((p for p in snapshot.pods if p.key in waiting and p.gated and p.backend != "dra"
                          and now - p.created >= timedelta(seconds=READMIT_AFTER_SECONDS)),
                         key=lambda p: (p.created, p.key))

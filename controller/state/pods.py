@@ -13,7 +13,7 @@ from typing import Any
 from controller.state.snapshot import Pod
 from kube.times import parse_time
 from mig.units import parse_quantity
-from sharing.api.allocation import Allocation, has_capacity_gate, trusted_allocation
+from sharing.api.allocation import Allocation, has_capacity_gate, held_by_kueue, trusted_allocation
 from sharing.api.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PREEMPTING_ANNOTATION, PRODUCT_LABEL, WHOLE_RESOURCE
 from sharing.api.priority import NEVER, PodPriority, pod_priority
 from sharing.api.fields import as_list as _list
@@ -218,6 +218,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
         products=required_products(spec),
         replicas=replicas,
         gated=gated,
+        queue_held=held_by_kueue(spec),
         unschedulable=unschedulable,
         node=node_name if isinstance(node_name, str) and node_name else _pinned_node(spec),
         bound=isinstance(node_name, str) and bool(node_name),

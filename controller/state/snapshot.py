@@ -154,6 +154,9 @@ class Pod:
     replicas: int | None = None
     """Shared modes: the replica count the webhook's affinity requires (None: any that fits)."""
     gated: bool = False
+    queue_held: bool = False
+    """Still carries Kueue's admission gate (``sharing.api.keys.KUEUE_ADMISSION_GATE``): its ClusterQueue
+    has not admitted it, so it is no demand; the planner reports it and plans nothing for it."""
     unschedulable: bool = False
     """Not gated, not bound, and kube-scheduler reported it Unschedulable: capacity it was
     admitted for is gone (another pod took it), so it is demand for new capacity too."""

@@ -15,6 +15,8 @@ of the planner's outcome, no parsing of its prose:
   once everything is quiet the verdict is exact); said only of a pod at least
   :data:`WAITING_SAID_AFTER_SECONDS` old, as most pods waiting for capacity
   being created get it within seconds;
+* a gated pod that still carries Kueue's admission gate (the planner's ``Wait.held``) is
+  ``HeldByKueue``: the planner plans nothing for it, so the verdict on capacity is not its;
 * a released pod that carries a ``False`` condition gets ``Placed``; one
   released in the cycle that first saw it gets nothing (no write).
 
@@ -46,7 +48,7 @@ from controller.planning.planner import Plan, Release
 from controller.state.snapshot import Snapshot
 from kube.times import format_time, parse_time
 from sharing.api.placement_status import (
-    NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, PlacementStatus, placement_patch, read_placement,
+    HELD_BY_KUEUE, NO_CAPACITY, PLACED, WAITING_FOR_CAPACITY, PlacementStatus, placement_patch, read_placement,
 )
 
 WAITING_SAID_AFTER_SECONDS: Final = 10
@@ -107,15 +109,18 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
         if waiting is None or obj is None:
             continue
         previous = read_placement(obj)
-        if reason == WAITING_FOR_CAPACITY and waiting.created > young and previous is None:
+        # A pod Kueue holds is HeldByKueue whatever the cycle's verdict, and said like WaitingForCapacity
+        # (not while young, within the per-cycle bound): a flood held by its quota must not cost a write each.
+        said = HELD_BY_KUEUE if wait.held else reason
+        if said != NO_CAPACITY and waiting.created > young and previous is None:
             continue  # capacity is being created, and most pods get it within seconds: nothing to say yet
-        if reason == WAITING_FOR_CAPACITY and said_waiting >= WAITING_WRITES_PER_CYCLE:
+        if said != NO_CAPACITY and said_waiting >= WAITING_WRITES_PER_CYCLE:
             continue  # the rest are said in later cycles, oldest first
-        body = placement_patch(obj, reason, wait.reason, format_time(now),
+        body = placement_patch(obj, said, wait.reason, format_time(now),
                                new_message_due=_message_due(previous, now))
         if body is not None:
             out.append(_patch(wait.pod, body))
-            said_waiting += reason == WAITING_FOR_CAPACITY
+            said_waiting += said != NO_CAPACITY
     for release in releases:
         obj = pods.get(release.pod)
         if obj is None:

@@ -123,6 +123,11 @@ class Stack:
     controller_manager: bool = False
     """Also run kube-controller-manager (always on a DRA pool): owners' controllers re-create the pods
     gpupack deletes for them (``controller.planning.readmit``)."""
+    kueue: Path | None = None
+    """Also run Kueue's manager from this binary (``ControlPlaneConfig.kueue``): pods labelled
+    ``kueue.x-k8s.io/queue-name`` then wait for their ClusterQueue's quota; None: no Kueue."""
+    kueue_qps: int = 50
+    """Kueue's API request rate (``ControlPlaneConfig.kueue_qps``; 50 as Kueue ships)."""
     controller_policy: str | None = None
     """The controller's ``--policy`` (None: its default)."""
     usage_trace: Path | None = None
@@ -149,7 +154,8 @@ class Stack:
         binaries = ensure_binaries(progress=sys.stderr, controller_manager=dra or self.controller_manager)
         self.plane = ControlPlane(binaries, ControlPlaneConfig(
             workdir=self.workdir / "cluster", keep_workdir=self.keep, tie_to_parent=not self.keep,
-            controller_manager=dra or self.controller_manager))
+            controller_manager=dra or self.controller_manager, kueue=self.kueue,
+            kueue_qps=self.kueue_qps))
         self.plane.start()
         say(f"control plane: up in {self.plane.startup_seconds or 0:.1f}s at {self.plane.server}")
         self.admin = self.plane.admin_client()

@@ -1,4 +1,4 @@
-"""Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd, helm, kustomize and Prometheus.
+"""Find, or build on demand, the pinned kube-apiserver, kube-scheduler and etcd, helm, kustomize, Prometheus and Kueue.
 
 kube-controller-manager and kwok are optional: only a control plane started with
 them needs them (``ensure_binaries(controller_manager=True, kwok=True)`` builds
@@ -164,6 +164,37 @@ def ensure_prometheus(progress: TextIO | None = None) -> Path:
     """The pinned Prometheus server (``GPUPACK_PROMETHEUS`` overrides it), built first if not cached yet: only
     the e2e test of the recommender's Prometheus source runs it (``tools/prometheus/build.sh``)."""
     return ensure_go_tool("prometheus", "GPUPACK_PROMETHEUS", progress)
+
+
+KUEUE_BUILD_SCRIPT = REPO_ROOT / "tools" / "kueue" / "build.sh"
+
+
+def ensure_kueue(progress: TextIO | None = None, build: bool = True) -> Path:
+    """The pinned Kueue manager (``GPUPACK_KUEUE`` overrides it), built first if not cached yet, with its
+    module's CRDs and webhook manifests beside it (``tools/kueue/build.sh``). ``build=False``: never
+    build; :class:`BuildFailed` with the fix when it is missing."""
+    override = os.environ.get("GPUPACK_KUEUE")
+    if override:
+        if not os.access(override, os.X_OK):
+            raise BuildFailed(f"GPUPACK_KUEUE={override} is not an executable file",
+                              "point GPUPACK_KUEUE at a kueue binary, or unset it to build one with tools/kueue/build.sh")
+        return Path(override)
+    out = subprocess.run(["bash", str(KUEUE_BUILD_SCRIPT), "--print-path"], check=True, capture_output=True,
+                         text=True, timeout=30)
+    path = Path(out.stdout.strip().splitlines()[-1])
+    if os.access(path, os.X_OK) and (path.parent / "config" / "webhook" / "manifests.yaml").is_file():
+        return path
+    if not build:
+        raise BuildFailed(f"Kueue is not built yet ({path} or its config/ folder is missing)",
+                          "run tools/kueue/build.sh (needs Go >= 1.26; about 8 minutes on 2 cores the first time)")
+    if shutil.which("go") is None:
+        raise ToolchainMissing("the Go toolchain ('go') is not on PATH, so Kueue cannot be built",
+                               "install Go >= 1.26 and re-run; or set GPUPACK_KUEUE to a built kueue binary")
+    status, tail = _stream_build([str(KUEUE_BUILD_SCRIPT)], f"kueue into {path}", progress)
+    if status != 0 or not os.access(path, os.X_OK):
+        raise BuildFailed(f"tools/kueue/build.sh failed with exit status {status}",
+                          "read the build output above; re-run tools/kueue/build.sh by hand to retry", "\n".join(tail))
+    return path
 
 
 def ensure_go_tool(tool: str, override_env: str, progress: TextIO | None = None) -> Path:

@@ -14,8 +14,9 @@ kube-scheduler (with gpupack's shipped packing configuration,
 own client certificate, user ``system:kube-controller-manager``; the controllers
 in ``controllers``), then, only with ``ControlPlaneConfig(kwok=True)``, kwok (user
 ``kwok-controller`` with the rights of ``tools/kwok/rbac.yaml``, the stages of
-``tools/kwok/stages``: see :mod:`gpupack.devcluster.kwok`), waits for each to be
-ready, and writes an admin kubeconfig.
+``tools/kwok/stages``: see :mod:`gpupack.devcluster.kwok`), then, only with
+``ControlPlaneConfig(kueue=<binary>)``, Kueue's manager with its CRDs and webhooks
+(:mod:`gpupack.devcluster.kueue`), waits for each to be ready, and writes an admin kubeconfig.
 ``stop()`` stops them in reverse order and removes the work dir; it is
 idempotent and also runs at interpreter exit.
 
@@ -37,6 +38,7 @@ that run and finish); other Nodes stay as they are written.
 from __future__ import annotations
 
 import atexit
+import base64
 import os
 import shutil
 import ssl
@@ -48,12 +50,15 @@ from typing import Any
 
 import httpx
 
-from gpupack.devcluster import clients, components, kubeconfig, kwok, pki
+from gpupack.devcluster import clients, components, kubeconfig, kueue, kwok, pki
 from gpupack.devcluster.apply import apply_objects
 from gpupack.devcluster.binaries import CONTROLLER_MANAGER, KWOK, Binaries
-from gpupack.devcluster.errors import DevClusterError, PortInUse
+from gpupack.devcluster.errors import DevClusterError, PortInUse, StartFailed
+from gpupack.devcluster.kueue import SHIPPED_QPS as KUEUE_SHIPPED_QPS
 from gpupack.devcluster.state import Component, DevClusterRecord
 from gpupack.devcluster.process import ManagedProcess, check_port_free, free_port, wait_until
+from sharing.api.keys import KUEUE_ADMISSION_GATE
+from sharing.rules.kueue_quota import resource_transformations
 
 ADMIN_USER = "gpupack-admin"
 PORT_ATTEMPTS = 3  # starts tried when a port is taken under a component
@@ -80,6 +85,13 @@ class ControlPlaneConfig:
     kwok: bool = False
     """Also run kwok: the kubelet of KWOK Nodes (:mod:`gpupack.devcluster.kwok`); off by default. It
     needs no kube-controller-manager; ``gpupack dev cluster up --kwok`` runs both."""
+    kueue: Path | None = None
+    """Also run Kueue's manager from this binary (``binaries.ensure_kueue``; :mod:`gpupack.devcluster.kueue`),
+    after the other components; None: no Kueue."""
+    kueue_replicas: int = 4
+    """The replica count Kueue counts one ``nvidia.com/gpu.shared`` replica by (``sharing.rules.kueue_quota``)."""
+    kueue_qps: int = KUEUE_SHIPPED_QPS
+    """Kueue's API request rate (its ``clientConnection.qps``; burst twice that)."""
     authorization_config: Path | None = None
     """kube-apiserver's ``--authorization-config`` (default: ``--authorization-mode=RBAC``)."""
     start_timeout_s: float = field(default_factory=_default_timeout)  # GPUPACK_START_TIMEOUT
@@ -142,6 +154,8 @@ class ControlPlane:
                 self.binaries.require(CONTROLLER_MANAGER)
             if self.config.kwok:
                 self.binaries.require(KWOK)
+            if self.config.kueue is not None:
+                kueue.KueueFiles(self.config.kueue).check()
             for attempt in range(1, PORT_ATTEMPTS + 1):
                 try:
                     self._start_components()
@@ -169,6 +183,8 @@ class ControlPlane:
             self._start_controller_manager()
         if self.config.kwok:
             self._start_kwok()
+        if self.config.kueue is not None:
+            self._start_kueue()
 
     def _stop_processes(self) -> None:
         for proc in reversed(self.processes):
@@ -195,7 +211,8 @@ class ControlPlane:
         """Start a stopped component again on the same ports, PKI and data, and wait until it is ready."""
         starters = {"etcd": self._start_etcd, "kube-apiserver": self._start_apiserver,
                     "kube-scheduler": self._start_scheduler,
-                    CONTROLLER_MANAGER: self._start_controller_manager, KWOK: self._start_kwok}
+                    CONTROLLER_MANAGER: self._start_controller_manager, KWOK: self._start_kwok,
+                    kueue.NAME: self._start_kueue}
         if name not in starters:
             raise ValueError(f"unknown component {name!r}; one of {', '.join(starters)}")
         if any(p.name == name for p in self.processes):
@@ -288,6 +305,9 @@ class ControlPlane:
             self.ports["controller-manager"] = free_port()
         if cfg.kwok:
             self.ports["kwok"] = free_port()
+        if cfg.kueue is not None:
+            self.ports["kueue-webhook"] = free_port()
+            self.ports["kueue-health"] = free_port()
 
     def _write_pki(self) -> None:
         d = self.workdir / "pki"
@@ -324,6 +344,21 @@ class ControlPlane:
             kubeconfig.write_kubeconfig(self.workdir / "kwok.kubeconfig", kubeconfig.kubeconfig_dict(
                 self.server, self.ca.cert_pem, kwok.USER, client_cert_pem=pair.cert_pem, client_key_pem=pair.key_pem,
             ))
+
+    def _write_kueue_pki(self) -> None:
+        """Kueue's webhook serving pair from the dev CA (``tls.crt``/``tls.key`` in its cert dir), and a
+        metrics pair where Kueue insists on reading one (``kueue.METRICS_CERT_DIR``) if none is there."""
+        serving = self.ca.issue("kueue-webhook", hosts=["127.0.0.1", "localhost"], server=True)
+        serving.write(self.workdir / "kueue" / "certs", "tls")
+        metrics = kueue.METRICS_CERT_DIR
+        if not (metrics / "tls.crt").is_file() or not (metrics / "tls.key").is_file():
+            try:
+                self.ca.issue("kueue-metrics", hosts=["127.0.0.1"], server=True).write(metrics, "tls")
+            except OSError as exc:
+                raise StartFailed(
+                    f"Kueue v0.17 reads a metrics certificate from {metrics} and it cannot be written there: {exc}",
+                    f"create {metrics} writable by this user (any tls.crt/tls.key pair will do: nothing is served "
+                    "with it), or run without --kueue") from exc
 
     def _launch(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> ManagedProcess:
         proc = ManagedProcess(name, argv, self.log_dir / f"{name}.log",
@@ -379,6 +414,42 @@ class ControlPlane:
         proc = self._launch(KWOK, argv, components.kwok_env(self.workdir))
         # Plain HTTP on loopback; /healthz answers once its controllers have started.
         self._wait_answering(proc, f"{components.kwok_url(self.ports)}/healthz")
+
+
+    def _start_kueue(self) -> None:
+        files = self.config.kueue
+        if files is None:
+            raise RuntimeError("Kueue is not part of this control plane: start it with ControlPlaneConfig(kueue=<binary>)")
+        built = kueue.KueueFiles(files).check()
+        self._write_kueue_pki()
+        with self.admin_client() as admin:
+            apply_objects(admin, [kueue.namespace(), *kueue.crds(built)])
+        config = kueue.write_configuration(self.workdir / "kueue" / "config.yaml", kueue.configuration(
+            webhook_port=self.ports["kueue-webhook"], health_port=self.ports["kueue-health"],
+            cert_dir=self.workdir / "kueue" / "certs",
+            transformations=resource_transformations(self.config.kueue_replicas), qps=self.config.kueue_qps))
+        proc = self._launch(kueue.NAME, kueue.argv(built, config, self.kubeconfig))
+        # /readyz answers once the webhook server listens with its certificate (Kueue's own check).
+        self._wait_answering(proc, f"http://127.0.0.1:{self.ports['kueue-health']}/readyz",
+                             what=f"Kueue's readiness at 127.0.0.1:{self.ports['kueue-health']}/readyz")
+        url = f"https://127.0.0.1:{self.ports['kueue-webhook']}"
+        bundle = base64.b64encode(self.ca.cert_pem).decode()
+        with self.admin_client() as admin:
+            apply_objects(admin, kueue.webhook_configurations(built.webhook_manifest, url, bundle))
+            # The API server picks registrations up asynchronously: dry-run a queued pod until Kueue gates it.
+            wait_until(lambda: _kueue_gates(admin), "the API server calling Kueue's pod webhook",
+                       self.config.start_timeout_s, proc)
+
+
+def _kueue_gates(admin: Any) -> bool:
+    from kubernetes import client
+
+    probe: Any = kueue.probe_pod()  # a dict body is sent as it is
+    try:
+        pod: Any = client.CoreV1Api(admin).create_namespaced_pod("default", probe, dry_run="All")
+    except client.ApiException:
+        return False
+    return KUEUE_ADMISSION_GATE in {g.name for g in pod.spec.scheduling_gates or []}
 
 
 def apiserver_ready(server: str, workdir: str | Path) -> bool:

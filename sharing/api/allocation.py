@@ -41,7 +41,10 @@ from typing import Any, Final, get_args
 from mig.errors import RequestError
 from mig.units import parse_quantity
 from sharing.api.backend import DEFAULT_BACKEND, POD_CLAIM, Backend, is_backend
-from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, NVIDIA_PREFIX, OWN_PREFIX, SHARED_RESOURCE, WHOLE_RESOURCE, mig_resource
+from sharing.api.keys import (
+    ALLOCATION_ANNOTATION, CAPACITY_GATE, KUEUE_ADMISSION_GATE, NVIDIA_PREFIX, OWN_PREFIX, SHARED_RESOURCE,
+    WHOLE_RESOURCE, mig_resource,
+)
 from sharing.api.fields import as_list, as_map
 from sharing.api.fields import is_int as _is_int
 from sharing.api.modes import ALLOCATION_MODES, AllocationMode
@@ -254,6 +257,11 @@ def trusted_allocation(text: object, pod_spec: Mapping[str, Any]) -> tuple[Alloc
 def has_capacity_gate(pod_spec: Mapping[str, Any]) -> bool:
     """Whether the pod waits at gpupack's scheduling gate."""
     return any(as_map(g).get("name") == CAPACITY_GATE for g in as_list(pod_spec.get("schedulingGates")))
+
+
+def held_by_kueue(pod_spec: Mapping[str, Any]) -> bool:
+    """Whether the pod still waits at Kueue's admission gate (its quota): not demand for gpupack yet."""
+    return any(as_map(g).get("name") == KUEUE_ADMISSION_GATE for g in as_list(pod_spec.get("schedulingGates")))
 
 
 def _mig_fallback(raw: object, mode: AllocationMode, backend: Backend, containers: int) -> tuple[str, ...] | None:

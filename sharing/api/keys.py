@@ -57,6 +57,11 @@ comma-separated; the pod waits on its node while one of them exists (``controlle
 PREEMPTION_REASON: Final = "PreemptionByGpupack"
 """Reason of the ``DisruptionTarget`` condition and of the Event the controller writes on a pod it
 preempts (kube-scheduler writes ``PreemptionByScheduler``)."""
+KUEUE_ADMISSION_GATE: Final = "kueue.x-k8s.io/admission"
+"""Kueue's scheduling gate on a plain pod of a LocalQueue: held until Kueue admits the pod's Workload within
+its ClusterQueue's quota. Kueue adds and lifts it; gpupack only reads it (a pod that carries it is no demand)."""
+KUEUE_QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+"""Pod label naming the LocalQueue whose quota the pod counts against (Kueue's ``pod`` integration)."""
 PLACEMENT_CONDITION: Final = "gpupack.io/Placement"
 """Pod condition type: the controller's word on a gated pod it has not placed (``sharing.api.placement_status``)."""
 

@@ -19,6 +19,10 @@ reason                    status  meaning
                                   gated and is placed once a pod leaves, a policy
                                   lets a node change, or a GPU has been idle long
                                   enough (``idleSeconds``)
+``HeldByKueue``           False   the pod still carries Kueue's admission gate
+                                  (``kueue.x-k8s.io/admission``): its ClusterQueue has
+                                  not admitted it, so the controller does not plan it
+                                  (no reshape, no split) until Kueue lifts that gate
 ``Placed``                True    the controller released it (pinned to a node, gate
                                   lifted); written only over an earlier ``False``
 ========================  ======  =====================================================
@@ -46,10 +50,11 @@ from typing import Any, Final, Literal, TypedDict, get_args
 
 from sharing.api.keys import PLACEMENT_CONDITION
 
-PlacementReason = Literal["WaitingForCapacity", "NoCapacity", "Placed"]
+PlacementReason = Literal["WaitingForCapacity", "NoCapacity", "HeldByKueue", "Placed"]
 PLACEMENT_REASONS: Final[tuple[PlacementReason, ...]] = get_args(PlacementReason)
 WAITING_FOR_CAPACITY: Final[PlacementReason] = "WaitingForCapacity"
 NO_CAPACITY: Final[PlacementReason] = "NoCapacity"
+HELD_BY_KUEUE: Final[PlacementReason] = "HeldByKueue"
 PLACED: Final[PlacementReason] = "Placed"
 
 MESSAGE_LIMIT: Final = 1024

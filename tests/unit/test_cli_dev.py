@@ -72,3 +72,29 @@ def test_up_help_describes_the_controller_manager_flag(
         main(["dev", "cluster", "up", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--controller-manager also run kube-controller-manager" in out and "never node-lifecycle" in out
+
+
+def test_up_kueue_says_how_to_build_kueue_when_it_is_absent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gpupack.devcluster.binaries as binaries
+    from gpupack.devcluster.errors import BuildFailed
+
+    def no_kueue(progress: object = None, build: bool = True) -> Path:
+        raise BuildFailed("Kueue is not built yet (kueue is missing)", "run tools/kueue/build.sh")
+
+    monkeypatch.setenv("GPUPACK_DEVCLUSTER_DIR", str(tmp_path))
+    monkeypatch.setattr(binaries, "ensure_binaries", lambda progress=None, build=True, **parts: object())
+    monkeypatch.setattr(binaries, "ensure_kueue", no_kueue)
+    assert main(["dev", "cluster", "up", "--kueue"]) == 1
+    err = capsys.readouterr().err
+    assert "Kueue is not built yet" in err and "tools/kueue/build.sh" in err
+
+
+@pytest.mark.parametrize("replicas", ["0", "9"])
+def test_up_refuses_a_kueue_replica_count_no_gpu_is_shared_into(
+    replicas: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUPACK_DEVCLUSTER_DIR", str(tmp_path))
+    assert main(["dev", "cluster", "up", "--kueue", "--kueue-replicas", replicas]) == 2
+    assert f"--kueue-replicas {replicas}: a GPU is shared into 1..8 replicas" in capsys.readouterr().err

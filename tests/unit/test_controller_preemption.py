@@ -103,6 +103,16 @@ def test_no_preemption(preemptor: Pod, running: int, why: str) -> None:
     assert not wait.preempting
 
 
+def test_a_pod_kueue_holds_never_preempts() -> None:
+    """Kueue's gate still on: no demand on either pool (Kueue preempts for quota, gpupack for capacity)."""
+    held = Pod(**{**pod("high", 100).__dict__, "queue_held": True})
+    assert run([mps_node("a")], [pod("low", 0, on="a"), pod("low2", 0, on="a"), held]).preemptions == ()
+    dra_held = Pod(**{**dra_pod("high", 100, 500).__dict__, "queue_held": True})
+    result = dra_run([dra_pod("low", 0, 600, on="a"), dra_pod("mid", 50, 300, on="a"), dra_held],
+                     [dra_claim("low", "a", 600), dra_claim("mid", "a", 300)])
+    assert result.preemptions == ()
+
+
 def test_the_node_needing_the_fewest_victims_is_chosen_before_lower_priorities() -> None:
     """A two-container pod needs two replicas. Node a holds two pods of priority 0 and nothing free:
     two victims. Node b has one replica free and three pods of priority 20: one victim. b wins."""

@@ -236,3 +236,13 @@ def test_a_right_sized_pod_is_re_decided_with_its_predicted_use() -> None:
     pod = {"spec": {"containers": [{"name": "main"}]}}
     (container,) = request_of(pod, allocation, "team", "p").containers
     assert (container.milli, container.predicted_milli, container.memory_bytes) == (75, 150, 12 * 1024**3)
+
+
+def test_a_pod_kueue_holds_is_never_readmitted_as_stranded() -> None:
+    """It waits for its quota, not for capacity: deleting it would only put it back in Kueue's queue."""
+    pods = [admitted(f"p{i}", BURST_VIEW) for i in range(2)]
+    by_key = {f"team/{p['metadata']['name']}": p for p in pods}
+    now_view = [mps_node(4), mig_node(3)]
+    waiting = Plan(waiting=(Wait("team/p0", "held by Kueue", held=True), Wait("team/p1", "no free replica")))
+    out = readmissions(waiting, _snapshot_of(pods, now_view), by_key, lambda: build_inventory(now_view), NOW)
+    assert [r.pod for r in out] == ["team/p1"]
