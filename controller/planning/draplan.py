@@ -68,7 +68,7 @@ import numpy as np
 from controller.planning.dramig import mig_gpus
 from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
 from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
-from controller.planning.planner import Wait, allowed_on, waiting_key
+from controller.planning.planner import Wait, allowed_on, held_by_kueue, waiting_key
 from controller.planning.preemption import Preemption, preferring_budgets, reason_for, resume, still_held, victim
 from sharing.rules.priority import may_preempt
 from controller.state.snapshot import Node, Pod, Snapshot
@@ -452,10 +452,13 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
     """The DRA pool's placements for one cycle (see the module docstring); ``protected``: pods a
     PodDisruptionBudget protects now, preempted only where nothing else makes room."""
     nodes = dra_nodes(snapshot)
-    pods = [p for p in snapshot.pods if p.backend == "dra"]
+    # Kueue's quota comes first, as on the device-plugin pool: a pod still at Kueue's admission gate
+    # is no demand (no device is pinned, no claim adopted, no victim chosen for it); it is only reported.
+    kueue_waits = [held_by_kueue(p) for p in snapshot.pods if p.backend == "dra" and p.queue_held and p.gated]
+    pods = [p for p in snapshot.pods if p.backend == "dra" and not p.queue_held]
     waiting = sorted((p for p in pods if p.gated), key=waiting_key)
     placements: list[DraPlacement] = []
-    waits: list[Wait] = []
+    waits: list[Wait] = kueue_waits
     refused: list[Wait] = []
     todo: list[Pod] = []
     for pod in waiting:

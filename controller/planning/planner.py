@@ -693,7 +693,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                        pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
     # Kueue's quota comes first: a pod still at Kueue's admission gate is no demand (nothing is
     # reshaped, split or reserved for it, and it shapes no engine choice); it is only reported.
-    held = tuple(_held(p) for p in snapshot.pods if p.queue_held and p.gated)
+    held = tuple(held_by_kueue(p) for p in snapshot.pods if p.queue_held and p.gated)
     snapshot = replace(snapshot, pods=tuple(p for p in snapshot.pods if not p.queue_held))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
@@ -769,12 +769,12 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     )
 
 
-def _held(pod: Pod) -> Wait:
+def held_by_kueue(pod: Pod) -> Wait:
     """The wait of a pod Kueue still holds (``Pod.queue_held``): it is planned once Kueue lifts its gate."""
     return Wait(pod.key, "held by Kueue: its ClusterQueue has not admitted it (gate kueue.x-k8s.io/admission); "
                          "gpupack plans it once Kueue lifts that gate (if Kueue is not running, nothing will)",
                 held=True)
 
 
-__all__ = ["LayoutChange", "Plan", "Preemption", "Release", "SharingChange", "Wait", "allowed_on", "in_flight", "plan",
-           "waiting_key"]
+__all__ = ["LayoutChange", "Plan", "Preemption", "Release", "SharingChange", "Wait", "allowed_on", "held_by_kueue", "in_flight",
+           "plan", "waiting_key"]

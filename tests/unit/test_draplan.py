@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -529,3 +530,13 @@ def test_a_young_claim_a_pod_not_set_aside_and_a_broken_promise_are_not_requeued
     broken = run(nodes, [p], [stalled_claim(p, pin, 30), took_it])
     assert broken.placements == () and "no other device on a has room" in broken.waiting[0].reason
 
+
+
+def test_a_pod_kueue_holds_is_no_demand_on_the_dra_pool() -> None:
+    held = replace(pod("flood", milli=(900,), minutes=-30), queue_held=True)  # older: first in line otherwise
+    result = run([node("a", 1)], [held, pod("p", milli=(900,))])
+    assert devices(result) == {"team/p": ["a/gpu-0-shared"]}
+    (wait,) = result.waiting
+    assert wait.pod == "team/flood" and wait.held and "held by Kueue" in wait.reason
+    admitted = run([node("a", 1)], [replace(held, queue_held=False), pod("p", milli=(900,))])
+    assert set(devices(admitted)) == {"team/flood"}
