@@ -42,7 +42,8 @@ in a mode here; the live webhook decides from the GPUNodes' last reported status
 controller re-admits the pods a burst left in a mode with no room (``controller.planning.readmit``).
 
 The protocol's other rules hold: pods arrive in the seeded order and never
-leave, a pod that fits nowhere is dropped, allocation counts the milli pods
+leave, a pod that fits nowhere is dropped (with priorities it may first preempt pods of lower
+priority: ``sharing.simulator.preempting``), allocation counts the milli pods
 asked for (``occupied`` counts what their replicas reserve).
 """
 
