@@ -37,6 +37,7 @@ from typing import Any
 
 from gpupack.cli import EXIT_NO, EXIT_OK, UsageError, check_trace_files, finite_float, positive_float
 from gpupack.cli_replay_usage import register as register_usage
+from gpupack.cli_simulate import PRIORITY_SOURCES
 
 HOW_LONG = (
     "On a 2-core machine a run takes a minute or two to start (control plane, nodes, agents; a first run "
@@ -105,40 +106,62 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--plot needs matplotlib (pip install -e '.[test]')") from None
     nodes, trace = _load(args)
     plan = _plan(args, nodes, trace)
+    priorities, classes = _priorities(args, plan)
     say = _say(args.json)
     say(f"plan: {len(plan.workload.pods)} pods onto {len(plan.nodes)} of {plan.cluster_nodes} nodes "
         f"({plan.gpus} GPUs), seed {args.seed}, arrivals to {args.inflate * 100:.0f} % of capacity")
     # The model's draws and the run along the live choices go through the same typical-pods
     # tables until they part ways: solve each table's prices once for all of them.
     with remembering_every_solution():
-        return _run(args, plan, nodes, trace, policy, say, began)
+        return _run(args, plan, nodes, trace, policy, say, began, priorities, classes)
 
 
-def _run(args: argparse.Namespace, plan: Any, nodes: Any, trace: Any, policy: str, say: Any, began: float) -> int:
+def _priorities(args: argparse.Namespace, plan: Any) -> tuple[dict[str, Any] | None, dict[str, str] | None]:
+    """Under ``--priority qos`` each pod's priority by trace name and the PriorityClass each plan pod
+    names (``gpupack.replay.priority``); (None, None) under ``none``. UsageError for a pod list
+    without ``qos`` or with a class openb lacks."""
+    if args.priority == "none":
+        return None, None
+    from gpupack.cli_simulate import qos_priorities
+    from gpupack.replay.priority import pod_classes
+
+    priorities = qos_priorities(args.pods)
+    try:
+        return priorities, pod_classes(plan.workload.pods, priorities)
+    except ValueError as exc:
+        raise UsageError(f"{args.pods}: {exc}") from None
+
+
+def _run(args: argparse.Namespace, plan: Any, nodes: Any, trace: Any, policy: str, say: Any, began: float,
+         priorities: dict[str, Any] | None = None, classes: dict[str, str] | None = None) -> int:
     from gpupack.replay.figures import follow_live, model_figures
     from gpupack.replay.mapping import kube_node_name
     from gpupack.replay.report import as_json, as_text, plot
     from gpupack.replay.runner import pods_of, run_live
     from sharing.simulator.traces import workload_name
 
-    models = model_figures(nodes, trace.pods, policy, args.seed, args.inflate, args.max_nodes, say=say)
+    models = model_figures(nodes, trace.pods, policy, args.seed, args.inflate, args.max_nodes, say=say,
+                           priorities=priorities)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="gpupack-replay-"))
     budget = None if args.stop_after is None else args.stop_after * 60.0
     try:
         with _sigterm_interrupts():
             live = run_live(workdir, plan, policy=policy, pod_timeout_s=args.pod_timeout,
                             keep_logs=bool(args.workdir), progress=not args.no_progress, say=say,
-                            run_id=f"seed-{args.seed}", submit_budget_s=budget)
+                            run_id=f"seed-{args.seed}", submit_budget_s=budget, priority_classes=classes)
     except Exception as exc:  # noqa: BLE001 - the stack failed: say which part, keep its logs
         print(f"gpupack: error: the replay's stack failed: {exc} (logs under {workdir / 'logs'})", file=sys.stderr)
         return EXIT_NO
     trace_name = {kube_node_name(n.name): n.name for n in plan.nodes}
     # A run stopped early is followed as far as it went (the model replays the same prefix).
     following = follow_live(nodes, trace.pods, policy, args.seed, args.inflate, args.max_nodes,
-                            [trace_name[r.node] if r.result == "bound" and r.node else None for r in live.results]) \
+                            [trace_name[r.node] if r.result == "bound" and r.node else None for r in live.results],
+                            priorities) \
         if live.results else None
     report = as_json(live, models, workload=workload_name(Path(args.pods)), policy=policy, inflate=args.inflate,
                      seconds=time.monotonic() - began, following=following)
+    if priorities is not None:
+        report["priority"] = _priority_report(live, models, priorities)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -149,6 +172,26 @@ def _run(args: argparse.Namespace, plan: Any, nodes: Any, trace: Any, policy: st
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     return EXIT_NO if pods_of(live.results, "timeout") or live.stopped == "interrupted" else EXIT_OK
+
+
+def _priority_report(live: Any, models: Any, priorities: dict[str, Any]) -> dict[str, Any]:
+    """Live figures per class and of preemption beside the product model's (the same keys as
+    ``gpupack simulate --priority qos``; the model's are means over its draws)."""
+    from gpupack.cli_simulate import priority_extra
+    from gpupack.replay.priority import live_priority_figures
+
+    figures = live_priority_figures([r.pod for r in live.results], [r.name for r in live.results], live.bound,
+                                    live.preempted, priorities, live.plan.gpus)
+    simulated = priority_extra(models.product_priority)
+    keys = ("alloc_at_by_class", "placed_by_class", "preemptions", "preempted_pods", "preempted_milli")
+    return {"source": "qos", "preemption": "engine",
+            "live": {**{k: figures[k] for k in keys}, "preempted_by": figures["preempted_by"]},
+            "simulated": {**{k: simulated[k] for k in keys}, "preemption_reasons": simulated["preemption_reasons"],
+                          "preempted_equal_or_higher": simulated["preempted_equal_or_higher"],
+                          "preemption_loops": simulated["preemption_loops"]},
+            "placed_by_class_live_minus_simulated": {
+                c: round(v - simulated["placed_by_class"][c], 2) for c, v in figures["placed_by_class"].items()
+                if c in simulated["placed_by_class"]}}
 
 
 @contextmanager
@@ -191,6 +234,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                    help="submit no pod after MINUTES of submissions and report those submitted (complete: false; "
                         "the comparison is made at the highest arrived-demand level they complete). Ctrl-C or "
                         "SIGTERM stop a run the same way, with exit code 1 (default: no limit)")
+    p.add_argument("--priority", choices=PRIORITY_SOURCES, default="none",
+                   help="qos: openb's qos classes as PriorityClasses (LS, Guaranteed, Burstable high, BE low and "
+                        "preemptible), each pod naming its own, and a pod preempted live counted as not placed; "
+                        "the product model runs with --priority qos beside it and the JSON adds 'priority' (per "
+                        "class and preemption figures, live and simulated). none: no PriorityClass (default)")
     p.add_argument("--json", action="store_true", help="print one JSON object (progress on stderr)")
     p.add_argument("--plot", metavar="FILE", help="also draw allocation against arrived demand into FILE (PNG; matplotlib)")
     p.add_argument("--workdir", metavar="DIR", help="keep the control plane's data and every component's log here "

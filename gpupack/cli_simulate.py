@@ -254,21 +254,27 @@ def _priorities(args: argparse.Namespace, backend: str) -> tuple[dict[str, PodPr
         return None, "none"
     if args.sharing_model != "product" or args.mig or backend != "device-plugin":
         raise UsageError("--priority applies to --model product with the device-plugin backend only")
+    mode: PreemptionMode = "none" if args.priority == "none" else (args.preemption or "engine")
+    return qos_priorities(args.pods), mode
+
+
+def qos_priorities(pods: str | Path) -> dict[str, PodPriority]:
+    """Each pod's priority by trace name, from the pod list's ``qos`` column (``--priority``, here
+    and in ``gpupack replay``); UsageError for a trace without ``qos`` or a class openb lacks."""
     try:
-        qos = load_qos(args.pods)
+        qos = load_qos(Path(pods))
     except TraceError as exc:
         raise UsageError(str(exc)) from None
     if qos is None:
-        raise UsageError(f"{args.pods}: the pod list has no qos column, so its pods have no priority class "
+        raise UsageError(f"{pods}: the pod list has no qos column, so its pods have no priority class "
                          "(openb's multigpu traces carry none)")
     priorities = {}
     for name, value in qos.items():
         try:
             priorities[name] = qos_priority(value)
         except ValueError as exc:
-            raise UsageError(f"{args.pods}: pod {name!r}: {exc}") from None
-    mode: PreemptionMode = "none" if args.priority == "none" else (args.preemption or "engine")
-    return priorities, mode
+            raise UsageError(f"{pods}: pod {name!r}: {exc}") from None
+    return priorities
 
 
 def _node_sample(args: argparse.Namespace, nodes: Sequence[NodeSpec], seeds: Sequence[int]) -> dict[str, Any]:

@@ -25,12 +25,14 @@ decision the live system made that the model's rules would not.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from sharing.api.priority import PodPriority
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
+from sharing.simulator.preempting import PriorityFigures
 from sharing.simulator.metrics import alloc_by_level
 from sharing.simulator.product import Divergence, run_product
 from sharing.simulator.replay import run_once
@@ -39,18 +41,25 @@ from sharing.simulator.scheduler_config import load_weights
 Levels = dict[int, float | None]
 
 
-def live_alloc_at(pods: Sequence[PodSpec], bound: Sequence[bool], total_gpus: int) -> Levels:
-    """Allocation % per arrived-demand level of attempts ``pods`` (arrival order) with outcomes ``bound``."""
-    if len(pods) != len(bound):
-        raise ValueError(f"{len(pods)} pods but {len(bound)} outcomes")
+def live_alloc_at(pods: Sequence[PodSpec], bound: Sequence[bool], total_gpus: int,
+                  withdrawn: Sequence[int] | None = None) -> Levels:
+    """Allocation % per arrived-demand level of attempts ``pods`` (arrival order) with outcomes ``bound``;
+    ``withdrawn``: per attempt, the GPU milli of placed pods preempted during it (taken off from then
+    on, as the product model withdraws a victim)."""
+    if len(pods) != len(bound) or (withdrawn is not None and len(withdrawn) != len(pods)):
+        raise ValueError(f"{len(pods)} pods but {len(bound)} outcomes"
+                         + ("" if withdrawn is None else f" and {len(withdrawn)} withdrawals"))
     demand = np.cumsum([p.gpu_total_milli for p in pods], dtype=np.int64)
     used = np.cumsum([p.gpu_total_milli if b else 0 for p, b in zip(pods, bound)], dtype=np.int64)
+    if withdrawn is not None:
+        used -= np.cumsum(np.asarray(withdrawn, dtype=np.int64))
     return alloc_by_level(demand, used, total_gpus)
 
 
-def final_alloc_percent(pods: Sequence[PodSpec], bound: Sequence[bool], total_gpus: int) -> float:
-    """GPU milli of the bound pods over all GPU milli, in percent, at the end of the run."""
-    return 100.0 * sum(p.gpu_total_milli for p, b in zip(pods, bound) if b) / (total_gpus * GPU_MILLI)
+def final_alloc_percent(pods: Sequence[PodSpec], bound: Sequence[bool], total_gpus: int, withdrawn: int = 0) -> float:
+    """GPU milli of the bound pods (less ``withdrawn``, those preempted) over all GPU milli, in percent,
+    at the end of the run."""
+    return 100.0 * (sum(p.gpu_total_milli for p, b in zip(pods, bound) if b) - withdrawn) / (total_gpus * GPU_MILLI)
 
 
 DEFAULT_DRAWS = 5
@@ -68,6 +77,8 @@ class ModelFigures:
     fgd_failed_pods: int
     product_draws_at_130: tuple[float | None, ...] = ()
     """Each draw's figure at 130 % (or the highest level reached)."""
+    product_priority: tuple[PriorityFigures, ...] = ()
+    """Each draw's figures per class and of preemption (with priorities; empty without)."""
 
 
 def mean_levels(runs: Sequence[Levels]) -> Levels:
@@ -81,12 +92,15 @@ def mean_levels(runs: Sequence[Levels]) -> Levels:
 
 def model_figures(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy: str, seed: int,
                   inflate: float, max_nodes: int | None, draws: int = DEFAULT_DRAWS,
-                  say: Callable[[str], None] | None = None) -> ModelFigures:
+                  say: Callable[[str], None] | None = None,
+                  priorities: Mapping[str, PodPriority] | None = None) -> ModelFigures:
     """The product model and the FGD protocol on the plan the replay submits (module docstring).
 
     Live, kube-scheduler breaks ties between equally scored nodes at random, so one live run is one
     draw of them; the product model's figure is the mean of ``draws`` draws (``scheduler_draw``).
-    ``say`` hears a line as each run starts (on the whole cluster a draw takes minutes)."""
+    ``say`` hears a line as each run starts (on the whole cluster a draw takes minutes).
+    ``priorities``: each pod's, by trace name (``--priority qos``): the product model then preempts
+    with the engine's choice of victims (``--preemption engine``), as the live controller does."""
     if draws < 1:
         raise ValueError(f"draws must be at least 1, got {draws}")
     runs = []
@@ -94,12 +108,14 @@ def model_figures(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], poli
         if say is not None:
             say(f"product model: draw {d + 1} of {draws} of kube-scheduler's ties")
         runs.append(run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate,
-                                max_nodes=max_nodes, typical_every=1, scheduler_draw=d))
+                                max_nodes=max_nodes, typical_every=1, scheduler_draw=d,
+                                priorities=priorities, preemption="none" if priorities is None else "engine"))
     if say is not None:
         say("FGD protocol: one run")
     fgd = run_once(nodes, trace_pods, policy, seed, inflate, max_nodes=max_nodes)
     return ModelFigures(mean_levels([r.alloc_at for r in runs]), round(sum(r.failed_pods for r in runs) / draws, 1),
-                        fgd.alloc_at, fgd.failed_pods, tuple(level_at(r.alloc_at, 130) for r in runs))
+                        fgd.alloc_at, fgd.failed_pods, tuple(level_at(r.alloc_at, 130) for r in runs),
+                        tuple(r.priority for r in runs if r.priority is not None))
 
 
 @dataclass(frozen=True)
@@ -111,12 +127,14 @@ class Following:
 
 
 def follow_live(nodes: Sequence[NodeSpec], trace_pods: Sequence[PodSpec], policy: str, seed: int, inflate: float,
-                max_nodes: int | None, live_nodes: Sequence[str | None]) -> Following:
+                max_nodes: int | None, live_nodes: Sequence[str | None],
+                priorities: Mapping[str, PodPriority] | None = None) -> Following:
     """The product model on the replay's plan, ties broken toward ``live_nodes`` (per pod in arrival
     order, the trace name of the node it was bound to, or None): as far as the live run went, all
     of the plan or the pods submitted before it stopped early."""
     run = run_product(nodes, trace_pods, policy, seed, load_weights(), "engine", inflate, max_nodes=max_nodes,
-                      follow=live_nodes, typical_every=1, stop_after=len(live_nodes))
+                      follow=live_nodes, typical_every=1, stop_after=len(live_nodes), priorities=priorities,
+                      preemption="none" if priorities is None else "engine")
     return Following(run.alloc_at, run.divergences)
 
 

@@ -95,8 +95,9 @@ def gpu_limits(pod: PodSpec) -> dict[str, str]:
     return {WHOLE_RESOURCE: str(pod.gpu_count)}
 
 
-def replay_pod(pod: PodSpec, namespace: str, run_id: str) -> Manifest:
-    """The pod a user of gpupack writes for one openb request (module docstring)."""
+def replay_pod(pod: PodSpec, namespace: str, run_id: str, priority_class: str | None = None) -> Manifest:
+    """The pod a user of gpupack writes for one openb request (module docstring), naming
+    ``priority_class`` when given (``gpupack replay --priority qos``)."""
     requests = {**({"cpu": f"{pod.cpu_milli}m"} if pod.cpu_milli else {}),
                 **({"memory": f"{pod.memory_mib}Mi"} if pod.memory_mib else {})}
     resources: dict[str, Any] = {}
@@ -110,6 +111,8 @@ def replay_pod(pod: PodSpec, namespace: str, run_id: str) -> Manifest:
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": 0,
     }
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
     allowed = products(pod)
     if allowed:
         spec["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [

@@ -10,7 +10,8 @@
     CPU-only pods): ``PodScheduled=False`` with reason ``Unschedulable``. A pod
     the controller released (it carries gpupack's allocation record) that
     kube-scheduler then finds no room for is not judged here: the controller
-    plans it again, so it is left waiting.
+    plans it again, so it is left waiting. Nor is a pod kube-scheduler preempted for
+  (``status.nominatedNodeName``): it waits for its victims to go.
 
 * otherwise **waiting**.
 
@@ -56,6 +57,19 @@ def has_allocation(pod: Mapping[str, Any]) -> bool:
     return isinstance(annotations, Mapping) and ALLOCATION_ANNOTATION in annotations
 
 
+def deleting(pod: Mapping[str, Any]) -> bool:
+    """The pod has a ``deletionTimestamp``: someone deleted it and it is terminating."""
+    meta = pod.get("metadata")
+    return isinstance(meta, Mapping) and bool(meta.get("deletionTimestamp"))
+
+
+def nominated(pod: Mapping[str, Any]) -> bool:
+    """kube-scheduler preempted for the pod and nominated it to the freed node (``status.nominatedNodeName``):
+    it waits there for its victims to go, so it is not unplaceable."""
+    status = pod.get("status")
+    return isinstance(status, Mapping) and bool(status.get("nominatedNodeName"))
+
+
 def unschedulable(pod: Mapping[str, Any]) -> bool:
     """kube-scheduler's ``PodScheduled=False, reason Unschedulable``."""
     status = pod.get("status")
@@ -81,6 +95,6 @@ def classify(pod: Mapping[str, Any]) -> tuple[Outcome, Decider | None]:
     if gated(pod):
         status = read_placement(pod)
         return ("unplaceable", "controller") if status is not None and status.unplaceable else ("waiting", None)
-    if unschedulable(pod) and not has_allocation(pod):
+    if unschedulable(pod) and not has_allocation(pod) and not nominated(pod):
         return "unplaceable", "scheduler"
     return "waiting", None

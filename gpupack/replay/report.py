@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gpupack.replay.figures import Following, Levels, ModelFigures, final_alloc_percent, level_at, percentile
-from gpupack.replay.runner import LiveRun, live_levels, pods_of
+from gpupack.replay.runner import LiveRun, live_levels, pods_of, withdrawn_milli
 
 TABLE_LEVELS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)
 """Arrived-demand levels the text summary shows (every level is in the JSON)."""
@@ -58,7 +58,8 @@ def as_json(live: LiveRun, models: ModelFigures, *, workload: str, policy: str, 
         "complete": live.complete,
         "stopped": live.stopped,
         "compared_at": _compared(compared, levels, models),
-        "final_alloc_percent": round(final_alloc_percent([r.pod for r in live.results], live.bound, plan.gpus), 2),
+        "final_alloc_percent": round(final_alloc_percent([r.pod for r in live.results], live.bound, plan.gpus,
+                                                         sum(withdrawn_milli(live))), 2),
         "pods_submitted": len(live.results),
         "pods_planned": len(plan.workload.pods),
         "pods_bound": pods_of(live.results, "bound"),

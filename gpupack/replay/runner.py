@@ -33,7 +33,7 @@ any node switch and kube-scheduler's binding.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -44,7 +44,8 @@ from kubernetes import client
 from gpupack.replay.costs import ComponentCost, component_cost, delta, requests_by_verb, sample_all
 from gpupack.replay.figures import live_alloc_at
 from gpupack.replay.mapping import REPLAY_LABEL, kube_node_name, replay_pod
-from gpupack.replay.outcome import Decider, bound_node, classify, released_unschedulable
+from gpupack.replay.outcome import Decider, bound_node, classify, deleting, released_unschedulable
+from gpupack.replay.priority import Preempted, preempted_by
 from gpupack.replay.progress import ProgressBar, format_duration
 from gpupack.replay.stack import NAMESPACE, ReplayStack
 from kube.informer import Informer
@@ -84,6 +85,8 @@ class LiveRun:
     submit_seconds: float = 0.0
     stopped: Stopped | None = None
     """Why the submissions ended before the plan's last pod (None: every pod was submitted)."""
+    preempted: list[Preempted] = field(default_factory=list)
+    """Bound pods the live system preempted (``gpupack.replay.priority``), in the order seen."""
 
     @property
     def complete(self) -> bool:
@@ -128,7 +131,11 @@ class Replayer:
     progress: ProgressBar | None = None
     say: Callable[[str], None] = lambda _: None
     run_id: str = "run"
+    priority_classes: Mapping[str, str] | None = None
+    """Per plan pod name, the PriorityClass its pod names (``--priority qos``); None: none."""
     _bound_at: dict[str, float] = field(default_factory=dict)
+    _attempt: int = -1
+    _preempted: dict[str, Preempted] = field(default_factory=dict)
 
     def run(self) -> LiveRun:
         admin = self.stack.admin
@@ -146,7 +153,8 @@ class Replayer:
         lists_before = pods.lists
         began = time.monotonic()
         try:
-            for pod in self.plan.workload.pods:
+            for attempt, pod in enumerate(self.plan.workload.pods):
+                self._attempt = attempt
                 started = time.monotonic()
                 if self.submit_budget_s is not None and started - began >= self.submit_budget_s:
                     live.stopped = "budget"
@@ -162,6 +170,7 @@ class Replayer:
                      "reporting what was measured")
         finally:
             live.submit_seconds = time.monotonic() - began
+            live.preempted = list(self._preempted.values())
             requests_after = _apiserver_requests(admin)
             after = {name: sample_all(self.stack.processes()[name]) for name in procs}
             live.components = {name: component_cost(before[name], after[name]) for name in procs}
@@ -177,6 +186,9 @@ class Replayer:
         name = str((obj.get("metadata") or {}).get("name") or "")
         if kind != "DELETED" and bound_node(obj) and name not in self._bound_at:
             self._bound_at[name] = time.monotonic()
+        # The replay deletes only pods never bound: a bound pod going is one the live system preempted.
+        if name in self._bound_at and name not in self._preempted and (kind == "DELETED" or deleting(obj)):
+            self._preempted[name] = Preempted(name, self._attempt, preempted_by(obj))
 
     def _show(self, live: LiveRun) -> None:
         if self.progress is None:
@@ -192,7 +204,8 @@ class Replayer:
         started = time.monotonic()
         mine.add("POST")
         try:
-            core.create_namespaced_pod(NAMESPACE, replay_pod(pod, NAMESPACE, self.run_id))
+            priority_class = None if self.priority_classes is None else self.priority_classes[pod.name]
+            core.create_namespaced_pod(NAMESPACE, replay_pod(pod, NAMESPACE, self.run_id, priority_class))
         except client.ApiException as exc:
             if exc.status is not None and 400 <= exc.status < 500 and exc.status != 409:
                 return PodResult(name, pod, "unplaceable", "admission", message=_api_message(exc))
@@ -255,20 +268,32 @@ def _api_message(exc: client.ApiException) -> str:
 def run_live(workdir: Path, plan: RunPlan, *, policy: str = "gpupack", pod_timeout_s: float = 120.0,
              keep_logs: bool = False, progress: bool = True,
              say: Callable[[str], None] = lambda _: None, run_id: str = "run",
-             submit_budget_s: float | None = None) -> LiveRun:
-    """Start the stack on the plan's nodes, replay the plan's pods, stop the stack; what was measured."""
-    stack = ReplayStack(workdir, plan.nodes, policy=policy, keep_logs=keep_logs)
+             submit_budget_s: float | None = None, priority_classes: Mapping[str, str] | None = None) -> LiveRun:
+    """Start the stack on the plan's nodes, replay the plan's pods, stop the stack; what was measured.
+    ``priority_classes``: per plan pod name, its PriorityClass (the stack creates openb's classes)."""
+    stack = ReplayStack(workdir, plan.nodes, policy=policy, keep_logs=keep_logs,
+                        priority_classes=priority_classes is not None)
     try:
         stack.start(say)
         bar = ProgressBar(len(plan.workload.pods)) if progress else None
-        return Replayer(stack, plan, pod_timeout_s=pod_timeout_s, progress=bar,
-                        say=say, run_id=run_id, submit_budget_s=submit_budget_s).run()
+        return Replayer(stack, plan, pod_timeout_s=pod_timeout_s, progress=bar, say=say, run_id=run_id,
+                        submit_budget_s=submit_budget_s, priority_classes=priority_classes).run()
     finally:
         stack.stop()
 
 
 def live_levels(live: LiveRun) -> dict[int, float | None]:
-    return live_alloc_at([r.pod for r in live.results], live.bound, live.plan.gpus)
+    return live_alloc_at([r.pod for r in live.results], live.bound, live.plan.gpus, withdrawn_milli(live))
+
+
+def withdrawn_milli(live: LiveRun) -> list[int]:
+    """Per attempt, the GPU milli of the bound pods preempted during it."""
+    out = [0] * len(live.results)
+    milli = {r.name: r.pod.gpu_total_milli for r in live.results}
+    for p in live.preempted:
+        if 0 <= p.attempt < len(out):
+            out[p.attempt] += milli.get(p.name, 0)
+    return out
 
 
 def pods_of(results: Sequence[PodResult], result: Result) -> int:

@@ -41,6 +41,7 @@ from gpupack.devcluster.binaries import ensure_binaries
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.kwok import wait_ready
 from gpupack.replay.mapping import REPLAY_LABEL, kube_node_name, replay_node
+from gpupack.replay.priority import priority_classes as openb_priority_classes
 from sharing.api.keys import PRODUCT_LABEL, WHOLE_RESOURCE
 from sharing.packing.specs import NodeSpec
 
@@ -93,6 +94,8 @@ class ReplayStack:
     agents: str = "fleet"
     """What serves the nodes' GPUs: always ``fleet`` (one ``gpupack agent fleet`` process)."""
     setup_seconds: float = 0.0
+    priority_classes: bool = False
+    """Create openb's PriorityClasses (``gpupack replay --priority qos``; ``gpupack.replay.priority``)."""
 
     def __post_init__(self) -> None:
         self.stack = Stack(self.workdir, keep=self.keep, nodes=(), probe_sharing="mps")
@@ -124,6 +127,11 @@ class ReplayStack:
         self.stack.admin = plane.admin_client()
         apply_objects(self.stack.admin, gpupack_manifests(), field_manager="gpupack-replay")
         self.stack.create_namespace()
+        if self.priority_classes:
+            scheduling = client.SchedulingV1Api(self.admin)
+            for manifest in openb_priority_classes():
+                scheduling.create_priority_class(body=manifest)  # type: ignore[arg-type]  # a dict body is sent as is
+            say(f"priority classes: {', '.join(m['metadata']['name'] for m in openb_priority_classes())}")
         client.CustomObjectsApi(self.admin).create_cluster_custom_object(
             GROUP, VERSION, "sharingpolicies", policy_object(len(self.nodes)))
         core = client.CoreV1Api(self.admin)
