@@ -209,7 +209,14 @@ def write_page(data: dict[str, Any], table: str) -> None:
         table,
         "",
     ])
-    (HERE / "priority.md").write_text(page)
+    path = HERE / "priority.md"
+    # The live replay's section is written by hand from its own run (docs/priority.md, "Live
+    # replay"): a rewrite of the simulator's tables keeps it.
+    kept = path.read_text().partition(LIVE_SECTION)[2] if path.exists() else ""
+    path.write_text(page + (LIVE_SECTION + kept if kept else ""))
+
+
+LIVE_SECTION = "\n## Live replay"
 
 
 if __name__ == "__main__":

@@ -22,23 +22,11 @@ from sharing.packing.specs import PodSpec
 from sharing.rules.priority import QOS_PRIORITIES, qos_priority
 from sharing.simulator.arrivals import RunPlan, plan_run
 from sharing.simulator.traces import load_nodes, load_pods
-
-NODES_CSV = """sn,cpu_milli,memory_mib,gpu,model
-openb-node-0000,64000,262144,2,T4
-openb-node-0001,96000,786432,8,G2
-"""
-CLASSES = ("LS", "BE", "BE", "Burstable", "BE", "Guaranteed")
-PODS_CSV = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n" + "".join(
-    f"openb-pod-{i:04d},2000,4096,{g},{m},,{CLASSES[i % len(CLASSES)]}\n"
-    for i, (g, m) in enumerate([(1, 250), (1, 1000), (1, 500), (0, 0), (1, 700), (2, 1000)] * 3))
-
+from tests.unit.test_simulator_priority import write_trace
 
 @pytest.fixture
 def files(tmp_path: Path) -> tuple[Path, Path]:
-    nodes, pods = tmp_path / "nodes.csv", tmp_path / "openb_pod_list_tiny.csv"
-    nodes.write_text(NODES_CSV)
-    pods.write_text(PODS_CSV)
-    return nodes, pods
+    return write_trace(tmp_path, pods=40)
 
 
 def pod(name: str, milli: int = 500, count: int = 1) -> PodSpec:
@@ -186,11 +174,11 @@ def test_priority_qos_on_a_pod_list_without_qos_exits_2_before_any_stack(
         capsys: pytest.CaptureFixture[str]) -> None:
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(runner, "run_live", _fake_run_live(calls, preempt_first_bound=False))
-    bare = tmp_path / "openb_pod_list_multigpu20.csv"
-    bare.write_text("\n".join(",".join(row.split(",")[:-1]) for row in PODS_CSV.splitlines()) + "\n")
-    assert main(["replay", "--nodes", str(files[0]), "--pods", str(bare), "--priority", "qos"]) == 2
+    (tmp_path / "bare").mkdir()
+    nodes, bare = write_trace(tmp_path / "bare", pods=20, qos=False)
+    assert main(["replay", "--nodes", str(nodes), "--pods", str(bare), "--priority", "qos"]) == 2
     assert "no qos column" in capsys.readouterr().err and calls == []
-    unknown = tmp_path / "openb_pod_list_odd.csv"
-    unknown.write_text(PODS_CSV.replace(",Burstable\n", ",Platinum\n"))
-    assert main(["replay", "--nodes", str(files[0]), "--pods", str(unknown), "--priority", "qos"]) == 2
+    odd = tmp_path / "odd.csv"
+    odd.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,qos\npod-0000,1000,1024,1,500,Platinum\n")
+    assert main(["replay", "--nodes", str(files[0]), "--pods", str(odd), "--priority", "qos"]) == 2
     assert "qos 'Platinum' is unknown" in capsys.readouterr().err and calls == []
