@@ -185,7 +185,8 @@ def _priority_report(live: Any, models: Any, priorities: dict[str, Any]) -> dict
     simulated = priority_extra(models.product_priority)
     keys = ("alloc_at_by_class", "placed_by_class", "preemptions", "preempted_pods", "preempted_milli")
     return {"source": "qos", "preemption": "engine",
-            "live": {**{k: figures[k] for k in keys}, "preempted_by": figures["preempted_by"]},
+            "live": {**{k: figures[k] for k in keys}, "preempted_by": figures["preempted_by"],
+                     "preempted": [{"pod": p.name, "attempt": p.attempt, "by": p.by} for p in live.preempted]},
             "simulated": {**{k: simulated[k] for k in keys}, "preemption_reasons": simulated["preemption_reasons"],
                           "preempted_equal_or_higher": simulated["preempted_equal_or_higher"],
                           "preemption_loops": simulated["preemption_loops"]},

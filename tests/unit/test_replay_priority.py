@@ -153,6 +153,7 @@ def test_priority_qos_names_classes_and_reports_live_beside_the_model(
     assert set(classes.values()) <= {priority_class_name(q) for q in QOS_PRIORITIES}
     priority = report["priority"]
     assert priority["live"]["preempted_pods"] == 1 and priority["live"]["preempted_by"] == {"controller": 1}
+    assert priority["live"]["preempted"] == [{"pod": plan.workload.pods[0].name, "attempt": 2, "by": "controller"}]
     assert set(priority["simulated"]) >= {"alloc_at_by_class", "placed_by_class", "preemptions", "preempted_milli"}
     assert set(priority["live"]["placed_by_class"]) == set(priority["simulated"]["placed_by_class"])
     # The victim's milli leaves the run's allocation.
