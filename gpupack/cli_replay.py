@@ -165,7 +165,7 @@ def _run(args: argparse.Namespace, plan: Any, nodes: Any, trace: Any, policy: st
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(as_text(report))
+        print(as_text(report) + ("\n" + _priority_text(report["priority"]) if "priority" in report else ""))
     if args.plot:
         plot(report, Path(args.plot))
         say(f"plot: {args.plot}")
@@ -193,6 +193,16 @@ def _priority_report(live: Any, models: Any, priorities: dict[str, Any]) -> dict
             "placed_by_class_live_minus_simulated": {
                 c: round(v - simulated["placed_by_class"][c], 2) for c, v in figures["placed_by_class"].items()
                 if c in simulated["placed_by_class"]}}
+
+
+def _priority_text(priority: dict[str, Any]) -> str:
+    """The text summary's lines for ``--priority qos``: per class placed, and preemption, live and model."""
+    live, model = priority["live"], priority["simulated"]
+    classes = ", ".join(f"{c} {v:.2f} / {model['placed_by_class'].get(c, float('nan')):.2f}"
+                        for c, v in live["placed_by_class"].items())
+    return (f"placed at the end, % of each class's arrived milli (live / product model, --priority qos): {classes}\n"
+            f"preemptions {live['preemptions']} / {model['preemptions']:g}, pods preempted {live['preempted_pods']} / "
+            f"{model['preempted_pods']:g}, milli preempted {live['preempted_milli']} / {model['preempted_milli']:g}")
 
 
 @contextmanager

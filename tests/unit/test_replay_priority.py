@@ -161,6 +161,16 @@ def test_priority_qos_names_classes_and_reports_live_beside_the_model(
     assert report["final_alloc_percent"] == round(100.0 * held / (plan.gpus * 1000), 2)
 
 
+def test_the_text_summary_shows_classes_and_preemptions_live_and_modelled(
+        files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(runner, "run_live", _fake_run_live([], preempt_first_bound=True))
+    assert main(["replay", "--nodes", str(files[0]), "--pods", str(files[1]), "--priority", "qos",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "placed at the end, % of each class's arrived milli (live / product model" in out
+    assert "pods preempted 1 / " in out
+
+
 def test_priority_none_is_todays_run(files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     calls: list[dict[str, Any]] = []
