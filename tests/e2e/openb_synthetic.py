@@ -12,14 +12,18 @@ NODE_SHAPES = (  # (type, GPUs, CPU milli, memory MiB, weight): openb's node kin
 )
 
 
-def synthetic_trace(tmp_path: Path, nodes: int = 60, pods: int = 250, seed: int = 5) -> tuple[Path, Path]:
-    """An openb-like node list and pod list (no gpu_spec: see docs/replay.md, "Known differences")."""
+def synthetic_trace(tmp_path: Path, nodes: int = 60, pods: int = 250, seed: int = 5,
+                    qos: bool = False) -> tuple[Path, Path]:
+    """An openb-like node list and pod list (no gpu_spec: see docs/replay.md, "Known differences"); with
+    ``qos`` a ``qos`` column too (LS, BE, Burstable about as openb's default mixes them), drawn from a
+    stream of its own so the other columns are the same as without it."""
     rng = random.Random(seed)
+    classes = random.Random(seed + 1)
     node_rows = ["sn,cpu_milli,memory_mib,gpu,model"]
     for i in range(nodes):
         kind, gpus, cpu, mem, _ = rng.choices(NODE_SHAPES, [s[4] for s in NODE_SHAPES])[0]
         node_rows.append(f"openb-node-{i:04d},{cpu},{mem},{gpus},{kind}")
-    pod_rows = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec"]
+    pod_rows = ["name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec" + (",qos" if qos else "")]
     for i in range(pods):
         draw = rng.random()
         if draw < 0.12:
@@ -33,7 +37,8 @@ def synthetic_trace(tmp_path: Path, nodes: int = 60, pods: int = 250, seed: int 
         else:
             gpus, milli = rng.choice([2, 4]), 1000
         cpu = rng.choice([1000, 2000, 4000, 6000, 8000, 16000])
-        pod_rows.append(f"openb-pod-{i:04d},{cpu},{rng.choice([2048, 4096, 8192, 16384, 32768])},{gpus},{milli},")
+        cls = "," + classes.choices(("LS", "BE", "Burstable"), (0.55, 0.4, 0.05))[0] if qos else ""
+        pod_rows.append(f"openb-pod-{i:04d},{cpu},{rng.choice([2048, 4096, 8192, 16384, 32768])},{gpus},{milli},{cls}")
     node_file, pod_file = tmp_path / "openb_node_list_gpu_node.csv", tmp_path / "openb_pod_list_synthetic.csv"
     node_file.write_text("\n".join(node_rows) + "\n")
     pod_file.write_text("\n".join(pod_rows) + "\n")
