@@ -12,6 +12,11 @@ level beside the simulator's product model and the FGD protocol on the same
 plan, the pods never placed, creation-to-bound latency, and what the run cost
 (CPU and peak RSS of controller, webhook and agents; API requests by verb).
 
+``--priority qos`` gives each pod the PriorityClass of its openb ``qos`` class (created by the
+replay, valued as ``gpupack simulate --priority qos`` values them), counts a pod preempted live as
+not placed, and adds ``priority`` to the report: per class and preemption figures, live beside the
+product model's ``--priority qos`` run (``gpupack.replay.priority``; docs/priority.md, "Live replay").
+
 ``--stop-after MINUTES`` ends the submissions after that long and reports the
 pods submitted so far (``complete: false``); so does an interrupt (Ctrl-C or
 SIGTERM): hours of a whole-cluster run are never lost to a deadline.

@@ -2,5 +2,6 @@
 
 Modules: ``mapping`` (trace rows as Nodes and pods), ``stack`` (the control plane, agents, webhook and
 controller), ``runner`` (submitting one pod at a time), ``outcome`` (bound or never placed, from the pod),
-``figures``, ``costs``, ``progress`` and ``report``.
+``figures``, ``costs``, ``progress``, ``report`` and ``priority`` (``--priority qos``: openb's classes as
+PriorityClasses, pods preempted live, figures per class).
 """
