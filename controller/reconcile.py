@@ -182,7 +182,8 @@ class Controller:
         self._placement_status(result, snapshot, pod_objs, now, report)
         if self.settings.evict_on_gpu_fault:
             self._evict(failed, pod_objs, report)
-        self._right_size_evict(pod_objs, snapshot.untrusted_pods, policies, namespaces, now, report)
+        self._right_size_evict(pod_objs, snapshot.untrusted_pods, policies, namespaces, now, report,
+                               {n.name: n.gpu_memory_bytes for n in snapshot.nodes})
         ratio, frag, gpus = cluster_figures(snapshot, self.dra.holds)
         report.allocation_ratio, report.fragmentation = ratio, frag
         m = self.metrics
@@ -413,7 +414,7 @@ class Controller:
 
     def _right_size_evict(self, pod_objs: Mapping[str, dict[str, Any]], untrusted: Sequence[str],
                           policies: Sequence[Mapping[str, Any]], namespaces: Sequence[Mapping[str, Any]],
-                          now: datetime, report: CycleReport) -> None:
+                          now: datetime, report: CycleReport, gpu_memory: Mapping[str, int]) -> None:
         """``Recreate``: evict pods far from their workload's recommendation, within each workload's
         budget, never its last ready replica (``controller.planning.right_size_evictions``); a
         Deployment's only replica is moved by a rollout instead, where it surges. Reads the
@@ -435,7 +436,7 @@ class Controller:
             self._fail(report, "right-size-evict", f"GPURecommendations not read, no pod evicted: {exc}")
             return
         self._unreadable_recs = _log_new(self._unreadable_recs, tuple(problems), "GPURecommendation %s; ignored")
-        chosen = plan_evictions(pods, modes, recommendations, self._evicted_to_size, now)
+        chosen = plan_evictions(pods, modes, recommendations, self._evicted_to_size, now, gpu_memory=gpu_memory)
         held = chosen.held + tuple(self._roll_out(move, now, report) or "" for move in chosen.rollouts)
         self._held_to_size = _log_new(self._held_to_size, tuple(h for h in held if h), "Recreate leaves %s")
         blocked: set[str] = set()

@@ -20,6 +20,15 @@ This module builds those from what the API server holds, and nothing else:
   ``RecommendationProvided`` is ``True`` and its ``targetRef`` names this workload. A
   recommended ``gpuMilli`` of 0 counts as 1, the least a request may ask (as
   ``sharing.usage.sizing.size_for`` rounds);
+* **on the device-plugin backend, what the pod holds**, where its node's GPU memory is known
+  (``gpu_memory``): a pod admitted ``whole`` holds the whole GPU, whatever memory its record
+  was sized to (no MPS limit binds it), and a target that no split into two replicas holds is
+  a whole GPU too, as the webhook would admit it (``sharing.usage.sizing.replica_share_of``).
+  Judged on the record and the raw recommendation instead, a pod on a whole GPU recommended
+  more than half of one was moved to another whole GPU, gaining nothing, and again each time its
+  recommendation grew past the memory its record named (11 of the 21 moves of a live replay
+  of 8 trace pods, benchmarks/usage_live.md); and one recommended less than half of one read as not far from a record
+  that named what it was sized to, so it kept its whole GPU;
 * **one candidate per pod.** The updater judges a container; a pod is evicted whole, so the pod
   is represented by its most pressing container (one at risk of an OOM first, then one far
   from its target), and its workload key names no container (``container=""``): the budget
@@ -46,7 +55,7 @@ from sharing.api.request import AdmissionRefusal, parse_pod
 from sharing.api.right_sized import RightSizedError, RightSizedFrom
 from sharing.api.workload import WorkloadRef, recommendation_name
 from sharing.usage.recommender import WorkloadKey
-from sharing.usage.sizing import Size
+from sharing.usage.sizing import Size, replica_share_of, whole_gpu
 from sharing.usage.updater import Candidate, UpdaterSettings, at_risk, is_far
 
 """The condition a recommendation must carry ``True`` before anything acts on it."""
@@ -142,8 +151,9 @@ def _pressing(pairs: list[tuple[str, Size, Size]], settings: UpdaterSettings) ->
 
 def pod_candidate(key: str, pod: Mapping[str, Any], workload: WorkloadRef,
                   recommendations: Mapping[RecommendationKey, RecommendationReading],
-                  settings: UpdaterSettings) -> PodCandidate | None:
-    """The pod as the updater's candidate, or None when it has no recommendation or no known size."""
+                  settings: UpdaterSettings, gpu_memory: Mapping[str, int] | None = None) -> PodCandidate | None:
+    """The pod as the updater's candidate, or None when it has no recommendation or no known size.
+    ``gpu_memory``: node -> its GPUs' memory in bytes (module docstring, the device-plugin backend)."""
     name = recommendation_name(workload)
     recommendation = recommendations.get((workload.namespace, name))
     if recommendation is None:
@@ -153,9 +163,23 @@ def pod_candidate(key: str, pod: Mapping[str, Any], workload: WorkloadRef,
     pairs = [(c, sizes[c], wanted[c]) for c in _container_names(pod) if c in sizes and c in wanted]
     if not pairs:
         return None
+    pairs = _as_held(pod, pairs, gpu_memory or {})
     container, current, target = _pressing(pairs, settings)
     budget_key = WorkloadKey(workload.namespace, workload.kind, workload.name, "")
     return PodCandidate(Candidate(key, budget_key, current, target), workload, name, container)
+
+
+def _as_held(pod: Mapping[str, Any], pairs: list[tuple[str, Size, Size]],
+             gpu_memory: Mapping[str, int]) -> list[tuple[str, Size, Size]]:
+    """On the device-plugin backend, each (container, current, target) as what the pod holds and
+    would hold (module docstring); unchanged elsewhere or where the node's GPU memory is unknown."""
+    memory = gpu_memory.get(str(as_map(pod.get("spec")).get("nodeName") or ""), 0)
+    _, allocation, _ = read_record(pod)
+    if not memory or allocation is None or allocation.backend != "device-plugin":
+        return pairs
+    whole = allocation.mode == "whole"
+    return [(name, whole_gpu(memory) if whole else current, replica_share_of(target, memory))
+            for name, current, target in pairs]
 
 
 def _container_names(pod: Mapping[str, Any]) -> list[str]:

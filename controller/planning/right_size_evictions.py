@@ -142,9 +142,12 @@ def _movable(pod: Mapping[str, Any]) -> bool:
 
 def plan_evictions(pods: Mapping[str, Mapping[str, Any]], modes: Mapping[str, RightSizing],
                    recommendations: Mapping[RecommendationKey, RecommendationReading], memory: EvictionMemory,
-                   now: datetime, settings: UpdaterSettings = UpdaterSettings()) -> EvictionPlan:
+                   now: datetime, settings: UpdaterSettings = UpdaterSettings(),
+                   gpu_memory: Mapping[str, int] | None = None) -> EvictionPlan:
     """The evictions of this cycle (module docstring). ``pods``: live pod objects by ``namespace/name``;
-    ``modes``: the right-sizing per namespace (a namespace missing is ``Off``)."""
+    ``modes``: the right-sizing per namespace (a namespace missing is ``Off``); ``gpu_memory``: node ->
+    its GPUs' memory in bytes, what a pod on a device-plugin node holds is judged by
+    (``controller.planning.right_size_candidates``)."""
     by_workload: dict[WorkloadRef, list[tuple[str, Mapping[str, Any]]]] = {}
     for key, pod in sorted(pods.items()):
         namespace = key.partition("/")[0]
@@ -161,7 +164,9 @@ def plan_evictions(pods: Mapping[str, Mapping[str, Any]], modes: Mapping[str, Ri
         found: dict[str, PodCandidate] = {}
         for workload, members in workloads.items():
             for key, pod in members:
-                if not _movable(pod) or (c := pod_candidate(key, pod, workload, recommendations, budget)) is None:
+                if not _movable(pod):
+                    continue
+                if (c := pod_candidate(key, pod, workload, recommendations, budget, gpu_memory)) is None:
                     continue
                 if not is_far(c.candidate.current, c.candidate.target, budget):
                     continue

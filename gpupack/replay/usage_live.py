@@ -14,7 +14,8 @@ step / scale``) the replay reads the namespace's pods from its watch: a trace po
 node (one GPU each: ``gpupack.replay.usage_stack``) of the **oldest** bound, not terminating
 pod of its Deployment (the one serving until a rollout's replacement is Ready and it is deleted,
 as a make-before-break move is in the simulator), with the memory limit of its allocation record
-(``gpupack.io/allocation``; a whole GPU: the GPU's memory). A trace pod alive whose Deployment
+(``gpupack.io/allocation``; a pod admitted ``whole``, or not gpupack's: the GPU's memory, as the
+simulator seats it, ``sharing.usage.sizing.replica_share_of``). A trace pod alive whose Deployment
 has no bound pod yet is **pending**: it counts as sitting where its first pod is then bound, the
 whole GPU it asked for (:func:`backfill_pending`; a pod never bound holds a GPU of its own), and
 the steps are counted apart (``pending_pod_steps``): they are the real-time latencies of
@@ -120,7 +121,9 @@ def seat_of(pods: Sequence[Mapping[str, Any]], nodes: Sequence[str], gpu_memory:
         record = Allocation.from_annotation((oldest["metadata"].get("annotations") or {}).get(ALLOCATION_ANNOTATION))
     except AllocationError:
         record = None  # not gpupack's pod: held whole
-    limits = [c.memory_bytes for c in record.containers if c.memory_bytes] if record is not None else []
+    # A pod admitted whole holds the GPU whatever memory its record was sized to: no MPS limit binds it.
+    limits = [c.memory_bytes for c in record.containers if c.memory_bytes] if record is not None \
+        and record.mode != "whole" else []
     return Seat(nodes.index(oldest["spec"]["nodeName"]), min(limits[0], gpu_memory) if limits else gpu_memory)
 
 

@@ -49,10 +49,9 @@ from sharing.rules.replicas import MAX_MILLI
 from sharing.simulator.usage_figures import Seat, Seating
 from sharing.packing.replica_gpus import ReplicaGpus
 from sharing.packing.shared_gpus import FitRule, SharedGpus
-from sharing.rules.replicas import needs_whole_gpu
 from sharing.usage.consolidation import consolidation_moves
 from sharing.usage.recommender import Recommender, RecommenderSettings, WorkloadKey
-from sharing.usage.sizing import Size, size_for, whole_gpu
+from sharing.usage.sizing import Size, replica_share_of, size_for, whole_gpu
 from sharing.usage.trace import PodUsage, UsageTrace
 from sharing.usage.updater import Candidate, UpdaterSettings, choose_moves
 
@@ -91,14 +90,6 @@ class RightSizing:
 def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
     """Each pod its own workload of one replica (a trace names no owners; ``workloads`` maps some)."""
     return {p.pod: WorkloadKey("trace", "Pod", p.pod, "main") for p in trace.pods}
-
-
-def replica_share_of(size: Size, gpu_memory_bytes: int) -> Size:
-    """The share a size takes on the device-plugin backend: itself, or a whole GPU where no split
-    into two replicas holds it (the webhook's rule, ``sharing.rules.replicas.needs_whole_gpu``)."""
-    if needs_whole_gpu(size.milli, size.memory_bytes, gpu_memory_bytes):
-        return whole_gpu(gpu_memory_bytes)
-    return size
 
 
 def share_of(size: Size, gpu_memory_bytes: int, shares: SharePolicy) -> Size:

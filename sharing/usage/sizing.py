@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 
 from sharing.packing.shared_gpus import GpuLoad, Size, fits
-from sharing.rules.replicas import MAX_MILLI
+from sharing.rules.replicas import MAX_MILLI, needs_whole_gpu
 from sharing.usage.recommender import Recommendation
 
-__all__ = ["GpuLoad", "Size", "fits", "size_for", "whole_gpu"]
+__all__ = ["GpuLoad", "Size", "fits", "replica_share_of", "size_for", "whole_gpu"]
 
 
 def whole_gpu(gpu_memory_bytes: int) -> Size:
@@ -35,3 +35,15 @@ def size_for(recommendation: Recommendation, gpu_memory_bytes: int) -> Size:
     """The request a recommendation makes on GPUs of ``gpu_memory_bytes`` (at most a whole one)."""
     milli = min(MAX_MILLI, max(1, math.ceil(recommendation.duty_percent * MAX_MILLI / 100.0)))
     return Size(milli, min(gpu_memory_bytes, recommendation.memory_bytes))
+
+
+def replica_share_of(size: Size, gpu_memory_bytes: int) -> Size:
+    """What a pod sized ``size`` holds on the device-plugin backend: ``size`` itself (an MPS replica
+    whose limit is its memory), or a whole GPU where no split into two replicas holds it. The
+    webhook's rule (``sharing.rules.replicas.needs_whole_gpu``): such a pod is admitted ``whole``,
+    ``nvidia.com/gpu``, and holds all the GPU's compute and memory whatever memory it was sized
+    to. The simulator seats such a pod this way and the ``Recreate`` updater judges it so
+    (``controller.planning.right_size_candidates``): a move from one whole GPU to another gains nothing."""
+    if needs_whole_gpu(size.milli, size.memory_bytes, gpu_memory_bytes):
+        return whole_gpu(gpu_memory_bytes)
+    return size

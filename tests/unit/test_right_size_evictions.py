@@ -61,13 +61,14 @@ def recommendation(app: str = "web", *, milli: int = 100, memory: str = "20Gi", 
 
 
 def plan(pods: list[dict[str, Any]], recs: list[dict[str, Any]], modes: dict[str, RightSizing] | None = None,
-         memory: EvictionMemory | None = None, now: datetime = NOW) -> Any:
+         memory: EvictionMemory | None = None, now: datetime = NOW, gpu_memory: dict[str, int] | None = None) -> Any:
     memory = memory if memory is not None else covering(now)
     memory.begin_cycle(now)
     by_key = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
     typed, problems = read_recommendations(recs)
     assert problems == []
-    return plan_evictions(by_key, modes if modes is not None else {"team": RECREATE}, typed, memory, now)
+    return plan_evictions(by_key, modes if modes is not None else {"team": RECREATE}, typed, memory, now,
+                          gpu_memory=gpu_memory)
 
 
 def evicted(result: Any) -> list[str]:
@@ -224,6 +225,31 @@ def test_a_right_sized_pod_is_its_predicted_size_not_its_accounted_milli() -> No
     assert evicted(plan([obj, pod("b", memory="12Gi", milli="150")], [recommendation(milli=150, memory="12Gi")])) == []
     obj["metadata"]["annotations"][RIGHT_SIZED_ANNOTATION] = "{"
     assert current_sizes(obj) == {"main": Size(38, 12 * GIB)}  # unreadable: the allocation record alone
+
+
+def _whole(name: str, memory: int) -> dict[str, Any]:
+    """A Deployment's only pod admitted ``whole`` on the device-plugin backend, its record sized to ``memory``."""
+    record = Allocation(mode="whole", gated=False, capacity_existed=True, policy="p", reason="r", containers=(
+        ContainerAllocation("main", "containers", 1000, memory, "nvidia.com/gpu"),))
+    obj = pod(name)
+    obj["metadata"]["annotations"] = {ALLOCATION_ANNOTATION: record.to_annotation()}
+    obj["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    return obj
+
+
+def test_a_pod_on_a_whole_gpu_moves_only_to_a_share_on_the_device_plugin_backend() -> None:
+    """A pod admitted whole holds the GPU whatever memory its record names, and a recommendation
+    no split into two replicas holds would admit it whole again: no move gains anything (a live
+    replay made 11 of its 21 moves so, benchmarks/usage_live.md). One that fits half a GPU moves."""
+    gpus = {"n1": 80 * GIB}
+    sized = _whole("sized", 47 * GIB)  # sized from an earlier recommendation, whole since
+    for rec in (recommendation(milli=1000, memory="56Gi"), recommendation(milli=400, memory="44Gi")):
+        assert plan([sized], [rec], gpu_memory=gpus).rollouts == ()
+        assert plan([_whole("first", 80 * GIB)], [rec], gpu_memory=gpus).rollouts == ()
+    (move,) = plan([sized], [recommendation(milli=400, memory="30Gi")], gpu_memory=gpus).rollouts
+    assert (move.current, move.target, move.reason) == (Size(1000, 80 * GIB), Size(400, 30 * GIB), "far")
+    # The node's GPU memory unknown: judged on the record, as before.
+    assert [r.reason for r in plan([sized], [recommendation(milli=1000, memory="56Gi")]).rollouts] == ["at-risk"]
 
 
 def test_a_recommendation_that_does_not_validate_is_named_and_left_out() -> None:

@@ -17,6 +17,7 @@ from gpupack.replay.usage_stack import required_nodes, scaled_periods
 from gpupack.testing.usage_traces import GIB, write_usage_trace
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.api.keys import ALLOCATION_ANNOTATION, MEMORY_RESOURCE, MILLI_RESOURCE, SHARED_RESOURCE
+from sharing.api.modes import AllocationMode
 from sharing.simulator.usage_figures import Seat
 from sharing.usage.playback import TracePlayer, parse_pod_mapping
 
@@ -60,10 +61,10 @@ def test_a_deployment_asks_for_one_whole_gpu_and_rolls_out_make_before_break() -
 
 
 def _pod(name: str, created: str, node: str | None, memory: int | None = None,
-         deleting: bool = False) -> dict[str, Any]:
+         deleting: bool = False, mode: AllocationMode = "mps") -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "creationTimestamp": created, "annotations": {}}
     if memory is not None:
-        record = Allocation(mode="mps", gated=False, capacity_existed=True, policy="p", reason="r", containers=(
+        record = Allocation(mode=mode, gated=False, capacity_existed=True, policy="p", reason="r", containers=(
             ContainerAllocation("main", "containers", 100, memory, SHARED_RESOURCE),))
         meta["annotations"][ALLOCATION_ANNOTATION] = record.to_annotation()
     if deleting:
@@ -78,6 +79,9 @@ def test_a_trace_pod_sits_where_its_oldest_serving_pod_is() -> None:
     assert seat_of([new, _pod("u-a-1-x", "2026-12-04T18:00:00Z", "gpu-000", deleting=True)], NODES, GPU) == Seat(
         2, 20 * GIB)
     assert seat_of([_pod("u-a-3-z", "2026-12-04T18:00:07Z", None)], NODES, GPU) is None  # pending
+    # Admitted whole, sized to 47 GiB: it holds the GPU (no MPS limit), as the simulator seats it.
+    whole = _pod("u-a-4-w", "2026-12-04T18:00:00Z", "gpu-001", 47 * GIB, mode="whole")
+    assert seat_of([whole], NODES, GPU) == Seat(1, GPU)
 
 
 def test_the_scaled_settings_and_the_nodes_a_replay_needs() -> None:
