@@ -26,16 +26,3 @@ def unmixed_nodes(placed: PlacedPods, priority: int) -> BoolArray:
     other = gpu_rows & (placed.priority != priority)
     out: BoolArray = np.bincount(placed.node[other], minlength=placed.node_count) == 0
     return out
-
-
-def no_higher_nodes(placed: PlacedPods, priority: int) -> BoolArray:
-    """Per node, whether no GPU pod placed there has a priority above ``priority``."""
-    higher = placed.alive & placed.gpu_pod & (placed.priority > priority)
-    out: BoolArray = np.bincount(placed.node[higher], minlength=placed.node_count) == 0
-    return out
-
-
-def placement_tiers(placed: PlacedPods, priority: int) -> tuple[BoolArray, BoolArray]:
-    """The nodes a pod of ``priority`` is placed among, in turn: first :func:`unmixed_nodes`, then
-    :func:`no_higher_nodes`; never beside a GPU pod of higher priority."""
-    return unmixed_nodes(placed, priority), no_higher_nodes(placed, priority)

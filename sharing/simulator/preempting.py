@@ -39,7 +39,7 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.fragmentation import FragmentationModel
 from sharing.packing.node_sharing import FRESH
 from sharing.packing.preemption import PreemptionPlan, candidate_count, engine_preemption, scheduler_preemption
-from sharing.packing.priority_affinity import placement_tiers
+from sharing.packing.priority_affinity import unmixed_nodes
 from sharing.packing.specs import PodPlacement, PodSpec
 from sharing.packing.typical import TypicalPods
 from sharing.packing.victims import PlacedPods, Victim
@@ -170,9 +170,9 @@ class Preempting:
     def of(self, pod: PodSpec) -> PodPriority:
         return self.priorities[trace_name(pod.name)]
 
-    def unmixed(self, pod: PodSpec) -> tuple[BoolArray, ...]:
-        """The nodes the engine places ``pod`` among, in turn (``priority_affinity.placement_tiers``)."""
-        return placement_tiers(self.placed, self.of(pod).value)
+    def unmixed(self, pod: PodSpec) -> BoolArray:
+        """The nodes the engine places ``pod`` among first: no GPU pod of another priority there."""
+        return unmixed_nodes(self.placed, self.of(pod).value)
 
     # ------------------------------------------------------------------ per arrival
     def make_room(self, pod: PodSpec, view: PodSpec, tally: ArrivalTally) -> float | None:

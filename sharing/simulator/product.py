@@ -163,7 +163,7 @@ class ProductReplay:
         """FRESH, WHOLE, or the node's replica count."""
         self.used: IntArray = np.zeros((len(cluster), cluster.width), dtype=np.int64)
         """Replicas taken per GPU of shared nodes."""
-        self.prefer: Callable[[PodSpec], tuple[BoolArray, ...]] | None = None
+        self.prefer: Callable[[PodSpec], BoolArray] | None = None
         """The nodes the engine looks among first for a pod (``sharing.packing.priority_affinity``, with
         priorities); None: every node at once."""
 
@@ -215,10 +215,10 @@ class ProductReplay:
     def _whole_by_engine(self, pod: PodSpec) -> float | None:
         whole, idle = self.modes == WHOLE, self.modes == FRESH
         outcome = None
-        for among in (None,) if self.prefer is None else self.prefer(pod):
-            outcome = place_whole(self.policy, self.cluster, pod, whole if among is None else whole & among, idle)
-            if isinstance(outcome, PodPlacement):
-                break
+        if self.prefer is not None:
+            outcome = place_whole(self.policy, self.cluster, pod, whole & self.prefer(pod), idle)
+        if not isinstance(outcome, PodPlacement):
+            outcome = place_whole(self.policy, self.cluster, pod, whole, idle)
         if not isinstance(outcome, PodPlacement):
             return None
         return self.place_at(pod, outcome.node, outcome.gpus)
@@ -239,12 +239,11 @@ class ProductReplay:
         return float(pod.gpu_total_milli)
 
     def _shared_by_engine(self, pod: PodSpec) -> float | None:
-        taken = None
-        for among in (None,) if self.prefer is None else self.prefer(pod):
-            taken = place_shared(_EngineSteps(self, pod, among), self.policy)
+        if self.prefer is not None:
+            taken = place_shared(_EngineSteps(self, pod, self.prefer(pod)), self.policy)
             if taken is not None:
-                break
-        return taken
+                return taken
+        return place_shared(_EngineSteps(self, pod), self.policy)
 
     def _replica_by_policy(self, pod: PodSpec, nodes: BoolArray) -> float:
         outcome = decide(self.cluster, pod, self.policy, nodes)
