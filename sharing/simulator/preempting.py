@@ -17,6 +17,8 @@ A pod that fits nowhere may now preempt placed pods of strictly lower priority:
   where nothing leaves on its own nothing but another preemption frees a place, so a re-queued
   victim could only come back by preempting a pod of lower priority still;
 - a node left with no GPU pod is idle again (``FRESH``): the controller may split or switch it.
+- with preemption on, the engine places a GPU pod first among the nodes that hold no GPU pod of
+  another priority (:meth:`Preempting.unmixed`, ``sharing.packing.priority_affinity``), then anywhere.
 
 Figures (:class:`PriorityFigures`): per class (the pod's PriorityClass name, here its ``qos``),
 the percentage of the class's arrived milli that is placed, at each arrived-demand level as
