@@ -17,6 +17,8 @@ A pod that fits nowhere may now preempt placed pods of strictly lower priority:
   where nothing leaves on its own nothing but another preemption frees a place, so a re-queued
   victim could only come back by preempting a pod of lower priority still;
 - a node left with no GPU pod is idle again (``FRESH``): the controller may split or switch it.
+- with preemption on, the engine places a GPU pod first among the nodes that hold no GPU pod of
+  another priority (:meth:`Preempting.unmixed`, ``sharing.packing.priority_affinity``), then anywhere.
 
 Figures (:class:`PriorityFigures`): per class (the pod's PriorityClass name, here its ``qos``),
 the percentage of the class's arrived milli that is placed, at each arrived-demand level as
@@ -35,10 +37,11 @@ from typing import Final, Literal, Protocol
 import numpy as np
 
 from sharing.api.priority import PodPriority
-from sharing.packing.cluster import ClusterState, IntArray
+from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.fragmentation import FragmentationModel
 from sharing.packing.node_sharing import FRESH
 from sharing.packing.preemption import PreemptionPlan, candidate_count, engine_preemption, scheduler_preemption
+from sharing.packing.priority_affinity import unmixed_nodes
 from sharing.packing.specs import PodPlacement, PodSpec
 from sharing.packing.typical import TypicalPods
 from sharing.packing.victims import PlacedPods, Victim
@@ -168,6 +171,10 @@ class Preempting:
 
     def of(self, pod: PodSpec) -> PodPriority:
         return self.priorities[trace_name(pod.name)]
+
+    def unmixed(self, pod: PodSpec) -> BoolArray:
+        """The nodes the engine places ``pod`` among first: no GPU pod of another priority there."""
+        return unmixed_nodes(self.placed, self.of(pod).value)
 
     # ------------------------------------------------------------------ per arrival
     def make_room(self, pod: PodSpec, view: PodSpec, tally: ArrivalTally) -> float | None:

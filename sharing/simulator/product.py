@@ -163,6 +163,9 @@ class ProductReplay:
         """FRESH, WHOLE, or the node's replica count."""
         self.used: IntArray = np.zeros((len(cluster), cluster.width), dtype=np.int64)
         """Replicas taken per GPU of shared nodes."""
+        self.prefer: Callable[[PodSpec], BoolArray] | None = None
+        """The nodes the engine looks among first for a pod (``sharing.packing.priority_affinity``, with
+        priorities); None: every node at once."""
 
     # ------------------------------------------------------------------ queries
     def free_replicas(self) -> IntArray:
@@ -210,7 +213,12 @@ class ProductReplay:
         return self._by_scheduler(pod, candidates, (used_gpus + pod.gpu_count, c.gpu_count, self.weights.gpu))
 
     def _whole_by_engine(self, pod: PodSpec) -> float | None:
-        outcome = place_whole(self.policy, self.cluster, pod, self.modes == WHOLE, self.modes == FRESH)
+        whole, idle = self.modes == WHOLE, self.modes == FRESH
+        outcome = None
+        if self.prefer is not None:
+            outcome = place_whole(self.policy, self.cluster, pod, whole & self.prefer(pod), idle)
+        if not isinstance(outcome, PodPlacement):
+            outcome = place_whole(self.policy, self.cluster, pod, whole, idle)
         if not isinstance(outcome, PodPlacement):
             return None
         return self.place_at(pod, outcome.node, outcome.gpus)
@@ -231,6 +239,10 @@ class ProductReplay:
         return float(pod.gpu_total_milli)
 
     def _shared_by_engine(self, pod: PodSpec) -> float | None:
+        if self.prefer is not None:
+            taken = place_shared(_EngineSteps(self, pod, self.prefer(pod)), self.policy)
+            if taken is not None:
+                return taken
         return place_shared(_EngineSteps(self, pod), self.policy)
 
     def _replica_by_policy(self, pod: PodSpec, nodes: BoolArray) -> float:
@@ -293,7 +305,8 @@ class _EngineSteps:
     model's arrays. It sees no backlog, so a split is sized for the pod alone, and it has no
     capacity in flight (a split takes effect at once)."""
 
-    def __init__(self, replay: ProductReplay, pod: PodSpec) -> None:
+    def __init__(self, replay: ProductReplay, pod: PodSpec, among: BoolArray | None = None) -> None:
+        """``among``: the nodes whose free replicas it may take (None: every node); an idle node may always be split."""
         self.replay = replay
         self.pod = pod
         # openb pods state no GPU memory: the memory half of the replica rule never binds.
@@ -302,6 +315,8 @@ class _EngineSteps:
         cluster = replay.cluster
         self.feasible = cluster.feasible(pod)
         self.candidates = self.feasible & shared_candidates(replay.modes, replay.free_replicas(), self.own_size)
+        if among is not None:
+            self.candidates &= among
 
     def replica(self, step: ReplicaStep) -> float | None:
         modes = self.replay.modes
@@ -476,6 +491,8 @@ def run_product(
     if preemption != "none" and priorities is None:
         raise ValueError(f"preemption {preemption!r} needs the pods' priorities")
     classes = None if priorities is None else Preempting(replay, priorities, preemption, arrivals, seed)
+    if classes is not None and preemption != "none":
+        replay.prefer = classes.unmixed
     position = {n.name: i for i, n in enumerate(ordered)}
     by_name = cluster.tie_rank.copy()
     divergences: list[Divergence] = []

@@ -1,0 +1,28 @@
+"""Keep pods of different priorities off each other's nodes: the engine's placement preference by priority.
+
+A node whose GPU pods are all of lower priority than a waiting pod can be reclaimed whole for it
+(``sharing.packing.preemption``'s *reshape*: a node's replica count is node-wide, so a shared node
+is only free for a whole-GPU pod once every replica pod on it is gone). A node that holds a
+high-priority replica beside best-effort ones cannot: no pod may preempt the high one. So when the
+engine places a GPU pod it first looks among the nodes that hold no GPU pod of another priority
+(:func:`unmixed_nodes`), and only when none of those has room among all of them; the caller runs
+its own placement twice, with and without the mask, and a run without priorities is unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sharing.packing.cluster import BoolArray
+from sharing.packing.victims import PlacedPods
+
+
+def unmixed_nodes(placed: PlacedPods, priority: int) -> BoolArray:
+    """Per node, whether every GPU pod placed there has ``priority`` (true for a node without GPU pods).
+
+    CPU-only pods do not count: kube-scheduler places them anywhere, and preemption takes them
+    beside the GPU pods of a node it reclaims when they are of lower priority."""
+    gpu_rows = placed.alive & placed.gpu_pod
+    other = gpu_rows & (placed.priority != priority)
+    out: BoolArray = np.bincount(placed.node[other], minlength=placed.node_count) == 0
+    return out

@@ -1,0 +1,88 @@
+"""The engine's placement preference by priority (sharing.packing.priority_affinity) and the product
+model placing by it (sharing.simulator.product, with priorities)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sharing.packing.cluster import ClusterState
+from sharing.packing.gpupack_policy import GpupackPolicy
+from sharing.packing.kube_scoring import MostAllocatedWeights
+from sharing.packing.node_sharing import FRESH, WHOLE
+from sharing.packing.priority_affinity import unmixed_nodes
+from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
+from sharing.packing.typical import TypicalPods
+from sharing.packing.victims import PlacedPods, Victim
+from sharing.simulator.product import ProductReplay
+
+HIGH, LOW = 1000, 0
+
+
+def test_which_nodes_hold_no_gpu_pod_of_another_priority() -> None:
+    cluster = ClusterState([NodeSpec(f"n{i}", 64_000, 256_000, 2, "T4") for i in range(4)])
+    placed = PlacedPods(4)
+
+    def add(key: str, node: int, priority: int, gpus: tuple[int, ...]) -> None:
+        pod = PodSpec(key, 1000, 1000, len(gpus), GPU_MILLI if gpus else 0)
+        placed.add(Victim(key, priority, pod.gpu_total_milli, cluster.place(pod, node, gpus)))
+
+    add("mixed-high", 0, HIGH, (0,))
+    add("mixed-low", 0, LOW, (1,))
+    add("high", 1, HIGH, (0,))
+    add("low", 2, LOW, (0,))
+    add("cpu-only-high", 3, HIGH, ())  # a CPU-only pod does not make a node mixed
+    assert unmixed_nodes(placed, HIGH).tolist() == [False, True, False, True]
+    assert unmixed_nodes(placed, LOW).tolist() == [False, False, True, True]
+    placed.remove("mixed-high")  # a pod that left no longer counts
+    assert unmixed_nodes(placed, LOW).tolist() == [True, False, True, True]
+
+
+class Run:
+    """A product model on ``gpus`` T4 nodes that places by priority when ``prefer`` (the simulator's wiring)."""
+
+    def __init__(self, gpus: list[int], prefer: bool) -> None:
+        cluster = ClusterState([NodeSpec(f"n{i}", 64_000, 256_000, g, "T4") for i, g in enumerate(gpus)])
+        typical = TypicalPods.from_pods([PodSpec("t1", 1000, 1024, 1, 300), PodSpec("t2", 1000, 1024, 1, 1000)])
+        self.replay = ProductReplay(cluster, GpupackPolicy(typical), MostAllocatedWeights(1, 1, 10, 10), "engine")
+        self.placed = PlacedPods(len(gpus))
+        self.priority: dict[str, int] = {}
+        if prefer:
+            self.replay.prefer = lambda pod: unmixed_nodes(self.placed, self.priority[pod.name])
+
+    def place(self, name: str, milli: int, priority: int) -> int | None:
+        pod = PodSpec(name, 1000, 1024, 1, milli)
+        self.priority[name] = priority
+        if self.replay.place(pod) is None:
+            return None
+        placement = self.replay.last_placement
+        assert placement is not None and self.replay.last_node is not None
+        self.placed.add(Victim(name, priority, milli, placement, replica=self.replay.last_replica))
+        return self.replay.last_node
+
+
+def test_a_best_effort_replica_goes_to_a_node_of_its_own_first() -> None:
+    plain, by_priority = Run([1, 1], prefer=False), Run([1, 1], prefer=True)
+    for run in (plain, by_priority):
+        assert run.place("high", 300, HIGH) == 0  # the node is split into 3
+    # Without the preference the best-effort pod takes the free replica beside the high one;
+    # with it, it splits the idle node, which a whole-GPU pod can later reclaim whole.
+    assert plain.place("low", 300, LOW) == 0
+    assert by_priority.place("low", 300, LOW) == 1
+    assert by_priority.place("high-2", 300, HIGH) == 0  # high with high
+    assert by_priority.place("low-2", 300, LOW) == 1
+    assert by_priority.place("low-3", 300, LOW) == 1
+    # Node 1 is full; node 0 has a free replica beside high pods only: a preference, not a refusal.
+    assert by_priority.place("low-4", 300, LOW) == 0
+    assert by_priority.place("high-3", 300, HIGH) is None  # nothing free anywhere
+
+
+def test_whole_gpu_pods_the_engine_places_keep_to_their_priority_too() -> None:
+    run = Run([2, 2], prefer=True)
+    assert run.place("high", 600, HIGH) is not None  # above half a GPU: a whole GPU
+    first = run.replay.last_node
+    assert run.replay.modes[first] == WHOLE
+    other = 1 - int(first or 0)
+    assert run.replay.modes[other] == FRESH
+    assert run.place("low", 600, LOW) == other  # not the free GPU beside the high pod
+    assert run.place("high-2", 600, HIGH) == first
+    assert np.array_equal(run.replay.modes, np.array([WHOLE, WHOLE]))
