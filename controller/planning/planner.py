@@ -597,7 +597,7 @@ class _SharedSteps:
         cycle.budget[policy.names] -= 1
         cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
         cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
-        self.placer.record(chosen.name, pod)
+        self.placer.record(chosen.name, pod.priority.value)
         return _coming(pod, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
 
 

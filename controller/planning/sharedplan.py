@@ -118,7 +118,10 @@ class SharedPlacer:
         self._priorities: list[int] = []
         for p in workload:
             if p.node is not None and p.mode != "mig":  # MIG instances hold no replica or whole GPU
-                self.record(p.node, p)
+                self.record(p.node, p.priority.value)
+        for q in plain:  # kube-scheduler's GPU pods count as the model counts every GPU pod
+            if q.node is not None:
+                self.record(q.node, q.priority)
         self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical_pods(workload, plain))
         if not self.nodes:
             return
@@ -135,10 +138,11 @@ class SharedPlacer:
                     milli = GPU_MILLI if on_gpu == n.replicas else on_gpu * share
                     self.cluster.place(PodSpec(f"claimed/{n.name}/{g}", 0, 0, 1, milli), i, (g,))
 
-    def record(self, node: str, pod: Pod) -> None:
-        """``pod`` is on ``node`` from now on, for the placement preference (a release or a split this cycle)."""
+    def record(self, node: str, priority: int) -> None:
+        """A GPU pod of ``priority`` is on ``node`` from now on, for the placement preference (placed,
+        or released or split for this cycle)."""
         self._on.append(self._node_ids.setdefault(node, len(self._node_ids)))
-        self._priorities.append(pod.priority.value)
+        self._priorities.append(priority)
 
     def mixes(self, pod: Pod) -> bool:
         """Whether any GPU pod counted has another priority than ``pod``: else the preference changes nothing."""
@@ -207,7 +211,7 @@ class SharedPlacer:
         # Commit what the device plugin takes (whole replicas), not the pod's own milli.
         taken = min(int(self.cluster.gpu_free[outcome.node, gpu]), share * pod.shares)
         self.cluster.place(PodSpec(spec.name, spec.cpu_milli, spec.memory_mib, 1, max(1, taken)), outcome.node, (gpu,))
-        self.record(node.name, pod)
+        self.record(node.name, pod.priority.value)
         return node.name
 
     def place_whole(self, pod: Pod, nodes: Sequence[Node], free: dict[str, int]) -> str | None:
@@ -234,7 +238,7 @@ class SharedPlacer:
         if not isinstance(outcome, PodPlacement):
             return None
         chosen = candidates[outcome.node].name
-        self.record(chosen, pod)
+        self.record(chosen, pod.priority.value)
         return chosen
 
     def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]], small_only: bool = False) -> tuple[Node, int] | None:

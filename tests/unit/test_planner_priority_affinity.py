@@ -11,7 +11,7 @@ import pytest
 
 from controller.planning.planner import Plan, plan
 from controller.planning.sharedplan import SharedPlacer
-from controller.state.snapshot import Gpu, Node, Pod, Snapshot
+from controller.state.snapshot import Gpu, Node, PlainGpuPod, Pod, Snapshot
 from mig.catalog import get_model
 from sharing.api.priority import PodPriority
 from sharing.rules.node_policy import NodePolicy
@@ -90,6 +90,16 @@ def test_a_best_effort_whole_gpu_pod_takes_an_idle_node_rather_than_sit_beside_a
     full_idle = [whole_cluster()[0], replace(node("idle", gpus=2), whole_taken=2)]
     fallback = run(full_idle, [placed, pod("be", BE, "whole", milli=1000)])
     assert [(r.pod, r.node) for r in fallback.releases] == [("team/be", "busy")]
+
+
+def test_a_high_pod_kube_scheduler_placed_counts_too() -> None:
+    """A pod asking ``nvidia.com/gpu`` itself (kube-scheduler's) holds the busy node's GPU at high priority."""
+    high = PlainGpuPod("ml/h", 1, node="busy", priority=HIGH)
+    snapshot = Snapshot(tuple(whole_cluster()), (pod("be", BE, "whole", milli=1000),),
+                        {n.name: POLICY for n in whole_cluster()}, plain_gpu_pods=(high,))
+    assert [(r.pod, r.node) for r in plan(snapshot, NOW).releases] == [("team/be", "idle")]
+    at_be = replace(snapshot, plain_gpu_pods=(replace(high, priority=BE),))
+    assert [(r.pod, r.node) for r in plan(at_be, NOW).releases] == [("team/be", "busy")]
 
 
 @pytest.mark.parametrize("priority", [0, HIGH])
