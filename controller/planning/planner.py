@@ -505,10 +505,11 @@ def _switchable(cycle: _Cycle, taken: Counter[str]) -> list[tuple[Node, NodePoli
 
 
 def _take_replica(cycle: _Cycle, pod: Pod, placer: SharedPlacer, why: str,
-                  own_size: dict[str, int] | None = None) -> Release | None:
+                  own_size: dict[str, int] | None = None, prefer: bool = False) -> Release | None:
     """``pod`` released to the free replica the engine picks (of its own size per node with
-    ``own_size``, else waste first), the replicas taken; None when none fits."""
-    node = placer.place(pod, dict(cycle.free.shared), own_size=own_size)
+    ``own_size``, else waste first; with ``prefer``, on a node of its priority only), the replicas
+    taken; None when none fits."""
+    node = placer.place(pod, dict(cycle.free.shared), own_size=own_size, prefer=prefer)
     if node is None:
         return None
     cycle.free.take_shared(node, pod.shares)
@@ -518,9 +519,11 @@ def _take_replica(cycle: _Cycle, pod: Pod, placer: SharedPlacer, why: str,
 class _SharedSteps:
     """The planner's steps of ``sharing.packing.shared_sequence.place_shared`` for one shared pod:
     the engine's choices (``SharedPlacer``) over the cycle's ledger, capacity in flight or
-    planned this cycle, and splits sized for the waiting demand the cycle sees."""
+    planned this cycle, and splits sized for the waiting demand the cycle sees. ``prefer``: free
+    replicas only on nodes whose GPU pods all have the pod's priority (``priority_affinity``)."""
 
-    def __init__(self, cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> None:
+    def __init__(self, cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str], prefer: bool = False) -> None:
+        self.prefer = prefer
         self.cycle = cycle
         self.pod = pod
         self.placer = placer
@@ -532,7 +535,7 @@ class _SharedSteps:
         cycle, pod = self.cycle, self.pod
         own = _own_sizes(cycle, pod, self.placer) if step == EXACT else None
         why = "; no idle node to split into few replicas" if step == LARGER else ""
-        return _take_replica(cycle, pod, self.placer, why, own)
+        return _take_replica(cycle, pod, self.placer, why, own, prefer=self.prefer)
 
     def coming(self) -> Wait | None:
         cycle, pod = self.cycle, self.pod
@@ -584,20 +587,30 @@ class _SharedSteps:
         if chosen.sharing == mode and chosen.replicas == replicas:
             # The demand wants the split the node has: a switch would change nothing, and the pod
             # would wait on it for ever. It takes a replica as the nodes are.
-            released = _take_replica(cycle, pod, self.placer, "; the waiting pods keep the splits")
+            why = "; the waiting pods keep the splits"
+            released = _take_replica(cycle, pod, self.placer, why, prefer=self.prefer)
+            if released is None and self.prefer:
+                released = _take_replica(cycle, pod, self.placer, why)
             if released is not None:
                 return released
             return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits")
         cycle.budget[policy.names] -= 1
         cycle.sharing[chosen.name] = SharingChange(chosen.name, mode, replicas, f"{pod.key} needs {mode}")
         cycle.planned_shares[chosen.name] = len(chosen.gpus) * replicas - pod.shares
+        self.placer.record(chosen.name, pod.priority.value)
         return _coming(pod, f"capacity being created: {chosen.name} switching to {pod.mode} x{replicas}")
 
 
 def _plan_shared(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
     """A shared pod: a free replica, capacity being created, or an idle node split, in the order
-    ``sharing.packing.shared_sequence`` gives the live planner and the product model alike."""
-    outcome = place_shared(_SharedSteps(cycle, pod, placer, taken), placer.policy)
+    ``sharing.packing.shared_sequence`` gives the live planner and the product model alike: first
+    with free replicas only on nodes of the pod's priority, then on any (as the product model does,
+    ``sharing.packing.priority_affinity``); a pass that places nothing commits nothing."""
+    outcome = None
+    if placer.mixes(pod):
+        outcome = place_shared(_SharedSteps(cycle, pod, placer, taken, prefer=True), placer.policy)
+    if outcome is None:
+        outcome = place_shared(_SharedSteps(cycle, pod, placer, taken), placer.policy)
     if outcome is None:
         return Wait(pod.key, f"no node shares GPUs by {pod.mode} with a free replica that fits, and no idle node "
                              "may be switched to it now (policy selector, window, maxConcurrent, idle time)")

@@ -19,6 +19,13 @@ the idle node to split when none has room is the policy's choice too
 whole-GPU nodes in use and idle ones (:meth:`SharedPlacer.place_whole`). Ties
 go to the first node by name.
 
+Pods of different priorities are kept off each other's nodes as the product model keeps them
+(``sharing.packing.priority_affinity``, one rule): with ``prefer``, :meth:`SharedPlacer.place`
+takes a free replica only on a node whose GPU pods (placed, pinned, or released or split for this
+cycle) all have the pod's priority, and :meth:`SharedPlacer.place_whole` looks among such whole-GPU
+nodes in use and the idle ones first, then among all. With every pod at one priority every node
+qualifies, and the choices are those without the preference.
+
 The device plugin, not gpupack, picks the GPU inside the node, so the
 engine's GPU choice is only used to keep the cluster state consistent.
 
@@ -39,6 +46,7 @@ from controller.state.snapshot import Node, PlainGpuPod, Pod
 from sharing.packing.cluster import ClusterState
 from sharing.packing.node_sharing import exact_replicas, place_whole, switch_for, waste_first
 from sharing.packing.policy import Policy, decide
+from sharing.packing.priority_affinity import unmixed_among
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.typical import NO_GPU_POD, TypicalPods
@@ -103,6 +111,17 @@ class SharedPlacer:
         self._fits: dict[tuple[object, ...], np.ndarray[Any, np.dtype[np.bool_]]] = {}
         self._admitted: dict[tuple[object, ...], np.ndarray[Any, np.dtype[np.bool_]]] = {}
         self.cluster: ClusterState | None = None
+        # The GPU pods per node and priority, for the placement preference (priority_affinity):
+        # node ids in order of first sight, one (node id, priority) pair per pod.
+        self._node_ids: dict[str, int] = {}
+        self._on: list[int] = []
+        self._priorities: list[int] = []
+        for p in workload:
+            if p.node is not None and p.mode != "mig":  # MIG instances hold no replica or whole GPU
+                self.record(p.node, p.priority.value)
+        for q in plain:  # kube-scheduler's GPU pods count as the model counts every GPU pod
+            if q.node is not None:
+                self.record(q.node, q.priority)
         self.policy: Policy = make_policy(policy_name, rng=np.random.default_rng(0), typical=typical_pods(workload, plain))
         if not self.nodes:
             return
@@ -118,6 +137,23 @@ class SharedPlacer:
                 if on_gpu:
                     milli = GPU_MILLI if on_gpu == n.replicas else on_gpu * share
                     self.cluster.place(PodSpec(f"claimed/{n.name}/{g}", 0, 0, 1, milli), i, (g,))
+
+    def record(self, node: str, priority: int) -> None:
+        """A GPU pod of ``priority`` is on ``node`` from now on, for the placement preference (placed,
+        or released or split for this cycle)."""
+        self._on.append(self._node_ids.setdefault(node, len(self._node_ids)))
+        self._priorities.append(priority)
+
+    def mixes(self, pod: Pod) -> bool:
+        """Whether any GPU pod counted has another priority than ``pod``: else the preference changes nothing."""
+        return any(p != pod.priority.value for p in self._priorities)
+
+    def unmixed(self, pod: Pod, names: Sequence[str]) -> np.ndarray[Any, np.dtype[np.bool_]]:
+        """Per node of ``names``, whether every GPU pod on it has ``pod``'s priority (``priority_affinity``)."""
+        ok = unmixed_among(np.array(self._on, dtype=np.int64), np.array(self._priorities, dtype=np.int64),
+                           len(self._node_ids), pod.priority.value)
+        ids = self._node_ids
+        return np.array([name not in ids or bool(ok[ids[name]]) for name in names], dtype=bool)
 
     def fits_split(self, pod: Pod) -> np.ndarray[Any, np.dtype[np.bool_]]:
         """Which shared nodes share in the pod's mode into replicas its request fits (``sharing.rules.replicas``)."""
@@ -137,11 +173,13 @@ class SharedPlacer:
             found = self._admitted[shape] = np.array([pod.admits(n.label_map) for n in self.nodes], dtype=bool)
         return found
 
-    def place(self, pod: Pod, free: dict[str, int], own_size: dict[str, int] | None = None) -> str | None:
+    def place(self, pod: Pod, free: dict[str, int], own_size: dict[str, int] | None = None,
+              prefer: bool = False) -> str | None:
         """The node the engine picks for ``pod`` among nodes with free replicas; commits it.
 
         ``own_size``: only nodes split into the replica count given per node name (the
-        pod's own size; ``node_sharing.exact_replicas``); without it, waste first."""
+        pod's own size; ``node_sharing.exact_replicas``); without it, waste first.
+        ``prefer``: only nodes whose GPU pods all have the pod's priority (:meth:`unmixed`)."""
         if self.cluster is None:
             return None
         spec = engine_pod(pod)
@@ -151,6 +189,8 @@ class SharedPlacer:
         allowed = (room >= pod.shares) & self._admits(pod) & self.fits_split(pod)
         if pod.node is not None:
             allowed &= np.array([name == pod.node for name in self._names], dtype=bool)
+        if prefer and allowed.any():
+            allowed &= self.unmixed(pod, self._names)
         if not allowed.any():
             return None
         replicas = self._replicas
@@ -171,10 +211,13 @@ class SharedPlacer:
         # Commit what the device plugin takes (whole replicas), not the pod's own milli.
         taken = min(int(self.cluster.gpu_free[outcome.node, gpu]), share * pod.shares)
         self.cluster.place(PodSpec(spec.name, spec.cpu_milli, spec.memory_mib, 1, max(1, taken)), outcome.node, (gpu,))
+        self.record(node.name, pod.priority.value)
         return node.name
 
     def place_whole(self, pod: Pod, nodes: Sequence[Node], free: dict[str, int]) -> str | None:
-        """The node the engine picks for a ``whole`` pod among ``nodes`` (free whole GPUs in ``free``)."""
+        """The node the engine picks for a ``whole`` pod among ``nodes`` (free whole GPUs in ``free``):
+        among the idle ones and the nodes in use whose GPU pods all have its priority first, then
+        among all (the product model's order, ``priority_affinity``)."""
         candidates = [n for n in sorted(nodes, key=lambda n: n.name) if free.get(n.name, 0) >= pod.whole_gpus]
         if not candidates:
             return None
@@ -186,8 +229,17 @@ class SharedPlacer:
         # A node with every GPU free is idle (it could still be split into replicas),
         # the simulator's "fresh"; one with a GPU taken is a whole-GPU node in use.
         idle = np.array([free[n.name] >= len(n.full_gpus) for n in candidates], dtype=bool)
-        outcome = place_whole(self.policy, cluster, engine_pod(pod), ~idle, idle)
-        return candidates[outcome.node].name if isinstance(outcome, PodPlacement) else None
+        outcome = None
+        if self.mixes(pod):
+            unmixed = self.unmixed(pod, [n.name for n in candidates])
+            outcome = place_whole(self.policy, cluster, engine_pod(pod), ~idle & unmixed, idle)
+        if not isinstance(outcome, PodPlacement):
+            outcome = place_whole(self.policy, cluster, engine_pod(pod), ~idle, idle)
+        if not isinstance(outcome, PodPlacement):
+            return None
+        chosen = candidates[outcome.node].name
+        self.record(chosen, pod.priority.value)
+        return chosen
 
     def switch(self, pod: Pod, idle: Sequence[tuple[Node, int]], small_only: bool = False) -> tuple[Node, int] | None:
         """Which idle node to split for ``pod``, each candidate with the replica count it would get;

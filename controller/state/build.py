@@ -19,7 +19,8 @@ from typing import Any
 
 from controller.state.claims import mig_claims, shared_claims
 from controller.state.pods import (
-    pod_from_object, read_record, required_products, resources_held, waiting_unschedulable, whole_gpus_requested,
+    pod_from_object, priority_of, read_record, required_products, resources_held, waiting_unschedulable,
+    whole_gpus_requested,
 )
 from controller.state.snapshot import FailedDevice, Gpu, Node, PlainGpuPod, Pod, Snapshot
 from kube.times import format_time, parse_time, seconds_since
@@ -274,7 +275,7 @@ def _parse_pod(obj: Mapping[str, Any]) -> PodParse:
     plain = None
     if theirs:
         plain = PlainGpuPod(f"{meta.get('namespace')}/{meta.get('name')}", gpus, *requested,
-                            required_products(_map(obj.get("spec"))))
+                            required_products(_map(obj.get("spec"))), bound, priority_of(obj)[0].value)
     if bound is not None:
         return PodParse(pod, untrusted, gpus, bound, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain,
                         allocation=allocation)

@@ -244,6 +244,10 @@ class PlainGpuPod:
     memory_mib: int = 0
     products: tuple[str, ...] = ()
     """GPU products its required affinity allows (empty: any)."""
+    node: str | None = None
+    """The node it is bound to (None: waiting): a GPU pod there for the placement preference by priority."""
+    priority: int = 0
+    """``spec.priority`` (``controller.state.pods.priority_of``)."""
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,17 @@ high-priority replica beside best-effort ones cannot: no pod may preempt the hig
 engine places a GPU pod it first looks among the nodes that hold no GPU pod of another priority
 (:func:`unmixed_nodes`), and only when none of those has room among all of them; the caller runs
 its own placement twice, with and without the mask, and a run without priorities is unchanged.
+
+:func:`unmixed_among` is the rule itself, over the GPU pods as (node, priority) pairs: the product
+model applies it to its ``PlacedPods`` (:func:`unmixed_nodes`), the live planner to the snapshot's
+pods and its own releases (``controller.planning.sharedplan.SharedPlacer``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from sharing.packing.cluster import BoolArray
+from sharing.packing.cluster import BoolArray, IntArray
 from sharing.packing.victims import PlacedPods
 
 
@@ -23,6 +27,13 @@ def unmixed_nodes(placed: PlacedPods, priority: int) -> BoolArray:
     CPU-only pods do not count: kube-scheduler places them anywhere, and preemption takes them
     beside the GPU pods of a node it reclaims when they are of lower priority."""
     gpu_rows = placed.alive & placed.gpu_pod
-    other = gpu_rows & (placed.priority != priority)
-    out: BoolArray = np.bincount(placed.node[other], minlength=placed.node_count) == 0
+    return unmixed_among(placed.node[gpu_rows], placed.priority[gpu_rows], placed.node_count, priority)
+
+
+def unmixed_among(nodes: IntArray, priorities: IntArray, node_count: int, priority: int) -> BoolArray:
+    """Per node of ``node_count``, whether every GPU pod there has ``priority``: GPU pod ``k`` is on
+    node ``nodes[k]`` with priority ``priorities[k]`` (a node without GPU pods: true)."""
+    if len(nodes) != len(priorities):
+        raise ValueError(f"{len(nodes)} pod nodes but {len(priorities)} pod priorities: one of each per GPU pod")
+    out: BoolArray = np.bincount(nodes[priorities != priority], minlength=node_count) == 0
     return out

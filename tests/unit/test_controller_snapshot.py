@@ -264,3 +264,7 @@ def test_pods_asking_whole_gpus_themselves_are_the_engines_gpu_pods_too() -> Non
     snapshot = build_snapshot([gpunode("n1")], [], pods, [])
     assert [(p.key, p.gpus, p.cpu_milli, p.products) for p in snapshot.plain_gpu_pods] == [
         ("ml/bound", 2, 4000, ()), ("ml/waiting", 2, 4000, ("Tesla-T4",))]
+    # Where each is and its priority: the placement preference by priority counts them.
+    pods[0]["spec"]["priority"] = 1000
+    again = build_snapshot([gpunode("n1")], [], pods, [])
+    assert [(p.node, p.priority) for p in again.plain_gpu_pods] == [("n1", 1000), (None, 0)]

@@ -4,12 +4,13 @@ model placing by it (sharing.simulator.product, with priorities)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from sharing.packing.cluster import ClusterState
 from sharing.packing.gpupack_policy import GpupackPolicy
 from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.node_sharing import FRESH, WHOLE
-from sharing.packing.priority_affinity import unmixed_nodes
+from sharing.packing.priority_affinity import unmixed_among, unmixed_nodes
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
 from sharing.packing.typical import TypicalPods
 from sharing.packing.victims import PlacedPods, Victim
@@ -35,6 +36,15 @@ def test_which_nodes_hold_no_gpu_pod_of_another_priority() -> None:
     assert unmixed_nodes(placed, LOW).tolist() == [False, False, True, True]
     placed.remove("mixed-high")  # a pod that left no longer counts
     assert unmixed_nodes(placed, LOW).tolist() == [True, False, True, True]
+
+
+def test_the_rule_over_node_and_priority_pairs() -> None:
+    """The form the live planner calls: one (node, priority) pair per GPU pod."""
+    nodes, priorities = np.array([0, 0, 1, 2], dtype=np.int64), np.array([HIGH, LOW, HIGH, LOW], dtype=np.int64)
+    assert unmixed_among(nodes, priorities, 4, HIGH).tolist() == [False, True, False, True]
+    assert unmixed_among(nodes, priorities, 4, LOW).tolist() == [False, False, True, True]
+    with pytest.raises(ValueError, match="4 pod nodes but 3 pod priorities"):
+        unmixed_among(nodes, priorities[:3], 4, HIGH)
 
 
 class Run:
