@@ -1,0 +1,282 @@
+"""Why high-priority pods go unplaced in the product model (issue 36): what each one asked and what stopped it.
+
+    nice python benchmarks/priority_shortfall.py --workloads gpushare40,cpu200 --seeds 10 --jobs 1
+
+A measurement harness beside ``benchmarks/priority.py``; it changes no product code. For each
+workload and published seed it runs ``--priority qos --preemption engine`` (the run
+``benchmarks/priority.py`` reports) and watches every high pod (LS, Guaranteed, Burstable) that fits
+nowhere even after the preemption step (:meth:`sharing.simulator.preempting.Preempting.make_room`
+returned None). For each it records what the pod asked (whole GPUs or a fraction, CPU, memory), which
+path preempts for it live (kube-scheduler's default for an ``nvidia.com/gpu`` pod, then the engine's;
+the engine for a fraction), and, on the cluster at that moment with every lower-priority pod gone:
+
+- *plan possible*: nodes where a GPU (free, or held by lower pods only, or a node whose GPU pods are
+  all lower and may be reshaped), the CPU and the memory are all there: only on such a node can any
+  preemption, the engine's or kube-scheduler's, make room (the upper bound both use);
+- *GPU, short of CPU/memory*: a GPU could be freed, but nowhere beside the CPU and memory;
+- *no GPU*: no node can free a GPU of the pod's kind at all;
+- *lower pods left*: the GPU milli lower-priority pods still held, as a share of the cluster's;
+- *able nodes*: the nodes whose totals (GPU count and model, CPU, memory) could hold the pod on an
+  empty cluster, and how many of them hold a high pod that kube-scheduler placed (``nvidia.com/gpu``,
+  CPU-only) and how many one the engine placed (a fraction: a replica, or a whole GPU for one above
+  half a GPU): those are the pods that stand in the way, and no preemption may take them.
+
+It also runs a bound: the same arrivals with every low (BE) pod dropped at arrival, so that no
+lower pod is ever placed: the high pods' placed share with nothing of lower priority in the way
+and kube-scheduler and the engine placing as they do. It is a reference, not a proof: preemption
+removes lower pods and never moves high ones, so its best is a cluster whose high pods sit where
+they were placed beside lower ones; the bound shows what those same placement rules reach when
+nothing lower was ever there.
+
+The watch wraps ``Preempting.make_room`` and ``ProductReplay.place`` for the run's duration only.
+Writes ``benchmarks/priority_shortfall.json`` and ``benchmarks/priority_shortfall.md`` (both only
+when ``--out`` is the default) and prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from priority import _trace  # noqa: E402
+from simulate_product import replay_arguments  # noqa: E402
+from sharing.packing import preemption as engine  # noqa: E402
+from sharing.packing.specs import PodSpec  # noqa: E402
+from sharing.rules.priority import HIGH_PRIORITY  # noqa: E402
+from sharing.rules.replicas import largest_replicas, most_replicas  # noqa: E402
+from sharing.simulator import preempting, product  # noqa: E402
+from sharing.simulator.scheduler_config import load_weights  # noqa: E402
+from sharing.simulator.tally import ArrivalTally  # noqa: E402
+from sharing.simulator.workload import published_seeds, trace_name  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_OUT = HERE / "priority_shortfall.json"
+POLICY = "gpupack"
+
+
+def _failure(state: preempting.Preempting, pod: PodSpec, view: PodSpec, fractions: set[str]) -> dict[str, Any]:
+    """What ``pod`` asked and what stood in its way, on the state after its preemption step failed."""
+    replay, placed = state.replay, state.placed
+    cluster, modes, used = replay.cluster, replay.modes, replay.used
+    priority = state.of(pod)
+    own = 0
+    if view.is_shared:
+        own = most_replicas(((pod.gpu_milli, None),), 0) if replay.live_path == "engine" else largest_replicas(
+            pod.gpu_milli)
+    kinds = engine._kinds(cluster, modes, view, own, reshape=True)
+    able = kinds != engine._NONE
+    lower = placed.below(priority.value)
+    ones = np.ones_like(placed.node)
+    cpu_mem = able & (cluster.cpu_free + placed.per_node(lower, placed.cpu) >= view.cpu_milli)
+    cpu_mem &= cluster.mem_free + placed.per_node(lower, placed.mem) >= view.memory_mib
+    gpu = engine._upper_bound(cluster, modes, used, placed, view, priority, kinds)
+    # _upper_bound asks for CPU and memory too; the GPU alone, as it counts it:
+    gpu_rows = placed.alive & placed.gpu_pod
+    replicas = engine._free_replicas(cluster, modes, used) + placed.per_node(lower & placed.replica, ones)
+    whole = cluster.full_count + placed.per_node(lower, placed.gpus)
+    all_lower = placed.per_node(gpu_rows, ones) == placed.per_node(lower & gpu_rows, ones)
+    gpu_only = able & np.select([kinds == engine._REPLICA, kinds == engine._GPUS, kinds == engine._RESHAPE],
+                                [replicas > 0, whole >= view.gpu_count, all_lower], default=True)
+    totals = able & (cluster.cpu_total >= view.cpu_milli) & (cluster.mem_total >= view.memory_mib)
+    # Per node, the high pods there by who placed them (a fraction's is the engine's, live too).
+    kube_high = np.zeros(len(cluster), dtype=bool)
+    engine_high = np.zeros(len(cluster), dtype=bool)
+    for node in np.flatnonzero(totals):
+        for v in placed.on_node(int(node)):
+            if v.priority >= priority.value:
+                if trace_name(v.key) in fractions:
+                    engine_high[node] = True
+                else:
+                    kube_high[node] = True
+    return {
+        "milli": pod.gpu_total_milli, "gpus": view.gpu_count,
+        "lower_gpu_milli": int(placed.milli[lower & placed.gpu_pod].sum()), "capacity": int(cluster.gpu_count.sum()) * 1000, "fraction": pod.is_shared,
+        "cpu": view.cpu_milli, "mem": view.memory_mib,
+        "plan_possible": bool(gpu.any()), "gpu_only": bool(gpu_only.any()), "cpu_mem_only": bool(cpu_mem.any()),
+        "able_nodes": int(totals.sum()),
+        "able_with_kube_high": int(kube_high.sum()), "able_with_engine_high": int(engine_high.sum()),
+        "able_with_engine_high_only": int((engine_high & ~kube_high).sum()),
+        "able_without_high": int((totals & ~engine_high & ~kube_high).sum()),
+    }
+
+
+@contextmanager
+def _watch(failures: list[dict[str, Any]], fractions: set[str]) -> Iterator[None]:
+    """Record every high pod whose preemption step fails, for the duration of the block."""
+    make_room = preempting.Preempting.make_room
+
+    def watched(self: preempting.Preempting, pod: PodSpec, view: PodSpec, tally: ArrivalTally) -> float | None:
+        taken = make_room(self, pod, view, tally)
+        if taken is None and self.of(pod).value >= HIGH_PRIORITY:
+            failures.append(_failure(self, pod, view, fractions))
+        return taken
+
+    preempting.Preempting.make_room = watched  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        preempting.Preempting.make_room = make_room  # type: ignore[method-assign]
+
+
+@contextmanager
+def _without_low(priority_of: Callable[[str], int]) -> Iterator[None]:
+    """Drop every pod below HIGH_PRIORITY at arrival (never placed, never preempting), for the block."""
+    place, make_room = product.ProductReplay.place, preempting.Preempting.make_room
+
+    def place_high(self: product.ProductReplay, pod: PodSpec) -> float | None:
+        if priority_of(pod.name) < HIGH_PRIORITY:
+            self.last_node = self.last_placement = None
+            return None
+        return place(self, pod)
+
+    def room_high(self: preempting.Preempting, pod: PodSpec, view: PodSpec, tally: ArrivalTally) -> float | None:
+        return None if self.of(pod).value < HIGH_PRIORITY else make_room(self, pod, view, tally)
+
+    product.ProductReplay.place = place_high  # type: ignore[method-assign]
+    preempting.Preempting.make_room = room_high  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        product.ProductReplay.place = place  # type: ignore[method-assign]
+        preempting.Preempting.make_room = make_room  # type: ignore[method-assign]
+
+
+def _high_placed(run: product.ProductRun) -> tuple[int, int]:
+    figures = run.priority
+    assert figures is not None
+    high = [c for c, (_, _) in figures.milli_by_class.items() if c != "BE"]
+    return (sum(figures.milli_by_class[c][0] for c in high), sum(figures.milli_by_class[c][1] for c in high))
+
+
+def _one(job: tuple[str, int, str]) -> dict[str, Any]:
+    workload, seed, traces = job
+    nodes, pods, priorities = _trace(traces, workload)
+    fractions = {p.name for p in pods if p.is_shared}
+    failures: list[dict[str, Any]] = []
+    with _watch(failures, fractions):
+        run = product.run_product(nodes, pods, POLICY, seed, load_weights(), priorities=priorities,
+                                  preemption="engine")
+    arrived, placed = _high_placed(run)
+    with _without_low(lambda name: priorities[trace_name(name)].value):
+        bound = product.run_product(nodes, pods, POLICY, seed, load_weights(), priorities=priorities,
+                                    preemption="engine")
+    bound_arrived, bound_placed = _high_placed(bound)
+    return {"workload": workload, "seed": seed, "high_arrived": arrived, "high_placed": placed,
+            "bound_arrived": bound_arrived, "bound_placed": bound_placed, "failures": failures}
+
+
+def render(runs: list[dict[str, Any]]) -> str:
+    lines = [
+        "| workload | high placed | high unplaced, milli per run | whole-GPU pods (kube-scheduler's) | "
+        "fractions (the engine's) | lower pods' GPU milli left, % of capacity | plan possible | GPU, short of CPU/memory | no GPU | able nodes holding a "
+        "high pod: kube's / the engine's / the engine's only / none | bound: no BE pod |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w in dict.fromkeys(r["workload"] for r in runs):
+        sel = [r for r in runs if r["workload"] == w]
+        n = len(sel)
+        fails = [f for r in sel for f in r["failures"]]
+        total = sum(f["milli"] for f in fails)
+
+        def share(pred: Callable[[dict[str, Any]], bool]) -> str:
+            part = sum(f["milli"] for f in fails if pred(f))
+            return f"{100 * part / total:.1f} %" if total else "-"
+
+        def able(key: str) -> float:
+            # Over the failures, the share of their able nodes that hold such a pod (milli-weighted).
+            return float(100 * sum(f["milli"] * f[key] / max(1, f["able_nodes"]) for f in fails) / max(1, total))
+
+        # At the failures, how much GPU milli lower pods still held (milli-weighted mean).
+        left = 100 * sum(f["milli"] * f["lower_gpu_milli"] / f["capacity"] for f in fails) / max(1, total)
+        placed = 100 * sum(r["high_placed"] for r in sel) / sum(r["high_arrived"] for r in sel)
+        bound = [100 * r["bound_placed"] / r["bound_arrived"] for r in sel]
+        lines.append(
+            f"| {w} | {placed:.2f} | {total / n:,.0f} | {share(lambda f: not f['fraction'])} | "
+            f"{share(lambda f: f['fraction'])} | {left:.1f} | {share(lambda f: f['plan_possible'])} | "
+            f"{share(lambda f: f['gpu_only'] and not f['plan_possible'])} | {share(lambda f: not f['gpu_only'])} | "
+            f"{able('able_with_kube_high'):.1f} / {able('able_with_engine_high'):.1f} / "
+            f"{able('able_with_engine_high_only'):.1f} / {able('able_without_high'):.1f} % | "
+            f"{sum(bound) / n:.2f} (min {min(bound):.2f}) |")
+    lines += ["", "Unplaced high milli per run by what the pod asked (whole GPUs; `f`: a fraction):", ""]
+    for w in dict.fromkeys(r["workload"] for r in runs):
+        sel = [r for r in runs if r["workload"] == w]
+        asks: dict[str, int] = {}
+        for f in (f for r in sel for f in r["failures"]):
+            key = "f" if f["fraction"] else str(f["gpus"])
+            asks[key] = asks.get(key, 0) + f["milli"]
+        lines.append(f"- {w}: " + ", ".join(f"{k}: {v / len(sel):,.0f}" for k, v in sorted(asks.items())))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = replay_arguments(__doc__, seeds=10)
+    ap.set_defaults(workloads="gpushare40,cpu200")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="raw results")
+    ap.add_argument("--from-json", action="store_true", help="run nothing: re-render the table from --out")
+    args = ap.parse_args()
+    if args.from_json:
+        data = json.loads(args.out.read_text())
+        print(render(data["runs"]))
+        if args.out == DEFAULT_OUT:
+            write_page(data)
+        return
+    jobs = [(w, seed, str(args.traces)) for seed in published_seeds(args.seeds) for w in args.workloads.split(",")]
+    start = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for result in pool.map(_one, jobs):
+            runs.append(result)
+            print(f"{result['workload']} seed {result['seed']}: {len(result['failures'])} high pods unplaced",
+                  file=sys.stderr, flush=True)
+    data = {"machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}",
+            "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "wall_s": time.perf_counter() - start,
+            "jobs": args.jobs, "runs": runs}
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
+    print(render(runs))
+    if args.out == DEFAULT_OUT:
+        write_page(data)
+
+
+def write_page(data: dict[str, Any]) -> None:
+    seeds = sorted({r["seed"] for r in data["runs"]})
+    page = "\n".join([
+        "# Why high-priority pods go unplaced in the product model (issue 36)",
+        "",
+        "Generated by `nice python benchmarks/priority_shortfall.py --workloads gpushare40,cpu200 --seeds "
+        f"{len(seeds)} --jobs {data['jobs']}` (traces in `../shared/traces/openb`; seeds {seeds[0]}..{seeds[-1]}, "
+        "`--priority qos --preemption engine`, 130 % arrived demand, the whole 1,213-node cluster, the runs "
+        f"[priority.md](priority.md) reports). Machine: {data['machine']}; run at {data['date']} UTC, "
+        f"{data['wall_s'] / 60:.1f} min. The script's docstring says what each column counts.",
+        "",
+        "Per workload, over the high pods (LS, Guaranteed, Burstable) that fit nowhere even after the "
+        "preemption step, shares of their GPU milli: by who places them live (an `nvidia.com/gpu` pod: "
+        "kube-scheduler, with its default preemption and then the engine's; a fraction: the engine); by what "
+        "the cluster offered at that moment with every lower-priority pod gone (*plan possible*: a node with a "
+        "GPU, the CPU and the memory, where some preemption could make room); and, over the nodes whose "
+        "totals could hold the pod (*able nodes*), the share holding a high pod placed by kube-scheduler, by "
+        "the engine, by the engine only, or none (milli-weighted means). *Bound*: the same arrivals with "
+        "every BE pod dropped at arrival, the high pods' placed share (mean of the seeds): what the same "
+        "placement rules reach when nothing lower was ever in the way (a reference: preemption removes lower "
+        "pods and never moves high ones).",
+        "",
+        render(data["runs"]),
+        "",
+    ])
+    (HERE / "priority_shortfall.md").write_text(page)
+
+
+if __name__ == "__main__":
+    main()
