@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 from priority import _trace  # noqa: E402
 from simulate_product import replay_arguments  # noqa: E402
 from sharing.packing import preemption as engine  # noqa: E402
-from sharing.packing.specs import PodSpec  # noqa: E402
+from sharing.packing.specs import GPU_MILLI, PodSpec  # noqa: E402
 from sharing.rules.priority import HIGH_PRIORITY  # noqa: E402
 from sharing.rules.replicas import largest_replicas, most_replicas  # noqa: E402
 from sharing.simulator import preempting, product  # noqa: E402
@@ -102,9 +102,10 @@ def _failure(state: preempting.Preempting, pod: PodSpec, view: PodSpec, fraction
                 else:
                     kube_high[node] = True
     return {
-        "milli": pod.gpu_total_milli, "gpus": view.gpu_count,
-        "lower_gpu_milli": int(placed.milli[lower & placed.gpu_pod].sum()), "capacity": int(cluster.gpu_count.sum()) * 1000, "fraction": pod.is_shared,
+        "milli": pod.gpu_total_milli, "gpus": view.gpu_count, "fraction": pod.is_shared,
         "cpu": view.cpu_milli, "mem": view.memory_mib,
+        "lower_gpu_milli": int(placed.milli[lower & placed.gpu_pod].sum()),
+        "capacity": int(cluster.gpu_count.sum()) * GPU_MILLI,
         "plan_possible": bool(gpu.any()), "gpu_only": bool(gpu_only.any()), "cpu_mem_only": bool(cpu_mem.any()),
         "able_nodes": int(totals.sum()),
         "able_with_kube_high": int(kube_high.sum()), "able_with_engine_high": int(engine_high.sum()),
@@ -175,48 +176,73 @@ def _one(job: tuple[str, int, str]) -> dict[str, Any]:
                                     preemption="engine")
     bound_arrived, bound_placed = _high_placed(bound)
     return {"workload": workload, "seed": seed, "high_arrived": arrived, "high_placed": placed,
-            "bound_arrived": bound_arrived, "bound_placed": bound_placed, "failures": failures}
+            "bound_arrived": bound_arrived, "bound_placed": bound_placed, "summary": summary(failures)}
+
+
+def summary(failures: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's failures summed: milli per kind of failure, and milli-weighted sums of the shares."""
+
+    def milli(pred: Callable[[dict[str, Any]], bool]) -> int:
+        return int(sum(f["milli"] for f in failures if pred(f)))
+
+    def weighted(key: str) -> float:
+        # Over the failures, the share of their able nodes that hold such a pod, weighted by milli.
+        return float(sum(f["milli"] * f[key] / max(1, f["able_nodes"]) for f in failures))
+
+    asks: dict[str, int] = {}
+    for f in failures:
+        key = "f" if f["fraction"] else str(f["gpus"])
+        asks[key] = asks.get(key, 0) + f["milli"]
+    return {
+        "pods": len(failures), "milli": milli(lambda f: True), "fraction": milli(lambda f: f["fraction"]),
+        "plan_possible": milli(lambda f: f["plan_possible"]),
+        "gpu_short": milli(lambda f: f["gpu_only"] and not f["plan_possible"]),
+        "no_gpu": milli(lambda f: not f["gpu_only"]),
+        "lower_left": sum(f["milli"] * f["lower_gpu_milli"] / f["capacity"] for f in failures),
+        **{key: weighted(f"able_{key}") for key in ("with_kube_high", "with_engine_high", "with_engine_high_only",
+                                                    "without_high")},
+        "asks": asks,
+    }
 
 
 def render(runs: list[dict[str, Any]]) -> str:
     lines = [
         "| workload | high placed | high unplaced, milli per run | whole-GPU pods (kube-scheduler's) | "
-        "fractions (the engine's) | lower pods' GPU milli left, % of capacity | plan possible | GPU, short of CPU/memory | no GPU | able nodes holding a "
-        "high pod: kube's / the engine's / the engine's only / none | bound: no BE pod |",
+        "fractions (the engine's) | lower pods' GPU milli left, % of capacity | plan possible | "
+        "GPU, short of CPU/memory | no GPU | able nodes holding a high pod: kube's / the engine's / "
+        "the engine's only / none | bound: no BE pod |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for w in dict.fromkeys(r["workload"] for r in runs):
         sel = [r for r in runs if r["workload"] == w]
         n = len(sel)
-        fails = [f for r in sel for f in r["failures"]]
-        total = sum(f["milli"] for f in fails)
 
-        def share(pred: Callable[[dict[str, Any]], bool]) -> str:
-            part = sum(f["milli"] for f in fails if pred(f))
-            return f"{100 * part / total:.1f} %" if total else "-"
+        def total(key: str) -> float:
+            return float(sum(r["summary"][key] for r in sel))
 
-        def able(key: str) -> float:
-            # Over the failures, the share of their able nodes that hold such a pod (milli-weighted).
-            return float(100 * sum(f["milli"] * f[key] / max(1, f["able_nodes"]) for f in fails) / max(1, total))
+        milli = total("milli")
 
-        # At the failures, how much GPU milli lower pods still held (milli-weighted mean).
-        left = 100 * sum(f["milli"] * f["lower_gpu_milli"] / f["capacity"] for f in fails) / max(1, total)
-        placed = 100 * sum(r["high_placed"] for r in sel) / sum(r["high_arrived"] for r in sel)
+        def share(key: str) -> str:
+            return f"{100 * total(key) / milli:.1f} %" if milli else "-"
+
+        def able(key: str) -> str:
+            return f"{100 * total(key) / max(1.0, milli):.1f}"
+
+        placed = sum(100 * r["high_placed"] / r["high_arrived"] for r in sel) / n
         bound = [100 * r["bound_placed"] / r["bound_arrived"] for r in sel]
         lines.append(
-            f"| {w} | {placed:.2f} | {total / n:,.0f} | {share(lambda f: not f['fraction'])} | "
-            f"{share(lambda f: f['fraction'])} | {left:.1f} | {share(lambda f: f['plan_possible'])} | "
-            f"{share(lambda f: f['gpu_only'] and not f['plan_possible'])} | {share(lambda f: not f['gpu_only'])} | "
-            f"{able('able_with_kube_high'):.1f} / {able('able_with_engine_high'):.1f} / "
-            f"{able('able_with_engine_high_only'):.1f} / {able('able_without_high'):.1f} % | "
+            f"| {w} | {placed:.2f} | {milli / n:,.0f} | {100 - 100 * total('fraction') / max(1.0, milli):.1f} % | "
+            f"{share('fraction')} | {100 * total('lower_left') / max(1.0, milli):.1f} | {share('plan_possible')} | "
+            f"{share('gpu_short')} | {share('no_gpu')} | {able('with_kube_high')} / {able('with_engine_high')} / "
+            f"{able('with_engine_high_only')} / {able('without_high')} % | "
             f"{sum(bound) / n:.2f} (min {min(bound):.2f}) |")
     lines += ["", "Unplaced high milli per run by what the pod asked (whole GPUs; `f`: a fraction):", ""]
     for w in dict.fromkeys(r["workload"] for r in runs):
         sel = [r for r in runs if r["workload"] == w]
         asks: dict[str, int] = {}
-        for f in (f for r in sel for f in r["failures"]):
-            key = "f" if f["fraction"] else str(f["gpus"])
-            asks[key] = asks.get(key, 0) + f["milli"]
+        for r in sel:
+            for key, value in r["summary"]["asks"].items():
+                asks[key] = asks.get(key, 0) + value
         lines.append(f"- {w}: " + ", ".join(f"{k}: {v / len(sel):,.0f}" for k, v in sorted(asks.items())))
     return "\n".join(lines)
 
@@ -239,7 +265,7 @@ def main() -> None:
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(_one, jobs):
             runs.append(result)
-            print(f"{result['workload']} seed {result['seed']}: {len(result['failures'])} high pods unplaced",
+            print(f"{result['workload']} seed {result['seed']}: {result['summary']['pods']} high pods unplaced",
                   file=sys.stderr, flush=True)
     data = {"machine": f"{os.cpu_count()} CPU(s), Python {platform.python_version()}, {platform.system()}",
             "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "wall_s": time.perf_counter() - start,
