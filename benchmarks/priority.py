@@ -208,6 +208,9 @@ def write_page(data: dict[str, Any], table: str) -> None:
         "",
         table,
         "",
+        "Why the high pods left go unplaced (what they ask, whether any preemption could make room, who "
+        "holds the nodes that could take them): [priority_shortfall.md](priority_shortfall.md).",
+        "",
     ])
     path = HERE / "priority.md"
     # The live replay's section is written by hand from its own run (docs/priority.md, "Live
