@@ -56,7 +56,6 @@ from simulate_product import replay_arguments  # noqa: E402
 from sharing.packing import preemption as engine  # noqa: E402
 from sharing.packing.specs import GPU_MILLI, PodSpec  # noqa: E402
 from sharing.rules.priority import HIGH_PRIORITY  # noqa: E402
-from sharing.rules.replicas import largest_replicas, most_replicas  # noqa: E402
 from sharing.simulator import preempting, product  # noqa: E402
 from sharing.simulator.scheduler_config import load_weights  # noqa: E402
 from sharing.simulator.tally import ArrivalTally  # noqa: E402
@@ -72,11 +71,7 @@ def _failure(state: preempting.Preempting, pod: PodSpec, view: PodSpec, fraction
     replay, placed = state.replay, state.placed
     cluster, modes, used = replay.cluster, replay.modes, replay.used
     priority = state.of(pod)
-    own = 0
-    if view.is_shared:
-        own = most_replicas(((pod.gpu_milli, None),), 0) if replay.live_path == "engine" else largest_replicas(
-            pod.gpu_milli)
-    kinds = engine._kinds(cluster, modes, view, own, reshape=True)
+    kinds = engine._kinds(cluster, modes, view, preempting.own_size(pod, view, replay.live_path), reshape=True)
     able = kinds != engine._NONE
     lower = placed.below(priority.value)
     ones = np.ones_like(placed.node)

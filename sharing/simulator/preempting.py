@@ -58,6 +58,17 @@ PREEMPTION_STREAM: Final = 0x707265
 """Second word of the seed of kube-scheduler's dry-run offsets (a stream apart from the others)."""
 
 
+def own_size(pod: PodSpec, view: PodSpec, live_path: str) -> int:
+    """The replica count a fractional pod fits, as ``engine_preemption`` takes its ``own_size``: the most
+    replicas its share allows where the engine places it, else the largest replica its share fits; 0
+    when ``view`` (the pod as the engine sees it) is not fractional."""
+    if not view.is_shared:
+        return 0
+    if pod.is_shared and live_path == "engine":
+        return most_replicas(((pod.gpu_milli, None),), 0)
+    return largest_replicas(pod.gpu_milli)
+
+
 class Replay(Protocol):
     """What preemption needs of the product model's replay (``sharing.simulator.product.ProductReplay``)."""
 
@@ -185,9 +196,7 @@ class Preempting:
         replay = self.replay
         priority = self.of(pod)
         engine_places = pod.is_shared and replay.live_path == "engine"
-        own = 0
-        if view.is_shared:
-            own = most_replicas(((pod.gpu_milli, None),), 0) if engine_places else largest_replicas(pod.gpu_milli)
+        own = own_size(pod, view, replay.live_path)
         plan: PreemptionPlan | None = None
         if not (engine_places and self.mode == "engine"):
             plan = self._scheduler(view, priority, own)

@@ -13,7 +13,8 @@ from gpupack.cli import main
 from sharing.api.priority import PodPriority
 from sharing.packing.specs import PodSpec
 from sharing.rules.priority import qos_priority
-from sharing.simulator.product import ProductRun, run_product
+from sharing.simulator.preempting import own_size
+from sharing.simulator.product import ProductRun, engine_view, run_product
 from sharing.simulator.scheduler_config import load_weights
 from sharing.simulator.tally import ArrivalTally
 from sharing.simulator.traces import TraceError, load_nodes, load_pods, load_qos
@@ -168,3 +169,15 @@ def test_a_trace_without_classes_or_with_an_unknown_one_is_refused(tmp_path: Pat
     odd.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,qos\np,1000,1024,1,500,Spot\n")
     code, _, err = simulate(capsys, "--nodes", str(nodes), "--pods", str(odd), "--model", "product", "--priority", "qos")
     assert code != 0 and "pod 'p': qos 'Spot' is unknown" in err
+
+
+def test_own_size_is_the_replica_count_who_places_the_pod_gives_it() -> None:
+    """``make_room`` and benchmarks/priority_shortfall.py read a fractional pod's replica size from one rule."""
+    third, most = PodSpec("f", 1000, 1024, 1, 300), PodSpec("m", 1000, 1024, 1, 700)
+    assert own_size(third, third, "engine") == 3  # the engine splits as finely as 300 milli allows
+    assert own_size(third, third, "scheduler") == 3
+    # Above half a GPU the engine places the pod as a whole GPU: no replica size.
+    assert own_size(most, engine_view([most], "engine")[0], "engine") == 0
+    assert own_size(most, most, "scheduler") == 1
+    whole = PodSpec("w", 1000, 1024, 2, 1000)
+    assert own_size(whole, whole, "engine") == 0
