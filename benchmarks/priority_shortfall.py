@@ -21,7 +21,11 @@ the engine for a fraction), and, on the cluster at that moment with every lower-
   CPU-only) and how many one the engine placed (a fraction: a replica, or a whole GPU for one above
   half a GPU): those are the pods that stand in the way, and no preemption may take them.
 
-It also runs a bound: the same arrivals with every low (BE) pod dropped at arrival, so that no
+It also runs two rule changes, each over the same arrivals, for their high placed, allocation and
+preempted milli: the engine choosing the victims of every GPU pod (kube-scheduler's default never
+plans; a model experiment, since live kube-scheduler preempts for ``nvidia.com/gpu`` pods itself),
+and high pods taking any node first (the preference by priority, ``sharing.packing.priority_affinity``,
+kept for lower pods only). And a bound: the same arrivals with every low (BE) pod dropped at arrival, so that no
 lower pod is ever placed: the high pods' placed share with nothing of lower priority in the way
 and kube-scheduler and the engine placing as they do. It is a reference, not a proof: preemption
 removes lower pods and never moves high ones, so its best is a cluster whose high pods sit where
@@ -54,6 +58,8 @@ sys.path.insert(0, str(ROOT))
 from priority import _trace  # noqa: E402
 from simulate_product import replay_arguments  # noqa: E402
 from sharing.packing import preemption as engine  # noqa: E402
+from sharing.api.priority import PodPriority  # noqa: E402
+from sharing.packing.cluster import BoolArray  # noqa: E402
 from sharing.packing.specs import GPU_MILLI, PodSpec  # noqa: E402
 from sharing.rules.priority import HIGH_PRIORITY  # noqa: E402
 from sharing.simulator import preempting, product  # noqa: E402
@@ -150,6 +156,50 @@ def _without_low(priority_of: Callable[[str], int]) -> Iterator[None]:
         preempting.Preempting.make_room = make_room  # type: ignore[method-assign]
 
 
+@contextmanager
+def _engine_victims() -> Iterator[None]:
+    """kube-scheduler's default preemption never plans, so the engine chooses the victims of every GPU
+    pod, for the block. A model experiment: live, kube-scheduler preempts for ``nvidia.com/gpu`` pods."""
+    scheduler = preempting.Preempting._scheduler
+
+    def never(self: preempting.Preempting, view: PodSpec, priority: PodPriority, own: int) -> None:
+        return None
+
+    preempting.Preempting._scheduler = never  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        preempting.Preempting._scheduler = scheduler  # type: ignore[method-assign]
+
+
+@contextmanager
+def _high_anywhere() -> Iterator[None]:
+    """High pods take any node first (the preference by priority kept for lower pods only), for the block."""
+    unmixed = preempting.Preempting.unmixed
+
+    def anywhere(self: preempting.Preempting, pod: PodSpec) -> BoolArray:
+        if self.of(pod).value >= HIGH_PRIORITY:
+            return np.ones(len(self.replay.cluster), dtype=bool)
+        return unmixed(self, pod)
+
+    preempting.Preempting.unmixed = anywhere  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        preempting.Preempting.unmixed = unmixed  # type: ignore[method-assign]
+
+
+VARIANTS: dict[str, Callable[[], Any]] = {"engine_victims": _engine_victims, "high_anywhere": _high_anywhere}
+"""Rule changes tried against the engine run (module docstring)."""
+
+
+def _figures(run: product.ProductRun) -> dict[str, float]:
+    arrived, placed = _high_placed(run)
+    assert run.priority is not None
+    return {"high_placed_percent": 100 * placed / arrived, "alloc_130": float(run.alloc_at[130] or 0.0),
+            "preempted_milli": run.priority.preempted_milli}
+
+
 def _high_placed(run: product.ProductRun) -> tuple[int, int]:
     figures = run.priority
     assert figures is not None
@@ -170,8 +220,14 @@ def _one(job: tuple[str, int, str]) -> dict[str, Any]:
         bound = product.run_product(nodes, pods, POLICY, seed, load_weights(), priorities=priorities,
                                     preemption="engine")
     bound_arrived, bound_placed = _high_placed(bound)
+    variants = {"engine": _figures(run)}
+    for name, variant in VARIANTS.items():
+        with variant():
+            variants[name] = _figures(product.run_product(nodes, pods, POLICY, seed, load_weights(),
+                                                          priorities=priorities, preemption="engine"))
     return {"workload": workload, "seed": seed, "high_arrived": arrived, "high_placed": placed,
-            "bound_arrived": bound_arrived, "bound_placed": bound_placed, "summary": summary(failures)}
+            "bound_arrived": bound_arrived, "bound_placed": bound_placed, "summary": summary(failures),
+            "variants": variants}
 
 
 def summary(failures: list[dict[str, Any]]) -> dict[str, Any]:
@@ -239,6 +295,21 @@ def render(runs: list[dict[str, Any]]) -> str:
             for key, value in r["summary"]["asks"].items():
                 asks[key] = asks.get(key, 0) + value
         lines.append(f"- {w}: " + ", ".join(f"{k}: {v / len(sel):,.0f}" for k, v in sorted(asks.items())))
+    lines += ["", "Rule changes tried, same seeds (means): high placed %, alloc@130 %, preempted milli per run:", "",
+              "| workload | engine run (today) | the engine chooses every GPU pod's victims | "
+              "high pods take any node first |",
+              "|---|---|---|---|"]
+    for w in dict.fromkeys(r["workload"] for r in runs):
+        sel = [r for r in runs if r["workload"] == w and "variants" in r]
+        if not sel:
+            continue
+
+        def cell(name: str) -> str:
+            def mean(key: str) -> float:
+                return float(sum(r["variants"][name][key] for r in sel)) / len(sel)
+            return f"{mean('high_placed_percent'):.2f}, {mean('alloc_130'):.2f}, {mean('preempted_milli'):,.0f}"
+
+        lines.append(f"| {w} | {cell('engine')} | {cell('engine_victims')} | {cell('high_anywhere')} |")
     return "\n".join(lines)
 
 
