@@ -46,7 +46,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,17 @@ def _failure(state: preempting.Preempting, pod: PodSpec, view: PodSpec, fraction
 
 
 @contextmanager
-def _watch(failures: list[dict[str, Any]], fractions: set[str]) -> Iterator[None]:
+def _patched(owner: type, name: str, value: object) -> Iterator[None]:
+    """``owner.name`` is ``value`` for the duration of the block, and what it was after."""
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+def _watch(failures: list[dict[str, Any]], fractions: set[str]) -> AbstractContextManager[None]:
     """Record every high pod whose preemption step fails, for the duration of the block."""
     make_room = preempting.Preempting.make_room
 
@@ -126,11 +136,7 @@ def _watch(failures: list[dict[str, Any]], fractions: set[str]) -> Iterator[None
             failures.append(_failure(self, pod, view, fractions))
         return taken
 
-    preempting.Preempting.make_room = watched  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        preempting.Preempting.make_room = make_room  # type: ignore[method-assign]
+    return _patched(preempting.Preempting, "make_room", watched)
 
 
 @contextmanager
@@ -147,33 +153,22 @@ def _without_low(priority_of: Callable[[str], int]) -> Iterator[None]:
     def room_high(self: preempting.Preempting, pod: PodSpec, view: PodSpec, tally: ArrivalTally) -> float | None:
         return None if self.of(pod).value < HIGH_PRIORITY else make_room(self, pod, view, tally)
 
-    product.ProductReplay.place = place_high  # type: ignore[method-assign]
-    preempting.Preempting.make_room = room_high  # type: ignore[method-assign]
-    try:
+    with _patched(product.ProductReplay, "place", place_high), \
+            _patched(preempting.Preempting, "make_room", room_high):
         yield
-    finally:
-        product.ProductReplay.place = place  # type: ignore[method-assign]
-        preempting.Preempting.make_room = make_room  # type: ignore[method-assign]
 
 
-@contextmanager
-def _engine_victims() -> Iterator[None]:
+def _engine_victims() -> AbstractContextManager[None]:
     """kube-scheduler's default preemption never plans, so the engine chooses the victims of every GPU
     pod, for the block. A model experiment: live, kube-scheduler preempts for ``nvidia.com/gpu`` pods."""
-    scheduler = preempting.Preempting._scheduler
 
     def never(self: preempting.Preempting, view: PodSpec, priority: PodPriority, own: int) -> None:
         return None
 
-    preempting.Preempting._scheduler = never  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        preempting.Preempting._scheduler = scheduler  # type: ignore[method-assign]
+    return _patched(preempting.Preempting, "_scheduler", never)
 
 
-@contextmanager
-def _high_anywhere() -> Iterator[None]:
+def _high_anywhere() -> AbstractContextManager[None]:
     """High pods take any node first (the preference by priority kept for lower pods only), for the block."""
     unmixed = preempting.Preempting.unmixed
 
@@ -182,14 +177,10 @@ def _high_anywhere() -> Iterator[None]:
             return np.ones(len(self.replay.cluster), dtype=bool)
         return unmixed(self, pod)
 
-    preempting.Preempting.unmixed = anywhere  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        preempting.Preempting.unmixed = unmixed  # type: ignore[method-assign]
+    return _patched(preempting.Preempting, "unmixed", anywhere)
 
 
-VARIANTS: dict[str, Callable[[], Any]] = {"engine_victims": _engine_victims, "high_anywhere": _high_anywhere}
+VARIANTS: dict[str, Callable[[], AbstractContextManager[None]]] = {"engine_victims": _engine_victims, "high_anywhere": _high_anywhere}
 """Rule changes tried against the engine run (module docstring)."""
 
 
