@@ -509,6 +509,10 @@ class SimulatedNvml:
         """SIMULATION: pid -> growths of its memory that did not fit on GPU ``index`` (NVML has no such count)."""
         return {p.pid: p.memory_limit_hits for p in self._gpu(index).processes}
 
+    def mps_memory_limits(self, index: int) -> dict[int, int | None]:
+        """SIMULATION: pid -> the MPS pinned memory limit (MiB) it started with on GPU ``index``; None: none."""
+        return {p.pid: p.mps_limit_mib for p in self._gpu(index).processes}
+
     def stop_process(self, index: int, pid: int) -> None:
         gpu = self._gpu(index)
         gpu.processes = [p for p in gpu.processes if p.pid != pid]
