@@ -55,8 +55,8 @@ documentation, "Appendix: Environment Variables"). It is kept with the process i
 A growth past it fails like one past the device: the process grows to its limit and no further (the
 allocations that fit succeed), and counts a hit once per episode; shrinking is always allowed.
 Time-sliced and whole GPUs ignore the variable, as CUDA does without an MPS daemon, and a MIG
-instance bounds its processes' memory already. A malformed value is refused at the start with an
-error naming it (``sharing.api.mps_env.MpsEnvError``), as a real client fails to start: it is never
+instance bounds its processes' memory already. A malformed value is refused at the start, on any GPU
+(a pod fails the same wherever it lands), with an error naming it (``sharing.api.mps_env.MpsEnvError``), as a real client fails to start: it is never
 ignored, which would let the client use the whole GPU.
 
 Tests and the demo can inject faults (an error code for the next N calls of an
@@ -612,7 +612,8 @@ class SimulatedNvml:
 
     def _fit_memory(self, gpu: _Gpu, wanted: list[tuple[_Process, int]]) -> None:
         """Memory as the driver holds it: shrinking always works; a growth takes at most what its device has
-        free after every shrink (in start order); one that does not fit counts a hit, once per episode."""
+        free after every shrink (in start order), and an MPS client at most its limit; one that does not fit
+        counts a hit, once per episode."""
         for proc, mib in wanted:
             if mib <= proc.used_memory_mib:
                 proc.used_memory_mib = mib
