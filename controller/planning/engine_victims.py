@@ -6,10 +6,13 @@ the controller's :class:`~controller.planning.preemption.Preemption`:
 
 * the nodes a preemptor could take as they are: for a single-container shared pod, the nodes
   that share by its mode into a replica count its request fits (``modes`` = that count); for a
-  whole-GPU pod, the unshared nodes (``modes`` = ``WHOLE``). So every node is of the engine's
-  replica or whole-GPU kind and the engine never plans a reshape or an idle split here (the
-  live planner would have to carry those out through the policy gate for a pinned pod, which
-  may refuse for good);
+  whole-GPU pod, the unshared nodes (``modes`` = ``WHOLE``), and the shared nodes the caller may
+  switch back to whole GPUs now (``reclaim``: the policy gate is open) whose every replica is
+  held by a gpupack pod (``modes`` = their replica count): there the engine's plan is a
+  *reshape* (every GPU pod preempted, all of lower priority; reason ``reshape``), which the
+  planner carries out by holding the node for the preemptor and switching it back once the
+  victims are gone. The engine never plans an idle split or a re-split here (a fractional
+  preemptor reclaiming a node is not done live);
 * per node the CPU and memory its pods request (the ledger's room), and per GPU the replicas
   taken (the node's claimed replicas, GPU by GPU in order: the device plugin, not gpupack, picks
   the GPU inside a node) or the whole GPUs taken;
@@ -54,13 +57,35 @@ def _usable(pod: Pod, node: Node) -> bool:
     return node.sharing == pod.mode and fits_split(node.replicas, pod.asks, node.gpu_memory_bytes)
 
 
+def _reclaimable(pod: Pod, node: Node, free: FreeCapacity, pods: Sequence[Pod], spared: set[str]) -> bool:
+    """A shared node the engine may reshape for a whole-GPU ``pod`` (preempt every GPU pod there, then
+    switch it back): settled, no MIG, no fault, and every replica taken is held by a gpupack pod listed
+    here and not chosen this cycle (a replica released to it this cycle, or a pod another preemptor
+    takes, would be left on a node switched under it)."""
+    if pod.mode != "whole" or node.sharing == "none" or node.spec_sharing != node.sharing \
+            or node.spec_replicas != node.replicas or not node.converged or node.faulted \
+            or not node.full_gpus or any(g.mig_enabled for g in node.gpus):
+        return False
+    holders = [p for p in pods if p.node == node.name and not p.gated and p.backend != "dra" and p.shares]
+    if any(p.key in spared for p in holders):
+        return False
+    return free.shared[node.name] + sum(p.shares for p in holders) == len(node.full_gpus) * node.replicas
+
+
 def engine_plan(pod: Pod, nodes: Sequence[Node], free: FreeCapacity, pods: Sequence[Pod], *,
-                admits: Callable[[Node], bool], spared: set[str]) -> tuple[Node, PreemptionPlan] | None:
+                admits: Callable[[Node], bool], spared: set[str],
+                reclaim: Callable[[Node], bool] | None = None) -> tuple[Node, PreemptionPlan] | None:
     """The engine's plan for ``pod`` over the nodes it could take as they are, and the node; None when
-    the engine finds none (or the pod is not its case)."""
+    the engine finds none (or the pod is not its case).
+
+    ``reclaim``: for a whole-GPU pod, the shared nodes whose switch back to whole GPUs the policy
+    gate allows now (the caller's judgement, with the labels the switch gives the node); those of
+    them :func:`_reclaimable` are offered to the engine too, as it models them: node-wide replicas
+    it may *reshape* (preempt every GPU pod, all of lower priority, and switch the node back)."""
     if not engine_case(pod):
         return None
-    pool = [n for n in nodes if _usable(pod, n) and admits(n)]
+    pool = [n for n in nodes if _usable(pod, n) and admits(n)
+            or reclaim is not None and _reclaimable(pod, n, free, pods, spared) and reclaim(n)]
     if not pool:
         return None
     cluster = ClusterState([NodeSpec(n.name, n.cpu_milli or _BIG, n.memory_mib or _BIG, len(n.full_gpus),
@@ -92,9 +117,10 @@ def engine_plan(pod: Pod, nodes: Sequence[Node], free: FreeCapacity, pods: Seque
     if pod.shares:
         own = max(own, most_replicas(pod.asks, max(n.gpu_memory_bytes for n in pool), 1, own))
     plan = engine_preemption(cluster, modes, used, placed, shape, pod.priority, own_size=own)
-    if plan is None or plan.reshape or plan.replicas is not None or not plan.victims:
-        # The engine's reshape plans are not carried out live (module docstring); a plan without
-        # victims would say the pod fits, which the planner has just found it does not.
+    if plan is None or plan.replicas is not None or not plan.victims or (plan.reshape and pool[plan.node].sharing == "none"):
+        # Live, a reshape is a whole-GPU pod's switch back of a reclaimable node (module docstring); a
+        # node is never split anew for a preemptor. A plan without victims would say the pod fits, which
+        # the planner has just found it does not.
         return None
     return pool[plan.node], plan
 
