@@ -49,7 +49,7 @@ from controller.state.snapshot import FailedDevice, Snapshot
 from controller.writes.wait_status import StatusPatch, placement_patches
 from controller.writes.patches import gpus_spec, release_ops, sharing_spec
 from controller.writes.preemption import (
-    PREEMPTED_EVENT, disruption_patch, event_message, nominated_patch, plain_preemptor_ops, preemptor_ops,
+    PREEMPTED_EVENT, disruption_patch, event_message, plain_preemptor_ops, preemptor_ops,
 )
 from controller.planning.budgets import protected_pods
 from controller.planning.preemption import Preemption
@@ -603,11 +603,6 @@ class Controller:
                 except (KubeError, ValueError) as exc:
                     self._fail(report, "preempt", f"{preemption.preemptor} not pinned, nothing preempted: {exc}")
                     continue
-                if preemption.plain:
-                    try:  # a hint to kube-scheduler (nominated_patch); the record above is what gpupack reads
-                        self.kube.patch_pod_status(namespace, name, nominated_patch(preemption.node))
-                    except KubeError as exc:
-                        log.warning("nominatedNodeName of %s not written: %s", preemption.preemptor, exc)
                 self.metrics.preemptions.labels(preemption.kind or "unknown").inc()
                 log.info("preempting for %s: %s", preemption.preemptor, preemption.reason)
             for victim in preemption.victims:

@@ -8,8 +8,7 @@ Pure builders; :mod:`controller.reconcile` sends them, in this order, for a
    and records its victims' uids in ``gpupack.io/preempting`` (``sharing.api.preempting``). If it
    fails, nothing is deleted. A preemptor that is not gpupack's (a pod asking ``nvidia.com/gpu``
    that kube-scheduler left Unschedulable) is not pinned: its record also names the node
-   (:func:`plain_preemptor_ops`, guarded by its ``resourceVersion``), and its
-   ``status.nominatedNodeName`` names it too (:func:`nominated_patch`);
+   (:func:`plain_preemptor_ops`, guarded by its ``resourceVersion``);
 2. each victim: the ``DisruptionTarget`` condition kube-scheduler's preemption writes, with
    gpupack's reason (``PreemptionByGpupack``) and a message naming the preemptor
    (:func:`disruption_patch`), then a ``Preempted`` Event (:func:`event_message`), then the
@@ -63,14 +62,6 @@ def plain_preemptor_ops(pod: Mapping[str, Any], node: str, victims: Sequence[str
             *_record_ops(pod, PreemptingRecord(tuple(victims), node))]
 
 
-def nominated_patch(node: str) -> dict[str, Any]:
-    """The status patch naming ``node`` in ``status.nominatedNodeName`` of a preemptor that is not gpupack's,
-    as kube-scheduler nominates its own preemptors: kube-scheduler then tries that node first, counts the
-    pod there when it places pods of lower or equal priority, and does not preempt for it again while
-    a victim of lower priority on that node is terminating (``PodEligibleToPreemptOthers``)."""
-    return {"status": {"nominatedNodeName": node}}
-
-
 def _record_ops(pod: Mapping[str, Any], record: PreemptingRecord) -> list[Op]:
     ops: list[Op] = []
     if not isinstance(_map(pod.get("metadata")).get("annotations"), Mapping):
@@ -98,5 +89,5 @@ def event_message(preemption: Preemption, priority: int) -> str:
             f"(this pod's priority {priority} is lower); deleted with its grace period")
 
 
-__all__ = ["DISRUPTION_TARGET", "PREEMPTED_EVENT", "disruption_patch", "event_message", "nominated_patch",
-           "plain_preemptor_ops", "preemptor_ops"]
+__all__ = ["DISRUPTION_TARGET", "PREEMPTED_EVENT", "disruption_patch", "event_message", "plain_preemptor_ops",
+           "preemptor_ops"]

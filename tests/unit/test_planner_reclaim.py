@@ -18,7 +18,7 @@ from controller.planning.planner import Plan, SharingChange, in_flight, plan
 from controller.state.build import parse_pod
 from controller.state.pods import plain_preemptor
 from controller.state.snapshot import Gpu, Node, PlainGpuPod, Pod, Snapshot
-from controller.writes.preemption import nominated_patch, plain_preemptor_ops, preemptor_ops
+from controller.writes.preemption import plain_preemptor_ops, preemptor_ops
 from gpupack.replay.outcome import classify
 from mig.catalog import get_model
 from sharing.api.keys import PREEMPTING_ANNOTATION
@@ -186,7 +186,6 @@ def test_what_the_controller_writes_for_a_plain_preemptor() -> None:
     ops = plain_preemptor_ops(obj, "a", ["uid-1", "uid-2"])
     assert ops[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "7"}
     assert ops[-1]["value"] == "uid-1,uid-2@a" and ops[1] == {"op": "add", "path": "/metadata/annotations", "value": {}}
-    assert nominated_patch("a") == {"status": {"nominatedNodeName": "a"}}
     with pytest.raises(ValueError, match="resourceVersion"):
         plain_preemptor_ops({"metadata": {}}, "a", ["uid-1"])
     with pytest.raises(ValueError):
