@@ -197,17 +197,25 @@ def preemptors(snapshot: Snapshot) -> tuple[Pod, ...]:
 
 
 def reclaimed(snapshot: Snapshot) -> dict[str, Pod]:
-    """Shared nodes whose GPU pods were preempted for a whole-GPU pod (a *reshape*), by name, with that
-    pod: a gpupack pod pinned there or a plain pod whose record names it, not bound yet, while the
-    node still shares (its switch back not yet written). Held for it until then (:attr:`_Cycle.held`)."""
+    """Nodes whose GPU pods were preempted for a pod that needs the node switched (a *reshape*), by
+    name, with that pod: a gpupack pod pinned there or a plain pod whose record names it, not bound
+    yet, while the node's spec is not yet what the pod needs (:func:`_switched_for`). Held for it
+    until then (:attr:`_Cycle.held`)."""
     by_name = {n.name: n for n in snapshot.nodes}
     out: dict[str, Pod] = {}
     for pod in (*snapshot.pods, *preemptors(snapshot)):
         node = by_name.get(pod.node or "")
-        if (pod.mode == "whole" and pod.victims and not pod.bound and node is not None
-                and node.spec_sharing != "none"):
+        if pod.victims and not pod.bound and node is not None and pod.mode != "mig" and not _switched_for(pod, node):
             out.setdefault(node.name, pod)
     return out
+
+
+def _switched_for(pod: Pod, node: Node) -> bool:
+    """Whether ``node``'s spec already gives ``pod`` its kind of place: whole GPUs, or its mode at a
+    split it fits (the preemption of a replica or a whole GPU there needs no switch)."""
+    if pod.mode == "whole":
+        return node.spec_sharing == "none"
+    return node.spec_sharing == pod.mode and fits_split(node.spec_replicas, pod.asks, node.gpu_memory_bytes)
 
 
 RECENT_DECAY = 0.99
@@ -447,42 +455,67 @@ def _switch_back(cycle: _Cycle, node: Node, why: str, reserved: bool = False) ->
 
 
 def _reclaim(cycle: _Cycle, pod: Pod, taken: Counter[str]) -> Wait:
-    """A whole-GPU preemptor whose victims on a shared node are gone (:attr:`_Cycle.held`): the node is
-    switched back to whole GPUs for it once the node agent reports its GPUs unused (a process outlives
-    its pod object by a poll) and the policy's window is open; its ``maxConcurrent`` slot is held
-    since the preemption. The idle-time rule (``idleSeconds``) is not asked: it keeps a reshape from
-    destroying a GPU's work while that may still return, and here the work was preempted on purpose for
-    this pod; waiting longer would only keep the pod from the GPUs nothing else may take."""
+    """A preemptor whose victims on a node it reclaimed are gone (:attr:`_Cycle.held`): the node is
+    switched for it (back to whole GPUs, or split by its mode at its own size) once the node agent
+    reports its GPUs unused (a process outlives its pod object by a poll) and the policy's window is
+    open; its ``maxConcurrent`` slot is held since the preemption. The idle-time rule
+    (``idleSeconds``) is not asked: it keeps a reshape from destroying a GPU's work while that may
+    still return, and here the work was preempted on purpose for this pod; waiting longer would only
+    keep the pod from the GPUs nothing else may take."""
     node = cycle.by_name[pod.node or ""]
     policy = cycle.snapshot.policies.get(node.name)
-    if taken[node.name] or not node.converged or any(g.idle_since is None for g in node.full_gpus):
+    if (taken[node.name] or cycle.whole_busy[node.name] or not node.converged
+            or any(g.idle_since is None for g in node.full_gpus)):
         return Wait(pod.key, f"waiting on {node.name}, reclaimed for it, for its GPUs to be reported unused",
                     preempting=True)
     in_flight = policy.max_concurrent - cycle.budget.get(policy.names, 0) - 1 if policy is not None else 0
-    if not reshape_gate(policy, cycle.now, in_flight=in_flight).allowed:
-        return Wait(pod.key, f"waiting on {node.name}, reclaimed for it, for its policy's window to switch it back "
-                             "to whole GPUs", preempting=True)
-    _switch_back(cycle, node, f"reclaimed for {pod.key}, which needs {pod.whole_gpus} whole GPU(s)", reserved=True)
-    cycle.planned_whole[node.name] -= pod.whole_gpus
-    return Wait(pod.key, f"capacity being created: {node.name}, reclaimed for it, returning to whole GPUs",
+    if policy is None or not reshape_gate(policy, cycle.now, in_flight=in_flight).allowed:
+        return Wait(pod.key, f"waiting on {node.name}, reclaimed for it, for its policy's window to switch it",
+                    preempting=True)
+    if pod.mode == "whole":
+        _switch_back(cycle, node, f"reclaimed for {pod.key}, which needs {pod.whole_gpus} whole GPU(s)", reserved=True)
+        cycle.planned_whole[node.name] -= pod.whole_gpus
+        return Wait(pod.key, f"capacity being created: {node.name}, reclaimed for it, returning to whole GPUs",
+                    coming=True, preempting=True)
+    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+    replicas = _reclaim_split(pod, node, policy)
+    if not replicas:
+        return Wait(pod.key, f"waiting on {node.name}, reclaimed for it: no split its policy allows fits it",
+                    preempting=True)
+    cycle.sharing[node.name] = SharingChange(node.name, mode, replicas, f"reclaimed for {pod.key}, which needs {mode}")
+    cycle.planned_shares[node.name] = len(node.full_gpus) * replicas - pod.shares
+    return Wait(pod.key, f"capacity being created: {node.name}, reclaimed for it, switching to {mode} x{replicas}",
                 coming=True, preempting=True)
 
 
+def _reclaim_split(pod: Pod, node: Node, policy: NodePolicy) -> int:
+    """The replica count a node reclaimed for a shared ``pod`` is split into: its own size there (the most
+    replicas its policy allows that the pod fits, on the labels the split gives the node; 0: none)."""
+    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+    return most_replicas(pod.asks, node.gpu_memory_bytes, policy.min_replicas, policy.max_replicas,
+                         admits=partial(_allowed_after_switch, pod, node, mode))
+
+
 def _may_reclaim(cycle: _Cycle, pod: Pod, node: Node) -> bool:
-    """Whether ``node``, a shared node, may be reclaimed for the whole-GPU ``pod`` now: the policy gate
-    for its switch back is open (a policy selects it, window open, ``maxConcurrent`` not reached;
-    idle time aside, :func:`_reclaim`), nothing else is planned for it this cycle, and the pod
-    admits it once it is unshared. A node whose gate is shut is never reclaimed: its pod would wait
-    on GPUs that may not return to whole-GPU use."""
-    return (node.name not in cycle.sharing and node.name not in cycle.held
-            and _open(cycle.snapshot.policies.get(node.name), cycle)
-            and _allowed_after_switch(pod, node, "none", 1))
+    """Whether ``node`` may be reclaimed for ``pod`` now: the policy gate for its switch (back to whole
+    GPUs, or to the pod's mode at its own size) is open (a policy selects it, window open,
+    ``maxConcurrent`` not reached; idle time aside, :func:`_reclaim`), nothing else is planned for it
+    this cycle, and the pod admits it once switched. A node whose gate is shut is never reclaimed:
+    its pod would wait on GPUs that may not be switched for it."""
+    policy = cycle.snapshot.policies.get(node.name)
+    if node.name in cycle.sharing or node.name in cycle.held or policy is None or not _open(policy, cycle):
+        return False
+    if pod.mode == "whole":
+        return _allowed_after_switch(pod, node, "none", 1)
+    return bool(_reclaim_split(pod, node, policy))
 
 
 def _hold(cycle: _Cycle, node: str, pod: Pod) -> None:
-    """Keep ``node`` for ``pod`` (:attr:`_Cycle.held`): none of its replicas is released to another pod."""
+    """Keep ``node`` for ``pod`` (:attr:`_Cycle.held`): none of its replicas or whole GPUs is released to
+    another pod."""
     cycle.held[node] = pod
     cycle.free.shared[node] = 0
+    cycle.free.whole[node] = 0
 
 
 def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:

@@ -195,3 +195,33 @@ def test_what_the_controller_writes_for_a_plain_preemptor() -> None:
 def test_the_replay_waits_for_a_pod_gpupack_preempts_for() -> None:
     assert classify(pod_object()) == ("unplaceable", "scheduler")
     assert classify(pod_object(record="uid-1@a")) == ("waiting", None)
+
+
+# ------------------------------------------------------------------ a fractional preemptor
+def shared_preemptor(milli: int, **pinned: Any) -> Pod:
+    return Pod("team", "infer", "mps", NOW, milli=(milli,), memory_bytes=(None,), gated=True, uid="uid-infer",
+               priority=PodPriority(HIGH), **pinned)
+
+
+def test_a_pod_too_big_for_a_split_reclaims_the_node_and_it_is_split_at_its_size() -> None:
+    """900 milli fits no replica of a split into two: both best-effort replicas go, and once they are
+    gone the node is split anew into one replica for it (its own size under the policy)."""
+    (preemption,) = run([mps_node("a")], [*BE_NODE, shared_preemptor(900)], []).preemptions
+    assert (preemption.node, preemption.kind) == ("a", "reshape")
+    pinned = shared_preemptor(900, node="a", victims=("uid-be1", "uid-be2"))
+    result = run([mps_node("a", idle=True)], [pinned, replica("late", LOW, None)], [])
+    assert [(c.node, c.mode, c.replicas) for c in result.sharing] == [("a", "mps", 1)]
+    assert result.releases == ()
+
+
+def test_a_whole_gpu_node_of_best_effort_pods_is_reclaimed_for_a_replica() -> None:
+    """No shared node: the unshared node whose GPU holds a best-effort whole-GPU pod of gpupack's is
+    reclaimed and split by MPS at the pod's own size (two replicas of 400 milli)."""
+    holder = Pod("team", "be-whole", "whole", NOW, milli=(1000,), memory_bytes=(None,), node="w", bound=True,
+                 uid="uid-be-whole", priority=PodPriority(LOW))
+    (preemption,) = run([whole_node("w")], [holder, shared_preemptor(400)], []).preemptions
+    assert (preemption.node, preemption.kind, [v.key for v in preemption.victims]) == ("w", "reshape", ["team/be-whole"])
+    idle = replace(whole_node("w"), whole_taken=0,
+                   gpus=(Gpu(0, H100.memory_mib, False, idle_since=NOW - timedelta(seconds=1)),))
+    result = run([idle], [shared_preemptor(400, node="w", victims=("uid-be-whole",))], [])
+    assert [(c.node, c.mode, c.replicas) for c in result.sharing] == [("w", "mps", 2)]
