@@ -9,9 +9,10 @@ the DRA pool is :mod:`controller.planning.draplan`'s).
 
 **Whose choice.** A single-container shared pod or a whole-GPU pod gets the engine's plan,
 ``sharing.packing.preemption.engine_preemption``, the function the simulator calls
-(:mod:`controller.planning.engine_victims` builds its state from the snapshot). For a whole-GPU
-pod that includes a *reshape*: every GPU pod of a shared node preempted (all of lower priority)
-and the node switched back to whole GPUs, on the nodes whose policy gate is open now. A pod
+(:mod:`controller.planning.engine_victims` builds its state from the snapshot). That includes a
+*reshape*, on the nodes whose policy gate is open now: every GPU pod of a node preempted (all of
+lower priority) and the node switched for the preemptor (a shared node back to whole GPUs for a
+whole-GPU pod; a node split anew at a one-replica pod's own size). A pod
 that is not gpupack's (``nvidia.com/gpu`` asked by the pod itself, :attr:`Pod.plain`) that
 kube-scheduler left Unschedulable after its own preemption found nothing preempts the same way;
 it cannot be pinned, so its record names the node. A MIG pod and a shared pod of several containers,
