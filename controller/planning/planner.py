@@ -24,10 +24,13 @@ carries Kueue's admission gate is not among them: it only gets a ``held`` wait):
    change (:mod:`controller.planning.migplan`, or a node sharing change) and let the pod
    **wait** for it: its gate is lifted in a later cycle, once the node agent
    reports the new capacity;
-3. otherwise, if it is gated and may preempt, the fewest pods of strictly lower
-   priority whose places give it one are **preempted**
-   (:mod:`controller.planning.preemption`): the pod is pinned to that node and
-   waits, its place held, until they are gone, then is released as in 1;
+3. otherwise, if it is gated (or is a pod asking ``nvidia.com/gpu`` itself that
+   kube-scheduler left Unschedulable, ``Pod.plain``) and may preempt, the fewest pods of
+   strictly lower priority whose places give it one are **preempted**
+   (:mod:`controller.planning.preemption`): the pod is pinned to that node (a plain pod's
+   record names it) and waits, its place held, until they are gone, then is released as in 1.
+   A node whose every GPU pod was preempted for it (a *reshape*) is held for it and switched
+   to what it needs once they are gone (:func:`_reclaim`);
 4. otherwise the pod **waits**, with the reason.
 
 Capacity planned in this cycle is reused by the next pods of the same cycle
@@ -161,8 +164,8 @@ class _Cycle:
     last_of_shape: dict[str, dict[tuple[object, ...], tuple[int, Pod]]] | None = None
     """Per sharing mode and pod shape, the last waiting pod of that shape and its index (:func:`_kept_for_later`)."""
     held: dict[str, Pod] = field(default_factory=dict)
-    """Shared nodes reclaimed for a whole-GPU preemptor (:func:`reclaimed`), and the preemptor: no replica
-    is released there and no one else splits or switches them; the preemptor's own switch back
+    """Nodes reclaimed for a preemptor (:func:`reclaimed`), and the preemptor: no replica or whole GPU
+    is released there and no one else splits or switches them; the preemptor's own switch
     (:func:`_reclaim`) is the only change planned for them."""
 
     def in_order(self, names: set[str]) -> list[Node]:
