@@ -601,6 +601,11 @@ class Controller:
                                          pinned=parsed is not None and parsed.node == preemption.node))
                     self.kube.json_patch_pod(namespace, name, ops)
                 except (KubeError, ValueError) as exc:
+                    if preemption.plain and isinstance(exc, KubeError) and exc.invalid:
+                        # Its resourceVersion test failed: kube-scheduler bound or updated it since the plan.
+                        log.info("not preempting for %s: it changed since this cycle's snapshot (planned again "
+                                 "next cycle)", preemption.preemptor)
+                        continue
                     self._fail(report, "preempt", f"{preemption.preemptor} not pinned, nothing preempted: {exc}")
                     continue
                 self.metrics.preemptions.labels(preemption.kind or "unknown").inc()

@@ -15,6 +15,9 @@ from typing import Any
 import pytest
 
 from controller.planning.planner import Plan, SharingChange, in_flight, plan
+from controller.planning.preemption import Preemption, Victim
+from controller.reconcile import Controller, CycleReport
+from controller.settings import ControllerSettings
 from controller.state.build import parse_pod
 from controller.state.pods import plain_preemptor
 from controller.state.snapshot import Gpu, Node, PlainGpuPod, Pod, Snapshot
@@ -25,6 +28,7 @@ from sharing.api.keys import PREEMPTING_ANNOTATION
 from sharing.api.preempting import PreemptingRecord, preempting_text, read_preempting
 from sharing.api.priority import NEVER, PREEMPT_LOWER_PRIORITY, PodPriority
 from sharing.rules.node_policy import NodePolicy
+from tests.unit.test_controller_preemption import RecordingKube
 
 H100 = get_model("H100-80GB")
 NOW = datetime(2026, 11, 30, 2, 0, tzinfo=timezone.utc)
@@ -225,3 +229,21 @@ def test_a_whole_gpu_node_of_best_effort_pods_is_reclaimed_for_a_replica() -> No
                    gpus=(Gpu(0, H100.memory_mib, False, idle_since=NOW - timedelta(seconds=1)),))
     result = run([idle], [shared_preemptor(400, node="w", victims=("uid-be-whole",))], [])
     assert [(c.node, c.mode, c.replicas) for c in result.sharing] == [("w", "mps", 2)]
+
+
+# ------------------------------------------------------------------ the writes, through the controller
+def test_the_controller_records_a_plain_preemptor_then_preempts_and_skips_quietly_when_it_changed() -> None:
+    reshape = Preemption("ml/llm", "a", (Victim("team/be1", "uid-be1", 0, 400),), "test", "reshape", plain=True)
+    kube = RecordingKube()
+    controller = Controller(kube, ControllerSettings(), clock=lambda: NOW)  # type: ignore[arg-type]
+    report = CycleReport()
+    controller._preempt([reshape], {"ml/llm": pod_object()}, NOW, report)  # noqa: SLF001
+    assert [(c[0], c[1]) for c in kube.calls] == [("pin", "ml/llm"), ("status", "team/be1"), ("event", "team/be1"),
+                                                  ("delete", "team/be1")]
+    assert kube.calls[0][2][-1]["value"] == "uid-be1@a" and report.errors == []
+    assert controller.metrics.registry.get_sample_value("gpupack_preemptions_total", {"reason": "reshape"}) == 1
+    changed = RecordingKube(fail_pin=True)  # the resourceVersion test failed: nothing deleted, no error
+    controller = Controller(changed, ControllerSettings(), clock=lambda: NOW)  # type: ignore[arg-type]
+    report = CycleReport()
+    controller._preempt([reshape], {"ml/llm": pod_object()}, NOW, report)  # noqa: SLF001
+    assert changed.calls == [] and report.errors == [] and report.preempted == []
