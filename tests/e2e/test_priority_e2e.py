@@ -14,7 +14,8 @@ kubelet: the victim stays Terminating, and meanwhile the preemptor waits pinned 
 second pod is preempted; the test then plays the kubelet (the pod is gone) and the preemptor is
 released and bound to the freed instance. A pod asking ``nvidia.com/gpu`` itself reclaims a node
 whose replicas all hold low pods: both are preempted, and the node is switched back to whole GPUs
-for it once they are gone. An unknown PriorityClass is refused by the API server.
+for it once they are gone; a gated pod too big for a node's split reclaims it, and the node is
+split anew at the pod's size. An unknown PriorityClass is refused by the API server.
 Deadlines only, no timing assertions.
 """
 
@@ -54,15 +55,15 @@ class Priorities:
         self.classes.append(name)
         return name
 
-    def gpu_pod(self, name: str, priority_class: str, kind: str) -> dict[str, Any]:
-        """A gated pod as the webhook leaves it: a ``3g.40gb`` instance (``mig``) or an MPS replica of a
-        node shared into two (``mps``)."""
+    def gpu_pod(self, name: str, priority_class: str, kind: str, milli: int = 400) -> dict[str, Any]:
+        """A gated pod as the webhook leaves it: a ``3g.40gb`` instance (``mig``) or an MPS replica
+        (``mps``) of ``milli``."""
         resource = f"nvidia.com/mig-{PROFILE}" if kind == "mig" else "nvidia.com/gpu.shared"
         allocation = Allocation(
             mode="mig" if kind == "mig" else "mps", gated=True, capacity_existed=False, policy="e2e", reason="e2e",
-            gpu_model=H100, replicas=None if kind == "mig" else 2,
-            # 400 milli: a replica of a split into two, never of one into three (the node is not re-split).
-            containers=(ContainerAllocation("main", "containers", 300 if kind == "mig" else 400, None, resource,
+            gpu_model=H100,
+            # 400 milli: a replica of a split into two, never of one into three.
+            containers=(ContainerAllocation("main", "containers", 300 if kind == "mig" else milli, None, resource,
                                             PROFILE if kind == "mig" else None),),
         )
         return {"apiVersion": "v1", "kind": "Pod",
@@ -198,6 +199,33 @@ def test_a_plain_whole_gpu_pod_reclaims_a_best_effort_node_and_is_bound_there(h:
     log = h.log("ctl-reclaim")
     assert f"preempted {h.namespace}/{lows[0]} for {h.namespace}/{plain} on {node}" in log
     assert " failed: " not in log, "a write failed (the controller's grants)"
+
+
+def test_a_pod_too_big_for_the_split_reclaims_the_node_and_runs_there_split_anew(h: Harness, p: Priorities) -> None:
+    """A gated MPS pod of 400 milli of the high class and a node whose GPU the controller split for four
+    low pods of 200 milli (into more than two replicas, the demand's split): no replica of that split
+    fits the pod however many go, so the controller preempts all four (the engine's ``reshape``), pins
+    the pod to the node and, once they are gone, splits the node anew at the pod's own size (two
+    replicas); the pod is then released and bound there."""
+    node = h.node("a", 1, mps=4)
+    h.policy()
+    low, high = p.priority_class("low", 10), p.priority_class("high", 1000)
+    h.controller("ctl-resplit")
+    lows = [p.create(p.gpu_pod(f"low-{i}", low, "mps", milli=200)) for i in range(4)]
+    for name in lows:
+        assert wait_for(f"{name} to be bound", partial(h.node_of, name), timeout_s=90) == node
+    split = h.gpunode(node)["spec"]["sharing"]
+    assert split["mode"] == "mps" and split["replicas"] > 2
+    big = p.create(p.gpu_pod("big", high, "mps", milli=400))
+    wait_for("the low pods to be preempted", lambda: all(
+        (seen := p.pod(n)) is not None and seen.metadata.deletion_timestamp is not None for n in lows), timeout_s=90)
+    assert h.gpunode(node)["spec"]["sharing"] == split, "switched under terminating pods"
+    for name in lows:  # the test plays the kubelet
+        h.core.delete_namespaced_pod(name, h.namespace, grace_period_seconds=0)
+    assert wait_for("the big pod to be bound to the re-split node", lambda: h.node_of(big), timeout_s=120) == node
+    assert h.gpunode(node)["spec"]["sharing"] == {"mode": "mps", "replicas": 2}
+    log = h.log("ctl-resplit")
+    assert f"reclaimed for {h.namespace}/{big}" in log and " failed: " not in log
 
 
 def test_an_unknown_priority_class_is_refused_by_the_api_server(h: Harness, p: Priorities) -> None:

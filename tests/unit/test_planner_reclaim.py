@@ -50,9 +50,9 @@ def whole_node(name: str) -> Node:
                 whole_taken=1)
 
 
-def replica(name: str, priority: int, on: str | None) -> Pod:
+def replica(name: str, priority: int, on: str | None, milli: int = 400) -> Pod:
     """A gpupack MPS pod of one replica, bound to ``on`` (None: gated, waiting)."""
-    return Pod("team", name, "mps", NOW - timedelta(minutes=10), milli=(400,), memory_bytes=(None,),
+    return Pod("team", name, "mps", NOW - timedelta(minutes=10), milli=(milli,), memory_bytes=(None,),
                gated=on is None, node=on, bound=on is not None, uid=f"uid-{name}", priority=PodPriority(priority))
 
 
@@ -208,13 +208,14 @@ def shared_preemptor(milli: int, **pinned: Any) -> Pod:
 
 
 def test_a_pod_too_big_for_a_split_reclaims_the_node_and_it_is_split_at_its_size() -> None:
-    """900 milli fits no replica of a split into two: both best-effort replicas go, and once they are
-    gone the node is split anew into one replica for it (its own size under the policy)."""
-    (preemption,) = run([mps_node("a")], [*BE_NODE, shared_preemptor(900)], []).preemptions
-    assert (preemption.node, preemption.kind) == ("a", "reshape")
-    pinned = shared_preemptor(900, node="a", victims=("uid-be1", "uid-be2"))
-    result = run([mps_node("a", idle=True)], [pinned, replica("late", LOW, None)], [])
-    assert [(c.node, c.mode, c.replicas) for c in result.sharing] == [("a", "mps", 1)]
+    """400 milli fits no replica of a split into four: the four best-effort replicas go, and once they
+    are gone the node is split anew into two replicas for it (its own size under the policy)."""
+    fours = [replica(f"q{i}", LOW, "a", milli=200) for i in range(4)]
+    (preemption,) = run([mps_node("a", replicas=4)], [*fours, shared_preemptor(400)], []).preemptions
+    assert (preemption.node, preemption.kind, len(preemption.victims)) == ("a", "reshape", 4)
+    pinned = shared_preemptor(400, node="a", victims=tuple(p.uid for p in fours))
+    result = run([mps_node("a", idle=True, replicas=4)], [pinned, replica("late", LOW, None, milli=200)], [])
+    assert [(c.node, c.mode, c.replicas) for c in result.sharing] == [("a", "mps", 2)]
     assert result.releases == ()
 
 
