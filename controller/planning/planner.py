@@ -744,7 +744,8 @@ def _whole_demand_elsewhere(cycle: _Cycle, taken: Counter[str], planned: int) ->
     """Pods that are not gpupack's wait for ``nvidia.com/gpu`` kube-scheduler found nowhere:
     idle shared nodes return to whole-GPU use until the free and incoming whole GPUs cover them.
     ``planned``: the GPUs of those the cycle planned one by one (``preemptors``), left out here."""
-    short = cycle.snapshot.whole_waiting - planned - sum(cycle.free.whole.values()) - sum(cycle.free.incoming_whole.values())
+    short = cycle.snapshot.whole_waiting - planned
+    short -= sum(cycle.free.whole.values()) + sum(cycle.free.incoming_whole.values())
     short -= sum(cycle.planned_whole.values())
     for node in _idle_shared_nodes(cycle, taken, 1, None):
         if short <= 0:
