@@ -6,8 +6,12 @@ trace first asks for a whole GPU of ``--gpu`` and lives from its first sample to
 its own workload of one replica unless ``--workloads FILE`` (a CSV: ``container_ip,workload``)
 groups pods into workloads. ``--mode`` is the right-sizer's: ``off`` recommends only,
 ``initial`` sizes new pods of a workload from its recommendation, ``recreate`` also moves running
-pods far from theirs (make-before-break). The replay draws nothing at random: ``--seed`` is
-recorded in the output and changes no figure today.
+pods far from theirs (make-before-break). The run itself draws nothing at random. ``--draws N``
+adds N more runs with observation noise drawn from ``--seed``, ``--seed`` + 1, ...: each GPU's
+agent publishes at its own phase and each sample is missed with probability ``--missed-samples``,
+as a live run's agents do (``sharing.simulator.usage_replay``, "Observation noise"); the JSON's
+``draws`` holds each figure's mean, least and most over them. On few pods the saving is a
+distribution: compare a live run with its mean.
 
 Prints the run's figures beside the oracle's saving (a per-minute re-pack knowing the future)
 and the naive static packing's figures; ``--json`` prints them as one JSON object with the keys
@@ -36,7 +40,7 @@ from typing import Any
 from gpupack.cli import EXIT_OK, UsageError, finite_float, load_usage_trace
 from kube.inputfile import read_text
 from mig.errors import UnknownModelError
-from sharing.simulator.usage import gpu_memory_bytes, parse_workloads, run_usage
+from sharing.simulator.usage import gpu_memory_bytes, parse_workloads, run_usage, run_usage_draws
 from sharing.simulator.usage_replay import BACKENDS, MODES, RightSizing
 from sharing.usage.recommender import RecommenderSettings, WorkloadKey
 from sharing.usage.trace import DUTY_FILE, MEMORY_FILE
@@ -54,7 +58,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gpu", required=True, metavar="MODEL",
                    help="GPU model the pods run on (e.g. H100-80GB, H200-141GB)")
     p.add_argument("--mode", choices=MODES, default="recreate", help="the right-sizer's mode (default recreate)")
-    p.add_argument("--seed", type=int, default=42, metavar="N", help="recorded; the replay draws nothing at random")
+    p.add_argument("--seed", type=int, default=42, metavar="N",
+                   help="the first draw's seed of --draws (default 42); the run itself draws nothing at random")
+    p.add_argument("--draws", type=int, default=0, metavar="N",
+                   help="also run N times with observation noise (each GPU's publication phase drawn, samples "
+                        "missed at --missed-samples) and report each figure's mean, least and most under `draws` "
+                        "(default 0: none)")
+    p.add_argument("--missed-samples", type=finite_float, default=0.0, metavar="P",
+                   help="with --draws: the probability that an agent misses a pod's sample of a trace step "
+                        "(default 0; a live replay's agents miss steps when a poll outlasts a scaled step)")
     p.add_argument("--workloads", type=Path, metavar="FILE",
                    help="CSV container_ip,workload grouping pods into workloads")
     p.add_argument("--compute-overcommit", type=finite_float, default=1.0, metavar="F",
@@ -142,11 +154,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-drains must not be negative, got {args.max_drains}")
     if args.publish_seconds is not None and not 0 < args.publish_seconds <= 86400:
         raise UsageError(f"--publish-seconds must be above 0 and at most a day, got {args.publish_seconds:g}")
+    if not 0 <= args.draws <= 1000:
+        raise UsageError(f"--draws must be between 0 and 1000, got {args.draws}")
+    if not 0.0 <= args.missed_samples < 1.0:
+        raise UsageError(f"--missed-samples must be at least 0 and below 1, got {args.missed_samples:g}")
+    if args.missed_samples and not args.draws:
+        raise UsageError("--missed-samples needs --draws N: the samples missed are drawn per run")
     policy = RightSizing(mode=args.mode, compute_overcommit=args.compute_overcommit,
                          recommender=recommender_settings(args), max_drains=args.max_drains,
                          duty_quantile=args.duty_quantile, shared_compute_observed=args.shared_compute_observed,
                          backend=args.backend, publish_every_s=args.publish_seconds)
     result = run_usage(trace, args.gpu, policy, workloads)
+    if args.draws:
+        result["draws"] = run_usage_draws(trace, args.gpu, policy, args.draws, args.seed, args.missed_samples,
+                                          workloads)
     counts = {"duty": dataclasses.asdict(trace.duty), "memory": dataclasses.asdict(trace.memory),
               "left_out": list(trace.left_out), "step_s": trace.step_s}
     result = {**result, "compute_overcommit": args.compute_overcommit, "seed": args.seed, "trace": counts}
@@ -158,6 +179,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'':36s} {'run':>10s} {'static':>10s}")
     for key in SHOWN:
         print(f"{key:36s} {result[key]:10g} {result['static'][key]:10g}")
+    if "draws" in result:
+        drawn = result["draws"]
+        print(f"over {drawn['count']} draws of observation noise (seeds {args.seed}-{args.seed + drawn['count'] - 1}, "
+              f"samples missed {drawn['missed_samples']:g}): gpu_hours_saved_pct mean {drawn['mean']['gpu_hours_saved_pct']:g}, "
+              f"least {drawn['min']['gpu_hours_saved_pct']:g}, most {drawn['max']['gpu_hours_saved_pct']:g}")
     print(f"oracle_gpu_hours_saved_pct {result['oracle_gpu_hours_saved_pct']:g} (per-pod hard limits at their "
           f"peaks, re-packed every minute: {result['peak_oracle_gpu_hours_saved_pct']:g})")
     return EXIT_OK

@@ -7,10 +7,30 @@ device and a simulated process inside it (Allocate, and the workload), and
 from NVML and the spec's sharing, and tells the simulated NVML which GPUs it serves through
 MPS (their clients' SM samples then go to an MPS server, as on hardware). Nothing has to be
 paused or restarted.
+
+**MPS memory limits.** The simulated NVML holds an MPS client to the limit a real deployment gives it
+(``node.nvml.simulated``), and the emulator passes what the real stack passes, both parts of it:
+
+* the NVIDIA device plugin's: its MPS control daemon sets every GPU's default pinned memory limit to the
+  GPU's memory divided by the replicas, in whole MiB (``set_default_device_pinned_mem_limit``;
+  NVIDIA/k8s-device-plugin, ``cmd/mps-control-daemon/mps/daemon.go``,
+  ``perDevicePinnedDeviceMemoryLimits``); its Allocate sets no memory variable. ``publish`` tells
+  the simulated NVML that default with ``set_mps``;
+* gpupack's own per-pod limit: the webhook writes ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` into the
+  container's env (``sharing.admission.decision``; a right-sized pod's is its recommended memory), and
+  the kubelet hands the container's env to the process, so ``allocate`` starts each pod's process with
+  its container's env (``PodUse.envs``).
+
+A client's variable only narrows the daemon's default (NVIDIA's MPS documentation), so the limit in force
+is the smaller: for a gpupack pod the webhook's (a share fits a replica only when ``replicas x memory``
+is at most the GPU's, ``sharing.rules.replicas.fits_replicas``), for a pod the webhook did not size
+the replica's. A pod whose container sets a malformed value gets no process (a real client fails to
+start), with a warning naming the pod and the value, once.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +43,9 @@ from node.nvml.simulated import SimulatedNvml
 from node.base.pods import SIM_PID_BASE, PodUse, assign_pods, sim_pid
 from sharing.api.crd import GPUNodeSpec
 from sharing.api.keys import DEPLOY_DEVICE_PLUGIN_LABEL
+from sharing.api.mps_env import MpsEnvError
+
+log = logging.getLogger("gpupack.agent")
 
 
 class EmulatedDevicePlugin:
@@ -31,6 +54,8 @@ class EmulatedDevicePlugin:
     def __init__(self) -> None:
         self.withheld: frozenset[str] = frozenset()
         """Devices the plugin reports unhealthy; as the real plugin, it forgets them only on a restart."""
+        self.refused: set[int] = set()
+        """Simulated pids whose start was refused (a malformed MPS limit): warned about once."""
 
     def health(self, ctx: AgentContext, withheld: frozenset[str], restart: bool) -> None:
         self.withheld = withheld if restart else self.withheld | withheld
@@ -39,7 +64,7 @@ class EmulatedDevicePlugin:
                  replicas: int) -> bool:
         if not isinstance(ctx.backend, SimulatedNvml) or snapshot.error is not None:
             return False
-        emulate_allocation(ctx.backend, snapshot, uses, labels, replicas, self.withheld)
+        emulate_allocation(ctx.backend, snapshot, uses, labels, replicas, self.withheld, self.refused)
         return True
 
     def wait_paused(self, ctx: AgentContext) -> None:
@@ -60,14 +85,20 @@ class EmulatedDevicePlugin:
             # The real plugin starts an MPS control daemon for the GPUs it shares through MPS: the
             # simulated NVML then samples their clients' SM load to the MPS server, as NVML does.
             serves_mps = spec is not None and spec.sharing.mode == "mps"
+            replicas = spec.sharing.replicas if spec is not None else 1
             for gpu in snapshot.gpus:
-                ctx.backend.set_mps(gpu.info.index, serves_mps and not gpu.info.mig_enabled)
+                # The daemon's default client limit: the GPU's memory over the replicas (module docstring).
+                ctx.backend.set_mps(gpu.info.index, serves_mps and not gpu.info.mig_enabled,
+                                    default_limit_mib=max(1, gpu.info.memory_total_mib // max(1, replicas)))
         return [emulate_advertisement(ctx, snapshot, node, spec, self.withheld)]
 
 
 def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[PodUse], labels: Mapping[str, str],
-                       replicas: int, withheld: frozenset[str] = frozenset()) -> None:
-    """Hand devices to pods as the device plugin would, with a process in each."""
+                       replicas: int, withheld: frozenset[str] = frozenset(), refused: set[int] | None = None) -> None:
+    """Hand devices to pods as the device plugin would, with a process in each, started with its container's
+    env. ``refused``: pids whose start was refused and warned about (a malformed MPS limit, module docstring);
+    kept by the caller so each is warned about once."""
+    refused = set() if refused is None else refused
     device_at: dict[int, tuple[int, int | None, str]] = {}
     for gpu in snapshot.gpus:
         uuid_of = {i.gi_id: i.uuid for i in gpu.instances}
@@ -86,13 +117,20 @@ def emulate_allocation(sim: SimulatedNvml, snapshot: NodeSnapshot, uses: list[Po
             where[inst.uuid] = (gpu.info.index, inst.gi_id)
     keep: set[int] = set()
     key_of = {u.uid: u.key for u in uses}  # the process knows its pod, as a real one's cgroup does
+    env_of = {f"{u.uid}/{o}": dict(env) for u in uses for o, env in enumerate(u.envs)}
     for slot, device in wanted.items():
         uid, ordinal = slot.rsplit("/", 1)
         pid = sim_pid(uid, int(ordinal))
         keep.add(pid)
         if pid not in device_at and device in where and device not in lost:
             index, gi_id = where[device]
-            sim.start_process(index, pid, 1024, gi_id, owner=key_of.get(uid, ""))
+            try:
+                sim.start_process(index, pid, 1024, gi_id, owner=key_of.get(uid, ""), env=env_of.get(slot, {}))
+            except MpsEnvError as exc:
+                if pid not in refused:
+                    refused.add(pid)
+                    log.warning("SIMULATED device plugin: the process of pod %s does not start: %s",
+                                key_of.get(uid, uid), exc)
     for pid, (index, _gi, _dev) in device_at.items():
         if pid >= SIM_PID_BASE and pid not in keep:
             sim.stop_process(index, pid)

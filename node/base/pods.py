@@ -36,6 +36,10 @@ SIM_PID_BASE = 4_000_000  # simulated pod processes live above this pid
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 
 
+Env = tuple[tuple[str, str], ...]
+"""A container's environment variables, ``(name, value)`` in the order the spec lists them."""
+
+
 @dataclass(frozen=True)
 class PodUse:
     """A pod on this node holding (or about to hold) ``count`` devices of ``resource``."""
@@ -47,6 +51,10 @@ class PodUse:
     count: int
     containers: tuple[str, ...] = ()
     """Names of the pod's containers (init containers too) that ask for ``resource``."""
+    envs: tuple[Env, ...] = ()
+    """Per device the pod holds of ``resource``, in ordinal order: the environment its container sets with
+    literal values (the webhook's MPS limits among them; ``valueFrom`` entries are not resolved here).
+    Empty when no container that asks for ``resource`` sets any."""
 
 
 def pod_uses(pods: Iterable[Mapping[str, Any]], node_name: str) -> list[PodUse]:
@@ -60,20 +68,30 @@ def pod_uses(pods: Iterable[Mapping[str, Any]], node_name: str) -> list[PodUse]:
             continue
         wanted: Counter[str] = Counter()
         askers: dict[str, list[str]] = {}
+        envs: dict[str, list[Env]] = {}
         for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
             limits = ((container.get("resources") or {}).get("limits")) or {}
             for name, value in limits.items():
                 if name.startswith(NVIDIA_PREFIX):
                     try:
-                        wanted[name] += int(str(value))
+                        count = int(str(value))
                     except ValueError:
                         continue
+                    wanted[name] += count
+                    envs.setdefault(name, []).extend([_literal_env(container)] * max(0, count))
                     if container.get("name"):
                         askers.setdefault(name, []).append(str(container["name"]))
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '')}"
-        uses.extend(PodUse(key, str(meta.get("uid", "")), r, c, tuple(askers.get(r, ())))
+        uses.extend(PodUse(key, str(meta.get("uid", "")), r, c, tuple(askers.get(r, ())),
+                           tuple(envs[r]) if any(envs.get(r, ())) else ())
                     for r, c in sorted(wanted.items()) if c > 0)
     return uses
+
+
+def _literal_env(container: Mapping[str, Any]) -> Env:
+    """The variables ``container`` sets to a literal value (``value``, possibly empty)."""
+    return tuple((str(e["name"]), str(e.get("value") or "")) for e in container.get("env") or []
+                 if isinstance(e, Mapping) and e.get("name") and "valueFrom" not in e)
 
 
 def sim_pid(uid: str, ordinal: int = 0) -> int:

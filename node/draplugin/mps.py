@@ -18,7 +18,7 @@ own limits and shares need not be equal:
   the client may allocate, rounded *down* to whole MiB (the limit never exceeds
   what the scheduler counted). The ordinal is the device as CUDA numbers it
   inside the container: each CDI device of gpupack exposes exactly one GPU, so
-  it is 0.
+  it is 0. The variables and the value's form are ``sharing.api.mps_env``'s.
 """
 
 from __future__ import annotations
@@ -27,11 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from sharing.api.mps_env import PINNED_MEMORY_ENV, THREAD_PERCENTAGE_ENV, pinned_memory_value
 from sharing.dra.names import MEMORY, MILLI
 
-THREAD_PERCENTAGE_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-PINNED_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-PIPE_DIRECTORY_ENV: Final = "CUDA_MPS_PIPE_DIRECTORY"
 MiB: Final = 2**20
 
 
@@ -45,7 +43,7 @@ class MpsLimits:
     def env(self, ordinal: int = 0) -> tuple[str, ...]:
         """The variables as CDI ``containerEdits.env`` entries (``NAME=value``)."""
         return (f"{THREAD_PERCENTAGE_ENV}={self.thread_percentage}",
-                f"{PINNED_MEMORY_ENV}={ordinal}={self.pinned_memory_mib}M")
+                f"{PINNED_MEMORY_ENV}={pinned_memory_value(self.pinned_memory_mib, ordinal)}")
 
 
 def mps_limits(consumed: Mapping[str, int], device: str, *, right_sized: bool = False) -> MpsLimits:

@@ -43,13 +43,13 @@ from pathlib import Path
 from node.draplugin import cdi, files
 from node.draplugin.claims import ClaimError, ClaimRef, ClaimSource
 from node.draplugin.journal import ClaimJournal, ClaimRecord, DeviceRecord, Phase, instance_to_undo, recovery
-from node.draplugin.mps import PIPE_DIRECTORY_ENV
 from node.draplugin.nvml_lock import NvmlChangeLock
 from node.draplugin.plan import nvml_call, plan_claim
 from node.draplugin.settings import ShareMode
 from node.nvml import errors
 from node.nvml.errors import NvmlError
 from node.nvml.protocol import GpuInstance, NvmlBackend
+from sharing.api.mps_env import PIPE_DIRECTORY_ENV
 
 log = logging.getLogger("gpupack.dra-plugin")
 

@@ -42,8 +42,22 @@ and takes its duty cycle as SM load and its memory, at the scaled time
 to what the device has, as the driver holds it: a process may always shrink, and grows only into
 memory no other process of its GPU (of its MIG instance, in MIG mode) holds; a growth that does
 not fit is an allocation that fails (an OOM in the workload): the process keeps what it got, and
-``memory_limit_hits`` counts one per episode. MPS per-client memory limits are not modelled (the
-simulation is not told a client's limit).
+``memory_limit_hits`` counts one per episode.
+
+An MPS client is also held to its own memory limit, as the real driver holds it
+(benchmarks/nvml_usage_check.md: a client over its pinned limit gets ``CUDA out of memory``). The limit
+is the client's, fixed when it starts: a process started on a GPU served through MPS (MIG mode off)
+takes ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` from the environment its starter passes
+(``start_process(env=...)``, read by ``sharing.api.mps_env``: its entry for device 0, the device as the
+container numbers it, or for the GPU's UUID), narrowed to the MPS control daemon's default for the GPU
+(``set_mps(default_limit_mib=...)``): a client's value only narrows the daemon's (NVIDIA's MPS
+documentation, "Appendix: Environment Variables"). It is kept with the process in the state file.
+A growth past it fails like one past the device: the process grows to its limit and no further (the
+allocations that fit succeed), and counts a hit once per episode; shrinking is always allowed.
+Time-sliced and whole GPUs ignore the variable, as CUDA does without an MPS daemon, and a MIG
+instance bounds its processes' memory already. A malformed value is refused at the start, on any GPU
+(a pod fails the same wherever it lands), with an error naming it (``sharing.api.mps_env.MpsEnvError``), as a real client fails to start: it is never
+ignored, which would let the client use the whole GPU.
 
 Tests and the demo can inject faults (an error code for the next N calls of an
 operation, optionally *after* the operation took effect, as a driver that hangs
@@ -93,6 +107,7 @@ from node.nvml.protocol import (
     Utilization,
     XidEvent,
 )
+from sharing.api.mps_env import pinned_memory_mib
 from sharing.usage.playback import TracePlayer
 from sharing.usage.trace import UsageTrace
 
@@ -143,6 +158,8 @@ class _Process:
     """Growths of its memory that found the device full (each an allocation that failed)."""
     memory_capped: bool = False
     """Its last growth did not fit: the episode goes on until its memory fits again."""
+    mps_limit_mib: int | None = None
+    """An MPS client's pinned device memory limit, fixed at its start (module docstring); None: none."""
 
 
 @dataclass
@@ -165,6 +182,8 @@ class _Gpu:
     remapped_rows_failed: bool = False
     mps: bool = False
     """The device plugin serves this GPU through MPS (``set_mps``): its clients' SM samples go to the server."""
+    mps_default_limit_mib: int | None = None
+    """The MPS control daemon's default pinned memory limit for this GPU's clients (``set_mps``); None: none."""
 
 
 @dataclass
@@ -457,13 +476,21 @@ class SimulatedNvml:
         self._faults.append(fault)
 
     def start_process(self, index: int, pid: int, used_memory_mib: int = 1024, gi_id: int | None = None,
-                      owner: str = "") -> None:
-        """A workload (of pod ``owner``, when known) starts on the GPU (inside instance ``gi_id`` when MIG is on)."""
+                      owner: str = "", env: Mapping[str, str] | None = None) -> None:
+        """A workload (of pod ``owner``, when known) starts on the GPU (inside instance ``gi_id`` when MIG is on)
+        with the environment ``env``: on a GPU served through MPS its ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` is the
+        client's memory limit (module docstring). ``sharing.api.mps_env.MpsEnvError`` (a ValueError) naming a
+        malformed value: the process does not start."""
         gpu = self._gpu(index)
         if gpu.mig_enabled:
             if gi_id is None or all(i.gi_id != gi_id for i in gpu.instances):
                 raise NvmlError(errors.NOT_FOUND, f"no GPU instance {gi_id} on GPU {index} to run pid {pid} in")
-        gpu.processes.append(_Process(pid, used_memory_mib, gi_id, owner=owner))
+        # Read on every GPU, so a bad value fails the same wherever the pod lands; applied only under MPS.
+        own = pinned_memory_mib(env or {}, 0, gpu.uuid)
+        limit = None
+        if gpu.mps and not gpu.mig_enabled:
+            limit = min((v for v in (own, gpu.mps_default_limit_mib) if v is not None), default=None)
+        gpu.processes.append(_Process(pid, used_memory_mib, gi_id, owner=owner, mps_limit_mib=limit))
         self._save()
 
     def play_trace(self, trace: UsageTrace, time_scale: float, start_s: float | None = None,
@@ -481,6 +508,10 @@ class SimulatedNvml:
     def memory_limit_hits(self, index: int) -> dict[int, int]:
         """SIMULATION: pid -> growths of its memory that did not fit on GPU ``index`` (NVML has no such count)."""
         return {p.pid: p.memory_limit_hits for p in self._gpu(index).processes}
+
+    def mps_memory_limits(self, index: int) -> dict[int, int | None]:
+        """SIMULATION: pid -> the MPS pinned memory limit (MiB) it started with on GPU ``index``; None: none."""
+        return {p.pid: p.mps_limit_mib for p in self._gpu(index).processes}
 
     def stop_process(self, index: int, pid: int) -> None:
         gpu = self._gpu(index)
@@ -500,7 +531,8 @@ class SimulatedNvml:
 
     def set_process_memory(self, index: int, pid: int, used_memory_mib: int) -> None:
         """SIMULATION: the GPU memory process ``pid`` holds on GPU ``index`` from now on (a workload that grows
-        to its MPS limit, say); unchecked against what the device has, as ``start_process``."""
+        to its MPS limit, say); unchecked against what the device has and against its MPS limit (a test's
+        control, not an allocation)."""
         if used_memory_mib < 0:
             raise ValueError(f"memory must not be negative, got {used_memory_mib} MiB")
         proc = next((p for p in self._gpu(index).processes if p.pid == pid), None)
@@ -509,12 +541,17 @@ class SimulatedNvml:
         proc.used_memory_mib = used_memory_mib
         self._save()
 
-    def set_mps(self, index: int, enabled: bool) -> None:
+    def set_mps(self, index: int, enabled: bool, default_limit_mib: int | None = None) -> None:
         """SIMULATION: the device plugin serves GPU ``index`` through MPS from now on (or no longer): while it
-        does and MIG mode is off, an MPS server runs beside its clients (module docstring)."""
+        does and MIG mode is off, an MPS server runs beside its clients (module docstring).
+        ``default_limit_mib``: its control daemon's default pinned memory limit for clients that start from
+        now on (``set_default_device_pinned_mem_limit``); None: none."""
+        if default_limit_mib is not None and default_limit_mib < 1:
+            raise ValueError(f"an MPS default pinned memory limit must be at least 1 MiB, got {default_limit_mib}")
         gpu = self._gpu(index)
-        if gpu.mps != enabled:
-            gpu.mps = enabled
+        default = default_limit_mib if enabled else None
+        if gpu.mps != enabled or gpu.mps_default_limit_mib != default:
+            gpu.mps, gpu.mps_default_limit_mib = enabled, default
             self._save()
 
     def set_load(self, index: int, percent: float) -> None:
@@ -575,7 +612,8 @@ class SimulatedNvml:
 
     def _fit_memory(self, gpu: _Gpu, wanted: list[tuple[_Process, int]]) -> None:
         """Memory as the driver holds it: shrinking always works; a growth takes at most what its device has
-        free after every shrink (in start order); one that does not fit counts a hit, once per episode."""
+        free after every shrink (in start order), and an MPS client at most its limit; one that does not fit
+        counts a hit, once per episode."""
         for proc, mib in wanted:
             if mib <= proc.used_memory_mib:
                 proc.used_memory_mib = mib
@@ -585,13 +623,18 @@ class SimulatedNvml:
                 continue
             sharing = [p for p in self._running(gpu) if p.gi_id == proc.gi_id or not gpu.mig_enabled]
             free = self._device_memory_mib(gpu, proc.gi_id) - sum(p.used_memory_mib for p in sharing)
-            fits = mib - proc.used_memory_mib <= free
-            proc.used_memory_mib = mib if fits else proc.used_memory_mib + max(0, free)
+            allowed = proc.used_memory_mib + max(0, free)
+            own_limit = proc.mps_limit_mib is not None and proc.mps_limit_mib < allowed
+            if proc.mps_limit_mib is not None:
+                allowed = min(allowed, proc.mps_limit_mib)
+            fits = mib <= allowed
+            proc.used_memory_mib = mib if fits else max(proc.used_memory_mib, allowed)
             if not fits and not proc.memory_capped:
                 proc.memory_limit_hits += 1
-                log.warning("SIMULATED NVML: pid %d on GPU %d wants %d MiB, %d MiB more than its device has free: "
+                cause = f"its MPS memory limit of {proc.mps_limit_mib} MiB" if own_limit else "what its device has free"
+                log.warning("SIMULATED NVML: pid %d on GPU %d wants %d MiB, %d MiB more than %s: "
                             "the allocation fails (an OOM in its workload)", proc.pid, gpu.index, mib,
-                            mib - proc.used_memory_mib)
+                            mib - proc.used_memory_mib, cause)
             proc.memory_capped = not fits
 
     @staticmethod

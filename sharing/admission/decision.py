@@ -55,6 +55,7 @@ from sharing.admission.dra_claims import request_name
 from sharing.admission.inventory import Inventory, AdmissionPolicy
 from sharing.api.keys import BACKEND_LABEL, CAPACITY_GATE, DEGRADED_LABEL, SHARING_ANNOTATION, STRATEGY_LABEL
 from sharing.api.modes import MODES, AllocationMode, Mode
+from sharing.api.mps_env import PINNED_MEMORY_ENV, THREAD_PERCENTAGE_ENV, pinned_memory_value
 from sharing.admission.options import (
     DRA_TERMS,
     Expression,
@@ -83,8 +84,8 @@ __all__ = [  # the options' names are re-exported: callers need only this module
     "covering_profile", "decide", "peak_devices", "policy_for", "profile_waste",
 ]
 
-MPS_THREADS_ENV: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-MPS_MEMORY_ENV: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_THREADS_ENV: Final = THREAD_PERCENTAGE_ENV
+MPS_MEMORY_ENV: Final = PINNED_MEMORY_ENV
 _RANK: Final[dict[str, int]] = {"mig": 0, "mps": 1, "time-slicing": 2, "whole": 3}
 _MIB: Final = 1024**2
 
@@ -160,7 +161,7 @@ def _mps_env(milli: int, memory: int | None, right_sized: bool = False) -> tuple
     threads = RIGHT_SIZED_THREAD_PERCENTAGE if right_sized else max(1, math.ceil(milli / 10))
     env = [(MPS_THREADS_ENV, str(threads))]
     if memory is not None:
-        env.append((MPS_MEMORY_ENV, f"0={math.ceil(memory / _MIB)}M"))
+        env.append((MPS_MEMORY_ENV, pinned_memory_value(math.ceil(memory / _MIB))))
     return tuple(env)
 
 

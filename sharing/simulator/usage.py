@@ -61,6 +61,33 @@ def run_usage(trace: UsageTrace, model_name: str, policy: RightSizing = RightSiz
     return {"mode": policy.mode, **bounds, **dataclasses.asdict(figures)}
 
 
+DRAWN_KEYS = ("gpu_hours", "gpu_hours_saved_pct", "saturated_gpu_minutes_pct", "gpu_memory_overflow_minutes",
+              "pod_minutes_over_limit_pct", "evictions_per_pod_day", "evictions_after_first_per_pod_day")
+"""The figures ``run_usage_draws`` summarises over its draws."""
+
+
+def run_usage_draws(trace: UsageTrace, model_name: str, policy: RightSizing, draws: int, seed: int,
+                    missed_samples: float = 0.0, workloads: Mapping[str, WorkloadKey] | None = None) -> dict[str, Any]:
+    """``policy`` run ``draws`` times with observation noise drawn from ``seed``, ``seed + 1``, ...
+    (``sharing.simulator.usage_replay``, "Observation noise"; ``missed_samples`` the probability of
+    missing a sample): each figure's mean, least and most,
+    and each draw's saving. What a live run is compared with on few pods, where one pod's move
+    shifts the saving by points."""
+    if draws < 1:
+        raise ValueError(f"draws must be at least 1, got {draws}")
+    memory = gpu_memory_bytes(model_name)[1]
+    runs = [dataclasses.asdict(measure(trace, memory, right_sizing_seatings(
+        trace, memory, dataclasses.replace(policy, observation_seed=seed + index, missed_samples=missed_samples), workloads)))
+        for index in range(draws)]
+    return {
+        "count": draws, "seed": seed, "missed_samples": missed_samples,
+        "mean": {k: round(sum(r[k] for r in runs) / draws, 3) for k in DRAWN_KEYS},
+        "min": {k: min(r[k] for r in runs) for k in DRAWN_KEYS},
+        "max": {k: max(r[k] for r in runs) for k in DRAWN_KEYS},
+        "gpu_hours_saved_pct": [r["gpu_hours_saved_pct"] for r in runs],
+    }
+
+
 def parse_workloads(text: str, source: str, pods: Sequence[str]) -> dict[str, WorkloadKey]:
     """pod -> workload from a CSV with the columns ``container_ip`` and ``workload`` (header first).
 

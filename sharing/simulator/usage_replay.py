@@ -36,10 +36,23 @@ what the recommendation says) and takes a whole GPU when no split into two repli
 (``sharing.rules.replicas.needs_whole_gpu``), and nothing consolidates (the live controller has
 no consolidation moves). ``publish_every_s`` models the agents' publication: the recommender
 sees a pod's use only as of the last publication (every 300 s by default), not as it happens.
+
+**Observation noise** (``observation_seed``): a live run's agents do not observe the trace as this
+replay does. Each node's agent publishes at its own phase, not all at one step, and an agent whose
+poll (its tick plus ``poll_seconds``) takes longer than a trace step misses that step's sample (at
+a replay's time scale a 57 s step lasts well under a second of wall time). With a seed, each GPU's
+agent publishes at a phase drawn for it, and each pod-step sample of use is missed with
+probability ``missed_samples`` (an OOM is never missed: the workload's restart is seen whatever
+the poll). Small perturbations move few pods (an 80 GB GPU pairs two pods of 36-37 GB, not of
+40), but each such pod holds or frees a GPU for hours, so on a few pods the saving is a
+distribution, not a number: ``sharing.simulator.usage.run_usage_draws`` reports it over seeds.
+Without a seed (the default) nothing is drawn: every sample is seen and every agent publishes at
+step 0 of the grid, as before.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -85,6 +98,17 @@ class RightSizing:
     publish_every_s: float | None = None
     """The recommender sees use as of the last publication, every this many seconds (the agents'
     ``usage_publish_seconds``); None: as it happens."""
+    observation_seed: int | None = None
+    """Draw each GPU's publication phase and the samples missed from this seed (module docstring,
+    "Observation noise"); None: nothing is drawn."""
+    missed_samples: float = 0.0
+    """With ``observation_seed``: the probability that a pod-step sample of use is not observed."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.missed_samples < 1.0:
+            raise ValueError(f"missed_samples must be at least 0 and below 1, got {self.missed_samples}")
+        if self.missed_samples and self.observation_seed is None:
+            raise ValueError("missed_samples needs an observation_seed (the draws are seeded)")
 
 
 def own_workloads(trace: UsageTrace) -> dict[str, WorkloadKey]:
@@ -113,8 +137,11 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
     rule = FitRule(gpu_memory_bytes, policy.compute_overcommit, policy.duty_quantile)
     device_plugin = policy.backend == "device-plugin"
     cluster = ReplicaGpus(rule) if device_plugin else SharedGpus(rule)
-    unpublished: list[tuple[str, WorkloadKey, float, float, int]] = []  # ("oom"|"use"|"memory", workload, ...)
+    # (GPU observed on, "oom"|"use"|"memory", workload, time, duty, memory), in the order observed
+    unpublished: list[tuple[int, str, WorkloadKey, float, float, int]] = []
     publish_steps = None if policy.publish_every_s is None else max(1, round(policy.publish_every_s / trace.step_s))
+    draws = None if policy.observation_seed is None else random.Random(policy.observation_seed)
+    phases: dict[int, int] = {}  # GPU -> the step of the publication grid its agent publishes at
     moves: dict[WorkloadKey, list[float]] = {}
     by_start: dict[int, list[PodUsage]] = {}
     by_end: dict[int, list[PodUsage]] = {}
@@ -133,15 +160,24 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
             return replica_share_of(size, gpu_memory_bytes)
         return share_of(size, gpu_memory_bytes, policy.shares)
 
-    def publish() -> None:
-        for kind, key, at, duty, memory in unpublished:
-            if kind == "oom":
+    def phase(gpu: int) -> int:
+        if gpu not in phases:
+            phases[gpu] = 0 if draws is None or publish_steps is None else draws.randrange(publish_steps)
+        return phases[gpu]
+
+    def publish(step: int) -> None:
+        kept = []
+        for entry in unpublished:
+            gpu, kind, key, at, duty, memory = entry
+            if publish_steps is not None and (step - phase(gpu)) % publish_steps:
+                kept.append(entry)  # its agent publishes at another step of the grid
+            elif kind == "oom":
                 recommender.record_oom(key, at, memory)
             elif kind == "memory":  # a share's compute is not observed (MPS)
                 recommender.observe_memory(key, at, memory)
             else:
                 recommender.observe(key, at, duty, memory)
-        unpublished.clear()
+        unpublished[:] = kept
 
     for step in range(trace.steps):
         now = trace.start_s + step * trace.step_s
@@ -157,15 +193,17 @@ def right_sizing_seatings(trace: UsageTrace, gpu_memory_bytes: int, policy: Righ
         seating = {name: Seat(gpu, size.memory_bytes) for name, (gpu, size) in cluster.seats.items()}
         for name, pod in live.items():
             used = pod.memory_bytes[step - pod.first_step]
-            limit = cluster.seats[name][1].memory_bytes
+            gpu, seat = cluster.seats[name]
+            limit = seat.memory_bytes
             if used > limit:
-                unpublished.append(("oom", owners[name], now, 0.0, limit))
+                unpublished.append((gpu, "oom", owners[name], now, 0.0, limit))
                 killed.add(name)
-            compute = policy.shared_compute_observed or cluster.seats[name][1].milli >= MAX_MILLI
-            unpublished.append(("use" if compute else "memory", owners[name], now,
+            if draws is not None and policy.missed_samples and draws.random() < policy.missed_samples:
+                continue  # its agent's poll skipped this step
+            compute = policy.shared_compute_observed or seat.milli >= MAX_MILLI
+            unpublished.append((gpu, "use" if compute else "memory", owners[name], now,
                                 pod.duty_percent[step - pod.first_step], min(used, limit)))
-        if publish_steps is None or step % publish_steps == 0:
-            publish()
+        publish(step)
         if policy.mode == "recreate":
             horizon = now - policy.updater.interval_s
             recent = {key: sum(1 for t in times if t > horizon) for key, times in moves.items()}

@@ -72,9 +72,12 @@ def test_workloads_group_pods(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         (["--gpu", "H100", "--duty-quantile", "1.5"], "--duty-quantile must be between 0.5 and 1, got 1.5"),
         (["--gpu", "H100", "--oom-bump", "0.9"], "--oom-bump must be between 1 and 3, got 0.9"),
         (["--gpu", "H100", "--max-drains", "-1"], "--max-drains must not be negative, got -1"),
+        (["--gpu", "H100", "--draws", "-1"], "--draws must be between 0 and 1000, got -1"),
+        (["--gpu", "H100", "--draws", "2", "--missed-samples", "1"], "--missed-samples must be at least 0 and below 1"),
+        (["--gpu", "H100", "--missed-samples", "0.1"], "--missed-samples needs --draws N"),
     ],
     ids=["unknown-gpu", "no-trace", "unknown-pod", "missing-column", "learn-minutes", "duty-quantile", "oom-bump",
-         "max-drains"],
+         "max-drains", "draws", "missed-samples", "missed-without-draws"],
 )
 def test_bad_input_is_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
                                           message: str) -> None:
@@ -120,3 +123,18 @@ def test_the_right_sizers_settings_are_flags(tmp_path: Path, capsys: pytest.Capt
                       "--compute-overcommit", "2", "--duty-quantile", "0.999", "--memory-margin", "0",
                       "--first-memory-margin", "0", "--oom-bump", "1.2", "--oom-floor", "--max-drains", "2")
     assert summed["gpu_memory_overflow_minutes"] == 0.0 and summed["pods"] == 4
+
+
+def test_draws_summarise_runs_with_observation_noise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_trace(tmp_path / "t", pods=4)
+    plain = run_json(capsys, "--trace", str(trace), "--gpu", "H100-80GB", "--backend", "device-plugin",
+                     "--publish-seconds", "300")
+    out = run_json(capsys, "--trace", str(trace), "--gpu", "H100-80GB", "--backend", "device-plugin",
+                   "--publish-seconds", "300", "--draws", "3", "--missed-samples", "0.2", "--seed", "7")
+    drawn = out["draws"]
+    assert isinstance(drawn, dict)
+    assert drawn["count"] == 3 and drawn["seed"] == 7 and drawn["missed_samples"] == 0.2
+    saved = drawn["gpu_hours_saved_pct"]
+    assert len(saved) == 3
+    assert drawn["min"]["gpu_hours_saved_pct"] == min(saved) <= drawn["mean"]["gpu_hours_saved_pct"] <= max(saved)
+    assert {k: v for k, v in out.items() if k != "draws"} == {**plain, "seed": 7}  # the run itself draws nothing

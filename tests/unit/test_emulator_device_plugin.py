@@ -1,7 +1,10 @@
-"""The SIMULATED device plugin / GFD: what it advertises for a layout and sharing config."""
+"""The SIMULATED device plugin / GFD: what it advertises for a layout and sharing config, and the MPS
+memory limits its pods' processes start with."""
 
 from __future__ import annotations
 
+import logging
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -10,8 +13,11 @@ from mig.catalog import get_model
 from node.base.device_plugin_emulator import advertise, node_patches
 from node.base.snapshot import read_snapshot
 from node.nvml.simulated import SimulatedNvml
-from node.base.pods import PodUse, assign_pods
+from node.advertising.emulated import EmulatedDevicePlugin, emulate_allocation
+from node.base.pods import PodUse, assign_pods, pod_uses, sim_pid
+from sharing.api.crd import GPUNodeSpec
 from sharing.api.keys import SIMULATED_LABEL
+from sharing.api.mps_env import PINNED_MEMORY_ENV
 
 H200 = get_model("H200")
 
@@ -101,3 +107,41 @@ def test_assign_pods_keeps_existing_and_fills_free_devices() -> None:
     assert result["u1/0"] == mig[1]
     assert "u3/0" not in result  # no third 3g: the real kubelet would reject the pod
     assert result["u4/0"] == result["u4/1"] == snap.gpus[1].info.uuid  # two shares of the one full GPU
+
+
+def _pod(uid: str, env: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ml", "name": uid, "uid": uid},
+            "spec": {"nodeName": "n1", "containers": [
+                {"name": "main", "env": env, "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}]}}
+
+
+def _publish(plugin: EmulatedDevicePlugin, sim: SimulatedNvml, mode: str, replicas: int) -> None:
+    kube = SimpleNamespace(patch_node=lambda *a: None, patch_node_status=lambda *a: None)
+    ctx: Any = SimpleNamespace(backend=sim, kube=kube, s=SimpleNamespace(node_name="n1"))
+    spec = GPUNodeSpec.model_validate({"sharing": {"mode": mode, "replicas": replicas}})
+    plugin.publish(ctx, read_snapshot(sim, "simulated"), _node({}, {}), spec, {})
+
+
+def test_mps_clients_start_with_the_limit_the_real_stack_gives(caplog: pytest.LogCaptureFixture) -> None:
+    # H200, MPS, 4 replicas: the device plugin's daemon gives each client a quarter of the GPU; the
+    # webhook's 16 GiB in a container's env narrows it; a literal value only (valueFrom is not resolved).
+    sim = _sim([None])
+    plugin = EmulatedDevicePlugin()
+    _publish(plugin, sim, "mps", 4)
+    pods = [_pod("u-sized", [{"name": PINNED_MEMORY_ENV, "value": "0=16384M"}]),
+            _pod("u-plain", [{"name": "OTHER", "value": "x"}, {"name": PINNED_MEMORY_ENV, "valueFrom": {}}]),
+            _pod("u-bad", [{"name": PINNED_MEMORY_ENV, "value": "0=16 GiB"}])]
+    uses = pod_uses(pods, "n1")
+    for _ in range(2):  # the refused pod is warned about once
+        emulate_allocation(sim, read_snapshot(sim, "simulated"), uses, {}, 4, refused=plugin.refused)
+    assert sim.mps_memory_limits(0) == {sim_pid("u-sized"): 16384, sim_pid("u-plain"): H200.memory_mib // 4}
+    refusals = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(refusals) == 1 and "ml/u-bad" in refusals[0] and "'0=16 GiB'" in refusals[0]
+
+
+def test_time_sliced_clients_start_without_a_limit() -> None:
+    sim = _sim([None])
+    _publish(EmulatedDevicePlugin(), sim, "time-slicing", 4)
+    uses = pod_uses([_pod("u-sized", [{"name": PINNED_MEMORY_ENV, "value": "0=16384M"}])], "n1")
+    emulate_allocation(sim, read_snapshot(sim, "simulated"), uses, {}, 4)
+    assert sim.mps_memory_limits(0) == {sim_pid("u-sized"): None}

@@ -112,3 +112,12 @@ def test_a_pending_pod_sits_where_its_first_pod_is_bound_and_its_binding_is_no_m
                                {"a": Seat(1, 20 * GIB), "b": Seat(0, GPU)}])
     assert [s["a"] for s in filled] == [Seat(2, GPU), Seat(2, GPU), Seat(1, 20 * GIB)]
     assert backfill_pending([{"never": pending}]) == [{"never": pending}]
+
+
+def test_the_agents_sample_rate_is_read_per_trace_step() -> None:
+    from gpupack.replay.usage_live import Observed
+
+    observed = Observed()
+    assert observed.samples_per_step() is None  # no pod read yet
+    observed.sampled = {"a": (50, 100), "b": (100, 100)}
+    assert observed.samples_per_step() == 0.75  # 150 samples over 200 steps: a quarter unobserved at least

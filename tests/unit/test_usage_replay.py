@@ -71,3 +71,53 @@ def test_the_run_reports_its_figures_beside_oracle_and_static() -> None:
     assert out["gpu_hours_saved_pct"] > 50.0
     assert out["oracle_gpu_hours_saved_pct"] == 75.0
     assert "static" in out and own_workloads(trace)["p0"].name == "p0"
+
+
+def _published_phases(policy: RightSizing) -> list[list[tuple[float, str]]]:
+    """The steps at which each pod's samples reached the recommender, recorded through the recommender."""
+    import sharing.simulator.usage_replay as replay
+
+    seen: list[list[tuple[float, str]]] = []
+
+    class Recording(replay.Recommender):
+        def observe(self, key: WorkloadKey, time_s: float, duty_percent: float, memory_bytes: int) -> None:
+            seen[-1].append((time_s, key.name))
+            super().observe(key, time_s, duty_percent, memory_bytes)
+
+    original = replay.Recommender
+    replay.Recommender = Recording  # type: ignore[misc]
+    try:
+        seen.append([])
+        trace = trace_of(quiet_pods(3, 40))
+        list(right_sizing_seatings(trace, GPU, dataclasses.replace(policy, mode="off")))
+    finally:
+        replay.Recommender = original  # type: ignore[misc]
+    return seen
+
+
+def test_without_a_seed_every_sample_is_seen_and_published_on_one_grid() -> None:
+    policy = dataclasses.replace(QUICK, backend="device-plugin", publish_every_s=300.0)
+    (samples,) = _published_phases(policy)
+    # every pod, every step up to the grid's last publication (step 35 of 40, every 5 steps)
+    assert len(samples) == 3 * 36
+    assert {t for t, _ in samples} == {60.0 * step for step in range(36)}
+
+
+def test_a_seed_draws_missed_samples_and_is_reproducible() -> None:
+    policy = dataclasses.replace(QUICK, backend="device-plugin", publish_every_s=300.0, observation_seed=3,
+                                 missed_samples=0.3)
+    (first,) = _published_phases(policy)
+    (again,) = _published_phases(policy)
+    assert first == again  # the same seed, the same draws
+    assert 0.5 * 120 < len(first) < 0.9 * 120  # about 30 % of 120 samples missed
+    (other,) = _published_phases(dataclasses.replace(policy, observation_seed=4))
+    assert other != first
+
+
+def test_missed_samples_need_a_seed_and_a_probability_below_one() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="needs an observation_seed"):
+        RightSizing(missed_samples=0.1)
+    with pytest.raises(ValueError, match="below 1"):
+        RightSizing(observation_seed=1, missed_samples=1.0)
