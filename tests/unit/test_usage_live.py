@@ -86,7 +86,7 @@ def test_a_trace_pod_sits_where_its_oldest_serving_pod_is() -> None:
 
 def test_the_scaled_settings_and_the_nodes_a_replay_needs() -> None:
     periods = scaled_periods(60.0)
-    assert (periods.publish_s, periods.recommend_s, periods.evictions_per_hour) == (5.0, 1.0, 60)
+    assert (periods.publish_s, periods.recommend_s, periods.evictions_per_hour, periods.sample_s) == (5.0, 1.0, 60, 0.25)
     assert scaled_periods(90.0).evictions_per_hour == 60  # the policy's most
     assert required_nodes([(0, 10), (0, 5), (5, 12), (11, 20)]) == 2 + 2
     policy = simulator_policy("recreate")
