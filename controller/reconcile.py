@@ -48,7 +48,9 @@ from controller.metrics import ControllerMetrics, cluster_figures
 from controller.state.snapshot import FailedDevice, Snapshot
 from controller.writes.wait_status import StatusPatch, placement_patches
 from controller.writes.patches import gpus_spec, release_ops, sharing_spec
-from controller.writes.preemption import PREEMPTED_EVENT, disruption_patch, event_message, preemptor_ops
+from controller.writes.preemption import (
+    PREEMPTED_EVENT, disruption_patch, event_message, plain_preemptor_ops, preemptor_ops,
+)
 from controller.planning.budgets import protected_pods
 from controller.planning.preemption import Preemption
 from controller.planning.planner import Plan, Release, SharingChange, plan
@@ -592,11 +594,18 @@ class Controller:
             if not preemption.resumed:
                 namespace, name = preemption.preemptor.split("/", 1)
                 parsed = pod_from_object(obj)
+                uids = [v.uid for v in preemption.victims]
                 try:
-                    ops = preemptor_ops(obj, preemption.node, [v.uid for v in preemption.victims],
-                                        pinned=parsed is not None and parsed.node == preemption.node)
+                    ops = (plain_preemptor_ops(obj, preemption.node, uids) if preemption.plain else
+                           preemptor_ops(obj, preemption.node, uids,
+                                         pinned=parsed is not None and parsed.node == preemption.node))
                     self.kube.json_patch_pod(namespace, name, ops)
                 except (KubeError, ValueError) as exc:
+                    if preemption.plain and isinstance(exc, KubeError) and exc.invalid:
+                        # Its resourceVersion test failed: kube-scheduler bound or updated it since the plan.
+                        log.info("not preempting for %s: it changed since this cycle's snapshot (planned again "
+                                 "next cycle)", preemption.preemptor)
+                        continue
                     self._fail(report, "preempt", f"{preemption.preemptor} not pinned, nothing preempted: {exc}")
                     continue
                 self.metrics.preemptions.labels(preemption.kind or "unknown").inc()

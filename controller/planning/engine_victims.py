@@ -6,10 +6,14 @@ the controller's :class:`~controller.planning.preemption.Preemption`:
 
 * the nodes a preemptor could take as they are: for a single-container shared pod, the nodes
   that share by its mode into a replica count its request fits (``modes`` = that count); for a
-  whole-GPU pod, the unshared nodes (``modes`` = ``WHOLE``). So every node is of the engine's
-  replica or whole-GPU kind and the engine never plans a reshape or an idle split here (the
-  live planner would have to carry those out through the policy gate for a pinned pod, which
-  may refuse for good);
+  whole-GPU pod, the unshared nodes (``modes`` = ``WHOLE``), and the shared nodes the caller may
+  switch back to whole GPUs now (``reclaim``: the policy gate is open) whose every replica is
+  held by a gpupack pod (``modes`` = their replica count): there the engine's plan is a
+  *reshape* (every GPU pod preempted, all of lower priority; reason ``reshape``), which the
+  planner carries out by holding the node for the preemptor and switching it back once the
+  victims are gone. Likewise for a one-replica pod: the unshared nodes whose whole GPUs all
+  hold gpupack pods, and the nodes sharing by its mode into more replicas than it fits, which
+  the planner then splits at the pod's own size. The engine never plans an idle split here;
 * per node the CPU and memory its pods request (the ledger's room), and per GPU the replicas
   taken (the node's claimed replicas, GPU by GPU in order: the device plugin, not gpupack, picks
   the GPU inside a node) or the whole GPUs taken;
@@ -54,13 +58,46 @@ def _usable(pod: Pod, node: Node) -> bool:
     return node.sharing == pod.mode and fits_split(node.replicas, pod.asks, node.gpu_memory_bytes)
 
 
+def _reclaimable(pod: Pod, node: Node, free: FreeCapacity, pods: Sequence[Pod], spared: set[str]) -> bool:
+    """A node the engine may reshape for ``pod`` (preempt every GPU pod there, then switch it to what the
+    pod needs): for a whole-GPU pod a shared node; for a one-replica pod an unshared node, or one
+    sharing by its mode into more replicas than it fits. Settled, no MIG, no fault, and every replica
+    or whole GPU taken is held by a gpupack pod listed here and not chosen this cycle (a replica
+    released to it this cycle, a pod that is not gpupack's, or a pod another preemptor takes, would be
+    left on a node switched under it)."""
+    if node.spec_sharing != node.sharing or node.spec_replicas != node.replicas or not node.converged \
+            or node.faulted or not node.full_gpus or any(g.mig_enabled for g in node.gpus):
+        return False
+    if pod.mode == "whole":
+        kind_ok = node.sharing != "none"
+    else:
+        kind_ok = node.sharing == "none" or (node.sharing == pod.mode
+                                             and not fits_split(node.replicas, pod.asks, node.gpu_memory_bytes))
+    if not kind_ok:
+        return False
+    holders = [p for p in pods if p.node == node.name and not p.gated and p.backend != "dra" and (p.shares or p.whole_gpus)]
+    if not holders or any(p.key in spared for p in holders):
+        return False
+    if node.sharing == "none":
+        return free.whole[node.name] + sum(p.whole_gpus for p in holders) == len(node.full_gpus)
+    return free.shared[node.name] + sum(p.shares for p in holders) == len(node.full_gpus) * node.replicas
+
+
 def engine_plan(pod: Pod, nodes: Sequence[Node], free: FreeCapacity, pods: Sequence[Pod], *,
-                admits: Callable[[Node], bool], spared: set[str]) -> tuple[Node, PreemptionPlan] | None:
+                admits: Callable[[Node], bool], spared: set[str],
+                reclaim: Callable[[Node], bool] | None = None) -> tuple[Node, PreemptionPlan] | None:
     """The engine's plan for ``pod`` over the nodes it could take as they are, and the node; None when
-    the engine finds none (or the pod is not its case)."""
+    the engine finds none (or the pod is not its case).
+
+    ``reclaim``: the nodes whose switch to what the pod needs (whole GPUs, or its mode at its own
+    size) the policy gate allows now (the caller's judgement, with the labels the switch gives the
+    node); those of them :func:`_reclaimable` are offered to the engine too, as it models them: nodes
+    it may *reshape* (preempt every GPU pod, all of lower priority, and switch the node)."""
     if not engine_case(pod):
         return None
-    pool = [n for n in nodes if _usable(pod, n) and admits(n)]
+    reclaimable = {n.name for n in nodes if reclaim is not None and not _usable(pod, n)
+                   and _reclaimable(pod, n, free, pods, spared) and reclaim(n)}
+    pool = [n for n in nodes if n.name in reclaimable or _usable(pod, n) and admits(n)]
     if not pool:
         return None
     cluster = ClusterState([NodeSpec(n.name, n.cpu_milli or _BIG, n.memory_mib or _BIG, len(n.full_gpus),
@@ -90,11 +127,15 @@ def engine_plan(pod: Pod, nodes: Sequence[Node], free: FreeCapacity, pods: Seque
                     min(GPU_MILLI, max(pod.milli, default=0)) if pod.shares else GPU_MILLI)
     own = max(int(modes.max()), 1)
     if pod.shares:
-        own = max(own, most_replicas(pod.asks, max(n.gpu_memory_bytes for n in pool), 1, own))
+        # Its own size, as the model gives the engine (``sharing.simulator.preempting``): a node split
+        # finer is one to reshape, not one whose replica it takes.
+        own = most_replicas(pod.asks, max(n.gpu_memory_bytes for n in pool)) if reclaimable else \
+            max(own, most_replicas(pod.asks, max(n.gpu_memory_bytes for n in pool), 1, own))
     plan = engine_preemption(cluster, modes, used, placed, shape, pod.priority, own_size=own)
-    if plan is None or plan.reshape or plan.replicas is not None or not plan.victims:
-        # The engine's reshape plans are not carried out live (module docstring); a plan without
-        # victims would say the pod fits, which the planner has just found it does not.
+    if plan is None or not plan.victims or (plan.reshape != (pool[plan.node].name in reclaimable)):
+        # Live, a reshape is carried out only on a node offered for it (module docstring), and a node is
+        # never split anew otherwise. A plan without victims would say the pod fits, which the planner
+        # has just found it does not.
         return None
     return pool[plan.node], plan
 

@@ -24,10 +24,13 @@ carries Kueue's admission gate is not among them: it only gets a ``held`` wait):
    change (:mod:`controller.planning.migplan`, or a node sharing change) and let the pod
    **wait** for it: its gate is lifted in a later cycle, once the node agent
    reports the new capacity;
-3. otherwise, if it is gated and may preempt, the fewest pods of strictly lower
-   priority whose places give it one are **preempted**
-   (:mod:`controller.planning.preemption`): the pod is pinned to that node and
-   waits, its place held, until they are gone, then is released as in 1;
+3. otherwise, if it is gated (or is a pod asking ``nvidia.com/gpu`` itself that
+   kube-scheduler left Unschedulable, ``Pod.plain``) and may preempt, the fewest pods of
+   strictly lower priority whose places give it one are **preempted**
+   (:mod:`controller.planning.preemption`): the pod is pinned to that node (a plain pod's
+   record names it) and waits, its place held, until they are gone, then is released as in 1.
+   A node whose every GPU pod was preempted for it (a *reshape*) is held for it and switched
+   to what it needs once they are gone (:func:`_reclaim`);
 4. otherwise the pod **waits**, with the reason.
 
 Capacity planned in this cycle is reused by the next pods of the same cycle
@@ -65,6 +68,7 @@ from sharing.api.keys import REPLICAS_LABEL, STRATEGY_LABEL
 from sharing.api.modes import NodeSharingMode
 from sharing.rules.node_policy import NodePolicy
 from sharing.rules.priority import waiting_order
+from sharing.packing.preemption import REASON_RESHAPE
 from sharing.packing.shared_sequence import EXACT, LARGER, ReplicaStep, place_shared
 from sharing.rules.replicas import MAX_REPLICAS, fits_split, most_replicas, replicas_for_demand
 from sharing.rules.reshape_gate import idle_long_enough, reshape_gate
@@ -159,6 +163,10 @@ class _Cycle:
     """Nodes a MIG change could go to, and their GPUs as candidates (:func:`_mig_nodes`); made on first use."""
     last_of_shape: dict[str, dict[tuple[object, ...], tuple[int, Pod]]] | None = None
     """Per sharing mode and pod shape, the last waiting pod of that shape and its index (:func:`_kept_for_later`)."""
+    held: dict[str, Pod] = field(default_factory=dict)
+    """Nodes reclaimed for a preemptor (:func:`reclaimed`), and the preemptor: no replica or whole GPU
+    is released there and no one else splits or switches them; the preemptor's own switch
+    (:func:`_reclaim`) is the only change planned for them."""
 
     def in_order(self, names: set[str]) -> list[Node]:
         """The nodes named, in the snapshot's order."""
@@ -171,16 +179,46 @@ def _idle_for(idle_since: datetime | None, now: datetime) -> float | None:
 
 
 def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
-    """GPUs (and node sharing changes) still being applied, per policy group."""
+    """GPUs (and node sharing changes) still being applied, per policy group. A node reclaimed for a
+    preemptor (:func:`reclaimed`) counts as a change under way from its preemption on: its switch
+    back took the policy's ``maxConcurrent`` slot then, so it never waits on a slot later."""
     out: Counter[tuple[str, ...]] = Counter()
+    held = reclaimed(snapshot)
     for node in snapshot.nodes:
         policy = snapshot.policies.get(node.name)
         if policy is None:
             continue
         out[policy.names] += sum(1 for g in node.gpus if g.reshaping)
-        if node.sharing != node.spec_sharing or node.replicas != node.spec_replicas:
+        if node.sharing != node.spec_sharing or node.replicas != node.spec_replicas or node.name in held:
             out[policy.names] += 1
     return out
+
+
+def preemptors(snapshot: Snapshot) -> tuple[Pod, ...]:
+    """The waiting pods that are not gpupack's, as the planner sees them (``PlainGpuPod.preemptor``)."""
+    return tuple(p.preemptor for p in snapshot.plain_gpu_pods if p.preemptor is not None)
+
+
+def reclaimed(snapshot: Snapshot) -> dict[str, Pod]:
+    """Nodes whose GPU pods were preempted for a pod that needs the node switched (a *reshape*), by
+    name, with that pod: a gpupack pod pinned there or a plain pod whose record names it, not bound
+    yet, while the node's spec is not yet what the pod needs (:func:`_switched_for`). Held for it
+    until then (:attr:`_Cycle.held`)."""
+    by_name = {n.name: n for n in snapshot.nodes}
+    out: dict[str, Pod] = {}
+    for pod in (*snapshot.pods, *preemptors(snapshot)):
+        node = by_name.get(pod.node or "")
+        if pod.victims and not pod.bound and node is not None and pod.mode != "mig" and not _switched_for(pod, node):
+            out.setdefault(node.name, pod)
+    return out
+
+
+def _switched_for(pod: Pod, node: Node) -> bool:
+    """Whether ``node``'s spec already gives ``pod`` its kind of place: whole GPUs, or its mode at a
+    split it fits (the preemption of a replica or a whole GPU there needs no switch)."""
+    if pod.mode == "whole":
+        return node.spec_sharing == "none"
+    return node.spec_sharing == pod.mode and fits_split(node.spec_replicas, pod.asks, node.gpu_memory_bytes)
 
 
 RECENT_DECAY = 0.99
@@ -401,18 +439,86 @@ def _idle_shared_nodes(cycle: _Cycle, taken: Counter[str], gpus: int, pod: Pod |
                 cycle.returnable.append(node)
     out = [
         node for node in cycle.returnable
-        if node.name not in cycle.sharing and _open(cycle.snapshot.policies.get(node.name), cycle)
+        if node.name not in cycle.sharing and node.name not in cycle.held
+        and _open(cycle.snapshot.policies.get(node.name), cycle)
         and len(node.full_gpus) >= gpus
         and (pod is None or (_allowed_after_switch(pod, node, "none", 1) and cycle.free.fits(node.name, pod)))
     ]
     return sorted(out, key=lambda n: (len(n.full_gpus), n.name))
 
 
-def _switch_back(cycle: _Cycle, node: Node, why: str) -> None:
+def _switch_back(cycle: _Cycle, node: Node, why: str, reserved: bool = False) -> None:
+    """Plan ``node``'s return to whole GPUs; ``reserved``: its ``maxConcurrent`` slot is taken already
+    (a node reclaimed for a preemptor, :func:`in_flight`)."""
     policy = cycle.snapshot.policies[node.name]
-    cycle.budget[policy.names] -= 1
+    if not reserved:
+        cycle.budget[policy.names] -= 1
     cycle.sharing[node.name] = SharingChange(node.name, "none", 1, why)
     cycle.planned_whole[node.name] = len(node.full_gpus)
+
+
+def _reclaim(cycle: _Cycle, pod: Pod, taken: Counter[str]) -> Wait:
+    """A preemptor whose victims on a node it reclaimed are gone (:attr:`_Cycle.held`): the node is
+    switched for it (back to whole GPUs, or split by its mode at its own size) once the node agent
+    reports its GPUs unused (a process outlives its pod object by a poll) and the policy's window is
+    open; its ``maxConcurrent`` slot is held since the preemption. The idle-time rule
+    (``idleSeconds``) is not asked: it keeps a reshape from destroying a GPU's work while that may
+    still return, and here the work was preempted on purpose for this pod; waiting longer would only
+    keep the pod from the GPUs nothing else may take."""
+    node = cycle.by_name[pod.node or ""]
+    policy = cycle.snapshot.policies.get(node.name)
+    if (taken[node.name] or cycle.whole_busy[node.name] or not node.converged
+            or any(g.idle_since is None for g in node.full_gpus)):
+        return Wait(pod.key, f"waiting on {node.name}, reclaimed for it, for its GPUs to be reported unused",
+                    preempting=True)
+    in_flight = policy.max_concurrent - cycle.budget.get(policy.names, 0) - 1 if policy is not None else 0
+    if policy is None or not reshape_gate(policy, cycle.now, in_flight=in_flight).allowed:
+        return Wait(pod.key, f"waiting on {node.name}, reclaimed for it, for its policy's window to switch it",
+                    preempting=True)
+    if pod.mode == "whole":
+        _switch_back(cycle, node, f"reclaimed for {pod.key}, which needs {pod.whole_gpus} whole GPU(s)", reserved=True)
+        cycle.planned_whole[node.name] -= pod.whole_gpus
+        return Wait(pod.key, f"capacity being created: {node.name}, reclaimed for it, returning to whole GPUs",
+                    coming=True, preempting=True)
+    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+    replicas = _reclaim_split(pod, node, policy)
+    if not replicas:
+        return Wait(pod.key, f"waiting on {node.name}, reclaimed for it: no split its policy allows fits it",
+                    preempting=True)
+    cycle.sharing[node.name] = SharingChange(node.name, mode, replicas, f"reclaimed for {pod.key}, which needs {mode}")
+    cycle.planned_shares[node.name] = len(node.full_gpus) * replicas - pod.shares
+    return Wait(pod.key, f"capacity being created: {node.name}, reclaimed for it, switching to {mode} x{replicas}",
+                coming=True, preempting=True)
+
+
+def _reclaim_split(pod: Pod, node: Node, policy: NodePolicy) -> int:
+    """The replica count a node reclaimed for a shared ``pod`` is split into: its own size there (the most
+    replicas its policy allows that the pod fits, on the labels the split gives the node; 0: none)."""
+    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+    return most_replicas(pod.asks, node.gpu_memory_bytes, policy.min_replicas, policy.max_replicas,
+                         admits=partial(_allowed_after_switch, pod, node, mode))
+
+
+def _may_reclaim(cycle: _Cycle, pod: Pod, node: Node) -> bool:
+    """Whether ``node`` may be reclaimed for ``pod`` now: the policy gate for its switch (back to whole
+    GPUs, or to the pod's mode at its own size) is open (a policy selects it, window open,
+    ``maxConcurrent`` not reached; idle time aside, :func:`_reclaim`), nothing else is planned for it
+    this cycle, and the pod admits it once switched. A node whose gate is shut is never reclaimed:
+    its pod would wait on GPUs that may not be switched for it."""
+    policy = cycle.snapshot.policies.get(node.name)
+    if node.name in cycle.sharing or node.name in cycle.held or policy is None or not _open(policy, cycle):
+        return False
+    if pod.mode == "whole":
+        return _allowed_after_switch(pod, node, "none", 1)
+    return bool(_reclaim_split(pod, node, policy))
+
+
+def _hold(cycle: _Cycle, node: str, pod: Pod) -> None:
+    """Keep ``node`` for ``pod`` (:attr:`_Cycle.held`): none of its replicas or whole GPUs is released to
+    another pod."""
+    cycle.held[node] = pod
+    cycle.free.shared[node] = 0
+    cycle.free.whole[node] = 0
 
 
 def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
@@ -494,7 +600,7 @@ def _switchable(cycle: _Cycle, taken: Counter[str]) -> list[tuple[Node, NodePoli
                 continue
             if node.faulted:
                 continue  # a GPU with a fault is never shared (node.health)
-            if cycle.whole_busy[node.name]:
+            if cycle.whole_busy[node.name] or node.name in cycle.held:
                 continue
             # The gate's rules that hold for the whole cycle, every GPU idle long enough; the
             # budget is asked per pod (``_open``).
@@ -634,10 +740,12 @@ def _replicas_for_demand(cycle: _Cycle, pod: Pod, node: Node, mode: NodeSharingM
         admits=lambda index, replicas: _allowed_after_switch(demand[index], node, mode, replicas))
 
 
-def _whole_demand_elsewhere(cycle: _Cycle, taken: Counter[str]) -> None:
+def _whole_demand_elsewhere(cycle: _Cycle, taken: Counter[str], planned: int) -> None:
     """Pods that are not gpupack's wait for ``nvidia.com/gpu`` kube-scheduler found nowhere:
-    idle shared nodes return to whole-GPU use until the free and incoming whole GPUs cover them."""
-    short = cycle.snapshot.whole_waiting - sum(cycle.free.whole.values()) - sum(cycle.free.incoming_whole.values())
+    idle shared nodes return to whole-GPU use until the free and incoming whole GPUs cover them.
+    ``planned``: the GPUs of those the cycle planned one by one (``preemptors``), left out here."""
+    short = cycle.snapshot.whole_waiting - planned
+    short -= sum(cycle.free.whole.values()) + sum(cycle.free.incoming_whole.values())
     short -= sum(cycle.planned_whole.values())
     for node in _idle_shared_nodes(cycle, taken, 1, None):
         if short <= 0:
@@ -710,7 +818,8 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     snapshot = replace(snapshot, pods=tuple(p for p in snapshot.pods if not p.queue_held))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
-    waiting_pods = sorted((p for p in snapshot.pods if p.gated or p.unschedulable), key=waiting_key)
+    plain = preemptors(snapshot)
+    waiting_pods = sorted((*(p for p in snapshot.pods if p.gated or p.unschedulable), *plain), key=waiting_key)
     if not waiting_pods and snapshot.whole_waiting <= 0 and not any(
             p.static_layout is not None for p in snapshot.policies.values()):
         # Nothing waits and no policy pins a layout: every step below would find nothing to do.
@@ -720,6 +829,8 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     cycle.by_name = {n.name: n for n in snapshot.nodes}
     cycle.position = {n.name: i for i, n in enumerate(snapshot.nodes)}
     cycle.demand = Counter(prof for p in waiting_pods if p.mode == "mig" for prof in p.profiles)
+    for name, preemptor in reclaimed(snapshot).items():
+        _hold(cycle, name, preemptor)
     _static_layouts(cycle)
     taken = shared_claims(snapshot.pods)
     placer = SharedPlacer(snapshot.nodes, dict(cycle.free.shared), snapshot.pods, policy_name, room=cycle.free.room,
@@ -737,6 +848,8 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
         left = still_held(pod, snapshot, running)
         if pod.mode == "mig":
             outcome: Release | Wait = _plan_mig(cycle, pod, claims)
+        elif pod.node in cycle.held and cycle.held[pod.node] is pod:
+            outcome = _reclaim(cycle, pod, taken) if left is None else Wait(pod.key, "its victims are terminating")
         elif pod.mode == "whole":
             outcome = _plan_whole(cycle, pod, placer, taken)
         else:
@@ -758,21 +871,27 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                 cycle.free.take_room(outcome.node, pod)
             outcome = Wait(pod.key, f"waiting on {pod.node} for {left.count} pod(s) it preempted to terminate",
                            preempting=True)
-        elif isinstance(outcome, Wait) and not (outcome.deferred or outcome.coming):
+        elif isinstance(outcome, Wait) and not (outcome.deferred or outcome.coming or outcome.preempting):
+            reclaim = partial(_may_reclaim, cycle, pod)
             chosen = preferring_budgets(lambda spared: choose(pod, snapshot.nodes, cycle.free, snapshot.pods,
-                                                              spared=spared, admits=lambda node: allowed_on(pod, node)),
+                                                              spared=spared, admits=lambda node: allowed_on(pod, node),
+                                                              reclaim=reclaim),
                                         doomed, protected)
             if chosen is not None:
                 preemptions.append(chosen)
                 doomed.update(v.key for v in chosen.victims)
+                if chosen.kind == REASON_RESHAPE:
+                    # Its switch back takes the policy's maxConcurrent slot now (``in_flight``).
+                    cycle.budget[cycle.snapshot.policies[chosen.node].names] -= 1
+                    _hold(cycle, chosen.node, pod)
                 outcome = Wait(pod.key, f"preempting {len(chosen.victims)} pod(s) of lower priority on {chosen.node}; "
                                         f"{outcome.reason}", preempting=True)
         if isinstance(outcome, Release):
             cycle.free.take_room(outcome.node, pod)
             releases.append(outcome)
-        else:
+        elif not pod.plain:  # a pod that is not gpupack's gets no placement status from it
             waiting.append(outcome)
-    _whole_demand_elsewhere(cycle, taken)
+    _whole_demand_elsewhere(cycle, taken, sum(p.whole_gpus for p in plain))
     return Plan(
         layouts=tuple(cycle.layouts[k] for k in sorted(cycle.layouts)),
         sharing=tuple(cycle.sharing[k] for k in sorted(cycle.sharing)),
@@ -790,4 +909,4 @@ def held_by_kueue(pod: Pod) -> Wait:
 
 
 __all__ = ["LayoutChange", "Plan", "Preemption", "Release", "SharingChange", "Wait", "allowed_on", "held_by_kueue", "in_flight",
-           "plan", "waiting_key"]
+           "plan", "preemptors", "reclaimed", "waiting_key"]

@@ -9,8 +9,13 @@ the DRA pool is :mod:`controller.planning.draplan`'s).
 
 **Whose choice.** A single-container shared pod or a whole-GPU pod gets the engine's plan,
 ``sharing.packing.preemption.engine_preemption``, the function the simulator calls
-(:mod:`controller.planning.engine_victims` builds its state from the snapshot; the engine's
-reshape plans are not carried out live). A MIG pod and a shared pod of several containers,
+(:mod:`controller.planning.engine_victims` builds its state from the snapshot). That includes a
+*reshape*, on the nodes whose policy gate is open now: every GPU pod of a node preempted (all of
+lower priority) and the node switched for the preemptor (a shared node back to whole GPUs for a
+whole-GPU pod; a node split anew at a one-replica pod's own size). A pod
+that is not gpupack's (``nvidia.com/gpu`` asked by the pod itself, :attr:`Pod.plain`) that
+kube-scheduler left Unschedulable after its own preemption found nothing preempts the same way;
+it cannot be pinned, so its record names the node. A MIG pod and a shared pod of several containers,
 which the engine's preemption does not model, are ranked here on the cycle's ledger
 (:class:`controller.planning.capacity.FreeCapacity`), as the planner counts places: replicas
 of the node's split (the node must already share by the pod's mode at a split the pod fits:
@@ -67,6 +72,8 @@ class Preemption:
     resumed: bool = False
     """The victims were chosen by an earlier cycle and are still running: delete them again
     (not counted as a new preemption)."""
+    plain: bool = False
+    """The preemptor is not gpupack's (:attr:`Pod.plain`): it cannot be pinned; its record names the node."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,7 @@ def resume(pod: Pod, held: Held) -> Preemption | None:
     if not held.running or pod.node is None:
         return None
     return Preemption(pod.key, pod.node, tuple(victim(v) for v in held.running),
-                      f"finishing the preemption for {pod.key}", reason_for(pod), resumed=True)
+                      f"finishing the preemption for {pod.key}", reason_for(pod), resumed=True, plain=pod.plain)
 
 
 def _on_node(pods: Iterable[Pod]) -> dict[str, list[Pod]]:
@@ -178,10 +185,11 @@ def _victims_on(pod: Pod, node: Node, free: FreeCapacity, candidates: list[Pod])
 
 
 def _engine_choice(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[Pod], *,
-                   admits: Callable[[Node], bool], spared: set[str]) -> Preemption | None:
+                   admits: Callable[[Node], bool], spared: set[str],
+                   reclaim: Callable[[Node], bool] | None) -> Preemption | None:
     """``sharing.packing.preemption.engine_preemption``'s plan (:mod:`controller.planning.engine_victims`)."""
     listed = list(pods)
-    found = engine_plan(pod, list(nodes), free, listed, admits=admits, spared=spared)
+    found = engine_plan(pod, list(nodes), free, listed, admits=admits, spared=spared, reclaim=reclaim)
     if found is None:
         return None
     node, plan = found
@@ -190,7 +198,7 @@ def _engine_choice(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: It
     names = ", ".join(v.key for v in chosen)
     reason = (f"{pod.key} (priority {pod.priority.value}) fits nowhere; the engine preempts {names} "
               f"(priority {max(v.priority.value for v in chosen)} or lower) on {node.name}")
-    return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, plan.reason)
+    return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, plan.reason, plain=pod.plain)
 
 
 def preferring_budgets(chooser: Callable[[set[str]], Preemption | None], spared: set[str],
@@ -206,19 +214,22 @@ def preferring_budgets(chooser: Callable[[set[str]], Preemption | None], spared:
 
 
 def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[Pod], *,
-           admits: Callable[[Node], bool], spared: set[str]) -> Preemption | None:
+           admits: Callable[[Node], bool], spared: set[str],
+           reclaim: Callable[[Node], bool] | None = None) -> Preemption | None:
     """The preemption that gives ``pod`` a place (see the module docstring), or None.
 
     ``nodes``: in the snapshot's order; ``admits``: whether the pod may go to a node (its terms,
-    products and pin); ``spared``: keys of pods already chosen as victims this cycle."""
-    if not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
+    products and pin); ``spared``: keys of pods already chosen as victims this cycle; ``reclaim``:
+    for a whole-GPU pod, the shared nodes that may be switched back to whole GPUs now, for the
+    engine to reshape (:func:`controller.planning.engine_victims.engine_plan`)."""
+    if not (pod.gated or pod.plain) or not pod.priority.preempts or pod.victims or pod.queue_held:
         # A pod Kueue still holds is no demand: it never preempts (Kueue preempts for quota). A pod
         # preempts once: its victims gone, the place they held frees when the node agent reports
         # their devices unused (a process outlives its pod object by a poll or more), and planning
         # it again before then would kill a second pod for the same place.
         return None
     if engine_case(pod):
-        return _engine_choice(pod, nodes, free, pods, admits=admits, spared=spared)
+        return _engine_choice(pod, nodes, free, pods, admits=admits, spared=spared, reclaim=reclaim)
     by_node = _on_node(pods)
     best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None
     for position, node in enumerate(nodes):

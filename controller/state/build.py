@@ -19,7 +19,7 @@ from typing import Any
 
 from controller.state.claims import mig_claims, shared_claims
 from controller.state.pods import (
-    pod_from_object, priority_of, read_record, required_products, resources_held, waiting_unschedulable,
+    plain_preemptor, pod_from_object, priority_of, read_record, required_products, resources_held, waiting_unschedulable,
     whole_gpus_requested,
 )
 from controller.state.snapshot import FailedDevice, Gpu, Node, PlainGpuPod, Pod, Snapshot
@@ -206,7 +206,9 @@ def scoped(snapshot: Snapshot, namespaces: Iterable[str]) -> Snapshot:
     if not allowed:
         return snapshot
     pods = tuple(p for p in snapshot.pods if p.namespace in allowed or not (p.gated or p.unschedulable))
-    return replace(snapshot, pods=pods)
+    plain = tuple(replace(p, preemptor=None) if p.preemptor is not None and p.preemptor.namespace not in allowed else p
+                  for p in snapshot.plain_gpu_pods)
+    return replace(snapshot, pods=pods, plain_gpu_pods=plain)
 
 
 @dataclass(frozen=True)
@@ -275,7 +277,8 @@ def _parse_pod(obj: Mapping[str, Any]) -> PodParse:
     plain = None
     if theirs:
         plain = PlainGpuPod(f"{meta.get('namespace')}/{meta.get('name')}", gpus, *requested,
-                            required_products(_map(obj.get("spec"))), bound, priority_of(obj)[0].value)
+                            required_products(_map(obj.get("spec"))), bound, priority_of(obj)[0].value,
+                            None if bound is not None else plain_preemptor(obj, gpus))
     if bound is not None:
         return PodParse(pod, untrusted, gpus, bound, held_on=held_on, cpu_milli=cpu, memory_mib=memory, plain=plain,
                         allocation=allocation)

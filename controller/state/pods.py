@@ -14,12 +14,13 @@ from controller.state.snapshot import Pod
 from kube.times import parse_time
 from mig.units import parse_quantity
 from sharing.api.allocation import Allocation, has_capacity_gate, held_by_kueue, trusted_allocation
-from sharing.api.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PREEMPTING_ANNOTATION, PRODUCT_LABEL, WHOLE_RESOURCE
+from sharing.api.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PRODUCT_LABEL, WHOLE_RESOURCE
+from sharing.api.preempting import read_preempting
 from sharing.api.priority import NEVER, PodPriority, pod_priority
 from sharing.api.fields import as_list as _list
 from sharing.api.fields import as_map as _map
 
-__all__ = ["pod_from_object", "priority_of", "read_pod", "read_record", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
+__all__ = ["plain_preemptor", "pod_from_object", "priority_of", "read_pod", "read_record", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
 
 
 def _pinned_node(spec: Mapping[str, Any]) -> str | None:
@@ -143,6 +144,34 @@ def waiting_unschedulable(obj: Mapping[str, Any]) -> bool:
     )
 
 
+def plain_preemptor(obj: Mapping[str, Any], gpus: int) -> Pod | None:
+    """The planner's view of a pod that is not gpupack's and asks ``gpus`` of ``nvidia.com/gpu``, which
+    kube-scheduler left Unschedulable and nominated to no node (its own preemption found no
+    candidate): mode ``whole``, never gated, :attr:`Pod.plain`. gpupack may preempt for it and switch
+    the freed node back to whole GPUs (``controller.planning.planner``). A pod carrying gpupack's
+    ``gpupack.io/preempting`` record is its preemptor whatever kube-scheduler nominated: its node is
+    the one the record names. None for any other pod."""
+    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
+    if gpus <= 0 or not waiting_unschedulable(obj) or meta.get("deletionTimestamp"):
+        return None
+    record = read_preempting(_map(meta.get("annotations")))
+    if record is None and status.get("nominatedNodeName"):
+        return None  # kube-scheduler preempted for it itself: its victims are going
+    created = parse_time(meta.get("creationTimestamp"))
+    if created is None or not isinstance(meta.get("name"), str):
+        return None
+    cpu, mem = _requests(spec)
+    priority, priority_problem = priority_of(obj)
+    return Pod(
+        namespace=str(meta.get("namespace") or "default"), name=meta["name"], mode="whole", created=created,
+        milli=(1000,) * gpus, memory_bytes=(None,) * gpus, products=required_products(spec), unschedulable=True,
+        node=None if record is None else record.node, cpu_milli=cpu, memory_mib=mem, uid=str(meta.get("uid") or ""),
+        node_selector=tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())),
+        terms=_terms(spec), priority=priority, priority_problem=priority_problem,
+        victims=() if record is None else record.victims, plain=True,
+    )
+
+
 def pod_from_object(obj: Mapping[str, Any]) -> Pod | None:
     """A gpupack pod (one with an allocation annotation), or None for others and finished pods."""
     return read_pod(obj)[0]
@@ -189,11 +218,9 @@ def priority_of(obj: Mapping[str, Any]) -> tuple[PodPriority, str | None]:
 
 
 def _victims(meta: Mapping[str, Any]) -> tuple[str, ...]:
-    """The uids in the preemptor's ``gpupack.io/preempting`` annotation (empty when it has none)."""
-    text = _map(meta.get("annotations")).get(PREEMPTING_ANNOTATION)
-    if not isinstance(text, str):
-        return ()
-    return tuple(uid for uid in (part.strip() for part in text.split(",")) if uid)
+    """The uids in the preemptor's ``gpupack.io/preempting`` record (empty when it has none)."""
+    record = read_preempting(_map(meta.get("annotations")))
+    return () if record is None else record.victims
 
 
 def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any], allocation: Allocation) -> Pod | None:

@@ -186,6 +186,10 @@ class Pod:
     victims: tuple[str, ...] = ()
     """A preemptor: the uids of the pods the controller preempted for it (``gpupack.io/preempting``);
     while any of them exists it waits on its pinned node and never preempts again."""
+    plain: bool = False
+    """Not gpupack's: a pod asking ``nvidia.com/gpu`` itself that kube-scheduler left Unschedulable
+    (``controller.state.pods.plain_preemptor``). kube-scheduler places it; the planner only preempts
+    and switches a node back to whole GPUs for it. ``node`` is the node its preemption freed."""
 
     def admits(self, labels: dict[str, str]) -> bool:
         """Whether the pod's nodeSelector and required node affinity allow a node with ``labels``."""
@@ -248,6 +252,9 @@ class PlainGpuPod:
     """The node it is bound to (None: waiting): a GPU pod there for the placement preference by priority."""
     priority: int = 0
     """``spec.priority`` (``controller.state.pods.priority_of``)."""
+    preemptor: Pod | None = None
+    """The planner's view of it while it waits Unschedulable (``controller.state.pods.plain_preemptor``):
+    gpupack may preempt for it; None otherwise."""
 
 
 @dataclass(frozen=True)

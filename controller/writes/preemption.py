@@ -5,7 +5,10 @@ Pure builders; :mod:`controller.reconcile` sends them, in this order, for a
 
 1. the preemptor: one guarded JSON patch (``test`` on its scheduling gates, as a release is
    guarded) that pins it to the node (:func:`controller.writes.patches.pin_ops`; the gate stays)
-   and records its victims' uids in ``gpupack.io/preempting``. If it fails, nothing is deleted;
+   and records its victims' uids in ``gpupack.io/preempting`` (``sharing.api.preempting``). If it
+   fails, nothing is deleted. A preemptor that is not gpupack's (a pod asking ``nvidia.com/gpu``
+   that kube-scheduler left Unschedulable) is not pinned: its record also names the node
+   (:func:`plain_preemptor_ops`, guarded by its ``resourceVersion``);
 2. each victim: the ``DisruptionTarget`` condition kube-scheduler's preemption writes, with
    gpupack's reason (``PreemptionByGpupack``) and a message naming the preemptor
    (:func:`disruption_patch`), then a ``Preempted`` Event (:func:`event_message`), then the
@@ -28,6 +31,7 @@ from controller.writes.patches import Op, pin_ops
 from kube.times import format_time
 from sharing.api.fields import as_map as _map
 from sharing.api.keys import PREEMPTING_ANNOTATION, PREEMPTION_REASON
+from sharing.api.preempting import PreemptingRecord, preempting_text
 
 DISRUPTION_TARGET = "DisruptionTarget"
 """The pod condition Kubernetes sets on a pod about to be deleted by a disruption (preemption among them)."""
@@ -43,9 +47,26 @@ def preemptor_ops(pod: Mapping[str, Any], node: str, victims: Sequence[str], *, 
     ops = pin_ops(pod, node)  # its first op tests the gates, and it refuses a pod gpupack no longer gates
     if pinned:
         ops = ops[:1]
+    return ops + _record_ops(pod, PreemptingRecord(tuple(victims)))
+
+
+def plain_preemptor_ops(pod: Mapping[str, Any], node: str, victims: Sequence[str]) -> list[Op]:
+    """One guarded JSON patch for a preemptor that is not gpupack's (``Preemption.plain``): its spec
+    cannot change (no pin), so the record names ``node`` beside ``victims``. Guarded by a ``test`` of
+    the ``resourceVersion`` the plan saw: if kube-scheduler bound or nominated the pod since, the patch
+    fails and nothing is deleted. ValueError when the object has no resourceVersion."""
+    version = _map(pod.get("metadata")).get("resourceVersion")
+    if not isinstance(version, str) or not version:
+        raise ValueError("the pod has no metadata.resourceVersion to guard the preemption's record")
+    return [{"op": "test", "path": "/metadata/resourceVersion", "value": version},
+            *_record_ops(pod, PreemptingRecord(tuple(victims), node))]
+
+
+def _record_ops(pod: Mapping[str, Any], record: PreemptingRecord) -> list[Op]:
+    ops: list[Op] = []
     if not isinstance(_map(pod.get("metadata")).get("annotations"), Mapping):
         ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
-    ops.append({"op": "add", "path": _ANNOTATION_PATH, "value": ",".join(victims)})
+    ops.append({"op": "add", "path": _ANNOTATION_PATH, "value": preempting_text(record)})
     return ops
 
 
@@ -68,4 +89,5 @@ def event_message(preemption: Preemption, priority: int) -> str:
             f"(this pod's priority {priority} is lower); deleted with its grace period")
 
 
-__all__ = ["DISRUPTION_TARGET", "PREEMPTED_EVENT", "disruption_patch", "event_message", "preemptor_ops"]
+__all__ = ["DISRUPTION_TARGET", "PREEMPTED_EVENT", "disruption_patch", "event_message", "plain_preemptor_ops",
+           "preemptor_ops"]

@@ -11,7 +11,9 @@
     the controller released (it carries gpupack's allocation record) that
     kube-scheduler then finds no room for is not judged here: the controller
     plans it again, so it is left waiting. Nor is a pod kube-scheduler preempted for
-  (``status.nominatedNodeName``): it waits for its victims to go.
+  (``status.nominatedNodeName``): it waits for its victims to go. Nor is one gpupack's controller
+  preempted for (its ``gpupack.io/preempting`` record, ``sharing.api.preempting``): it waits for
+  its victims to go and for the node they held to return to whole GPUs.
 
 * otherwise **waiting**.
 
@@ -26,6 +28,7 @@ from typing import Any, Final, Literal
 from sharing.api.allocation import has_capacity_gate
 from sharing.api.keys import ALLOCATION_ANNOTATION
 from sharing.api.placement_status import read_placement
+from sharing.api.preempting import read_preempting
 
 Outcome = Literal["bound", "unplaceable", "waiting"]
 Decider = Literal["scheduler", "controller", "released-unschedulable", "admission", "timeout"]
@@ -70,6 +73,14 @@ def nominated(pod: Mapping[str, Any]) -> bool:
     return isinstance(status, Mapping) and bool(status.get("nominatedNodeName"))
 
 
+def preempted_for(pod: Mapping[str, Any]) -> bool:
+    """gpupack's controller preempted for the pod (its ``gpupack.io/preempting`` record): it waits for the
+    place it freed, so it is not unplaceable."""
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return read_preempting(annotations if isinstance(annotations, Mapping) else None) is not None
+
+
 def unschedulable(pod: Mapping[str, Any]) -> bool:
     """kube-scheduler's ``PodScheduled=False, reason Unschedulable``."""
     status = pod.get("status")
@@ -95,6 +106,6 @@ def classify(pod: Mapping[str, Any]) -> tuple[Outcome, Decider | None]:
     if gated(pod):
         status = read_placement(pod)
         return ("unplaceable", "controller") if status is not None and status.unplaceable else ("waiting", None)
-    if unschedulable(pod) and not has_allocation(pod) and not nominated(pod):
+    if unschedulable(pod) and not has_allocation(pod) and not nominated(pod) and not preempted_for(pod):
         return "unplaceable", "scheduler"
     return "waiting", None

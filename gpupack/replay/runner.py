@@ -126,6 +126,10 @@ class Replayer:
     pod_timeout_s: float = 120.0
     released_unschedulable_s: float = 3.0
     """How long a pod the controller released may stay Unschedulable before it counts as never placed."""
+    preemption_grace_s: float = 3.0
+    """With priorities, how long a whole-GPU pod kube-scheduler left Unschedulable (its own preemption
+    found nothing) is given for gpupack's controller to preempt for it (its ``gpupack.io/preempting``
+    record then says it waits) before it counts as never placed, as the product model lets it."""
     submit_budget_s: float | None = None
     """Submit no pod after this long (the module docstring, "Stopping early"); None: no limit."""
     progress: ProgressBar | None = None
@@ -211,6 +215,7 @@ class Replayer:
                 return PodResult(name, pod, "unplaceable", "admission", message=_api_message(exc))
             raise
         unschedulable_since: float | None = None
+        refused_since: float | None = None
         seen = pods.version
         deadline = started + self.pod_timeout_s
         while True:
@@ -220,6 +225,10 @@ class Replayer:
                 if outcome == "bound":
                     at = self._bound_at.get(name, time.monotonic())
                     return PodResult(name, pod, "bound", node=bound_node(obj), bound_seconds=max(0.0, at - started))
+                if outcome == "unplaceable" and decider == "scheduler" and self._controller_may_preempt(pod):
+                    refused_since = time.monotonic() if refused_since is None else refused_since
+                    if time.monotonic() - refused_since < self.preemption_grace_s:
+                        outcome = "waiting"
                 if outcome == "unplaceable":
                     self._delete(core, name, mine)
                     status = read_placement(obj)
@@ -238,6 +247,10 @@ class Replayer:
                 self.say(f"{name}: neither bound nor declared unplaceable after {self.pod_timeout_s:.0f}s")
                 return PodResult(name, pod, "timeout", "timeout")
             seen = pods.wait_changed(seen, min(0.25, max(0.0, deadline - now)))
+
+    def _controller_may_preempt(self, pod: PodSpec) -> bool:
+        """gpupack's controller preempts for a whole-GPU pod kube-scheduler could not make room for."""
+        return self.priority_classes is not None and pod.gpu_count > 0 and not pod.is_shared
 
     def _delete(self, core: Any, name: str, mine: _Requests) -> None:
         mine.add("DELETE")

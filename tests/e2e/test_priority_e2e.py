@@ -12,7 +12,10 @@ that may preempt gets one victim, which carries the ``DisruptionTarget`` conditi
 (``PreemptionByGpupack``) and a ``Preempted`` Event and is deleted with its grace period. There is no
 kubelet: the victim stays Terminating, and meanwhile the preemptor waits pinned to the node and no
 second pod is preempted; the test then plays the kubelet (the pod is gone) and the preemptor is
-released and bound to the freed instance. An unknown PriorityClass is refused by the API server.
+released and bound to the freed instance. A pod asking ``nvidia.com/gpu`` itself reclaims a node
+whose replicas all hold low pods: both are preempted, and the node is switched back to whole GPUs
+for it once they are gone; a gated pod too big for a node's split reclaims it, and the node is
+split anew at the pod's size. An unknown PriorityClass is refused by the API server.
 Deadlines only, no timing assertions.
 """
 
@@ -28,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sharing.api.allocation import Allocation, ContainerAllocation
 from sharing.api.keys import ALLOCATION_ANNOTATION, CAPACITY_GATE, PREEMPTING_ANNOTATION, PREEMPTION_REASON
+from sharing.api.preempting import read_preempting
 from tests.e2e.test_controller_e2e import H100, Harness, h  # noqa: F401 - h: the harness fixture
 from tests.e2e.waiting import wait_for
 
@@ -51,15 +55,15 @@ class Priorities:
         self.classes.append(name)
         return name
 
-    def gpu_pod(self, name: str, priority_class: str, kind: str) -> dict[str, Any]:
-        """A gated pod as the webhook leaves it: a ``3g.40gb`` instance (``mig``) or an MPS replica of a
-        node shared into two (``mps``)."""
+    def gpu_pod(self, name: str, priority_class: str, kind: str, milli: int = 400) -> dict[str, Any]:
+        """A gated pod as the webhook leaves it: a ``3g.40gb`` instance (``mig``) or an MPS replica
+        (``mps``) of ``milli``."""
         resource = f"nvidia.com/mig-{PROFILE}" if kind == "mig" else "nvidia.com/gpu.shared"
         allocation = Allocation(
             mode="mig" if kind == "mig" else "mps", gated=True, capacity_existed=False, policy="e2e", reason="e2e",
-            gpu_model=H100, replicas=None if kind == "mig" else 2,
-            # 400 milli: a replica of a split into two, never of one into three (the node is not re-split).
-            containers=(ContainerAllocation("main", "containers", 300 if kind == "mig" else 400, None, resource,
+            gpu_model=H100,
+            # 400 milli: a replica of a split into two, never of one into three.
+            containers=(ContainerAllocation("main", "containers", 300 if kind == "mig" else milli, None, resource,
                                             PROFILE if kind == "mig" else None),),
         )
         return {"apiVersion": "v1", "kind": "Pod",
@@ -152,6 +156,76 @@ def test_a_high_priority_pod_preempts_one_low_pod_and_runs_in_its_place(h: Harne
     assert f"preempted {h.namespace}/{victim} for {h.namespace}/{preemptor} on {node}" in log
     assert ("the engine preempts" in log) == (kind == "mps")  # whose choice: the engine's for a replica
     assert " failed: " not in log, "a write or the PodDisruptionBudgets' read failed (the controller's grants)"
+
+
+def test_a_plain_whole_gpu_pod_reclaims_a_best_effort_node_and_is_bound_there(h: Harness, p: Priorities) -> None:
+    """A pod asking ``nvidia.com/gpu`` itself, of the high class, and a node shared by MPS whose two
+    replicas hold low pods: kube-scheduler's own preemption finds nothing (no node offers a whole GPU),
+    so gpupack's controller preempts both replicas (the engine's ``reshape``), records them and the node
+    on the pod (``gpupack.io/preempting``), and once the victims are gone switches the node back to
+    whole GPUs; kube-scheduler then binds the pod there."""
+    node = h.node("a", 1, mps=2)
+    h.policy()
+    low, high = p.priority_class("low", 10), p.priority_class("high", 1000)
+    h.controller("ctl-reclaim")
+    lows = [p.create(p.gpu_pod(f"low-{i}", low, "mps")) for i in range(2)]
+    for name in lows:
+        assert wait_for(f"{name} to be bound", partial(h.node_of, name), timeout_s=90) == node
+    plain = p.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "llm"},
+                      "spec": {"priorityClassName": high, "terminationGracePeriodSeconds": 30,
+                               "containers": [{"name": "main", "image": "example.com/app:1",
+                                               "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+                               "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                                   "nodeSelectorTerms": [{"matchExpressions": [
+                                       {"key": "e2e-ctl", "operator": "In", "values": [h.run]}]}]}}}}})
+    wait_for("both low pods to be preempted", lambda: all(
+        (seen := p.pod(n)) is not None and seen.metadata.deletion_timestamp is not None for n in lows), timeout_s=90)
+    doomed = [p.pod(n) for n in lows]
+    for victim in doomed:
+        condition = _disruption(victim)
+        assert condition is not None and condition.reason == PREEMPTION_REASON
+        assert f"{h.namespace}/{plain}" in condition.message and victim.metadata.deletion_grace_period_seconds == 30
+    record = read_preempting(p.pod(plain).metadata.annotations)
+    assert record is not None and record.node == node
+    assert sorted(record.victims) == sorted(v.metadata.uid for v in doomed)
+    # While the victims terminate the node keeps sharing: nothing switched under running pods.
+    assert h.gpunode(node)["spec"]["sharing"]["mode"] == "mps"
+    assert p.pod(plain).spec.node_name is None
+
+    for name in lows:  # the test plays the kubelet: the victims' containers have stopped
+        h.core.delete_namespaced_pod(name, h.namespace, grace_period_seconds=0)
+    assert wait_for("the plain pod to be bound to the reclaimed node", lambda: h.node_of(plain), timeout_s=120) == node
+    assert h.gpunode(node)["spec"]["sharing"]["mode"] == "none"
+    log = h.log("ctl-reclaim")
+    assert f"preempted {h.namespace}/{lows[0]} for {h.namespace}/{plain} on {node}" in log
+    assert " failed: " not in log, "a write failed (the controller's grants)"
+
+
+def test_a_pod_too_big_for_the_split_reclaims_the_node_and_runs_there_split_anew(h: Harness, p: Priorities) -> None:
+    """A gated MPS pod of 400 milli of the high class and a node whose GPU the controller split for four
+    low pods of 200 milli (into more than two replicas, the demand's split): no replica of that split
+    fits the pod however many go, so the controller preempts all four (the engine's ``reshape``), pins
+    the pod to the node and, once they are gone, splits the node anew at the pod's own size (two
+    replicas); the pod is then released and bound there."""
+    node = h.node("a", 1, mps=4)
+    h.policy()
+    low, high = p.priority_class("low", 10), p.priority_class("high", 1000)
+    h.controller("ctl-resplit")
+    lows = [p.create(p.gpu_pod(f"low-{i}", low, "mps", milli=200)) for i in range(4)]
+    for name in lows:
+        assert wait_for(f"{name} to be bound", partial(h.node_of, name), timeout_s=90) == node
+    split = h.gpunode(node)["spec"]["sharing"]
+    assert split["mode"] == "mps" and split["replicas"] > 2
+    big = p.create(p.gpu_pod("big", high, "mps", milli=400))
+    wait_for("the low pods to be preempted", lambda: all(
+        (seen := p.pod(n)) is not None and seen.metadata.deletion_timestamp is not None for n in lows), timeout_s=90)
+    assert h.gpunode(node)["spec"]["sharing"] == split, "switched under terminating pods"
+    for name in lows:  # the test plays the kubelet
+        h.core.delete_namespaced_pod(name, h.namespace, grace_period_seconds=0)
+    assert wait_for("the big pod to be bound to the re-split node", lambda: h.node_of(big), timeout_s=120) == node
+    assert h.gpunode(node)["spec"]["sharing"] == {"mode": "mps", "replicas": 2}
+    log = h.log("ctl-resplit")
+    assert f"reclaimed for {h.namespace}/{big}" in log and " failed: " not in log
 
 
 def test_an_unknown_priority_class_is_refused_by_the_api_server(h: Harness, p: Priorities) -> None:

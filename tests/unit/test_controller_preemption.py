@@ -168,11 +168,16 @@ def test_a_mig_pod_preempts_a_lower_pod_holding_the_profile_it_needs() -> None:
     assert (preemption.node, preemption.kind, [v.key for v in preemption.victims]) == ("m", "mig-instance", ["team/low"])
 
 
-def test_a_pod_too_big_for_the_split_preempts_nothing() -> None:
+def test_a_pod_too_big_for_the_split_reclaims_the_node_only_where_the_gate_allows_a_new_split() -> None:
     """The node shares into 2 replicas (500 milli each): a 900-milli pod has no place there however
-    many pods go; preemption never re-splits a node."""
+    many replicas are freed. With the policy's gate open the engine reshapes it (every pod preempted,
+    reason ``reshape``; the node is split anew for the pod once they are gone,
+    ``tests/unit/test_planner_reclaim.py``); with no policy selecting the node, nothing."""
     pods = [pod("low", 0, on="a"), pod("low2", 0, on="a"), pod("huge", 100, milli=900)]
-    assert run([mps_node("a")], pods).preemptions == ()
+    (preemption,) = run([mps_node("a")], pods).preemptions
+    assert (preemption.kind, sorted(v.key for v in preemption.victims)) == ("reshape", ["team/low", "team/low2"])
+    uids = frozenset(p.uid for p in pods)
+    assert plan(Snapshot((mps_node("a"),), tuple(pods), {}, present=uids), NOW).preemptions == ()
 
 
 # ------------------------------------------------------------------ no second kill
