@@ -109,7 +109,7 @@ def _settings(args: argparse.Namespace) -> AgentSettings:
         "poll_seconds": args.poll_seconds, "idle_seconds": args.idle_seconds, "metrics_port": args.metrics_port,
         "emulate_device_plugin": True if args.emulate_device_plugin else None,
         "heartbeat_seconds": args.heartbeat_seconds, "backend": args.backend,
-        "usage_publish_seconds": args.usage_publish_seconds,
+        "usage_publish_seconds": args.usage_publish_seconds, "usage_sample_seconds": args.usage_sample_seconds,
         "usage_trace": None if args.usage_trace is None else str(args.usage_trace),
         "usage_time_scale": args.usage_time_scale, "usage_trace_start": args.usage_trace_start,
         "usage_trace_pods": None if args.usage_trace_pods is None else str(args.usage_trace_pods),
@@ -207,6 +207,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-seconds", type=positive_float, default=None, help="seconds between NVML reads (default 5)")
     p.add_argument("--usage-publish-seconds", type=positive_float, default=None,
                    help="write the per-pod use histories to the GPUNode at most this often (default 300)")
+    p.add_argument("--usage-sample-seconds", type=non_negative_float, default=None,
+                   help="also sample the pods' GPU use this often between ticks (NVML only), so a memory peak "
+                        "shorter than --poll-seconds is not missed; the agent then sleeps between ticks instead of "
+                        "watching its GPUNode (default 0: once per tick)")
     p.add_argument("--idle-seconds", type=non_negative_float, default=None,
                    help="idle time before an instance may be destroyed (default 300)")
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port, 0 = off (default 9402)")

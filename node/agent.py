@@ -113,6 +113,9 @@ class Agent:
         self._last_patch = -1e18
         self._events: dict[tuple[str, str], float] = {}
         self.busy_ctx: tuple[dict[str, list[str]], list[PodUse]] = ({}, [])
+        self._sample_failure = ""
+        self._usage_pods: tuple[list[PodUse], list[dict[str, Any]]] | None = None
+        """The last tick's pod uses and pods, which :meth:`sample_usage` attributes to."""
         self.layouts = layouts_for(settings.mode)
         self.advertiser = advertiser_for(settings)
         self.owners = process_owners_for(backend, settings)
@@ -276,7 +279,18 @@ class Agent:
         self.metrics.observe(snapshot, busy_gi)
         self.metrics.observe_health(self.health.last, snapshot, now)
         self._observe_pod_usage(snapshot, uses, pods, now)
+        self._usage_pods = (uses, pods)
         return wait
+
+    def sample_usage(self) -> None:
+        """One sample of the pods' GPU use between ticks (``usage_sample_seconds``): NVML read anew,
+        the pods and their devices as the last tick saw them (a pod gone since has no process left to
+        attribute; one new since waits for the next tick)."""
+        if not self.s.pod_usage or self.backend is None or self._usage_pods is None:
+            return
+        snapshot = self.snapshot()
+        if snapshot.error is None:
+            self._observe_pod_usage(snapshot, *self._usage_pods, self.clock())
 
     def _observe_pod_usage(self, snapshot: NodeSnapshot, uses: list[PodUse], pods: list[dict[str, Any]],
                            now: float) -> None:
@@ -364,7 +378,9 @@ class Agent:
             if stop():
                 break
             try:
-                if pause.on_change:
+                if self.s.usage_sample_seconds > 0 and self.s.pod_usage and pause.seconds > 0:
+                    self._sampling_wait(pause.seconds, stop)
+                elif pause.on_change:
                     self.kube.wait_gpunode_change(self.s.node_name, self._rv, pause.seconds)
                 elif pause.seconds > 0:
                     self.sleep(pause.seconds)
@@ -372,6 +388,28 @@ class Agent:
                 seconds = self._failed(exc)
                 if not stop():
                     self.sleep(seconds)
+
+    def _sampling_wait(self, seconds: float, stop: Callable[[], bool]) -> None:
+        """Wait ``seconds``, sampling the pods' use every ``usage_sample_seconds`` meanwhile. A failed
+        sample is logged once per kind of failure and waits for the next; the tick reports NVML and API
+        errors as it always does."""
+        end = self.clock() + seconds
+        while not stop():
+            left = end - self.clock()
+            if left <= 0:
+                return
+            self.sleep(min(left, self.s.usage_sample_seconds))
+            if end - self.clock() <= 0:
+                return  # the tick that follows samples too
+            try:
+                self.sample_usage()
+            except Exception as exc:  # noqa: BLE001 - a sample is best effort; the tick handles failures
+                problem = type(exc).__name__
+                if problem != self._sample_failure:
+                    log.warning("usage sample between ticks failed (%s); the next tick samples as usual", exc)
+                self._sample_failure = problem
+            else:
+                self._sample_failure = ""
 
     def _failed(self, exc: Exception) -> float:
         """Count and (once per change of state) log a failed attempt; returns the pause before the next."""

@@ -66,8 +66,15 @@ class Periods:
     publish_s: float
     recommend_s: float
     evictions_per_hour: int
+    sample_s: float = 0.0
+    """The agents' usage sample between ticks (``--usage-sample-seconds``): :data:`SAMPLE_S` trace
+    seconds, so every trace step is seen as an agent at 1x sees it, though a tick (its API calls
+    and the 0.5 s poll) outlasts a scaled step."""
 
 
+SAMPLE_S = 15.0
+"""Trace seconds between the agents' usage samples: a quarter of GenTD26's 57 s step. Before it, a
+16-pod run at 90x under load saw 0.649 samples per trace step (benchmarks/usage_live.md)."""
 MAX_EVICTIONS_PER_HOUR = 60
 """What ``rightSizing.maxEvictionsPerHour`` allows at most (``sharing.api.crd.RightSizingPolicy``)."""
 
@@ -77,7 +84,8 @@ def scaled_periods(time_scale: float) -> Periods:
     trace hour as ``maxEvictionsPerHour`` (a rolling wall hour: ``time_scale`` trace hours), at most
     the 60 the policy allows: above a scale of 60 the live budget is the smaller."""
     return Periods(PUBLISH_S / time_scale, RECOMMEND_S / time_scale,
-                   min(MAX_EVICTIONS_PER_HOUR, max(1, round(EVICTIONS_PER_TRACE_HOUR * time_scale))))
+                   min(MAX_EVICTIONS_PER_HOUR, max(1, round(EVICTIONS_PER_TRACE_HOUR * time_scale))),
+                   SAMPLE_S / time_scale)
 
 
 def node_name(number: int) -> str:
@@ -176,6 +184,7 @@ class UsageStack:
                 "--emulate-device-plugin", "--usage-trace", str(self.trace), "--usage-trace-pods", str(self.mapping),
                 "--usage-time-scale", f"{self.time_scale:g}", "--usage-trace-start", f"{self.start_s:.3f}",
                 "--usage-trace-clock", "--usage-publish-seconds", f"{periods.publish_s:g}",
+                "--usage-sample-seconds", f"{periods.sample_s:g}",
                 "--poll-seconds", "0.5", "--idle-seconds", "1", "--metrics-port", "0",
                 "--kubeconfig", str(plane.kubeconfig),
             ])

@@ -61,6 +61,11 @@ class AgentSettings:
     its hourly peaks in trace time; the controller then runs with the same scale and start."""
     poll_seconds: float = 5.0
     """Seconds between NVML reads; NVML reads are cheap, the API patches are rate-limited."""
+    usage_sample_seconds: float = 0.0
+    """Also sample the pods' GPU use this often *between* ticks (NVML only, no API call but the
+    usage publication when due), so a memory peak shorter than a tick is not missed; 0: once per
+    tick. While it is on, the agent waits between ticks by sleeping, not on a GPUNode watch: a spec
+    change is seen at the next tick, at most ``poll_seconds`` later."""
     min_patch_seconds: float = 2.0
     """Minimum seconds between two status patches of the GPUNode (API server load)."""
     heartbeat_seconds: float = 60.0
@@ -145,6 +150,8 @@ class AgentSettings:
                      "usage_publish_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.usage_sample_seconds < 0:
+            raise ValueError(f"usage_sample_seconds must not be negative (0: once per tick), got {self.usage_sample_seconds}")
         if self.idle_seconds < 0 or self.retry_seconds < 0:
             raise ValueError("idle_seconds and retry_seconds must not be negative")
         if self.unhealthy_taint_effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute", "none"):

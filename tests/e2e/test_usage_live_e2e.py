@@ -70,4 +70,5 @@ def test_the_live_figures_agree_with_the_simulators(replayed: dict[str, Any]) ->
     assert set(report["live"]) == set(report["simulator"]) == set(report["difference"])
     assert report["live"]["gpu_hours_baseline"] == report["simulator"]["gpu_hours_baseline"]
     assert abs(report["difference"]["gpu_hours_saved_pct"]) <= 2.0, json.dumps(report, indent=1)
+    assert abs(report["agreement_gap"]) <= 2.0 and report["agreement_against"] == "simulator_draws.mean"
     assert report["agrees"] is True and replayed["returncode"] == 0

@@ -146,3 +146,48 @@ class _Now:
 
     def __call__(self) -> float:
         return self.t
+
+
+class _Wall:
+    """A clock that moves only when the agent sleeps."""
+
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.t += seconds
+
+
+def test_use_is_sampled_between_ticks_when_asked(tmp_path: Path) -> None:
+    agent, sim, _kube = _shared_node(tmp_path, usage_sample_seconds=0.2)
+    wall = _Wall()
+    agent.clock, agent.sleep = wall, wall.sleep
+    pid = sim_pid("uid-a")
+    history = agent.usage.pods[next(k for k in agent.usage.pods if k[0] == "ml/a")].history
+    samples = history.samples
+    sim.set_process_memory(0, pid, 3000)  # a peak that comes and goes between two ticks
+    agent._sampling_wait(0.5, lambda: False)
+    sim.set_process_memory(0, pid, 1024)
+    assert wall.sleeps == [0.2, 0.2, pytest.approx(0.1)]  # sampled at 0.2 and 0.4; the tick at 0.5 samples itself
+    history = agent.usage.pods[next(k for k in agent.usage.pods if k[0] == "ml/a")].history
+    assert history.samples == samples + 2
+    assert history.memory.peak() == 3000 * GIB // 1024
+
+
+def test_a_sample_between_ticks_attributes_to_the_last_ticks_pods(tmp_path: Path) -> None:
+    agent, sim, kube = _shared_node(tmp_path)
+    before = {k: p.history.samples for k, p in agent.usage.pods.items()}
+    kube.pods = []  # gone from the API: the sample still reads the pods of the last tick, no API call
+    agent.sample_usage()
+    after = {k: p.history.samples for k, p in agent.usage.pods.items()}
+    assert after == {k: n + 1 for k, n in before.items()} and len(after) == 2
+
+
+def test_a_negative_sample_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="usage_sample_seconds must not be negative"):
+        AgentSettings(node_name="n1", usage_sample_seconds=-1.0).validate()

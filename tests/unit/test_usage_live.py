@@ -86,7 +86,7 @@ def test_a_trace_pod_sits_where_its_oldest_serving_pod_is() -> None:
 
 def test_the_scaled_settings_and_the_nodes_a_replay_needs() -> None:
     periods = scaled_periods(60.0)
-    assert (periods.publish_s, periods.recommend_s, periods.evictions_per_hour) == (5.0, 1.0, 60)
+    assert (periods.publish_s, periods.recommend_s, periods.evictions_per_hour, periods.sample_s) == (5.0, 1.0, 60, 0.25)
     assert scaled_periods(90.0).evictions_per_hour == 60  # the policy's most
     assert required_nodes([(0, 10), (0, 5), (5, 12), (11, 20)]) == 2 + 2
     policy = simulator_policy("recreate")
@@ -104,6 +104,11 @@ def test_the_verdict_is_on_gpu_hours_saved_within_two_points() -> None:
     result = compare({**figures, "gpu_hours_saved_pct": 31.2, "evictions_per_pod_day": 2.0}, figures)
     assert result["agrees"] is False
     assert result["difference"]["gpu_hours_saved_pct"] == -2.1 and result["difference"]["evictions_per_pod_day"] == -2.0
+    # against the mean of the simulator's draws with observation noise, when given
+    drawn = compare({**figures, "gpu_hours_saved_pct": 31.2}, figures, {"gpu_hours_saved_pct": 32.0})
+    assert drawn["agrees"] is True and drawn["agreement_gap"] == -0.8
+    assert drawn["agreement_against"] == "simulator_draws.mean" and drawn["difference"]["gpu_hours_saved_pct"] == -2.1
+    assert compare({**figures, "gpu_hours_saved_pct": 35.5}, figures, {"gpu_hours_saved_pct": 33.0})["agrees"] is False
 
 
 def test_a_pending_pod_sits_where_its_first_pod_is_bound_and_its_binding_is_no_move() -> None:
