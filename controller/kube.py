@@ -24,6 +24,7 @@ from kube import safejson
 from kube.client import JSON_PATCH, MERGE_PATCH, KubeClient, call
 from kube.errors import KubeError
 from kube.informer import Lister
+from sharing.api import kueue_workload as kueue
 from sharing.api.crd import GROUP, VERSION
 
 log = logging.getLogger("gpupack.controller.kube")
@@ -78,6 +79,7 @@ class Kube(KubeClient):
             "namespaces": core.list_namespace,
             "pods": partial(core.list_pod_for_all_namespaces, field_selector=UNFINISHED_PODS),
             "resourceclaims": partial(custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, CLAIMS),
+            "workloads": partial(custom.list_cluster_custom_object, kueue.GROUP, kueue.VERSION, kueue.WORKLOADS),
         }
 
     def list_gpunodes(self) -> list[dict[str, Any]]:
@@ -109,6 +111,17 @@ class Kube(KubeClient):
         """Every ResourceClaim (the DRA pool's usage, ``controller.state.dra_usage``)."""
         return _items(call(self._custom.list_cluster_custom_object, RESOURCE_GROUP, RESOURCE_VERSION, CLAIMS,
                            _preload_content=False, idempotent=True))
+
+    def list_workloads(self) -> list[dict[str, Any]] | None:
+        """Every Kueue Workload (``sharing.api.kueue_workload``); None when the API server does not serve
+        them (Kueue is not installed: not an error)."""
+        try:
+            return _items(call(self._custom.list_cluster_custom_object, kueue.GROUP, kueue.VERSION, kueue.WORKLOADS,
+                               _preload_content=False, idempotent=True))
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
 
     def get_resource_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -31,7 +31,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -53,7 +53,7 @@ from controller.writes.preemption import (
 )
 from controller.planning.budgets import protected_pods
 from controller.planning.preemption import Preemption
-from controller.planning.planner import Plan, Release, SharingChange, plan
+from controller.planning.planner import Plan, Release, SharingChange, Wait, plan
 from controller.settings import ControllerSettings
 from controller.state.pods import pod_from_object
 from controller.planning.readmit import readmissions, with_messages
@@ -64,6 +64,7 @@ from kube.errors import KubeError
 from mig.migparted import MigConfigError
 from sharing.api.crd import read_policies
 from sharing.api.gpunode import MigConfigRequest
+from sharing.api.kueue_workload import NEVER_EVENT, verdicts_by_pod
 from sharing.admission.inventory import Inventory, build_inventory, name_and_labels
 from kube.times import parse_time
 from sharing.api.keys import IDLE_SINCE_ANNOTATION, MIG_PARTED_CONFIG_KEY
@@ -127,6 +128,10 @@ class Controller:
         """Pods whose right-size eviction a PodDisruptionBudget refused last cycle (their Event is written)."""
         self._held_to_size: frozenset[str] = frozenset()
         self._unreadable_recs: frozenset[str] = frozenset()
+        self._never_admitted: frozenset[str] = frozenset()
+        """Pods Kueue can never admit, as of the last cycle (their Event is written)."""
+        self._unreadable_workloads: frozenset[str] = frozenset()
+        self._workloads_failing = False
 
     def cycle(self) -> CycleReport:
         began = time.perf_counter()
@@ -159,7 +164,7 @@ class Controller:
         self.metrics.reread.labels("pods").set(self.snapshots.parsed_pods)
         requests, failed = snapshot.mig_config_requests, snapshot.failed_devices
         every_pod = snapshot.pods  # whose claims' pins are trusted: every namespace's, not only those placed here
-        snapshot = scoped(snapshot, self.settings.namespace_list)
+        snapshot = self._with_kueue(scoped(snapshot, self.settings.namespace_list))
         result = plan(snapshot, now, policy_name=self.settings.policy, mig_mode_changes=self.settings.mig_mode_changes)
         budgets = _Budgets(self, pod_objs, report)
         protected = budgets.protecting(result.preemptions)
@@ -205,6 +210,7 @@ class Controller:
         """Say why each gated pod waits (``controller.writes.wait_status``): one write when the reason changes.
         Pods arriving at 20/s each get one, so they are written ``write_workers`` at a time."""
         patches = placement_patches(result, snapshot, pod_objs, now, report.dra, set(report.released))
+        self._note_never_admitted((*result.waiting, *report.dra.waiting))
 
         def write(patch: StatusPatch) -> None:
             self.kube.patch_pod_status(patch.namespace, patch.name, patch.body)
@@ -213,6 +219,39 @@ class Controller:
         for patch, error in zip(patches, self._write_each(write, patches, gone_ok=True)):
             if error is not None:
                 self._fail(report, "placement-status", f"{patch.key}: {error}")
+
+    def _with_kueue(self, snapshot: Snapshot) -> Snapshot:
+        """``snapshot`` with Kueue's verdict on the pods it holds (``sharing.api.kueue_workload``), read
+        only while some pod carries Kueue's gate; as it was when Kueue's API is not served or unreadable
+        (the held pods then say so). A failed read is logged when it starts failing, not every cycle."""
+        if not any(p.queue_held and p.gated for p in snapshot.pods):
+            return snapshot
+        try:
+            workloads = self.kube.list_workloads()
+        except KubeError as exc:
+            if not self._workloads_failing:
+                log.warning("Kueue's Workloads not read (held pods say so): %s", exc)
+            self._workloads_failing = True
+            return snapshot
+        self._workloads_failing = False
+        if workloads is None:
+            return snapshot
+        verdicts, unreadable = verdicts_by_pod(workloads)
+        self._unreadable_workloads = _log_new(self._unreadable_workloads, unreadable, "%s; left out")
+        return replace(snapshot, kueue=verdicts, kueue_read=True)
+
+    def _note_never_admitted(self, waits: Sequence[Wait]) -> None:
+        """A Warning Event, once, on each pod Kueue says it can never admit (``Wait.never``), so its
+        owner knows to fix the ClusterQueue's quota or the pod's request."""
+        never = {w.pod: w.reason for w in waits if w.never}
+        for key in sorted(never.keys() - self._never_admitted):
+            namespace, _, name = key.partition("/")
+            try:
+                self.kube.event({"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name}, "Warning",
+                                NEVER_EVENT, never[key])
+            except KubeError as exc:
+                log.warning("event on %s not recorded: %s", key, exc)
+        self._never_admitted = frozenset(never)
 
     def _readmit(self, result: Plan, snapshot: Snapshot, pod_objs: Mapping[str, Mapping[str, Any]],
                  objects: tuple[Sequence[Mapping[str, Any]], ...], now: datetime, report: CycleReport) -> Plan:

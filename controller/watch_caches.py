@@ -36,7 +36,10 @@ cache has listed once, its ``list_*`` call lists directly.
 
 **ResourceClaims** are cached only once the cycle first asks for them (a
 cluster with a DRA node pool or DRA pods): a cluster without the
-``resource.k8s.io`` API never lists them.
+``resource.k8s.io`` API never lists them. Kueue's **Workloads** likewise, once a cycle first asks
+(some pod carries Kueue's admission gate) and only when the API server serves them: a cluster
+without Kueue gets one list call every :data:`KUEUE_RECHECK_SECONDS` while such a pod exists, no
+watch and no error. A Workload wakes a cycle only when its conditions say something new.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,9 +58,13 @@ from sharing.api.fields import as_map as _map
 
 log = logging.getLogger("gpupack.controller")
 
-KINDS = ("gpunodes", "nodes", "pods", "sharingpolicies", "namespaces", "resourceclaims")
+KINDS = ("gpunodes", "nodes", "pods", "sharingpolicies", "namespaces", "resourceclaims", "workloads")
 EAGER = ("gpunodes", "nodes", "pods", "sharingpolicies", "namespaces")
-"""Started with the caches; ``resourceclaims`` on first use."""
+"""Started with the caches; ``resourceclaims`` and ``workloads`` on first use."""
+
+KUEUE_RECHECK_SECONDS = 300.0
+"""How long a cluster found without Kueue's Workload API is believed to have none (Kueue may be
+installed later): one list call that long, not one a cycle."""
 
 
 # ------------------------------------------------------------------- trimming
@@ -101,9 +109,20 @@ def _whole(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def keep_workload(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Kueue Workload's identity, owners and conditions: what ``sharing.api.kueue_workload`` reads
+    (not its pod sets, which repeat the pod's spec)."""
+    meta, status = _map(obj.get("metadata")), _map(obj.get("status"))
+    kept_meta = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "ownerReferences") if k in meta}
+    kept: dict[str, Any] = {"metadata": kept_meta}
+    if "conditions" in status:
+        kept["status"] = {"conditions": status["conditions"]}
+    return kept
+
+
 KEEP: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "gpunodes": _whole, "nodes": keep_node, "pods": keep_pod, "sharingpolicies": _whole, "resourceclaims": _whole,
-    "namespaces": keep_namespace,
+    "namespaces": keep_namespace, "workloads": keep_workload,
 }
 
 
@@ -129,8 +148,17 @@ def _namespace_meaning(obj: Mapping[str, Any]) -> str:
     return json.dumps(_map(obj.get("metadata")).get("labels"), sort_keys=True, default=str)
 
 
+def _workload_meaning(obj: Mapping[str, Any]) -> str:
+    """Kueue's verdict only: its conditions without their times."""
+    conditions = _map(obj.get("status")).get("conditions")
+    said = [[_map(c).get(k) for k in ("type", "status", "reason", "message")]
+            for c in (conditions if isinstance(conditions, list) else [])]
+    return json.dumps(said, sort_keys=True, default=str)
+
+
 MEANING: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "gpunodes": _gpunode_meaning, "nodes": _node_meaning, "namespaces": _namespace_meaning,
+    "workloads": _workload_meaning,
 }
 """Kinds whose events wake a cycle only when this reading of the object changed."""
 
@@ -212,6 +240,8 @@ class CachedKube(Kube):
             self.written.follow(kind, informer)
         self.listed_directly = 0
         """Reads answered by a direct list because the cache had not listed yet."""
+        self._kueue_absent_until: float | None = None
+        """Until when (``time.monotonic``) Kueue's Workload API is taken as not served."""
 
     def _cached(self, kind: str) -> list[dict[str, Any]] | None:
         if not self.caches.synced(kind):
@@ -248,6 +278,21 @@ class CachedKube(Kube):
             self.caches.wait_synced(10.0, ("resourceclaims",))
         return self._read("resourceclaims", super().list_resource_claims)
 
+    def list_workloads(self) -> list[dict[str, Any]] | None:
+        """Kueue's Workloads, cached once the API is found served; a cluster without it is listed
+        directly again only every :data:`KUEUE_RECHECK_SECONDS` (None meanwhile)."""
+        if "workloads" in self.caches.started:
+            return self._read("workloads", lambda: super(CachedKube, self).list_workloads() or [])
+        if self._kueue_absent_until is not None and time.monotonic() < self._kueue_absent_until:
+            return None
+        direct = super().list_workloads()
+        if direct is None:
+            self._kueue_absent_until = time.monotonic() + KUEUE_RECHECK_SECONDS
+            return None
+        self._kueue_absent_until = None
+        self.caches.start(("workloads",))
+        return direct
+
     # Writes: as Kube's, remembering what they produced.
     def _note(self, kind: str, key: str, answer: dict[str, Any] | None) -> dict[str, Any] | None:
         informer = self.caches.informers.get(kind)
@@ -280,4 +325,4 @@ class CachedKube(Kube):
         return self._note("pods", f"{namespace}/{name}", None if answer is None else keep_pod(answer))
 
 
-__all__ = ["CachedKube", "ClusterCaches", "KEEP", "keep_node", "keep_pod"]
+__all__ = ["CachedKube", "ClusterCaches", "KEEP", "keep_node", "keep_pod", "keep_workload"]

@@ -454,7 +454,7 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
     nodes = dra_nodes(snapshot)
     # Kueue's quota comes first, as on the device-plugin pool: a pod still at Kueue's admission gate
     # is no demand (no device is pinned, no claim adopted, no victim chosen for it); it is only reported.
-    kueue_waits = [held_by_kueue(p) for p in snapshot.pods if p.backend == "dra" and p.queue_held and p.gated]
+    kueue_waits = [held_by_kueue(p, snapshot, now) for p in snapshot.pods if p.backend == "dra" and p.queue_held and p.gated]
     pods = [p for p in snapshot.pods if p.backend == "dra" and not p.queue_held]
     waiting = sorted((p for p in pods if p.gated), key=waiting_key)
     placements: list[DraPlacement] = []

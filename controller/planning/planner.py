@@ -53,6 +53,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import islice
+from typing import Final
 from datetime import datetime
 
 from controller.planning.capacity import FreeCapacity, unreported_claims
@@ -65,6 +66,7 @@ from mig.model import GpuModel
 from mig.reach import plan_reconfiguration
 from sharing.api.backend import node_backend
 from sharing.api.keys import REPLICAS_LABEL, STRATEGY_LABEL
+from sharing.api.kueue_workload import held_message
 from sharing.api.modes import NodeSharingMode
 from sharing.rules.node_policy import NodePolicy
 from sharing.rules.priority import waiting_order
@@ -72,6 +74,11 @@ from sharing.packing.preemption import REASON_RESHAPE
 from sharing.packing.shared_sequence import EXACT, LARGER, ReplicaStep, place_shared
 from sharing.rules.replicas import MAX_REPLICAS, fits_split, most_replicas, replicas_for_demand
 from sharing.rules.reshape_gate import idle_long_enough, reshape_gate
+
+
+NO_WORKLOAD_AFTER_SECONDS: Final = 30
+"""A pod at Kueue's gate with no Workload this old is said to have none ("is Kueue running?"):
+a running Kueue makes a plain pod's Workload within a second of its creation."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,8 @@ class Wait:
     """It waits for the place its preemption frees (``controller.planning.preemption``): never re-admitted."""
     held: bool = False
     """Held by Kueue (``Pod.queue_held``): not planned at all, whatever the cycle's verdict on capacity."""
+    never: bool = False
+    """Held by Kueue, which says it can never admit it as its queues stand (``KueueVerdict.never``)."""
 
 
 def _coming(pod: Pod, reason: str) -> Wait:
@@ -814,7 +823,7 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                        pods=tuple(p for p in snapshot.pods if p.backend != "dra"))
     # Kueue's quota comes first: a pod still at Kueue's admission gate is no demand (nothing is
     # reshaped, split or reserved for it, and it shapes no engine choice); it is only reported.
-    held = tuple(held_by_kueue(p) for p in snapshot.pods if p.queue_held and p.gated)
+    held = tuple(held_by_kueue(p, snapshot, now) for p in snapshot.pods if p.queue_held and p.gated)
     snapshot = replace(snapshot, pods=tuple(p for p in snapshot.pods if not p.queue_held))
     budget_in_flight = in_flight(snapshot)
     budget = {p.names: p.max_concurrent - budget_in_flight[p.names] for p in snapshot.policies.values()}
@@ -901,11 +910,14 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     )
 
 
-def held_by_kueue(pod: Pod) -> Wait:
-    """The wait of a pod Kueue still holds (``Pod.queue_held``): it is planned once Kueue lifts its gate."""
-    return Wait(pod.key, "held by Kueue: its ClusterQueue has not admitted it (gate kueue.x-k8s.io/admission); "
-                         "gpupack plans it once Kueue lifts that gate (if Kueue is not running, nothing will)",
-                held=True)
+def held_by_kueue(pod: Pod, snapshot: Snapshot, now: datetime) -> Wait:
+    """The wait of a pod Kueue still holds (``Pod.queue_held``), in Kueue's words where its Workload
+    gives them (``Snapshot.kueue``): it is planned once Kueue lifts its gate."""
+    verdict = snapshot.kueue.get(pod.uid) if pod.uid else None
+    message = held_message(verdict, workloads_read=snapshot.kueue_read,
+                           waited_s=max(0.0, (now - pod.created).total_seconds()),
+                           no_workload_after_s=NO_WORKLOAD_AFTER_SECONDS)
+    return Wait(pod.key, message, held=True, never=verdict is not None and verdict.never)
 
 
 __all__ = ["LayoutChange", "Plan", "Preemption", "Release", "SharingChange", "Wait", "allowed_on", "held_by_kueue", "in_flight",

@@ -14,6 +14,7 @@ holds its capacity and is never given away twice.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from datetime import datetime
@@ -22,6 +23,7 @@ from mig.model import GpuModel, PlacedInstance
 from sharing.api.backend import DEFAULT_BACKEND, Backend
 from sharing.api.crd import labels_match
 from sharing.api.gpunode import MigConfigRequest
+from sharing.api.kueue_workload import KueueVerdict
 from sharing.api.modes import AllocationMode, NodeSharingMode
 from sharing.api.priority import PodPriority
 from sharing.rules.replicas import Ask, fits_split
@@ -296,6 +298,12 @@ class Snapshot:
     present: frozenset[str] = frozenset()
     """The uids of every pod listed, terminating ones too: a preemptor waits while one of its
     :attr:`Pod.victims` is still here (``controller.planning.preemption``)."""
+    kueue: Mapping[str, KueueVerdict] = field(default_factory=dict)
+    """Kueue's verdict on each pod it holds, by pod ``uid`` (``sharing.api.kueue_workload``): read only
+    while some pod carries Kueue's admission gate (``controller.state.kueue``)."""
+    kueue_read: bool = False
+    """Kueue's Workloads were read this cycle (False: none was needed, the API is not served, or the
+    read failed): a held pod without a verdict then says so (``held_message``)."""
 
     def node(self, name: str) -> Node | None:
         return next((n for n in self.nodes if n.name == name), None)

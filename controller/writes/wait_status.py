@@ -16,7 +16,10 @@ of the planner's outcome, no parsing of its prose:
   :data:`WAITING_SAID_AFTER_SECONDS` old, as most pods waiting for capacity
   being created get it within seconds;
 * a gated pod that still carries Kueue's admission gate (the planner's ``Wait.held``) is
-  ``HeldByKueue``: the planner plans nothing for it, so the verdict on capacity is not its;
+  ``HeldByKueue``: the planner plans nothing for it, so the verdict on capacity is not its; the
+  message carries Kueue's own words (its Workload's condition, ``sharing.api.kueue_workload``), and
+  one saying Kueue can never admit the pod (``Wait.never``) is written at once, not after
+  :data:`MESSAGE_REFRESH_SECONDS`;
 * a released pod that carries a ``False`` condition gets ``Placed``; one
   released in the cycle that first saw it gets nothing (no write).
 
@@ -116,8 +119,9 @@ def placement_patches(plan: Plan, snapshot: Snapshot, pods: Mapping[str, Mapping
             continue  # capacity is being created, and most pods get it within seconds: nothing to say yet
         if said != NO_CAPACITY and said_waiting >= WAITING_WRITES_PER_CYCLE:
             continue  # the rest are said in later cycles, oldest first
+        # Kueue's "never" is said at once, whatever was said before (one write: its words do not change).
         body = placement_patch(obj, said, wait.reason, format_time(now),
-                               new_message_due=_message_due(previous, now))
+                               new_message_due=wait.never or _message_due(previous, now))
         if body is not None:
             out.append(_patch(wait.pod, body))
             said_waiting += said != NO_CAPACITY

@@ -10,6 +10,9 @@ One node, 3 x A100 shared by MPS into 4 replicas (12 replicas; Kueue counts one 
   gpupack places them; the other 2 keep Kueue's gate beside gpupack's, are reported ``HeldByKueue``,
   and nothing is reshaped or split for them though 6 replicas are free;
 * team-b's 2 pods fit its own quota: admitted and placed at once, the held ones notwithstanding;
+* a pod of team-b asking 2000 milli, more than its ClusterQueue can ever give (1000 + 500 borrowed):
+  its condition says Kueue can never admit it, in Kueue's words, with a Warning Event
+  ``NeverAdmittedByKueue``, while team-a's held pods say they wait for quota (issue 36, bad input);
 * team-a's pod of PriorityClass ``team-urgent`` makes Kueue preempt one of team-a's admitted pods
   (``withinClusterQueue: LowerPriority``); it is placed once its victim is gone, and nothing loops:
   no pod is admitted back to preempt in turn, the held ones stay held;
@@ -37,6 +40,7 @@ from gpupack.devcluster.apply import apply_objects, load_manifests
 from gpupack.devcluster.binaries import ensure_kueue
 from gpupack.devcluster.errors import DevClusterError
 from gpupack.testing.admission_reviews import gpu_container, make_pod
+from sharing.api.kueue_workload import NEVER_EVENT
 from sharing.api.keys import CAPACITY_GATE, KUEUE_ADMISSION_GATE, KUEUE_QUEUE_LABEL, PLACEMENT_CONDITION
 from sharing.api.placement_status import HELD_BY_KUEUE
 from tests.e2e.waiting import wait_for
@@ -77,10 +81,12 @@ def stack(control_plane: Any, kueue_binary: Path, tmp_path: Path) -> Iterator[St
         running.stop()
 
 
-def _pod(core: Any, team: str, name: str, *, queued: bool = True, priority_class: str | None = None) -> Any:
+def _pod(core: Any, team: str, name: str, *, queued: bool = True, priority_class: str | None = None,
+         replicas: int = 1) -> Any:
     labels = {KUEUE_QUEUE_LABEL: "gpus"} if queued else {}
     extra: dict[str, Any] = {"priorityClassName": priority_class} if priority_class else {}
-    body: Any = make_pod(gpu_container("main", "250"), name=name, namespace=team, mode="mps", labels=labels, **extra)
+    containers = [gpu_container("main" if i == 0 else f"c{i}", "250") for i in range(replicas)]
+    body: Any = make_pod(*containers, name=name, namespace=team, mode="mps", labels=labels, **extra)
     return core.create_namespaced_pod(team, body)
 
 
@@ -110,6 +116,14 @@ def _kubelet_confirms(core: Any) -> None:
 
 def _placement_reason(pod: Any) -> str | None:
     return next((c.reason for c in pod.status.conditions or [] if c.type == PLACEMENT_CONDITION), None)
+
+
+def _placement_message(pod: Any) -> str:
+    return next((c.message or "" for c in pod.status.conditions or [] if c.type == PLACEMENT_CONDITION), "")
+
+
+def _event_reasons(core: Any, team: str, name: str) -> set[str]:
+    return {e.reason for e in core.list_namespaced_event(team, field_selector=f"involvedObject.name={name}").items}
 
 
 def _gpunode(custom: Any) -> dict[str, Any]:
@@ -145,6 +159,22 @@ def test_two_teams_quota_borrowing_preemption_within_a_queue_and_kueue_down(stac
         _pod(core, "team-b", f"b{i}")
     wait_for("team-b's pods bound", lambda: len(_bound(core, "team-b")) == 2, timeout_s=90)
     assert all(KUEUE_ADMISSION_GATE in _gates(_pods(core, "team-a")[n]) for n in held)
+    # The held pods wait their turn, in Kueue's words (its Workload's QuotaReserved condition).
+    wait_for("the held pods' messages in Kueue's words",
+             lambda: all("QuotaReserved=False (Pending)" in _placement_message(_pods(core, "team-a")[n])
+                         for n in held), timeout_s=90)
+    assert not any("never" in _placement_message(_pods(core, "team-a")[n]) for n in held)
+
+    # Bad input: 8 replicas (2000 milli) where team-b's ClusterQueue can give at most 1500, ever.
+    _pod(core, "team-b", "b-huge", replicas=8)
+    wait_for("the over-quota pod said never admitted",
+             lambda: _placement_message(_pods(core, "team-b")["b-huge"]).startswith("never admitted by Kueue"),
+             timeout_s=90)
+    huge = _pods(core, "team-b")["b-huge"]
+    assert _placement_reason(huge) == HELD_BY_KUEUE and not huge.spec.node_name
+    assert "maximum capacity" in _placement_message(huge), _placement_message(huge)
+    wait_for("the NeverAdmittedByKueue Event", lambda: NEVER_EVENT in _event_reasons(core, "team-b", "b-huge"),
+             timeout_s=30)
 
     # An urgent pod of team-a: Kueue preempts one of team-a's lower-priority pods; gpupack places it.
     _pod(core, "team-a", "urgent", priority_class="team-urgent")

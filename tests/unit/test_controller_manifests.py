@@ -224,3 +224,11 @@ def test_the_controller_deletes_only_pods_still_gated_on_capacity() -> None:
     assert any(CAPACITY_GATE in v["expression"] and "oldObject" in v["expression"]
                for v in policy["spec"]["validations"])
     assert bindings["gpupack-controller-pod-deletes"]["spec"]["validationActions"] == ["Deny"]
+
+
+def test_the_controller_reads_kueues_workloads_and_writes_none() -> None:
+    """Issue 36: the HeldByKueue message is Kueue's own verdict, read from the pod's Workload; the
+    controller may read Workloads and nothing of Kueue's more."""
+    roles = _bound_roles(_base_install(), "gpupack-controller")
+    kueue = [r for role in roles for r in role["rules"] if "kueue.x-k8s.io" in r.get("apiGroups", [])]
+    assert kueue == [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]}]

@@ -3,19 +3,29 @@ never planned for (no split, no reshape, no release), reported ``HeldByKueue``, 
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-from controller.planning.planner import Plan, Wait
+import pytest
+
+from controller.kube import Kube
+from controller.planning.planner import Plan, Wait, plan
+from controller.reconcile import Controller
+from controller.settings import ControllerSettings
 from controller.state.pods import pod_from_object
-from controller.state.snapshot import Snapshot
+from controller.state.snapshot import Pod, Snapshot
+from controller.watch_caches import CachedKube, ClusterCaches
+from kube.errors import KubeError
+from kube.times import format_time
 from controller.writes.patches import release_ops
 from controller.writes.wait_status import placement_patches
 from sharing.api.keys import CAPACITY_GATE, KUEUE_ADMISSION_GATE
-from sharing.api.placement_status import HELD_BY_KUEUE, NO_CAPACITY, PLACED
+from sharing.api.kueue_workload import NEVER_EVENT, KueueVerdict
+from sharing.api.placement_status import HELD_BY_KUEUE, NO_CAPACITY, PLACED, placement_condition
 from tests.unit.test_controller_planner import NOW, POLICY, gpu, mig_pod, node, run, shared_pod
-from tests.unit.test_placement_status import pod_object
+from tests.unit.test_placement_status import pod_object, with_patch
 
 HELD_POLICY = replace(POLICY, idle_seconds=0, max_replicas=8)
 
@@ -87,3 +97,112 @@ def test_a_release_lifts_only_gpupacks_gate() -> None:
     obj: dict[str, Any] = {"spec": {"schedulingGates": [{"name": CAPACITY_GATE}, {"name": "example.com/other"}]}}
     ops = release_ops(obj, "n", pinned=True)
     assert {"op": "replace", "path": "/spec/schedulingGates", "value": [{"name": "example.com/other"}]} in ops
+
+
+# ----------------------------------------------------------- in Kueue's words (issue 36, bad input)
+
+BEYOND = ("couldn't assign flavors to pod set main: insufficient quota for gpupack.io/gpu-milli in flavor "
+          "gpupack-gpus, previously considered podsets requests (0) + current podset request (2) > maximum "
+          "capacity (1500m)")
+BUSY = "couldn't assign flavors to pod set main: insufficient unused quota for gpupack.io/gpu-milli in flavor f, 250m more needed"
+
+
+def _verdict(message: str) -> KueueVerdict:
+    return KueueVerdict("team/w", ("uid-p",), "QuotaReserved", "False", "Pending", message)
+
+
+def _held(name: str = "p", age: timedelta = timedelta(minutes=5)) -> Pod:
+    return replace(shared_pod(name), namespace="ns", name=name, uid=f"uid-{name}", queue_held=True, created=NOW - age)
+
+
+@pytest.mark.parametrize(("verdicts", "read", "age", "never", "says"), [
+    ({"uid-p": _verdict(BEYOND)}, True, timedelta(minutes=5), True, "never admitted by Kueue"),
+    ({"uid-p": _verdict(BUSY)}, True, timedelta(minutes=5), False, "held by Kueue: QuotaReserved=False (Pending)"),
+    ({}, True, timedelta(minutes=5), False, "no Kueue Workload for this pod after 300s: is Kueue running?"),
+    ({}, True, timedelta(seconds=3), False, "its Workload is not created yet"),
+    ({}, False, timedelta(minutes=5), False, "cannot be read: is Kueue installed and running?"),
+], ids=["beyond-capacity", "quota-busy", "no-workload", "no-workload-yet", "workloads-not-read"])
+def test_the_planner_says_kueues_verdict(verdicts: dict[str, KueueVerdict], read: bool, age: timedelta,
+                                         never: bool, says: str) -> None:
+    plain = node("plain", gpu(0, mig=False))
+    snapshot = Snapshot((plain,), (_held(age=age),), {"plain": HELD_POLICY}, kueue=verdicts, kueue_read=read)
+    [wait] = plan(snapshot, NOW).waiting
+    assert (wait.held, wait.never) == (True, never) and says in wait.reason, wait.reason
+
+
+def test_never_is_written_at_once_and_once() -> None:
+    """A message-only change waits MESSAGE_REFRESH_SECONDS, but Kueue's "never" is written the cycle it is
+    known, and costs no further write while Kueue says the same."""
+    pod = _held()
+    snapshot = Snapshot((), (pod,))
+    said = placement_condition(HELD_BY_KUEUE, "held by Kueue: its Workload is not created yet", format_time(NOW))
+    obj = pod_object("p", [dict(said)])
+    never = Plan(waiting=(Wait("ns/p", "never admitted by Kueue: ...", held=True, never=True),))
+    [patch] = placement_patches(never, snapshot, {"ns/p": obj}, NOW + timedelta(seconds=1))
+    assert patch.body["status"]["conditions"][0]["message"] == "never admitted by Kueue: ..."
+    assert placement_patches(never, snapshot, {"ns/p": with_patch(obj, patch.body)}, NOW + timedelta(seconds=2)) == []
+    busy = Plan(waiting=(Wait("ns/p", "held by Kueue: QuotaReserved=False (Pending): ...", held=True),))
+    assert placement_patches(busy, snapshot, {"ns/p": obj}, NOW + timedelta(seconds=1)) == []
+
+
+class KueueKube(Kube):
+    """``list_workloads`` and ``event``, in memory."""
+
+    def __init__(self, workloads: list[dict[str, Any]] | None | KubeError) -> None:
+        super().__init__(api=None)  # type: ignore[arg-type]
+        self.workloads = workloads
+        self.events: list[tuple[str, str, str]] = []
+        self.listed = 0
+
+    def list_workloads(self) -> list[dict[str, Any]] | None:
+        self.listed += 1
+        if isinstance(self.workloads, KubeError):
+            raise self.workloads
+        return self.workloads
+
+    def event(self, involved: Any, type_: str, reason: str, message: str, host: str | None = None) -> None:
+        self.events.append((f"{involved['namespace']}/{involved['name']}", type_, reason))
+
+
+def _workload(uid: str, message: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"pod-{uid}", "namespace": "ns", "ownerReferences": [{"kind": "Pod", "uid": uid}]},
+            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                                       "message": message}]}}
+
+
+def test_the_controller_reads_workloads_only_while_a_pod_is_held() -> None:
+    kube = KueueKube([_workload("uid-p", BEYOND), {"metadata": {"name": "bad", "namespace": "ns"}}])
+    controller = Controller(kube, ControllerSettings(), clock=lambda: NOW)
+    free = replace(shared_pod("q"), namespace="ns", name="q")
+    assert controller._with_kueue(Snapshot((), (free,))).kueue_read is False and kube.listed == 0
+    snapshot = controller._with_kueue(Snapshot((), (_held(), free)))
+    assert kube.listed == 1 and snapshot.kueue_read and snapshot.kueue["uid-p"].never
+
+
+@pytest.mark.parametrize("answer", [None, KubeError(403, "forbidden")], ids=["api-not-served", "read-fails"])
+def test_without_kueues_api_the_snapshot_says_workloads_unread(answer: None | KubeError) -> None:
+    controller = Controller(KueueKube(answer), ControllerSettings(), clock=lambda: NOW)
+    snapshot = controller._with_kueue(Snapshot((), (_held(),)))
+    assert snapshot.kueue_read is False and snapshot.kueue == {}
+
+
+def test_the_never_event_is_written_once_per_pod() -> None:
+    kube = KueueKube([])
+    controller = Controller(kube, ControllerSettings(), clock=lambda: NOW)
+    waits = (Wait("ns/p", "never admitted by Kueue", held=True, never=True), Wait("ns/q", "held by Kueue", held=True))
+    controller._note_never_admitted(waits)
+    controller._note_never_admitted(waits)
+    assert kube.events == [("ns/p", "Warning", NEVER_EVENT)]
+
+
+def test_a_cluster_without_kueue_is_asked_again_only_after_the_recheck_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def absent(self: Kube) -> None:
+        calls.append(1)
+
+    monkeypatch.setattr(Kube, "list_workloads", absent)
+    cached = CachedKube(None, ClusterCaches({}))
+    assert cached.list_workloads() is None and cached.list_workloads() is None and len(calls) == 1
+    monkeypatch.setattr(time, "monotonic", lambda: 1e12)
+    assert cached.list_workloads() is None and len(calls) == 2
