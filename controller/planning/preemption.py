@@ -23,7 +23,7 @@ preemption never re-splits a node), instances of the profiles it asks for on a M
 its CPU and memory. The victims of a node are taken lowest priority first, then least GPU
 milli, until the shortfall is covered; among nodes the one with the fewest victims wins, then
 the lowest highest-victim priority, then the least milli freed, then the snapshot's order: the
-engine's preferences (fewest pods, lowest priority, least milli) on the ledger's counts.
+engine's own orders (:mod:`sharing.packing.victim_order`, one home for both) on the ledger's counts.
 
 A preemptor carries the uids of its victims (``gpupack.io/preempting``, written with its pin in
 one guarded patch, :mod:`controller.writes.preemption`). While one of them still exists it waits on
@@ -45,6 +45,7 @@ from controller.planning.capacity import FreeCapacity
 from controller.planning.engine_victims import engine_case, engine_plan
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.packing.preemption import REASON_GPUS, REASON_REPLICA
+from sharing.packing.victim_order import plan_key, victim_key
 from sharing.rules.priority import may_preempt
 from sharing.rules.replicas import fits_split
 
@@ -174,7 +175,7 @@ def _victims_on(pod: Pod, node: Node, free: FreeCapacity, candidates: list[Pod])
     """The fewest lower-priority pods of ``node`` whose places give ``pod`` its place, lowest priority
     and least milli first; None when all of them would not."""
     chosen: list[Pod] = []
-    for candidate in sorted(candidates, key=lambda v: (v.priority.value, sum(v.milli), v.key)):
+    for candidate in sorted(candidates, key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key)):
         if _covers(pod, node, free, chosen) and _room(pod, node, free, chosen):
             break
         if _helps(pod, candidate) or not _room(pod, node, free, chosen):
@@ -231,7 +232,7 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
     if engine_case(pod):
         return _engine_choice(pod, nodes, free, pods, admits=admits, spared=spared, reclaim=reclaim)
     by_node = _on_node(pods)
-    best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None
+    best: tuple[tuple[int, int, int, int, int], Node, list[Pod]] | None = None
     for position, node in enumerate(nodes):
         if not _place_kind_ok(pod, node) or not admits(node):
             continue
@@ -240,7 +241,7 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
         chosen = _victims_on(pod, node, free, candidates) if candidates else None
         if chosen is None:
             continue
-        rank = (len(chosen), max(v.priority.value for v in chosen), sum(sum(v.milli) for v in chosen), position)
+        rank = (*plan_key([v.priority.value for v in chosen], sum(sum(v.milli) for v in chosen)), position)
         if best is None or rank < best[0]:
             best = (rank, node, chosen)
     if best is None:
