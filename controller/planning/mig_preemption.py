@@ -72,6 +72,8 @@ def _on_gpu(pod: Pod, node: Node, gpu: Gpu, holders: dict[str, Pod], spared: set
     candidates = sorted((v for key, v in holders.items() if key in named and key not in spared
                          and may_preempt(pod.priority, v.priority.value)),
                         key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))[:MAX_CANDIDATES]
+    if fits_with(node.model, _kept(gpu, set()), pod.profiles) is not None:
+        return None  # it fits beside every pod there: a reshape of a busy GPU, no preemption's to make
     for size in range(1, len(candidates) + 1):
         best: tuple[tuple[int, int, int, int], list[Pod]] | None = None
         for chosen in combinations(candidates, size):

@@ -4,7 +4,7 @@ it, and the GPU is reshaped once they are gone; an instance in use by anybody el
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -22,7 +22,7 @@ POLICY = NodePolicy(names=("p",), max_concurrent=2, idle_seconds=600)
 ONES = tuple(PlacedInstance("1g.10gb", Placement(i, 1)) for i in range(7))
 
 
-def mig_node(users: dict[int, str | None], name: str = "m", layout: tuple[PlacedInstance, ...] = ONES) -> Node:
+def mig_node(users: Mapping[int, str | None], name: str = "m", layout: tuple[PlacedInstance, ...] = ONES) -> Node:
     """A node of one H100 laid out ``layout`` (7x1g.10gb), busy (never idle long enough to reshape on its
     own); ``users``: the 1g instances in use by start, each with the pod the agent names on it (None: in
     use by a process no pod is named for)."""
