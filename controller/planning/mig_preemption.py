@@ -18,7 +18,7 @@ lower priority, ``sharing.rules.priority.may_preempt``; gpupack's own, not chose
 fewest whose instances, once destroyed, leave room for the pod's profiles next to the instances that
 stay (``mig.geometry.fits_with``: NVIDIA's placement rules), with the pod's CPU and memory (``room``).
 Subsets are tried by size, so the answer is the fewest pods, not a greedy cover (a GPU holds at most
-seven instances, so at most 127 subsets); among subsets of one size and among GPUs the order is
+seven instances, so at most 127 subsets, and none larger than the best GPU's so far); among subsets of one size and among GPUs the order is
 :mod:`sharing.packing.victim_order`'s, the engine's, then the snapshot's order of nodes and GPUs.
 The planner then holds the node for the preemptor and reshapes the GPU once the victims are gone
 (``controller.planning.planner``).
@@ -62,8 +62,8 @@ def _kept(gpu: Gpu, victims: set[str]) -> tuple[PlacedInstance, ...]:
 
 
 def _on_gpu(pod: Pod, node: Node, gpu: Gpu, holders: dict[str, Pod], spared: set[str],
-            room: Callable[[Node, list[Pod]], bool]) -> tuple[tuple[int, int, int, int], list[Pod]] | None:
-    """The best victims on ``gpu`` (module docstring) and their rank, or None."""
+            room: Callable[[Node, list[Pod]], bool], most: int) -> tuple[tuple[int, int, int, int], list[Pod]] | None:
+    """The best victims on ``gpu`` (module docstring), at most ``most`` of them, and their rank, or None."""
     if not gpu.mig_enabled or gpu.reshaping or gpu.faulted or node.model is None:
         return None
     if not all(node.model.has_profile(p) for p in pod.profiles):
@@ -74,7 +74,7 @@ def _on_gpu(pod: Pod, node: Node, gpu: Gpu, holders: dict[str, Pod], spared: set
                         key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))[:MAX_CANDIDATES]
     if fits_with(node.model, _kept(gpu, set()), pod.profiles) is not None:
         return None  # it fits beside every pod there: a reshape of a busy GPU, no preemption's to make
-    for size in range(1, len(candidates) + 1):
+    for size in range(1, min(len(candidates), most) + 1):
         best: tuple[tuple[int, int, int, int], list[Pod]] | None = None
         for chosen in combinations(candidates, size):
             if fits_with(node.model, _kept(gpu, {v.key for v in chosen}), pod.profiles) is None:
@@ -111,7 +111,8 @@ def reshape_victims(pod: Pod, nodes: Iterable[Node], on_node: dict[str, list[Pod
             continue
         holders = {p.key: p for p in pods}
         for gpu in node.gpus:
-            found = _on_gpu(pod, node, gpu, holders, spared, room)
+            # A GPU needing more victims than the best so far cannot win: its larger subsets go untried.
+            found = _on_gpu(pod, node, gpu, holders, spared, room, MAX_CANDIDATES if best is None else best[0][0])
             if found is None:
                 continue
             rank = (*found[0], position, gpu.index)

@@ -70,6 +70,13 @@ def test_among_equally_many_victims_the_lowest_priority_goes() -> None:
     assert sorted(v.key for v in preemption.victims) == ["team/a", "team/b"]
 
 
+def test_the_gpu_needing_the_fewest_victims_wins_across_nodes() -> None:
+    """Node ``m`` needs two victims for a 4g.40gb (slices 0-3), node ``n`` one: ``n``'s goes."""
+    pods = [mig_pod("a", 0, on="m"), mig_pod("b", 0, on="m"), mig_pod("x", 0, on="n"), mig_pod("high", 100, "4g.40gb")]
+    (preemption,) = run([mig_node({0: "a", 1: "b"}), mig_node({2: "x", 5: None}, name="n")], pods).preemptions
+    assert (preemption.node, [v.key for v in preemption.victims]) == ("n", ["team/x"])
+
+
 @pytest.mark.parametrize(("victims", "policy"), [(100, PREEMPT_LOWER_PRIORITY), (0, NEVER)], ids=["equal", "never"])
 def test_no_reshape_for_equal_priority_or_a_never_preemptor(victims: int, policy: str) -> None:
     pods = [mig_pod("a", victims, on="m"), mig_pod("b", victims, on="m"), mig_pod("c", victims, on="m"),
