@@ -18,8 +18,10 @@ lower priority, ``sharing.rules.priority.may_preempt``; gpupack's own, not chose
 fewest whose instances, once destroyed, leave room for the pod's profiles next to the instances that
 stay (``mig.geometry.fits_with``: NVIDIA's placement rules), with the pod's CPU and memory (``room``).
 Subsets are tried by size, so the answer is the fewest pods, not a greedy cover (a GPU holds at most
-seven instances, so at most 127 subsets, and none larger than the best GPU's so far); among subsets of one size and among GPUs the order is
-:mod:`sharing.packing.victim_order`'s, the engine's, then the snapshot's order of nodes and GPUs.
+seven instances, so at most 127 subsets, and none larger than the best GPU's so far); among subsets
+of one size and among GPUs the order is :mod:`sharing.packing.victim_order`'s, the engine's, then
+the snapshot's order of nodes and GPUs.
+
 The planner then holds the node for the preemptor and reshapes the GPU once the victims are gone
 (``controller.planning.planner``).
 """

@@ -285,5 +285,5 @@ def _mig_reshape(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, by_node: d
                       gpu=found.gpu)
 
 
-__all__ = ["REASON_MIG", "REASON_MIG_RESHAPE", "Held", "Preemption", "Victim", "choose", "preferring_budgets", "reason_for", "resume",
-           "still_held", "victim"]
+__all__ = ["REASON_MIG", "REASON_MIG_RESHAPE", "Held", "Preemption", "Victim", "choose", "preferring_budgets",
+           "reason_for", "resume", "still_held", "victim"]
