@@ -529,6 +529,12 @@ def _may_reclaim(cycle: _Cycle, pod: Pod, node: Node) -> bool:
     return bool(_reclaim_split(pod, node, policy))
 
 
+def _may_preempt_on(cycle: _Cycle, pod: Pod, node: Node) -> bool:
+    """The pod admits ``node`` (:func:`allowed_on`) and no other preemptor holds it."""
+    holder = cycle.held.get(node.name)
+    return allowed_on(pod, node) and (holder is None or holder is pod)
+
+
 def _hold(cycle: _Cycle, node: str, pod: Pod) -> None:
     """Keep ``node`` for ``pod`` (:attr:`_Cycle.held`): none of its replicas, whole GPUs or MIG instances
     (free or being created) is released to another pod."""
@@ -944,9 +950,10 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                            preempting=True)
         elif isinstance(outcome, Wait) and not (outcome.deferred or outcome.coming or outcome.preempting):
             reclaim = partial(_may_reclaim, cycle, pod)
+            # A node held for another preemptor is its alone: nobody else preempts there.
+            admits = partial(_may_preempt_on, cycle, pod)
             chosen = preferring_budgets(lambda spared: choose(pod, snapshot.nodes, cycle.free, snapshot.pods,
-                                                              spared=spared, admits=lambda node: allowed_on(pod, node),
-                                                              reclaim=reclaim),
+                                                              spared=spared, admits=admits, reclaim=reclaim),
                                         doomed, protected)
             if chosen is not None:
                 preemptions.append(chosen)

@@ -173,3 +173,11 @@ def test_the_preemptor_is_released_to_the_instance_created_for_it() -> None:
     pods = [mig_pod("other", 100, "3g.40gb"), mig_pod("a", 0, on="m"), mig_pod("b", 0, on="m"), held_preemptor()]
     result = run([node], pods)
     assert [(r.pod, r.node) for r in result.releases] == [("team/high", "m")]
+
+
+def test_nobody_else_preempts_on_a_node_held_for_a_preemptor() -> None:
+    """A second high pod asking 1g.10gb finds no free instance (the node's are held): it preempts nobody
+    there, though ``a`` and ``b`` are below it."""
+    pods = [mig_pod("a", 0, on="m"), mig_pod("b", 0, on="m"), held_preemptor(), mig_pod("second", 100)]
+    result = run([mig_node({0: "a", 1: "b", 4: "c"})], pods, present=frozenset({"uid-c"}))
+    assert result.preemptions == () and result.releases == ()
