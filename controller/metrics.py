@@ -137,7 +137,7 @@ class ControllerMetrics:
         self.preemptions = PromCounter(
             "gpupack_preemptions", "Pods preempted for a waiting pod of higher priority that fitted nowhere "
             "(controller.planning.preemption), by what was freed: replica, whole-gpus (sharing.packing.preemption's "
-            "reasons) or mig-instance.",
+            "reasons, reshape among them), mig-instance or mig-reshape.",
             ["reason"], registry=r)
         self.sharing_changes = PromCounter("gpupack_node_sharing_changes", "Node sharing changes written.", ["reason"], registry=r)
         self.reconcile_errors = PromCounter("gpupack_controller_reconcile_errors", "Failed API writes or cycles.", ["stage"], registry=r)

@@ -59,7 +59,8 @@ from datetime import datetime
 from controller.planning.capacity import FreeCapacity, unreported_claims
 from controller.state.claims import mig_claims, shared_claims, whole_pinned
 from controller.planning.migplan import ChangeKind, GpuCandidate, LayoutChange, best_change, engine_reshape
-from controller.planning.preemption import Preemption, choose, preferring_budgets, resume, still_held
+from controller.planning.preemption import (REASON_MIG_RESHAPE, Preemption, choose, preferring_budgets, resume,
+                                           still_held)
 from controller.planning.sharedplan import SharedPlacer
 from controller.state.snapshot import Node, Pod, Snapshot
 from mig.model import GpuModel
@@ -173,9 +174,12 @@ class _Cycle:
     last_of_shape: dict[str, dict[tuple[object, ...], tuple[int, Pod]]] | None = None
     """Per sharing mode and pod shape, the last waiting pod of that shape and its index (:func:`_kept_for_later`)."""
     held: dict[str, Pod] = field(default_factory=dict)
-    """Nodes reclaimed for a preemptor (:func:`reclaimed`), and the preemptor: no replica or whole GPU
-    is released there and no one else splits or switches them; the preemptor's own switch
-    (:func:`_reclaim`) is the only change planned for them."""
+    """Nodes reclaimed for a preemptor (:func:`reclaimed`), and the preemptor: no replica, whole GPU or
+    MIG instance is released there and no one else splits, switches or re-lays them out; the
+    preemptor's own switch (:func:`_reclaim`) or layout change (:func:`_reclaim_mig`) is the only
+    change planned for them."""
+    held_mig: dict[str, tuple[Counter[str], Counter[str]]] = field(default_factory=dict)
+    """A held node's free MIG instances and those being created, kept out of the ledger for its preemptor."""
 
     def in_order(self, names: set[str]) -> list[Node]:
         """The nodes named, in the snapshot's order."""
@@ -190,7 +194,9 @@ def _idle_for(idle_since: datetime | None, now: datetime) -> float | None:
 def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
     """GPUs (and node sharing changes) still being applied, per policy group. A node reclaimed for a
     preemptor (:func:`reclaimed`) counts as a change under way from its preemption on: its switch
-    back took the policy's ``maxConcurrent`` slot then, so it never waits on a slot later."""
+    back took the policy's ``maxConcurrent`` slot then, so it never waits on a slot later. (A MIG
+    preemptor's layout change takes its slot when it is planned, :func:`_reclaim_mig`: its reshaping
+    GPU counts from then on.)"""
     out: Counter[tuple[str, ...]] = Counter()
     held = reclaimed(snapshot)
     for node in snapshot.nodes:
@@ -198,7 +204,8 @@ def in_flight(snapshot: Snapshot) -> Counter[tuple[str, ...]]:
         if policy is None:
             continue
         out[policy.names] += sum(1 for g in node.gpus if g.reshaping)
-        if node.sharing != node.spec_sharing or node.replicas != node.spec_replicas or node.name in held:
+        if node.sharing != node.spec_sharing or node.replicas != node.spec_replicas or (
+                node.name in held and held[node.name].mode != "mig"):
             out[policy.names] += 1
     return out
 
@@ -212,12 +219,16 @@ def reclaimed(snapshot: Snapshot) -> dict[str, Pod]:
     """Nodes whose GPU pods were preempted for a pod that needs the node switched (a *reshape*), by
     name, with that pod: a gpupack pod pinned there or a plain pod whose record names it, not bound
     yet, while the node's spec is not yet what the pod needs (:func:`_switched_for`). Held for it
-    until then (:attr:`_Cycle.held`)."""
+    until then (:attr:`_Cycle.held`). A MIG preemptor holds its node until it is released: the
+    device plugin, not gpupack, picks the instance a pod released to the node gets, so an instance
+    its victims freed, or one created for it, would otherwise go to whoever is released there."""
     by_name = {n.name: n for n in snapshot.nodes}
     out: dict[str, Pod] = {}
     for pod in (*snapshot.pods, *preemptors(snapshot)):
         node = by_name.get(pod.node or "")
-        if pod.victims and not pod.bound and node is not None and pod.mode != "mig" and not _switched_for(pod, node):
+        if not pod.victims or pod.bound or node is None:
+            continue
+        if pod.gated if pod.mode == "mig" else not _switched_for(pod, node):
             out.setdefault(node.name, pod)
     return out
 
@@ -334,7 +345,8 @@ def _mig_candidates(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]], *,
     out: list[GpuCandidate] = []
     for entry in _mig_nodes(cycle, claims):
         node, policy = entry.node, entry.policy
-        if not _can_take(cycle, pod, node) or not all(policy.allows_profile(p) for p in pod.profiles):
+        if node.name in cycle.held or not _can_take(cycle, pod, node) \
+                or not all(policy.allows_profile(p) for p in pod.profiles):
             continue
         ready = entry.extend if extend_only else entry.found
         changed = planned.get(node.name)
@@ -510,24 +522,83 @@ def _reclaim_split(pod: Pod, node: Node, policy: NodePolicy) -> int:
 
 def _may_reclaim(cycle: _Cycle, pod: Pod, node: Node) -> bool:
     """Whether ``node`` may be reclaimed for ``pod`` now: the policy gate for its switch (back to whole
-    GPUs, or to the pod's mode at its own size) is open (a policy selects it, window open,
+    GPUs, or to the pod's mode at its own size; for a MIG pod, a layout gpupack chooses, of profiles
+    the policy allows, on one of its GPUs) is open (a policy selects it, window open,
     ``maxConcurrent`` not reached; idle time aside, :func:`_reclaim`), nothing else is planned for it
     this cycle, and the pod admits it once switched. A node whose gate is shut is never reclaimed:
     its pod would wait on GPUs that may not be switched for it."""
     policy = cycle.snapshot.policies.get(node.name)
     if node.name in cycle.sharing or node.name in cycle.held or policy is None or not _open(policy, cycle):
         return False
+    if pod.mode == "mig":
+        return reshape_gate(policy, cycle.now, dynamic_layout=True).allowed and all(
+            policy.allows_profile(p) for p in pod.profiles)
     if pod.mode == "whole":
         return _allowed_after_switch(pod, node, "none", 1)
     return bool(_reclaim_split(pod, node, policy))
 
 
+def _may_preempt_on(cycle: _Cycle, pod: Pod, node: Node) -> bool:
+    """The pod admits ``node`` (:func:`allowed_on`) and no other preemptor holds it."""
+    holder = cycle.held.get(node.name)
+    return allowed_on(pod, node) and (holder is None or holder is pod)
+
+
 def _hold(cycle: _Cycle, node: str, pod: Pod) -> None:
-    """Keep ``node`` for ``pod`` (:attr:`_Cycle.held`): none of its replicas or whole GPUs is released to
-    another pod."""
+    """Keep ``node`` for ``pod`` (:attr:`_Cycle.held`): none of its replicas, whole GPUs or MIG instances
+    (free or being created) is released to another pod."""
     cycle.held[node] = pod
     cycle.free.shared[node] = 0
     cycle.free.whole[node] = 0
+    free = Counter(cycle.free.mig_free(node))
+    cycle.free.destroy_mig(node, free.elements())
+    cycle.held_mig[node] = (free, cycle.free.incoming_mig.pop(node, Counter()))
+    cycle.free.incoming_mig_nodes.discard(node)
+
+
+def _reclaim_mig(cycle: _Cycle, pod: Pod, claims: dict[str, Counter[str]]) -> Release | Wait:
+    """A MIG preemptor whose victims are gone, on the node held for it: released to the free instances
+    of its profiles there; else it waits for the instances its victims held, when they are of its
+    profiles (reported in use by pods that are gone: a process outlives its pod object by a poll);
+    else one of the node's GPUs is re-laid out for it, destroying only instances no pod is reported
+    on (``migplan.best_change``, the in-use ones pinned), once every pod claiming an instance there is
+    reported on one and its policy's gate is open (window, ``maxConcurrent``, profiles allowed). The
+    idle-time rule is not asked here (see :func:`_reclaim`); the node agent keeps its own per instance."""
+    node = cycle.by_name[pod.node or ""]
+    free, incoming = cycle.held_mig.get(node.name, (Counter(), Counter()))
+    need = Counter(pod.profiles)
+    profiles = ", ".join(sorted(pod.profiles))
+    if all(free[p] >= n for p, n in need.items()):
+        free.subtract(need)
+        return Release(pod.key, node.name, f"free {profiles} on {node.name}, held for it")
+    if any(g.reshaping for g in node.gpus):
+        return Wait(pod.key, f"capacity being created: a GPU of {node.name}, held for it, is being re-laid out",
+                    coming=True, preempting=True)
+    alive = {p.key for p in cycle.snapshot.pods}
+    freeing = Counter(i.profile for g in node.gpus if g.mig_enabled for i, users in g.users
+                      if not set(users) & alive)
+    if all(free[p] + freeing[p] >= n for p, n in need.items()):
+        return Wait(pod.key, f"waiting on {node.name}, held for it, for the {profiles} its victims held to be "
+                             "reported unused", preempting=True)
+    if unreported_claims(node, claims.get(node.name, Counter())):
+        return Wait(pod.key, f"waiting on {node.name}, held for it, for the node agent to report which instances "
+                             "its pods use", preempting=True)
+    policy = cycle.snapshot.policies.get(node.name)
+    if policy is None or node.model is None or not _open(policy, cycle) \
+            or not reshape_gate(policy, cycle.now, dynamic_layout=True).allowed \
+            or not all(policy.allows_profile(p) for p in pod.profiles):
+        return Wait(pod.key, f"waiting on {node.name}, held for it, for its policy's gate to re-lay out a GPU "
+                             "(window, maxConcurrent, allowed profiles)", preempting=True)
+    candidates = [GpuCandidate(node.name, g.index, node.model, True, g.instances, g.in_use, True)
+                  for g in node.gpus if g.mig_enabled and not g.reshaping and not g.faulted]
+    change = best_change(candidates, pod.profiles)
+    if change is None:
+        return Wait(pod.key, f"waiting on {node.name}, held for it, for the instances its victims held to be "
+                             "reported unused", preempting=True)
+    cycle.budget[policy.names] -= 1
+    cycle.layouts[(change.node, change.index)] = _merge(cycle.layouts.get((change.node, change.index)), change)
+    incoming.update(Counter(i.profile for i in change.create) - need)
+    return Wait(pod.key, f"capacity being created: {change.reason} (held for it)", coming=True, preempting=True)
 
 
 def _plan_whole(cycle: _Cycle, pod: Pod, placer: SharedPlacer, taken: Counter[str]) -> Release | Wait:
@@ -771,7 +842,7 @@ def _shared_ok(pod: Pod, node: Node, replicas: int) -> bool:
 def _static_layouts(cycle: _Cycle) -> None:
     for node in cycle.snapshot.nodes:
         policy = cycle.snapshot.policies.get(node.name)
-        if node.model is None or policy is None or policy.static_layout is None:
+        if node.model is None or policy is None or policy.static_layout is None or node.name in cycle.held:
             continue
         for gpu in node.gpus:
             if gpu.reshaping or gpu.in_use or gpu.faulted:
@@ -855,10 +926,16 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
     for index, pod in enumerate(cycle.waiting):
         cycle.current = index
         left = still_held(pod, snapshot, running)
-        if pod.mode == "mig":
-            outcome: Release | Wait = _plan_mig(cycle, pod, claims)
-        elif pod.node in cycle.held and cycle.held[pod.node] is pod:
-            outcome = _reclaim(cycle, pod, taken) if left is None else Wait(pod.key, "its victims are terminating")
+        outcome: Release | Wait
+        if pod.node in cycle.held and cycle.held[pod.node] is pod:
+            if left is not None:
+                outcome = Wait(pod.key, "its victims are terminating")
+            elif pod.mode == "mig":
+                outcome = _reclaim_mig(cycle, pod, claims)
+            else:
+                outcome = _reclaim(cycle, pod, taken)
+        elif pod.mode == "mig":
+            outcome = _plan_mig(cycle, pod, claims)
         elif pod.mode == "whole":
             outcome = _plan_whole(cycle, pod, placer, taken)
         else:
@@ -882,9 +959,10 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                            preempting=True)
         elif isinstance(outcome, Wait) and not (outcome.deferred or outcome.coming or outcome.preempting):
             reclaim = partial(_may_reclaim, cycle, pod)
+            # A node held for another preemptor is its alone: nobody else preempts there.
+            admits = partial(_may_preempt_on, cycle, pod)
             chosen = preferring_budgets(lambda spared: choose(pod, snapshot.nodes, cycle.free, snapshot.pods,
-                                                              spared=spared, admits=lambda node: allowed_on(pod, node),
-                                                              reclaim=reclaim),
+                                                              spared=spared, admits=admits, reclaim=reclaim),
                                         doomed, protected)
             if chosen is not None:
                 preemptions.append(chosen)
@@ -892,6 +970,8 @@ def plan(snapshot: Snapshot, now: datetime, *, policy_name: str = "gpupack", mig
                 if chosen.kind == REASON_RESHAPE:
                     # Its switch back takes the policy's maxConcurrent slot now (``in_flight``).
                     cycle.budget[cycle.snapshot.policies[chosen.node].names] -= 1
+                    _hold(cycle, chosen.node, pod)
+                elif chosen.kind == REASON_MIG_RESHAPE:
                     _hold(cycle, chosen.node, pod)
                 outcome = Wait(pod.key, f"preempting {len(chosen.victims)} pod(s) of lower priority on {chosen.node}; "
                                         f"{outcome.reason}", preempting=True)

@@ -20,10 +20,14 @@ which the engine's preemption does not model, are ranked here on the cycle's led
 (:class:`controller.planning.capacity.FreeCapacity`), as the planner counts places: replicas
 of the node's split (the node must already share by the pod's mode at a split the pod fits:
 preemption never re-splits a node), instances of the profiles it asks for on a MIG node; and
-its CPU and memory. The victims of a node are taken lowest priority first, then least GPU
+its CPU and memory. A MIG pod for which no instance of its profiles can be freed may instead
+preempt the pods holding instances on one MIG GPU whose policy gate is open, the fewest whose
+instances, destroyed, leave room for its profiles (:mod:`controller.planning.mig_preemption`;
+reason ``mig-reshape``): the planner holds the node for it and re-lays the GPU out once they are
+gone. The victims of a node are taken lowest priority first, then least GPU
 milli, until the shortfall is covered; among nodes the one with the fewest victims wins, then
 the lowest highest-victim priority, then the least milli freed, then the snapshot's order: the
-engine's preferences (fewest pods, lowest priority, least milli) on the ledger's counts.
+engine's own orders (:mod:`sharing.packing.victim_order`, one home for both) on the ledger's counts.
 
 A preemptor carries the uids of its victims (``gpupack.io/preempting``, written with its pin in
 one guarded patch, :mod:`controller.writes.preemption`). While one of them still exists it waits on
@@ -43,8 +47,10 @@ from dataclasses import dataclass
 
 from controller.planning.capacity import FreeCapacity
 from controller.planning.engine_victims import engine_case, engine_plan
+from controller.planning.mig_preemption import REASON_MIG_RESHAPE, reshape_victims
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.packing.preemption import REASON_GPUS, REASON_REPLICA
+from sharing.packing.victim_order import plan_key, victim_key
 from sharing.rules.priority import may_preempt
 from sharing.rules.replicas import fits_split
 
@@ -74,6 +80,8 @@ class Preemption:
     (not counted as a new preemption)."""
     plain: bool = False
     """The preemptor is not gpupack's (:attr:`Pod.plain`): it cannot be pinned; its record names the node."""
+    gpu: int | None = None
+    """The MIG GPU to re-lay out for the preemptor once the victims are gone (reason ``mig-reshape``)."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,10 @@ def _room(pod: Pod, node: Node, free: FreeCapacity, chosen: list[Pod]) -> bool:
     return pod.cpu_milli <= cpu and pod.memory_mib <= memory
 
 
+def _room_after(pod: Pod, free: FreeCapacity) -> Callable[[Node, list[Pod]], bool]:
+    return lambda node, chosen: _room(pod, node, free, chosen)
+
+
 def _place_kind_ok(pod: Pod, node: Node) -> bool:
     """The node holds places of the pod's kind as it is: preemption frees places, never re-splits."""
     if pod.shares > 0:
@@ -174,7 +186,7 @@ def _victims_on(pod: Pod, node: Node, free: FreeCapacity, candidates: list[Pod])
     """The fewest lower-priority pods of ``node`` whose places give ``pod`` its place, lowest priority
     and least milli first; None when all of them would not."""
     chosen: list[Pod] = []
-    for candidate in sorted(candidates, key=lambda v: (v.priority.value, sum(v.milli), v.key)):
+    for candidate in sorted(candidates, key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key)):
         if _covers(pod, node, free, chosen) and _room(pod, node, free, chosen):
             break
         if _helps(pod, candidate) or not _room(pod, node, free, chosen):
@@ -220,8 +232,9 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
 
     ``nodes``: in the snapshot's order; ``admits``: whether the pod may go to a node (its terms,
     products and pin); ``spared``: keys of pods already chosen as victims this cycle; ``reclaim``:
-    for a whole-GPU pod, the shared nodes that may be switched back to whole GPUs now, for the
-    engine to reshape (:func:`controller.planning.engine_victims.engine_plan`)."""
+    the nodes the policy gate lets be switched for the pod now: for the engine's pods, to be
+    reshaped (:func:`controller.planning.engine_victims.engine_plan`); for a MIG pod, to have a GPU
+    re-laid out (:mod:`controller.planning.mig_preemption`)."""
     if not (pod.gated or pod.plain) or not pod.priority.preempts or pod.victims or pod.queue_held:
         # A pod Kueue still holds is no demand: it never preempts (Kueue preempts for quota). A pod
         # preempts once: its victims gone, the place they held frees when the node agent reports
@@ -230,8 +243,9 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
         return None
     if engine_case(pod):
         return _engine_choice(pod, nodes, free, pods, admits=admits, spared=spared, reclaim=reclaim)
+    nodes = list(nodes)
     by_node = _on_node(pods)
-    best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None
+    best: tuple[tuple[int, int, int, int, int], Node, list[Pod]] | None = None
     for position, node in enumerate(nodes):
         if not _place_kind_ok(pod, node) or not admits(node):
             continue
@@ -240,11 +254,11 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
         chosen = _victims_on(pod, node, free, candidates) if candidates else None
         if chosen is None:
             continue
-        rank = (len(chosen), max(v.priority.value for v in chosen), sum(sum(v.milli) for v in chosen), position)
+        rank = (*plan_key([v.priority.value for v in chosen], sum(sum(v.milli) for v in chosen)), position)
         if best is None or rank < best[0]:
             best = (rank, node, chosen)
     if best is None:
-        return None
+        return _mig_reshape(pod, nodes, free, by_node, admits=admits, spared=spared, reclaim=reclaim)
     _, node, chosen = best
     names = ", ".join(v.key for v in chosen)
     reason = (f"{pod.key} (priority {pod.priority.value}) fits nowhere; preempting {names} "
@@ -252,5 +266,24 @@ def choose(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, pods: Iterable[P
     return Preemption(pod.key, node.name, tuple(victim(v) for v in chosen), reason, reason_for(pod))
 
 
-__all__ = ["REASON_MIG", "Held", "Preemption", "Victim", "choose", "preferring_budgets", "reason_for", "resume",
-           "still_held", "victim"]
+def _mig_reshape(pod: Pod, nodes: Iterable[Node], free: FreeCapacity, by_node: dict[str, list[Pod]], *,
+                 admits: Callable[[Node], bool], spared: set[str],
+                 reclaim: Callable[[Node], bool] | None) -> Preemption | None:
+    """A MIG pod's preemption that frees instances on one GPU for it to be re-laid out
+    (:mod:`controller.planning.mig_preemption`), on the nodes ``reclaim`` allows; None without one."""
+    if pod.mode != "mig" or reclaim is None:
+        return None
+    found = reshape_victims(pod, nodes, by_node, admits=admits, may_reshape=reclaim, spared=spared,
+                            room=_room_after(pod, free))
+    if found is None:
+        return None
+    names = ", ".join(v.key for v in found.victims)
+    reason = (f"{pod.key} (priority {pod.priority.value}) fits nowhere; preempting {names} "
+              f"(priority {max(v.priority.value for v in found.victims)} or lower) on {found.node.name} "
+              f"to re-lay out GPU {found.gpu} for {', '.join(sorted(pod.profiles))}")
+    return Preemption(pod.key, found.node.name, tuple(victim(v) for v in found.victims), reason, REASON_MIG_RESHAPE,
+                      gpu=found.gpu)
+
+
+__all__ = ["REASON_MIG", "REASON_MIG_RESHAPE", "Held", "Preemption", "Victim", "choose", "preferring_budgets",
+           "reason_for", "resume", "still_held", "victim"]

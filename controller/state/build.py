@@ -140,6 +140,8 @@ def _node(reading: GpuNodeReading, gpunode: Mapping[str, Any], node: Mapping[str
                 healthy=gpu.healthy,
                 unhealthy_instances=tuple(sorted(PlacedInstance(i.profile, Placement(i.start, i.size))
                                                  for i in gpu.instances if not i.healthy)),
+                users=tuple(sorted((PlacedInstance(i.profile, Placement(i.start, i.size)), i.pods)
+                                   for i in gpu.instances if i.pods)),
             )
         )
     node_meta = _map(_map(node).get("metadata"))

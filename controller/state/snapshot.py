@@ -55,6 +55,9 @@ class Gpu:
     """The GPU has no fault (``GPUStatus.health``, ``node.health``)."""
     unhealthy_instances: tuple[PlacedInstance, ...] = ()
     """Instances with a fault of their own."""
+    users: tuple[tuple[PlacedInstance, tuple[str, ...]], ...] = ()
+    """The instances the agent names pods on, with those pods (``namespace/name``): who holds which
+    instance, which a preemption that reshapes the GPU needs (``controller.planning.mig_preemption``)."""
 
     @property
     def profiles(self) -> Counter[str]:

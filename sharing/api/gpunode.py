@@ -52,6 +52,8 @@ class InstanceReading:
     in_use: bool
     health: DeviceHealth | None = None
     """The instance's fault while it lasts (None: healthy)."""
+    pods: tuple[str, ...] = ()
+    """``namespace/name`` of the pods the agent found using it (the kubelet's device assignments)."""
 
     @property
     def healthy(self) -> bool:
@@ -187,8 +189,9 @@ def _instances(raw: Any, where: str, skipped: list[str]) -> tuple[InstanceReadin
             skipped.append(f"{where}: instances[{position}] has no profile or start; left out")
             continue
         in_use = inst.get("inUse") is True or bool(_list(inst.get("pods")))
+        users = tuple(sorted(str(p) for p in _list(inst.get("pods")) if isinstance(p, str)))
         out.append(InstanceReading(profile, start, max(1, _int(inst.get("size"), 1)), in_use,
-                                   _health(inst.get("health"))))
+                                   _health(inst.get("health")), users))
     return tuple(sorted(out, key=lambda i: (i.start, i.profile)))
 
 

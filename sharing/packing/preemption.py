@@ -35,7 +35,8 @@ highest victim priority, then the least milli preempted, then one that the preem
 exactly (its own replica size or whole GPUs, and the victims freed no more GPU than it
 takes), then the least fragmentation after the plan (FGD's ``F`` against the engine's typical
 pods, ``fragmentation``; without one, the least free GPU milli left on the node), then the
-cluster's ``tie_rank``. When some node needs a single victim, the nodes are narrowed in numpy
+cluster's ``tie_rank``. (The orders are :mod:`sharing.packing.victim_order`'s, which the live
+controller ranks by too.) When some node needs a single victim, the nodes are narrowed in numpy
 to those with the best single victim before the per-node search (a replay asks this for
 thousands of pods on 1,213 nodes).
 
@@ -72,6 +73,7 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.fragmentation import FragmentationModel
 from sharing.packing.node_sharing import FRESH
 from sharing.packing.specs import GPU_MILLI, PodSpec
+from sharing.packing.victim_order import plan_key, reprieve_key, victim_key
 from sharing.packing.victims import PlacedPods, Victim
 from sharing.rules.priority import may_preempt
 
@@ -228,7 +230,7 @@ def _cover(case: _Node) -> list[Victim] | None:
             score = sum(min(g, x) / x for g, x in zip(gives, need) if x > 0)
             if score <= 0:
                 continue
-            rank = (-score, v.priority, v.milli, v.key)
+            rank = (-score, *victim_key(v.priority, v.milli, v.key))
             if best is None or rank < best:
                 best, pick = rank, i
         if best is None:
@@ -236,7 +238,8 @@ def _cover(case: _Node) -> list[Victim] | None:
         v = left.pop(pick)
         chosen.append(v)
         need = [x - g for x, g in zip(need, case.gives(v))]
-    return case.reprieve(chosen, sorted(chosen[len(case.mandatory):], key=lambda v: (-v.priority, -v.milli, v.key)))
+    return case.reprieve(chosen, sorted(chosen[len(case.mandatory):],
+                                        key=lambda v: reprieve_key(v.priority, v.milli, v.key)))
 
 
 def _plan_for(cluster: ClusterState, modes: IntArray, used: IntArray, case: _Node, pod: PodSpec,
@@ -363,8 +366,7 @@ def engine_preemption(cluster: ClusterState, modes: IntArray, used: IntArray, pl
         if chosen is None:
             continue
         plan = _plan_for(cluster, modes, used, case, pod, chosen, own_size)
-        top = max((v.priority for v in chosen), default=INT32_MIN - 1)
-        plans.append(((len(chosen), top, plan.preempted_milli, 0 if plan.exact else 1), plan))
+        plans.append((plan_key([v.priority for v in chosen], plan.preempted_milli, plan.exact), plan))
     if not plans:
         return None
     best = min(key for key, _ in plans)

@@ -55,16 +55,17 @@ class Priorities:
         self.classes.append(name)
         return name
 
-    def gpu_pod(self, name: str, priority_class: str, kind: str, milli: int = 400) -> dict[str, Any]:
-        """A gated pod as the webhook leaves it: a ``3g.40gb`` instance (``mig``) or an MPS replica
+    def gpu_pod(self, name: str, priority_class: str, kind: str, milli: int = 400,
+                profile: str = PROFILE) -> dict[str, Any]:
+        """A gated pod as the webhook leaves it: a ``profile`` instance (``mig``) or an MPS replica
         (``mps``) of ``milli``."""
-        resource = f"nvidia.com/mig-{PROFILE}" if kind == "mig" else "nvidia.com/gpu.shared"
+        resource = f"nvidia.com/mig-{profile}" if kind == "mig" else "nvidia.com/gpu.shared"
         allocation = Allocation(
             mode="mig" if kind == "mig" else "mps", gated=True, capacity_existed=False, policy="e2e", reason="e2e",
             gpu_model=H100,
             # 400 milli: a replica of a split into two, never of one into three.
             containers=(ContainerAllocation("main", "containers", 300 if kind == "mig" else milli, None, resource,
-                                            PROFILE if kind == "mig" else None),),
+                                            profile if kind == "mig" else None),),
         )
         return {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "annotations": {ALLOCATION_ANNOTATION: allocation.to_annotation()}},
@@ -226,6 +227,41 @@ def test_a_pod_too_big_for_the_split_reclaims_the_node_and_runs_there_split_anew
     assert h.gpunode(node)["spec"]["sharing"] == {"mode": "mps", "replicas": 2}
     log = h.log("ctl-resplit")
     assert f"reclaimed for {h.namespace}/{big}" in log and " failed: " not in log
+
+
+def test_a_mig_pod_has_a_gpu_re_laid_out_for_it(h: Harness, p: Priorities) -> None:
+    """A GPU cut into seven ``1g.10gb`` instances, each held by a low pod: no instance of ``3g.40gb``
+    exists to free, so the controller preempts the fewest low pods whose instances, destroyed, leave a
+    valid ``3g.40gb`` placement (three: those on slices 4-6), holds the node for the preemptor and, once
+    they are gone, re-lays the GPU out (their instances out, a ``3g.40gb`` in); the preemptor is then
+    released and bound there, and the four other low pods run on."""
+    one = "1g.10gb"
+    node = h.node("r", 1, {0: [one] * 7})
+    h.policy()
+    low, high = p.priority_class("low", 10), p.priority_class("high", 1000)
+    h.controller("ctl-mig-reshape")
+    lows = [p.create(p.gpu_pod(f"low-{i}", low, "mig", milli=100, profile=one)) for i in range(7)]
+    for name in lows:
+        assert wait_for(f"{name} to be bound", partial(h.node_of, name), timeout_s=90) == node
+    big = p.create(p.gpu_pod("big", high, "mig"))
+
+    record = wait_for("the preemptor to record its victims", lambda: read_preempting(
+        p.pod(big).metadata.annotations or {}), timeout_s=120)
+    uids = {p.pod(n).metadata.uid: n for n in lows}
+    victims = sorted(uids[u] for u in record.victims)
+    assert len(victims) == 3, victims
+    wait_for("the three to be preempted", lambda: all(
+        (seen := p.pod(n)) is not None and _disruption(seen) is not None and seen.metadata.deletion_timestamp
+        for n in victims), timeout_s=90)
+    assert h.layouts(node)[0] == [one] * 7, "re-laid out under terminating pods"
+    for name in victims:  # the test plays the kubelet
+        h.core.delete_namespaced_pod(name, h.namespace, grace_period_seconds=0)
+    assert wait_for("the 3g.40gb pod to be bound to the re-laid-out GPU", lambda: h.node_of(big),
+                    timeout_s=180) == node
+    assert h.layouts(node)[0] == sorted([one] * 4 + [PROFILE])
+    assert all(p.pod(n).metadata.deletion_timestamp is None for n in lows if n not in victims)
+    log = h.log("ctl-mig-reshape")
+    assert f"to re-lay out GPU 0 for {PROFILE}" in log and " failed: " not in log, log[-3000:]
 
 
 def test_an_unknown_priority_class_is_refused_by_the_api_server(h: Harness, p: Priorities) -> None:

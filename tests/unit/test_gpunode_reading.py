@@ -41,6 +41,7 @@ def test_the_reader_keeps_what_reads_and_says_what_it_leaves_out() -> None:
     assert [g.index for g in reading.gpus] == [0, 1, 2]
     assert reading.gpus[0].memory_mib == 81559  # H100 80GB from the catalog
     assert [(i.profile, i.in_use) for i in reading.gpus[1].instances] == [("1g.10gb", True), ("2g.20gb", False), ("3g.40gb", True)]
+    assert [i.pods for i in reading.gpus[1].instances] == [(), (), ("team/a",)]  # who holds it (MIG preemption)
     assert reading.gpus[2].instances == ()
     assert len(reading.skipped) == 5 and "status.gpus[1] is not an object" in reading.skipped[0]
     assert "status.gpus[2] has no index" in reading.skipped[1]

@@ -21,6 +21,7 @@ from sharing.packing.preemption import (
     scheduler_preemption,
 )
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
+from sharing.packing.victim_order import plan_key, reprieve_key, victim_key
 from sharing.packing.victims import PlacedPods, Victim
 
 HIGH = PodPriority(1000)
@@ -263,3 +264,14 @@ def test_a_reshape_also_frees_the_cpu_the_preemptor_lacks_beside_the_gpu_pods() 
     s.cpu_pod("c", 0, 4000)
     plan = s.engine(PodSpec("w", 6000, 1000, 1, GPU_MILLI))
     assert plan is not None and plan.reshape and keys(plan) == {"a", "b", "c"}
+
+
+def test_one_order_for_victims_and_plans() -> None:
+    """sharing.packing.victim_order: the engine's and the live ledger's one ranking rule."""
+    candidates = [("b", 0, 500), ("a", 0, 500), ("c", -5, 900), ("d", 0, 100)]
+    assert [k for k, p, m in sorted(candidates, key=lambda v: victim_key(v[1], v[2], v[0]))] == ["c", "d", "a", "b"]
+    assert [k for k, p, m in sorted(candidates, key=lambda v: reprieve_key(v[1], v[2], v[0]))] == ["a", "b", "d", "c"]
+    plans = {"two-low": plan_key([0, 0], 200), "one-high": plan_key([50], 900), "one-low-more": plan_key([0], 900),
+             "one-low-inexact": plan_key([0], 100, exact=False), "one-low": plan_key([0], 100)}
+    assert sorted(plans, key=plans.__getitem__) == ["one-low", "one-low-inexact", "one-low-more", "one-high", "two-low"]
+    assert plan_key([], 0) < plan_key([-(2**31)], 0)
