@@ -65,11 +65,14 @@ from functools import partial
 
 import numpy as np
 
+from controller.planning.dra_mig_preemption import dra_mig_victims
 from controller.planning.dramig import mig_gpus
+from controller.planning.mig_preemption import REASON_MIG_RESHAPE
 from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
-from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
+from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, Hold, broken_promises, own_pin
 from controller.planning.planner import Wait, allowed_on, held_by_kueue, waiting_key
-from controller.planning.preemption import Preemption, preferring_budgets, reason_for, resume, still_held, victim
+from controller.planning.preemption import (REASON_MIG, Preemption, preferring_budgets, reason_for, resume,
+                                            still_held, victim)
 from sharing.rules.priority import may_preempt
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.api.backend import node_backend
@@ -405,6 +408,35 @@ def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...], nodes: Sequenc
                   for r, (g, i) in zip(pod.requests, picks)]
 
 
+def _holding(mig: list[MigGpu], pod: Pod) -> list[MigGpu]:
+    """``mig`` less the MIG GPUs of the node a waiting MIG preemptor is pinned to: what its victims
+    free (an instance left idle, slices the agent has not reported destroyed yet) is held for it, as
+    the device-plugin pool holds the node, so no pod after it in the order takes that place."""
+    if not pod.victims or pod.node is None or (pod.mode != "mig" and not pod.mig_fallback):
+        return mig
+    return [g for g in mig if g.node != pod.node]
+
+
+def _mig_preemption(pod: Pod, profiles: tuple[str, ...], nodes: Sequence[Node], pods: Sequence[Pod],
+                    mig: list[MigGpu], holds: Sequence[Hold], snapshot: Snapshot, now: datetime, room: _Room,
+                    spared: set[str]) -> Preemption | None:
+    """The DRA pool's preemption for a MIG pod (or a share's MIG fallback, ``profiles``) that fits
+    nowhere: ``controller.planning.dra_mig_preemption``'s victims, tried by :func:`_mig` itself."""
+    def fits(gpus: list[MigGpu], node: Node) -> bool:
+        return not isinstance(_mig(gpus, pod, profiles, [node], room), str)
+
+    found = dra_mig_victims(pod, nodes, pods, mig, holds, snapshot.policies, now, spared, fits)
+    if found is None:
+        return None
+    names = ", ".join(v.key for v in found.victims)
+    how = f"to re-lay out GPU {found.gpu} for" if found.reshape else f"to free GPU {found.gpu}'s instances for"
+    return Preemption(pod.key, found.node.name, tuple(victim(v) for v in found.victims),
+                      f"{pod.key} (priority {pod.priority.value}) fits nowhere on the DRA pool; preempting {names} "
+                      f"(priority {max(v.priority.value for v in found.victims)} or lower) on {found.node.name} "
+                      f"{how} {', '.join(sorted(profiles))}",
+                      REASON_MIG_RESHAPE if found.reshape else REASON_MIG, gpu=found.gpu)
+
+
 def _to_repin(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str]) -> list[tuple[Pod, ClaimRecord, str]]:
     """Released, unbound pods whose own claim is a broken promise (``broken``: ``broken_promises``;
     oldest first), with why."""
@@ -515,6 +547,7 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
                 doomed.update(v.key for v in resumed.victims)
             waits.append(Wait(pod.key, f"waiting on {pod.node} for {held.count} pod(s) it preempted to terminate",
                               preempting=True))
+            mig = _holding(mig, pod)
             continue
         if pod.mode == "cpu":
             chosen = shares.place_cpu(pod)
@@ -536,8 +569,14 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         if isinstance(found, str):
             chosen_preemption = preferring_budgets(partial(shares.preemption, pod, pods), doomed,
                                                    protected) if pod.mode != "mig" else None
+            if chosen_preemption is None and on_mig:
+                profiles = pod.profiles if pod.mode == "mig" else pod.mig_fallback
+                chosen_preemption = preferring_budgets(
+                    partial(_mig_preemption, pod, profiles, nodes, pods, mig, usage.holds, snapshot, now, room),
+                    doomed, protected)
             if chosen_preemption is None:
                 waits.append(Wait(pod.key, found))
+                mig = _holding(mig, pod)
                 continue
             preemptions.append(chosen_preemption)
             doomed.update(v.key for v in chosen_preemption.victims)

@@ -29,7 +29,7 @@ The planner then holds the node for the preemptor and reshapes the GPU once the 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -71,17 +71,30 @@ def _on_gpu(pod: Pod, node: Node, gpu: Gpu, holders: dict[str, Pod], spared: set
     if not all(node.model.has_profile(p) for p in pod.profiles):
         return None
     named = {key for _, keys in gpu.users for key in keys}
-    candidates = sorted((v for key, v in holders.items() if key in named and key not in spared
-                         and may_preempt(pod.priority, v.priority.value)),
-                        key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))[:MAX_CANDIDATES]
+    candidates = lowest_first(pod, (v for key, v in holders.items() if key in named and key not in spared))
     if fits_with(node.model, _kept(gpu, set()), pod.profiles) is not None:
         return None  # it fits beside every pod there: a reshape of a busy GPU, no preemption's to make
+    model = node.model
+    return fewest_victims(candidates, lambda chosen: fits_with(model, _kept(gpu, {v.key for v in chosen}),
+                                                               pod.profiles) is not None and room(node, chosen), most)
+
+
+def lowest_first(pod: Pod, pods: Iterable[Pod]) -> list[Pod]:
+    """The pods ``pod`` may preempt (strictly lower priority), in the victim order, at most
+    :data:`MAX_CANDIDATES` of them: the candidates of one GPU."""
+    return sorted((v for v in pods if may_preempt(pod.priority, v.priority.value)),
+                  key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))[:MAX_CANDIDATES]
+
+
+def fewest_victims(candidates: Sequence[Pod], works: Callable[[list[Pod]], bool],
+                   most: int) -> tuple[tuple[int, int, int, int], list[Pod]] | None:
+    """The subset of ``candidates`` (at most ``most`` of them) for which ``works`` (the caller's trial)
+    holds, with its rank: subsets tried by size, so the fewest pods, not a greedy cover; among those
+    of one size :func:`sharing.packing.victim_order.plan_key`'s order. None when none works."""
     for size in range(1, min(len(candidates), most) + 1):
         best: tuple[tuple[int, int, int, int], list[Pod]] | None = None
         for chosen in combinations(candidates, size):
-            if fits_with(node.model, _kept(gpu, {v.key for v in chosen}), pod.profiles) is None:
-                continue
-            if not room(node, list(chosen)):
+            if not works(list(chosen)):
                 continue
             rank = plan_key([v.priority.value for v in chosen], sum(sum(v.milli) for v in chosen))
             if best is None or rank < best[0]:
@@ -123,4 +136,4 @@ def reshape_victims(pod: Pod, nodes: Iterable[Node], on_node: dict[str, list[Pod
     return None if best is None else best[1]
 
 
-__all__ = ["MAX_CANDIDATES", "REASON_MIG_RESHAPE", "GpuVictims", "reshape_victims"]
+__all__ = ["MAX_CANDIDATES", "REASON_MIG_RESHAPE", "GpuVictims", "fewest_victims", "lowest_first", "reshape_victims"]
