@@ -22,6 +22,11 @@ device (``controller.writes.dra_claims``). Pure: a snapshot, the claims' holds
 * **Pods that ask for no GPU** (mode ``cpu``: labelled ``gpupack.io/backend=dra``):
   a node of the same engine cluster, chosen by the same policy for the pod's CPU
   and memory (what it leaves the GPUs' pods), pinned like any pod; no claim.
+* **Preemption**: a pod that fits nowhere may preempt DRA pods of lower priority: a share or
+  whole-GPU pod by :meth:`_Shares.preemption`; a MIG pod, or a share whose MIG fallback failed too,
+  by ``controller.planning.dra_mig_preemption`` (victims on one MIG GPU, the engine's MIG choice as
+  the trial). A MIG preemptor still waiting holds its node's MIG GPUs for the rest of the cycle
+  (:func:`_holding`).
 * **A share's MIG fallback**: a shared pod the webhook decided for ``auto``
   carries the pool's MIG option (``Pod.mig_fallback``, one profile per
   container). When no shared GPU has room for it, it is tried as a MIG pod of
@@ -83,6 +88,7 @@ from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.typical import NO_GPU_POD, TypicalPods
+from sharing.packing.victim_order import plan_key, victim_key
 
 MiB = 2**20
 REQUEUE_AFTER_S = 10.0
@@ -273,7 +279,7 @@ class _Shares:
         (``controller.planning.preemption`` has the rules): per node, the node's DRA pods of strictly
         lower priority, lowest priority and least milli first, each one's claim lifted in turn until
         the pod fits (the same trial :meth:`place` makes); fewest victims, then lowest highest-victim
-        priority, then least milli, then the node's order. Their CPU and memory are not counted as
+        priority, then least milli (``sharing.packing.victim_order``'s orders), then the node's order. Their CPU and memory are not counted as
         freed (a conservative trial). None when no node would do, or the pod may not preempt."""
         if self.cluster is None or not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
             return None
@@ -281,21 +287,21 @@ class _Shares:
         if not accepted:
             return None
         shapes = self._shapes(pod, accepted)
-        best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None
+        best: tuple[tuple[int, int, int, int, int], Node, list[Pod]] | None = None
         for i, node in enumerate(self.nodes):
             if _key(node) not in accepted or not allowed_on(pod, node):
                 continue
             candidates = sorted((v for v in pods if v.node == node.name and not v.gated and v.claim and v.uid
                                  and v.key not in spared and may_preempt(pod.priority, v.priority.value)
                                  and f"{v.namespace}/{v.claim}" in self.held),
-                                key=lambda v: (v.priority.value, sum(v.milli), v.key))
+                                key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))
             lifted: list[_Held] = []
             chosen: list[Pod] = []
             for candidate in candidates:
                 lifted += self._lift(f"{candidate.namespace}/{candidate.claim}")
                 chosen.append(candidate)
                 if self._fits(i, pod, shapes):
-                    rank = (len(chosen), chosen[-1].priority.value, sum(sum(v.milli) for v in chosen), i)
+                    rank = (*plan_key([v.priority.value for v in chosen], sum(sum(v.milli) for v in chosen)), i)
                     if best is None or rank < best[0]:
                         best = (rank, node, list(chosen))
                     break
