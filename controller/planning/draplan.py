@@ -440,7 +440,7 @@ def _mig_preemption(pod: Pod, profiles: tuple[str, ...], nodes: Sequence[Node], 
                       f"{pod.key} (priority {pod.priority.value}) fits nowhere on the DRA pool; preempting {names} "
                       f"(priority {max(v.priority.value for v in found.victims)} or lower) on {found.node.name} "
                       f"{how} {', '.join(sorted(profiles))}",
-                      REASON_MIG_RESHAPE if found.reshape else REASON_MIG, gpu=found.gpu)
+                      REASON_MIG_RESHAPE if found.reshape else REASON_MIG, gpu=found.gpu if found.reshape else None)
 
 
 def _to_repin(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str]) -> list[tuple[Pod, ClaimRecord, str]]:

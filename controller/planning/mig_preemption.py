@@ -90,7 +90,11 @@ def fewest_victims(candidates: Sequence[Pod], works: Callable[[list[Pod]], bool]
                    most: int) -> tuple[tuple[int, int, int, int], list[Pod]] | None:
     """The subset of ``candidates`` (at most ``most`` of them) for which ``works`` (the caller's trial)
     holds, with its rank: subsets tried by size, so the fewest pods, not a greedy cover; among those
-    of one size :func:`sharing.packing.victim_order.plan_key`'s order. None when none works."""
+    of one size :func:`sharing.packing.victim_order.plan_key`'s order. None when none works.
+    ``works`` must hold for a set if it holds for a subset (more victims free more): when all of
+    ``candidates`` together do not make room, no subset is tried."""
+    if not candidates or not works(list(candidates)):
+        return None
     for size in range(1, min(len(candidates), most) + 1):
         best: tuple[tuple[int, int, int, int], list[Pod]] | None = None
         for chosen in combinations(candidates, size):
