@@ -37,7 +37,7 @@ from datetime import datetime
 
 from controller.planning.dramig import mig_gpus
 from controller.planning.mig_preemption import MAX_CANDIDATES, fewest_victims, lowest_first
-from controller.state.dra_usage import Hold
+from controller.state.dra_usage import Hold, claim_key
 from controller.state.snapshot import Node, Pod
 from mig.model import PlacedInstance
 from sharing.dra.mig_choice import MigGpu
@@ -56,10 +56,6 @@ class DraMigVictims:
     victims: tuple[Pod, ...]
     reshape: bool
     """The place needs the freed slices re-laid out (an instance created), not a freed instance as itself."""
-
-
-def claim_key(pod: Pod) -> str:
-    return f"{pod.namespace}/{pod.claim}"
 
 
 def _full_size(instance: PlacedInstance, gpu: MigGpu) -> bool:

@@ -74,7 +74,8 @@ from controller.planning.dra_mig_preemption import dra_mig_victims
 from controller.planning.dramig import mig_gpus
 from controller.planning.mig_preemption import REASON_MIG_RESHAPE
 from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
-from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, Hold, broken_promises, own_pin
+from controller.state.dra_usage import (ClaimConflict, ClaimRecord, DraUsage, Hold, broken_promises, claim_key,
+                                        own_pin)
 from controller.planning.planner import Wait, allowed_on, held_by_kueue, waiting_key
 from controller.planning.preemption import (REASON_MIG, Preemption, preferring_budgets, reason_for, resume,
                                             still_held, victim)
@@ -293,12 +294,12 @@ class _Shares:
                 continue
             candidates = sorted((v for v in pods if v.node == node.name and not v.gated and v.claim and v.uid
                                  and v.key not in spared and may_preempt(pod.priority, v.priority.value)
-                                 and f"{v.namespace}/{v.claim}" in self.held),
+                                 and claim_key(v) in self.held),
                                 key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))
             lifted: list[_Held] = []
             chosen: list[Pod] = []
             for candidate in candidates:
-                lifted += self._lift(f"{candidate.namespace}/{candidate.claim}")
+                lifted += self._lift(claim_key(candidate))
                 chosen.append(candidate)
                 if self._fits(i, pod, shapes):
                     rank = (*plan_key([v.priority.value for v in chosen], sum(sum(v.milli) for v in chosen)), i)
@@ -450,7 +451,7 @@ def _to_repin(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str]) -
         return []
     out: list[tuple[Pod, ClaimRecord, str]] = []
     for pod in sorted(pods, key=lambda p: (p.created, p.key)):
-        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        record = usage.claims.get(claim_key(pod))
         if pod.gated or pod.bound or pod.mode == "cpu" or pod.node is None or record is None:
             continue
         if record.key in broken and not record.allocated and not isinstance(own_pin(record, pod.uid), ClaimConflict):
@@ -466,7 +467,7 @@ def _stalled(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str], no
     again: list[DraPlacement] = []
     waits: list[Wait] = []
     for pod in sorted(pods, key=lambda p: (p.created, p.key)):
-        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        record = usage.claims.get(claim_key(pod))
         if not pod.unschedulable or pod.mode == "cpu" or record is None or record.allocated or record.key in broken:
             continue
         pinned = own_pin(record, pod.uid)
@@ -503,7 +504,7 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         if pod.mode == "cpu":  # asks for no GPU: no claim to adopt
             todo.append(pod)
             continue
-        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        record = usage.claims.get(claim_key(pod))
         if record is None:
             todo.append(pod)
             continue
