@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from controller.planning.dramig import mig_gpus
-from controller.planning.mig_preemption import MAX_CANDIDATES, fewest_victims, lowest_first
+from controller.planning.mig_preemption import fewest_victims, lowest_first
 from controller.state.dra_usage import Hold, claim_key
 from controller.state.snapshot import Node, Pod
 from mig.model import PlacedInstance
@@ -63,17 +63,21 @@ def _full_size(instance: PlacedInstance, gpu: MigGpu) -> bool:
     return gpu.model.profile(instance.profile).compute_slices == gpu.model.compute_slices
 
 
-def lifted_gpus(node: Node, cycle: Sequence[MigGpu], holds: Sequence[Hold], claims: set[str],
-                policies: Mapping[str, NodePolicy], now: datetime, *, destroyed: bool) -> list[MigGpu]:
-    """``node``'s MIG GPUs as ``cycle`` has them (copies) with the holds of ``claims`` lifted: their
-    instances offered as themselves, or, ``destroyed``, gone (module docstring). A GPU a lifted claim
-    held whole comes back (it is absent from ``cycle``); a faulted instance stays taken."""
-    on_node = [h for h in holds if h.node == node.name]
+def lifted_gpus(node: Node, cycle: Sequence[MigGpu], on_node: Sequence[Hold], claims: set[str],
+                policies: Mapping[str, NodePolicy], now: datetime, *, destroyed: bool,
+                touched_only: bool = False) -> list[MigGpu]:
+    """``node``'s MIG GPUs as ``cycle`` has them (copies) with the holds of ``claims`` lifted (``on_node``:
+    the holds on ``node``): their instances offered as themselves, or, ``destroyed``, gone (module
+    docstring). A GPU a lifted claim held whole comes back (it is absent from ``cycle``); a faulted
+    instance stays taken. ``touched_only``: only the GPUs a lifted claim held (a pod of one profile that
+    fits none of the node's GPUs now can only fit one of those)."""
     lifted = [h for h in on_node if h.claim in claims]
     whole = {h.device.gpu for h in lifted if h.device.kind == "gpu"}
-    out = [g.copy() for g in cycle if g.node == node.name]
-    out += [g for g in mig_gpus([node], [h for h in on_node if h.claim not in claims], policies, now)
-            if g.index in whole]
+    touched = {h.device.gpu for h in lifted}
+    out = [g.copy() for g in cycle if g.node == node.name and (not touched_only or g.index in touched)]
+    if whole:
+        out += [g for g in mig_gpus([node], [h for h in on_node if h.claim not in claims], policies, now)
+                if g.index in whole]
     reported = {g.index: g for g in node.gpus}
     for gpu in out:
         freed = {i for h in lifted if h.device.gpu == gpu.index
@@ -92,23 +96,30 @@ def lifted_gpus(node: Node, cycle: Sequence[MigGpu], holds: Sequence[Hold], clai
     return out
 
 
-def dra_mig_victims(pod: Pod, nodes: Iterable[Node], pods: Sequence[Pod], cycle: Sequence[MigGpu],
-                    holds: Sequence[Hold], policies: Mapping[str, NodePolicy], now: datetime, spared: set[str],
-                    fits: Trial) -> DraMigVictims | None:
-    """The victims for MIG pod ``pod`` (module docstring), or None. ``nodes``: the DRA pool in the
-    snapshot's order; ``pods``: the pool's pods; ``cycle``: the MIG GPUs as this cycle has them;
-    ``spared``: keys never to take; ``fits``: the engine's trial."""
+def dra_mig_victims(pod: Pod, profiles: tuple[str, ...], nodes: Iterable[Node], pods: Sequence[Pod],
+                    cycle: Sequence[MigGpu], holds: Sequence[Hold], policies: Mapping[str, NodePolicy],
+                    now: datetime, spared: set[str], fits: Trial) -> DraMigVictims | None:
+    """The victims for MIG pod ``pod`` asking ``profiles`` (module docstring), or None. ``nodes``: the
+    DRA pool in the snapshot's order; ``pods``: the pool's pods; ``cycle``: the MIG GPUs as this cycle
+    has them; ``spared``: keys never to take; ``fits``: the engine's trial for ``profiles``."""
+    # The pod fits no GPU now: a pod of one profile can then only fit a GPU the victims free (the
+    # trial need not look at the node's other GPUs, which is most of its cost on a large node).
+    narrow = len(profiles) == 1
     if not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
         return None
     holders: dict[str, list[Hold]] = {}
+    by_node: dict[str, list[Hold]] = {}
     for hold in holds:
         holders.setdefault(hold.claim, []).append(hold)
+        by_node.setdefault(hold.node, []).append(hold)
     best: tuple[tuple[int, int, int, int, int, int], DraMigVictims] | None = None
     for position, node in enumerate(nodes):
         if node.model is None:
             continue
         running = [v for v in pods if v.node == node.name and not v.gated and v.uid and v.claim
                    and v.key not in spared and v.key != pod.key]
+        on_node = by_node.get(node.name, [])
+        mine = [g for g in cycle if g.node == node.name]
         for gpu in node.gpus:
             if not gpu.mig_enabled or not gpu.healthy:
                 continue
@@ -116,14 +127,15 @@ def dra_mig_victims(pod: Pod, nodes: Iterable[Node], pods: Sequence[Pod], cycle:
                                                 and h.device.kind in ("mig", "gpu")
                                                 for h in holders.get(claim_key(v), ()))]
 
-            def trial(chosen: list[Pod], node: Node = node, destroyed: bool = False) -> bool:
+            def trial(chosen: list[Pod], destroyed: bool = False, node: Node = node, mine: list[MigGpu] = mine,
+                      on_node: list[Hold] = on_node) -> bool:
                 claims = {claim_key(v) for v in chosen}
-                return fits(lifted_gpus(node, cycle, holds, claims, policies, now, destroyed=destroyed), node)
+                return fits(lifted_gpus(node, mine, on_node, claims, policies, now, destroyed=destroyed,
+                                        touched_only=narrow), node)
 
-            # A GPU needing more victims than the best so far cannot win: its larger subsets go untried.
-            most = MAX_CANDIDATES if best is None else best[0][0]
-            found = fewest_victims(lowest_first(pod, on_gpu),
-                                   lambda chosen: trial(chosen) or trial(chosen, destroyed=True), most)
+            # A GPU whose subsets cannot rank below the best so far cannot win: they go untried.
+            found = fewest_victims(lowest_first(pod, on_gpu), lambda chosen: trial(chosen) or trial(chosen, destroyed=True),
+                                   None if best is None else best[0][:4])
             if found is None:
                 continue
             rank = (*found[0], position, gpu.index)

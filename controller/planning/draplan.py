@@ -432,7 +432,7 @@ def _mig_preemption(pod: Pod, profiles: tuple[str, ...], nodes: Sequence[Node], 
     def fits(gpus: list[MigGpu], node: Node) -> bool:
         return not isinstance(_mig(gpus, pod, profiles, [node], room), str)
 
-    found = dra_mig_victims(pod, nodes, pods, mig, holds, snapshot.policies, now, spared, fits)
+    found = dra_mig_victims(pod, profiles, nodes, pods, mig, holds, snapshot.policies, now, spared, fits)
     if found is None:
         return None
     names = ", ".join(v.key for v in found.victims)

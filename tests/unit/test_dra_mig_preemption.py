@@ -236,3 +236,18 @@ def test_slices_promised_earlier_in_the_cycle_are_never_counted_as_freed() -> No
     assert placement.pod == "team/first"
     (preemption,) = result.preemptions
     assert sorted(v.key for v in preemption.victims) == ["team/l0", "team/l1", "team/l2", "team/l3"]
+
+
+def test_a_pod_of_two_profiles_counts_the_free_room_of_the_nodes_other_gpus() -> None:
+    """Two ``3g.40gb`` containers: GPU 1 has one 3g place free (its other half a higher pod's), GPU 0 is
+    full of low 1g pods: three of them give the second place."""
+    low, claims = ones([0] * 7)
+    node = mig_node("a", *ONES, gpus=2)
+    node = replace(node, gpus=(node.gpus[0], replace(node.gpus[1], instances=(inst("3g.40gb", 0),))))
+    keep = replace(pod("keep", 100, on="a"), requests=("gpu-0",))
+    two = replace(pod("two", 100), profiles=("3g.40gb", "3g.40gb"), milli=(300, 300), memory_bytes=(None, None),
+                  requests=("gpu-0", "gpu-1"))
+    result = run([node], [*low, keep, two], [*claims, mig_claim("keep", "a", inst("3g.40gb", 0), gpu=1)], {"a": OPEN})
+    (preemption,) = result.preemptions
+    assert sorted(v.key for v in preemption.victims) == ["team/l4", "team/l5", "team/l6"]
+    assert preemption.gpu == 0
