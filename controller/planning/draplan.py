@@ -582,7 +582,10 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
                     partial(_mig_preemption, pod, profiles, nodes, pods, mig, usage.holds, snapshot, now, room),
                     doomed, protected)
             if chosen_preemption is None:
-                waits.append(Wait(pod.key, found))
+                held_for = on_mig and bool(pod.victims) and pod.node is not None
+                waits.append(Wait(pod.key, f"waiting on {pod.node}, held for it, for the MIG instances its victims "
+                                           f"held to be freed ({found})", preempting=True) if held_for
+                             else Wait(pod.key, found))
                 mig = _holding(mig, pod)
                 continue
             preemptions.append(chosen_preemption)

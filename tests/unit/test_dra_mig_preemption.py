@@ -214,6 +214,8 @@ def test_while_its_victims_terminate_or_their_instances_linger_the_node_is_held_
     result = run([mig_node("a", *ONES)], [*low, high, small], claims, {"a": OPEN})
     assert result.placements == () and result.preemptions == ()
     assert {w.pod for w in result.waiting} == {"team/high", "team/small"}
+    (held,) = [w for w in result.waiting if w.pod == "team/high"]
+    assert held.preempting and "held for it" in held.reason
     # Without the preemptor, the lingering instance is the small pod's.
     (placement,) = run([mig_node("a", *ONES)], [*low, small], claims, {"a": OPEN}).placements
     assert placement.pod == "team/small"
