@@ -102,11 +102,11 @@ def dra_mig_victims(pod: Pod, profiles: tuple[str, ...], nodes: Iterable[Node], 
     """The victims for MIG pod ``pod`` asking ``profiles`` (module docstring), or None. ``nodes``: the
     DRA pool in the snapshot's order; ``pods``: the pool's pods; ``cycle``: the MIG GPUs as this cycle
     has them; ``spared``: keys never to take; ``fits``: the engine's trial for ``profiles``."""
+    if not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
+        return None
     # The pod fits no GPU now: a pod of one profile can then only fit a GPU the victims free (the
     # trial need not look at the node's other GPUs, which is most of its cost on a large node).
     narrow = len(profiles) == 1
-    if not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
-        return None
     holders: dict[str, list[Hold]] = {}
     by_node: dict[str, list[Hold]] = {}
     for hold in holds:
@@ -134,7 +134,8 @@ def dra_mig_victims(pod: Pod, profiles: tuple[str, ...], nodes: Iterable[Node], 
                                         touched_only=narrow), node)
 
             # A GPU whose subsets cannot rank below the best so far cannot win: they go untried.
-            found = fewest_victims(lowest_first(pod, on_gpu), lambda chosen: trial(chosen) or trial(chosen, destroyed=True),
+            found = fewest_victims(lowest_first(pod, on_gpu),
+                                   lambda chosen: trial(chosen) or trial(chosen, destroyed=True),
                                    None if best is None else best[0][:4])
             if found is None:
                 continue

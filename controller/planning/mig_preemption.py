@@ -149,4 +149,5 @@ def reshape_victims(pod: Pod, nodes: Iterable[Node], on_node: dict[str, list[Pod
     return None if best is None else best[1]
 
 
-__all__ = ["MAX_CANDIDATES", "REASON_MIG_RESHAPE", "GpuVictims", "Rank", "fewest_victims", "lowest_first", "reshape_victims"]
+__all__ = ["MAX_CANDIDATES", "REASON_MIG_RESHAPE", "GpuVictims", "Rank", "fewest_victims", "lowest_first",
+           "reshape_victims"]
