@@ -22,6 +22,11 @@ device (``controller.writes.dra_claims``). Pure: a snapshot, the claims' holds
 * **Pods that ask for no GPU** (mode ``cpu``: labelled ``gpupack.io/backend=dra``):
   a node of the same engine cluster, chosen by the same policy for the pod's CPU
   and memory (what it leaves the GPUs' pods), pinned like any pod; no claim.
+* **Preemption**: a pod that fits nowhere may preempt DRA pods of lower priority: a share or
+  whole-GPU pod by :meth:`_Shares.preemption`; a MIG pod, or a share whose MIG fallback failed too,
+  by ``controller.planning.dra_mig_preemption`` (victims on one MIG GPU, the engine's MIG choice as
+  the trial). A MIG preemptor still waiting holds its node's MIG GPUs for the rest of the cycle
+  (:func:`_holding`).
 * **A share's MIG fallback**: a shared pod the webhook decided for ``auto``
   carries the pool's MIG option (``Pod.mig_fallback``, one profile per
   container). When no shared GPU has room for it, it is tried as a MIG pod of
@@ -65,11 +70,15 @@ from functools import partial
 
 import numpy as np
 
+from controller.planning.dra_mig_preemption import dra_mig_victims
 from controller.planning.dramig import mig_gpus
+from controller.planning.mig_preemption import REASON_MIG_RESHAPE
 from sharing.dra.mig_choice import MigGpu, NodeLoad, place_pod
-from controller.state.dra_usage import ClaimConflict, ClaimRecord, DraUsage, broken_promises, own_pin
+from controller.state.dra_usage import (ClaimConflict, ClaimRecord, DraUsage, Hold, broken_promises, claim_key,
+                                        own_pin)
 from controller.planning.planner import Wait, allowed_on, held_by_kueue, waiting_key
-from controller.planning.preemption import Preemption, preferring_budgets, reason_for, resume, still_held, victim
+from controller.planning.preemption import (REASON_MIG, Preemption, preferring_budgets, reason_for, resume,
+                                            still_held, victim)
 from sharing.rules.priority import may_preempt
 from controller.state.snapshot import Node, Pod, Snapshot
 from sharing.api.backend import node_backend
@@ -80,6 +89,7 @@ from sharing.packing.policy import Policy, decide
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.typical import NO_GPU_POD, TypicalPods
+from sharing.packing.victim_order import plan_key, victim_key
 
 MiB = 2**20
 REQUEUE_AFTER_S = 10.0
@@ -270,7 +280,7 @@ class _Shares:
         (``controller.planning.preemption`` has the rules): per node, the node's DRA pods of strictly
         lower priority, lowest priority and least milli first, each one's claim lifted in turn until
         the pod fits (the same trial :meth:`place` makes); fewest victims, then lowest highest-victim
-        priority, then least milli, then the node's order. Their CPU and memory are not counted as
+        priority, then least milli (``sharing.packing.victim_order``'s orders), then the node's order. Their CPU and memory are not counted as
         freed (a conservative trial). None when no node would do, or the pod may not preempt."""
         if self.cluster is None or not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
             return None
@@ -278,21 +288,21 @@ class _Shares:
         if not accepted:
             return None
         shapes = self._shapes(pod, accepted)
-        best: tuple[tuple[int, int, int, int], Node, list[Pod]] | None = None
+        best: tuple[tuple[int, int, int, int, int], Node, list[Pod]] | None = None
         for i, node in enumerate(self.nodes):
             if _key(node) not in accepted or not allowed_on(pod, node):
                 continue
             candidates = sorted((v for v in pods if v.node == node.name and not v.gated and v.claim and v.uid
                                  and v.key not in spared and may_preempt(pod.priority, v.priority.value)
-                                 and f"{v.namespace}/{v.claim}" in self.held),
-                                key=lambda v: (v.priority.value, sum(v.milli), v.key))
+                                 and claim_key(v) in self.held),
+                                key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))
             lifted: list[_Held] = []
             chosen: list[Pod] = []
             for candidate in candidates:
-                lifted += self._lift(f"{candidate.namespace}/{candidate.claim}")
+                lifted += self._lift(claim_key(candidate))
                 chosen.append(candidate)
                 if self._fits(i, pod, shapes):
-                    rank = (len(chosen), chosen[-1].priority.value, sum(sum(v.milli) for v in chosen), i)
+                    rank = (*plan_key([v.priority.value for v in chosen], sum(sum(v.milli) for v in chosen)), i)
                     if best is None or rank < best[0]:
                         best = (rank, node, list(chosen))
                     break
@@ -405,6 +415,35 @@ def _mig(gpus: list[MigGpu], pod: Pod, profiles: tuple[str, ...], nodes: Sequenc
                   for r, (g, i) in zip(pod.requests, picks)]
 
 
+def _holding(mig: list[MigGpu], pod: Pod) -> list[MigGpu]:
+    """``mig`` less the MIG GPUs of the node a waiting MIG preemptor is pinned to: what its victims
+    free (an instance left idle, slices the agent has not reported destroyed yet) is held for it, as
+    the device-plugin pool holds the node, so no pod after it in the order takes that place."""
+    if not pod.victims or pod.node is None or (pod.mode != "mig" and not pod.mig_fallback):
+        return mig
+    return [g for g in mig if g.node != pod.node]
+
+
+def _mig_preemption(pod: Pod, profiles: tuple[str, ...], nodes: Sequence[Node], pods: Sequence[Pod],
+                    mig: list[MigGpu], holds: Sequence[Hold], snapshot: Snapshot, now: datetime, room: _Room,
+                    spared: set[str]) -> Preemption | None:
+    """The DRA pool's preemption for a MIG pod (or a share's MIG fallback, ``profiles``) that fits
+    nowhere: ``controller.planning.dra_mig_preemption``'s victims, tried by :func:`_mig` itself."""
+    def fits(gpus: list[MigGpu], node: Node) -> bool:
+        return not isinstance(_mig(gpus, pod, profiles, [node], room), str)
+
+    found = dra_mig_victims(pod, profiles, nodes, pods, mig, holds, snapshot.policies, now, spared, fits)
+    if found is None:
+        return None
+    names = ", ".join(v.key for v in found.victims)
+    how = f"to re-lay out GPU {found.gpu} for" if found.reshape else f"to free GPU {found.gpu}'s instances for"
+    return Preemption(pod.key, found.node.name, tuple(victim(v) for v in found.victims),
+                      f"{pod.key} (priority {pod.priority.value}) fits nowhere on the DRA pool; preempting {names} "
+                      f"(priority {max(v.priority.value for v in found.victims)} or lower) on {found.node.name} "
+                      f"{how} {', '.join(sorted(profiles))}",
+                      REASON_MIG_RESHAPE if found.reshape else REASON_MIG, gpu=found.gpu if found.reshape else None)
+
+
 def _to_repin(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str]) -> list[tuple[Pod, ClaimRecord, str]]:
     """Released, unbound pods whose own claim is a broken promise (``broken``: ``broken_promises``;
     oldest first), with why."""
@@ -412,7 +451,7 @@ def _to_repin(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str]) -
         return []
     out: list[tuple[Pod, ClaimRecord, str]] = []
     for pod in sorted(pods, key=lambda p: (p.created, p.key)):
-        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        record = usage.claims.get(claim_key(pod))
         if pod.gated or pod.bound or pod.mode == "cpu" or pod.node is None or record is None:
             continue
         if record.key in broken and not record.allocated and not isinstance(own_pin(record, pod.uid), ClaimConflict):
@@ -428,7 +467,7 @@ def _stalled(pods: Sequence[Pod], usage: DraUsage, broken: Mapping[str, str], no
     again: list[DraPlacement] = []
     waits: list[Wait] = []
     for pod in sorted(pods, key=lambda p: (p.created, p.key)):
-        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        record = usage.claims.get(claim_key(pod))
         if not pod.unschedulable or pod.mode == "cpu" or record is None or record.allocated or record.key in broken:
             continue
         pinned = own_pin(record, pod.uid)
@@ -465,7 +504,7 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         if pod.mode == "cpu":  # asks for no GPU: no claim to adopt
             todo.append(pod)
             continue
-        record = usage.claims.get(f"{pod.namespace}/{pod.claim}")
+        record = usage.claims.get(claim_key(pod))
         if record is None:
             todo.append(pod)
             continue
@@ -515,6 +554,7 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
                 doomed.update(v.key for v in resumed.victims)
             waits.append(Wait(pod.key, f"waiting on {pod.node} for {held.count} pod(s) it preempted to terminate",
                               preempting=True))
+            mig = _holding(mig, pod)
             continue
         if pod.mode == "cpu":
             chosen = shares.place_cpu(pod)
@@ -536,8 +576,17 @@ def plan_dra(snapshot: Snapshot, usage: DraUsage, now: datetime, *, policy_name:
         if isinstance(found, str):
             chosen_preemption = preferring_budgets(partial(shares.preemption, pod, pods), doomed,
                                                    protected) if pod.mode != "mig" else None
+            if chosen_preemption is None and on_mig:
+                profiles = pod.profiles if pod.mode == "mig" else pod.mig_fallback
+                chosen_preemption = preferring_budgets(
+                    partial(_mig_preemption, pod, profiles, nodes, pods, mig, usage.holds, snapshot, now, room),
+                    doomed, protected)
             if chosen_preemption is None:
-                waits.append(Wait(pod.key, found))
+                held_for = on_mig and bool(pod.victims) and pod.node is not None
+                waits.append(Wait(pod.key, f"waiting on {pod.node}, held for it, for the MIG instances its victims "
+                                           f"held to be freed ({found})", preempting=True) if held_for
+                             else Wait(pod.key, found))
+                mig = _holding(mig, pod)
                 continue
             preemptions.append(chosen_preemption)
             doomed.update(v.key for v in chosen_preemption.victims)

@@ -20,7 +20,8 @@ stay (``mig.geometry.fits_with``: NVIDIA's placement rules), with the pod's CPU 
 Subsets are tried by size, so the answer is the fewest pods, not a greedy cover (a GPU holds at most
 seven instances, so at most 127 subsets, and none larger than the best GPU's so far); among subsets
 of one size and among GPUs the order is :mod:`sharing.packing.victim_order`'s, the engine's, then
-the snapshot's order of nodes and GPUs.
+the snapshot's order of nodes and GPUs. The search (:func:`lowest_first`, :func:`fewest_victims`) is
+the DRA pool's too (``controller.planning.dra_mig_preemption``), with its own trial.
 
 The planner then holds the node for the preemptor and reshapes the GPU once the victims are gone
 (``controller.planning.planner``).
@@ -29,7 +30,7 @@ The planner then holds the node for the preemptor and reshapes the GPU once the 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -64,26 +65,51 @@ def _kept(gpu: Gpu, victims: set[str]) -> tuple[PlacedInstance, ...]:
 
 
 def _on_gpu(pod: Pod, node: Node, gpu: Gpu, holders: dict[str, Pod], spared: set[str],
-            room: Callable[[Node, list[Pod]], bool], most: int) -> tuple[tuple[int, int, int, int], list[Pod]] | None:
-    """The best victims on ``gpu`` (module docstring), at most ``most`` of them, and their rank, or None."""
+            room: Callable[[Node, list[Pod]], bool], beat: Rank | None) -> tuple[Rank, list[Pod]] | None:
+    """The best victims on ``gpu`` (module docstring) ranking below ``beat`` (the best GPU's so far),
+    and their rank, or None."""
     if not gpu.mig_enabled or gpu.reshaping or gpu.faulted or node.model is None:
         return None
     if not all(node.model.has_profile(p) for p in pod.profiles):
         return None
     named = {key for _, keys in gpu.users for key in keys}
-    candidates = sorted((v for key, v in holders.items() if key in named and key not in spared
-                         and may_preempt(pod.priority, v.priority.value)),
-                        key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))[:MAX_CANDIDATES]
+    candidates = lowest_first(pod, (v for key, v in holders.items() if key in named and key not in spared))
     if fits_with(node.model, _kept(gpu, set()), pod.profiles) is not None:
         return None  # it fits beside every pod there: a reshape of a busy GPU, no preemption's to make
-    for size in range(1, min(len(candidates), most) + 1):
-        best: tuple[tuple[int, int, int, int], list[Pod]] | None = None
+    model = node.model
+    return fewest_victims(candidates, lambda chosen: fits_with(model, _kept(gpu, {v.key for v in chosen}),
+                                                               pod.profiles) is not None and room(node, chosen), beat)
+
+
+def lowest_first(pod: Pod, pods: Iterable[Pod]) -> list[Pod]:
+    """The pods ``pod`` may preempt (strictly lower priority), in the victim order, at most
+    :data:`MAX_CANDIDATES` of them: the candidates of one GPU."""
+    return sorted((v for v in pods if may_preempt(pod.priority, v.priority.value)),
+                  key=lambda v: victim_key(v.priority.value, sum(v.milli), v.key))[:MAX_CANDIDATES]
+
+
+Rank = tuple[int, int, int, int]
+"""A plan's :func:`sharing.packing.victim_order.plan_key`."""
+
+
+def fewest_victims(candidates: Sequence[Pod], works: Callable[[list[Pod]], bool],
+                   beat: Rank | None = None) -> tuple[Rank, list[Pod]] | None:
+    """The subset of ``candidates`` (at most ``most`` of them) for which ``works`` (the caller's trial)
+    holds, with its rank: subsets tried by size, so the fewest pods, not a greedy cover; among those
+    of one size :func:`sharing.packing.victim_order.plan_key`'s order. None when none works.
+    ``works`` must hold for a set if it holds for a subset (more victims free more): when all of
+    ``candidates`` together do not make room, no subset is tried. ``beat``: the rank of the best plan
+    found elsewhere (which wins ties); a subset that cannot rank below it is not tried."""
+    if not candidates or not works(list(candidates)):
+        return None
+    for size in range(1, min(len(candidates), MAX_CANDIDATES if beat is None else beat[0]) + 1):
+        best: tuple[Rank, list[Pod]] | None = None
         for chosen in combinations(candidates, size):
-            if fits_with(node.model, _kept(gpu, {v.key for v in chosen}), pod.profiles) is None:
-                continue
-            if not room(node, list(chosen)):
-                continue
             rank = plan_key([v.priority.value for v in chosen], sum(sum(v.milli) for v in chosen))
+            if (beat is not None and rank >= beat) or (best is not None and rank >= best[0]):
+                continue  # ranked before the trial: the trial is the cost
+            if not works(list(chosen)):
+                continue
             if best is None or rank < best[0]:
                 best = (rank, list(chosen))
         if best is not None:
@@ -113,8 +139,8 @@ def reshape_victims(pod: Pod, nodes: Iterable[Node], on_node: dict[str, list[Pod
             continue
         holders = {p.key: p for p in pods}
         for gpu in node.gpus:
-            # A GPU needing more victims than the best so far cannot win: its larger subsets go untried.
-            found = _on_gpu(pod, node, gpu, holders, spared, room, MAX_CANDIDATES if best is None else best[0][0])
+            # A GPU whose subsets cannot rank below the best so far cannot win: they go untried.
+            found = _on_gpu(pod, node, gpu, holders, spared, room, None if best is None else best[0][:4])
             if found is None:
                 continue
             rank = (*found[0], position, gpu.index)
@@ -123,4 +149,5 @@ def reshape_victims(pod: Pod, nodes: Iterable[Node], on_node: dict[str, list[Pod
     return None if best is None else best[1]
 
 
-__all__ = ["MAX_CANDIDATES", "REASON_MIG_RESHAPE", "GpuVictims", "reshape_victims"]
+__all__ = ["MAX_CANDIDATES", "REASON_MIG_RESHAPE", "GpuVictims", "Rank", "fewest_victims", "lowest_first",
+           "reshape_victims"]

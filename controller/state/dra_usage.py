@@ -95,6 +95,12 @@ class ClaimConflict:
     """The claim is not the pod's (another pod's, or anyone's): gpupack must never release the pod onto it."""
 
 
+def claim_key(pod: Pod) -> str:
+    """The key (``namespace/name``) of the ResourceClaim ``pod`` references: :attr:`Hold.claim`'s and
+    :attr:`DraUsage.claims`' key."""
+    return f"{pod.namespace}/{pod.claim}"
+
+
 def own_pin(record: ClaimRecord, pod_uid: str) -> Pinned | ClaimConflict:
     """Where the pod's existing claim was pinned, when it is the pod's (its owner is the pod's UID)."""
     if not pod_uid or pod_uid not in record.owners:
