@@ -22,7 +22,7 @@ use as the agents export it, and the summary adds ``pods_with_use``,
 ``--right-sizing off|initial|recreate`` adds the right-sizer (``gpupack.demo.rightsizing``): Deployments
 of one replica ask a whole GPU each while the trace (the built-in one without ``--usage-trace``) uses a
 fraction of it; the namespace is labelled with the mode, and the progress lines and the summary add the
-``GPURecommendation``\ s, the pods right-sized at admission and, with ``recreate``, the controller's moves
+``GPURecommendation`` objects, the pods right-sized at admission and, with ``recreate``, the controller's moves
 and the GPUs those workloads hold before and after.
 
 Exit codes: 0 = every admitted pod was scheduled, 1 = some were not (or the
