@@ -74,6 +74,9 @@ def keep_node(obj: dict[str, Any]) -> dict[str, Any]:
     kept: dict[str, Any] = {"metadata": kept_meta}
     if "allocatable" in status:
         kept["status"] = {"allocatable": status["allocatable"]}
+    taints = _map(obj.get("spec")).get("taints")
+    if taints:  # the planner pins pods only where they tolerate them (sharing.rules.taints)
+        kept["spec"] = {"taints": taints}
     return kept
 
 
@@ -140,8 +143,8 @@ def _gpunode_meaning(obj: Mapping[str, Any]) -> str:
 
 
 def _node_meaning(obj: Mapping[str, Any]) -> str:
-    return json.dumps([_map(obj.get("metadata")).get("labels"), _map(obj.get("status")).get("allocatable")],
-                      sort_keys=True, default=str)
+    return json.dumps([_map(obj.get("metadata")).get("labels"), _map(obj.get("status")).get("allocatable"),
+                       _map(obj.get("spec")).get("taints")], sort_keys=True, default=str)
 
 
 def _namespace_meaning(obj: Mapping[str, Any]) -> str:

@@ -75,6 +75,7 @@ from sharing.packing.preemption import REASON_RESHAPE
 from sharing.packing.shared_sequence import EXACT, LARGER, ReplicaStep, place_shared
 from sharing.rules.replicas import MAX_REPLICAS, fits_split, most_replicas, replicas_for_demand
 from sharing.rules.reshape_gate import idle_long_enough, reshape_gate
+from sharing.rules.taints import tolerates
 
 
 NO_WORKLOAD_AFTER_SECONDS: Final = 30
@@ -257,13 +258,15 @@ def recent_mix(pods: tuple[Pod, ...]) -> dict[str, float]:
 
 def allowed_on(pod: Pod, node: Node, labels: dict[str, str] | None = None) -> bool:
     """The pod admits the node: its product, its nodeSelector and required affinity (pinning a pod
-    to a node its own terms exclude would leave it unschedulable), and the node it is already
+    to a node its own terms exclude would leave it unschedulable), the node's taints (a pod that
+    does not tolerate them stays Pending there, ``sharing.rules.taints``), and the node it is already
     pinned to, if any (a controller that crashed between pinning and lifting the gate must
     finish on that node). ``labels``: the node's labels to judge by (default: its own)."""
     return (
         (not pod.products or node.product in pod.products)
         and (pod.node is None or pod.node == node.name)
         and pod.admits(node.label_map if labels is None else labels)
+        and tolerates(pod.tolerations, node.taints)
     )
 
 

@@ -36,6 +36,7 @@ from sharing.api.fields import as_list as _list
 from sharing.api.fields import as_map as _map
 from sharing.rules.node_policy import NodePolicy, policies_for_nodes
 from sharing.admission.record_policy import record_problem
+from sharing.rules.taints import read_taints
 
 __all__ = [
     "NodeParse", "PodParse", "SnapshotReader", "assemble", "build_snapshot", "busy_by_node", "busy_gpus", "encode_idle", "format_time",
@@ -167,6 +168,7 @@ def _node(reading: GpuNodeReading, gpunode: Mapping[str, Any], node: Mapping[str
         generation=reading.generation,
         observed_generation=reading.observed_generation,
         degraded=reading.degraded,
+        taints=read_taints(_map(_map(node).get("spec"))),
     )
 
 

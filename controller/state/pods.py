@@ -19,6 +19,7 @@ from sharing.api.preempting import read_preempting
 from sharing.api.priority import NEVER, PodPriority, pod_priority
 from sharing.api.fields import as_list as _list
 from sharing.api.fields import as_map as _map
+from sharing.rules.taints import read_tolerations
 
 __all__ = ["plain_preemptor", "pod_from_object", "priority_of", "read_pod", "read_record", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
 
@@ -167,7 +168,7 @@ def plain_preemptor(obj: Mapping[str, Any], gpus: int) -> Pod | None:
         milli=(1000,) * gpus, memory_bytes=(None,) * gpus, products=required_products(spec), unschedulable=True,
         node=None if record is None else record.node, cpu_milli=cpu, memory_mib=mem, uid=str(meta.get("uid") or ""),
         node_selector=tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())),
-        terms=_terms(spec), priority=priority, priority_problem=priority_problem,
+        terms=_terms(spec), tolerations=read_tolerations(spec), priority=priority, priority_problem=priority_problem,
         victims=() if record is None else record.victims, plain=True,
     )
 
@@ -253,7 +254,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
         memory_mib=mem,
         uid=str(meta.get("uid") or ""),
         node_selector=tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())),
-        terms=_terms(spec),
+        terms=_terms(spec), tolerations=read_tolerations(spec),
         backend=allocation.backend,
         claim=allocation.claim,
         requests=tuple(c.resource for c in containers) if allocation.backend == "dra" else (),

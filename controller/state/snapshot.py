@@ -28,6 +28,7 @@ from sharing.api.modes import AllocationMode, NodeSharingMode
 from sharing.api.priority import PodPriority
 from sharing.rules.replicas import Ask, fits_split
 from sharing.rules.node_policy import NodePolicy
+from sharing.rules.taints import Taint, Toleration
 
 MIB = 2**20
 """Bytes in a MiB: GPU memory is reported in MiB, and the replica rule takes bytes."""
@@ -110,6 +111,8 @@ class Node:
     """Silent longer than the controller's ``agent_stale_seconds``: the planner leaves it out."""
     degraded: bool = False
     """A GPU fault the device plugin keeps advertising (``sharing.api.gpunode``): the planner leaves it out."""
+    taints: tuple[Taint, ...] = ()
+    """The Node's ``NoSchedule`` and ``NoExecute`` taints (``sharing.rules.taints``)."""
 
     @property
     def label_map(self) -> dict[str, str]:
@@ -191,6 +194,9 @@ class Pod:
     victims: tuple[str, ...] = ()
     """A preemptor: the uids of the pods the controller preempted for it (``gpupack.io/preempting``);
     while any of them exists it waits on its pinned node and never preempts again."""
+    tolerations: tuple[Toleration, ...] = ()
+    """``spec.tolerations`` (``sharing.rules.taints``): the planner pins the pod only to a node whose
+    taints it tolerates."""
     plain: bool = False
     """Not gpupack's: a pod asking ``nvidia.com/gpu`` itself that kube-scheduler left Unschedulable
     (``controller.state.pods.plain_preemptor``). kube-scheduler places it; the planner only preempts
