@@ -280,7 +280,8 @@ class _Shares:
         (``controller.planning.preemption`` has the rules): per node, the node's DRA pods of strictly
         lower priority, lowest priority and least milli first, each one's claim lifted in turn until
         the pod fits (the same trial :meth:`place` makes); fewest victims, then lowest highest-victim
-        priority, then least milli (``sharing.packing.victim_order``'s orders), then the node's order. Their CPU and memory are not counted as
+        priority, then least milli (``sharing.packing.victim_order``'s orders), then the node's order.
+        Their CPU and memory are not counted as
         freed (a conservative trial). None when no node would do, or the pod may not preempt."""
         if self.cluster is None or not pod.gated or not pod.priority.preempts or pod.victims or pod.queue_held:
             return None

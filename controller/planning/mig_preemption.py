@@ -72,11 +72,11 @@ def _on_gpu(pod: Pod, node: Node, gpu: Gpu, holders: dict[str, Pod], spared: set
         return None
     if not all(node.model.has_profile(p) for p in pod.profiles):
         return None
+    model = node.model
+    if fits_with(model, _kept(gpu, set()), pod.profiles) is not None:
+        return None  # it fits beside every pod there: a reshape of a busy GPU, no preemption's to make
     named = {key for _, keys in gpu.users for key in keys}
     candidates = lowest_first(pod, (v for key, v in holders.items() if key in named and key not in spared))
-    if fits_with(node.model, _kept(gpu, set()), pod.profiles) is not None:
-        return None  # it fits beside every pod there: a reshape of a busy GPU, no preemption's to make
-    model = node.model
     return fewest_victims(candidates, lambda chosen: fits_with(model, _kept(gpu, {v.key for v in chosen}),
                                                                pod.profiles) is not None and room(node, chosen), beat)
 
@@ -94,7 +94,7 @@ Rank = tuple[int, int, int, int]
 
 def fewest_victims(candidates: Sequence[Pod], works: Callable[[list[Pod]], bool],
                    beat: Rank | None = None) -> tuple[Rank, list[Pod]] | None:
-    """The subset of ``candidates`` (at most ``most`` of them) for which ``works`` (the caller's trial)
+    """The subset of ``candidates`` (at most :data:`MAX_CANDIDATES` of them) for which ``works`` (the caller's trial)
     holds, with its rank: subsets tried by size, so the fewest pods, not a greedy cover; among those
     of one size :func:`sharing.packing.victim_order.plan_key`'s order. None when none works.
     ``works`` must hold for a set if it holds for a subset (more victims free more): when all of

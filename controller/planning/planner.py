@@ -276,6 +276,11 @@ def _can_take(cycle: _Cycle, pod: Pod, node: Node) -> bool:
     return allowed_on(pod, node) and cycle.free.fits(node.name, pod)
 
 
+def _shared_mode(pod: Pod) -> NodeSharingMode:
+    """The node sharing mode a shared ``pod`` takes a replica of."""
+    return "time-slicing" if pod.mode == "time-slicing" else "mps"
+
+
 def _allowed_after_switch(pod: Pod, node: Node, mode: NodeSharingMode, replicas: int) -> bool:
     """``_allowed`` judged on the labels GPU feature discovery gives the node once it shares
     by ``mode`` into ``replicas`` (the webhook's terms name the sharing the pod needs, which
@@ -504,7 +509,7 @@ def _reclaim(cycle: _Cycle, pod: Pod, taken: Counter[str]) -> Wait:
         cycle.planned_whole[node.name] -= pod.whole_gpus
         return Wait(pod.key, f"capacity being created: {node.name}, reclaimed for it, returning to whole GPUs",
                     coming=True, preempting=True)
-    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+    mode = _shared_mode(pod)
     replicas = _reclaim_split(pod, node, policy)
     if not replicas:
         return Wait(pod.key, f"waiting on {node.name}, reclaimed for it: no split its policy allows fits it",
@@ -518,7 +523,7 @@ def _reclaim(cycle: _Cycle, pod: Pod, taken: Counter[str]) -> Wait:
 def _reclaim_split(pod: Pod, node: Node, policy: NodePolicy) -> int:
     """The replica count a node reclaimed for a shared ``pod`` is split into: its own size there (the most
     replicas its policy allows that the pod fits, on the labels the split gives the node; 0: none)."""
-    mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+    mode = _shared_mode(pod)
     return most_replicas(pod.asks, node.gpu_memory_bytes, policy.min_replicas, policy.max_replicas,
                          admits=partial(_allowed_after_switch, pod, node, mode))
 
@@ -717,7 +722,7 @@ class _SharedSteps:
         self.pod = pod
         self.placer = placer
         self.taken = taken
-        self.mode: NodeSharingMode = "time-slicing" if pod.mode == "time-slicing" else "mps"
+        self.mode = _shared_mode(pod)
         self._idle: list[tuple[Node, int]] | None = None
 
     def replica(self, step: ReplicaStep) -> Release | None:

@@ -58,6 +58,11 @@ def required_products(spec: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def _node_selector(spec: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The pod's ``nodeSelector``, as sorted ``(key, value)`` pairs."""
+    return tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items()))
+
+
 def _terms(spec: Mapping[str, Any]) -> tuple[tuple[tuple[str, str, tuple[str, ...]], ...], ...]:
     terms = _list(
         _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
@@ -167,8 +172,9 @@ def plain_preemptor(obj: Mapping[str, Any], gpus: int) -> Pod | None:
         namespace=str(meta.get("namespace") or "default"), name=meta["name"], mode="whole", created=created,
         milli=(1000,) * gpus, memory_bytes=(None,) * gpus, products=required_products(spec), unschedulable=True,
         node=None if record is None else record.node, cpu_milli=cpu, memory_mib=mem, uid=str(meta.get("uid") or ""),
-        node_selector=tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())),
-        terms=_terms(spec), tolerations=read_tolerations(spec), priority=priority, priority_problem=priority_problem,
+        node_selector=_node_selector(spec),
+        terms=_terms(spec), tolerations=read_tolerations(spec), priority=priority,
+        priority_problem=priority_problem,
         victims=() if record is None else record.victims, plain=True,
     )
 
@@ -253,7 +259,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
         cpu_milli=cpu,
         memory_mib=mem,
         uid=str(meta.get("uid") or ""),
-        node_selector=tuple(sorted((str(k), str(v)) for k, v in _map(spec.get("nodeSelector")).items())),
+        node_selector=_node_selector(spec),
         terms=_terms(spec), tolerations=read_tolerations(spec),
         backend=allocation.backend,
         claim=allocation.claim,

@@ -56,7 +56,8 @@ A growth past it fails like one past the device: the process grows to its limit 
 allocations that fit succeed), and counts a hit once per episode; shrinking is always allowed.
 Time-sliced and whole GPUs ignore the variable, as CUDA does without an MPS daemon, and a MIG
 instance bounds its processes' memory already. A malformed value is refused at the start, on any GPU
-(a pod fails the same wherever it lands), with an error naming it (``sharing.api.mps_env.MpsEnvError``), as a real client fails to start: it is never
+(a pod fails the same wherever it lands), with an error naming it (``sharing.api.mps_env.MpsEnvError``),
+as a real client fails to start: it is never
 ignored, which would let the client use the whole GPU.
 
 Tests and the demo can inject faults (an error code for the next N calls of an
