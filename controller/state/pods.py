@@ -14,33 +14,15 @@ from controller.state.snapshot import Pod
 from kube.times import parse_time
 from mig.units import parse_quantity
 from sharing.api.allocation import Allocation, has_capacity_gate, held_by_kueue, trusted_allocation
-from sharing.api.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, PRODUCT_LABEL, WHOLE_RESOURCE
+from sharing.api.gpu_pod_site import ended, pinned_node, whole_gpus_requested
+from sharing.api.keys import ALLOCATION_ANNOTATION, PRODUCT_LABEL
 from sharing.api.preempting import read_preempting
-from sharing.api.priority import NEVER, PodPriority, pod_priority
+from sharing.api.priority import priority_of
 from sharing.api.fields import as_list as _list
 from sharing.api.fields import as_map as _map
 from sharing.rules.taints import read_tolerations
 
 __all__ = ["plain_preemptor", "pod_from_object", "priority_of", "read_pod", "read_record", "required_products", "resources_held", "waiting_unschedulable", "whole_gpus_requested"]
-
-
-def _pinned_node(spec: Mapping[str, Any]) -> str | None:
-    terms = _list(
-        _map(_map(_map(spec.get("affinity")).get("nodeAffinity")).get("requiredDuringSchedulingIgnoredDuringExecution")).get(
-            "nodeSelectorTerms"
-        )
-    )
-    pinned: set[str] = set()
-    for term in terms:
-        hosts = [
-            tuple(_list(e.get("values")))
-            for e in _list(_map(term).get("matchExpressions"))
-            if isinstance(e, Mapping) and e.get("key") == HOSTNAME_LABEL and e.get("operator") == "In"
-        ]
-        if len(hosts) != 1 or len(hosts[0]) != 1:
-            return None
-        pinned.add(str(hosts[0][0]))
-    return pinned.pop() if len(pinned) == 1 else None
 
 
 def required_products(spec: Mapping[str, Any]) -> tuple[str, ...]:
@@ -121,24 +103,6 @@ def resources_held(obj: Mapping[str, Any]) -> tuple[int, int]:
     return _requests(spec)
 
 
-def whole_gpus_requested(obj: Mapping[str, Any]) -> int:
-    """``nvidia.com/gpu`` a pod holds at its peak (app containers together, or its largest
-    init container), as kube-scheduler counts it; 0 for finished pods."""
-    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
-    if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
-        return 0
-
-    def count(container: Any) -> int:
-        limits = _map(_map(_map(container).get("resources")).get("limits"))
-        try:
-            return max(0, int(parse_quantity(limits.get(WHOLE_RESOURCE, 0))))
-        except (ValueError, TypeError):
-            return 0
-
-    app = sum(count(c) for c in _list(spec.get("containers")))
-    return max([app, *(count(c) for c in _list(spec.get("initContainers")))])
-
-
 def waiting_unschedulable(obj: Mapping[str, Any]) -> bool:
     """Pending, not gated, not bound, and kube-scheduler reported it Unschedulable."""
     spec, status = _map(obj.get("spec")), _map(obj.get("status"))
@@ -201,8 +165,8 @@ def read_record(obj: Mapping[str, Any]) -> tuple[Pod | None, Allocation | None, 
     (``controller.state.build.assemble``), which knows the policies and namespaces: this
     reading is a function of the pod alone, kept while the pod does not change.
     """
-    meta, spec, status = _map(obj.get("metadata")), _map(obj.get("spec")), _map(obj.get("status"))
-    if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+    meta, spec = _map(obj.get("metadata")), _map(obj.get("spec"))
+    if ended(obj):
         return None, None, None
     text = _map(meta.get("annotations")).get(ALLOCATION_ANNOTATION)
     if text is None:
@@ -211,17 +175,6 @@ def read_record(obj: Mapping[str, Any]) -> tuple[Pod | None, Allocation | None, 
     if allocation is None:
         return None, None, distrust
     return _pod(meta, spec, obj, allocation), allocation, None
-
-
-def priority_of(obj: Mapping[str, Any]) -> tuple[PodPriority, str | None]:
-    """The pod's priority (``sharing.api.priority.pod_priority``, the one reader), and None; or, when
-    that reader refuses its fields, priority 0 with ``Never`` and why: the API server never writes
-    such fields, so the pod is planned, may be preempted like any pod of priority 0, and never
-    preempts on a guess. The controller never stops on one odd pod."""
-    try:
-        return pod_priority(obj), None
-    except ValueError as exc:
-        return PodPriority(0, NEVER), str(exc)
 
 
 def _victims(meta: Mapping[str, Any]) -> tuple[str, ...]:
@@ -254,7 +207,7 @@ def _pod(meta: Mapping[str, Any], spec: Mapping[str, Any], obj: Mapping[str, Any
         gated=gated,
         queue_held=held_by_kueue(spec),
         unschedulable=unschedulable,
-        node=node_name if isinstance(node_name, str) and node_name else _pinned_node(spec),
+        node=node_name if isinstance(node_name, str) and node_name else pinned_node(spec),
         bound=isinstance(node_name, str) and bool(node_name),
         cpu_milli=cpu,
         memory_mib=mem,

@@ -262,7 +262,7 @@ class PlainGpuPod:
     node: str | None = None
     """The node it is bound to (None: waiting): a GPU pod there for the placement preference by priority."""
     priority: int = 0
-    """``spec.priority`` (``controller.state.pods.priority_of``)."""
+    """``spec.priority`` (``sharing.api.priority.priority_of``)."""
     preemptor: Pod | None = None
     """The planner's view of it while it waits Unschedulable (``controller.state.pods.plain_preemptor``):
     gpupack may preempt for it; None otherwise."""

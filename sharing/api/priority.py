@@ -97,3 +97,15 @@ def pod_priority(pod: Mapping[str, Any]) -> PodPriority:
                            else checked_policy(policy, f"pod {name}: spec.preemptionPolicy")),
         class_name=class_name,
     )
+
+
+def priority_of(pod: Mapping[str, Any]) -> tuple[PodPriority, str | None]:
+    """The pod's priority (:func:`pod_priority`, the one reader), and None; or, when that reader
+    refuses its fields, priority 0 with ``Never`` and why: the API server never writes such
+    fields, so the pod is planned, may be preempted like any pod of priority 0, and never preempts
+    on a guess. The readers that must not stop on one odd pod (the controller's snapshot, the
+    scheduler extender's pod watch) read priorities through this."""
+    try:
+        return pod_priority(pod), None
+    except ValueError as exc:
+        return PodPriority(0, NEVER), str(exc)
