@@ -1,8 +1,8 @@
 """``gpupack webhook``: run the admission webhook, or ask it about one pod offline.
 
 * ``gpupack webhook serve --tls-cert FILE --tls-key FILE [--host H] [--port N]
-  [--inventory FILE]`` serves ``/mutate``, ``/validate``, ``/healthz``,
-  ``/readyz`` and ``/metrics`` over HTTPS.
+  [--inventory FILE] [--no-scheduler-extender]`` serves ``/mutate``, ``/validate``,
+  ``/scheduler/prioritize``, ``/healthz``, ``/readyz`` and ``/metrics`` over HTTPS.
 * ``gpupack webhook decide --inventory FILE POD.yaml [--namespace NS]`` prints
   what the webhook would do to a pod (the patched pod, or the denial), with no
   server: exit 0 if admitted, 1 if denied, 2 on bad input.
@@ -47,6 +47,12 @@ def register(subparsers: Any) -> None:
         help="engine (default): every gpupack pod is gated and the controller's packing engine chooses its node; "
         "scheduler: pods whose capacity exists go straight to kube-scheduler; env GPUPACK_WEBHOOK_PLACEMENT",
     )
+    serve.add_argument(
+        "--scheduler-extender", action=argparse.BooleanOptionalAction, default=None,
+        help="serve kube-scheduler's prioritize extender at POST /scheduler/prioritize (default on): watch every "
+        "pod and prefer, for the pods kube-scheduler places, the nodes whose GPU pods all have the pod's priority; "
+        "--no-scheduler-extender: no pod watch, route not served; env GPUPACK_WEBHOOK_SCHEDULER_EXTENDER",
+    )
     serve.set_defaults(handler=_serve)
 
     decide = sub.add_parser("decide", help="show what the webhook would do to a pod (offline)")
@@ -83,6 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_body_bytes=args.max_body_bytes,
             log_level=args.log_level,
             placement=args.placement,
+            scheduler_extender=args.scheduler_extender,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

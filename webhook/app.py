@@ -7,6 +7,11 @@ Routes:
   ``admission.review_validation`` (claims are checked against the inventory's DRA pool)
 * ``POST /authorize`` - SubjectAccessReview v1 (kube-apiserver's authorization webhook,
   ``manifests/hardened``) -> ``authorization.review_access``: a node agent's pod reads
+* ``POST /scheduler/prioritize`` - kube-scheduler's prioritize extender (ExtenderArgs ->
+  HostPriorityList, ``sharing.admission.priority_extender``): prefer the nodes whose GPU pods all
+  have the pod's priority, from the pod watch ``webhook.priority_watch``; served only when that
+  watch is given. 200 with the scores, 400 with ``{"error": ...}`` for a body that is not an
+  ExtenderArgs, 413 over ``max_body_bytes``, 503 until the pod watch has synced
 * ``GET /healthz`` - the process answers (liveness)
 * ``GET /readyz`` - 200 only once the inventory view is synced (readiness), so a
   fresh replica gets no admission traffic before it can decide
@@ -17,7 +22,8 @@ The admission routes are answered on raw ASGI messages (see
 read with a size cap, decoded once, and a malformed body must still get an
 AdmissionReview answer rather than FastAPI's 422. Every answer to ``/mutate``
 and ``/validate`` is HTTP 200 with an AdmissionReview, and to ``/authorize`` HTTP 200
-with a SubjectAccessReview, whatever the input.
+with a SubjectAccessReview, whatever the input; ``/scheduler/prioritize`` chooses its status
+(a handler may answer ``(status, body)``), since kube-scheduler reads any non-200 as an error.
 """
 
 from __future__ import annotations
@@ -34,17 +40,23 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from sharing.admission.priority_extender import host_priorities, parse_extender_args, score_nodes
 from webhook.admission import Answer, review_pod, review_response, review_validation, uid_hint
 from webhook.authorization import review_access
 from webhook.inventory_source import InventoryHolder
 from webhook.recommendation_watch import RecommendationWatch
 from webhook.jsonio import JSONDecodeError, dumps, loads
 from webhook.metrics import Metrics
+from webhook.priority_watch import PriorityWatch
 from webhook.settings import WebhookSettings
 from webhook.tls import ReloadingTLS
 
 log = logging.getLogger("gpupack.webhook")
 JSON = "application/json"
+PRIORITIZE_PATH = "/scheduler/prioritize"
+
+Reply = bytes | tuple[int, bytes]
+"""A handler's answer: a JSON body sent with HTTP 200, or an HTTP status and a JSON body."""
 
 
 class AdmissionApp:
@@ -58,7 +70,7 @@ class AdmissionApp:
     answer is always HTTP 200 with an AdmissionReview.
     """
 
-    def __init__(self, api: FastAPI, handlers: dict[str, Callable[[bytes], bytes]], limit: int) -> None:
+    def __init__(self, api: FastAPI, handlers: dict[str, Callable[[bytes], Reply]], limit: int) -> None:
         self.api = api
         self.handlers = handlers
         self.limit = limit
@@ -74,14 +86,15 @@ class AdmissionApp:
             return
         body = await self._read(scope, receive)
         try:
-            payload = handler(body)
+            reply = handler(body)
         except Exception:  # last line of defence: never a 500 (admission.py already catches)
             log.exception("unexpected error answering %s", scope.get("path"))
-            payload = _INTERNAL_ERROR
+            reply = _INTERNAL_ERROR
+        status, payload = reply if isinstance(reply, tuple) else (200, reply)
         await send(
             {
                 "type": "http.response.start",
-                "status": 200,
+                "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
             }
         )
@@ -124,10 +137,12 @@ def build_app(
     tls: ReloadingTLS | None = None,
     on_startup: Callable[[], None] | None = None,
     recommendations: RecommendationWatch | None = None,
+    priorities: PriorityWatch | None = None,
 ) -> AdmissionApp:
     """The ASGI app. ``tls`` enables the rotation check loop; ``on_startup`` starts
     the inventory watch (so nothing runs at import or build time); ``recommendations``: the
-    GPURecommendations right-sizing sizes pods from (None: no pod is sized)."""
+    GPURecommendations right-sizing sizes pods from (None: no pod is sized); ``priorities``: the
+    pod watch the scheduler extender scores from (None: ``/scheduler/prioritize`` is not served)."""
     metrics = metrics if metrics is not None else Metrics()
     holder.listeners.append(lambda inv: _inventory_gauges(metrics, holder))
     _inventory_gauges(metrics, holder)
@@ -218,12 +233,48 @@ def build_app(
         return dumps(answer)
 
     api.router.add_route("/authorize", post_only, methods=["GET", "PUT", "DELETE", "PATCH"])
-    handlers = {
+    handlers: dict[str, Callable[[bytes], Reply]] = {
         "/mutate": admit("mutate", lambda review: _review_with_memo(review, holder, settings, recommendations)),
         "/validate": admit("validate", lambda review: review_validation(review, holder.current, settings)),
         "/authorize": authorize,
     }
+    if priorities is not None:
+        watch = priorities
+
+        def prioritize(body: bytes) -> Reply:
+            started = time.perf_counter()
+            outcome, status, reply = _prioritize(body, watch, settings.max_body_bytes)
+            metrics.observe_prioritize(outcome, time.perf_counter() - started)
+            return status, dumps(reply)
+
+        async def post_args(request: Request) -> Response:
+            return PlainTextResponse("use POST with a kube-scheduler ExtenderArgs", status_code=405)
+
+        api.router.add_route(PRIORITIZE_PATH, post_args, methods=["GET", "PUT", "DELETE", "PATCH"])
+        handlers[PRIORITIZE_PATH] = prioritize
     return AdmissionApp(api, handlers, settings.max_body_bytes)
+
+
+def _prioritize(body: bytes, watch: PriorityWatch, limit: int) -> tuple[str, int, Any]:
+    """The outcome (for metrics), HTTP status and JSON answer of one prioritize call. kube-scheduler
+    ignores an extender that answers anything but 200 for that pod, so every failure is a plain
+    status with ``{"error": ...}`` and the pod is scheduled without this preference."""
+    if isinstance(body, _TooLarge):
+        return "too_large", 413, {"error": f"ExtenderArgs larger than {limit} bytes; refused unread"}
+    if not watch.synced:
+        return "not_synced", 503, {"error": "the pod watch has not synced yet; no preference for this pod"}
+    try:
+        args = parse_extender_args(loads(body))
+    except JSONDecodeError as exc:
+        return "malformed", 400, {"error": f"body is not valid JSON: {exc}"}
+    except ValueError as exc:
+        return "malformed", 400, {"error": str(exc)}
+    try:
+        scores = score_nodes(args.priority, args.nodes, watch.priorities(args.nodes))
+        return "scored", 200, host_priorities(args.nodes, scores)
+    except Exception:  # a bug must not take the route down; kube-scheduler ignores the error
+        log.exception("unexpected error scoring nodes for pod %s", args.pod)
+        return "error", 500, {"error": "internal error scoring nodes; see the webhook's log"}
 
 
 def _review_with_memo(review: Any, holder: InventoryHolder, settings: WebhookSettings,

@@ -9,6 +9,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 # Sub-millisecond buckets: the webhook's budget is a few ms; the API server's
 # own timeout (timeoutSeconds) is the last bucket that matters.
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+PRIORITIZE_OUTCOMES = ("scored", "malformed", "too_large", "not_synced", "error")
 SLOW_CLIENTS_HELP = "Connections closed because a request was not received within request_read_seconds."
 
 
@@ -38,7 +39,8 @@ class Metrics:
         )
         self.latency = Histogram(
             "gpupack_webhook_request_duration_seconds",
-            "Time to answer an admission request inside the app (parse, decide, encode).",
+            "Time to answer a request inside the app (parse, decide, encode), by endpoint (prioritize: the "
+            "scheduler extender).",
             ["endpoint"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
@@ -65,6 +67,14 @@ class Metrics:
             "Initial or Recreate) before the decision.",
             registry=self.registry,
         )
+        self.prioritize_calls = Counter(
+            "gpupack_webhook_scheduler_prioritize_calls",
+            "kube-scheduler prioritize extender calls (POST /scheduler/prioritize), by outcome: scored (200), "
+            "malformed (400), too_large (413), not_synced (503: the pod watch has not listed yet), error (500). "
+            "kube-scheduler ignores every answer but 200 for that pod.",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.tls_reloads = Counter(
             "gpupack_webhook_tls_reloads", "Serving certificate reloads after rotation.", registry=self.registry
         )
@@ -83,11 +93,17 @@ class Metrics:
         self._outcome = {
             (e, o): self.requests.labels(e, o) for e in ("mutate", "validate", "authorize") for o in ("allowed", "denied", "error")
         }
-        self._latency = {e: self.latency.labels(e) for e in ("mutate", "validate", "authorize")}
+        self._latency = {e: self.latency.labels(e) for e in ("mutate", "validate", "authorize", "prioritize")}
+        self._prioritize = {o: self.prioritize_calls.labels(o) for o in PRIORITIZE_OUTCOMES}
 
     def observe(self, endpoint: str, outcome: str, seconds: float) -> None:
         self._outcome[(endpoint, outcome)].inc()
         self._latency[endpoint].observe(seconds)
+
+    def observe_prioritize(self, outcome: str, seconds: float) -> None:
+        """One prioritize extender call (``outcome``: one of :data:`PRIORITIZE_OUTCOMES`)."""
+        self._prioritize[outcome].inc()
+        self._latency["prioritize"].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,6 +19,7 @@ from kube.client import api_client
 from webhook.app import AdmissionApp, build_app
 from webhook.inventory_source import FileWatch, InventoryHolder, load_file
 from webhook.inventory_watch import KubernetesWatch
+from webhook.priority_watch import PriorityWatch
 from webhook.recommendation_watch import RecommendationWatch
 from webhook.metrics import Metrics
 from webhook.settings import WebhookSettings
@@ -80,6 +81,7 @@ def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvi
     holder = InventoryHolder()
     on_startup = None
     recommendations = None
+    priorities = None
     if settings.inventory_file:
         load_file(holder, settings.inventory_file)
         on_startup = FileWatch(holder, settings.inventory_file, every=2.0).start
@@ -88,12 +90,16 @@ def build(settings: WebhookSettings, kubeconfig: str | None = None) -> tuple[uvi
         api = api_client(kubeconfig)
         watch = KubernetesWatch.from_api(holder, api, settings)
         recommendations = RecommendationWatch.from_api(api, settings)
-        started = recommendations
+        priorities = PriorityWatch.from_api(api, settings) if settings.scheduler_extender else None
+        started: list[RecommendationWatch | PriorityWatch] = [recommendations]
+        if priorities is not None:
+            started.append(priorities)
 
         def on_startup() -> None:
             watch.start()
-            started.start()
-    app = build_app(holder, settings, metrics, tls, on_startup, recommendations)
+            for informer in started:
+                informer.start()
+    app = build_app(holder, settings, metrics, tls, on_startup, recommendations, priorities)
     config = uvicorn.Config(
         app,
         host=settings.host,

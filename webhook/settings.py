@@ -89,6 +89,13 @@ class WebhookSettings:
     are left ungated for kube-scheduler's own scoring (less dense; no controller
     round trip before binding)."""
 
+    scheduler_extender: bool = True
+    """Serve kube-scheduler's prioritize extender (``POST /scheduler/prioritize``, docs/priority.md,
+    "kube-scheduler's pods"): it keeps a watch of every pod of the cluster (needs ``list`` and
+    ``watch`` on pods) and scores nodes by the placement preference by priority. Off: no pod
+    watch, and the route is not served. Only where the webhook watches the API (not with
+    ``inventory_file``)."""
+
     def validate(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port {self.port} is not a TCP port (1..65535)")
