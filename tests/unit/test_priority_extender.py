@@ -1,0 +1,81 @@
+"""sharing.admission.priority_extender: kube-scheduler's ExtenderArgs in, a score per node out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sharing.admission.priority_extender import (
+    MAX_EXTENDER_PRIORITY, host_priorities, parse_extender_args, priorities_on, score_nodes,
+)
+from sharing.api.gpu_pod_site import GpuPodSite
+
+
+def args_pod(priority: Any = None, name: str = "web") -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "c"}]}
+    if priority is not None:
+        spec["priority"] = priority
+    return {"metadata": {"name": name, "namespace": "team"}, "spec": spec}
+
+
+def test_a_node_scores_max_where_every_gpu_pod_has_the_pods_priority() -> None:
+    sites = [GpuPodSite("same", 100), GpuPodSite("same", 100), GpuPodSite("mixed", 100), GpuPodSite("mixed", 0),
+             GpuPodSite("other", 0), GpuPodSite("elsewhere", 5)]
+    nodes = ["same", "mixed", "other", "empty"]
+    assert score_nodes(100, nodes, priorities_on(sites)) == [MAX_EXTENDER_PRIORITY, 0, 0, MAX_EXTENDER_PRIORITY]
+    # the same nodes for a pod of priority 0: only the node of priority-0 pods and the empty one
+    assert score_nodes(0, nodes, priorities_on(sites)) == [0, 0, MAX_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY]
+
+
+def test_without_gpu_pods_every_node_scores_the_same() -> None:
+    assert score_nodes(7, ["a", "b"], {}) == [MAX_EXTENDER_PRIORITY] * 2
+    assert score_nodes(7, [], {}) == []
+
+
+def test_scores_are_within_kube_schedulers_range_and_rendered_as_a_host_priority_list() -> None:
+    scores = score_nodes(1, ["a", "b"], {"a": {2}})
+    assert all(0 <= s <= MAX_EXTENDER_PRIORITY == 10 for s in scores)
+    assert host_priorities(["a", "b"], scores) == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 10}]
+    with pytest.raises(ValueError, match="one score per node"):
+        host_priorities(["a"], [])
+
+
+def test_args_as_kube_scheduler_marshals_them() -> None:
+    # Go's ExtenderArgs has no json tags: capitalized keys, Nodes null with nodeCacheCapable
+    args = parse_extender_args({"Pod": args_pod(1000), "Nodes": None, "NodeNames": ["n1", "n2"]})
+    assert (args.pod, args.priority, args.nodes) == ("team/web", 1000, ("n1", "n2"))
+
+
+@pytest.mark.parametrize("keys", [("pod", "nodenames"), ("Pod", "nodeNames"), ("POD", "NODENAMES")])
+def test_keys_match_ignoring_case_as_gos_decoder_does(keys: tuple[str, str]) -> None:
+    args = parse_extender_args({keys[0]: args_pod(3), keys[1]: ["a"]})
+    assert (args.priority, args.nodes) == (3, ("a",))
+
+
+def test_without_node_names_the_names_of_the_node_list_are_scored() -> None:
+    body = {"Pod": args_pod(), "Nodes": {"items": [{"metadata": {"name": "x"}}, {"metadata": {"name": "y"}}]},
+            "NodeNames": None}
+    assert parse_extender_args(body).nodes == ("x", "y")
+    assert parse_extender_args(body).priority == 0  # no spec.priority: Kubernetes' default
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ([], "must be a JSON object, got list"),
+    ({"NodeNames": ["a"]}, "has no Pod"),
+    ({"Pod": "web", "NodeNames": ["a"]}, "Pod must be an object"),
+    ({"Pod": {"metadata": {"name": "web"}}, "NodeNames": ["a"]}, "Pod default/web has no spec"),
+    ({"Pod": args_pod()}, "neither NodeNames nor Nodes"),
+    ({"Pod": args_pod(), "Nodes": None, "NodeNames": None}, "neither NodeNames nor Nodes"),
+    ({"Pod": args_pod(), "NodeNames": "a"}, "NodeNames must be a list"),
+    ({"Pod": args_pod(), "NodeNames": ["a", 3]}, r"NodeNames\[1\] must be a node name"),
+    ({"Pod": args_pod(), "NodeNames": [""]}, r"NodeNames\[0\] must be a node name"),
+    ({"Pod": args_pod(), "Nodes": {"items": "x"}}, "NodeList object with an items list"),
+    ({"Pod": args_pod(), "Nodes": {"items": [{"metadata": {}}]}}, r"Nodes.items\[\*\].metadata.name\[0\]"),
+    ({"Pod": args_pod("high"), "NodeNames": ["a"]}, "spec.priority must be an integer"),
+    ({"Pod": args_pod(True), "NodeNames": ["a"]}, "spec.priority must be an integer"),
+    ({"Pod": args_pod(2_000_000_000), "NodeNames": ["a"]}, "out of range"),
+])
+def test_a_body_that_is_not_an_extender_args_is_a_specific_error(body: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_extender_args(body)
