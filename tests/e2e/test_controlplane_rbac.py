@@ -92,6 +92,8 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("gpupack.io", "gpurecommendations", "", "default", ""): READ,  # the Initial mode sizes pods from them
         ("", "nodes", "", None, ""): READ,
         ("", "namespaces", "", None, ""): READ,
+        # the scheduler extender's pod watch (docs/priority.md, "kube-scheduler's pods"): no get
+        ("", "pods", "", "default", ""): {"list", "watch"},
     },
     "gpupack-controller": {
         ("gpupack.io", "gpunodes", "", None, ""): READ | WRITE,
