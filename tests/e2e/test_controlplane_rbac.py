@@ -94,6 +94,7 @@ EXPECTED: dict[str, dict[Key, set[str]]] = {
         ("", "namespaces", "", None, ""): READ,
         # the scheduler extender's pod watch (docs/priority.md, "kube-scheduler's pods"): no get
         ("", "pods", "", "default", ""): {"list", "watch"},
+        ("", "pods", "", OPERATOR_NS, ""): {"list", "watch"},  # cluster-wide: every namespace's
     },
     "gpupack-controller": {
         ("gpupack.io", "gpunodes", "", None, ""): READ | WRITE,
