@@ -26,6 +26,7 @@ from kube.errors import KubeError
 from kube.informer import Lister
 from sharing.api import kueue_workload as kueue
 from sharing.api.crd import GROUP, VERSION
+from sharing.api.gpu_pod_site import UNFINISHED_PODS
 
 log = logging.getLogger("gpupack.controller.kube")
 
@@ -34,9 +35,6 @@ RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 CLAIMS = "resourceclaims"
 RECOMMENDATIONS = "gpurecommendations"
-
-
-UNFINISHED_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 
 
 def _items(response: Any) -> list[dict[str, Any]]:

@@ -2,10 +2,10 @@
 
 The prioritize extender (``sharing.admission.priority_extender``) scores a node by whether every
 GPU pod on it has the pod's priority. The request path must not call the API server, so one
-:class:`kube.informer.Informer` (the project's one list-then-watch) keeps every pod of the
-cluster, reduced to its metadata (name, namespace, ``resourceVersion``) and where it sits as a
-GPU pod (``sharing.api.gpu_pod_site``, the reading the controller's planner counts; None for
-any other pod). Every pod is watched, not only bound ones: a gated gpupack pod pinned to a
+:class:`kube.informer.Informer` (the project's one list-then-watch) keeps every unfinished pod
+of the cluster (``UNFINISHED_PODS``, as the controller lists them), reduced to its metadata
+(name, namespace, ``resourceVersion``) and where it sits as a GPU pod
+(``sharing.api.gpu_pod_site``, the reading the controller's planner counts; None for any other pod). Every pod is watched, not only bound ones: a gated gpupack pod pinned to a
 node by its affinity counts there before it is bound.
 
 From the informer's events (``ADDED``/``MODIFIED``/``DELETED``) an index node -> priority -> count
@@ -22,10 +22,11 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kube.informer import DELETED, Informer, Lister, object_key
-from sharing.api.gpu_pod_site import GpuPodSite, gpu_pod_site
+from sharing.api.gpu_pod_site import UNFINISHED_PODS, GpuPodSite, gpu_pod_site
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -43,10 +44,10 @@ def kept(obj: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def api_lister(api: ApiClient) -> Lister:
-    """The list call of every namespace's pods."""
+    """The list call of every namespace's unfinished pods (finished ones never count)."""
     from kubernetes import client
 
-    return client.CoreV1Api(api).list_pod_for_all_namespaces
+    return partial(client.CoreV1Api(api).list_pod_for_all_namespaces, field_selector=UNFINISHED_PODS)
 
 
 class _ListedInformer(Informer):

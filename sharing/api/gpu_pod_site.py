@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from mig.units import parse_quantity
 from sharing.api.allocation import trusted_allocation
@@ -29,7 +29,11 @@ from sharing.api.fields import as_list, as_map
 from sharing.api.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, WHOLE_RESOURCE
 from sharing.api.priority import priority_of
 
-__all__ = ["GpuPodSite", "ended", "gpu_pod_site", "pinned_node", "whole_gpus_requested"]
+__all__ = ["UNFINISHED_PODS", "GpuPodSite", "ended", "gpu_pod_site", "pinned_node", "whole_gpus_requested"]
+
+UNFINISHED_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
+"""The field selector of the pods that are not finished: the API server's half of :func:`ended`, so
+a watch of pods neither lists nor follows finished ones (a pod that finishes leaves it as ``DELETED``)."""
 
 
 @dataclass(frozen=True)

@@ -143,3 +143,14 @@ def test_without_the_watch_the_route_is_not_served() -> None:
     assert PRIORITIZE_PATH not in app.paths
     assert PRIORITIZE_PATH in build_app(InventoryHolder(), WebhookSettings(),
                                         priorities=PriorityWatch(ScriptedLister([], []))).paths
+
+
+def test_the_watch_lists_unfinished_pods_only() -> None:
+    from kubernetes.client import ApiClient
+
+    from sharing.api.gpu_pod_site import UNFINISHED_PODS
+    from webhook.priority_watch import api_lister
+
+    lister = api_lister(ApiClient())
+    assert getattr(lister, "keywords", None) == {"field_selector": UNFINISHED_PODS}
+    assert UNFINISHED_PODS == "status.phase!=Succeeded,status.phase!=Failed"
