@@ -43,8 +43,8 @@ def _until(check: Callable[[], bool], what: str) -> None:
 
 
 def test_the_watch_counts_real_pods_and_the_route_scores_from_it(admin_client: Any, namespace: str) -> None:
-    core = client.CoreV1Api(admin_client)
-    scheduling = client.SchedulingV1Api(admin_client)
+    core: Any = client.CoreV1Api(admin_client)  # raw dicts, as the API server takes them
+    scheduling: Any = client.SchedulingV1Api(admin_client)
     high = f"e2e-high-{uuid.uuid4().hex[:6]}"
     scheduling.create_priority_class({"metadata": {"name": high}, "value": 1000})
     tag = uuid.uuid4().hex[:6]
