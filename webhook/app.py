@@ -265,15 +265,14 @@ def _prioritize(body: bytes, watch: PriorityWatch, limit: int) -> tuple[str, int
         return "not_synced", 503, {"error": "the pod watch has not synced yet; no preference for this pod"}
     try:
         args = parse_extender_args(loads(body))
+        scores = score_nodes(args.priority, args.nodes, watch.priorities(args.nodes))
+        return "scored", 200, host_priorities(args.nodes, scores)
     except JSONDecodeError as exc:
         return "malformed", 400, {"error": f"body is not valid JSON: {exc}"}
     except ValueError as exc:
         return "malformed", 400, {"error": str(exc)}
-    try:
-        scores = score_nodes(args.priority, args.nodes, watch.priorities(args.nodes))
-        return "scored", 200, host_priorities(args.nodes, scores)
     except Exception:  # a bug must not take the route down; kube-scheduler ignores the error
-        log.exception("unexpected error scoring nodes for pod %s", args.pod)
+        log.exception("unexpected error answering a prioritize call")
         return "error", 500, {"error": "internal error scoring nodes; see the webhook's log"}
 
 

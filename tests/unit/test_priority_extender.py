@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sharing.admission.priority_extender import (
     MAX_EXTENDER_PRIORITY, host_priorities, parse_extender_args, priorities_on, score_nodes,
@@ -79,3 +81,22 @@ def test_without_node_names_the_names_of_the_node_list_are_scored() -> None:
 def test_a_body_that_is_not_an_extender_args_is_a_specific_error(body: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_extender_args(body)
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+                     max_leaves=12)
+_KEYS = st.sampled_from(["Pod", "pod", "NodeNames", "Nodes", "nodenames", "spec", "metadata", "items", "name",
+                         "priority", "priorityClassName", "preemptionPolicy"])
+_SHAPED = st.recursive(_JSON, lambda inner: st.dictionaries(_KEYS, inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_SHAPED)
+def test_any_json_is_an_extender_args_or_a_value_error(body: Any) -> None:
+    try:
+        args = parse_extender_args(body)
+    except ValueError:
+        return
+    assert all(isinstance(n, str) and n for n in args.nodes)
+    assert len(score_nodes(args.priority, args.nodes, {})) == len(args.nodes)
