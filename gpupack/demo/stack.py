@@ -37,12 +37,14 @@ from gpupack.devcluster.apply import (
     apply_objects, gpupack_manifests, load_manifests, local_webhook_config, node_isolation_manifests,
 )
 from gpupack.devcluster.binaries import ensure_binaries
+from gpupack.devcluster.components import SchedulerExtender
 from gpupack.devcluster.controlplane import ControlPlane, ControlPlaneConfig
 from gpupack.devcluster.process import ManagedProcess, free_port
 from gpupack.devcluster.state import Component, DevClusterRecord
 from sharing.api.backend import DEFAULT_BACKEND, Backend
 from sharing.api.keys import (
-    BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, HOSTNAME_LABEL, MILLI_RESOURCE, OWN_PREFIX, SHARING_ANNOTATION,
+    BACKEND_LABEL, DEPLOY_DEVICE_PLUGIN_LABEL, HOSTNAME_LABEL, MILLI_RESOURCE, OWN_PREFIX, SCHEDULER_EXTENDER_PREFIX,
+    SHARING_ANNOTATION,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -340,6 +342,9 @@ class Stack:
         registration.create_validating_webhook_configuration(validating)
         self.webhook_configs += [mutating["metadata"]["name"], validating["metadata"]["name"]]
         self._wait_mutating()
+        # kube-scheduler calls the webhook's prioritize extender, as the shipped configuration has it.
+        assert self.plane is not None
+        self.plane.use_scheduler_extender(SchedulerExtender(url + SCHEDULER_EXTENDER_PREFIX, tls / "ca.crt"))
 
     def _wait_mutating(self) -> None:
         """The API server picks up webhook registrations asynchronously: dry-run until one is mutated."""

@@ -7,6 +7,7 @@ read in one place (and the reasons for each unusual one with them).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -89,13 +90,32 @@ def apiserver_url(ports: dict[str, int]) -> str:
     return f"https://{HOST}:{ports['apiserver']}"
 
 
-def scheduler_config(workdir: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SchedulerExtender:
+    """Where the local kube-scheduler calls gpupack's prioritize extender: the local webhook's
+    ``https://127.0.0.1:<port>/scheduler`` and the CA its serving certificate chains to."""
+
+    url_prefix: str
+    ca_file: Path
+
+
+def scheduler_config(workdir: Path, extender: SchedulerExtender | None = None) -> dict[str, Any]:
     """The shipped scheduler configuration, changed only where the dev cluster must differ.
 
     Profiles and plugin weights are taken as shipped: the manifests file is the
     one source of truth, so a change there changes what the dev cluster runs.
+    gpupack's extender keeps its verb, weight and every other setting; only its address and CA
+    are the local webhook's (``extender``). Without a local webhook (``None``: a bare control
+    plane, or before the webhook serves) the extender is left out: a call to an address nobody
+    serves would be one failed connection per pod scheduled.
     """
     config: dict[str, Any] = yaml.safe_load(SHIPPED_SCHEDULER_CONFIG.read_text(encoding="utf-8"))
+    extenders = config.pop("extenders", None) or []
+    if extender is not None:
+        config["extenders"] = [
+            {**e, "urlPrefix": extender.url_prefix, "tlsConfig": {"caFile": str(extender.ca_file)}}
+            for e in extenders
+        ]
     # The shipped path (/etc/kubernetes/scheduler.conf) is kubeadm's; ours is in the work dir.
     # It must be set here: kube-scheduler ignores --kubeconfig when --config is given.
     config.setdefault("clientConnection", {})["kubeconfig"] = str(workdir / "scheduler.kubeconfig")
@@ -108,9 +128,9 @@ def scheduler_config_path(workdir: Path) -> Path:
     return workdir / "scheduler-config.yaml"
 
 
-def write_scheduler_config(workdir: Path) -> Path:
+def write_scheduler_config(workdir: Path, extender: SchedulerExtender | None = None) -> Path:
     path = scheduler_config_path(workdir)
-    path.write_text(yaml.safe_dump(scheduler_config(workdir), sort_keys=False), encoding="utf-8")
+    path.write_text(yaml.safe_dump(scheduler_config(workdir, extender), sort_keys=False), encoding="utf-8")
     return path
 
 

@@ -112,6 +112,7 @@ class ControlPlane:
         self.config = config or ControlPlaneConfig()
         self.workdir = self.config.workdir or Path(tempfile.mkdtemp(prefix="gpupack-cp-"))
         self._owns_workdir = self.config.workdir is None
+        self._extender: components.SchedulerExtender | None = None
         self.ca = pki.CertificateAuthority()
         self.processes: list[ManagedProcess] = []
         self.ports: dict[str, int] = {}
@@ -386,8 +387,17 @@ class ControlPlane:
         ssl_ctx.load_cert_chain(d / "admin.crt", d / "admin.key")
         self._wait_answering(proc, f"{self.server}/readyz", verify=ssl_ctx)
 
+    def use_scheduler_extender(self, extender: components.SchedulerExtender) -> None:
+        """Have kube-scheduler call gpupack's prioritize extender at ``extender`` (the local webhook,
+        which serves only once the API server does): its configuration is rewritten and it is
+        restarted, as an admin changing ``--config`` restarts it."""
+        self._extender = extender
+        if any(p.name == "kube-scheduler" for p in self.processes):
+            self.stop_component("kube-scheduler")
+            self.start_component("kube-scheduler")
+
     def _start_scheduler(self) -> None:
-        components.write_scheduler_config(self.workdir)
+        components.write_scheduler_config(self.workdir, self._extender)
         argv = components.scheduler_argv(self.binaries, self.workdir, self.ports)
         proc = self._launch("kube-scheduler", argv)
         # Its serving cert is self-signed in --cert-dir; /readyz is open to all.

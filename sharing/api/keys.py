@@ -162,3 +162,11 @@ def mig_config_name(node: str, generation: int) -> str:
 def is_mig_config_of(node: str, name: str) -> bool:
     """Whether ``name`` is one of ``node``'s mig-parted configs (any generation)."""
     return re.fullmatch(re.escape(per_node_name(node)) + r"-g[0-9]+", name) is not None
+
+
+# kube-scheduler's extender protocol: gpupack's webhook serves a prioritize extender at
+# ``<urlPrefix>/<prioritizeVerb>``; ``manifests/scheduler/kube-scheduler-config.yaml`` configures it.
+SCHEDULER_EXTENDER_PREFIX: Final = "/scheduler"
+"""The path of the extender's ``urlPrefix`` on the webhook's server."""
+PRIORITIZE_VERB: Final = "prioritize"
+"""The extender's ``prioritizeVerb``: the route is ``/scheduler/prioritize``."""

@@ -58,6 +58,7 @@ import numpy as np
 
 from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.kube_scoring import MostAllocatedWeights, most_allocated
+from sharing.simulator.scheduler_config import load_priority_extender
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
 from sharing.packing.node_sharing import (
     FRESH, WHOLE, exact_replicas, place_whole, shared_candidates, switch_choice,
@@ -166,6 +167,9 @@ class ProductReplay:
         self.prefer: Callable[[PodSpec], BoolArray] | None = None
         """The nodes the engine looks among first for a pod (``sharing.packing.priority_affinity``, with
         priorities); None: every node at once."""
+        self.scheduler_prefers = False
+        """kube-scheduler looks among :attr:`prefer`'s nodes first too: gpupack's prioritize extender
+        (``webhook``, configured in ``manifests/scheduler``) scores them above every other node."""
 
     # ------------------------------------------------------------------ queries
     def free_replicas(self) -> IntArray:
@@ -193,9 +197,19 @@ class ProductReplay:
     ) -> int:
         return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight, self.scheduler_ties)
 
+    def _scheduler_first(self, pod: PodSpec, candidates: BoolArray) -> BoolArray:
+        """The nodes kube-scheduler chooses ``pod``'s node among: with :attr:`scheduler_prefers`, those
+        :attr:`prefer` names when any of them is a candidate. The extender's score (its weight times
+        10 for a preferred node, 0 for any other) outranks the sum of every plugin's score, so
+        MostAllocated only ranks nodes within a tier."""
+        if self.prefer is None or not self.scheduler_prefers:
+            return candidates
+        first = candidates & self.prefer(pod)
+        return first if first.any() else candidates
+
     def _by_scheduler(self, pod: PodSpec, candidates: BoolArray, gpu: tuple[IntArray, IntArray, int] | None) -> float | None:
         c = self.cluster
-        nodes = np.flatnonzero(candidates)
+        nodes = np.flatnonzero(self._scheduler_first(pod, candidates))
         if nodes.size == 0:
             return None
         if gpu is None:
@@ -256,7 +270,7 @@ class ProductReplay:
         feasible = c.feasible(pod)
         candidates = feasible & shared_candidates(self.modes, self.free_replicas(), k)
         if candidates.any():
-            nodes = np.flatnonzero(candidates)
+            nodes = np.flatnonzero(self._scheduler_first(pod, candidates))
             node = self._scheduler_pick(
                 pod, nodes, self.used[nodes].sum(axis=1) + 1, c.gpu_count[nodes] * self.modes[nodes], self.weights.gpu_shared
             )
@@ -422,6 +436,7 @@ def run_product(
     stop_after: int | None = None,
     priorities: Mapping[str, PodPriority] | None = None,
     preemption: PreemptionMode = "none",
+    scheduler_prefers: bool | None = None,
 ) -> ProductRun:
     """One (workload, seed, policy) run: the protocol's arrivals under the live rules, on the seed's
     sample of ``max_nodes`` nodes when given (``sharing.simulator.arrivals.plan_run``).
@@ -452,7 +467,10 @@ def run_product(
     ``priorities``: each trace pod's priority by name (clones take their pod's), for figures per
     class; ``preemption`` (``engine`` or ``scheduler``, with ``priorities``) lets a pod that fits
     nowhere preempt pods of lower priority (``sharing.simulator.preempting``); ``none``, the
-    default, is the protocol's run, bit for bit."""
+    default, is the protocol's run, bit for bit. With priorities, ``scheduler_prefers`` says whether
+    kube-scheduler places by the same preference as the engine (:meth:`ProductReplay._scheduler_first`);
+    None: as ``manifests/scheduler/kube-scheduler-config.yaml`` configures it
+    (``sharing.simulator.scheduler_config.load_priority_extender``)."""
     name = canonical_policy_name(policy_name)
     check_typical_rule(typical)
     if typical_every < 1:
@@ -493,6 +511,7 @@ def run_product(
     classes = None if priorities is None else Preempting(replay, priorities, preemption, arrivals, seed)
     if classes is not None and preemption != "none":
         replay.prefer = classes.unmixed
+        replay.scheduler_prefers = load_priority_extender() if scheduler_prefers is None else scheduler_prefers
     position = {n.name: i for i, n in enumerate(ordered)}
     by_name = cluster.tie_rank.copy()
     divergences: list[Divergence] = []

@@ -36,6 +36,7 @@ def packing_scheduler(control_plane: Any, tmp_path: Path, scheduler: str) -> Any
     if scheduler == "stock-scoring":
         config["profiles"][0] = {"schedulerName": scheduler}
     config["leaderElection"] = {"leaderElect": False}
+    config.pop("extenders", None)  # no webhook here to serve gpupack's prioritize extender
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     log = (tmp_path / "scheduler.log").open("wb")

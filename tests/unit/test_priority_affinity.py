@@ -96,3 +96,36 @@ def test_whole_gpu_pods_the_engine_places_keep_to_their_priority_too() -> None:
     assert run.place("low", 600, LOW) == other  # not the free GPU beside the high pod
     assert run.place("high-2", 600, HIGH) == first
     assert np.array_equal(run.replay.modes, np.array([WHOLE, WHOLE]))
+
+
+def _kube_run(scheduler_prefers: bool) -> Run:
+    run = Run([2, 2], prefer=True)
+    run.replay.scheduler_prefers = scheduler_prefers
+    return run
+
+
+def _whole(run: Run, name: str, priority: int, cpu: int = 1000) -> int | None:
+    """An ``nvidia.com/gpu`` pod of one GPU: kube-scheduler places it (MostAllocated)."""
+    pod = PodSpec(name, cpu, 1024, 1, GPU_MILLI)
+    run.priority[name] = priority
+    if run.replay.place(pod) is None:
+        return None
+    placement = run.replay.last_placement
+    assert placement is not None and run.replay.last_node is not None
+    run.placed.add(Victim(name, priority, GPU_MILLI, placement))
+    return run.replay.last_node
+
+
+@pytest.mark.parametrize("scheduler_prefers", [False, True])
+def test_kube_schedulers_pods_keep_to_their_priority_with_the_extender(scheduler_prefers: bool) -> None:
+    """gpupack's prioritize extender makes kube-scheduler look among the unmixed nodes first, as the
+    engine does; without it, MostAllocated sends the high pod beside the best-effort one."""
+    run = _kube_run(scheduler_prefers)
+    low_node = _whole(run, "low", LOW, cpu=32_000)  # the fuller node by CPU
+    assert low_node is not None
+    high_node = _whole(run, "high", HIGH)
+    assert high_node == (1 - low_node if scheduler_prefers else low_node)
+    # A preference, not a refusal: with the unmixed node full, the high pod goes beside the low one.
+    assert _whole(run, "high-2", HIGH) is not None
+    assert _whole(run, "high-3", HIGH) is not None
+    assert _whole(run, "high-4", HIGH) is None  # four GPUs, four pods

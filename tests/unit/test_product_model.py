@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from sharing.packing.cluster import ClusterState
 from sharing.packing.fgd import FgdPolicy
@@ -216,3 +217,25 @@ def test_an_unknown_typical_rule_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown typical-pods rule 'future'"):
         run_product([NodeSpec("n", 1000, 1000, 1, "T4")], [gpu_pod("a", 100)], "gpupack", 42, WEIGHTS,
                     typical="future")  # type: ignore[arg-type]
+
+
+def test_the_model_follows_the_prioritize_extender_as_the_file_configures_it(tmp_path: Path) -> None:
+    from sharing.simulator.scheduler_config import load_priority_extender
+
+    assert load_priority_extender(SHIPPED_CONFIG)
+    config = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    config.pop("extenders")
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump(config))
+    assert not load_priority_extender(bare)
+    # Another extender (another verb or address) is not gpupack's.
+    config["extenders"] = [{"urlPrefix": "https://other.example:443/filter", "filterVerb": "filter"}]
+    bare.write_text(yaml.safe_dump(config))
+    assert not load_priority_extender(bare)
+    # A weight the plugins' scores can outrank: the model could not say where kube-scheduler places.
+    weak = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    weak["extenders"][0]["weight"] = 5
+    light = tmp_path / "light.yaml"
+    light.write_text(yaml.safe_dump(weak))
+    with pytest.raises(SchedulerConfigError, match="weight 5; below 17"):
+        load_priority_extender(light)
