@@ -1,9 +1,9 @@
 """kube-scheduler's prioritize extender, pure: read its ExtenderArgs, score nodes by the priority preference.
 
 kube-scheduler places the pods gpupack does not (plain ``nvidia.com/gpu`` pods, CPU-only pods);
-a scheduler extender lets it prefer, as the engine does for its own pods, the nodes where every
-GPU pod has the pod's priority (``sharing.packing.priority_affinity.unmixed_among``, the one
-rule). The webhook serves it (``webhook.app``, ``POST /scheduler/prioritize``); this module is
+a scheduler extender lets it prefer the nodes where no GPU pod has a lower priority than the pod
+(``sharing.packing.priority_affinity.no_lower_among``, the one rule; the module says why it is not
+the engine's ``unmixed``). The webhook serves it (``webhook.app``, ``POST /scheduler/prioritize``); this module is
 what the route decides, a function of the body and the GPU pods per node.
 
 The wire form is kube-scheduler's (k8s.io/kube-scheduler ``extender/v1/types.go``):
@@ -25,7 +25,7 @@ import numpy as np
 
 from sharing.api.gpu_pod_site import GpuPodSite
 from sharing.api.priority import pod_priority
-from sharing.packing.priority_affinity import unmixed_among
+from sharing.packing.priority_affinity import no_lower_among
 
 MAX_EXTENDER_PRIORITY: Final = 10
 """kube-scheduler's ``MaxExtenderPriority``: the highest score an extender may give."""
@@ -105,8 +105,8 @@ def priorities_on(sites: Iterable[GpuPodSite]) -> dict[str, set[int]]:
 
 
 def score_nodes(priority: int, nodes: Sequence[str], priorities: Mapping[str, Collection[int]]) -> list[int]:
-    """Per node of ``nodes``, :data:`MAX_EXTENDER_PRIORITY` where every GPU pod on it has ``priority``
-    (a node without GPU pods too), else 0. ``priorities``: node -> the priorities of its GPU pods;
+    """Per node of ``nodes``, :data:`MAX_EXTENDER_PRIORITY` where no GPU pod on it has a priority below
+    ``priority`` (a node without GPU pods too), else 0. ``priorities``: node -> the priorities of its GPU pods;
     one entry per priority present suffices, so the cost grows with the nodes asked, not the pods."""
     on: list[int] = []
     held: list[int] = []
@@ -114,8 +114,8 @@ def score_nodes(priority: int, nodes: Sequence[str], priorities: Mapping[str, Co
         for p in priorities.get(node, ()):
             on.append(i)
             held.append(p)
-    unmixed = unmixed_among(np.array(on, dtype=np.int64), np.array(held, dtype=np.int64), len(nodes), priority)
-    return [MAX_EXTENDER_PRIORITY if ok else 0 for ok in unmixed.tolist()]
+    preferred = no_lower_among(np.array(on, dtype=np.int64), np.array(held, dtype=np.int64), len(nodes), priority)
+    return [MAX_EXTENDER_PRIORITY if ok else 0 for ok in preferred.tolist()]
 
 
 def host_priorities(nodes: Sequence[str], scores: Sequence[int]) -> list[dict[str, Any]]:

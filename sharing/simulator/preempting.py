@@ -41,7 +41,7 @@ from sharing.packing.cluster import BoolArray, ClusterState, IntArray
 from sharing.packing.fragmentation import FragmentationModel
 from sharing.packing.node_sharing import FRESH
 from sharing.packing.preemption import PreemptionPlan, candidate_count, engine_preemption, scheduler_preemption
-from sharing.packing.priority_affinity import unmixed_nodes
+from sharing.packing.priority_affinity import no_lower_nodes, unmixed_nodes
 from sharing.packing.specs import PodPlacement, PodSpec
 from sharing.packing.typical import TypicalPods
 from sharing.packing.victims import PlacedPods, Victim
@@ -186,6 +186,11 @@ class Preempting:
     def unmixed(self, pod: PodSpec) -> BoolArray:
         """The nodes the engine places ``pod`` among first: no GPU pod of another priority there."""
         return unmixed_nodes(self.placed, self.of(pod).value)
+
+    def no_lower(self, pod: PodSpec) -> BoolArray:
+        """The nodes kube-scheduler places ``pod`` among first (gpupack's prioritize extender): no GPU pod
+        of lower priority there."""
+        return no_lower_nodes(self.placed, self.of(pod).value)
 
     # ------------------------------------------------------------------ per arrival
     def make_room(self, pod: PodSpec, view: PodSpec, tally: ArrivalTally) -> float | None:

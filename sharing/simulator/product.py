@@ -167,9 +167,10 @@ class ProductReplay:
         self.prefer: Callable[[PodSpec], BoolArray] | None = None
         """The nodes the engine looks among first for a pod (``sharing.packing.priority_affinity``, with
         priorities); None: every node at once."""
-        self.scheduler_prefers = False
-        """kube-scheduler looks among :attr:`prefer`'s nodes first too: gpupack's prioritize extender
-        (``webhook``, configured in ``manifests/scheduler``) scores them above every other node."""
+        self.scheduler_prefer: Callable[[PodSpec], BoolArray] | None = None
+        """The nodes kube-scheduler looks among first for a pod: gpupack's prioritize extender (``webhook``,
+        configured in ``manifests/scheduler``) scores them above every other node
+        (``priority_affinity.no_lower_nodes``); None: no extender, every node at once."""
 
     # ------------------------------------------------------------------ queries
     def free_replicas(self) -> IntArray:
@@ -198,13 +199,13 @@ class ProductReplay:
         return scheduler_pick(self.cluster, pod, nodes, self.weights, gpu_req, gpu_alloc, gpu_weight, self.scheduler_ties)
 
     def _scheduler_first(self, pod: PodSpec, candidates: BoolArray) -> BoolArray:
-        """The nodes kube-scheduler chooses ``pod``'s node among: with :attr:`scheduler_prefers`, those
-        :attr:`prefer` names when any of them is a candidate. The extender's score (its weight times
-        10 for a preferred node, 0 for any other) outranks the sum of every plugin's score, so
-        MostAllocated only ranks nodes within a tier."""
-        if self.prefer is None or not self.scheduler_prefers:
+        """The nodes kube-scheduler chooses ``pod``'s node among: those :attr:`scheduler_prefer` names when
+        any of them is a candidate. The extender's score (its weight times 10 for a preferred node, 0 for
+        any other) outranks the sum of every plugin's score, so MostAllocated only ranks nodes within a
+        tier."""
+        if self.scheduler_prefer is None:
             return candidates
-        first = candidates & self.prefer(pod)
+        first = candidates & self.scheduler_prefer(pod)
         return first if first.any() else candidates
 
     def _by_scheduler(self, pod: PodSpec, candidates: BoolArray, gpu: tuple[IntArray, IntArray, int] | None) -> float | None:
@@ -468,7 +469,7 @@ def run_product(
     class; ``preemption`` (``engine`` or ``scheduler``, with ``priorities``) lets a pod that fits
     nowhere preempt pods of lower priority (``sharing.simulator.preempting``); ``none``, the
     default, is the protocol's run, bit for bit. With priorities, ``scheduler_prefers`` says whether
-    kube-scheduler places by the same preference as the engine (:meth:`ProductReplay._scheduler_first`);
+    kube-scheduler places by gpupack's prioritize extender (:meth:`ProductReplay._scheduler_first`);
     None: as ``manifests/scheduler/kube-scheduler-config.yaml`` configures it
     (``sharing.simulator.scheduler_config.load_priority_extender``)."""
     name = canonical_policy_name(policy_name)
@@ -511,7 +512,9 @@ def run_product(
     classes = None if priorities is None else Preempting(replay, priorities, preemption, arrivals, seed)
     if classes is not None and preemption != "none":
         replay.prefer = classes.unmixed
-        replay.scheduler_prefers = load_priority_extender() if scheduler_prefers is None else scheduler_prefers
+        extender = load_priority_extender() if scheduler_prefers is None else scheduler_prefers
+        if extender:
+            replay.scheduler_prefer = classes.no_lower
     position = {n.name: i for i, n in enumerate(ordered)}
     by_name = cluster.tie_rank.copy()
     divergences: list[Divergence] = []

@@ -68,14 +68,15 @@ def test_the_watch_counts_real_pods_and_the_route_scores_from_it(admin_client: A
                 return [h["Score"] for h in json.loads(answer.content)]
 
             assert scores(1000) == [10, 0, 10, 10]
-            assert scores(0) == [0, 0, 10, 10]
-            # a pod leaving node b leaves it unmixed; a pod that finishes leaves its node empty
+            assert scores(0) == [10, 10, 10, 10]  # a pod of the lowest priority outranks nobody
+            # a pod leaving node b leaves no lower pod there; a pod that finishes leaves its node empty
             core.delete_namespaced_pod("low-b", namespace, grace_period_seconds=0)
             _until(lambda: watch.priorities([b]) == {b: frozenset({1000})}, "low-b gone")
             assert scores(1000) == [10, 10, 10, 10]
+            assert scores(2000) == [0, 0, 10, 10]  # a pod above every pod here outranks a's and b's
             core.patch_namespaced_pod_status("high-a", namespace, {"status": {"phase": "Succeeded"}})
             _until(lambda: watch.priorities([a]) == {}, "high-a finished")
-            assert scores(0) == [10, 0, 10, 10]
+            assert scores(2000) == [10, 0, 10, 10]
             assert watch.informer.lists == 1  # followed by the watch, never listed again
     finally:
         watch.stop()

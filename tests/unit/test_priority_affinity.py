@@ -10,7 +10,7 @@ from sharing.packing.cluster import ClusterState
 from sharing.packing.gpupack_policy import GpupackPolicy
 from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.node_sharing import FRESH, WHOLE
-from sharing.packing.priority_affinity import unmixed_among, unmixed_nodes
+from sharing.packing.priority_affinity import no_lower_among, no_lower_nodes, unmixed_among, unmixed_nodes
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodSpec
 from sharing.packing.typical import TypicalPods
 from sharing.packing.victims import PlacedPods, Victim
@@ -99,8 +99,9 @@ def test_whole_gpu_pods_the_engine_places_keep_to_their_priority_too() -> None:
 
 
 def _kube_run(scheduler_prefers: bool) -> Run:
-    run = Run([2, 2], prefer=True)
-    run.replay.scheduler_prefers = scheduler_prefers
+    run = Run([3, 3], prefer=True)
+    if scheduler_prefers:  # the simulator's wiring when the shipped configuration names the extender
+        run.replay.scheduler_prefer = lambda pod: no_lower_nodes(run.placed, run.priority[pod.name])
     return run
 
 
@@ -116,16 +117,35 @@ def _whole(run: Run, name: str, priority: int, cpu: int = 1000) -> int | None:
     return run.replay.last_node
 
 
+def test_nodes_without_gpu_pods_of_lower_priority() -> None:
+    """kube-scheduler's preference through the extender: only GPU pods the pod outranks count against a node."""
+    nodes, priorities = np.array([0, 0, 1, 2], dtype=np.int64), np.array([HIGH, LOW, HIGH, LOW], dtype=np.int64)
+    assert no_lower_among(nodes, priorities, 4, HIGH).tolist() == [False, True, False, True]
+    assert no_lower_among(nodes, priorities, 4, LOW).tolist() == [True, True, True, True]
+    with pytest.raises(ValueError, match="4 pod nodes but 3 pod priorities"):
+        no_lower_among(nodes, priorities[:3], 4, HIGH)
+
+
 @pytest.mark.parametrize("scheduler_prefers", [False, True])
-def test_kube_schedulers_pods_keep_to_their_priority_with_the_extender(scheduler_prefers: bool) -> None:
-    """gpupack's prioritize extender makes kube-scheduler look among the unmixed nodes first, as the
-    engine does; without it, MostAllocated sends the high pod beside the best-effort one."""
+def test_kube_schedulers_pods_keep_off_pods_they_outrank_with_the_extender(scheduler_prefers: bool) -> None:
+    """gpupack's prioritize extender makes kube-scheduler look first among the nodes holding no GPU pod
+    of lower priority; without it, MostAllocated sends the high pod beside the best-effort one."""
     run = _kube_run(scheduler_prefers)
     low_node = _whole(run, "low", LOW, cpu=32_000)  # the fuller node by CPU
     assert low_node is not None
-    high_node = _whole(run, "high", HIGH)
-    assert high_node == (1 - low_node if scheduler_prefers else low_node)
-    # A preference, not a refusal: with the unmixed node full, the high pod goes beside the low one.
-    assert _whole(run, "high-2", HIGH) is not None
-    assert _whole(run, "high-3", HIGH) is not None
-    assert _whole(run, "high-4", HIGH) is None  # four GPUs, four pods
+    assert _whole(run, "high", HIGH) == (1 - low_node if scheduler_prefers else low_node)
+
+
+def test_a_best_effort_pod_is_not_steered_and_the_preference_is_no_refusal() -> None:
+    run = _kube_run(True)
+    low_node = _whole(run, "low", LOW, cpu=32_000)
+    assert low_node is not None
+    high_node = 1 - low_node
+    assert _whole(run, "high", HIGH, cpu=40_000) == high_node
+    # The high node is now the fuller one (40 of 64 CPUs against 32): MostAllocated's choice for a low
+    # pod, which the extender leaves alone (no pod of its node is of lower priority than it).
+    assert _whole(run, "low-2", LOW) == high_node
+    # Now both nodes hold a low pod: no node is preferred, MostAllocated decides (the fuller node's last
+    # GPU, then the other): a preference, never a refusal.
+    assert _whole(run, "high-2", HIGH) == high_node
+    assert _whole(run, "high-3", HIGH) == low_node

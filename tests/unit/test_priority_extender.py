@@ -21,13 +21,16 @@ def args_pod(priority: Any = None, name: str = "web") -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "team"}, "spec": spec}
 
 
-def test_a_node_scores_max_where_every_gpu_pod_has_the_pods_priority() -> None:
+def test_a_node_scores_max_where_no_gpu_pod_has_a_lower_priority() -> None:
     sites = [GpuPodSite("same", 100), GpuPodSite("same", 100), GpuPodSite("mixed", 100), GpuPodSite("mixed", 0),
              GpuPodSite("other", 0), GpuPodSite("elsewhere", 5)]
     nodes = ["same", "mixed", "other", "empty"]
-    assert score_nodes(100, nodes, priorities_on(sites)) == [MAX_EXTENDER_PRIORITY, 0, 0, MAX_EXTENDER_PRIORITY]
-    # the same nodes for a pod of priority 0: only the node of priority-0 pods and the empty one
-    assert score_nodes(0, nodes, priorities_on(sites)) == [0, 0, MAX_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY]
+    top = MAX_EXTENDER_PRIORITY
+    assert score_nodes(100, nodes, priorities_on(sites)) == [top, 0, 0, top]
+    # a pod of priority 50 outranks the priority-0 pods only; the node of higher pods is no worse
+    assert score_nodes(50, nodes, priorities_on(sites)) == [top, 0, 0, top]
+    # a pod of the lowest priority outranks nobody: every node is preferred, MostAllocated decides
+    assert score_nodes(0, nodes, priorities_on(sites)) == [top, top, top, top]
 
 
 def test_without_gpu_pods_every_node_scores_the_same() -> None:
@@ -36,7 +39,7 @@ def test_without_gpu_pods_every_node_scores_the_same() -> None:
 
 
 def test_scores_are_within_kube_schedulers_range_and_rendered_as_a_host_priority_list() -> None:
-    scores = score_nodes(1, ["a", "b"], {"a": {2}})
+    scores = score_nodes(1, ["a", "b"], {"a": {0}})
     assert all(0 <= s <= MAX_EXTENDER_PRIORITY == 10 for s in scores)
     assert host_priorities(["a", "b"], scores) == [{"Host": "a", "Score": 0}, {"Host": "b", "Score": 10}]
     with pytest.raises(ValueError, match="one score per node"):

@@ -121,8 +121,12 @@ def test_the_route_scores_nodes_over_http(served: tuple[Served, PriorityWatch, M
         assert high.status_code == 200
         assert high.json() == [{"Host": "a", "Score": 10}, {"Host": "b", "Score": 0}, {"Host": "c", "Score": 0},
                                {"Host": "d", "Score": 10}, {"Host": "e", "Score": 10}]
+        # A pod of priority 0 outranks nobody here: every node is preferred alike.
         low = client.post(PRIORITIZE_PATH, content=extender_args(0, ["a", "b", "c"]))
-        assert [h["Score"] for h in low.json()] == [0, 0, 10]
+        assert [h["Score"] for h in low.json()] == [10, 10, 10]
+        # Priority 500 outranks the priority-0 pods of b and c, not the priority-1000 pod of a.
+        middle = client.post(PRIORITIZE_PATH, content=extender_args(500, ["a", "b", "c"]))
+        assert [h["Score"] for h in middle.json()] == [10, 0, 0]
         broken = client.post(PRIORITIZE_PATH, content=b'{"Pod": {"metadata": {"name": "web"}}, "NodeNames": ["a"]}')
         assert broken.status_code == 400 and broken.json() == {"error": "ExtenderArgs Pod default/web has no spec"}
         not_json = client.post(PRIORITIZE_PATH, content=b"{")
@@ -134,8 +138,8 @@ def test_the_route_scores_nodes_over_http(served: tuple[Served, PriorityWatch, M
         text = client.get("/metrics").text
     counted = {o: metrics.prioritize_calls.labels(o)._value.get()
                for o in ("scored", "malformed", "too_large", "not_synced")}
-    assert counted == {"scored": 2, "malformed": 2, "too_large": 1, "not_synced": 1}
-    assert 'gpupack_webhook_scheduler_prioritize_calls_total{outcome="scored"} 2.0' in text
+    assert counted == {"scored": 3, "malformed": 2, "too_large": 1, "not_synced": 1}
+    assert 'gpupack_webhook_scheduler_prioritize_calls_total{outcome="scored"} 3.0' in text
 
 
 def test_without_the_watch_the_route_is_not_served() -> None:
