@@ -1,6 +1,6 @@
 """Why high-priority pods go unplaced in the product model (issue 36): what each one asked and what stopped it.
 
-    nice python benchmarks/priority_shortfall.py --workloads gpushare40,cpu200 --seeds 10 --jobs 1
+    nice python benchmarks/priority_shortfall.py --workloads default,gpushare40,cpu200 --seeds 10 --jobs 2
 
 A measurement harness beside ``benchmarks/priority.py``; it changes no product code. For each
 workload and published seed it runs ``--priority qos --preemption engine`` (the run
@@ -21,11 +21,11 @@ the engine for a fraction), and, on the cluster at that moment with every lower-
   CPU-only) and how many one the engine placed (a fraction: a replica, or a whole GPU for one above
   half a GPU): those are the pods that stand in the way, and no preemption may take them.
 
-It also runs two rule changes, each over the same arrivals, for their high placed, allocation and
-preempted milli: the engine choosing the victims of every GPU pod (kube-scheduler's default never
-plans; a model experiment, since live kube-scheduler preempts for ``nvidia.com/gpu`` pods itself),
-and high pods taking any node first (the preference by priority, ``sharing.packing.priority_affinity``,
-kept for lower pods only). And a bound: the same arrivals with every low (BE) pod dropped at arrival, so that no
+It also runs two other placements of kube-scheduler's pods, each over the same arrivals, for their
+high placed, allocation, preempted milli and paired preempted milli: without gpupack's prioritize
+extender (MostAllocated alone, the product before it), and with the engine's own rule instead of the
+extender's (``sharing.packing.priority_affinity``: no GPU pod of another priority first, against no
+GPU pod of lower priority first). And a bound: the same arrivals with every low (BE) pod dropped at arrival, so that no
 lower pod is ever placed: the high pods' placed share with nothing of lower priority in the way
 and kube-scheduler and the engine placing as they do. It is a reference, not a proof: preemption
 removes lower pods and never moves high ones, so its best is a cluster whose high pods sit where
@@ -158,29 +158,24 @@ def _without_low(priority_of: Callable[[str], int]) -> Iterator[None]:
         yield
 
 
-def _engine_victims() -> AbstractContextManager[None]:
-    """kube-scheduler's default preemption never plans, so the engine chooses the victims of every GPU
-    pod, for the block. A model experiment: live, kube-scheduler preempts for ``nvidia.com/gpu`` pods."""
+def _no_extender() -> AbstractContextManager[None]:
+    """kube-scheduler places its pods by MostAllocated alone, as without gpupack's prioritize extender
+    (the product before it), for the block."""
 
-    def never(self: preempting.Preempting, view: PodSpec, priority: PodPriority, own: int) -> None:
-        return None
+    def everywhere(self: preempting.Preempting, pod: PodSpec) -> BoolArray:
+        return np.ones(len(self.replay.cluster), dtype=bool)
 
-    return _patched(preempting.Preempting, "_scheduler", never)
-
-
-def _high_anywhere() -> AbstractContextManager[None]:
-    """High pods take any node first (the preference by priority kept for lower pods only), for the block."""
-    unmixed = preempting.Preempting.unmixed
-
-    def anywhere(self: preempting.Preempting, pod: PodSpec) -> BoolArray:
-        if self.of(pod).value >= HIGH_PRIORITY:
-            return np.ones(len(self.replay.cluster), dtype=bool)
-        return unmixed(self, pod)
-
-    return _patched(preempting.Preempting, "unmixed", anywhere)
+    return _patched(preempting.Preempting, "no_lower", everywhere)
 
 
-VARIANTS: dict[str, Callable[[], AbstractContextManager[None]]] = {"engine_victims": _engine_victims, "high_anywhere": _high_anywhere}
+def _kube_unmixed() -> AbstractContextManager[None]:
+    """kube-scheduler's pods prefer the engine's rule (no GPU pod of another priority) instead of the
+    extender's (no GPU pod of lower priority), for the block."""
+    return _patched(preempting.Preempting, "no_lower", preempting.Preempting.unmixed)
+
+
+VARIANTS: dict[str, Callable[[], AbstractContextManager[None]]] = {"no_extender": _no_extender,
+                                                                   "kube_unmixed": _kube_unmixed}
 """Rule changes tried against the engine run (module docstring)."""
 
 
@@ -188,7 +183,8 @@ def _figures(run: product.ProductRun) -> dict[str, float]:
     arrived, placed = _high_placed(run)
     assert run.priority is not None
     return {"high_placed_percent": 100 * placed / arrived, "alloc_130": float(run.alloc_at[130] or 0.0),
-            "preempted_milli": run.priority.preempted_milli}
+            "preempted_milli": run.priority.preempted_milli, "paired_engine_milli": run.priority.paired_engine_milli,
+            "paired_scheduler_milli": run.priority.paired_scheduler_milli}
 
 
 def _high_placed(run: product.ProductRun) -> tuple[int, int]:
@@ -286,9 +282,11 @@ def render(runs: list[dict[str, Any]]) -> str:
             for key, value in r["summary"]["asks"].items():
                 asks[key] = asks.get(key, 0) + value
         lines.append(f"- {w}: " + ", ".join(f"{k}: {v / len(sel):,.0f}" for k, v in sorted(asks.items())))
-    lines += ["", "Rule changes tried, same seeds (means): high placed %, alloc@130 %, preempted milli per run:", "",
-              "| workload | engine run (today) | the engine chooses every GPU pod's victims | "
-              "high pods take any node first |",
+    lines += ["", "kube-scheduler's placement, same seeds (means): high placed %, alloc@130 %, preempted milli per "
+              "run, and the engine's own preemptions against kube-scheduler's default for the same pods on the same "
+              "states (paired, summed over the seeds):", "",
+              "| workload | with the extender: no lower-priority GPU pod first (the product) | without the extender "
+              "(MostAllocated alone) | the engine's rule for kube-scheduler's pods (no GPU pod of another priority first) |",
               "|---|---|---|---|"]
     for w in dict.fromkeys(r["workload"] for r in runs):
         sel = [r for r in runs if r["workload"] == w and "variants" in r]
@@ -298,9 +296,13 @@ def render(runs: list[dict[str, Any]]) -> str:
         def cell(name: str) -> str:
             def mean(key: str) -> float:
                 return float(sum(r["variants"][name][key] for r in sel)) / len(sel)
-            return f"{mean('high_placed_percent'):.2f}, {mean('alloc_130'):.2f}, {mean('preempted_milli'):,.0f}"
+            engine = sum(r["variants"][name].get("paired_engine_milli", 0) for r in sel)
+            kube = sum(r["variants"][name].get("paired_scheduler_milli", 0) for r in sel)
+            paired = f", paired {100.0 * (engine / kube - 1):+.1f} %" if kube else ""
+            return (f"{mean('high_placed_percent'):.2f}, {mean('alloc_130'):.2f}, {mean('preempted_milli'):,.0f}"
+                    f"{paired}")
 
-        lines.append(f"| {w} | {cell('engine')} | {cell('engine_victims')} | {cell('high_anywhere')} |")
+        lines.append(f"| {w} | {cell('engine')} | {cell('no_extender')} | {cell('kube_unmixed')} |")
     return "\n".join(lines)
 
 
@@ -335,10 +337,11 @@ def main() -> None:
 
 def write_page(data: dict[str, Any]) -> None:
     seeds = sorted({r["seed"] for r in data["runs"]})
+    workloads = ",".join(dict.fromkeys(r["workload"] for r in data["runs"]))
     page = "\n".join([
         "# Why high-priority pods go unplaced in the product model (issue 36)",
         "",
-        "Generated by `nice python benchmarks/priority_shortfall.py --workloads gpushare40,cpu200 --seeds "
+        f"Generated by `nice python benchmarks/priority_shortfall.py --workloads {workloads} --seeds "
         f"{len(seeds)} --jobs {data['jobs']}` (traces in `../shared/traces/openb`; seeds {seeds[0]}..{seeds[-1]}, "
         "`--priority qos --preemption engine`, 130 % arrived demand, the whole 1,213-node cluster, the runs "
         f"[priority.md](priority.md) reports). Machine: {data['machine']}; run at {data['date']} UTC, "
