@@ -58,7 +58,6 @@ sys.path.insert(0, str(ROOT))
 from priority import _trace  # noqa: E402
 from simulate_product import replay_arguments  # noqa: E402
 from sharing.packing import preemption as engine  # noqa: E402
-from sharing.api.priority import PodPriority  # noqa: E402
 from sharing.packing.cluster import BoolArray  # noqa: E402
 from sharing.packing.specs import GPU_MILLI, PodSpec  # noqa: E402
 from sharing.rules.priority import HIGH_PRIORITY  # noqa: E402
