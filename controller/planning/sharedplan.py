@@ -46,6 +46,7 @@ from controller.state.snapshot import Node, PlainGpuPod, Pod
 from sharing.packing.cluster import ClusterState
 from sharing.packing.node_sharing import exact_replicas, place_whole, switch_for, waste_first
 from sharing.packing.policy import Policy, decide
+from sharing.api.gpu_pod_site import UNCOUNTED_MODES
 from sharing.packing.priority_affinity import unmixed_among
 from sharing.packing.registry import make_policy
 from sharing.packing.specs import GPU_MILLI, NodeSpec, PodPlacement, PodSpec
@@ -117,7 +118,7 @@ class SharedPlacer:
         self._on: list[int] = []
         self._priorities: list[int] = []
         for p in workload:
-            if p.node is not None and p.mode != "mig":  # MIG instances hold no replica or whole GPU
+            if p.node is not None and p.mode not in UNCOUNTED_MODES:  # no replica or whole GPU: MIG, or no GPU
                 self.record(p.node, p.priority.value)
         for q in plain:  # kube-scheduler's GPU pods count as the model counts every GPU pod
             if q.node is not None:

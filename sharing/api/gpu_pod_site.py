@@ -9,7 +9,8 @@ pod object through :func:`gpu_pod_site`, so they count the same pods:
 * a gpupack pod (a trusted ``gpupack.io/allocation`` record, ``sharing.api.allocation.trusted_allocation``)
   whose node is known: bound (``spec.nodeName``) or pinned by its required node affinity on
   ``kubernetes.io/hostname`` while it waits at the gate (:func:`pinned_node`), and whose mode is
-  not ``mig`` (a MIG instance holds no replica nor whole GPU);
+  not ``mig`` (a MIG instance holds no replica nor whole GPU) nor ``cpu`` (a DRA pool pod that asks
+  for no GPU) (:data:`UNCOUNTED_MODES`);
 * a pod that is not gpupack's (no allocation record at all) asking ``nvidia.com/gpu``
   (:func:`whole_gpus_requested`) and bound to a node;
 
@@ -29,7 +30,12 @@ from sharing.api.fields import as_list, as_map
 from sharing.api.keys import ALLOCATION_ANNOTATION, HOSTNAME_LABEL, WHOLE_RESOURCE
 from sharing.api.priority import priority_of
 
-__all__ = ["UNFINISHED_PODS", "GpuPodSite", "ended", "gpu_pod_site", "pinned_node", "whole_gpus_requested"]
+UNCOUNTED_MODES: Final = ("mig", "cpu")
+"""Allocation modes whose pods are not GPU pods for the placement preference: a MIG instance holds no
+replica nor whole GPU, and a ``cpu`` pod holds no GPU at all (CPU-only pods never count, as in the
+product model)."""
+
+__all__ = ["UNCOUNTED_MODES", "UNFINISHED_PODS", "GpuPodSite", "ended", "gpu_pod_site", "pinned_node", "whole_gpus_requested"]
 
 UNFINISHED_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 """The field selector of the pods that are not finished: the API server's half of :func:`ended`, so
@@ -102,5 +108,5 @@ def gpu_pod_site(obj: Mapping[str, Any]) -> GpuPodSite | None:
         node = _bound(spec) if whole_gpus_requested(obj) else None
     else:
         allocation, _ = trusted_allocation(text, spec)
-        node = None if allocation is None or allocation.mode == "mig" else _bound(spec) or pinned_node(spec)
+        node = None if allocation is None or allocation.mode in UNCOUNTED_MODES else _bound(spec) or pinned_node(spec)
     return None if node is None else GpuPodSite(node, priority_of(obj)[0].value)

@@ -14,7 +14,7 @@ import pytest
 
 from controller.state.build import parse_pod
 from sharing.api.allocation import Allocation, ContainerAllocation
-from sharing.api.gpu_pod_site import GpuPodSite, gpu_pod_site, pinned_node, whole_gpus_requested
+from sharing.api.gpu_pod_site import UNCOUNTED_MODES, GpuPodSite, gpu_pod_site, pinned_node, whole_gpus_requested
 
 GATE = [{"name": "gpupack.io/capacity"}]
 RESOURCES = {"mps": "nvidia.com/gpu.shared", "time-slicing": "nvidia.com/gpu.shared", "whole": "nvidia.com/gpu",
@@ -68,6 +68,9 @@ FORGED = Allocation(mode="mps", gated=False, capacity_existed=True, policy="p", 
                     containers=(ContainerAllocation("c", "containers", 250, None, "nvidia.com/gpu.shared"),)
                     ).to_annotation()
 
+CPU_RECORD = Allocation(mode="cpu", gated=False, capacity_existed=True, policy="p", reason="r", backend="dra",
+                        containers=()).to_annotation()
+
 TABLE: list[tuple[dict[str, Any], GpuPodSite | None]] = [
     (pod("mps-bound", mode="mps", node="n1", priority=100), GpuPodSite("n1", 100)),
     (pod("ts-bound", mode="time-slicing", node="n2"), GpuPodSite("n2", 0)),
@@ -88,6 +91,8 @@ TABLE: list[tuple[dict[str, Any], GpuPodSite | None]] = [
     (pod("forged", gpus=1, node="n7", record=FORGED), None),
     (pod("garbage-record", gpus=1, node="n7", record="{not json"), None),
     (pod("cpu-only", node="n8", priority=100), None),
+    # a DRA pool pod that asks for no GPU, placed by the engine: not a GPU pod either
+    (pod("dra-cpu", node="n8", priority=100, record=CPU_RECORD), None),
     # priority fields the reader refuses: counted at 0, as the controller plans it
     (pod("odd-priority", gpus=1, node="n9", priority="high"), GpuPodSite("n9", 0)),
     (pod("too-high", mode="mps", node="n9", priority=2_000_000_000), GpuPodSite("n9", 0)),
@@ -97,7 +102,7 @@ TABLE: list[tuple[dict[str, Any], GpuPodSite | None]] = [
 def _controller_site(obj: dict[str, Any]) -> GpuPodSite | None:
     """What the controller's planner counts of ``obj`` (``SharedPlacer.__init__``'s two loops)."""
     parsed = parse_pod(obj)
-    if parsed.pod is not None and parsed.pod.node is not None and parsed.pod.mode != "mig":
+    if parsed.pod is not None and parsed.pod.node is not None and parsed.pod.mode not in UNCOUNTED_MODES:
         return GpuPodSite(parsed.pod.node, parsed.pod.priority.value)
     if parsed.plain is not None and parsed.plain.node is not None:
         return GpuPodSite(parsed.plain.node, parsed.plain.priority)
