@@ -50,7 +50,7 @@ def register(subparsers: Any) -> None:
     serve.add_argument(
         "--scheduler-extender", action=argparse.BooleanOptionalAction, default=None,
         help="serve kube-scheduler's prioritize extender at POST /scheduler/prioritize (default on): watch every "
-        "pod and prefer, for the pods kube-scheduler places, the nodes whose GPU pods all have the pod's priority; "
+        "pod and prefer, for the pods kube-scheduler places, the nodes holding no GPU pod of lower priority; "
         "--no-scheduler-extender: no pod watch, route not served; env GPUPACK_WEBHOOK_SCHEDULER_EXTENDER",
     )
     serve.set_defaults(handler=_serve)

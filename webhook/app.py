@@ -8,8 +8,8 @@ Routes:
 * ``POST /authorize`` - SubjectAccessReview v1 (kube-apiserver's authorization webhook,
   ``manifests/hardened``) -> ``authorization.review_access``: a node agent's pod reads
 * ``POST /scheduler/prioritize`` - kube-scheduler's prioritize extender (ExtenderArgs ->
-  HostPriorityList, ``sharing.admission.priority_extender``): prefer the nodes whose GPU pods all
-  have the pod's priority, from the pod watch ``webhook.priority_watch``; served only when that
+  HostPriorityList, ``sharing.admission.priority_extender``): prefer the nodes holding no GPU pod
+  of lower priority than the pod, from the pod watch ``webhook.priority_watch``; served only when that
   watch is given. 200 with the scores, 400 with ``{"error": ...}`` for a body that is not an
   ExtenderArgs, 413 over ``max_body_bytes``, 503 until the pod watch has synced
 * ``GET /healthz`` - the process answers (liveness)
@@ -41,6 +41,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from sharing.admission.priority_extender import host_priorities, parse_extender_args, score_nodes
+from sharing.api.keys import PRIORITIZE_VERB, SCHEDULER_EXTENDER_PREFIX
 from webhook.admission import Answer, review_pod, review_response, review_validation, uid_hint
 from webhook.authorization import review_access
 from webhook.inventory_source import InventoryHolder
@@ -53,7 +54,8 @@ from webhook.tls import ReloadingTLS
 
 log = logging.getLogger("gpupack.webhook")
 JSON = "application/json"
-PRIORITIZE_PATH = "/scheduler/prioritize"
+PRIORITIZE_PATH = f"{SCHEDULER_EXTENDER_PREFIX}/{PRIORITIZE_VERB}"
+"""The route the shipped kube-scheduler configuration's extender calls (``urlPrefix`` + ``prioritizeVerb``)."""
 
 Reply = bytes | tuple[int, bytes]
 """A handler's answer: a JSON body sent with HTTP 200, or an HTTP status and a JSON body."""

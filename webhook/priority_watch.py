@@ -1,7 +1,7 @@
 """The scheduler extender's view of the GPU pods: per node, how many GPU pods of each priority.
 
-The prioritize extender (``sharing.admission.priority_extender``) scores a node by whether every
-GPU pod on it has the pod's priority. The request path must not call the API server, so one
+The prioritize extender (``sharing.admission.priority_extender``) scores a node by whether any GPU
+pod on it has a lower priority than the pod. The request path must not call the API server, so one
 :class:`kube.informer.Informer` (the project's one list-then-watch) keeps every unfinished pod
 of the cluster (``UNFINISHED_PODS``, as the controller lists them), reduced to its metadata
 (name, namespace, ``resourceVersion``) and where it sits as a GPU pod

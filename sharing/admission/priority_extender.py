@@ -17,21 +17,19 @@ MaxExtenderPriority`` and the extender's weight before adding it to its plugins'
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
 
-from sharing.api.gpu_pod_site import GpuPodSite
 from sharing.api.priority import pod_priority
 from sharing.packing.priority_affinity import no_lower_among
 
 MAX_EXTENDER_PRIORITY: Final = 10
 """kube-scheduler's ``MaxExtenderPriority``: the highest score an extender may give."""
 
-__all__ = ["MAX_EXTENDER_PRIORITY", "ExtenderArgs", "host_priorities", "parse_extender_args", "priorities_on",
-           "score_nodes"]
+__all__ = ["MAX_EXTENDER_PRIORITY", "ExtenderArgs", "host_priorities", "parse_extender_args", "score_nodes"]
 
 
 @dataclass(frozen=True)
@@ -94,14 +92,6 @@ def parse_extender_args(body: object) -> ExtenderArgs:
     if not isinstance(pod.get("spec"), Mapping):
         raise ValueError(f"ExtenderArgs Pod {key} has no spec")
     return ExtenderArgs(key, pod_priority(pod).value, _names(body))
-
-
-def priorities_on(sites: Iterable[GpuPodSite]) -> dict[str, set[int]]:
-    """Node -> the priorities of the GPU pods on it (a node without GPU pods is absent)."""
-    out: dict[str, set[int]] = {}
-    for site in sites:
-        out.setdefault(site.node, set()).add(site.priority)
-    return out
 
 
 def score_nodes(priority: int, nodes: Sequence[str], priorities: Mapping[str, Collection[int]]) -> list[int]:

@@ -15,6 +15,8 @@ pods and its own releases (``controller.planning.sharedplan.SharedPlacer``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from sharing.packing.cluster import BoolArray, IntArray
@@ -42,10 +44,7 @@ def unmixed_nodes(placed: PlacedPods, priority: int) -> BoolArray:
 def unmixed_among(nodes: IntArray, priorities: IntArray, node_count: int, priority: int) -> BoolArray:
     """Per node of ``node_count``, whether every GPU pod there has ``priority``: GPU pod ``k`` is on
     node ``nodes[k]`` with priority ``priorities[k]`` (a node without GPU pods: true)."""
-    if len(nodes) != len(priorities):
-        raise ValueError(f"{len(nodes)} pod nodes but {len(priorities)} pod priorities: one of each per GPU pod")
-    out: BoolArray = np.bincount(nodes[priorities != priority], minlength=node_count) == 0
-    return out
+    return _holding_none(nodes, priorities, node_count, lambda held: held != priority)
 
 
 def no_lower_nodes(placed: PlacedPods, priority: int) -> BoolArray:
@@ -59,7 +58,14 @@ def no_lower_nodes(placed: PlacedPods, priority: int) -> BoolArray:
 def no_lower_among(nodes: IntArray, priorities: IntArray, node_count: int, priority: int) -> BoolArray:
     """Per node of ``node_count``, whether no GPU pod there has a priority below ``priority``: GPU pod
     ``k`` is on node ``nodes[k]`` with priority ``priorities[k]`` (a node without GPU pods: true)."""
+    return _holding_none(nodes, priorities, node_count, lambda held: held < priority)
+
+
+def _holding_none(nodes: IntArray, priorities: IntArray, node_count: int,
+                  against: Callable[[IntArray], BoolArray]) -> BoolArray:
+    """Per node of ``node_count``, whether no GPU pod there has a priority ``against`` marks (both rules'
+    one body: they differ only in which priorities count against a node)."""
     if len(nodes) != len(priorities):
         raise ValueError(f"{len(nodes)} pod nodes but {len(priorities)} pod priorities: one of each per GPU pod")
-    out: BoolArray = np.bincount(nodes[priorities < priority], minlength=node_count) == 0
+    out: BoolArray = np.bincount(nodes[against(priorities)], minlength=node_count) == 0
     return out

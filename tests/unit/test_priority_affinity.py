@@ -3,10 +3,12 @@ model placing by it (sharing.simulator.product, with priorities)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
-from sharing.packing.cluster import ClusterState
+from sharing.packing.cluster import BoolArray, ClusterState
 from sharing.packing.gpupack_policy import GpupackPolicy
 from sharing.packing.kube_scoring import MostAllocatedWeights
 from sharing.packing.node_sharing import FRESH, WHOLE
@@ -38,13 +40,20 @@ def test_which_nodes_hold_no_gpu_pod_of_another_priority() -> None:
     assert unmixed_nodes(placed, LOW).tolist() == [True, False, True, True]
 
 
-def test_the_rule_over_node_and_priority_pairs() -> None:
-    """The form the live planner calls: one (node, priority) pair per GPU pod."""
+@pytest.mark.parametrize(("rule", "for_high", "for_low"), [
+    # the engine's rule: no GPU pod of another priority
+    (unmixed_among, [False, True, False, True], [False, False, True, True]),
+    # kube-scheduler's through the extender: only GPU pods the pod outranks count against a node
+    (no_lower_among, [False, True, False, True], [True, True, True, True]),
+], ids=["unmixed", "no-lower"])
+def test_the_rules_over_node_and_priority_pairs(rule: Callable[..., BoolArray], for_high: list[bool],
+                                                for_low: list[bool]) -> None:
+    """The form the live planner and the extender call: one (node, priority) pair per GPU pod."""
     nodes, priorities = np.array([0, 0, 1, 2], dtype=np.int64), np.array([HIGH, LOW, HIGH, LOW], dtype=np.int64)
-    assert unmixed_among(nodes, priorities, 4, HIGH).tolist() == [False, True, False, True]
-    assert unmixed_among(nodes, priorities, 4, LOW).tolist() == [False, False, True, True]
+    assert rule(nodes, priorities, 4, HIGH).tolist() == for_high
+    assert rule(nodes, priorities, 4, LOW).tolist() == for_low
     with pytest.raises(ValueError, match="4 pod nodes but 3 pod priorities"):
-        unmixed_among(nodes, priorities[:3], 4, HIGH)
+        rule(nodes, priorities[:3], 4, HIGH)
 
 
 class Run:
@@ -115,15 +124,6 @@ def _whole(run: Run, name: str, priority: int, cpu: int = 1000) -> int | None:
     assert placement is not None and run.replay.last_node is not None
     run.placed.add(Victim(name, priority, GPU_MILLI, placement))
     return run.replay.last_node
-
-
-def test_nodes_without_gpu_pods_of_lower_priority() -> None:
-    """kube-scheduler's preference through the extender: only GPU pods the pod outranks count against a node."""
-    nodes, priorities = np.array([0, 0, 1, 2], dtype=np.int64), np.array([HIGH, LOW, HIGH, LOW], dtype=np.int64)
-    assert no_lower_among(nodes, priorities, 4, HIGH).tolist() == [False, True, False, True]
-    assert no_lower_among(nodes, priorities, 4, LOW).tolist() == [True, True, True, True]
-    with pytest.raises(ValueError, match="4 pod nodes but 3 pod priorities"):
-        no_lower_among(nodes, priorities[:3], 4, HIGH)
 
 
 @pytest.mark.parametrize("scheduler_prefers", [False, True])

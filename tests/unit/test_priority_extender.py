@@ -9,9 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sharing.admission.priority_extender import (
-    MAX_EXTENDER_PRIORITY, host_priorities, parse_extender_args, priorities_on, score_nodes,
+    MAX_EXTENDER_PRIORITY, host_priorities, parse_extender_args, score_nodes,
 )
-from sharing.api.gpu_pod_site import GpuPodSite
 
 
 def args_pod(priority: Any = None, name: str = "web") -> dict[str, Any]:
@@ -22,15 +21,15 @@ def args_pod(priority: Any = None, name: str = "web") -> dict[str, Any]:
 
 
 def test_a_node_scores_max_where_no_gpu_pod_has_a_lower_priority() -> None:
-    sites = [GpuPodSite("same", 100), GpuPodSite("same", 100), GpuPodSite("mixed", 100), GpuPodSite("mixed", 0),
-             GpuPodSite("other", 0), GpuPodSite("elsewhere", 5)]
+    # node -> the priorities of its GPU pods, as the pod watch's index answers (webhook.priority_watch)
+    held = {"same": {100}, "mixed": {100, 0}, "other": {0}, "elsewhere": {5}}
     nodes = ["same", "mixed", "other", "empty"]
     top = MAX_EXTENDER_PRIORITY
-    assert score_nodes(100, nodes, priorities_on(sites)) == [top, 0, 0, top]
+    assert score_nodes(100, nodes, held) == [top, 0, 0, top]
     # a pod of priority 50 outranks the priority-0 pods only; the node of higher pods is no worse
-    assert score_nodes(50, nodes, priorities_on(sites)) == [top, 0, 0, top]
+    assert score_nodes(50, nodes, held) == [top, 0, 0, top]
     # a pod of the lowest priority outranks nobody: every node is preferred, MostAllocated decides
-    assert score_nodes(0, nodes, priorities_on(sites)) == [top, top, top, top]
+    assert score_nodes(0, nodes, held) == [top, top, top, top]
 
 
 def test_without_gpu_pods_every_node_scores_the_same() -> None:
