@@ -273,9 +273,10 @@ def _prioritize(body: bytes, watch: PriorityWatch, limit: int) -> tuple[str, int
         return "malformed", 400, {"error": f"body is not valid JSON: {exc}"}
     except ValueError as exc:
         return "malformed", 400, {"error": str(exc)}
-    except Exception:  # a bug must not take the route down; kube-scheduler ignores the error
+    except Exception:  # a bug must not take the route down; the webhook never answers 500, and
+        # kube-scheduler ignores any answer but 200 for this pod alike
         log.exception("unexpected error answering a prioritize call")
-        return "error", 500, {"error": "internal error scoring nodes; see the webhook's log"}
+        return "error", 503, {"error": "internal error scoring nodes; see the webhook's log"}
 
 
 def _review_with_memo(review: Any, holder: InventoryHolder, settings: WebhookSettings,

@@ -70,7 +70,7 @@ class Metrics:
         self.prioritize_calls = Counter(
             "gpupack_webhook_scheduler_prioritize_calls",
             "kube-scheduler prioritize extender calls (POST /scheduler/prioritize), by outcome: scored (200), "
-            "malformed (400), too_large (413), not_synced (503: the pod watch has not listed yet), error (500). "
+            "malformed (400), too_large (413), not_synced (503: the pod watch has not listed yet), error (503, an internal error, logged). "
             "kube-scheduler ignores every answer but 200 for that pod.",
             ["outcome"],
             registry=self.registry,
